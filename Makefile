@@ -1,0 +1,40 @@
+# Two commands do all set-up: `make run` (the default job) and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The MNIST/Shakespeare copy shared with every checkout, when present.
+SHARED_DATA ?= $(abspath ../shared/data)
+DATA_ENV := $(if $(wildcard $(SHARED_DATA)/mnist),FEDFORGE_DATA=$(SHARED_DATA),)
+CONFIG ?= configs/default.yaml
+ARGS ?=
+
+.PHONY: run test test-slow lint typecheck bench venv clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# torch first, pinned to the CPU wheel, so nothing pulls a CUDA build.
+	$(PY) -m pip install --quiet "torch==2.13.0"
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $@
+
+venv: $(VENV)/.installed
+
+run: venv
+	$(DATA_ENV) $(VENV)/bin/fedforge run --config $(CONFIG) $(ARGS)
+
+test: venv lint typecheck
+	$(DATA_ENV) $(PY) -m pytest
+
+test-slow: venv
+	$(DATA_ENV) $(PY) -m pytest -m slow
+
+lint: venv
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+
+typecheck: venv
+	$(VENV)/bin/mypy
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
