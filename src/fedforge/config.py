@@ -1,0 +1,259 @@
+"""Typed, frozen run configuration: YAML in, validated, every error naming the field.
+
+The words are the paper's (McMahan et al. 2017): ``client_fraction`` is C,
+``local_epochs`` is E, ``batch_size`` is B (``null``/"all" means B = infinity,
+the client's whole data set in one batch).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from fedforge.errors import ConfigError
+
+PartitionKind = Literal["iid", "shards", "dirichlet", "quantity"]
+Algorithm = Literal["fedavg", "fedsgd"]
+ModelName = Literal["cnn", "2nn"]
+Dataset = Literal["mnist"]
+Engine = Literal["serial"]
+DType = Literal["float32", "float64"]
+
+
+@dataclass(frozen=True)
+class PartitionConfig:
+    """How the training set is split over clients."""
+
+    kind: PartitionKind = "iid"
+    shards_per_client: int = 2  # shards: McMahan's 200 shards of 300 = 2 per client
+    alpha: float = 0.5  # dirichlet: label-skew concentration (> 0)
+    sigma: float = 1.0  # quantity: lognormal sigma of client sizes (>= 0)
+    min_size: int = 1  # dirichlet/quantity: smallest client allowed
+
+
+@dataclass(frozen=True)
+class Config:
+    """One run. Frozen: derive a changed copy with :func:`override`."""
+
+    name: str = "run"
+    seed: int = 0
+    dataset: Dataset = "mnist"
+    data_dir: str | None = None
+    model: ModelName = "cnn"
+    algorithm: Algorithm = "fedavg"
+    num_clients: int = 100
+    partition: PartitionConfig = field(default_factory=PartitionConfig)
+    client_fraction: float = 0.1
+    local_epochs: int = 1
+    batch_size: int | None = 10
+    lr: float = 0.1
+    lr_decay: float = 1.0  # local lr at round t is lr * lr_decay**t
+    server_lr: float = 1.0  # server SGD on the pseudo-gradient; 1.0 is FedAvg
+    rounds: int = 60
+    target_accuracy: float | None = 0.99
+    eval_every: int = 1
+    eval_batch_size: int = 2000
+    engine: Engine = "serial"
+    dtype: DType = "float32"
+    runs_dir: str = "runs"
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+
+def _fail(name: str, value: Any, allowed: str) -> ConfigError:
+    return ConfigError(f"config field '{name}' = {value!r} is invalid: {allowed}")
+
+
+def _validate(cfg: Config) -> None:
+    checks: list[tuple[str, Any, bool, str]] = [
+        ("num_clients", cfg.num_clients, cfg.num_clients >= 1, "must be an integer >= 1"),
+        (
+            "client_fraction",
+            cfg.client_fraction,
+            0.0 < cfg.client_fraction <= 1.0,
+            "must be in (0, 1]",
+        ),
+        ("local_epochs", cfg.local_epochs, cfg.local_epochs >= 1, "must be an integer >= 1"),
+        (
+            "batch_size",
+            cfg.batch_size,
+            cfg.batch_size is None or cfg.batch_size >= 1,
+            "must be an integer >= 1, or null/'all' for the whole client data set",
+        ),
+        ("lr", cfg.lr, cfg.lr > 0.0, "must be a number > 0"),
+        ("lr_decay", cfg.lr_decay, 0.0 < cfg.lr_decay <= 1.0, "must be in (0, 1]"),
+        ("server_lr", cfg.server_lr, cfg.server_lr > 0.0, "must be a number > 0"),
+        ("rounds", cfg.rounds, cfg.rounds >= 1, "must be an integer >= 1"),
+        (
+            "target_accuracy",
+            cfg.target_accuracy,
+            cfg.target_accuracy is None or 0.0 < cfg.target_accuracy <= 1.0,
+            "must be in (0, 1] (a fraction, e.g. 0.99), or null",
+        ),
+        ("eval_every", cfg.eval_every, cfg.eval_every >= 1, "must be an integer >= 1"),
+        (
+            "eval_batch_size",
+            cfg.eval_batch_size,
+            cfg.eval_batch_size >= 1,
+            "must be an integer >= 1",
+        ),
+        ("name", cfg.name, bool(cfg.name) and "/" not in cfg.name, "must be non-empty, no '/'"),
+        (
+            "partition.shards_per_client",
+            cfg.partition.shards_per_client,
+            cfg.partition.shards_per_client >= 1,
+            "must be an integer >= 1",
+        ),
+        ("partition.alpha", cfg.partition.alpha, cfg.partition.alpha > 0.0, "must be > 0"),
+        ("partition.sigma", cfg.partition.sigma, cfg.partition.sigma >= 0.0, "must be >= 0"),
+        (
+            "partition.min_size",
+            cfg.partition.min_size,
+            cfg.partition.min_size >= 1,
+            "must be an integer >= 1",
+        ),
+    ]
+    for name, value, ok, allowed in checks:
+        if not ok:
+            raise _fail(name, value, allowed)
+
+
+# ----------------------------------------------------------------------------- parsing
+
+
+def _coerce(name: str, value: Any, tp: Any) -> Any:
+    """Check ``value`` against the annotation ``tp`` (after ``get_type_hints``)."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        options = typing.get_args(tp)
+        if value not in options:
+            raise _fail(name, value, "must be one of " + ", ".join(repr(o) for o in options))
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None or (isinstance(value, str) and value.lower() in ("null", "none", "all")):
+            if type(None) in args:
+                return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(name, value, arg)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise errors[0] if len(errors) == 1 else _fail(name, value, f"must be {_describe(tp)}")
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, Mapping):
+            raise _fail(name, value, f"must be a mapping of {tp.__name__} fields")
+        return _build(tp, value, prefix=name + ".")
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise _fail(name, value, "must be true or false")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _fail(name, value, "must be an integer")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise _fail(name, value, "must be a number")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise _fail(name, value, "must be a string")
+        return value
+    raise TypeError(f"unsupported config annotation {tp!r} for {name}")  # programming error
+
+
+def _describe(tp: Any) -> str:
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    names = [getattr(a, "__name__", str(a)) for a in args]
+    return " or ".join(names) + (" or null" if type(None) in typing.get_args(tp) else "")
+
+
+def _build(cls: Any, data: Mapping[str, Any], prefix: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    known = [f.name for f in dataclasses.fields(cls)]
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in hints:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f" (did you mean '{prefix}{close[0]}'?)" if close else ""
+            raise ConfigError(
+                f"unknown config field '{prefix}{key}'{hint}; known fields: " + ", ".join(known)
+            )
+        kwargs[key] = _coerce(prefix + key, value, hints[key])
+    return cls(**kwargs)
+
+
+def from_dict(data: Mapping[str, Any]) -> Config:
+    """Build and validate a :class:`Config` from plain data (e.g. parsed YAML)."""
+    result: Config = _build(Config, data)
+    return result
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    """Plain data that :func:`from_dict` turns back into the same config."""
+    return dataclasses.asdict(cfg)
+
+
+def load(path: str | Path) -> Config:
+    """Read a YAML config file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"config file '{path}' does not exist") from None
+    except OSError as exc:
+        raise ConfigError(f"config file '{path}' cannot be read: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file '{path}' is not valid YAML: {exc}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"config file '{path}' must hold a mapping of fields, not {data!r}")
+    return from_dict(data)
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Parse ``key.sub=value`` (value read as YAML: numbers, null, true...)."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} must look like field=value (e.g. local_epochs=5)")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip(), value
+
+
+def override(cfg: Config, overrides: Mapping[str, Any]) -> Config:
+    """A copy of ``cfg`` with dotted fields replaced, validated again."""
+    data = to_dict(cfg)
+    for dotted, value in overrides.items():
+        node = data
+        parts = dotted.split(".")
+        for part in parts[:-1]:
+            child = node.get(part)
+            if not isinstance(child, dict):
+                raise ConfigError(f"unknown config section '{part}' in override '{dotted}'")
+            node = child
+        node[parts[-1]] = value
+    return from_dict(data)
+
+
+def dump(cfg: Config) -> str:
+    """The resolved config as YAML."""
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)

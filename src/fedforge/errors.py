@@ -1,0 +1,27 @@
+"""Errors a user can cause. Each message names the bad value and what is allowed."""
+
+from __future__ import annotations
+
+
+class FedforgeError(Exception):
+    """Base of every error fedforge raises on purpose (bad config, data, upload...)."""
+
+
+class ConfigError(FedforgeError):
+    """A configuration value is missing, of the wrong type or out of range."""
+
+
+class DataError(FedforgeError):
+    """A data set cannot be found, downloaded, or fails its checksum."""
+
+
+class PartitionError(ConfigError):
+    """Partition parameters that cannot produce a valid partition."""
+
+
+class UploadError(FedforgeError):
+    """A message on the wire (payload or update) is malformed."""
+
+
+class StoreError(FedforgeError):
+    """The run store cannot be read or written."""
