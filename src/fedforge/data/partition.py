@@ -1,0 +1,243 @@
+"""Partitioners that split a training set over clients: IID and McMahan et al. (2017)
+pathological non-IID shards, Dirichlet label skew (Hsu et al. 2019), lognormal quantity
+skew; plus a summary with a heterogeneity figure.
+
+Where it runs: on the simulation host, once per run, before any round. Every function
+draws only from the generator it is given, so a seed fixes the partition.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedforge.config import PartitionConfig
+from fedforge.errors import PartitionError
+from fedforge.rng import numpy_rng
+
+_MAX_DIRICHLET_TRIES = 1000
+
+
+@dataclass(frozen=True, eq=False)
+class Partition:
+    """One int64 index array (into the training set) per client, read-only."""
+
+    client_indices: tuple[np.ndarray, ...]
+
+    def __post_init__(self) -> None:
+        arrays = []
+        for idx in self.client_indices:
+            arr = np.array(idx, dtype=np.int64)  # a private copy, then frozen
+            arr.setflags(write=False)
+            arrays.append(arr)
+        object.__setattr__(self, "client_indices", tuple(arrays))
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.client_indices)
+
+    def sizes(self) -> np.ndarray:
+        """``num_examples`` of each client, int64 ``[num_clients]``."""
+        return np.array([len(idx) for idx in self.client_indices], dtype=np.int64)
+
+
+def _check_counts(num_samples: int, num_clients: int, min_size: int = 1) -> None:
+    if num_clients < 1:
+        raise PartitionError(f"num_clients = {num_clients} is invalid: must be >= 1")
+    if min_size < 1:
+        raise PartitionError(f"partition min_size = {min_size} is invalid: must be >= 1")
+    if num_clients * min_size > num_samples:
+        raise PartitionError(
+            f"cannot give {num_clients} clients at least {min_size} sample(s) each from "
+            f"{num_samples} samples: need num_clients * min_size <= num_samples"
+        )
+
+
+def _check_labels(labels: np.ndarray) -> np.ndarray:
+    labels = np.asarray(labels)
+    if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
+        raise PartitionError(
+            f"labels must be a 1-D integer array, got shape {labels.shape} of {labels.dtype}"
+        )
+    if labels.size and int(labels.min()) < 0:
+        raise PartitionError(f"labels must be >= 0, got minimum {int(labels.min())}")
+    return labels
+
+
+def _split_by_sizes(order: np.ndarray, sizes: np.ndarray) -> Partition:
+    """Cut ``order`` into consecutive runs of ``sizes``; each client's indices sorted."""
+    parts = np.split(order, np.cumsum(sizes)[:-1])
+    return Partition(tuple(np.sort(p) for p in parts))
+
+
+def iid(num_samples: int, num_clients: int, rng: np.random.Generator) -> Partition:
+    """Shuffle, then deal out equal parts (sizes differ by at most 1)."""
+    _check_counts(num_samples, num_clients)
+    perm = rng.permutation(num_samples)
+    return Partition(tuple(np.sort(p) for p in np.array_split(perm, num_clients)))
+
+
+def shards(
+    labels: np.ndarray, num_clients: int, shards_per_client: int, rng: np.random.Generator
+) -> Partition:
+    """McMahan's pathological non-IID split: sort by label (stable), cut into
+    ``num_clients * shards_per_client`` equal shards (sizes differ by at most 1), give
+    each client ``shards_per_client`` shards drawn at random without replacement.
+    On MNIST with 100 clients: 200 shards of 300, two per client."""
+    labels = _check_labels(labels)
+    _check_counts(labels.size, num_clients)
+    if shards_per_client < 1:
+        raise PartitionError(f"shards_per_client = {shards_per_client} is invalid: must be >= 1")
+    num_shards = num_clients * shards_per_client
+    if num_shards > labels.size:
+        raise PartitionError(
+            f"{num_clients} clients x {shards_per_client} shards_per_client = {num_shards} "
+            f"shards, more than the {labels.size} samples; lower shards_per_client or "
+            "num_clients"
+        )
+    order = np.argsort(labels, kind="stable")
+    pieces = np.array_split(order, num_shards)
+    dealt = rng.permutation(num_shards).reshape(num_clients, shards_per_client)
+    return Partition(tuple(np.sort(np.concatenate([pieces[s] for s in row])) for row in dealt))
+
+
+def dirichlet(
+    labels: np.ndarray,
+    num_clients: int,
+    alpha: float,
+    rng: np.random.Generator,
+    min_size: int = 1,
+) -> Partition:
+    """Label skew: for each class, proportions over clients ~ Dir(alpha, ..., alpha),
+    the class's (shuffled) samples dealt out in those proportions. Redrawn whole until
+    every client has at least ``min_size`` samples (at most 1000 draws). Small alpha:
+    each client sees few classes; alpha -> infinity approaches IID."""
+    labels = _check_labels(labels)
+    if not (np.isfinite(alpha) and alpha > 0):
+        raise PartitionError(f"dirichlet alpha = {alpha} is invalid: must be a number > 0")
+    _check_counts(labels.size, num_clients, min_size)
+    class_members = [np.flatnonzero(labels == c) for c in np.unique(labels)]
+    owner = np.empty(labels.size, dtype=np.int64)
+    for _ in range(_MAX_DIRICHLET_TRIES):
+        for members in class_members:
+            props = rng.dirichlet(np.full(num_clients, alpha))
+            cuts = np.round(np.cumsum(props) * members.size).astype(np.int64)
+            cuts[-1] = members.size
+            counts = np.diff(cuts, prepend=0)
+            owner[rng.permutation(members)] = np.repeat(np.arange(num_clients), counts)
+        sizes = np.bincount(owner, minlength=num_clients)
+        if sizes.min() >= min_size:
+            order = np.argsort(owner, kind="stable")  # by client, indices ascending
+            return _split_by_sizes(order, sizes)
+    raise PartitionError(
+        f"dirichlet partition with alpha = {alpha} left some of the {num_clients} clients "
+        f"with fewer than min_size = {min_size} samples in {_MAX_DIRICHLET_TRIES} draws; "
+        "raise alpha, lower min_size or use fewer clients"
+    )
+
+
+def quantity_skew(
+    num_samples: int,
+    num_clients: int,
+    sigma: float,
+    rng: np.random.Generator,
+    min_size: int = 1,
+) -> Partition:
+    """Quantity skew: client sizes proportional to lognormal(0, sigma) weights.
+    Each client first gets ``min_size`` samples; the rest are shared in proportion to
+    the weights (largest-remainder rounding, so sizes sum to ``num_samples``). Samples
+    are shuffled, so label mixes stay IID. ``sigma = 0`` gives equal sizes."""
+    if not (np.isfinite(sigma) and sigma >= 0):
+        raise PartitionError(f"quantity sigma = {sigma} is invalid: must be a number >= 0")
+    _check_counts(num_samples, num_clients, min_size)
+    weights = rng.lognormal(0.0, sigma, num_clients)
+    spare = num_samples - num_clients * min_size
+    exact = weights / weights.sum() * spare
+    extra = np.floor(exact).astype(np.int64)
+    short = spare - int(extra.sum())
+    if short:
+        # Largest remainders first; ties go to the lower client id.
+        extra[np.argsort(-(exact - extra), kind="stable")[:short]] += 1
+    sizes = extra + min_size
+    return _split_by_sizes(rng.permutation(num_samples), sizes)
+
+
+def make_partition(
+    cfg: PartitionConfig, num_clients: int, labels: np.ndarray, seed: int
+) -> Partition:
+    """The partition ``cfg`` describes, drawn from ``numpy_rng(seed, "partition")``."""
+    labels = _check_labels(labels)
+    if not 1 <= num_clients <= labels.size:
+        raise PartitionError(
+            f"num_clients = {num_clients} is invalid: must be between 1 and the "
+            f"{labels.size} training samples"
+        )
+    rng = numpy_rng(seed, "partition")
+    if cfg.kind == "iid":
+        return iid(labels.size, num_clients, rng)
+    if cfg.kind == "shards":
+        return shards(labels, num_clients, cfg.shards_per_client, rng)
+    if cfg.kind == "dirichlet":
+        return dirichlet(labels, num_clients, cfg.alpha, rng, cfg.min_size)
+    if cfg.kind == "quantity":
+        return quantity_skew(labels.size, num_clients, cfg.sigma, rng, cfg.min_size)
+    raise PartitionError(
+        f"partition kind = {cfg.kind!r} is invalid: must be one of "
+        "'iid', 'shards', 'dirichlet', 'quantity'"
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class PartitionSummary:
+    """What a partition looks like.
+
+    ``heterogeneity`` is the mean, over non-empty clients (unweighted), of the total
+    variation distance ``0.5 * sum_c |p_client(c) - p_global(c)|`` between a client's
+    label distribution and that of all partitioned samples pooled. 0 means every client
+    has the global label mix (IID); it approaches 1 when each client holds one rare
+    class. McMahan's 2-shard MNIST split gives about 0.8.
+    """
+
+    sizes: np.ndarray  # int64 [num_clients]
+    label_counts: np.ndarray  # int64 [num_clients, num_classes]
+    heterogeneity: float
+
+    @property
+    def num_clients(self) -> int:
+        return int(self.sizes.size)
+
+    def labels_per_client(self) -> np.ndarray:
+        """How many distinct labels each client holds."""
+        return (self.label_counts > 0).sum(axis=1)
+
+    def format(self) -> str:
+        """A short human description."""
+        if self.num_clients == 0:
+            return "0 clients"
+        s = self.sizes
+        return (
+            f"{self.num_clients} clients; size min/median/max "
+            f"{int(s.min())}/{float(np.median(s)):g}/{int(s.max())}; "
+            f"{float(self.labels_per_client().mean()):.2f} labels per client on average; "
+            f"heterogeneity (mean TV to global label mix) {self.heterogeneity:.3f}"
+        )
+
+
+def summarize(partition: Partition, labels: np.ndarray, num_classes: int) -> PartitionSummary:
+    """Sizes, per-client label histograms and the heterogeneity figure."""
+    labels = _check_labels(labels)
+    if labels.size and int(labels.max()) >= num_classes:
+        raise PartitionError(f"label {int(labels.max())} does not fit num_classes = {num_classes}")
+    counts = np.zeros((partition.num_clients, num_classes), dtype=np.int64)
+    for i, idx in enumerate(partition.client_indices):
+        counts[i] = np.bincount(labels[idx], minlength=num_classes)
+    sizes = partition.sizes()
+    total = counts.sum(axis=0)
+    nonempty = sizes > 0
+    if total.sum() == 0 or not nonempty.any():
+        return PartitionSummary(sizes, counts, 0.0)
+    global_p = total / total.sum()
+    client_p = counts[nonempty] / sizes[nonempty, None]
+    tv = 0.5 * np.abs(client_p - global_p).sum(axis=1)
+    return PartitionSummary(sizes, counts, float(tv.mean()))

@@ -1,0 +1,148 @@
+"""Partition laws (disjoint, covering, deterministic under a seed), McMahan's shard
+figures, refusals with clear errors, and the heterogeneity figure on hand-worked cases."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedforge.config import PartitionConfig
+from fedforge.data.partition import (
+    Partition,
+    dirichlet,
+    iid,
+    make_partition,
+    quantity_skew,
+    shards,
+    summarize,
+)
+from fedforge.errors import PartitionError
+
+MNIST_LIKE = np.repeat(np.arange(10), 6000)  # 60000 labels, 6000 per class
+KINDS = ("iid", "shards", "dirichlet", "quantity")
+
+
+def assert_exact_cover(part: Partition, num_samples: int) -> None:
+    everything = np.concatenate(part.client_indices)
+    assert everything.dtype == np.int64
+    assert everything.size == num_samples  # no sample twice ...
+    assert np.array_equal(np.sort(everything), np.arange(num_samples))  # ... none left out
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("num_clients", [1, 7, 100])
+def test_disjoint_and_covering(kind: str, num_clients: int) -> None:
+    cfg = PartitionConfig(kind=kind)  # type: ignore[arg-type]
+    part = make_partition(cfg, num_clients, MNIST_LIKE, seed=3)
+    assert part.num_clients == num_clients
+    assert_exact_cover(part, MNIST_LIKE.size)
+    assert part.sizes().min() >= 1
+
+
+def same(a: Partition, b: Partition) -> bool:
+    pairs = zip(a.client_indices, b.client_indices, strict=True)
+    return all(np.array_equal(x, y) for x, y in pairs)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_seed_determines_partition(kind: str) -> None:
+    cfg = PartitionConfig(kind=kind)  # type: ignore[arg-type]
+    a = make_partition(cfg, 20, MNIST_LIKE, seed=1)
+    b = make_partition(cfg, 20, MNIST_LIKE, seed=1)
+    c = make_partition(cfg, 20, MNIST_LIKE, seed=2)
+    assert same(a, b) and not same(a, c)
+
+
+def test_iid_mcmahan_sizes() -> None:
+    part = iid(60000, 100, np.random.default_rng(0))
+    assert set(part.sizes().tolist()) == {600}
+    uneven = iid(10, 3, np.random.default_rng(0))
+    assert sorted(uneven.sizes().tolist()) == [3, 3, 4]
+
+
+def test_shards_mcmahan() -> None:
+    part = shards(MNIST_LIKE, 100, 2, np.random.default_rng(0))
+    assert set(part.sizes().tolist()) == {300 * 2}
+    for idx in part.client_indices:
+        assert np.unique(MNIST_LIKE[idx]).size <= 2
+        # each client's data is exactly two blocks of 300 from the label-sorted order
+        blocks = np.unique(idx // 300)
+        assert blocks.size == 2 and all(np.sum(idx // 300 == b) == 300 for b in blocks)
+
+
+def test_shards_refuses_too_many() -> None:
+    labels = np.arange(10) % 3
+    with pytest.raises(PartitionError, match=r"6 clients x 2 shards_per_client = 12"):
+        shards(labels, 6, 2, np.random.default_rng(0))
+    assert shards(labels, 5, 2, np.random.default_rng(0)).sizes().tolist() == [2] * 5
+
+
+def test_dirichlet_refusals() -> None:
+    rng = np.random.default_rng(0)
+    for alpha in (0.0, -1.0, float("nan")):
+        with pytest.raises(PartitionError, match="alpha"):
+            dirichlet(MNIST_LIKE, 10, alpha, rng)
+    with pytest.raises(PartitionError, match="min_size"):
+        dirichlet(np.zeros(10, dtype=np.int64), 4, 1.0, rng, min_size=3)
+    with pytest.raises(PartitionError, match="raise alpha"):  # bounded retries, then why
+        dirichlet(np.arange(40) % 2, 20, 1e-3, rng, min_size=2)
+
+
+def test_dirichlet_min_size_and_skew() -> None:
+    part = dirichlet(MNIST_LIKE, 50, 0.1, np.random.default_rng(0), min_size=20)
+    assert part.sizes().min() >= 20
+    assert_exact_cover(part, MNIST_LIKE.size)
+    skewed = summarize(part, MNIST_LIKE, 10).heterogeneity
+    flat = dirichlet(MNIST_LIKE, 50, 1000.0, np.random.default_rng(0))
+    assert summarize(flat, MNIST_LIKE, 10).heterogeneity < 0.1 < 0.5 < skewed
+
+
+def test_quantity_sizes() -> None:
+    part = quantity_skew(1000, 30, 2.0, np.random.default_rng(0), min_size=10)
+    sizes = part.sizes()
+    assert sizes.sum() == 1000 and sizes.min() >= 10 and sizes.max() > 3 * np.median(sizes)
+    assert_exact_cover(part, 1000)
+    equal = quantity_skew(1000, 30, 0.0, np.random.default_rng(5))
+    assert set(equal.sizes().tolist()) == {33, 34} and equal.sizes().sum() == 1000
+    with pytest.raises(PartitionError, match="sigma"):
+        quantity_skew(1000, 30, -0.5, np.random.default_rng(0))
+    with pytest.raises(PartitionError, match="min_size"):
+        quantity_skew(100, 30, 1.0, np.random.default_rng(0), min_size=4)
+
+
+def test_too_many_clients() -> None:
+    with pytest.raises(PartitionError, match="num_clients = 11"):
+        make_partition(PartitionConfig(), 11, np.arange(10), seed=0)
+    with pytest.raises(PartitionError, match="num_clients = 0"):
+        make_partition(PartitionConfig(), 0, np.arange(10), seed=0)
+
+
+def test_partition_is_read_only() -> None:
+    part = Partition((np.array([0, 2]), np.array([1])))
+    with pytest.raises(ValueError):
+        part.client_indices[0][0] = 5
+    assert part.sizes().tolist() == [2, 1] and part.num_clients == 2
+
+
+def test_heterogeneity_hand_worked() -> None:
+    # global label mix (3/6, 2/6, 1/6)
+    labels = np.array([0, 0, 0, 1, 1, 2])
+    part = Partition((np.array([0, 1]), np.array([2, 3, 4]), np.array([5])))
+    s = summarize(part, labels, 3)
+    assert s.label_counts.tolist() == [[2, 0, 0], [1, 2, 0], [0, 0, 1]]
+    assert s.sizes.tolist() == [2, 3, 1]
+    # TV: (1,0,0) -> 0.5*(1/2+1/3+1/6) = 1/2; (1/3,2/3,0) -> 0.5*(1/6+1/3+1/6) = 1/3;
+    # (0,0,1) -> 0.5*(1/2+1/3+5/6) = 5/6; mean = (1/2+1/3+5/6)/3 = 5/9
+    assert s.heterogeneity == pytest.approx(5 / 9, abs=1e-12)
+    assert s.labels_per_client().tolist() == [1, 2, 1]
+    text = s.format()
+    assert "3 clients" in text and "1/2/3" in text and "1.33 labels" in text and "0.556" in text
+
+
+def test_heterogeneity_iid_vs_shards() -> None:
+    h_iid = summarize(make_partition(PartitionConfig("iid"), 100, MNIST_LIKE, 0), MNIST_LIKE, 10)
+    h_sh = summarize(make_partition(PartitionConfig("shards"), 100, MNIST_LIKE, 0), MNIST_LIKE, 10)
+    assert h_iid.heterogeneity < 0.08  # sampling noise only (about 0.05 at 600 per client)
+    # 2 labels at 1/2 each: TV = 0.5*(2*0.4 + 8*0.1) = 0.8; both shards one label: 0.9
+    assert 0.8 <= h_sh.heterogeneity <= 0.9
+    assert h_sh.labels_per_client().max() <= 2
