@@ -1,0 +1,399 @@
+"""The run store: one directory per run with its config, an SQLite database and a JSONL stream.
+
+``runs_dir/<YYYYmmdd-HHMMSS>-<name>-<6 hex>/`` holds ``config.yaml`` (the resolved
+config), ``store.sqlite`` (the source of truth: WAL mode, one transaction per round)
+and ``metrics.jsonl`` (one line per recorded round, for tools that tail a run). A
+writer killed at any point leaves every committed round readable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+import secrets
+import sqlite3
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from fedforge.config import Config, dump, from_dict, to_dict
+from fedforge.errors import ConfigError, StoreError
+
+SCHEMA_VERSION = 1
+STATUSES = ("running", "finished", "failed")
+DB_NAME, CONFIG_NAME, METRICS_NAME = "store.sqlite", "config.yaml", "metrics.jsonl"
+_RUN_DIR = re.compile(r"^(\d{8}-\d{6})-(.+)-([0-9a-f]{6})$")
+
+_SCHEMA = """
+CREATE TABLE runs (id TEXT PRIMARY KEY, name TEXT NOT NULL, created TEXT NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('running', 'finished', 'failed')),
+    config_json TEXT NOT NULL, summary_json TEXT);
+CREATE TABLE rounds (round_idx INTEGER PRIMARY KEY, cohort_size INTEGER NOT NULL,
+    train_loss REAL, test_accuracy REAL, test_loss REAL, bytes_up INTEGER NOT NULL,
+    bytes_down INTEGER NOT NULL, paper_bytes INTEGER NOT NULL, lr REAL NOT NULL,
+    seconds REAL NOT NULL, created REAL NOT NULL);
+CREATE TABLE client_rounds (round_idx INTEGER NOT NULL, client_id INTEGER NOT NULL,
+    num_examples INTEGER NOT NULL, train_loss REAL, update_norm REAL, bytes_up INTEGER NOT NULL,
+    bytes_down INTEGER NOT NULL, PRIMARY KEY (round_idx, client_id));
+"""
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """One row of ``rounds``; ``created`` (unix time) is set when recorded. A NaN loss
+    reads back as None (SQLite stores NaN as NULL)."""
+
+    round_idx: int
+    cohort_size: int
+    train_loss: float
+    test_accuracy: float | None
+    test_loss: float | None
+    bytes_up: int
+    bytes_down: int
+    paper_bytes: int
+    lr: float
+    seconds: float
+    created: float | None = None
+
+
+@dataclass(frozen=True)
+class ClientRecord:
+    """One row of ``client_rounds``: what one client did in one round."""
+
+    round_idx: int
+    client_id: int
+    num_examples: int
+    train_loss: float
+    update_norm: float
+    bytes_up: int
+    bytes_down: int
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """One line of ``fedforge runs``."""
+
+    run_id: str  # the directory name
+    name: str  # the config name
+    path: Path
+    created: str
+    status: str  # 'running', 'finished', 'failed', or 'unreadable'
+    rounds_done: int
+    rounds_planned: int | None
+    best_accuracy: float | None
+
+
+_ROUND_COLS = [f.name for f in dataclasses.fields(RoundRecord)]
+_CLIENT_COLS = [f.name for f in dataclasses.fields(ClientRecord)]
+_INSERT_ROUND = f"INSERT OR REPLACE INTO rounds VALUES ({', '.join('?' * len(_ROUND_COLS))})"
+_INSERT_CLIENT = f"INSERT INTO client_rounds VALUES ({', '.join('?' * len(_CLIENT_COLS))})"
+
+
+def _connect(db: Path, create: bool = False) -> sqlite3.Connection:
+    """Autocommit connection (transactions are explicit); never creates a file by accident."""
+    mode = "rwc" if create else "rw"
+    try:
+        uri = f"{db.resolve().as_uri()}?mode={mode}"
+        conn = sqlite3.connect(uri, uri=True, isolation_level=None)
+        conn.execute("PRAGMA busy_timeout = 5000")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = FULL")
+    except sqlite3.Error as exc:
+        raise StoreError(f"run store '{db}' is corrupt or unreadable: {exc}") from None
+    return conn
+
+
+def _is_run_dir(path: Path) -> bool:
+    return path.is_dir() and (path / DB_NAME).is_file()
+
+
+class RunStore:
+    """Read and write one run directory. Use :meth:`create` or :meth:`open`."""
+
+    def __init__(self, path: Path, conn: sqlite3.Connection) -> None:
+        self._path = path
+        self._conn = conn
+
+    # ------------------------------------------------------------------ lifecycle
+    @classmethod
+    def create(cls, runs_dir: Path | str, config: Config) -> RunStore:
+        """Make a new run directory under ``runs_dir`` for ``config``."""
+        now = datetime.now().astimezone()
+        run_id = f"{now:%Y%m%d-%H%M%S}-{config.name}-{secrets.token_hex(3)}"
+        path = Path(runs_dir) / run_id
+        try:
+            path.mkdir(parents=True, exist_ok=False)
+            (path / CONFIG_NAME).write_text(dump(config))
+            (path / METRICS_NAME).touch()
+        except OSError as exc:
+            raise StoreError(f"cannot create run directory '{path}': {exc}") from None
+        conn = _connect(path / DB_NAME, create=True)
+        try:
+            conn.executescript(
+                f"BEGIN IMMEDIATE; {_SCHEMA} PRAGMA user_version = {SCHEMA_VERSION};"
+            )
+            conn.execute(
+                "INSERT INTO runs VALUES (?, ?, ?, 'running', ?, NULL)",
+                (
+                    run_id,
+                    config.name,
+                    now.isoformat(timespec="seconds"),
+                    json.dumps(to_dict(config)),
+                ),
+            )
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            conn.close()
+            raise StoreError(f"cannot initialise run store in '{path}': {exc}") from None
+        return cls(path, conn)
+
+    @classmethod
+    def open(cls, path: Path | str) -> RunStore:
+        """Reopen an existing run directory (to read it, or to resume writing)."""
+        path = Path(path)
+        if not path.is_dir():
+            raise StoreError(f"run directory '{path}' does not exist")
+        if not (path / DB_NAME).is_file():
+            raise StoreError(f"'{path}' is not a run directory: it has no {DB_NAME}")
+        conn = _connect(path / DB_NAME)
+        try:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            count = conn.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
+            problem = "" if (version, count) == (SCHEMA_VERSION, 1) else "unexpected content"
+            problem += f" (schema version {version}, {count} run rows)" if problem else ""
+        except sqlite3.Error as exc:
+            problem = str(exc)
+        if problem:
+            conn.close()
+            raise StoreError(f"run store '{path / DB_NAME}' is corrupt or not a run: {problem}")
+        return cls(path, conn)
+
+    def close(self) -> None:
+        """Close the database (idempotent)."""
+        self._conn.close()
+
+    def __enter__(self) -> RunStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ writing
+    def record_round(self, round_row: RoundRecord, clients: Sequence[ClientRecord]) -> None:
+        """Write a round and its client rows in one transaction (replacing an earlier
+        copy of the same round), then append one line to ``metrics.jsonl``."""
+        stray = [c.client_id for c in clients if c.round_idx != round_row.round_idx]
+        if stray:
+            raise StoreError(f"clients {stray} are not from round {round_row.round_idx}")
+        if round_row.created is None:
+            round_row = dataclasses.replace(round_row, created=time.time())
+        idx = round_row.round_idx
+        try:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                self._conn.execute(_INSERT_ROUND, dataclasses.astuple(round_row))
+                self._conn.execute("DELETE FROM client_rounds WHERE round_idx = ?", (idx,))
+                self._conn.executemany(_INSERT_CLIENT, [dataclasses.astuple(c) for c in clients])
+                self._conn.execute("COMMIT")
+            except BaseException:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot record round {idx} in '{self._path}': {exc}") from None
+        line = {**dataclasses.asdict(round_row), "clients": len(clients)}
+        line = {
+            k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in line.items()
+        }
+        try:  # the stream is a convenience: the database above is the source of truth
+            with open(self._path / METRICS_NAME, "a", encoding="utf-8") as stream:
+                stream.write(json.dumps(line, separators=(",", ":")) + "\n")
+                stream.flush()
+                os.fsync(stream.fileno())
+        except OSError as exc:
+            raise StoreError(f"round {idx} is stored but {METRICS_NAME} failed: {exc}") from None
+
+    def finish(self, summary: dict[str, Any], status: str = "finished") -> None:
+        """Store the run's summary and mark it finished (or failed)."""
+        if status not in STATUSES:
+            raise StoreError(f"run status {status!r} is invalid; allowed: {', '.join(STATUSES)}")
+        try:
+            text = json.dumps(summary)
+            self._conn.execute("UPDATE runs SET status = ?, summary_json = ?", (status, text))
+        except (sqlite3.Error, TypeError, ValueError) as exc:
+            raise StoreError(f"cannot finish run '{self._path}': {exc}") from None
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    @property
+    def status(self) -> str:
+        return str(self._run_field("status"))
+
+    def _run_field(self, column: str) -> Any:
+        return self._query(f"SELECT {column} FROM runs")[0][0]
+
+    def _query(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
+        try:
+            return self._conn.execute(sql, args).fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read run store '{self._path}': {exc}") from None
+
+    def info(self) -> RunInfo:
+        """The run's line in ``fedforge runs``."""
+        run_id, name, created, status, config_json = self._query(
+            "SELECT id, name, created, status, config_json FROM runs"
+        )[0]
+        done, best = self._query("SELECT COUNT(*), MAX(test_accuracy) FROM rounds")[0]
+        planned = json.loads(config_json).get("rounds")
+        return RunInfo(run_id, name, self._path, created, status, done, planned, best)
+
+    def config(self) -> Config:
+        """The run's config, rebuilt from the database."""
+        try:
+            return from_dict(json.loads(self._run_field("config_json")))
+        except (ValueError, ConfigError) as exc:
+            raise StoreError(
+                f"run store '{self._path}' holds an unreadable config: {exc}"
+            ) from None
+
+    def summary(self) -> dict[str, Any] | None:
+        text = self._run_field("summary_json")
+        return None if text is None else dict(json.loads(text))
+
+    def rounds(self) -> list[RoundRecord]:
+        rows = self._query(f"SELECT {', '.join(_ROUND_COLS)} FROM rounds ORDER BY round_idx")
+        return [RoundRecord(*row) for row in rows]
+
+    def client_rounds(self, round_idx: int | None = None) -> list[ClientRecord]:
+        sql = f"SELECT {', '.join(_CLIENT_COLS)} FROM client_rounds"
+        args: tuple[Any, ...] = ()
+        if round_idx is not None:
+            sql, args = sql + " WHERE round_idx = ?", (round_idx,)
+        rows = self._query(sql + " ORDER BY round_idx, client_id", args)
+        return [ClientRecord(*row) for row in rows]
+
+
+def _config_name(path: Path) -> str:
+    match = _RUN_DIR.match(path.name)
+    return match.group(2) if match else ""
+
+
+# ----------------------------------------------------------------------------- listing
+
+
+def _run_info(path: Path) -> RunInfo:
+    try:
+        with RunStore.open(path) as store:
+            return store.info()
+    except (StoreError, ValueError, AttributeError):
+        name = _config_name(path) or path.name
+        return RunInfo(path.name, name, path, "", "unreadable", 0, None, None)
+
+
+def list_runs(runs_dir: Path | str) -> list[RunInfo]:
+    """Every run under ``runs_dir``, oldest first; directories that are not runs are skipped."""
+    root = Path(runs_dir)
+    if not root.is_dir():
+        return []
+    return [_run_info(p) for p in sorted(root.iterdir()) if _is_run_dir(p)]
+
+
+def resolve_run(runs_dir: Path | str, ref: str | Path) -> Path:
+    """Find a run from a path, a directory name, or a unique prefix/suffix of its name."""
+    root, text = Path(runs_dir), str(ref)
+    if not text:
+        raise StoreError("empty run reference; give a run directory or part of its name")
+    for direct in (Path(ref), root / text):
+        if _is_run_dir(direct):
+            return direct
+    runs = sorted(p for p in root.iterdir() if _is_run_dir(p)) if root.is_dir() else []
+    found = [
+        p
+        for p in runs
+        if p.name.startswith(text) or p.name.endswith(text) or _config_name(p).startswith(text)
+    ]
+    if len(found) == 1:
+        return found[0]
+    if found:
+        raise StoreError(
+            f"run reference '{text}' is ambiguous: it matches {len(found)} runs in '{root}': "
+            + ", ".join(p.name for p in found)
+        )
+    known = ", ".join(p.name for p in runs[-10:]) or "(none)"
+    raise StoreError(f"no run matches '{text}' in '{root}'; runs there: {known}")
+
+
+def _fmt_bytes(n: float) -> str:
+    exp = min(3, int(math.log10(max(abs(n), 1)) // 3))
+    return f"{n / 1000**exp:.2f} {('B', 'KB', 'MB', 'GB')[exp]}" if exp else f"{n:.0f} B"
+
+
+def _fmt_seconds(s: float) -> str:
+    minutes, sec = divmod(round(s), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h {minutes:02d}m {sec:02d}s" if hours else f"{minutes}m {sec:02d}s"
+
+
+def format_run_table(runs: list[RunInfo]) -> str:
+    """The table printed by ``fedforge runs``."""
+    if not runs:
+        return "no runs"
+    rows = [("RUN", "STATUS", "ROUNDS", "BEST ACC", "CREATED")]
+    for r in runs:
+        done = f"{r.rounds_done}/{r.rounds_planned or '?'}"
+        best = "-" if r.best_accuracy is None else f"{r.best_accuracy:.4f}"
+        rows.append((r.run_id, r.status, done, best, r.created))
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    lines = ("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows)
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def format_run_summary(store: RunStore) -> str:
+    """The text printed by ``fedforge show RUN``."""
+    info, cfg, rounds = store.info(), store.config(), store.rounds()
+    summary = store.summary() or {}
+    part = cfg.partition
+    detail = {
+        "shards": f"{part.shards_per_client} shards/client",
+        "dirichlet": f"alpha={part.alpha}",
+        "quantity": f"sigma={part.sigma}",
+    }.get(part.kind)
+    batch = "all" if cfg.batch_size is None else cfg.batch_size
+    lines = [
+        f"run       {info.run_id}  [{info.status}]",
+        f"path      {store.path}",
+        f"created   {info.created}",
+        f"config    {cfg.algorithm} {cfg.model} on {cfg.dataset}, {cfg.num_clients} clients, "
+        f"{part.kind} partition" + (f" ({detail})" if detail else ""),
+        f"          C={cfg.client_fraction} E={cfg.local_epochs} B={batch} lr={cfg.lr} "
+        f"seed={cfg.seed} engine={cfg.engine} dtype={cfg.dtype}",
+        f"rounds    {len(rounds)} of {cfg.rounds}",
+    ]
+    evaluated = [r for r in rounds if r.test_accuracy is not None]
+    best = max(evaluated, key=lambda r: r.test_accuracy or 0.0, default=None)
+    last = evaluated[-1] if evaluated else None
+    lines.append(
+        f"accuracy  best {best.test_accuracy:.4f} (round {best.round_idx}), "
+        f"final {last.test_accuracy:.4f} (round {last.round_idx})"
+        if best and last
+        else "accuracy  not evaluated"
+    )
+    if "rounds_to_target" in summary:
+        reached = summary["rounds_to_target"]
+        target = summary.get("target_accuracy", cfg.target_accuracy)
+        result = "not reached" if reached is None else f"reached in {reached} rounds"
+        lines.append(f"target    {target}: {result}")
+    up, down = sum(r.bytes_up for r in rounds), sum(r.bytes_down for r in rounds)
+    lines.append(f"bytes     up {_fmt_bytes(up)}, down {_fmt_bytes(down)}")
+    wall = summary.get("wall_seconds", sum(r.seconds for r in rounds))
+    lines.append(f"wall time {_fmt_seconds(float(wall))}")
+    return "\n".join(lines)

@@ -1,0 +1,220 @@
+"""Tests of the run store: layout, transactions, crash survival, listing and lookup."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from fedforge.config import Config, load
+from fedforge.errors import StoreError
+from fedforge.store import (
+    ClientRecord,
+    RoundRecord,
+    RunStore,
+    format_run_summary,
+    format_run_table,
+    list_runs,
+    resolve_run,
+)
+from fedforge.store import runstore as runstore_module
+
+
+def _round(idx: int, acc: float | None = 0.5, loss: float = 1.0) -> RoundRecord:
+    return RoundRecord(
+        round_idx=idx,
+        cohort_size=2,
+        train_loss=loss,
+        test_accuracy=acc,
+        test_loss=None if acc is None else 0.3,
+        bytes_up=1000,
+        bytes_down=2000,
+        paper_bytes=800,
+        lr=0.1,
+        seconds=1.5,
+    )
+
+
+def _clients(idx: int, ids: tuple[int, ...] = (3, 7)) -> list[ClientRecord]:
+    return [ClientRecord(idx, cid, 600, 0.9, 0.25, 500, 1000) for cid in ids]
+
+
+def test_create_writes_layout_and_reopens(tmp_path: Path) -> None:
+    cfg = Config(name="mnist-cnn", rounds=5, local_epochs=5)
+    with RunStore.create(tmp_path / "runs", cfg) as store:
+        path = store.path
+        assert path.parent == tmp_path / "runs"
+        assert runstore_module._RUN_DIR.match(path.name)
+        assert path.name.split("-")[2:4] == ["mnist", "cnn"]
+        for name in ("config.yaml", "store.sqlite", "metrics.jsonl"):
+            assert (path / name).is_file()
+        assert load(path / "config.yaml") == cfg
+        assert store.status == "running" and store.summary() is None
+        store.record_round(_round(0, 0.5), _clients(0))
+        store.record_round(_round(1, 0.7), _clients(1, (1, 2, 9)))
+        store.finish({"rounds_to_target": 1, "wall_seconds": 3.0})
+    with sqlite3.connect(path / "store.sqlite") as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    with RunStore.open(path) as store:
+        assert store.config() == cfg
+        assert store.status == "finished"
+        assert store.summary() == {"rounds_to_target": 1, "wall_seconds": 3.0}
+        rounds = store.rounds()
+        assert [r.round_idx for r in rounds] == [0, 1]
+        assert rounds[1].test_accuracy == 0.7 and rounds[0].created is not None
+        assert rounds[0] == RoundRecord(**{**_round(0).__dict__, "created": rounds[0].created})
+        assert store.client_rounds(1) == _clients(1, (1, 2, 9))
+        assert len(store.client_rounds()) == 5
+    lines = (path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["round_idx"] for line in lines] == [0, 1]
+    assert json.loads(lines[0])["test_accuracy"] == 0.5
+
+
+def test_rerun_of_a_round_replaces_it(tmp_path: Path) -> None:
+    with RunStore.create(tmp_path, Config(name="r")) as store:
+        store.record_round(_round(0, 0.1), _clients(0, (1, 2, 3)))
+        store.record_round(_round(0, 0.2), _clients(0, (4,)))
+        assert [r.test_accuracy for r in store.rounds()] == [0.2]
+        assert [c.client_id for c in store.client_rounds()] == [4]
+
+
+def test_failure_mid_round_leaves_nothing_of_it(tmp_path: Path) -> None:
+    with RunStore.create(tmp_path, Config(name="t")) as store:
+        store.record_round(_round(0, 0.4), _clients(0))
+        # the round row goes in, then the second client row violates the primary key
+        with pytest.raises(StoreError, match="round 1"):
+            store.record_round(_round(1), _clients(1, (5, 5)))
+        assert [r.round_idx for r in store.rounds()] == [0]
+        assert all(c.round_idx == 0 for c in store.client_rounds())
+        # a failed re-run of round 0 keeps the earlier copy intact
+        bad = [ClientRecord(0, 1, object(), 0.1, 0.1, 1, 1)]  # type: ignore[arg-type]
+        with pytest.raises(StoreError):
+            store.record_round(_round(0, 0.9), bad)
+        assert [r.test_accuracy for r in store.rounds()] == [0.4]
+        assert [c.client_id for c in store.client_rounds(0)] == [3, 7]
+        # only committed rounds reach the metrics stream, and the store still works
+        store.record_round(_round(1), _clients(1))
+        assert len((store.path / "metrics.jsonl").read_text().splitlines()) == 2
+        with pytest.raises(StoreError, match="not from round 2"):
+            store.record_round(_round(2), _clients(1))
+
+
+def test_killed_writer_leaves_committed_rounds(tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        f"""
+        import os, sys
+        from fedforge.config import Config
+        from fedforge.store import ClientRecord, RoundRecord, RunStore
+        store = RunStore.create({str(tmp_path)!r}, Config(name="killed", rounds=10))
+        for i in range(2):
+            store.record_round(
+                RoundRecord(i, 1, 0.5, 0.8 + i / 100, 0.2, 10, 20, 8, 0.1, 0.01),
+                [ClientRecord(i, 0, 50, 0.5, 1.0, 10, 20)],
+            )
+        print(store.path, flush=True)
+        os._exit(9)
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 9, proc.stderr
+    path = Path(proc.stdout.strip())
+    with RunStore.open(path) as store:
+        assert [r.round_idx for r in store.rounds()] == [0, 1]
+        assert len(store.client_rounds()) == 2
+        assert store.status == "running"
+        store.record_round(_round(2), _clients(2))  # a resumed run can carry on writing
+    (info,) = list_runs(tmp_path)
+    assert (info.status, info.rounds_done, info.rounds_planned) == ("running", 3, 10)
+    assert info.best_accuracy == pytest.approx(0.81)
+
+
+def test_open_rejects_non_runs(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="does not exist"):
+        RunStore.open(tmp_path / "nope")
+    with pytest.raises(StoreError, match="not a run directory"):
+        RunStore.open(tmp_path)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "store.sqlite").write_bytes(b"this is not a database at all" * 100)
+    with pytest.raises(StoreError, match="corrupt"):
+        RunStore.open(bad)
+    other = tmp_path / "other"
+    other.mkdir()
+    sqlite3.connect(other / "store.sqlite").execute("CREATE TABLE runs (x)").connection.close()
+    with pytest.raises(StoreError, match="corrupt"):
+        RunStore.open(other)
+
+
+def _make_runs(root: Path, names: list[str]) -> list[Path]:
+    paths = []
+    for name in names:
+        with RunStore.create(root, Config(name=name)) as store:
+            paths.append(store.path)
+    return paths
+
+
+def test_list_runs_skips_non_runs_and_marks_corrupt(tmp_path: Path) -> None:
+    assert list_runs(tmp_path / "missing") == []
+    paths = _make_runs(tmp_path, ["alpha", "beta"])
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "file.txt").write_text("x")
+    broken = tmp_path / "20200101-000000-broken-abcdef"
+    broken.mkdir()
+    (broken / "store.sqlite").write_bytes(b"garbage" * 200)
+    runs = list_runs(tmp_path)
+    assert {r.path for r in runs} == {*paths, broken}
+    status = {r.name: r.status for r in runs}
+    assert status == {"alpha": "running", "beta": "running", "broken": "unreadable"}
+    table = format_run_table(runs)
+    assert table.splitlines()[0].split()[:3] == ["RUN", "STATUS", "ROUNDS"]
+    assert paths[0].name in table and "unreadable" in table
+    assert format_run_table([]) == "no runs"
+
+
+def test_resolve_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    a, b, c = _make_runs(tmp_path, ["mnist-iid", "mnist-noniid", "shakespeare"])
+    assert resolve_run(tmp_path, a) == a
+    assert resolve_run(tmp_path, str(b)) == b
+    assert resolve_run(tmp_path, a.name) == tmp_path / a.name
+    assert resolve_run(tmp_path, a.name[-6:]) == a  # the random suffix
+    assert resolve_run(tmp_path, "shake") == c  # a prefix of the config name
+    assert resolve_run(tmp_path, "mnist-non") == b
+    with pytest.raises(StoreError, match="ambiguous") as err:
+        resolve_run(tmp_path, "mnist")
+    assert a.name in str(err.value) and b.name in str(err.value)
+    with pytest.raises(StoreError, match="ambiguous"):
+        resolve_run(tmp_path, a.name[:8])  # the shared date prefix
+    with pytest.raises(StoreError, match="no run matches 'cifar'") as err:
+        resolve_run(tmp_path, "cifar")
+    assert c.name in str(err.value)
+    with pytest.raises(StoreError, match="empty"):
+        resolve_run(tmp_path, "")
+    monkeypatch.chdir(tmp_path)
+    assert resolve_run("elsewhere", a.name) == Path(a.name)
+
+
+def test_format_run_summary(tmp_path: Path) -> None:
+    cfg = Config(name="show", rounds=20, batch_size=None, client_fraction=0.1)
+    with RunStore.create(tmp_path, cfg) as store:
+        store.record_round(_round(0, 0.91), _clients(0))
+        store.record_round(_round(1, None), _clients(1))
+        store.record_round(_round(2, 0.95), _clients(2))
+        store.record_round(_round(3, 0.93), _clients(3))
+        text = format_run_summary(store)
+        assert "4 of 20" in text and "B=all" in text and "C=0.1" in text
+        assert "best 0.9500 (round 2)" in text and "final 0.9300 (round 3)" in text
+        assert "up 4.00 KB, down 8.00 KB" in text
+        assert "0m 06s" in text  # the sum of round seconds
+        assert "target" not in text
+        store.finish({"rounds_to_target": 3, "wall_seconds": 3725.0}, status="failed")
+        text = format_run_summary(store)
+        assert "[failed]" in text and "reached in 3 rounds" in text and "1h 02m 05s" in text
+        with pytest.raises(StoreError, match="allowed"):
+            store.finish({}, status="done")
