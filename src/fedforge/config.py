@@ -66,6 +66,10 @@ class Config:
     runs_dir: str = "runs"
 
     def __post_init__(self) -> None:
+        if self.algorithm == "fedsgd":
+            # FedSGD is FedAvg with E = 1 and B = infinity; store what really runs.
+            object.__setattr__(self, "local_epochs", 1)
+            object.__setattr__(self, "batch_size", None)
         _validate(self)
 
 

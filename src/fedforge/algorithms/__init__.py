@@ -1,0 +1,17 @@
+"""Algorithm bundles, built from a config by :func:`from_config`."""
+
+from __future__ import annotations
+
+from fedforge.algorithms.base import Algorithm, LocalPlan, cross_entropy
+from fedforge.algorithms.fedavg import fedavg, fedsgd
+from fedforge.config import Config
+
+
+def from_config(cfg: Config) -> Algorithm:
+    """The algorithm bundle a config names."""
+    if cfg.algorithm == "fedsgd":
+        return fedsgd(cfg.lr, cfg.lr_decay, cfg.server_lr)
+    return fedavg(cfg.local_epochs, cfg.batch_size, cfg.lr, cfg.lr_decay, cfg.server_lr)
+
+
+__all__ = ["Algorithm", "LocalPlan", "cross_entropy", "fedavg", "fedsgd", "from_config"]

@@ -1,0 +1,48 @@
+"""What an algorithm is (DESIGN idea 3): a small bundle, not a subclass tree.
+
+A bundle holds both halves of a round: what a client optimises and how (the
+local training plan of each round), which parameters are shared, and which
+server optimizer applies the aggregate. Aggregators compose with any bundle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from fedforge.params import ParamKind
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class LocalPlan:
+    """What every client of one round does: ``local_epochs`` passes of minibatch SGD
+    over its data in batches of ``batch_size`` (``None``: the whole client data set,
+    the paper's B = infinity) at learning rate ``lr``."""
+
+    local_epochs: int
+    batch_size: int | None
+    lr: float
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """An FL algorithm: the client plan per round, the loss, what is shared, and the
+    server learning rate applied to the aggregated delta."""
+
+    name: str
+    plan_fn: Callable[[int], LocalPlan]
+    loss_fn: LossFn
+    shared_kinds: tuple[ParamKind, ...] = ("weight", "batchnorm")
+    server_lr: float = 1.0
+
+    def plan(self, round_idx: int) -> LocalPlan:
+        return self.plan_fn(round_idx)
+
+
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy: the classification loss of every MNIST experiment."""
+    return torch.nn.functional.cross_entropy(logits, labels)

@@ -1,0 +1,48 @@
+"""FedAvg and FedSGD: McMahan et al. 2017, "Communication-Efficient Learning of
+Deep Networks from Decentralized Data", Algorithm 1.
+
+Runs on the clients (E epochs of minibatch SGD of size B from the global weights)
+and on the server (the n_k-weighted mean of the deltas, applied with server SGD
+at lr 1). Trusts each client's reported ``num_examples``.
+FedSGD is the special case E = 1, B = infinity: one full-batch gradient step per
+client, which averaged with weights n_k is one gradient step on the union.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fedforge.algorithms.base import Algorithm, LocalPlan, cross_entropy
+
+
+@dataclass(frozen=True)
+class _DecayedPlan:
+    """Local lr decayed per round: lr_t = lr * decay ** round_idx. A class, not a
+    closure, so that the bundle pickles for remote engines."""
+
+    local_epochs: int
+    batch_size: int | None
+    lr: float
+    lr_decay: float
+
+    def __call__(self, round_idx: int) -> LocalPlan:
+        lr = self.lr * self.lr_decay**round_idx
+        return LocalPlan(self.local_epochs, self.batch_size, lr)
+
+
+def fedavg(
+    local_epochs: int,
+    batch_size: int | None,
+    lr: float,
+    lr_decay: float = 1.0,
+    server_lr: float = 1.0,
+) -> Algorithm:
+    """FedAvg with E = ``local_epochs``, B = ``batch_size`` (None: infinity)."""
+    plan = _DecayedPlan(local_epochs, batch_size, lr, lr_decay)
+    return Algorithm("fedavg", plan, cross_entropy, server_lr=server_lr)
+
+
+def fedsgd(lr: float, lr_decay: float = 1.0, server_lr: float = 1.0) -> Algorithm:
+    """FedSGD: every client takes one gradient step on all its data."""
+    plan = _DecayedPlan(1, None, lr, lr_decay)
+    return Algorithm("fedsgd", plan, cross_entropy, server_lr=server_lr)

@@ -1,0 +1,102 @@
+"""The ``fedforge`` command: run, runs, show.
+
+A user's mistake (bad config value, missing data, unknown run) ends in one line
+naming the value and what is allowed, with exit status 2; never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from fedforge import config as config_mod
+from fedforge.errors import FedforgeError
+
+EXIT_USER_ERROR = 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fedforge", description="Federated learning for PyTorch.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run a federated training job")
+    run.add_argument("--config", "-c", type=Path, help="YAML config file (defaults if absent)")
+    run.add_argument(
+        "--set",
+        "-s",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a config field, dotted for sections (partition.alpha=0.5)",
+    )
+    run.add_argument("--data-dir", help="where the data sets are (else $FEDFORGE_DATA)")
+    run.add_argument("--runs-dir", help="where run directories go (config: runs_dir)")
+    run.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+
+    runs = sub.add_parser("runs", help="list the runs in a runs directory")
+    runs.add_argument("--runs-dir", default="runs")
+
+    show = sub.add_parser("show", help="print the summary of one run")
+    show.add_argument("run", help="run directory, its name, or a unique part of it")
+    show.add_argument("--runs-dir", default="runs")
+    return parser
+
+
+def _resolve_config(args: argparse.Namespace) -> config_mod.Config:
+    cfg = config_mod.load(args.config) if args.config else config_mod.Config()
+    overrides = dict(config_mod.parse_override(item) for item in args.set)
+    if args.data_dir:
+        overrides["data_dir"] = args.data_dir
+    if args.runs_dir:
+        overrides["runs_dir"] = args.runs_dir
+    return config_mod.override(cfg, overrides) if overrides else cfg
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    cfg = _resolve_config(args)
+    from fedforge.server.loop import format_summary, run
+
+    print(
+        f"fedforge: {cfg.algorithm} {cfg.model} on {cfg.dataset}, {cfg.num_clients} clients "
+        f"({cfg.partition.kind}), C={cfg.client_fraction} E={cfg.local_epochs} "
+        f"B={cfg.batch_size or 'all'} lr={cfg.lr}, up to {cfg.rounds} rounds",
+        flush=True,
+    )
+    result = run(cfg, progress=not args.quiet)
+    print(format_summary(result.summary))
+    return 0
+
+
+def _cmd_runs(args: argparse.Namespace) -> int:
+    from fedforge.store import format_run_table, list_runs
+
+    print(format_run_table(list_runs(args.runs_dir)))
+    return 0
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    from fedforge.store import RunStore, format_run_summary, resolve_run
+
+    with RunStore.open(resolve_run(args.runs_dir, args.run)) as store:
+        print(format_run_summary(store))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``fedforge`` command; returns the exit status."""
+    args = _parser().parse_args(argv)
+    commands = {"run": _cmd_run, "runs": _cmd_runs, "show": _cmd_show}
+    try:
+        return commands[args.command](args)
+    except FedforgeError as exc:
+        print(f"fedforge: error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("fedforge: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""The client side of a round: one picklable task, local training, the encoded update.
+
+Runs on the client; trusts only the payload it decoded and its own data. The
+same task runs in-process (serial engine), on a worker (Ray) or on a device
+(gRPC client): engines decide where it runs, never what it computes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from fedforge.algorithms.base import Algorithm, LocalPlan, LossFn
+from fedforge.params import ParamSpec
+from fedforge.pipeline import Stage, StageContext
+from fedforge.rng import torch_generator
+from fedforge.transport import wire
+
+ClientDataFn = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class ClientTask:
+    """Everything a client needs besides the payload and its own data."""
+
+    client_id: int
+    round_idx: int
+    plan: LocalPlan
+    seed: int
+
+
+@dataclass(frozen=True)
+class LocalResult:
+    """What local training produced: the new local parameters (flat), the mean
+    training loss over the examples seen, and the number of SGD steps taken."""
+
+    params: torch.Tensor
+    train_loss: float
+    steps: int
+
+
+def minibatches(
+    num_examples: int, batch_size: int | None, gen: torch.Generator
+) -> list[torch.Tensor]:
+    """One epoch's minibatch indices: a permutation from ``gen`` cut into batches of
+    ``batch_size`` (the last one may be smaller); ``None`` means one full batch."""
+    perm = torch.randperm(num_examples, generator=gen)
+    size = num_examples if batch_size is None else batch_size
+    return list(perm.split(size))
+
+
+def local_sgd(
+    model: nn.Module,
+    spec: ParamSpec,
+    start: torch.Tensor,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    plan: LocalPlan,
+    loss_fn: LossFn,
+    gen: torch.Generator,
+) -> LocalResult:
+    """``plan.local_epochs`` epochs of plain minibatch SGD from ``start``.
+
+    ``model`` only gives the architecture: its own tensors are never read or
+    written; the parameters live in one flat vector updated in place.
+    """
+    params = start.clone()
+    # Leaf tensors that are views of the flat vector: in-place steps on them
+    # update ``params`` directly, and autograd gives one gradient per tensor.
+    leaves = {k: v.detach().requires_grad_(True) for k, v in spec.views(params).items()}
+    tensors = list(leaves.values())
+    model.train()
+    total_loss = 0.0
+    seen = 0
+    steps = 0
+    for _ in range(plan.local_epochs):
+        for idx in minibatches(len(y), plan.batch_size, gen):
+            loss = loss_fn(functional_call(model, leaves, (x[idx],)), y[idx])
+            grads = torch.autograd.grad(loss, tensors)
+            with torch.no_grad():
+                torch._foreach_add_(tensors, grads, alpha=-plan.lr)
+            total_loss += loss.detach().item() * len(idx)
+            seen += len(idx)
+            steps += 1
+    return LocalResult(params, total_loss / max(seen, 1), steps)
+
+
+class ClientRuntime:
+    """What a client holds between rounds: the model architecture, the algorithm
+    bundle and access to its own data. ``run`` turns a payload into an update."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        spec: ParamSpec,
+        algorithm: Algorithm,
+        data_fn: ClientDataFn,
+        stages: Sequence[Stage] = (),
+    ) -> None:
+        self.model = model
+        self.spec = spec
+        self.algorithm = algorithm
+        self.data_fn = data_fn
+        self.stages = tuple(stages)
+
+    def run(self, task: ClientTask, payload: bytes) -> bytes:
+        """Decode the global model, train locally, encode the delta."""
+        message = wire.decode(payload)
+        start = message.tensors["params"]
+        x, y = self.data_fn(task.client_id)
+        gen = torch_generator(task.seed, "minibatch", task.round_idx, task.client_id)
+        result = local_sgd(
+            self.model, self.spec, start, x, y, task.plan, self.algorithm.loss_fn, gen
+        )
+        delta = result.params - start
+        ctx = StageContext(task.round_idx, task.seed, task.client_id)
+        for stage in self.stages:
+            delta = stage.apply(delta, ctx)
+        meta = {
+            "client_id": task.client_id,
+            "round_idx": task.round_idx,
+            "num_examples": len(y),
+            "train_loss": result.train_loss,
+            "steps": result.steps,
+        }
+        return wire.encode({"delta": delta}, meta)
+
+
+@dataclass(frozen=True)
+class ClientUpload:
+    """An encoded update as it arrives at the server, with the client's wall time."""
+
+    client_id: int
+    data: bytes
+    seconds: float

@@ -1,0 +1,30 @@
+"""Model registry: build a model by the name used in configs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from fedforge.errors import ConfigError
+from fedforge.models.mnist import MnistCNN, MnistMLP
+
+MODELS: dict[str, Callable[[], nn.Module]] = {"2nn": MnistMLP, "cnn": MnistCNN}
+
+
+def build_model(name: str, seed: int, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """A freshly initialised model; the initial weights depend only on ``seed``."""
+    if name not in MODELS:
+        raise ConfigError(f"model {name!r} is unknown; known models: {', '.join(MODELS)}")
+    from fedforge.rng import derive_seed
+
+    # nn.Module initialisers draw from the global generator; fork it so the
+    # caller's RNG state is untouched and the init is a function of the seed.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(derive_seed(seed, "model-init"))
+        model = MODELS[name]()
+    return model.to(dtype)
+
+
+__all__ = ["MODELS", "MnistCNN", "MnistMLP", "build_model"]

@@ -1,0 +1,109 @@
+"""The round as two pipelines of small stages with explicit state (DESIGN idea 2).
+
+client: local training -> [client stages: clip, DP noise, compress, mask] -> encode
+server: decode -> [per-upload stages: validate, unmask, decompress] -> aggregate
+        -> [aggregate stages: central DP noise] -> server optimizer
+
+Local training is always the first client stage (it turns the payload into a
+delta); encode/decode are the wire format. A stage says where it runs, keeps
+its own state, and never reaches into another stage. The pipeline checks its
+order when it is built and refuses what cannot work, saying why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import torch
+
+from fedforge.aggregators import Aggregator
+from fedforge.errors import ConfigError
+
+Where = Literal["client", "server_upload", "server_aggregate"]
+
+
+@dataclass
+class StageContext:
+    """What a stage may know of where it runs. ``state`` is the stage's own
+    persistent state (per client for client stages, per server otherwise)."""
+
+    round_idx: int
+    seed: int
+    client_id: int | None = None
+    state: dict[str, Any] = field(default_factory=dict)
+
+
+class Stage(Protocol):
+    """One vector-to-vector step of a round."""
+
+    name: str
+    where: Where
+    linear: bool  # commutes with the sum: allowed before secure aggregation
+
+    def apply(self, vec: torch.Tensor, ctx: StageContext) -> torch.Tensor: ...
+
+
+# A rule returns None when the pipeline is fine, else the reason it cannot work.
+Rule = Callable[["Pipeline"], str | None]
+
+
+def _stages_in_place(p: Pipeline) -> str | None:
+    for where, stages in (
+        ("client", p.client),
+        ("server_upload", p.server_upload),
+        ("server_aggregate", p.server_aggregate),
+    ):
+        for s in stages:
+            if s.where != where:
+                return f"stage '{s.name}' runs on '{s.where}' but was placed in the {where} stages"
+    return None
+
+
+def _unique_names(p: Pipeline) -> str | None:
+    names = [s.name for s in (*p.client, *p.server_upload, *p.server_aggregate)]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    return f"stages appear twice: {', '.join(dupes)}" if dupes else None
+
+
+RULES: list[Rule] = [_stages_in_place, _unique_names]
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """The stages of one round around a given aggregator, checked when built."""
+
+    aggregator: Aggregator
+    client: tuple[Stage, ...] = ()
+    server_upload: tuple[Stage, ...] = ()
+    server_aggregate: tuple[Stage, ...] = ()
+    rules: Sequence[Rule] = field(default_factory=lambda: tuple(RULES))
+
+    def __post_init__(self) -> None:
+        for rule in self.rules:
+            reason = rule(self)
+            if reason is not None:
+                raise ConfigError(f"pipeline refused: {reason}")
+
+    def describe(self) -> str:
+        """The whole round in one line, e.g. for the run summary."""
+        client = ["local_training", *(s.name for s in self.client), "encode"]
+        server = ["decode", *(s.name for s in self.server_upload), self.aggregator.name]
+        server += [s.name for s in self.server_aggregate] + ["server_optimizer"]
+        return "client: " + " -> ".join(client) + " | server: " + " -> ".join(server)
+
+    def run_client(self, delta: torch.Tensor, ctx: StageContext) -> torch.Tensor:
+        return _run(self.client, delta, ctx)
+
+    def run_upload(self, delta: torch.Tensor, ctx: StageContext) -> torch.Tensor:
+        return _run(self.server_upload, delta, ctx)
+
+    def run_aggregate(self, aggregate: torch.Tensor, ctx: StageContext) -> torch.Tensor:
+        return _run(self.server_aggregate, aggregate, ctx)
+
+
+def _run(stages: tuple[Stage, ...], vec: torch.Tensor, ctx: StageContext) -> torch.Tensor:
+    for stage in stages:
+        vec = stage.apply(vec, ctx)
+    return vec

@@ -1,0 +1,1 @@
+"""The server: round loop, server optimizers, client selection."""
