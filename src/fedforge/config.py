@@ -144,21 +144,23 @@ def _coerce(name: str, value: Any, tp: Any) -> Any:
         return value
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
-        if value is None or (isinstance(value, str) and value.lower() in ("null", "none", "all")):
-            if type(None) in args:
-                return None
-        errors = []
+        is_null = value is None or (
+            isinstance(value, str) and value.lower() in ("null", "none", "all")
+        )
+        if is_null and type(None) in args:
+            return None
+        errors: list[ConfigError] = []
         for arg in args:
             if arg is type(None):
                 continue
             try:
                 return _coerce(name, value, arg)
             except ConfigError as exc:
-                errors.append(str(exc))
+                errors.append(exc)
         raise errors[0] if len(errors) == 1 else _fail(name, value, f"must be {_describe(tp)}")
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, Mapping):
-            raise _fail(name, value, f"must be a mapping of {tp.__name__} fields")
+            raise _fail(name, value, f"must be a mapping of {getattr(tp, '__name__', tp)} fields")
         return _build(tp, value, prefix=name + ".")
     if tp is bool:
         if not isinstance(value, bool):

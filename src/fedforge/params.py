@@ -78,7 +78,7 @@ class ParamSpec:
 
     def flatten(self, module: nn.Module, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """A new flat vector holding ``module``'s current values."""
-        tensors = dict(module.named_parameters())
+        tensors: dict[str, torch.Tensor] = dict(module.named_parameters())
         tensors.update(dict(module.named_buffers()))
         out = torch.empty(self.size, dtype=dtype)
         for e in self.entries:
@@ -95,7 +95,7 @@ class ParamSpec:
     def load_into(self, module: nn.Module, vec: torch.Tensor) -> None:
         """Copy ``vec`` into ``module``'s tensors in place."""
         self._check(vec)
-        tensors = dict(module.named_parameters())
+        tensors: dict[str, torch.Tensor] = dict(module.named_parameters())
         tensors.update(dict(module.named_buffers()))
         with torch.no_grad():
             for name, view in self.views(vec).items():

@@ -8,6 +8,7 @@ accuracy or after ``rounds``. Runs on the server; trusts nothing it decodes.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,8 @@ import torch
 
 from fedforge.client import ClientTask
 from fedforge.config import Config
+from fedforge.data import PartitionSummary, summarize
+from fedforge.data.mnist import NUM_CLASSES
 from fedforge.errors import UploadError
 from fedforge.evaluate import evaluate
 from fedforge.experiment import Experiment, FederatedData, build
@@ -82,14 +85,21 @@ def run(
 ) -> RunResult:
     """Run ``cfg`` to its target or its last round; record it in a run store."""
     exp = build(cfg, data)
+    partition = summarize(exp.data.partition, exp.data.train_y.numpy(), NUM_CLASSES)
+    if progress:
+        print(f"partition: {partition.format()}", flush=True)
     run_store = RunStore.create(cfg.runs_dir, cfg) if store else None
+    if run_store is not None:
+        _write_partition(run_store.path / "partition.json", partition)
     try:
         result = _rounds(exp, run_store, progress)
-    except BaseException:
+    except BaseException as exc:
         if run_store is not None:
-            run_store.finish({"error": "run stopped by an exception"}, status="failed")
+            why = "interrupted" if isinstance(exc, KeyboardInterrupt) else type(exc).__name__
+            run_store.finish({"error": f"run stopped: {why}"}, status="failed")
             run_store.close()
         raise
+    result.summary["heterogeneity"] = partition.heterogeneity
     if run_store is not None:
         torch.save({"params": result.params, "names": exp.spec.names}, _tmp(run_store.path))
         _tmp(run_store.path).replace(run_store.path / "final_params.pt")
@@ -98,6 +108,18 @@ def run(
         run_store.finish(result.summary)
         run_store.close()
     return result
+
+
+def _write_partition(path: Path, summary: PartitionSummary) -> None:
+    """Sizes and per-client label histograms beside the store, for reports."""
+    data = {
+        "heterogeneity": summary.heterogeneity,
+        "sizes": summary.sizes.tolist(),
+        "label_counts": summary.label_counts.tolist(),
+    }
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data))
+    tmp.replace(path)
 
 
 def _tmp(run_dir: Path) -> Path:

@@ -1,0 +1,208 @@
+"""McMahan et al. 2017, Table 2: rounds to target accuracy, ours vs the paper.
+
+    python benchmarks/mcmahan_table2.py --rows cnn_iid_e1_b10,cnn_iid_fedsgd --grid 3
+
+Each row is the config ``configs/<row>.yaml``. For each row the script runs a
+learning-rate grid spaced 10^(1/3) apart around the config's lr (``--grid N``:
+N points, or ``--lrs`` explicitly), in the order centre, then neighbours. A
+later grid point is capped at the best rounds found so far (a run that needs
+more rounds cannot win), so a grid costs little more than its best run. Each
+finished (row, lr) is saved as JSON under ``--out``; rerunning skips it, so the
+benchmark resumes, and ``--report`` prints the table from what is saved.
+Last line: ``RESULT <row>_rounds=... <row>_paper=...`` for every row with a result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from fedforge import config as config_mod
+from fedforge.experiment import load_federated_data
+from fedforge.server.loop import run
+
+ROOT = Path(__file__).resolve().parent.parent
+STEP = 10 ** (1 / 3)
+
+# Table 2 of the paper: rounds to 99% (CNN) / 97% (2NN), C = 0.1, IID / non-IID.
+PAPER: dict[str, int] = {}
+for _model, _rows in {
+    "cnn": {
+        "fedsgd": (626, 483),
+        "e5_binf": (179, 1000),
+        "e1_b50": (65, 600),
+        "e20_binf": (234, 672),
+        "e1_b10": (34, 350),
+        "e5_b50": (29, 334),
+        "e20_b50": (32, 426),
+        "e5_b10": (20, 229),
+        "e20_b10": (18, 173),
+    },
+    "2nn": {
+        "fedsgd": (1468, 1817),
+        "e10_binf": (156, 1100),
+        "e1_b50": (144, 1183),
+        "e20_binf": (92, 957),
+        "e1_b10": (92, 831),
+        "e10_b50": (45, 881),
+        "e20_b50": (39, 835),
+        "e10_b10": (34, 497),
+        "e20_b10": (32, 738),
+    },
+}.items():
+    for _tag, (_iid, _non) in _rows.items():
+        PAPER[f"{_model}_iid_{_tag}"] = _iid
+        PAPER[f"{_model}_noniid_{_tag}"] = _non
+
+
+def grid(centre: float, points: int) -> list[float]:
+    """``points`` learning rates spaced 10^(1/3) apart, centre first, then
+    alternating above and below."""
+    out = [centre]
+    k = 1
+    while len(out) < points:
+        out.append(centre * STEP**k)
+        if len(out) < points:
+            out.append(centre / STEP**k)
+        k += 1
+    return [float(f"{lr:.4g}") for lr in out]
+
+
+def result_path(out: Path, row: str, lr: float) -> Path:
+    return out / f"{row}__lr{lr:g}.json"
+
+
+def run_point(row: str, lr: float, cap: int | None, args: argparse.Namespace) -> dict:
+    cfg = config_mod.load(ROOT / "configs" / f"{row}.yaml")
+    overrides: dict[str, object] = {"lr": lr, "runs_dir": str(args.out / "runs")}
+    if args.data_dir:
+        overrides["data_dir"] = args.data_dir
+    if args.eval_every:
+        overrides["eval_every"] = args.eval_every
+    rounds = cfg.rounds if cap is None else min(cfg.rounds, cap)
+    if args.max_rounds:
+        rounds = min(rounds, args.max_rounds)
+    overrides["rounds"] = rounds
+    cfg = config_mod.override(cfg, overrides)
+    t0 = time.perf_counter()
+    result = run(cfg, data=load_federated_data(cfg), progress=args.progress)
+    s = result.summary
+    return {
+        "row": row,
+        "lr": lr,
+        "rounds_cap": rounds,
+        "rounds_to_target": s["rounds_to_target"],
+        "rounds_done": s["rounds_done"],
+        "best_accuracy": s["best_accuracy"],
+        "wall_seconds": time.perf_counter() - t0,
+        "bytes_up": s["bytes_up"],
+        "bytes_down": s["bytes_down"],
+        "eval_every": cfg.eval_every,
+        "threads": torch.get_num_threads(),
+        "run_dir": s.get("run_dir"),
+    }
+
+
+def load_results(out: Path) -> dict[str, list[dict]]:
+    results: dict[str, list[dict]] = {}
+    for path in sorted(out.glob("*.json")):
+        r = json.loads(path.read_text())
+        results.setdefault(r["row"], []).append(r)
+    return results
+
+
+def best(points: list[dict]) -> dict | None:
+    reached = [p for p in points if p["rounds_to_target"] is not None]
+    return min(reached, key=lambda p: p["rounds_to_target"]) if reached else None
+
+
+def report(results: dict[str, list[dict]]) -> str:
+    head = (
+        f"{'row':<22} {'paper':>6} {'ours':>7} {'ratio':>6} {'lr':>7} "
+        f"{'grid (lr:rounds)':<44} {'speedup':>8} {'paper x':>8} {'wall s':>7}"
+    )
+    lines = [head, "-" * len(head)]
+    fields = []
+    for row in sorted(results, key=lambda r: (r.split("_")[0], r.split("_")[1], PAPER.get(r, 0))):
+        points = sorted(results[row], key=lambda p: p["lr"])
+        b = best(points)
+        paper = PAPER.get(row)
+        gridtxt = " ".join(
+            f"{p['lr']:g}:{p['rounds_to_target']:.1f}"
+            if p["rounds_to_target"] is not None
+            else f"{p['lr']:g}:>{p['rounds_done']}"
+            for p in points
+        )
+        model, split = row.split("_")[:2]
+        sgd = best(results.get(f"{model}_{split}_fedsgd", []))
+        ours = b["rounds_to_target"] if b else None
+        speed = f"{sgd['rounds_to_target'] / ours:.1f}x" if (sgd and ours) else "-"
+        psgd = PAPER.get(f"{model}_{split}_fedsgd")
+        pspeed = f"{psgd / paper:.1f}x" if (psgd and paper) else "-"
+        wall = sum(p["wall_seconds"] for p in points)
+        lrtxt = f"{b['lr']:g}" if b else "-"
+        lines.append(
+            f"{row:<22} {paper or '-':>6} {ours if ours is None else round(ours, 1)!s:>7} "
+            f"{(f'{ours / paper:.2f}' if ours and paper else '-'):>6} "
+            f"{lrtxt:>7} {gridtxt:<44} {speed:>8} {pspeed:>8} {wall:>7.0f}"
+        )
+        if ours is not None:
+            fields.append(f"{row}_rounds={ours:.1f}")
+        else:
+            fields.append(f"{row}_rounds=nan")
+        fields.append(f"{row}_paper={paper}")
+    lines.append("RESULT " + " ".join(fields))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--rows", default="cnn_iid_e1_b10", help="comma-separated config names")
+    p.add_argument("--grid", type=int, default=3, help="learning rates per row")
+    p.add_argument("--lrs", help="explicit comma-separated learning rates (overrides --grid)")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "table2")
+    p.add_argument("--data-dir")
+    p.add_argument("--eval-every", type=int, help="override eval_every (coarser = faster)")
+    p.add_argument("--max-rounds", type=int, help="cap every run (smoke checks)")
+    p.add_argument("--threads", type=int, help="torch intra-op threads")
+    p.add_argument("--progress", action="store_true")
+    p.add_argument("--report", action="store_true", help="only print the saved results")
+    p.add_argument("--quick", action="store_true", help="2NN IID E=1 B=10, 5 rounds, 1 lr")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.rows, args.grid, args.max_rounds = "2nn_iid_e1_b10", 1, 5
+        args.out = args.out.parent / "table2-quick"
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if not args.report:
+        for row in args.rows.split(","):
+            cfg = config_mod.load(ROOT / "configs" / f"{row}.yaml")
+            lrs = [float(x) for x in args.lrs.split(",")] if args.lrs else grid(cfg.lr, args.grid)
+            for lr in lrs:
+                path = result_path(args.out, row, lr)
+                if path.exists():
+                    continue
+                b = best(load_results(args.out).get(row, []))
+                cap = math.ceil(b["rounds_to_target"]) + 1 if b else None
+                r = run_point(row, lr, cap, args)
+                path.write_text(json.dumps(r, indent=1))
+                print(
+                    f"{row} lr={lr:g}: rounds_to_target={r['rounds_to_target']} "
+                    f"best={r['best_accuracy']:.4f} ({r['wall_seconds']:.0f} s)",
+                    flush=True,
+                )
+    results = load_results(args.out)
+    rows = set(args.rows.split(",")) if not args.report else set(results)
+    print(report({k: v for k, v in results.items() if k in rows}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

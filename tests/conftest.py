@@ -1,0 +1,53 @@
+"""Shared fixtures: tiny synthetic federated data sets and the real MNIST folder."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fedforge.data import Partition
+from fedforge.experiment import FederatedData
+
+MakeData = Callable[..., FederatedData]
+
+
+def _make_data(
+    sizes: Sequence[int],
+    num_test: int = 16,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float64,
+) -> FederatedData:
+    """Random 28x28 images and labels split over clients of the given sizes
+    (client k holds the next ``sizes[k]`` examples, in order)."""
+    gen = torch.Generator().manual_seed(seed)
+    n = sum(sizes)
+    train_x = torch.randn(n, 1, 28, 28, generator=gen, dtype=dtype)
+    train_y = torch.randint(0, 10, (n,), generator=gen)
+    test_x = torch.randn(num_test, 1, 28, 28, generator=gen, dtype=dtype)
+    test_y = torch.randint(0, 10, (num_test,), generator=gen)
+    bounds = np.cumsum([0, *sizes])
+    parts = tuple(np.arange(bounds[k], bounds[k + 1]) for k in range(len(sizes)))
+    return FederatedData(train_x, train_y, test_x, test_y, Partition(parts))
+
+
+@pytest.fixture
+def make_data() -> MakeData:
+    """A factory ``make_data(sizes, num_test=16, seed=0, dtype=float64)``."""
+    return _make_data
+
+
+@pytest.fixture
+def mnist_dir() -> Path:
+    """The real MNIST folder from ``$FEDFORGE_DATA``; skips the test when unset."""
+    root = os.environ.get("FEDFORGE_DATA")
+    if not root:
+        pytest.skip("FEDFORGE_DATA is not set: no real MNIST")
+    path = Path(root)
+    if not ((path / "mnist").is_dir() or (path / "train-images-idx3-ubyte.gz").is_file()):
+        pytest.skip(f"FEDFORGE_DATA={root} holds no MNIST")
+    return path
