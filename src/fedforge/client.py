@@ -79,7 +79,7 @@ def local_sgd(
     steps = 0
     for _ in range(plan.local_epochs):
         for idx in minibatches(len(y), plan.batch_size, gen):
-            loss = loss_fn(functional_call(model, leaves, (x[idx],)), y[idx])
+            loss = loss_fn(functional_call(model, leaves, (x[idx],)), y[idx]).mean()
             grads = torch.autograd.grad(loss, tensors)
             with torch.no_grad():
                 torch._foreach_add_(tensors, grads, alpha=-plan.lr)
@@ -109,13 +109,16 @@ class ClientRuntime:
 
     def run(self, task: ClientTask, payload: bytes) -> bytes:
         """Decode the global model, train locally, encode the delta."""
-        message = wire.decode(payload)
-        start = message.tensors["params"]
+        start = decode_payload(payload)
         x, y = self.data_fn(task.client_id)
-        gen = torch_generator(task.seed, "minibatch", task.round_idx, task.client_id)
+        gen = minibatch_generator(task)
         result = local_sgd(
             self.model, self.spec, start, x, y, task.plan, self.algorithm.loss_fn, gen
         )
+        return self.finish(task, start, result, len(y))
+
+    def finish(self, task: ClientTask, start: torch.Tensor, result: LocalResult, n: int) -> bytes:
+        """The client stages after local training, then the encoded update."""
         delta = result.params - start
         ctx = StageContext(task.round_idx, task.seed, task.client_id)
         for stage in self.stages:
@@ -123,11 +126,21 @@ class ClientRuntime:
         meta = {
             "client_id": task.client_id,
             "round_idx": task.round_idx,
-            "num_examples": len(y),
+            "num_examples": n,
             "train_loss": result.train_loss,
             "steps": result.steps,
         }
         return wire.encode({"delta": delta}, meta)
+
+
+def decode_payload(payload: bytes) -> torch.Tensor:
+    """The global parameters carried by a payload."""
+    return wire.decode(payload).tensors["params"]
+
+
+def minibatch_generator(task: ClientTask) -> torch.Generator:
+    """The generator of a client's minibatch order in one round; every engine uses it."""
+    return torch_generator(task.seed, "minibatch", task.round_idx, task.client_id)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ PartitionKind = Literal["iid", "shards", "dirichlet", "quantity"]
 Algorithm = Literal["fedavg", "fedsgd"]
 ModelName = Literal["cnn", "2nn"]
 Dataset = Literal["mnist"]
-Engine = Literal["serial"]
+Engine = Literal["serial", "vectorized"]
 DType = Literal["float32", "float64"]
 
 
@@ -61,6 +61,7 @@ class Config:
     target_accuracy: float | None = 0.99
     eval_every: int = 1
     eval_batch_size: int = 2000
+    checkpoint_every: int = 10  # rounds between checkpoints; 0 = only on SIGINT/SIGTERM
     engine: Engine = "serial"
     dtype: DType = "float32"
     runs_dir: str = "runs"
@@ -109,6 +110,12 @@ def _validate(cfg: Config) -> None:
             cfg.eval_batch_size,
             cfg.eval_batch_size >= 1,
             "must be an integer >= 1",
+        ),
+        (
+            "checkpoint_every",
+            cfg.checkpoint_every,
+            cfg.checkpoint_every >= 0,
+            "must be an integer >= 0 (0 turns periodic checkpoints off)",
         ),
         ("name", cfg.name, bool(cfg.name) and "/" not in cfg.name, "must be non-empty, no '/'"),
         (

@@ -16,6 +16,7 @@ from fedforge.config import Config
 from fedforge.data import Partition, load_mnist, make_partition
 from fedforge.engines import Engine
 from fedforge.engines.serial import SerialEngine
+from fedforge.engines.vectorized import VectorizedEngine, unsupported_reason
 from fedforge.models import build_model
 from fedforge.params import ParamSpec
 from fedforge.pipeline import Pipeline
@@ -64,6 +65,7 @@ class Experiment:
     pipeline: Pipeline
     engine: Engine
     initial_params: torch.Tensor
+    note: str | None = None  # a one-line remark for the user (e.g. an engine fallback)
 
 
 def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
@@ -75,7 +77,18 @@ def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
     algorithm = algorithms.from_config(cfg)
     pipeline = Pipeline(aggregator=WeightedMean())
     runtime = ClientRuntime(model, spec, algorithm, data.client_data, pipeline.client)
-    engine = SerialEngine(runtime)
+    engine, note = make_engine(cfg.engine, runtime)
     return Experiment(
-        cfg, data, model, spec, algorithm, pipeline, engine, spec.flatten(model, dtype)
+        cfg, data, model, spec, algorithm, pipeline, engine, spec.flatten(model, dtype), note
     )
+
+
+def make_engine(name: str, runtime: ClientRuntime) -> tuple[Engine, str | None]:
+    """The engine a config asks for, or the serial engine with the reason why the
+    asked one cannot run this model."""
+    if name == "vectorized":
+        reason = unsupported_reason(runtime.model)
+        if reason is None:
+            return VectorizedEngine(runtime), None
+        return SerialEngine(runtime), f"engine: vectorized cannot run this model ({reason}); serial"
+    return SerialEngine(runtime), None

@@ -14,6 +14,7 @@ import torch
 
 from fedforge.params import ParamKind
 
+# (logits [B, C], labels [B]) -> per-example losses [B]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -44,5 +45,7 @@ class Algorithm:
 
 
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy: the classification loss of every MNIST experiment."""
-    return torch.nn.functional.cross_entropy(logits, labels)
+    """Per-example cross-entropy ``[B]``: the classification loss of every MNIST
+    experiment. Losses are per example so that engines can mask padded ones; a
+    minibatch's objective is their mean."""
+    return torch.nn.functional.cross_entropy(logits, labels, reduction="none")

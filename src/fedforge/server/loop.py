@@ -88,6 +88,8 @@ def run(
     partition = summarize(exp.data.partition, exp.data.train_y.numpy(), NUM_CLASSES)
     if progress:
         print(f"partition: {partition.format()}", flush=True)
+        if exp.note:
+            print(exp.note, flush=True)
     run_store = RunStore.create(cfg.runs_dir, cfg) if store else None
     if run_store is not None:
         _write_partition(run_store.path / "partition.json", partition)
