@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -51,3 +51,15 @@ def mnist_dir() -> Path:
     if not ((path / "mnist").is_dir() or (path / "train-images-idx3-ubyte.gz").is_file()):
         pytest.skip(f"FEDFORGE_DATA={root} holds no MNIST")
     return path
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """Run torch on one intra-op thread for the test. On this shared two-core machine,
+    two spinning OpenMP threads competing with other jobs run 10-20x slower than one."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -1,0 +1,194 @@
+"""The ``fedforge`` command: a user's mistake ends in one line naming the bad value and
+exit status 2 (never a traceback, never a half-made run directory); a real run end to
+end in a subprocess writes a run that ``runs`` and ``show`` can read."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+import fedforge.data.mnist
+import fedforge.experiment
+from fedforge.cli import main
+from fedforge.config import Config, load
+from fedforge.errors import DataError
+from fedforge.experiment import FederatedData
+from fedforge.store import RunStore
+
+MakeData = Callable[..., FederatedData]
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TINY = """\
+name: tiny
+model: 2nn
+num_clients: 4
+partition: {kind: iid}
+rounds: 2
+client_fraction: 0.5
+"""
+
+
+@pytest.fixture
+def tiny_config(tmp_path: Path) -> Path:
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY)
+    return path
+
+
+def one_error_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("fedforge: error: "), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        ("lr=-0.1", ["'lr'", "-0.1"]),
+        ("client_fraction=1.5", ["'client_fraction'", "1.5", "(0, 1]"]),
+        ("algorithm=fedfoo", ["'algorithm'", "'fedfoo'", "'fedavg'"]),
+        ("partition.alpha=0", ["'partition.alpha'"]),
+        ("local_epoch=5", ["'local_epoch'", "did you mean 'local_epochs'"]),
+        ("local_epochs", ["local_epochs", "field=value"]),
+    ],
+)
+def test_bad_value_exits_2_with_one_line(
+    tiny_config: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    override: str,
+    words: list[str],
+) -> None:
+    runs = tmp_path / "runs"
+    argv = ["run", "-c", str(tiny_config), "--set", override, "--runs-dir", str(runs), "-q"]
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    line = one_error_line(err)
+    for word in words:
+        assert word in line
+    assert out == ""  # refused before anything started
+    assert not runs.exists()
+
+
+def test_missing_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "nope.yaml"
+    assert main(["run", "-c", str(missing), "-q"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert str(missing) in line and "does not exist" in line
+
+
+def test_missing_data_exits_2_offline(
+    tiny_config: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    empty_data, empty_cache, runs = tmp_path / "data", tmp_path / "cache", tmp_path / "runs"
+    empty_data.mkdir()
+    empty_cache.mkdir()
+    monkeypatch.setenv("FEDFORGE_CACHE", str(empty_cache))
+    monkeypatch.setenv("FEDFORGE_DATA", str(empty_data))
+
+    def offline(*args: object, **kwargs: object) -> None:
+        raise urllib.error.URLError("offline (test)")
+
+    def no_download(*args: object, **kwargs: object) -> Path:
+        raise DataError("download disabled in this test")
+
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    monkeypatch.setattr(fedforge.data.mnist, "download", no_download)
+
+    argv = ["run", "-c", str(tiny_config), "--data-dir", str(empty_data)]
+    assert main([*argv, "--runs-dir", str(runs), "-q"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "MNIST not found" in line and str(empty_data) in line
+    assert not runs.exists() or not any(runs.iterdir())
+
+
+def test_run_in_process_on_tiny_data(
+    tiny_config: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    make_data: MakeData,
+) -> None:
+    # The data loader is swapped for four tiny float32 clients: the CLI path is the same.
+    data = make_data([5, 6, 7, 8], dtype=torch.float32)
+    monkeypatch.setattr(fedforge.experiment, "load_federated_data", lambda cfg: data)
+    runs = tmp_path / "runs"
+    assert main(["run", "-c", str(tiny_config), "--runs-dir", str(runs), "-q"]) == 0
+    out, err = capsys.readouterr()
+    assert "fedforge: fedavg 2nn on mnist, 4 clients (iid), C=0.5" in out
+    assert "rounds done      2" in out
+    (run_dir,) = runs.iterdir()
+    assert str(run_dir) in out
+    with RunStore.open(run_dir) as store:
+        assert len(store.rounds()) == 2
+        assert [c.round_idx for c in store.client_rounds()] == [0, 0, 1, 1]
+        assert store.status == "finished"
+
+
+def test_runs_on_an_empty_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["runs", "--runs-dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.strip() == "no runs"
+
+
+def test_show_unknown_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["show", "nosuchrun", "--runs-dir", str(tmp_path)]) == 2
+    assert "'nosuchrun'" in one_error_line(capsys.readouterr().err)
+
+
+def test_no_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main([])
+    assert exc.value.code == 2
+
+
+def test_end_to_end_subprocess(
+    mnist_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runs = tmp_path / "runs"
+    env = {**os.environ, "FEDFORGE_DATA": str(mnist_dir), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "fedforge.cli", "run"]
+    for item in ("model=2nn", "rounds=1", "num_clients=10", "client_fraction=0.2"):
+        cmd += ["--set", item]
+    cmd += ["--runs-dir", str(runs), "-q"]
+    proc = subprocess.run(
+        cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "rounds done      1" in proc.stdout
+
+    (run_dir,) = runs.iterdir()
+    assert (run_dir / "config.yaml").is_file()
+    assert (run_dir / "store.sqlite").is_file()
+    cfg = load(run_dir / "config.yaml")
+    assert (cfg.model, cfg.rounds, cfg.num_clients, cfg.client_fraction) == ("2nn", 1, 10, 0.2)
+    assert cfg == Config(
+        model="2nn", rounds=1, num_clients=10, client_fraction=0.2, runs_dir=str(runs)
+    )
+    with RunStore.open(run_dir) as store:
+        assert store.status == "finished"
+        assert len(store.rounds()) == 1
+        clients = store.client_rounds()
+        assert len(clients) == 2
+        # IID over 10 clients: 6,000 of MNIST's 60,000 training examples each.
+        assert [c.num_examples for c in clients] == [6000, 6000]
+        accuracy = store.rounds()[0].test_accuracy
+        assert accuracy is not None and accuracy > 0.5
+
+    assert main(["runs", "--runs-dir", str(runs)]) == 0
+    assert run_dir.name in capsys.readouterr().out
+    assert main(["show", run_dir.name, "--runs-dir", str(runs)]) == 0
+    assert run_dir.name in capsys.readouterr().out

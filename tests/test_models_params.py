@@ -1,0 +1,190 @@
+"""Models and ParamSpec: parameter counts worked out by hand from the paper's layer
+shapes, the flat-vector round trip, zero-copy views (single and batched [K, P]),
+parameter kinds, and seed-only initialisation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from fedforge.errors import ConfigError
+from fedforge.models import MnistCNN, MnistMLP, build_model
+from fedforge.params import ParamSpec
+
+# McMahan et al. 2017: 2NN = 784-200-200-10; CNN = conv5x5(1->32), pool, conv5x5(32->64),
+# pool (28 -> 14 -> 7), fc 64*7*7 -> 512, fc 512 -> 10. Weights plus biases, layer by layer.
+TWO_NN_SHAPES = {
+    "fc1.weight": (200, 784),
+    "fc1.bias": (200,),
+    "fc2.weight": (200, 200),
+    "fc2.bias": (200,),
+    "fc3.weight": (10, 200),
+    "fc3.bias": (10,),
+}
+CNN_SHAPES = {
+    "conv1.weight": (32, 1, 5, 5),
+    "conv1.bias": (32,),
+    "conv2.weight": (64, 32, 5, 5),
+    "conv2.bias": (64,),
+    "fc1.weight": (512, 64 * 7 * 7),
+    "fc1.bias": (512,),
+    "fc2.weight": (10, 512),
+    "fc2.bias": (10,),
+}
+
+
+def test_2nn_parameter_count_by_hand() -> None:
+    by_hand = 784 * 200 + 200 + 200 * 200 + 200 + 200 * 10 + 10
+    assert by_hand == 199_210
+    spec = ParamSpec.of(MnistMLP())
+    assert spec.size == by_hand
+    assert {e.name: e.shape for e in spec.entries} == TWO_NN_SHAPES
+
+
+def test_cnn_parameter_count_by_hand() -> None:
+    conv1 = 1 * 32 * 5 * 5 + 32
+    conv2 = 32 * 64 * 5 * 5 + 64
+    fc1 = 64 * 7 * 7 * 512 + 512
+    fc2 = 512 * 10 + 10
+    assert conv1 + conv2 + fc1 + fc2 == 1_663_370
+    model = MnistCNN()
+    spec = ParamSpec.of(model)
+    assert spec.size == 1_663_370
+    assert {e.name: e.shape for e in spec.entries} == CNN_SHAPES
+    # The 64*7*7 input of fc1 is what the conv/pool stack really produces.
+    out = model(torch.zeros(2, 1, 28, 28))
+    assert tuple(out.shape) == (2, 10)
+
+
+def test_spec_offsets_are_contiguous_in_parameter_order() -> None:
+    spec = ParamSpec.of(MnistMLP())
+    offset = 0
+    for entry, name in zip(spec.entries, TWO_NN_SHAPES, strict=True):
+        assert entry.name == name
+        assert entry.offset == offset
+        assert entry.slice == slice(offset, offset + entry.numel)
+        assert entry.kind == "weight"
+        offset += entry.numel
+    assert offset == spec.size
+
+
+def test_flatten_matches_concatenated_parameters() -> None:
+    model = build_model("2nn", seed=1, dtype=torch.float64)
+    spec = ParamSpec.of(model)
+    vec = spec.flatten(model, torch.float64)
+    expected = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    assert vec.dtype == torch.float64
+    assert torch.equal(vec, expected)
+    # fc2.bias lives at 784*200 + 200 + 200*200.
+    start = 784 * 200 + 200 + 200 * 200
+    assert torch.equal(vec[start : start + 200], model.fc2.bias.detach())
+
+
+def test_load_into_then_flatten_round_trip() -> None:
+    model = MnistMLP().double()
+    spec = ParamSpec.of(model)
+    vec = torch.randn(spec.size, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    spec.load_into(model, vec)
+    assert torch.equal(spec.flatten(model, torch.float64), vec)
+    assert torch.equal(model.fc1.weight.detach(), vec[: 784 * 200].view(200, 784))
+    assert torch.equal(model.fc3.bias.detach(), vec[-10:])
+    # Loading copies: changing the vector afterwards leaves the module alone.
+    vec.zero_()
+    assert model.fc3.bias.detach().abs().sum() > 0
+
+
+def test_views_are_zero_copy() -> None:
+    spec = ParamSpec.of(MnistMLP())
+    vec = torch.zeros(spec.size, dtype=torch.float64)
+    views = spec.views(vec)
+    assert {k: tuple(v.shape) for k, v in views.items()} == TWO_NN_SHAPES
+    # Writing through a view changes the vector at exactly that entry's slot.
+    views["fc2.bias"][7] = 5.0
+    index = 784 * 200 + 200 + 200 * 200 + 7
+    assert vec[index].item() == 5.0
+    assert vec.count_nonzero().item() == 1
+    # Writing the vector shows through the view.
+    vec[1] = -2.0  # fc1.weight row 0, column 1
+    assert views["fc1.weight"][0, 1].item() == -2.0
+    for view in views.values():
+        assert view.untyped_storage().data_ptr() == vec.untyped_storage().data_ptr()
+
+
+def test_batched_views_of_k_by_p() -> None:
+    spec = ParamSpec.of(MnistMLP())
+    k = 3
+    gen = torch.Generator().manual_seed(0)
+    mat = torch.randn(k, spec.size, dtype=torch.float64, generator=gen)
+    views = spec.views(mat)
+    for name, shape in TWO_NN_SHAPES.items():
+        assert tuple(views[name].shape) == (k, *shape)
+        for row in range(k):
+            assert torch.equal(views[name][row], spec.views(mat[row])[name])
+    views["fc3.bias"][2, 9] = 123.0
+    assert mat[2, -1].item() == 123.0
+    assert (mat[:2, -1] != 123.0).all()
+
+
+def test_wrong_length_vector_is_refused() -> None:
+    spec = ParamSpec.of(MnistMLP())
+    with pytest.raises(ValueError, match=str(spec.size)):
+        spec.views(torch.zeros(spec.size - 1))
+    with pytest.raises(ValueError):
+        spec.load_into(MnistMLP(), torch.zeros(3, spec.size + 1))
+
+
+def test_kinds_and_buffers_with_batch_norm() -> None:
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    spec = ParamSpec.of(model)
+    assert [(e.name, e.kind) for e in spec.entries] == [
+        ("0.weight", "weight"),
+        ("0.bias", "weight"),
+        ("1.weight", "batchnorm"),
+        ("1.bias", "batchnorm"),
+    ]
+    assert spec.size == 3 * 4 + 4 + 4 + 4
+    assert spec.mask(("batchnorm",)).tolist() == [False] * 16 + [True] * 8
+    assert int(spec.mask(("weight", "batchnorm")).sum()) == 24
+
+    with_buffers = ParamSpec.of(model, include_buffers=True)
+    # running_mean and running_var are floating buffers; num_batches_tracked (int64) is not.
+    assert [e.name for e in with_buffers.entries if e.kind == "buffer"] == [
+        "1.running_mean",
+        "1.running_var",
+    ]
+    assert with_buffers.size == 24 + 8
+    vec = with_buffers.flatten(model, torch.float64)
+    assert vec[24:28].tolist() == [0.0] * 4 and vec[28:32].tolist() == [1.0] * 4
+    vec[28:32] = torch.tensor([2.0, 3.0, 4.0, 5.0], dtype=torch.float64)
+    with_buffers.load_into(model, vec)
+    assert model[1].running_var.tolist() == [2.0, 3.0, 4.0, 5.0]
+
+
+@pytest.mark.parametrize("name", ["2nn", "cnn"])
+def test_model_init_depends_only_on_seed(name: str) -> None:
+    torch.manual_seed(11)
+    state_before = torch.get_rng_state()
+    a = build_model(name, seed=5)
+    # build_model leaves the caller's global generator where it was.
+    assert torch.equal(torch.get_rng_state(), state_before)
+    torch.manual_seed(999)  # a different global state must not matter
+    b = build_model(name, seed=5)
+    c = build_model(name, seed=6)
+    spec = ParamSpec.of(a)
+    va, vb, vc = (spec.flatten(m) for m in (a, b, c))
+    assert torch.equal(va, vb)
+    assert not torch.equal(va, vc)
+
+
+def test_model_dtype_is_a_cast_of_the_same_init() -> None:
+    m32 = build_model("2nn", seed=2)
+    m64 = build_model("2nn", seed=2, dtype=torch.float64)
+    spec = ParamSpec.of(m32)
+    assert all(p.dtype == torch.float64 for p in m64.parameters())
+    assert torch.equal(spec.flatten(m64, torch.float64), spec.flatten(m32).double())
+
+
+def test_unknown_model_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="resnet"):
+        build_model("resnet", seed=0)
