@@ -1,18 +1,25 @@
-"""The ``fedforge`` command: run, runs, show.
+"""The ``fedforge`` command: run, resume, runs, show.
 
 A user's mistake (bad config value, missing data, unknown run) ends in one line
 naming the value and what is allowed, with exit status 2; never a traceback.
+A run stopped by SIGINT/SIGTERM checkpoints, says how to resume, and exits with
+128 + the signal number (130, 143).
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fedforge import config as config_mod
-from fedforge.errors import FedforgeError
+from fedforge.errors import ConfigError, FedforgeError
+
+if TYPE_CHECKING:
+    from fedforge.server.loop import RunResult
 
 EXIT_USER_ERROR = 2
 
@@ -34,6 +41,17 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--data-dir", help="where the data sets are (else $FEDFORGE_DATA)")
     run.add_argument("--runs-dir", help="where run directories go (config: runs_dir)")
     run.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    run.add_argument(
+        "--resume",
+        metavar="RUN",
+        help="continue RUN from its last good checkpoint (same as 'fedforge resume RUN')",
+    )
+
+    resume = sub.add_parser("resume", help="continue a stopped run from its last checkpoint")
+    resume.add_argument("run", help="run directory, its name, or a unique part of it")
+    resume.add_argument("--runs-dir", default="runs")
+    resume.add_argument("--data-dir", help="where the data sets are (else the run's own setting)")
+    resume.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
 
     runs = sub.add_parser("runs", help="list the runs in a runs directory")
     runs.add_argument("--runs-dir", default="runs")
@@ -54,9 +72,28 @@ def _resolve_config(args: argparse.Namespace) -> config_mod.Config:
     return config_mod.override(cfg, overrides) if overrides else cfg
 
 
+def _finish(result: RunResult) -> int:
+    from fedforge.server.loop import format_summary
+
+    if result.stopped is not None:
+        print(f"fedforge: {result.summary.get('error', 'stopped')}", file=sys.stderr)
+        return 128 + int(signal.Signals[result.stopped])
+    print(format_summary(result.summary))
+    return 0
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
+    if args.resume:
+        if args.config or args.set:
+            raise ConfigError(
+                "--resume continues with the config stored in the run; "
+                "it cannot be combined with --config or --set"
+            )
+        args.run = args.resume
+        args.runs_dir = args.runs_dir or "runs"
+        return _cmd_resume(args)
     cfg = _resolve_config(args)
-    from fedforge.server.loop import format_summary, run
+    from fedforge.server.loop import run
 
     print(
         f"fedforge: {cfg.algorithm} {cfg.model} on {cfg.dataset}, {cfg.num_clients} clients "
@@ -65,8 +102,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
         flush=True,
     )
     result = run(cfg, progress=not args.quiet)
-    print(format_summary(result.summary))
-    return 0
+    return _finish(result)
+
+
+def _cmd_resume(args: argparse.Namespace) -> int:
+    from fedforge.experiment import load_federated_data
+    from fedforge.server.loop import resume
+    from fedforge.store import RunStore, resolve_run
+
+    path = resolve_run(args.runs_dir, args.run)
+    data = None
+    if args.data_dir:  # where the data is read from does not change what it is
+        with RunStore.open(path) as store:
+            stored = store.config()
+        data = load_federated_data(config_mod.override(stored, {"data_dir": args.data_dir}))
+    return _finish(resume(path, data=data, progress=not args.quiet))
 
 
 def _cmd_runs(args: argparse.Namespace) -> int:
@@ -87,7 +137,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``fedforge`` command; returns the exit status."""
     args = _parser().parse_args(argv)
-    commands = {"run": _cmd_run, "runs": _cmd_runs, "show": _cmd_show}
+    commands = {"run": _cmd_run, "resume": _cmd_resume, "runs": _cmd_runs, "show": _cmd_show}
     try:
         return commands[args.command](args)
     except FedforgeError as exc:

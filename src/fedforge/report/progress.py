@@ -20,9 +20,17 @@ def format_bytes(n: float) -> str:
 class Progress:
     """tqdm over the planned rounds; ``update`` once per finished round."""
 
-    def __init__(self, total_rounds: int, desc: str, enabled: bool, stream: TextIO | None = None):
+    def __init__(
+        self,
+        total_rounds: int,
+        desc: str,
+        enabled: bool,
+        stream: TextIO | None = None,
+        initial: int = 0,  # rounds already done (a resumed run)
+    ):
         self._bar = tqdm(
             total=total_rounds,
+            initial=initial,
             desc=desc,
             unit="round",
             disable=not enabled,

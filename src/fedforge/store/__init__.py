@@ -1,5 +1,19 @@
-"""Store: the SQLite run store (checkpoints come later)."""
+"""Store: the SQLite run store, checkpoints, per-client state."""
 
+from fedforge.store.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    list_checkpoints,
+    load_checkpoint,
+    load_latest,
+    save_checkpoint,
+)
+from fedforge.store.client_state import (
+    ClientStateStore,
+    MemmapStateStore,
+    MemoryStateStore,
+    make_state_store,
+)
 from fedforge.store.runstore import (
     ClientRecord,
     RoundRecord,
@@ -8,16 +22,28 @@ from fedforge.store.runstore import (
     format_run_summary,
     format_run_table,
     list_runs,
+    read_metrics,
     resolve_run,
 )
 
 __all__ = [
+    "Checkpoint",
+    "CheckpointError",
     "ClientRecord",
+    "ClientStateStore",
+    "MemmapStateStore",
+    "MemoryStateStore",
     "RoundRecord",
     "RunInfo",
     "RunStore",
     "format_run_summary",
     "format_run_table",
+    "list_checkpoints",
     "list_runs",
+    "load_checkpoint",
+    "load_latest",
+    "make_state_store",
+    "read_metrics",
     "resolve_run",
+    "save_checkpoint",
 ]

@@ -4,6 +4,13 @@
 config), ``store.sqlite`` (the source of truth: WAL mode, one transaction per round)
 and ``metrics.jsonl`` (one line per recorded round, for tools that tail a run). A
 writer killed at any point leaves every committed round readable.
+
+A resumed run (``fedforge resume``) re-runs the rounds after its checkpoint:
+:meth:`RunStore.rewind` drops them from the database and from ``metrics.jsonl``
+before they run again, and ``record_round`` replaces a round already stored. A
+kill between a round's commit and its JSONL line, or a tool that read the stream
+before a rewind, can still see a round twice: readers of ``metrics.jsonl`` take
+the last line of each ``round_idx`` (:func:`read_metrics` does).
 """
 
 from __future__ import annotations
@@ -219,6 +226,35 @@ class RunStore:
         except OSError as exc:
             raise StoreError(f"round {idx} is stored but {METRICS_NAME} failed: {exc}") from None
 
+    def rewind(self, next_round: int) -> None:
+        """Forget rounds ``>= next_round`` (a resume re-runs them) and mark the run
+        running again. The database changes in one transaction; ``metrics.jsonl`` is
+        rewritten (temp file, fsync, rename) with the last line of each earlier round."""
+        try:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                self._conn.execute("DELETE FROM rounds WHERE round_idx >= ?", (next_round,))
+                self._conn.execute("DELETE FROM client_rounds WHERE round_idx >= ?", (next_round,))
+                self._conn.execute("UPDATE runs SET status = 'running', summary_json = NULL")
+                self._conn.execute("COMMIT")
+            except BaseException:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot rewind '{self._path}' to round {next_round}: {exc}") from None
+        stream = self._path / METRICS_NAME
+        kept = [line for line in read_metrics(stream) if line["round_idx"] < next_round]
+        tmp = stream.with_suffix(".jsonl.tmp")
+        try:
+            with open(tmp, "w", encoding="utf-8") as out:
+                out.writelines(json.dumps(line, separators=(",", ":")) + "\n" for line in kept)
+                out.flush()
+                os.fsync(out.fileno())
+            tmp.replace(stream)
+        except OSError as exc:
+            raise StoreError(f"cannot rewrite '{stream}': {exc}") from None
+
     def finish(self, summary: dict[str, Any], status: str = "finished") -> None:
         """Store the run's summary and mark it finished (or failed)."""
         if status not in STATUSES:
@@ -280,6 +316,27 @@ class RunStore:
             sql, args = sql + " WHERE round_idx = ?", (round_idx,)
         rows = self._query(sql + " ORDER BY round_idx, client_id", args)
         return [ClientRecord(*row) for row in rows]
+
+
+def read_metrics(path: Path | str) -> list[dict[str, Any]]:
+    """The rounds of a ``metrics.jsonl`` stream in round order, the last line of each
+    ``round_idx`` winning (a resumed run may have written a round twice). A torn
+    last line (a writer killed mid-write) is skipped."""
+    by_round: dict[int, dict[str, Any]] = {}
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise StoreError(f"cannot read '{path}': {exc}") from None
+    for raw in text.splitlines():
+        try:
+            line = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(line, dict) and isinstance(line.get("round_idx"), int):
+            by_round[line["round_idx"]] = line
+    return [by_round[k] for k in sorted(by_round)]
 
 
 def _config_name(path: Path) -> str:
@@ -396,4 +453,6 @@ def format_run_summary(store: RunStore) -> str:
     lines.append(f"bytes     up {_fmt_bytes(up)}, down {_fmt_bytes(down)}")
     wall = summary.get("wall_seconds", sum(r.seconds for r in rounds))
     lines.append(f"wall time {_fmt_seconds(float(wall))}")
+    if info.status == "failed" and summary.get("error"):
+        lines.append(f"stopped   {summary['error']}")
     return "\n".join(lines)

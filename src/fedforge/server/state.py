@@ -1,0 +1,170 @@
+"""What the round loop carries from one round to the next, how it becomes a
+checkpoint and back, and the two guards of a running loop: SIGINT/SIGTERM ask
+it to stop after the current round, and a lock keeps a second process (a
+resume started too early) out of a run directory that is being written."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import torch
+
+from fedforge.errors import StoreError
+from fedforge.experiment import Experiment
+from fedforge.server.optimizers import ServerSGD
+from fedforge.store import Checkpoint, CheckpointError, ClientStateStore, RoundRecord
+
+
+@dataclass
+class LoopState:
+    """The round loop's state before round ``next_round``. Randomness needs no
+    state: every draw derives from (seed, round, client, purpose)."""
+
+    params: torch.Tensor
+    optimizer: ServerSGD
+    next_round: int = 0
+    records: list[RoundRecord] = field(default_factory=list)
+    eval_rounds: list[int] = field(default_factory=list)  # rounds done when evaluated
+    eval_accuracy: list[float] = field(default_factory=list)
+    rejected: list[tuple[int, int, str]] = field(default_factory=list)  # round, client, why
+    total_bytes: int = 0  # up + down so far
+    seconds_before: float = 0.0  # wall time of earlier sessions of this run
+    client_state: ClientStateStore | None = None  # none until a stage keeps per-client state
+
+    @classmethod
+    def fresh(cls, exp: Experiment) -> LoopState:
+        return cls(exp.initial_params.clone(), ServerSGD(exp.algorithm.server_lr))
+
+    def checkpoint(self, session_seconds: float) -> Checkpoint:
+        loop: dict[str, Any] = {
+            "eval_rounds": self.eval_rounds,
+            "eval_accuracy": self.eval_accuracy,  # JSON floats round-trip exactly
+            "rejected": [list(r) for r in self.rejected],
+            "total_bytes": self.total_bytes,
+            "wall_seconds": self.seconds_before + session_seconds,
+        }
+        return Checkpoint(
+            self.next_round,
+            self.params,
+            self.optimizer.state_dict(),
+            loop,
+            torch.get_rng_state(),
+        )
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        exp: Experiment,
+        ckpt: Checkpoint,
+        stored: list[RoundRecord],
+        client_state: ClientStateStore | None = None,
+    ) -> LoopState:
+        """Rebuild the state from a checkpoint and the rounds the store holds before it."""
+        spec = (exp.spec.size,)
+        if tuple(ckpt.params.shape) != spec or ckpt.params.dtype != exp.initial_params.dtype:
+            raise CheckpointError(
+                f"checkpoint {ckpt.path} holds params {tuple(ckpt.params.shape)} "
+                f"{ckpt.params.dtype}; the run's model needs {spec} {exp.initial_params.dtype}"
+            )
+        records = [r for r in stored if r.round_idx < ckpt.next_round]
+        if [r.round_idx for r in records] != list(range(ckpt.next_round)):
+            raise CheckpointError(
+                f"the run store lacks rounds before round {ckpt.next_round} of checkpoint "
+                f"{ckpt.path}; it holds rounds {[r.round_idx for r in records]}"
+            )
+        optimizer = ServerSGD(exp.algorithm.server_lr)
+        optimizer.load_state_dict(ckpt.optimizer_state)
+        if ckpt.torch_rng_state is not None:  # nothing reads it; restored for completeness
+            torch.set_rng_state(ckpt.torch_rng_state)
+        loop = ckpt.loop
+        return cls(
+            params=ckpt.params.clone(),
+            optimizer=optimizer,
+            next_round=ckpt.next_round,
+            records=records,
+            eval_rounds=[int(r) for r in loop["eval_rounds"]],
+            eval_accuracy=[float(a) for a in loop["eval_accuracy"]],
+            rejected=[(int(r), int(c), str(w)) for r, c, w in loop["rejected"]],
+            total_bytes=int(loop["total_bytes"]),
+            seconds_before=float(loop["wall_seconds"]),
+            client_state=client_state,
+        )
+
+
+class StopSignals:
+    """While active, SIGINT and SIGTERM set :attr:`signum` (the loop finishes the
+    round, checkpoints and returns); a second signal raises KeyboardInterrupt at
+    once. The previous handlers come back on exit. Outside the main thread, or
+    when disabled, it does nothing (signals keep their usual effect)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled and threading.current_thread() is threading.main_thread()
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    @property
+    def name(self) -> str | None:
+        return None if self.signum is None else signal.Signals(self.signum).name
+
+    def __enter__(self) -> StopSignals:
+        if self.enabled:
+            for sig in self.SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+        # os.write: print() is not safe inside a signal handler (buffered I/O reentry)
+        os.write(
+            2,
+            f"\nfedforge: {signal.Signals(signum).name}: finishing this round, then "
+            "checkpointing (send it again to stop now)\n".encode(),
+        )
+
+
+class RunLock:
+    """An exclusive ``flock`` on ``<run_dir>/lock`` for as long as a loop writes the
+    run; the kernel drops it when the process dies, even by SIGKILL."""
+
+    NAME = "lock"
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / self.NAME
+        self._fd: int | None = None
+
+    def acquire(self) -> RunLock:
+        """Take the lock, or raise StoreError when another process holds it."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StoreError(
+                f"run '{self.path.parent}' is being written by another process; "
+                "wait for it to stop before resuming"
+            ) from None
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        """Drop the lock (idempotent)."""
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None

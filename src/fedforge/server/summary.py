@@ -1,0 +1,62 @@
+"""A run's summary (what ``RunResult.summary`` and the run store hold) and the
+end-of-run lines the CLI prints."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fedforge.experiment import Experiment
+from fedforge.metrics import rounds_to_target
+from fedforge.report.progress import format_bytes
+from fedforge.store import RoundRecord
+
+
+def summarize_run(
+    exp: Experiment,
+    records: list[RoundRecord],
+    evals: tuple[list[int], list[float]],
+    seconds: float,
+) -> dict[str, Any]:
+    """Rounds done, rounds to target (from the evaluation history), bytes, wall time."""
+    cfg = exp.cfg
+    target = cfg.target_accuracy
+    rtt = rounds_to_target(evals[0], evals[1], target) if target is not None else None
+    final = next((r for r in reversed(records) if r.test_accuracy is not None), None)
+    return {
+        "rounds_done": len(records),
+        "target_accuracy": target,
+        "rounds_to_target": rtt,
+        "best_accuracy": max(evals[1]) if evals[1] else None,
+        "final_accuracy": final.test_accuracy if final else None,
+        "final_loss": final.test_loss if final else None,
+        "bytes_up": sum(r.bytes_up for r in records),
+        "bytes_down": sum(r.bytes_down for r in records),
+        "paper_bytes": sum(r.paper_bytes for r in records),
+        "wall_seconds": seconds,
+        "num_params": exp.spec.size,
+        "pipeline": exp.pipeline.describe(),
+        "engine": exp.engine.name,
+    }
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """The end-of-run lines the CLI prints."""
+    rtt = summary.get("rounds_to_target")
+    target = summary.get("target_accuracy")
+    reached = (
+        f"{rtt:.1f} rounds to {100 * target:.1f}%"
+        if rtt is not None and target is not None
+        else ("target not reached" if target is not None else "no target")
+    )
+    best = summary.get("best_accuracy")
+    best_txt = "-" if best is None else f"{100 * best:.2f}%"
+    lines = [
+        f"rounds done      {summary['rounds_done']} ({reached}); best accuracy {best_txt}",
+        f"bytes up / down  {format_bytes(summary['bytes_up'])} / "
+        f"{format_bytes(summary['bytes_down'])} "
+        f"(paper estimate 2|w|Kb: {format_bytes(summary['paper_bytes'])})",
+        f"wall time        {summary['wall_seconds']:.1f} s",
+    ]
+    if summary.get("run_dir"):
+        lines.append(f"run files        {summary['run_dir']}")
+    return "\n".join(lines)

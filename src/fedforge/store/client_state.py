@@ -1,0 +1,272 @@
+"""Per-client persistent state: one row of ``size`` numbers per client.
+
+Stages and algorithms that remember something per client between rounds
+(error-feedback residuals, SCAFFOLD control variates, FedBN statistics) keep it
+here, as rows of an ``[N, P]`` table: ``gather`` a cohort's rows as one
+``[K, P]`` tensor, ``scatter`` them back after the round. A row nobody wrote
+reads as the initial value (zeros unless an init vector is given).
+
+Two backends with the same behaviour:
+
+- :class:`MemoryStateStore` keeps the written rows in a dict of tensors;
+- :class:`MemmapStateStore` keeps them in a numpy memmap of shape ``[N, P]``
+  whose file is created sparse (``truncate``) on the first write, so 10,000
+  clients x 1.66M floats costs disk blocks and RAM only for the rows written.
+
+:func:`make_state_store` picks memory when ``N * P * itemsize`` fits the budget.
+Checkpoints write only the rows that were written (:func:`save_rows`,
+:func:`load_rows`), packed and checksummed, whatever the backend.
+Runs on the server (in simulation) and trusts its callers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from fedforge.errors import StoreError
+
+DEFAULT_MEMORY_BUDGET = 1 << 30  # 1 GiB
+MEMMAP_NAME = "client_state.f{bits}.memmap"
+_CHUNK_ROWS = 64  # rows per read/write when streaming a checkpoint
+
+
+class ClientStateStore(Protocol):
+    """``num_clients`` rows of ``size`` numbers of ``dtype``; unwritten rows read as init."""
+
+    num_clients: int
+    size: int
+    dtype: torch.dtype
+
+    def gather(self, client_ids: Sequence[int]) -> torch.Tensor: ...
+
+    def scatter(self, client_ids: Sequence[int], values: torch.Tensor) -> None: ...
+
+    def has(self, client_id: int) -> bool: ...
+
+    def written(self) -> list[int]: ...
+
+    def clear(self) -> None: ...
+
+
+def _init_vector(size: int, dtype: torch.dtype, init: torch.Tensor | None) -> torch.Tensor:
+    if init is None:
+        return torch.zeros(size, dtype=dtype)
+    if tuple(init.shape) != (size,):
+        raise StoreError(f"client state init has shape {tuple(init.shape)}; expected ({size},)")
+    return init.detach().to(dtype).clone()
+
+
+class _Rows:
+    """Shape and id checks shared by the backends."""
+
+    num_clients: int
+    size: int
+    dtype: torch.dtype
+
+    def _ids(self, client_ids: Sequence[int]) -> list[int]:
+        ids = [int(c) for c in client_ids]
+        bad = [c for c in ids if not 0 <= c < self.num_clients]
+        if bad:
+            raise StoreError(
+                f"client ids {bad[:5]} are out of range; allowed: 0..{self.num_clients - 1}"
+            )
+        return ids
+
+    def _check_values(self, ids: list[int], values: torch.Tensor) -> None:
+        if tuple(values.shape) != (len(ids), self.size):
+            raise StoreError(
+                f"client state values have shape {tuple(values.shape)}; "
+                f"expected ({len(ids)}, {self.size})"
+            )
+        if len(set(ids)) != len(ids):
+            raise StoreError(f"client ids {ids} repeat: each client is scattered at most once")
+
+
+class MemoryStateStore(_Rows):
+    """Written rows in a dict; unwritten rows are the init vector."""
+
+    def __init__(
+        self,
+        num_clients: int,
+        size: int,
+        dtype: torch.dtype = torch.float32,
+        init: torch.Tensor | None = None,
+    ) -> None:
+        self.num_clients, self.size, self.dtype = num_clients, size, dtype
+        self._init = _init_vector(size, dtype, init)
+        self._rows: dict[int, torch.Tensor] = {}
+
+    def gather(self, client_ids: Sequence[int]) -> torch.Tensor:
+        ids = self._ids(client_ids)
+        out = torch.empty(len(ids), self.size, dtype=self.dtype)
+        for i, c in enumerate(ids):
+            out[i] = self._rows.get(c, self._init)
+        return out
+
+    def scatter(self, client_ids: Sequence[int], values: torch.Tensor) -> None:
+        ids = self._ids(client_ids)
+        self._check_values(ids, values)
+        for i, c in enumerate(ids):
+            self._rows[c] = values[i].detach().to(self.dtype).clone()
+
+    def has(self, client_id: int) -> bool:
+        return int(client_id) in self._rows
+
+    def written(self) -> list[int]:
+        return sorted(self._rows)
+
+    def clear(self) -> None:
+        self._rows.clear()
+
+
+class MemmapStateStore(_Rows):
+    """Rows in a numpy memmap on disk. The file is created on the first write with
+    ``truncate`` (sparse: no blocks until a row is written); a mask in memory says
+    which rows were written, so unwritten rows are never read from the file."""
+
+    def __init__(
+        self,
+        num_clients: int,
+        size: int,
+        directory: Path | str,
+        dtype: torch.dtype = torch.float32,
+        init: torch.Tensor | None = None,
+    ) -> None:
+        self.num_clients, self.size, self.dtype = num_clients, size, dtype
+        self._init = _init_vector(size, dtype, init)
+        self._np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
+        bits = self._np_dtype.itemsize * 8
+        self.path = Path(directory) / MEMMAP_NAME.format(bits=bits)
+        self._written = np.zeros(num_clients, dtype=bool)
+        self._map: np.memmap | None = None
+
+    def _open(self) -> np.memmap:
+        if self._map is None:
+            nbytes = self.num_clients * self.size * self._np_dtype.itemsize
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                with open(self.path, "wb") as f:  # a fresh file: old contents are not state
+                    f.truncate(nbytes)
+                self._map = np.memmap(
+                    self.path, dtype=self._np_dtype, mode="r+", shape=(self.num_clients, self.size)
+                )
+            except OSError as exc:
+                raise StoreError(f"cannot create client state file '{self.path}': {exc}") from None
+        return self._map
+
+    def gather(self, client_ids: Sequence[int]) -> torch.Tensor:
+        ids = self._ids(client_ids)
+        out = torch.empty(len(ids), self.size, dtype=self.dtype)
+        for i, c in enumerate(ids):
+            if self._written[c] and self._map is not None:
+                out[i] = torch.from_numpy(np.array(self._map[c]))
+            else:
+                out[i] = self._init
+        return out
+
+    def scatter(self, client_ids: Sequence[int], values: torch.Tensor) -> None:
+        ids = self._ids(client_ids)
+        self._check_values(ids, values)
+        rows = values.detach().to(self.dtype).cpu().numpy()
+        table = self._open()
+        for i, c in enumerate(ids):
+            table[c] = rows[i]
+            self._written[c] = True
+
+    def has(self, client_id: int) -> bool:
+        return bool(self._written[int(client_id)])
+
+    def written(self) -> list[int]:
+        return [int(c) for c in np.flatnonzero(self._written)]
+
+    def clear(self) -> None:
+        self._written[:] = False
+
+    def flush(self) -> None:
+        if self._map is not None:
+            self._map.flush()
+
+    def close(self) -> None:
+        """Flush and unmap (the file stays; a new store recreates it)."""
+        if self._map is not None:
+            self._map.flush()
+            self._map = None
+
+
+def make_state_store(
+    num_clients: int,
+    size: int,
+    dtype: torch.dtype = torch.float32,
+    directory: Path | str | None = None,
+    memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET,
+    init: torch.Tensor | None = None,
+) -> ClientStateStore:
+    """In memory when the full table (``num_clients * size * itemsize`` bytes) fits
+    ``memory_budget_bytes``, else memory-mapped in ``directory``."""
+    if num_clients < 1 or size < 1:
+        raise StoreError(f"client state shape ({num_clients}, {size}) must be positive")
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    nbytes = num_clients * size * itemsize
+    if nbytes <= memory_budget_bytes:
+        return MemoryStateStore(num_clients, size, dtype, init)
+    if directory is None:
+        raise StoreError(
+            f"client state of {num_clients} x {size} x {itemsize} B = {nbytes} B exceeds the "
+            f"memory budget of {memory_budget_bytes} B and no directory was given for the "
+            "memory-mapped file"
+        )
+    return MemmapStateStore(num_clients, size, directory, dtype, init)
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def save_rows(store: ClientStateStore, path: Path) -> tuple[list[int], str]:
+    """Write the written rows, packed in id order as raw little-endian numbers, to
+    ``path`` (streamed in chunks: memory stays O(chunk)); return ids and sha256."""
+    ids = store.written()
+    digest = hashlib.sha256()
+    with open(path, "wb") as f:
+        for start in range(0, len(ids), _CHUNK_ROWS):
+            chunk = store.gather(ids[start : start + _CHUNK_ROWS])
+            data = chunk.numpy().astype(chunk.numpy().dtype.newbyteorder("<"), copy=False)
+            raw = data.tobytes()
+            digest.update(raw)
+            f.write(raw)
+        f.flush()
+        os.fsync(f.fileno())
+    return ids, digest.hexdigest()
+
+
+def rows_sha256(path: Path) -> str:
+    """The sha256 of a file written by :func:`save_rows`."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def load_rows(store: ClientStateStore, path: Path, ids: Sequence[int]) -> None:
+    """Clear ``store`` and scatter the rows of ``path`` (from :func:`save_rows`) back."""
+    np_dtype = torch.empty(0, dtype=store.dtype).numpy().dtype.newbyteorder("<")
+    row_bytes = store.size * np_dtype.itemsize
+    if path.stat().st_size != len(ids) * row_bytes:
+        raise StoreError(
+            f"client state file '{path}' holds {path.stat().st_size} bytes; expected "
+            f"{len(ids)} rows of {row_bytes}"
+        )
+    store.clear()
+    with open(path, "rb") as f:
+        for start in range(0, len(ids), _CHUNK_ROWS):
+            chunk = list(ids[start : start + _CHUNK_ROWS])
+            raw = f.read(len(chunk) * row_bytes)
+            rows = np.frombuffer(raw, dtype=np_dtype).reshape(len(chunk), store.size)
+            store.scatter(chunk, torch.from_numpy(rows.astype(np_dtype.newbyteorder("="))))

@@ -1,0 +1,388 @@
+"""Checkpoints, per-client state and exact resume.
+
+The contract (DESIGN idea 5): a run killed at any point -- here by a real
+SIGKILL, or stopped by SIGTERM -- and resumed from its last good checkpoint ends
+with the same parameters and the same per-round metrics, bit for bit, as a run
+that was never interrupted (same machine, same thread count: one thread here).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+from fedforge.config import Config, from_dict
+from fedforge.errors import ConfigError, FedforgeError, StoreError
+from fedforge.experiment import FederatedData, load_federated_data
+from fedforge.server.loop import resume, run
+from fedforge.server.state import RunLock, StopSignals
+from fedforge.store import (
+    Checkpoint,
+    CheckpointError,
+    MemmapStateStore,
+    MemoryStateStore,
+    RunStore,
+    format_run_summary,
+    list_checkpoints,
+    load_checkpoint,
+    load_latest,
+    make_state_store,
+    read_metrics,
+    save_checkpoint,
+)
+from fedforge.store.client_state import load_rows, save_rows
+
+# A tiny real job: 3 clients of 100 MNIST examples a round, 2 steps each, float64.
+TINY = {
+    "name": "tiny",
+    "model": "2nn",
+    "num_clients": 600,
+    "client_fraction": 0.005,
+    "batch_size": 50,
+    "rounds": 10,
+    "checkpoint_every": 2,
+    "target_accuracy": None,
+    "dtype": "float64",
+}
+
+
+# ----------------------------------------------------------------------------- (d) state
+
+
+def test_memory_store_gather_scatter_and_init() -> None:
+    init = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
+    store = MemoryStateStore(5, 3, torch.float64, init)
+    assert torch.equal(store.gather([4, 0]), init.expand(2, 3))
+    store.scatter([3, 1], torch.arange(6, dtype=torch.float64).reshape(2, 3))
+    assert store.has(3) and store.has(1) and not store.has(0)
+    assert store.written() == [1, 3]
+    got = store.gather([1, 2, 3])
+    assert torch.equal(got, torch.tensor([[3.0, 4, 5], [1, 2, 3], [0, 1, 2]], dtype=torch.float64))
+    got[0] += 100  # gather returns a copy
+    assert store.gather([1])[0, 0] == 3.0
+    with pytest.raises(StoreError, match="out of range"):
+        store.gather([5])
+    with pytest.raises(StoreError, match="shape"):
+        store.scatter([0], torch.zeros(1, 4, dtype=torch.float64))
+    with pytest.raises(StoreError, match="repeat"):
+        store.scatter([0, 0], torch.zeros(2, 3, dtype=torch.float64))
+
+
+def _rss_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_memmap_store_is_sparse_and_lazy(tmp_path: Path) -> None:
+    n, p = 2000, 50_000  # 400 MB if it were allocated
+    store = MemmapStateStore(n, p, tmp_path / "state", torch.float32)
+    assert not store.path.exists()  # nothing until the first write
+    assert torch.equal(store.gather([7]), torch.zeros(1, p))
+    rss0 = _rss_bytes()
+    rows = torch.randn(3, p, generator=torch.Generator().manual_seed(0))
+    store.scatter([10, 1999, 500], rows)
+    store.flush()
+    st = os.stat(store.path)
+    assert st.st_size == n * p * 4
+    assert st.st_blocks * 512 < 20 * p * 4  # only the written rows have blocks
+    assert _rss_bytes() - rss0 < 50 * 2**20
+    assert torch.equal(
+        store.gather([500, 10, 0]), torch.cat([rows[2:], rows[:1], torch.zeros(1, p)])
+    )
+    assert store.written() == [10, 500, 1999]
+    store.close()
+
+
+def test_make_state_store_picks_by_budget(tmp_path: Path) -> None:
+    small = make_state_store(10, 100, torch.float32, tmp_path, memory_budget_bytes=4000)
+    big = make_state_store(10, 101, torch.float32, tmp_path, memory_budget_bytes=4000)
+    assert isinstance(small, MemoryStateStore) and isinstance(big, MemmapStateStore)
+    with pytest.raises(StoreError, match="no directory"):
+        make_state_store(10_000, 1_663_370, torch.float32, None)
+    huge = make_state_store(10_000, 1_663_370, torch.float32, tmp_path / "h")  # 66 GB: memmap
+    assert isinstance(huge, MemmapStateStore) and not huge.path.exists()
+
+
+def test_rows_round_trip_across_backends(tmp_path: Path) -> None:
+    src = MemoryStateStore(50, 7, torch.float64)
+    vals = torch.randn(3, 7, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    src.scatter([42, 3, 17], vals)
+    ids, digest = save_rows(src, tmp_path / "rows.bin")
+    assert ids == [3, 17, 42] and len(digest) == 64
+    dst = MemmapStateStore(50, 7, tmp_path / "mm", torch.float64)
+    dst.scatter([0], torch.ones(1, 7, dtype=torch.float64))  # cleared by the load
+    load_rows(dst, tmp_path / "rows.bin", ids)
+    assert dst.written() == [3, 17, 42]
+    assert torch.equal(dst.gather([3, 17, 42]), src.gather([3, 17, 42]))
+
+
+# ----------------------------------------------------------------------------- (a) checkpoints
+
+
+def _ckpt(next_round: int) -> Checkpoint:
+    gen = torch.Generator().manual_seed(next_round)
+    return Checkpoint(
+        next_round,
+        torch.randn(11, dtype=torch.float64, generator=gen),
+        {"velocity": torch.randn(11, dtype=torch.float64, generator=gen)},
+        {"eval_accuracy": [0.1 + 0.2, 1 / 3], "total_bytes": 12345},
+    )
+
+
+def test_checkpoint_round_trip_and_keep_two(tmp_path: Path) -> None:
+    state = MemoryStateStore(9, 4, torch.float32)
+    state.scatter([8, 2], torch.arange(8, dtype=torch.float32).reshape(2, 4))
+    for r in (2, 4, 6):
+        path = save_checkpoint(tmp_path, _ckpt(r), state)
+    assert path == tmp_path / "checkpoints" / "round-000006"
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["round-000006", "round-000004"]
+    restored = MemoryStateStore(9, 4, torch.float32)
+    got = load_checkpoint(path, restored)
+    want = _ckpt(6)
+    assert got.next_round == 6 and torch.equal(got.params, want.params)
+    assert torch.equal(got.optimizer_state["velocity"], want.optimizer_state["velocity"])
+    assert got.loop == want.loop  # JSON floats round-trip exactly
+    assert got.torch_rng_state is not None and torch.equal(
+        got.torch_rng_state, torch.get_rng_state()
+    )
+    assert restored.written() == [2, 8] and torch.equal(
+        restored.gather([2, 8]), state.gather([2, 8])
+    )
+    # a resumed run writing an earlier round drops the abandoned later ones
+    save_checkpoint(tmp_path, _ckpt(4), state)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["round-000004"]
+    assert not any(p.name.startswith(".") for p in (tmp_path / "checkpoints").iterdir())
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "no-meta"])
+def test_bad_latest_checkpoint_falls_back(tmp_path: Path, damage: str) -> None:
+    for r in (2, 4):
+        save_checkpoint(tmp_path, _ckpt(r))
+    latest = tmp_path / "checkpoints" / "round-000004"
+    tensors = latest / "state.safetensors"
+    if damage == "flip":
+        data = bytearray(tensors.read_bytes())
+        data[-5] ^= 0x01
+        tensors.write_bytes(bytes(data))
+    elif damage == "truncate":
+        tensors.write_bytes(tensors.read_bytes()[:100])
+    else:
+        (latest / "meta.json").unlink()
+    messages: list[str] = []
+    got = load_latest(tmp_path, warn_fn=messages.append)
+    assert got.next_round == 2 and torch.equal(got.params, _ckpt(2).params)
+    assert len(messages) == 1 and "\n" not in messages[0]
+    assert "round-000004" in messages[0] and "using round-000002" in messages[0]
+    with pytest.raises(CheckpointError):
+        load_checkpoint(latest)
+
+
+def test_no_good_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="no checkpoint to resume from"):
+        load_latest(tmp_path)
+    save_checkpoint(tmp_path, _ckpt(2))
+    (tmp_path / "checkpoints" / "round-000002" / "state.safetensors").write_bytes(b"junk")
+    with pytest.raises(CheckpointError, match="no usable checkpoint.*round-000002") as info:
+        load_latest(tmp_path)
+    assert isinstance(info.value, FedforgeError)
+
+
+def test_checkpoint_every_is_validated() -> None:
+    assert Config().checkpoint_every == 10 and Config(checkpoint_every=0).checkpoint_every == 0
+    with pytest.raises(ConfigError, match="'checkpoint_every' = -1"):
+        from_dict({"checkpoint_every": -1})
+
+
+def test_stop_signals_set_flag_and_restore_handlers() -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    with StopSignals() as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.01)  # the handler runs between bytecodes of the main thread
+        assert stop.name == "SIGTERM"
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.01)
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
+# ----------------------------------------------------------------------------- (b, c) resume
+
+ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def one_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # like the subprocesses (OMP_NUM_THREADS=1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tiny(mnist_dir_module: Path) -> dict[str, Any]:
+    return {**TINY, "data_dir": str(mnist_dir_module)}
+
+
+@pytest.fixture(scope="module")
+def mnist_dir_module() -> Path:
+    root = os.environ.get("FEDFORGE_DATA")
+    if not root or not Path(root).is_dir():
+        pytest.skip("FEDFORGE_DATA is not set: no real MNIST")
+    return Path(root)
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tiny: dict[str, Any]) -> FederatedData:
+    return load_federated_data(from_dict(tiny))
+
+
+@pytest.fixture(scope="module")
+def reference(
+    tiny: dict[str, Any], tiny_data: FederatedData, one_thread: None, tmp_path_factory: Any
+) -> Path:
+    """The uninterrupted run, in this process, one thread."""
+    runs = tmp_path_factory.mktemp("reference")
+    result = run(from_dict({**tiny, "runs_dir": str(runs)}), data=tiny_data)
+    assert result.run_dir is not None and result.stopped is None
+    return result.run_dir
+
+
+def _start(tiny: dict[str, Any], runs: Path) -> subprocess.Popen[str]:
+    runs.mkdir(parents=True, exist_ok=True)
+    cfg = runs.parent / f"{runs.name}.yaml"
+    cfg.write_text(yaml.safe_dump({**tiny, "runs_dir": str(runs)}))
+    return subprocess.Popen(
+        [sys.executable, "-m", "fedforge.cli", "run", "-c", str(cfg), "-q"],
+        env={**os.environ, **ENV},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_for_rounds(proc: subprocess.Popen[str], runs: Path, count: int) -> Path:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for stream in runs.glob("*/metrics.jsonl"):
+            if len(stream.read_text().splitlines()) >= count:
+                return stream.parent
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.005)
+    raise AssertionError(f"the run did not record {count} rounds in 60 s")
+
+
+def _rows(run_dir: Path) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """Every recorded number except wall-clock times."""
+    with RunStore.open(run_dir) as store:
+        rounds = [
+            dataclasses.astuple(dataclasses.replace(r, seconds=0.0, created=None))
+            for r in store.rounds()
+        ]
+        return rounds, [dataclasses.astuple(c) for c in store.client_rounds()]
+
+
+def _assert_identical(run_dir: Path, reference: Path) -> None:
+    got = torch.load(run_dir / "final_params.pt")["params"]
+    want = torch.load(reference / "final_params.pt")["params"]
+    assert got.dtype == torch.float64 and torch.equal(got, want)
+    rounds, clients = _rows(run_dir)
+    want_rounds, want_clients = _rows(reference)
+    assert len(rounds) == TINY["rounds"]
+    assert rounds == want_rounds  # test accuracy/loss, train loss, bytes, lr: exact
+    assert clients == want_clients
+    stream = read_metrics(run_dir / "metrics.jsonl")
+    assert [m["round_idx"] for m in stream] == list(range(TINY["rounds"]))
+    assert [m["test_accuracy"] for m in stream] == [r[3] for r in rounds]
+    with RunStore.open(run_dir) as store, RunStore.open(reference) as ref:
+        assert store.status == "finished"
+        summary, want_summary = store.summary() or {}, ref.summary() or {}
+    for key in ("rounds_done", "best_accuracy", "final_accuracy", "final_loss", "bytes_up"):
+        assert summary[key] == want_summary[key], key
+
+
+def test_sigkill_then_cli_resume_is_bit_identical(
+    tiny: dict[str, Any], reference: Path, tmp_path: Path
+) -> None:
+    runs = tmp_path / "runs"
+    proc = _start(tiny, runs)
+    run_dir = _wait_for_rounds(proc, runs, 3)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    assert not (run_dir / "final_params.pt").exists(), "the run finished before the kill"
+    with RunStore.open(run_dir) as store:
+        assert store.status == "running" and len(store.rounds()) >= 3
+    assert list_checkpoints(run_dir)  # at least round-000002
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fedforge.cli",
+            "resume",
+            run_dir.name,
+            "--runs-dir",
+            str(runs),
+            "-q",
+        ],
+        env={**os.environ, **ENV},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "rounds done      10" in done.stdout
+    _assert_identical(run_dir, reference)
+
+
+def test_sigterm_checkpoints_and_resume_finishes_identically(
+    tiny: dict[str, Any], tiny_data: FederatedData, reference: Path, tmp_path: Path
+) -> None:
+    runs = tmp_path / "runs"
+    proc = _start(tiny, runs)
+    run_dir = _wait_for_rounds(proc, runs, 3)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "SIGTERM" in err and "fedforge resume" in err
+    with RunStore.open(run_dir) as store:
+        done = len(store.rounds())
+        assert store.status == "failed" and "SIGTERM" in (store.summary() or {})["error"]
+    assert 3 <= done < TINY["rounds"]
+    newest = list_checkpoints(run_dir)[0]
+    assert newest.name == f"round-{done:06d}"  # the round in flight finished, then a checkpoint
+    assert json.loads((newest / "meta.json").read_text())["next_round"] == done
+    assert not (run_dir / "final_params.pt").exists()
+    with RunStore.open(run_dir) as store:
+        assert "resume with: fedforge resume" in format_run_summary(store)
+    holder = RunLock(run_dir).acquire()  # as if the killed writer were still alive
+    try:
+        with pytest.raises(StoreError, match="another process"):
+            resume(run_dir, data=tiny_data)
+    finally:
+        holder.release()
+    result = resume(run_dir, data=tiny_data)
+    assert result.stopped is None and len(result.rounds) == TINY["rounds"]
+    _assert_identical(run_dir, reference)
+    with pytest.raises(CheckpointError, match="finished"):
+        resume(run_dir, data=tiny_data)
+
+
+def test_resume_metrics_stream_keeps_last_line_per_round(tmp_path: Path) -> None:
+    stream = tmp_path / "metrics.jsonl"
+    lines = [{"round_idx": 0, "v": 1}, {"round_idx": 1, "v": 2}, {"round_idx": 1, "v": 3}]
+    stream.write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"round_idx": 2, "v"')
+    assert read_metrics(stream) == [{"round_idx": 0, "v": 1}, {"round_idx": 1, "v": 3}]
