@@ -77,11 +77,6 @@ def test_parse_override(text: str, expected: tuple[str, Any]) -> None:
     assert parse_override(text) == expected
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="src bug: PyYAML (YAML 1.1) reads 1e-3 as a string, so lr=1e-3 is refused "
-    "as 'must be a number'; config._coerce should accept numeric strings for floats",
-)
 def test_exponent_notation_is_a_number(tmp_path: Path) -> None:
     assert load(write(tmp_path, "lr: 1e-3\n")).lr == 0.001
     assert override(Config(), dict([parse_override("lr=1e-3")])).lr == 0.001

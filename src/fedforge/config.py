@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -72,6 +73,9 @@ class Config:
             object.__setattr__(self, "local_epochs", 1)
             object.__setattr__(self, "batch_size", None)
         _validate(self)
+
+
+_FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
 def _fail(name: str, value: Any, allowed: str) -> ConfigError:
@@ -178,6 +182,8 @@ def _coerce(name: str, value: Any, tp: Any) -> Any:
             raise _fail(name, value, "must be an integer")
         return value
     if tp is float:
+        if isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip()):
+            value = float(value)  # YAML 1.1 reads 1e-3 (no dot) as a string
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise _fail(name, value, "must be a number")
         return float(value)

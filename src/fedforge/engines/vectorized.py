@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -75,33 +74,21 @@ def chunk_size(
     return max(1, min(limit, budget // per_client))
 
 
-@dataclass(frozen=True)
-class _Schedule:
-    """One client's minibatch indices over all its local steps."""
-
-    batches: list[torch.Tensor]
-
-
-def _stack_step(
-    step: int,
-    schedules: list[_Schedule],
-    xs: list[torch.Tensor],
-    ys: list[torch.Tensor],
-    width: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Inputs, labels and mask ``[K, width, ...]`` of one step; clients whose
-    schedule is over (or whose batch is shorter) are padded with masked zeros."""
-    k = len(xs)
-    x = xs[0].new_zeros((k, width, *xs[0].shape[1:]))
-    y = ys[0].new_zeros((k, width))
-    mask = xs[0].new_zeros((k, width))
-    for i, sched in enumerate(schedules):
-        if step < len(sched.batches):
-            idx = sched.batches[step]
-            x[i, : len(idx)] = xs[i][idx]
-            y[i, : len(idx)] = ys[i][idx]
-            mask[i, : len(idx)] = 1
-    return x, y, mask
+def _step_indices(
+    schedules: list[list[torch.Tensor]], offsets: list[int], pad_row: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row indices ``[S, K, W]`` into the chunk's concatenated data, and the mask
+    of real samples. Padding (short batches, finished schedules) points at an
+    all-zero row and is masked out."""
+    steps = max(len(s) for s in schedules)
+    width = max(len(b) for s in schedules for b in s)
+    index = torch.full((steps, len(schedules), width), pad_row, dtype=torch.int64)
+    mask = torch.zeros((steps, len(schedules), width), dtype=torch.bool)
+    for k, (batches, offset) in enumerate(zip(schedules, offsets, strict=True)):
+        for s, idx in enumerate(batches):
+            index[s, k, : len(idx)] = idx + offset
+            mask[s, k, : len(idx)] = True
+    return index, mask
 
 
 def vectorized_local_sgd(
@@ -117,36 +104,39 @@ def vectorized_local_sgd(
     """Local SGD of K clients at once, from the same ``start``; the batched twin of
     :func:`fedforge.client.local_sgd` (same minibatches, same steps)."""
     schedules = [
-        _Schedule(
-            [
-                idx
-                for _ in range(plan.local_epochs)
-                for idx in minibatches(len(y), plan.batch_size, g)
-            ]
-        )
+        [idx for _ in range(plan.local_epochs) for idx in minibatches(len(y), plan.batch_size, g)]
         for y, g in zip(ys, gens, strict=True)
     ]
-    steps = max(len(s.batches) for s in schedules)
-    width = max(len(b) for s in schedules for b in s.batches)
+    offsets = [0]
+    for y in ys[:-1]:
+        offsets.append(offsets[-1] + len(y))
+    x_all = torch.cat([*xs, xs[0].new_zeros((1, *xs[0].shape[1:]))])
+    y_all = torch.cat([*ys, ys[0].new_zeros(1)])
+    index, mask = _step_indices(schedules, offsets, pad_row=len(y_all) - 1)
+    weights = mask.to(start.dtype)
 
     def masked_loss(
-        w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, m: torch.Tensor
+        p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, m: torch.Tensor
     ) -> torch.Tensor:
-        per_example = loss_fn(functional_call(model, spec.views(w), (x,)), y)
+        per_example = loss_fn(functional_call(model, p, (x,)), y)
         return (per_example * m).sum() / m.sum().clamp(min=1)
 
     step_fn = vmap(grad_and_value(masked_loss))
     params = start.expand(len(xs), -1).clone()
+    # Per-tensor [K, ...] views of the stacked vector: gradients per tensor (no
+    # slice-backward into a [P] zero vector), steps written straight into it.
+    views = spec.views(params)
+    tensors = list(views.values())
     loss_sum = torch.zeros(len(xs), dtype=torch.float64)
     model.train()
-    for step in range(steps):
-        x, y, mask = _stack_step(step, schedules, xs, ys, width)
-        grads, losses = step_fn(params, x, y, mask)
-        params.sub_(grads, alpha=plan.lr)
-        loss_sum += losses.detach().to(torch.float64) * mask.sum(dim=1).to(torch.float64)
-    seen = [sum(len(b) for b in s.batches) for s in schedules]
+    for step in range(index.shape[0]):
+        rows = index[step]
+        grads, losses = step_fn(views, x_all[rows], y_all[rows], weights[step])
+        torch._foreach_add_(tensors, [grads[k] for k in views], alpha=-plan.lr)
+        loss_sum += losses.detach().to(torch.float64) * mask[step].sum(dim=1)
+    seen = [sum(len(b) for b in s) for s in schedules]
     return [
-        LocalResult(params[i].clone(), float(loss_sum[i]) / max(seen[i], 1), len(s.batches))
+        LocalResult(params[i].clone(), float(loss_sum[i]) / max(seen[i], 1), len(s))
         for i, s in enumerate(schedules)
     ]
 

@@ -283,6 +283,8 @@ def _check_update(exp: Experiment, client_id: int, round_idx: int, data: bytes) 
             f"delta has shape {tuple(delta.shape)} and dtype {delta.dtype}; "
             f"expected ({exp.spec.size},) {exp.initial_params.dtype}"
         )
+    if not torch.isfinite(delta).all():
+        raise UploadError("delta holds non-finite values (NaN or inf)")
     n = msg.meta.get("num_examples")
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise UploadError(f"num_examples {n!r} must be a positive integer")
