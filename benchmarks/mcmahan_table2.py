@@ -7,8 +7,9 @@ learning-rate grid spaced 10^(1/3) apart around the config's lr (``--grid N``:
 N points, or ``--lrs`` explicitly), in the order centre, then neighbours. A
 later grid point is capped at the best rounds found so far (a run that needs
 more rounds cannot win), so a grid costs little more than its best run. Each
-finished (row, lr) is saved as JSON under ``--out``; rerunning skips it, so the
-benchmark resumes, and ``--report`` prints the table from what is saved.
+finished (row, lr) is saved as JSON under ``--out`` (benchmarks/results/table2,
+tracked in git); rerunning skips it, so the benchmark resumes across sessions,
+and ``--report`` prints the table from what is saved.
 Last line: ``RESULT <row>_rounds=... <row>_paper=...`` for every row with a result.
 """
 
@@ -29,6 +30,7 @@ from fedforge.server.loop import run
 
 ROOT = Path(__file__).resolve().parent.parent
 STEP = 10 ** (1 / 3)
+RUNS = ROOT / "benchmarks" / "out" / "runs"  # run stores (not tracked)
 
 # Table 2 of the paper: rounds to 99% (CNN) / 97% (2NN), C = 0.1, IID / non-IID.
 PAPER: dict[str, int] = {}
@@ -80,7 +82,7 @@ def result_path(out: Path, row: str, lr: float) -> Path:
 
 def run_point(row: str, lr: float, cap: int | None, args: argparse.Namespace) -> dict:
     cfg = config_mod.load(ROOT / "configs" / f"{row}.yaml")
-    overrides: dict[str, object] = {"lr": lr, "runs_dir": str(args.out / "runs")}
+    overrides: dict[str, object] = {"lr": lr, "runs_dir": str(RUNS)}
     if args.data_dir:
         overrides["data_dir"] = args.data_dir
     if args.eval_every:
@@ -166,7 +168,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", default="cnn_iid_e1_b10", help="comma-separated config names")
     p.add_argument("--grid", type=int, default=3, help="learning rates per row")
     p.add_argument("--lrs", help="explicit comma-separated learning rates (overrides --grid)")
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "table2")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=ROOT / "benchmarks" / "results" / "table2",
+        help="one JSON per (row, lr): tracked, so a later session resumes the grid",
+    )
     p.add_argument("--data-dir")
     p.add_argument("--eval-every", type=int, help="override eval_every (coarser = faster)")
     p.add_argument("--max-rounds", type=int, help="cap every run (smoke checks)")
@@ -177,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.rows, args.grid, args.max_rounds = "2nn_iid_e1_b10", 1, 5
-        args.out = args.out.parent / "table2-quick"
+        args.out = ROOT / "benchmarks" / "out" / "table2-quick"
     if args.threads:
         torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
