@@ -94,6 +94,8 @@ def run_point(row: str, lr: float, cap: int | None, args: argparse.Namespace) ->
     cfg = config_mod.override(cfg, overrides)
     t0 = time.perf_counter()
     result = run(cfg, data=load_federated_data(cfg), progress=args.progress)
+    if result.stopped:  # SIGINT/SIGTERM: the run checkpointed; record nothing
+        raise SystemExit(f"{row} lr={lr:g}: stopped by {result.stopped}; no result recorded")
     s = result.summary
     return {
         "row": row,
