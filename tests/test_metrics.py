@@ -16,6 +16,7 @@ from fedforge.metrics import best_so_far, rounds_to_target
 from fedforge.models import build_model
 from fedforge.params import ParamSpec
 from fedforge.server import loop
+from fedforge.server import round as server_round
 
 MakeData = Callable[..., FederatedData]
 
@@ -84,7 +85,7 @@ def _scripted(monkeypatch: pytest.MonkeyPatch, accuracies: list[float]) -> list[
         calls.append(len(calls))
         return EvalResult(next(script), 1.0, 16)
 
-    monkeypatch.setattr(loop, "evaluate", fake_evaluate)
+    monkeypatch.setattr(server_round, "evaluate", fake_evaluate)
     return calls
 
 

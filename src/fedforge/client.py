@@ -18,6 +18,7 @@ from fedforge.algorithms.base import Algorithm, LocalPlan, LossFn
 from fedforge.params import ParamSpec
 from fedforge.pipeline import Stage, StageContext
 from fedforge.rng import torch_generator
+from fedforge.stages.codec import Codec, Dense
 from fedforge.transport import wire
 
 ClientDataFn = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
@@ -100,12 +101,14 @@ class ClientRuntime:
         algorithm: Algorithm,
         data_fn: ClientDataFn,
         stages: Sequence[Stage] = (),
+        codec: Codec | None = None,
     ) -> None:
         self.model = model
         self.spec = spec
         self.algorithm = algorithm
         self.data_fn = data_fn
         self.stages = tuple(stages)
+        self.codec: Codec = codec if codec is not None else Dense()
 
     def run(self, task: ClientTask, payload: bytes) -> bytes:
         """Decode the global model, train locally, encode the delta."""
@@ -123,14 +126,16 @@ class ClientRuntime:
         ctx = StageContext(task.round_idx, task.seed, task.client_id)
         for stage in self.stages:
             delta = stage.apply(delta, ctx)
+        tensors, codec_meta = self.codec.encode(delta)
         meta = {
+            **codec_meta,
             "client_id": task.client_id,
             "round_idx": task.round_idx,
             "num_examples": n,
             "train_loss": result.train_loss,
             "steps": result.steps,
         }
-        return wire.encode({"delta": delta}, meta)
+        return wire.encode(tensors, meta)
 
 
 def decode_payload(payload: bytes) -> torch.Tensor:

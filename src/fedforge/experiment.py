@@ -76,7 +76,9 @@ def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
     spec = ParamSpec.of(model)
     algorithm = algorithms.from_config(cfg)
     pipeline = Pipeline(aggregator=WeightedMean())
-    runtime = ClientRuntime(model, spec, algorithm, data.client_data, pipeline.client)
+    runtime = ClientRuntime(
+        model, spec, algorithm, data.client_data, pipeline.client, pipeline.codec
+    )
     engine, note = make_engine(cfg.engine, runtime)
     return Experiment(
         cfg, data, model, spec, algorithm, pipeline, engine, spec.flatten(model, dtype), note

@@ -21,27 +21,21 @@ from typing import Any
 
 import torch
 
-from fedforge.client import ClientTask
 from fedforge.config import Config
 from fedforge.data import PartitionSummary, summarize
 from fedforge.data.mnist import NUM_CLASSES
-from fedforge.errors import UploadError
-from fedforge.evaluate import evaluate
 from fedforge.experiment import Experiment, FederatedData, build
-from fedforge.pipeline import StageContext
 from fedforge.report.progress import Progress
-from fedforge.server.sampling import sample_cohort
+from fedforge.server.round import run_round
 from fedforge.server.state import LoopState, RunLock, StopSignals
 from fedforge.server.summary import format_summary, summarize_run
 from fedforge.store import (
     CheckpointError,
-    ClientRecord,
     RoundRecord,
     RunStore,
     load_latest,
     save_checkpoint,
 )
-from fedforge.transport import wire
 
 __all__ = ["RunResult", "format_summary", "resume", "run"]
 
@@ -170,7 +164,7 @@ def _rounds(
     start = time.perf_counter()
     stopped: str | None = None
     while state.next_round < cfg.rounds:
-        record, clients = _round(exp, state, state.next_round, bar)
+        record, clients = run_round(exp, state, state.next_round, bar)
         state.records.append(record)
         state.total_bytes += record.bytes_up + record.bytes_down
         state.next_round += 1
@@ -197,103 +191,3 @@ def _rounds(
     evals = (state.eval_rounds, state.eval_accuracy)
     summary = summarize_run(exp, state.records, evals, seconds)
     return RunResult(state.params, state.records, summary, rejected=state.rejected, stopped=stopped)
-
-
-def _round(
-    exp: Experiment, state: LoopState, round_idx: int, bar: Progress
-) -> tuple[RoundRecord, list[ClientRecord]]:
-    """One round: cohort, payload, client work, checks, aggregate, step, evaluation."""
-    cfg, params = exp.cfg, state.params
-    t0 = time.perf_counter()
-    cohort = sample_cohort(cfg.num_clients, cfg.client_fraction, cfg.seed, round_idx)
-    plan = exp.algorithm.plan(round_idx)
-    payload = wire.encode({"params": params}, {"round_idx": round_idx})
-    tasks = [ClientTask(c, round_idx, plan, cfg.seed) for c in cohort]
-    acc = exp.pipeline.aggregator.start(exp.spec.size, params.dtype)
-    clients: list[ClientRecord] = []
-    for upload in exp.engine.run_cohort(tasks, payload):
-        try:
-            up = _check_update(exp, upload.client_id, round_idx, upload.data)
-        except UploadError as exc:
-            state.rejected.append((round_idx, upload.client_id, str(exc)))
-            bar.write(f"round {round_idx}: update of client {upload.client_id} rejected: {exc}")
-            continue
-        delta = exp.pipeline.run_upload(up.delta, StageContext(round_idx, cfg.seed, up.client_id))
-        acc.add(delta, float(up.num_examples))
-        clients.append(
-            ClientRecord(
-                round_idx,
-                up.client_id,
-                up.num_examples,
-                up.train_loss,
-                float(delta.norm()),
-                up.nbytes,
-                len(payload),
-            )
-        )
-    if acc.count:
-        aggregate = exp.pipeline.run_aggregate(acc.result(), StageContext(round_idx, cfg.seed))
-        state.params = state.optimizer.step(params, aggregate)
-    else:
-        bar.write(f"round {round_idx}: no valid update; the global model is unchanged")
-    test_acc = test_loss = None
-    if (round_idx + 1) % cfg.eval_every == 0 or round_idx == cfg.rounds - 1:
-        data = exp.data
-        ev = evaluate(
-            exp.model, exp.spec, state.params, data.test_x, data.test_y, cfg.eval_batch_size
-        )
-        test_acc, test_loss = ev.accuracy, ev.loss
-        state.eval_rounds.append(round_idx + 1)
-        state.eval_accuracy.append(ev.accuracy)
-    seen = sum(c.num_examples for c in clients)
-    record = RoundRecord(
-        round_idx=round_idx,
-        cohort_size=len(cohort),
-        train_loss=sum(c.train_loss * c.num_examples for c in clients) / seen
-        if seen
-        else float("nan"),
-        test_accuracy=test_acc,
-        test_loss=test_loss,
-        bytes_up=sum(c.bytes_up for c in clients),
-        bytes_down=len(payload) * len(cohort),
-        paper_bytes=2 * exp.spec.size * len(cohort) * params.element_size(),
-        lr=plan.lr,
-        seconds=time.perf_counter() - t0,
-    )
-    return record, clients
-
-
-@dataclass
-class _Upload:
-    client_id: int
-    delta: torch.Tensor
-    num_examples: int
-    train_loss: float
-    nbytes: int
-
-
-def _check_update(exp: Experiment, client_id: int, round_idx: int, data: bytes) -> _Upload:
-    """Decode one update and refuse anything that is not a well-formed delta."""
-    msg = wire.decode(data)
-    delta = msg.tensors.get("delta")
-    if delta is None:
-        raise UploadError("update carries no 'delta' tensor")
-    if tuple(delta.shape) != (exp.spec.size,) or delta.dtype != exp.initial_params.dtype:
-        raise UploadError(
-            f"delta has shape {tuple(delta.shape)} and dtype {delta.dtype}; "
-            f"expected ({exp.spec.size},) {exp.initial_params.dtype}"
-        )
-    if not torch.isfinite(delta).all():
-        raise UploadError("delta holds non-finite values (NaN or inf)")
-    n = msg.meta.get("num_examples")
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise UploadError(f"num_examples {n!r} must be a positive integer")
-    if msg.meta.get("client_id") != client_id or msg.meta.get("round_idx") != round_idx:
-        raise UploadError(
-            f"update is labelled client {msg.meta.get('client_id')!r} round "
-            f"{msg.meta.get('round_idx')!r}; expected client {client_id} round {round_idx}"
-        )
-    loss = msg.meta.get("train_loss")
-    return _Upload(
-        client_id, delta, n, float(loss) if loss is not None else float("nan"), len(data)
-    )

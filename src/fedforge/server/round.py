@@ -1,0 +1,165 @@
+"""One round on the server (McMahan et al. 2017, Algorithm 1): cohort, payload,
+client work, decode and check each update, aggregate, step, evaluate.
+
+Updates are decoded by the pipeline's codec and refused when malformed (the
+client id, round and reason are kept; the global model never sees them).
+With a linear aggregator and no cohort stage the server keeps a running sum
+(memory O(model)); otherwise it gathers the accepted updates as one ``[K, P]``
+tensor for the cohort stages and the aggregator.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from fedforge.client import ClientTask
+from fedforge.errors import UploadError
+from fedforge.evaluate import evaluate
+from fedforge.experiment import Experiment
+from fedforge.pipeline import CohortUpdates, StageContext
+from fedforge.report.progress import Progress
+from fedforge.server.sampling import sample_cohort
+from fedforge.server.state import LoopState
+from fedforge.store import ClientRecord, RoundRecord
+from fedforge.transport import wire
+
+
+@dataclass
+class Upload:
+    """A decoded, well-formed update."""
+
+    client_id: int
+    delta: torch.Tensor
+    num_examples: int
+    train_loss: float
+    nbytes: int
+
+
+def check_update(exp: Experiment, client_id: int, round_idx: int, data: bytes) -> Upload:
+    """Decode one update and refuse anything that is not a well-formed delta."""
+    msg = wire.decode(data)
+    dtype = exp.initial_params.dtype
+    delta = exp.pipeline.codec.decode(msg.tensors, msg.meta, exp.spec.size, dtype)
+    if tuple(delta.shape) != (exp.spec.size,) or delta.dtype != dtype:
+        raise UploadError(
+            f"decoded delta has shape {tuple(delta.shape)} and dtype {delta.dtype}; "
+            f"expected ({exp.spec.size},) {dtype}"
+        )
+    if not torch.isfinite(delta).all():
+        raise UploadError("delta holds non-finite values (NaN or inf)")
+    n = msg.meta.get("num_examples")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise UploadError(f"num_examples {n!r} must be a positive integer")
+    if msg.meta.get("client_id") != client_id or msg.meta.get("round_idx") != round_idx:
+        raise UploadError(
+            f"update is labelled client {msg.meta.get('client_id')!r} round "
+            f"{msg.meta.get('round_idx')!r}; expected client {client_id} round {round_idx}"
+        )
+    loss = msg.meta.get("train_loss")
+    train_loss = float(loss) if isinstance(loss, int | float) else float("nan")
+    return Upload(client_id, delta, n, train_loss, len(data))
+
+
+def _reject(state: LoopState, bar: Progress, round_idx: int, client_id: int, why: str) -> None:
+    state.rejected.append((round_idx, client_id, why))
+    bar.write(f"round {round_idx}: update of client {client_id} rejected: {why}")
+
+
+def _gathered_aggregate(
+    exp: Experiment, uploads: list[Upload], state: LoopState, round_idx: int, bar: Progress
+) -> tuple[torch.Tensor | None, set[int]]:
+    """Cohort stages, then the aggregator, over the accepted uploads as one
+    ``[K, P]`` tensor; returns the aggregate (None if nothing is left) and the
+    ids of the clients it used."""
+    if not uploads:
+        return None, set()
+    cohort = CohortUpdates(
+        [u.client_id for u in uploads],
+        torch.stack([u.delta for u in uploads]),
+        torch.tensor([float(u.num_examples) for u in uploads], dtype=torch.float64),
+    )
+    ctx = StageContext(round_idx, exp.cfg.seed)
+    for stage in exp.pipeline.cohort:
+        cohort, refused = stage.apply(cohort, ctx)
+        for client_id, why in refused:
+            _reject(state, bar, round_idx, client_id, f"{stage.name}: {why}")
+    if not cohort.client_ids:
+        return None, set()
+    return exp.pipeline.aggregator.aggregate(cohort.updates, cohort.weights), set(cohort.client_ids)
+
+
+def run_round(
+    exp: Experiment, state: LoopState, round_idx: int, bar: Progress
+) -> tuple[RoundRecord, list[ClientRecord]]:
+    """One round: cohort, payload, client work, checks, aggregate, step, evaluation."""
+    cfg, params, pipeline = exp.cfg, state.params, exp.pipeline
+    t0 = time.perf_counter()
+    cohort = sample_cohort(cfg.num_clients, cfg.client_fraction, cfg.seed, round_idx)
+    plan = exp.algorithm.plan(round_idx)
+    payload = wire.encode({"params": params}, {"round_idx": round_idx})
+    tasks = [ClientTask(c, round_idx, plan, cfg.seed) for c in cohort]
+    # Streaming: a running sum, O(model) memory. Otherwise: gather the cohort.
+    acc = pipeline.aggregator.start(exp.spec.size, params.dtype) if pipeline.streams else None
+    gathered: list[Upload] = []
+    clients: dict[int, ClientRecord] = {}
+    bytes_up = 0
+    for upload in exp.engine.run_cohort(tasks, payload):
+        bytes_up += len(upload.data)
+        try:
+            up = check_update(exp, upload.client_id, round_idx, upload.data)
+        except UploadError as exc:
+            _reject(state, bar, round_idx, upload.client_id, str(exc))
+            continue
+        up.delta = pipeline.run_upload(up.delta, StageContext(round_idx, cfg.seed, up.client_id))
+        clients[up.client_id] = ClientRecord(
+            round_idx,
+            up.client_id,
+            up.num_examples,
+            up.train_loss,
+            float(up.delta.norm()),
+            up.nbytes,
+            len(payload),
+        )
+        if acc is not None:
+            acc.add(up.delta, float(up.num_examples))
+        else:
+            gathered.append(up)
+    if acc is not None:
+        aggregate = acc.result() if acc.count else None
+    else:
+        aggregate, used = _gathered_aggregate(exp, gathered, state, round_idx, bar)
+        clients = {c: r for c, r in clients.items() if c in used}
+    if aggregate is not None:
+        aggregate = pipeline.run_aggregate(aggregate, StageContext(round_idx, cfg.seed))
+        state.params = state.optimizer.step(params, aggregate)
+    else:
+        bar.write(f"round {round_idx}: no valid update; the global model is unchanged")
+    test_acc = test_loss = None
+    if (round_idx + 1) % cfg.eval_every == 0 or round_idx == cfg.rounds - 1:
+        data = exp.data
+        ev = evaluate(
+            exp.model, exp.spec, state.params, data.test_x, data.test_y, cfg.eval_batch_size
+        )
+        test_acc, test_loss = ev.accuracy, ev.loss
+        state.eval_rounds.append(round_idx + 1)
+        state.eval_accuracy.append(ev.accuracy)
+    records = list(clients.values())
+    seen = sum(c.num_examples for c in records)
+    record = RoundRecord(
+        round_idx=round_idx,
+        cohort_size=len(cohort),
+        train_loss=sum(c.train_loss * c.num_examples for c in records) / seen
+        if seen
+        else float("nan"),
+        test_accuracy=test_acc,
+        test_loss=test_loss,
+        bytes_up=bytes_up,
+        bytes_down=len(payload) * len(cohort),
+        paper_bytes=2 * exp.spec.size * len(cohort) * params.element_size(),
+        lr=plan.lr,
+        seconds=time.perf_counter() - t0,
+    )
+    return record, records
