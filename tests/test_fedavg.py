@@ -553,3 +553,25 @@ def test_2nn_learns_mnist_in_three_rounds(mnist_dir: Path) -> None:
     assert accuracies[0] is not None and accuracies[0] < accuracies[-1]
     assert result.summary["rounds_done"] == 3
     assert [r.cohort_size for r in result.rounds] == [10, 10, 10]
+
+
+def test_diverging_clients_are_refused_not_fatal(make_data: MakeData) -> None:
+    """A learning rate so large that local training overflows: every update is
+    non-finite, each is refused with its reason, the run goes on and the
+    global model stays at its initial value."""
+    data = make_data([4, 5], dtype=torch.float64)
+    cfg = Config(
+        model="2nn",
+        num_clients=2,
+        client_fraction=1.0,
+        local_epochs=3,  # the first step is huge but finite, the next ones overflow
+        batch_size=None,
+        lr=1e300,
+        rounds=2,
+        target_accuracy=None,
+        dtype="float64",
+    )
+    result = run(cfg, data=data, progress=False, store=False)
+    assert len(result.rejected) == 4
+    assert all("non-finite" in why for _, _, why in result.rejected)
+    assert torch.equal(result.params, initial_vector(cfg))

@@ -7,6 +7,7 @@ same task runs in-process (serial engine), on a worker (Ray) or on a device
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -132,7 +133,9 @@ class ClientRuntime:
             "client_id": task.client_id,
             "round_idx": task.round_idx,
             "num_examples": n,
-            "train_loss": result.train_loss,
+            # a diverged client still uploads (the server refuses its non-finite
+            # delta); strict JSON has no NaN, so its loss travels as null
+            "train_loss": result.train_loss if math.isfinite(result.train_loss) else None,
             "steps": result.steps,
         }
         return wire.encode(tensors, meta)
