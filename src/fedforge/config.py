@@ -40,6 +40,22 @@ class PartitionConfig:
     min_size: int = 1  # dirichlet/quantity: smallest client allowed
 
 
+ServerOptimizerKind = Literal["sgd", "adagrad", "adam", "yogi"]
+
+
+@dataclass(frozen=True)
+class ServerOptimizerConfig:
+    """How the server applies the aggregated delta (Reddi et al. 2021). ``sgd``
+    with ``momentum`` 0 and ``server_lr`` 1 is FedAvg; momentum > 0 is FedAvgM."""
+
+    kind: ServerOptimizerKind = "sgd"
+    momentum: float = 0.0  # sgd only
+    beta1: float = 0.9
+    beta2: float = 0.99
+    tau: float = 1e-3  # adaptivity: added to sqrt(v)
+    bias_correction: bool = False  # True: torch.optim.Adam's form
+
+
 @dataclass(frozen=True)
 class Config:
     """One run. Frozen: derive a changed copy with :func:`override`."""
@@ -58,6 +74,7 @@ class Config:
     lr: float = 0.1
     lr_decay: float = 1.0  # local lr at round t is lr * lr_decay**t
     server_lr: float = 1.0  # server SGD on the pseudo-gradient; 1.0 is FedAvg
+    server_optimizer: ServerOptimizerConfig = field(default_factory=ServerOptimizerConfig)
     rounds: int = 60
     target_accuracy: float | None = 0.99
     eval_every: int = 1
@@ -127,6 +144,30 @@ def _validate(cfg: Config) -> None:
             cfg.partition.shards_per_client,
             cfg.partition.shards_per_client >= 1,
             "must be an integer >= 1",
+        ),
+        (
+            "server_optimizer.momentum",
+            cfg.server_optimizer.momentum,
+            0.0 <= cfg.server_optimizer.momentum < 1.0,
+            "must be in [0, 1)",
+        ),
+        (
+            "server_optimizer.beta1",
+            cfg.server_optimizer.beta1,
+            0.0 <= cfg.server_optimizer.beta1 < 1.0,
+            "must be in [0, 1)",
+        ),
+        (
+            "server_optimizer.beta2",
+            cfg.server_optimizer.beta2,
+            0.0 <= cfg.server_optimizer.beta2 < 1.0,
+            "must be in [0, 1)",
+        ),
+        (
+            "server_optimizer.tau",
+            cfg.server_optimizer.tau,
+            cfg.server_optimizer.tau > 0,
+            "must be > 0",
         ),
         ("partition.alpha", cfg.partition.alpha, cfg.partition.alpha > 0.0, "must be > 0"),
         ("partition.sigma", cfg.partition.sigma, cfg.partition.sigma >= 0.0, "must be >= 0"),

@@ -10,8 +10,8 @@ from fedforge.config import Config
 def from_config(cfg: Config) -> Algorithm:
     """The algorithm bundle a config names."""
     if cfg.algorithm == "fedsgd":
-        return fedsgd(cfg.lr, cfg.lr_decay, cfg.server_lr)
-    return fedavg(cfg.local_epochs, cfg.batch_size, cfg.lr, cfg.lr_decay, cfg.server_lr)
+        return fedsgd(cfg.lr, cfg.lr_decay)
+    return fedavg(cfg.local_epochs, cfg.batch_size, cfg.lr, cfg.lr_decay)
 
 
 __all__ = ["Algorithm", "LocalPlan", "cross_entropy", "fedavg", "fedsgd", "from_config"]

@@ -1,8 +1,8 @@
 """What an algorithm is (DESIGN idea 3): a small bundle, not a subclass tree.
 
-A bundle holds both halves of a round: what a client optimises and how (the
-local training plan of each round), which parameters are shared, and which
-server optimizer applies the aggregate. Aggregators compose with any bundle.
+A bundle holds what a client optimises and how (the local training plan of
+each round) and which parameters are shared. Aggregators and server
+optimizers compose with any bundle.
 """
 
 from __future__ import annotations
@@ -31,14 +31,14 @@ class LocalPlan:
 
 @dataclass(frozen=True)
 class Algorithm:
-    """An FL algorithm: the client plan per round, the loss, what is shared, and the
-    server learning rate applied to the aggregated delta."""
+    """An FL algorithm: the client plan per round, the loss and what is shared.
+    The server optimizer is not part of it: any composes with any algorithm
+    (FedAdam is FedAvg with another server optimizer, see server/optimizers.py)."""
 
     name: str
     plan_fn: Callable[[int], LocalPlan]
     loss_fn: LossFn
     shared_kinds: tuple[ParamKind, ...] = ("weight", "batchnorm")
-    server_lr: float = 1.0
 
     def plan(self, round_idx: int) -> LocalPlan:
         return self.plan_fn(round_idx)

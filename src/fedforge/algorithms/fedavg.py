@@ -3,7 +3,7 @@ Deep Networks from Decentralized Data", Algorithm 1.
 
 Runs on the clients (E epochs of minibatch SGD of size B from the global weights)
 and on the server (the n_k-weighted mean of the deltas, applied with server SGD
-at lr 1). Trusts each client's reported ``num_examples``.
+at lr 1: the default server optimizer). Trusts each client's reported ``num_examples``.
 FedSGD is the special case E = 1, B = infinity: one full-batch gradient step per
 client, which averaged with weights n_k is one gradient step on the union.
 """
@@ -35,14 +35,13 @@ def fedavg(
     batch_size: int | None,
     lr: float,
     lr_decay: float = 1.0,
-    server_lr: float = 1.0,
 ) -> Algorithm:
     """FedAvg with E = ``local_epochs``, B = ``batch_size`` (None: infinity)."""
     plan = _DecayedPlan(local_epochs, batch_size, lr, lr_decay)
-    return Algorithm("fedavg", plan, cross_entropy, server_lr=server_lr)
+    return Algorithm("fedavg", plan, cross_entropy)
 
 
-def fedsgd(lr: float, lr_decay: float = 1.0, server_lr: float = 1.0) -> Algorithm:
+def fedsgd(lr: float, lr_decay: float = 1.0) -> Algorithm:
     """FedSGD: every client takes one gradient step on all its data."""
     plan = _DecayedPlan(1, None, lr, lr_decay)
-    return Algorithm("fedsgd", plan, cross_entropy, server_lr=server_lr)
+    return Algorithm("fedsgd", plan, cross_entropy)

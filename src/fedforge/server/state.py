@@ -18,7 +18,8 @@ import torch
 
 from fedforge.errors import StoreError
 from fedforge.experiment import Experiment
-from fedforge.server.optimizers import ServerSGD
+from fedforge.server import optimizers
+from fedforge.server.optimizers import ServerOptimizer
 from fedforge.store import Checkpoint, CheckpointError, ClientStateStore, RoundRecord
 
 
@@ -28,7 +29,7 @@ class LoopState:
     state: every draw derives from (seed, round, client, purpose)."""
 
     params: torch.Tensor
-    optimizer: ServerSGD
+    optimizer: ServerOptimizer
     next_round: int = 0
     records: list[RoundRecord] = field(default_factory=list)
     eval_rounds: list[int] = field(default_factory=list)  # rounds done when evaluated
@@ -40,7 +41,7 @@ class LoopState:
 
     @classmethod
     def fresh(cls, exp: Experiment) -> LoopState:
-        return cls(exp.initial_params.clone(), ServerSGD(exp.algorithm.server_lr))
+        return cls(exp.initial_params.clone(), optimizers.from_config(exp.cfg))
 
     def checkpoint(self, session_seconds: float) -> Checkpoint:
         loop: dict[str, Any] = {
@@ -79,7 +80,7 @@ class LoopState:
                 f"the run store lacks rounds before round {ckpt.next_round} of checkpoint "
                 f"{ckpt.path}; it holds rounds {[r.round_idx for r in records]}"
             )
-        optimizer = ServerSGD(exp.algorithm.server_lr)
+        optimizer = optimizers.from_config(exp.cfg)
         optimizer.load_state_dict(ckpt.optimizer_state)
         if ckpt.torch_rng_state is not None:  # nothing reads it; restored for completeness
             torch.set_rng_state(ckpt.torch_rng_state)
