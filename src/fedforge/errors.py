@@ -25,3 +25,8 @@ class UploadError(FedforgeError):
 
 class StoreError(FedforgeError):
     """The run store cannot be read or written."""
+
+
+class AggregationError(FedforgeError):
+    """An aggregator cannot combine the updates it was given (e.g. Krum with
+    fewer than 2f + 3 of them)."""

@@ -1,0 +1,111 @@
+"""Norm bounding (Sun, Kairouz, Suresh, McMahan, "Can You Really Backdoor
+Federated Learning?", 2019) and centred clipping (Karimireddy, He, Jaggi,
+"Learning from History for Byzantine Robust Optimization", ICML 2021). Run on
+the server over the gathered ``[K, P]`` updates; trust no update's size.
+
+``NormBound``: every update is scaled to norm at most ``tau``, then averaged
+with FedAvg's ``num_examples`` weights (it is FedAvg on bounded updates: the
+defence is the bound; a client lying about its size still moves the model by at
+most its weight times ``tau``).
+``CentredClip``: starting from the previous round's aggregate v (zero at
+first), ``iterations`` times v <- v + mean_k clip_tau(u_k - v), one vote each.
+
+``tau`` is fixed (``bound``) or, with ``bound=None``, the median of the norms
+(distances to v for centred clipping) seen in the last ``window`` rounds, this
+round's included. Cross-round state (recent norms, previous aggregate) lives in
+the aggregator object; it is not yet in the checkpoint, so a resumed run starts
+it afresh.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import torch
+
+from fedforge.aggregators.common import Gathered, check_inputs
+from fedforge.aggregators.geomed import distances_to
+from fedforge.aggregators.mean import Accumulator
+from fedforge.errors import ConfigError
+
+
+class _Bound:
+    """A fixed bound, or the median of the norms of the last ``window`` rounds."""
+
+    def __init__(self, bound: float | None, window: int) -> None:
+        if bound is not None and not bound > 0:
+            raise ConfigError(f"norm bound {bound!r} is invalid: must be > 0, or null (adaptive)")
+        if window < 1:
+            raise ConfigError(f"norm window {window!r} is invalid: must be an integer >= 1")
+        self.bound = bound
+        self.recent: deque[list[float]] = deque(maxlen=window)
+
+    def tau(self, norms: torch.Tensor) -> float:
+        if self.bound is not None:
+            return self.bound
+        self.recent.append([float(x) for x in norms])
+        seen = torch.tensor([x for r in self.recent for x in r], dtype=torch.float64)
+        tau = float(seen.median())  # the lower middle value for an even count
+        return tau if tau > 0 else float("inf")
+
+
+def clip_factors(norms: torch.Tensor, tau: float) -> torch.Tensor:
+    """min(1, tau / norm) per row (1 for a zero row)."""
+    return (tau / norms.clamp(min=1e-300)).clamp(max=1.0)
+
+
+class NormBound:
+    """Clip each update to norm tau, then the num_examples-weighted mean."""
+
+    name = "norm_bound"
+    needs_individual = True
+    linear = False
+
+    def __init__(self, bound: float | None = None, window: int = 5) -> None:
+        self._bound = _Bound(bound, window)
+
+    def min_updates(self) -> int:
+        return 1
+
+    def aggregate(self, updates: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        check_inputs(updates, weights)
+        norms = updates.norm(dim=1)
+        scale = clip_factors(norms, self._bound.tau(norms)).to(updates.dtype)
+        w = weights.to(updates.dtype)
+        return ((w * scale) @ updates) / w.sum()
+
+    def start(self, size: int, dtype: torch.dtype) -> Accumulator:
+        return Gathered(self.aggregate)
+
+
+class CentredClip:
+    """Centred clipping around the previous aggregate, ``iterations`` times."""
+
+    name = "centred_clip"
+    needs_individual = True
+    linear = False
+
+    def __init__(self, bound: float | None = None, window: int = 5, iterations: int = 1) -> None:
+        if iterations < 1:
+            raise ConfigError(f"centred clip iterations {iterations!r} must be an integer >= 1")
+        self._bound = _Bound(bound, window)
+        self.iterations = iterations
+        self.centre: torch.Tensor | None = None
+
+    def min_updates(self) -> int:
+        return 1
+
+    def aggregate(self, updates: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        check_inputs(updates, weights)
+        k, p = updates.shape
+        v = torch.zeros(p, dtype=updates.dtype) if self.centre is None else self.centre.clone()
+        tau = self._bound.tau(distances_to(updates, v))
+        for _ in range(self.iterations):
+            s = clip_factors(distances_to(updates, v), tau).to(updates.dtype)
+            # v + mean_k s_k (u_k - v), without a [K, P] temporary
+            v = v + (s @ updates - s.sum() * v) / k
+        self.centre = v.clone()
+        return v
+
+    def start(self, size: int, dtype: torch.dtype) -> Accumulator:
+        return Gathered(self.aggregate)
