@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -22,7 +23,13 @@ from fedforge.rng import torch_generator
 from fedforge.stages.codec import Codec, Dense
 from fedforge.transport import wire
 
+if TYPE_CHECKING:
+    from fedforge.stages.validate import ClientGate
+
 ClientDataFn = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
+# A faulty encoder (simulation of an accident, fedforge.attacks): the codec's
+# tensors of one client in, what it really sends out.
+TamperFn = Callable[[dict[str, torch.Tensor], StageContext], dict[str, torch.Tensor]]
 
 
 @dataclass(frozen=True)
@@ -103,6 +110,8 @@ class ClientRuntime:
         data_fn: ClientDataFn,
         stages: Sequence[Stage] = (),
         codec: Codec | None = None,
+        gate: ClientGate | None = None,
+        tamper_fn: TamperFn | None = None,
     ) -> None:
         self.model = model
         self.spec = spec
@@ -110,6 +119,8 @@ class ClientRuntime:
         self.data_fn = data_fn
         self.stages = tuple(stages)
         self.codec: Codec = codec if codec is not None else Dense()
+        self.gate = gate  # withholds an update whose held-out loss rose
+        self.tamper_fn = tamper_fn
 
     def run(self, task: ClientTask, payload: bytes) -> bytes:
         """Decode the global model, train locally, encode the delta."""
@@ -123,11 +134,21 @@ class ClientRuntime:
 
     def finish(self, task: ClientTask, start: torch.Tensor, result: LocalResult, n: int) -> bytes:
         """The client stages after local training, then the encoded update."""
-        delta = result.params - start
         ctx = StageContext(task.round_idx, task.seed, task.client_id)
+        if self.gate is not None:
+            why = self.gate.check(
+                self.model, self.spec, self.algorithm.loss_fn, task.client_id, start, result.params
+            )
+            if why is not None:  # no delta leaves the client, only the reason
+                return wire.encode(
+                    {}, {"client_id": task.client_id, "round_idx": task.round_idx, "withheld": why}
+                )
+        delta = result.params - start
         for stage in self.stages:
             delta = stage.apply(delta, ctx)
         tensors, codec_meta = self.codec.encode(delta)
+        if self.tamper_fn is not None:
+            tensors = self.tamper_fn(tensors, ctx)
         meta = {
             **codec_meta,
             "client_id": task.client_id,

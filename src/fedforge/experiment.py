@@ -9,7 +9,6 @@ import torch
 from torch import nn
 
 from fedforge import algorithms
-from fedforge.aggregators import WeightedMean
 from fedforge.algorithms.base import Algorithm
 from fedforge.client import ClientRuntime
 from fedforge.config import Config
@@ -20,6 +19,7 @@ from fedforge.engines.vectorized import VectorizedEngine, unsupported_reason
 from fedforge.models import build_model
 from fedforge.params import ParamSpec
 from fedforge.pipeline import Pipeline
+from fedforge.robust import RobustParts, assemble
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -66,6 +66,7 @@ class Experiment:
     engine: Engine
     initial_params: torch.Tensor
     note: str | None = None  # a one-line remark for the user (e.g. an engine fallback)
+    robust: RobustParts | None = None  # aggregator, attackers and gates of cfg.robust
 
 
 def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
@@ -75,14 +76,23 @@ def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
     model = build_model(cfg.model, cfg.seed, dtype)
     spec = ParamSpec.of(model)
     algorithm = algorithms.from_config(cfg)
-    pipeline = Pipeline(aggregator=WeightedMean())
+    robust = assemble(cfg, data.client_data)
+    pipeline = Pipeline(
+        aggregator=robust.aggregator, client=robust.client_stages, cohort=robust.cohort_stages
+    )
     runtime = ClientRuntime(
-        model, spec, algorithm, data.client_data, pipeline.client, pipeline.codec
+        model,
+        spec,
+        algorithm,
+        robust.data_fn,
+        pipeline.client,
+        pipeline.codec,
+        gate=robust.gate,
+        tamper_fn=robust.tamper_fn,
     )
     engine, note = make_engine(cfg.engine, runtime)
-    return Experiment(
-        cfg, data, model, spec, algorithm, pipeline, engine, spec.flatten(model, dtype), note
-    )
+    params = spec.flatten(model, dtype)
+    return Experiment(cfg, data, model, spec, algorithm, pipeline, engine, params, note, robust)
 
 
 def make_engine(name: str, runtime: ClientRuntime) -> tuple[Engine, str | None]:

@@ -30,6 +30,7 @@ from fedforge.server.round import run_round
 from fedforge.server.state import LoopState, RunLock, StopSignals
 from fedforge.server.summary import format_summary, summarize_run
 from fedforge.store import (
+    AnomalyRecord,
     CheckpointError,
     RoundRecord,
     RunStore,
@@ -49,6 +50,7 @@ class RunResult:
     summary: dict[str, Any]
     run_dir: Path | None = None
     rejected: list[tuple[int, int, str]] = field(default_factory=list)  # round, client, why
+    skipped: list[tuple[int, str]] = field(default_factory=list)  # round, why
     stopped: str | None = None  # the signal that stopped the run early (e.g. 'SIGTERM')
 
 
@@ -169,7 +171,7 @@ def _rounds(
         state.total_bytes += record.bytes_up + record.bytes_down
         state.next_round += 1
         if run_store is not None:
-            run_store.record_round(record, clients)
+            run_store.record_round(record, clients, _anomalies(state, record.round_idx))
         bar.update(record.test_accuracy, record.test_loss, state.total_bytes)
         target = cfg.target_accuracy
         evaluated = record.test_accuracy is not None
@@ -190,4 +192,17 @@ def _rounds(
     seconds = state.seconds_before + time.perf_counter() - start
     evals = (state.eval_rounds, state.eval_accuracy)
     summary = summarize_run(exp, state.records, evals, seconds)
-    return RunResult(state.params, state.records, summary, rejected=state.rejected, stopped=stopped)
+    return RunResult(
+        state.params,
+        state.records,
+        summary,
+        rejected=state.rejected,
+        skipped=state.skipped,
+        stopped=stopped,
+    )
+
+
+def _anomalies(state: LoopState, round_idx: int) -> list[AnomalyRecord]:
+    """The refused updates and the skip (client None) of one round, for the store."""
+    found = [AnomalyRecord(r, c, why) for r, c, why in state.rejected if r == round_idx]
+    return found + [AnomalyRecord(r, None, why) for r, why in state.skipped if r == round_idx]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from fedforge.client import ClientTask
-from fedforge.errors import UploadError
+from fedforge.errors import AggregationError, UploadError
 from fedforge.evaluate import evaluate
 from fedforge.experiment import Experiment
 from fedforge.pipeline import CohortUpdates, StageContext
@@ -41,6 +41,8 @@ class Upload:
 def check_update(exp: Experiment, client_id: int, round_idx: int, data: bytes) -> Upload:
     """Decode one update and refuse anything that is not a well-formed delta."""
     msg = wire.decode(data)
+    if "withheld" in msg.meta:  # the client's own gate kept its update back
+        raise UploadError(f"withheld by the client: {msg.meta['withheld']!s:.300}")
     dtype = exp.initial_params.dtype
     delta = exp.pipeline.codec.decode(msg.tensors, msg.meta, exp.spec.size, dtype)
     if tuple(delta.shape) != (exp.spec.size,) or delta.dtype != dtype:
@@ -68,6 +70,18 @@ def _reject(state: LoopState, bar: Progress, round_idx: int, client_id: int, why
     bar.write(f"round {round_idx}: update of client {client_id} rejected: {why}")
 
 
+def _skip(state: LoopState, bar: Progress, round_idx: int, why: str) -> None:
+    state.skipped.append((round_idx, why))
+    bar.write(f"round {round_idx}: skipped, the global model is unchanged: {why}")
+
+
+def _too_few(exp: Experiment, accepted: int) -> str | None:
+    need = exp.cfg.robust.min_clients
+    if accepted < need:
+        return f"only {accepted} accepted update(s), fewer than min_clients = {need}"
+    return None
+
+
 def _gathered_aggregate(
     exp: Experiment, uploads: list[Upload], state: LoopState, round_idx: int, bar: Progress
 ) -> tuple[torch.Tensor | None, set[int]]:
@@ -88,7 +102,16 @@ def _gathered_aggregate(
             _reject(state, bar, round_idx, client_id, f"{stage.name}: {why}")
     if not cohort.client_ids:
         return None, set()
-    return exp.pipeline.aggregator.aggregate(cohort.updates, cohort.weights), set(cohort.client_ids)
+    too_few = _too_few(exp, len(cohort.client_ids))
+    if too_few is not None:
+        _skip(state, bar, round_idx, too_few)
+        return None, set()
+    try:
+        aggregate = exp.pipeline.aggregator.aggregate(cohort.updates, cohort.weights)
+    except AggregationError as exc:  # e.g. Krum left with fewer than 2f + 3 updates
+        _skip(state, bar, round_idx, str(exc))
+        return None, set()
+    return aggregate, set(cohort.client_ids)
 
 
 def run_round(
@@ -129,14 +152,18 @@ def run_round(
             gathered.append(up)
     if acc is not None:
         aggregate = acc.result() if acc.count else None
+        why = _too_few(exp, acc.count) if acc.count else None
+        if why is not None:
+            aggregate, clients = None, {}
+            _skip(state, bar, round_idx, why)
     else:
         aggregate, used = _gathered_aggregate(exp, gathered, state, round_idx, bar)
         clients = {c: r for c, r in clients.items() if c in used}
     if aggregate is not None:
         aggregate = pipeline.run_aggregate(aggregate, StageContext(round_idx, cfg.seed))
         state.params = state.optimizer.step(params, aggregate)
-    else:
-        bar.write(f"round {round_idx}: no valid update; the global model is unchanged")
+    elif not state.skipped or state.skipped[-1][0] != round_idx:
+        _skip(state, bar, round_idx, "no valid update")
     test_acc = test_loss = None
     if (round_idx + 1) % cfg.eval_every == 0 or round_idx == cfg.rounds - 1:
         data = exp.data

@@ -35,6 +35,7 @@ class LoopState:
     eval_rounds: list[int] = field(default_factory=list)  # rounds done when evaluated
     eval_accuracy: list[float] = field(default_factory=list)
     rejected: list[tuple[int, int, str]] = field(default_factory=list)  # round, client, why
+    skipped: list[tuple[int, str]] = field(default_factory=list)  # round, why (model unchanged)
     total_bytes: int = 0  # up + down so far
     seconds_before: float = 0.0  # wall time of earlier sessions of this run
     client_state: ClientStateStore | None = None  # none until a stage keeps per-client state
@@ -48,6 +49,7 @@ class LoopState:
             "eval_rounds": self.eval_rounds,
             "eval_accuracy": self.eval_accuracy,  # JSON floats round-trip exactly
             "rejected": [list(r) for r in self.rejected],
+            "skipped": [list(r) for r in self.skipped],
             "total_bytes": self.total_bytes,
             "wall_seconds": self.seconds_before + session_seconds,
         }
@@ -93,6 +95,7 @@ class LoopState:
             eval_rounds=[int(r) for r in loop["eval_rounds"]],
             eval_accuracy=[float(a) for a in loop["eval_accuracy"]],
             rejected=[(int(r), int(c), str(w)) for r, c, w in loop["rejected"]],
+            skipped=[(int(r), str(w)) for r, w in loop.get("skipped", [])],
             total_bytes=int(loop["total_bytes"]),
             seconds_before=float(loop["wall_seconds"]),
             client_state=client_state,

@@ -15,6 +15,7 @@ from fedforge.store.client_state import (
     make_state_store,
 )
 from fedforge.store.runstore import (
+    AnomalyRecord,
     ClientRecord,
     RoundRecord,
     RunInfo,
@@ -27,6 +28,7 @@ from fedforge.store.runstore import (
 )
 
 __all__ = [
+    "AnomalyRecord",
     "Checkpoint",
     "CheckpointError",
     "ClientRecord",

@@ -32,7 +32,8 @@ from typing import Any
 from fedforge.config import Config, dump, from_dict, to_dict
 from fedforge.errors import ConfigError, StoreError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2 added ``anomalies``; a version-1 store gets it on its first write
+READABLE_VERSIONS = (1, 2)
 STATUSES = ("running", "finished", "failed")
 DB_NAME, CONFIG_NAME, METRICS_NAME = "store.sqlite", "config.yaml", "metrics.jsonl"
 _RUN_DIR = re.compile(r"^(\d{8}-\d{6})-(.+)-([0-9a-f]{6})$")
@@ -49,6 +50,10 @@ CREATE TABLE client_rounds (round_idx INTEGER NOT NULL, client_id INTEGER NOT NU
     num_examples INTEGER NOT NULL, train_loss REAL, update_norm REAL, bytes_up INTEGER NOT NULL,
     bytes_down INTEGER NOT NULL, PRIMARY KEY (round_idx, client_id));
 """
+# Every refused update (client id and reason) and every skipped round (client_id
+# NULL): a client's anomaly history. IF NOT EXISTS: version-1 stores gain it.
+_ANOMALIES = """CREATE TABLE IF NOT EXISTS anomalies (round_idx INTEGER NOT NULL,
+    client_id INTEGER, reason TEXT NOT NULL)"""
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,16 @@ class ClientRecord:
     update_norm: float
     bytes_up: int
     bytes_down: int
+
+
+@dataclass(frozen=True)
+class AnomalyRecord:
+    """One row of ``anomalies``: an update refused (client id and why) or, with
+    ``client_id`` None, a round skipped (why)."""
+
+    round_idx: int
+    client_id: int | None
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -143,7 +158,7 @@ class RunStore:
         conn = _connect(path / DB_NAME, create=True)
         try:
             conn.executescript(
-                f"BEGIN IMMEDIATE; {_SCHEMA} PRAGMA user_version = {SCHEMA_VERSION};"
+                f"BEGIN IMMEDIATE; {_SCHEMA} {_ANOMALIES}; PRAGMA user_version = {SCHEMA_VERSION};"
             )
             conn.execute(
                 "INSERT INTO runs VALUES (?, ?, ?, 'running', ?, NULL)",
@@ -172,7 +187,8 @@ class RunStore:
         try:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             count = conn.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
-            problem = "" if (version, count) == (SCHEMA_VERSION, 1) else "unexpected content"
+            ok = version in READABLE_VERSIONS and count == 1
+            problem = "" if ok else "unexpected content"
             problem += f" (schema version {version}, {count} run rows)" if problem else ""
         except sqlite3.Error as exc:
             problem = str(exc)
@@ -192,10 +208,19 @@ class RunStore:
         self.close()
 
     # ------------------------------------------------------------------ writing
-    def record_round(self, round_row: RoundRecord, clients: Sequence[ClientRecord]) -> None:
-        """Write a round and its client rows in one transaction (replacing an earlier
-        copy of the same round), then append one line to ``metrics.jsonl``."""
-        stray = [c.client_id for c in clients if c.round_idx != round_row.round_idx]
+    def record_round(
+        self,
+        round_row: RoundRecord,
+        clients: Sequence[ClientRecord],
+        anomalies: Sequence[AnomalyRecord] = (),
+    ) -> None:
+        """Write a round, its client rows and its anomalies in one transaction
+        (replacing an earlier copy of the same round), then append one line to
+        ``metrics.jsonl``."""
+        stray: list[int | None] = [
+            c.client_id for c in clients if c.round_idx != round_row.round_idx
+        ]
+        stray += [a.client_id for a in anomalies if a.round_idx != round_row.round_idx]
         if stray:
             raise StoreError(f"clients {stray} are not from round {round_row.round_idx}")
         if round_row.created is None:
@@ -207,6 +232,12 @@ class RunStore:
                 self._conn.execute(_INSERT_ROUND, dataclasses.astuple(round_row))
                 self._conn.execute("DELETE FROM client_rounds WHERE round_idx = ?", (idx,))
                 self._conn.executemany(_INSERT_CLIENT, [dataclasses.astuple(c) for c in clients])
+                self._conn.execute(_ANOMALIES)
+                self._conn.execute("DELETE FROM anomalies WHERE round_idx = ?", (idx,))
+                self._conn.executemany(
+                    "INSERT INTO anomalies VALUES (?, ?, ?)",
+                    [dataclasses.astuple(a) for a in anomalies],
+                )
                 self._conn.execute("COMMIT")
             except BaseException:
                 if self._conn.in_transaction:
@@ -235,6 +266,8 @@ class RunStore:
             try:
                 self._conn.execute("DELETE FROM rounds WHERE round_idx >= ?", (next_round,))
                 self._conn.execute("DELETE FROM client_rounds WHERE round_idx >= ?", (next_round,))
+                self._conn.execute(_ANOMALIES)
+                self._conn.execute("DELETE FROM anomalies WHERE round_idx >= ?", (next_round,))
                 self._conn.execute("UPDATE runs SET status = 'running', summary_json = NULL")
                 self._conn.execute("COMMIT")
             except BaseException:
@@ -316,6 +349,27 @@ class RunStore:
             sql, args = sql + " WHERE round_idx = ?", (round_idx,)
         rows = self._query(sql + " ORDER BY round_idx, client_id", args)
         return [ClientRecord(*row) for row in rows]
+
+    def anomalies(self, client_id: int | None = None) -> list[AnomalyRecord]:
+        """Refused updates and skipped rounds (of one client when ``client_id`` is
+        given), in round order."""
+        if not self._query("SELECT 1 FROM sqlite_master WHERE name = 'anomalies'"):
+            return []  # a version-1 store never written by this version
+        sql = "SELECT round_idx, client_id, reason FROM anomalies"
+        args: tuple[Any, ...] = ()
+        if client_id is not None:
+            sql, args = sql + " WHERE client_id = ?", (client_id,)
+        rows = self._query(sql + " ORDER BY round_idx, client_id, rowid", args)
+        return [AnomalyRecord(*row) for row in rows]
+
+    def anomaly_counts(self) -> dict[int, int]:
+        """How many of each client's updates were refused (clients never refused
+        are absent): what makes a repeatedly anomalous client visible."""
+        counts: dict[int, int] = {}
+        for a in self.anomalies():
+            if a.client_id is not None:
+                counts[a.client_id] = counts.get(a.client_id, 0) + 1
+        return counts
 
 
 def read_metrics(path: Path | str) -> list[dict[str, Any]]:
