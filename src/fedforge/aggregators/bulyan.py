@@ -20,8 +20,10 @@ from fedforge.aggregators.common import (
     by_columns,
     check_inputs,
     refuse_below,
+    sort_columns,
     sorted_median,
     squared_distances,
+    stable_argsort_columns,
 )
 from fedforge.aggregators.krum import _check_f, krum_scores
 from fedforge.aggregators.mean import Accumulator
@@ -61,9 +63,9 @@ class Bulyan:
         beta = chosen.shape[0] - 2 * f
 
         def closest_mean(block: torch.Tensor) -> torch.Tensor:
-            s = block.sort(dim=0).values
+            s = sort_columns(block)
             # stable: of two values equally far from the median the lower one wins
-            near = torch.sort((s - sorted_median(s)).abs(), dim=0, stable=True).indices[:beta]
+            near = stable_argsort_columns((s - sorted_median(s)).abs())[:beta]
             return s.gather(0, near).mean(dim=0)
 
         return by_columns(chosen, closest_mean)

@@ -15,7 +15,13 @@ import math
 
 import torch
 
-from fedforge.aggregators.common import Gathered, by_columns, check_inputs, sorted_median
+from fedforge.aggregators.common import (
+    Gathered,
+    by_columns,
+    check_inputs,
+    sort_columns,
+    sorted_median,
+)
 from fedforge.aggregators.mean import Accumulator
 from fedforge.errors import ConfigError
 
@@ -32,7 +38,7 @@ class Median:
 
     def aggregate(self, updates: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         check_inputs(updates, weights)
-        return by_columns(updates, lambda block: sorted_median(block.sort(dim=0).values))
+        return by_columns(updates, lambda block: sorted_median(sort_columns(block)))
 
     def start(self, size: int, dtype: torch.dtype) -> Accumulator:
         return Gathered(self.aggregate)
@@ -63,7 +69,7 @@ class TrimmedMean:
         b = self.trimmed(k)
         if b == 0:
             return updates.mean(dim=0)
-        return by_columns(updates, lambda block: block.sort(dim=0).values[b : k - b].mean(dim=0))
+        return by_columns(updates, lambda block: sort_columns(block)[b : k - b].mean(dim=0))
 
     def start(self, size: int, dtype: torch.dtype) -> Accumulator:
         return Gathered(self.aggregate)
