@@ -20,7 +20,7 @@ from fedforge.algorithms.base import Algorithm, LocalPlan, LossFn
 from fedforge.params import ParamSpec
 from fedforge.pipeline import Stage, StageContext
 from fedforge.rng import torch_generator
-from fedforge.stages.codec import Codec, Dense
+from fedforge.stages.codec import Codec, CodecContext, Dense
 from fedforge.transport import wire
 
 if TYPE_CHECKING:
@@ -112,6 +112,7 @@ class ClientRuntime:
         codec: Codec | None = None,
         gate: ClientGate | None = None,
         tamper_fn: TamperFn | None = None,
+        downlink: Codec | None = None,
     ) -> None:
         self.model = model
         self.spec = spec
@@ -121,16 +122,22 @@ class ClientRuntime:
         self.codec: Codec = codec if codec is not None else Dense()
         self.gate = gate  # withholds an update whose held-out loss rose
         self.tamper_fn = tamper_fn
+        self.downlink = downlink  # the payload's codec; None: parameters as they are
 
     def run(self, task: ClientTask, payload: bytes) -> bytes:
         """Decode the global model, train locally, encode the delta."""
-        start = decode_payload(payload)
+        start = self.start_params(payload)
         x, y = self.data_fn(task.client_id)
         gen = minibatch_generator(task)
         result = local_sgd(
             self.model, self.spec, start, x, y, task.plan, self.algorithm.loss_fn, gen
         )
         return self.finish(task, start, result, len(y))
+
+    def start_params(self, payload: bytes) -> torch.Tensor:
+        """The global parameters the payload carries, as this client decodes them."""
+        dtype = next(iter(self.model.parameters())).dtype  # the run's dtype
+        return decode_payload(payload, self.downlink, self.spec.size, dtype)
 
     def finish(self, task: ClientTask, start: torch.Tensor, result: LocalResult, n: int) -> bytes:
         """The client stages after local training, then the encoded update."""
@@ -146,7 +153,8 @@ class ClientRuntime:
         delta = result.params - start
         for stage in self.stages:
             delta = stage.apply(delta, ctx)
-        tensors, codec_meta = self.codec.encode(delta)
+        codec_ctx = CodecContext(task.seed, task.round_idx, task.client_id)
+        tensors, codec_meta = self.codec.encode(delta, codec_ctx)
         if self.tamper_fn is not None:
             tensors = self.tamper_fn(tensors, ctx)
         meta = {
@@ -162,9 +170,30 @@ class ClientRuntime:
         return wire.encode(tensors, meta)
 
 
-def decode_payload(payload: bytes) -> torch.Tensor:
-    """The global parameters carried by a payload."""
-    return wire.decode(payload).tensors["params"]
+def encode_payload(
+    params: torch.Tensor, round_idx: int, codec: Codec | None = None, seed: int = 0
+) -> bytes:
+    """The payload of a round: the global parameters, as they are or by ``codec``."""
+    if codec is None:
+        return wire.encode({"params": params}, {"round_idx": round_idx})
+    tensors, meta = codec.encode(params, CodecContext(seed, round_idx))
+    return wire.encode(tensors, {**meta, "round_idx": round_idx})
+
+
+def decode_payload(
+    payload: bytes,
+    codec: Codec | None = None,
+    size: int | None = None,
+    dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """The global parameters carried by a payload (``codec``: how they were encoded,
+    into ``size`` parameters of ``dtype``)."""
+    msg = wire.decode(payload)
+    if codec is None:
+        return msg.tensors["params"]
+    if size is None or dtype is None:
+        raise ValueError("decoding a compressed payload needs the model's size and dtype")
+    return codec.decode(msg.tensors, msg.meta, size, dtype)
 
 
 def minibatch_generator(task: ClientTask) -> torch.Generator:

@@ -98,6 +98,31 @@ class RobustConfig:
     holdout_fraction: float = 0.1  # client_gate: the held-out slice of each client
 
 
+UplinkCodec = Literal[
+    "dense", "float16", "bfloat16", "int8", "int4", "int2", "sign", "topk", "randk"
+]
+DownlinkCodec = Literal["dense", "float16", "bfloat16", "int8", "int4"]
+
+
+@dataclass(frozen=True)
+class CommunicationConfig:
+    """What travels and how often (see fedforge.stages.quantize, .sparsify,
+    .feedback, .clip and fedforge.server.hierarchy)."""
+
+    uplink: UplinkCodec = "dense"  # the codec of client updates
+    downlink: DownlinkCodec = "dense"  # the codec of the payload (the global model)
+    rounding: Literal["stochastic", "nearest"] = "stochastic"  # int*, sign
+    scale: Literal["chunk", "tensor"] = "chunk"  # int*, sign: one scale per chunk or tensor
+    chunk_size: int = 1024  # scale: chunk
+    fraction: float = 0.01  # topk, randk: p, the fraction of coordinates sent
+    randk_per_client: bool = False  # randk: a set per client (false: one per round, linear)
+    error_feedback: bool = False  # keep what the uplink codec dropped, add it next time
+    clip_norm: float | None = None  # clip each delta to this L2 norm; null = off
+    upload_every: int = 1  # k: a cohort trains k rounds locally, then uploads once
+    groups: int = 0  # hierarchical aggregation over this many edge groups; 0 = off
+    group_by: Literal["contiguous", "label"] = "contiguous"  # client -> group
+
+
 @dataclass(frozen=True)
 class Config:
     """One run. Frozen: derive a changed copy with :func:`override`."""
@@ -118,6 +143,7 @@ class Config:
     server_lr: float = 1.0  # server SGD on the pseudo-gradient; 1.0 is FedAvg
     server_optimizer: ServerOptimizerConfig = field(default_factory=ServerOptimizerConfig)
     robust: RobustConfig = field(default_factory=RobustConfig)
+    communication: CommunicationConfig = field(default_factory=CommunicationConfig)
     rounds: int = 60
     target_accuracy: float | None = 0.99
     eval_every: int = 1
@@ -133,6 +159,7 @@ class Config:
             object.__setattr__(self, "local_epochs", 1)
             object.__setattr__(self, "batch_size", None)
         _validate(self)
+        _validate_communication(self)
 
 
 _FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
@@ -283,6 +310,42 @@ def _validate_robust(r: RobustConfig) -> None:
     for name, value, ok, allowed in checks:
         if not ok:
             raise _fail("robust." + name, value, allowed)
+
+
+def _validate_communication(cfg: Config) -> None:
+    com = cfg.communication
+    checks: list[tuple[str, Any, bool, str]] = [
+        ("chunk_size", com.chunk_size, com.chunk_size >= 1, "must be an integer >= 1"),
+        (
+            "fraction",
+            com.fraction,
+            0.0 < com.fraction <= 1.0,
+            "must be in (0, 1] (top-k/random-k keep max(1, floor(fraction * P)) coordinates)",
+        ),
+        (
+            "clip_norm",
+            com.clip_norm,
+            com.clip_norm is None or com.clip_norm > 0.0,
+            "must be a number > 0, or null (no clipping)",
+        ),
+        ("upload_every", com.upload_every, com.upload_every >= 1, "must be an integer >= 1"),
+        (
+            "groups",
+            com.groups,
+            0 <= com.groups <= cfg.num_clients,
+            f"must be 0 (off) or 1..num_clients ({cfg.num_clients})",
+        ),
+        (
+            "error_feedback",
+            com.error_feedback,
+            not com.error_feedback or com.uplink != "dense",
+            "needs a lossy uplink codec (dense drops nothing); allowed with: "
+            "float16, bfloat16, int8, int4, int2, sign, topk, randk",
+        ),
+    ]
+    for name, value, ok, allowed in checks:
+        if not ok:
+            raise _fail("communication." + name, value, allowed)
 
 
 # ----------------------------------------------------------------------------- parsing

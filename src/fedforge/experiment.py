@@ -8,9 +8,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from fedforge import algorithms
+from fedforge import algorithms, communication
 from fedforge.algorithms.base import Algorithm
 from fedforge.client import ClientRuntime
+from fedforge.communication import CommunicationParts
 from fedforge.config import Config
 from fedforge.data import Partition, load_mnist, make_partition
 from fedforge.engines import Engine
@@ -67,6 +68,7 @@ class Experiment:
     initial_params: torch.Tensor
     note: str | None = None  # a one-line remark for the user (e.g. an engine fallback)
     robust: RobustParts | None = None  # aggregator, attackers and gates of cfg.robust
+    comm: CommunicationParts | None = None  # codecs, residuals, groups of cfg.communication
 
 
 def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
@@ -77,9 +79,14 @@ def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
     spec = ParamSpec.of(model)
     algorithm = algorithms.from_config(cfg)
     robust = assemble(cfg, data.client_data)
+    comm = communication.assemble(cfg, spec, dtype, data.partition, data.train_y)
     pipeline = Pipeline(
-        aggregator=robust.aggregator, client=robust.client_stages, cohort=robust.cohort_stages
+        aggregator=robust.aggregator,
+        client=(*comm.client_stages, *robust.client_stages),
+        codec=comm.uplink,
+        cohort=robust.cohort_stages,
     )
+    communication.check_pipeline(cfg, pipeline)
     runtime = ClientRuntime(
         model,
         spec,
@@ -89,10 +96,13 @@ def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
         pipeline.codec,
         gate=robust.gate,
         tamper_fn=robust.tamper_fn,
+        downlink=comm.downlink,
     )
     engine, note = make_engine(cfg.engine, runtime)
     params = spec.flatten(model, dtype)
-    return Experiment(cfg, data, model, spec, algorithm, pipeline, engine, params, note, robust)
+    return Experiment(
+        cfg, data, model, spec, algorithm, pipeline, engine, params, note, robust, comm
+    )
 
 
 def make_engine(name: str, runtime: ClientRuntime) -> tuple[Engine, str | None]:

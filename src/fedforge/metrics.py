@@ -39,3 +39,14 @@ def rounds_to_target(
             r0, a0, r1 = rounds[i - 1], curve[i - 1], rounds[i]
             return float(r0 + (target - a0) / (acc - a0) * (r1 - r0))
     return None
+
+
+def bytes_at(rounds_done: float, per_round: Sequence[int]) -> float:
+    """Cumulative bytes after ``rounds_done`` rounds, ``per_round[i]`` being round
+    i's bytes; a fractional count (an interpolated rounds-to-target) takes that
+    fraction of the next round's bytes."""
+    whole = min(int(rounds_done), len(per_round))
+    done = float(sum(per_round[:whole]))
+    if whole < len(per_round):
+        done += (rounds_done - whole) * per_round[whole]
+    return done

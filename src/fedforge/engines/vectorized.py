@@ -25,7 +25,6 @@ from fedforge.client import (
     ClientTask,
     ClientUpload,
     LocalResult,
-    decode_payload,
     minibatch_generator,
     minibatches,
 )
@@ -180,7 +179,7 @@ class VectorizedEngine:
         if not tasks:
             return
         rt = self.runtime
-        start = decode_payload(payload)
+        start = rt.start_params(payload)
         lo = 0
         while lo < len(tasks):
             t0 = time.perf_counter()

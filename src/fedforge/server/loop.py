@@ -87,7 +87,9 @@ def resume(
             raise CheckpointError(f"run '{run_store.path}' is finished; there is nothing to resume")
         exp = build(run_store.config(), data)
         lock.acquire()  # refuses while another process still writes the run
-        state = LoopState.from_checkpoint(exp, load_latest(run_store.path), run_store.rounds())
+        store = exp.comm.client_state if exp.comm is not None else None  # EF residuals
+        ckpt = load_latest(run_store.path, store)
+        state = LoopState.from_checkpoint(exp, ckpt, run_store.rounds(), store)
         run_store.rewind(state.next_round)
     except BaseException:
         lock.release()

@@ -15,14 +15,17 @@ from dataclasses import dataclass
 
 import torch
 
-from fedforge.client import ClientTask
+from fedforge.client import ClientTask, encode_payload
 from fedforge.errors import AggregationError, UploadError
 from fedforge.evaluate import evaluate
 from fedforge.experiment import Experiment
 from fedforge.pipeline import CohortUpdates, StageContext
 from fedforge.report.progress import Progress
+from fedforge.server.hierarchy import Edges
+from fedforge.server.periods import period_plan, upload_period
 from fedforge.server.sampling import sample_cohort
 from fedforge.server.state import LoopState
+from fedforge.stages.codec import CodecContext
 from fedforge.store import ClientRecord, RoundRecord
 from fedforge.transport import wire
 
@@ -44,7 +47,8 @@ def check_update(exp: Experiment, client_id: int, round_idx: int, data: bytes) -
     if "withheld" in msg.meta:  # the client's own gate kept its update back
         raise UploadError(f"withheld by the client: {msg.meta['withheld']!s:.300}")
     dtype = exp.initial_params.dtype
-    delta = exp.pipeline.codec.decode(msg.tensors, msg.meta, exp.spec.size, dtype)
+    ctx = CodecContext(exp.cfg.seed, round_idx, client_id)
+    delta = exp.pipeline.codec.decode(msg.tensors, msg.meta, exp.spec.size, dtype, ctx)
     if tuple(delta.shape) != (exp.spec.size,) or delta.dtype != dtype:
         raise UploadError(
             f"decoded delta has shape {tuple(delta.shape)} and dtype {delta.dtype}; "
@@ -114,18 +118,48 @@ def _gathered_aggregate(
     return aggregate, set(cohort.client_ids)
 
 
+FLOAT32_BYTES = 4  # paper_bytes: what dense float32 messages would cost (2 |w| K 4)
+
+
+def _local_round(exp: Experiment, round_idx: int, start: int, t0: float) -> RoundRecord:
+    """A round inside an upload period (``upload_every`` > 1): its cohort trains
+    locally (the work is done with the period's last round), nothing travels."""
+    cfg = exp.cfg
+    cohort = sample_cohort(cfg.num_clients, cfg.client_fraction, cfg.seed, start)
+    return RoundRecord(
+        round_idx=round_idx,
+        cohort_size=len(cohort),
+        train_loss=float("nan"),
+        test_accuracy=None,
+        test_loss=None,
+        bytes_up=0,
+        bytes_down=0,
+        paper_bytes=0,
+        lr=exp.algorithm.plan(start).lr,
+        seconds=time.perf_counter() - t0,
+    )
+
+
 def run_round(
     exp: Experiment, state: LoopState, round_idx: int, bar: Progress
 ) -> tuple[RoundRecord, list[ClientRecord]]:
     """One round: cohort, payload, client work, checks, aggregate, step, evaluation."""
     cfg, params, pipeline = exp.cfg, state.params, exp.pipeline
     t0 = time.perf_counter()
-    cohort = sample_cohort(cfg.num_clients, cfg.client_fraction, cfg.seed, round_idx)
-    plan = exp.algorithm.plan(round_idx)
-    payload = wire.encode({"params": params}, {"round_idx": round_idx})
+    start, end = upload_period(round_idx, cfg.communication.upload_every, cfg.rounds)
+    if round_idx != end:  # the period's cohort trains locally: nothing travels
+        return _local_round(exp, round_idx, start, t0), []
+    cohort = sample_cohort(cfg.num_clients, cfg.client_fraction, cfg.seed, start)
+    plan = period_plan(exp.algorithm, start, end)
+    comm = exp.comm
+    payload = encode_payload(params, round_idx, comm.downlink if comm else None, cfg.seed)
     tasks = [ClientTask(c, round_idx, plan, cfg.seed) for c in cohort]
     # Streaming: a running sum, O(model) memory. Otherwise: gather the cohort.
     acc = pipeline.aggregator.start(exp.spec.size, params.dtype) if pipeline.streams else None
+    edges = None  # hierarchical: client updates go to their group's edge first
+    if comm is not None and comm.group_of is not None and acc is not None:
+        edges = Edges(comm.group_of, exp.spec.size, params.dtype)
+    hops = len(edges.groups_of(cohort)) if edges is not None else 0  # server <-> edge messages
     gathered: list[Upload] = []
     clients: dict[int, ClientRecord] = {}
     bytes_up = 0
@@ -146,10 +180,14 @@ def run_round(
             up.nbytes,
             len(payload),
         )
-        if acc is not None:
+        if edges is not None:
+            edges.add(up.client_id, up.delta, float(up.num_examples))
+        elif acc is not None:
             acc.add(up.delta, float(up.num_examples))
         else:
             gathered.append(up)
+    if edges is not None and acc is not None:
+        bytes_up += edges.forward(acc, round_idx)
     if acc is not None:
         aggregate = acc.result() if acc.count else None
         why = _too_few(exp, acc.count) if acc.count else None
@@ -184,8 +222,8 @@ def run_round(
         test_accuracy=test_acc,
         test_loss=test_loss,
         bytes_up=bytes_up,
-        bytes_down=len(payload) * len(cohort),
-        paper_bytes=2 * exp.spec.size * len(cohort) * params.element_size(),
+        bytes_down=len(payload) * (len(cohort) + hops),
+        paper_bytes=2 * FLOAT32_BYTES * exp.spec.size * (len(cohort) + hops),
         lr=plan.lr,
         seconds=time.perf_counter() - t0,
     )

@@ -42,7 +42,10 @@ class LoopState:
 
     @classmethod
     def fresh(cls, exp: Experiment) -> LoopState:
-        return cls(exp.initial_params.clone(), optimizers.from_config(exp.cfg))
+        store = exp.comm.client_state if exp.comm is not None else None
+        if store is not None:
+            store.clear()  # a new run starts from zero residuals
+        return cls(exp.initial_params.clone(), optimizers.from_config(exp.cfg), client_state=store)
 
     def checkpoint(self, session_seconds: float) -> Checkpoint:
         loop: dict[str, Any] = {

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from fedforge.experiment import Experiment
-from fedforge.metrics import rounds_to_target
+from fedforge.metrics import bytes_at, rounds_to_target
 from fedforge.report.progress import format_bytes
 from fedforge.store import RoundRecord
 
@@ -22,6 +22,9 @@ def summarize_run(
     target = cfg.target_accuracy
     rtt = rounds_to_target(evals[0], evals[1], target) if target is not None else None
     final = next((r for r in reversed(records) if r.test_accuracy is not None), None)
+    up = [r.bytes_up for r in records]
+    both = [r.bytes_up + r.bytes_down for r in records]
+    float32_one_way = sum(r.paper_bytes for r in records) / 2  # dense float32, one direction
     return {
         "rounds_done": len(records),
         "target_accuracy": target,
@@ -32,6 +35,11 @@ def summarize_run(
         "bytes_up": sum(r.bytes_up for r in records),
         "bytes_down": sum(r.bytes_down for r in records),
         "paper_bytes": sum(r.paper_bytes for r in records),
+        # compression: dense float32 bytes of the same messages over the real bytes
+        "uplink_ratio": float32_one_way / sum(up) if sum(up) else None,
+        "downlink_ratio": float32_one_way / (sum(both) - sum(up)) if sum(both) > sum(up) else None,
+        "bytes_to_target": bytes_at(rtt, both) if rtt is not None else None,
+        "bytes_up_to_target": bytes_at(rtt, up) if rtt is not None else None,
         "wall_seconds": seconds,
         "num_params": exp.spec.size,
         "pipeline": exp.pipeline.describe(),
@@ -57,6 +65,19 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"(paper estimate 2|w|Kb: {format_bytes(summary['paper_bytes'])})",
         f"wall time        {summary['wall_seconds']:.1f} s",
     ]
+    ratio_up, ratio_down = summary.get("uplink_ratio"), summary.get("downlink_ratio")
+    if ratio_up is not None and ratio_down is not None:
+        lines.insert(
+            2,
+            f"vs float32       {ratio_up:.2f}x fewer bytes up, {ratio_down:.2f}x fewer down",
+        )
+    to_target = summary.get("bytes_to_target")
+    if to_target is not None:
+        lines.insert(
+            2,
+            f"bytes to target  {format_bytes(to_target)} "
+            f"(up {format_bytes(summary['bytes_up_to_target'])})",
+        )
     if summary.get("run_dir"):
         lines.append(f"run files        {summary['run_dir']}")
     return "\n".join(lines)

@@ -3,19 +3,39 @@
 A codec is the client's last stage and the server's first: ``encode`` gives
 the named tensors (and metadata) the wire format carries, ``decode`` rebuilds
 the ``[P]`` delta and refuses anything malformed with an :class:`UploadError`.
-``Dense`` sends the delta as it is; compression codecs (quantisation,
-sparsification) implement the same protocol. Runs on both sides; the decode
+``Dense`` sends the delta as it is; compression codecs (``quantize.py``,
+``sparsify.py``) implement the same protocol and name themselves in the
+message meta (``"codec"``), which ``decode`` checks. A :class:`CodecContext`
+(seed, round, client) gives randomised codecs their derived generator and lets
+random-k rebuild its index set on the server. Runs on both sides; the decode
 side trusts nothing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
 from fedforge.errors import UploadError
+from fedforge.rng import torch_generator
+
+
+@dataclass(frozen=True)
+class CodecContext:
+    """Where a message is encoded or decoded: the run seed, the round and the
+    client (``None`` for a message of the server: the payload, an edge update)."""
+
+    seed: int
+    round_idx: int
+    client_id: int | None = None
+
+    def generator(self, purpose: str) -> torch.Generator:
+        """The derived generator of ``purpose`` for this round and client."""
+        who = "server" if self.client_id is None else self.client_id
+        return torch_generator(self.seed, purpose, self.round_idx, who)
 
 
 class Codec(Protocol):
@@ -23,8 +43,11 @@ class Codec(Protocol):
 
     name: str
     linear: bool  # decode(encode(a)) + decode(encode(b)) == decode(encode(a + b))
+    lossy: bool  # decode(encode(x)) may differ from x
 
-    def encode(self, delta: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str, Any]]: ...
+    def encode(
+        self, delta: torch.Tensor, ctx: CodecContext | None = None
+    ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]: ...
 
     def decode(
         self,
@@ -32,7 +55,22 @@ class Codec(Protocol):
         meta: Mapping[str, Any],
         size: int,
         dtype: torch.dtype,
+        ctx: CodecContext | None = None,
     ) -> torch.Tensor: ...
+
+
+def need_context(ctx: CodecContext | None, codec: str) -> CodecContext:
+    """``ctx``, which a randomised codec cannot do without (a programming error)."""
+    if ctx is None:
+        raise ValueError(f"codec '{codec}' draws random numbers and needs a CodecContext")
+    return ctx
+
+
+def expect_codec(meta: Mapping[str, Any], name: str) -> None:
+    """Refuse an update whose header does not name codec ``name``."""
+    got = meta.get("codec")
+    if got != name:
+        raise UploadError(f"wrong header: update encoded by codec {got!r:.40}; expected '{name}'")
 
 
 def expect_tensor(
@@ -57,8 +95,11 @@ class Dense:
 
     name = "dense"
     linear = True
+    lossy = False
 
-    def encode(self, delta: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    def encode(
+        self, delta: torch.Tensor, ctx: CodecContext | None = None
+    ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         return {"delta": delta}, {}
 
     def decode(
@@ -67,5 +108,6 @@ class Dense:
         meta: Mapping[str, Any],
         size: int,
         dtype: torch.dtype,
+        ctx: CodecContext | None = None,
     ) -> torch.Tensor:
         return expect_tensor(tensors, "delta", (size,), dtype)

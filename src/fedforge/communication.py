@@ -1,0 +1,102 @@
+"""A run's communication parts, assembled from ``cfg.communication``: the uplink
+codec (with error feedback and its per-client residual store), the downlink
+codec, the clipping stage and the client groups of hierarchical aggregation.
+
+Reduced upload frequency (``upload_every`` = k) is a property of the round loop
+(``server/round.py``): a cohort is sampled for a period of k rounds, trains k
+rounds locally from the payload of the period's first round and uploads once,
+at the period's last round. Clients not sampled stay idle, as offline devices
+do; resampling every round would leave a re-sampled client training on a stale
+local model and need an [N, P] table of local models.
+
+Refuses at build time what cannot work: hierarchical aggregation needs a
+streaming (linear) aggregator without cohort stages.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from fedforge.config import CommunicationConfig, Config
+from fedforge.data import Partition
+from fedforge.errors import ConfigError
+from fedforge.params import ParamSpec
+from fedforge.pipeline import Pipeline, Stage
+from fedforge.server.hierarchy import assign_groups
+from fedforge.stages.clip import Clip
+from fedforge.stages.codec import Codec, Dense
+from fedforge.stages.feedback import ErrorFeedback
+from fedforge.stages.quantize import CAST_DTYPES, Cast, Quantize
+from fedforge.stages.sparsify import RandomK, TopK
+from fedforge.store.client_state import ClientStateStore, make_state_store
+
+
+@dataclass(frozen=True)
+class CommunicationParts:
+    """What ``build`` puts into the pipeline, the client runtime and the loop."""
+
+    uplink: Codec
+    downlink: Codec | None  # None: the payload carries the parameters as they are
+    client_stages: tuple[Stage, ...]  # placed first, right after local training
+    client_state: ClientStateStore | None  # error-feedback residuals, saved by checkpoints
+    group_of: tuple[int, ...] | None  # hierarchical aggregation: each client's group
+
+
+def make_codec(name: str, com: CommunicationConfig, spec: ParamSpec) -> Codec:
+    """The codec ``name`` with the parameters of ``com``."""
+    if name == "dense":
+        return Dense()
+    if name in CAST_DTYPES:
+        return Cast(name)
+    if name in ("int8", "int4", "int2", "sign"):
+        bits = 1 if name == "sign" else int(name[3:])
+        chunk = com.chunk_size if com.scale == "chunk" else None
+        sizes = [e.numel for e in spec.entries]
+        return Quantize(bits, com.rounding == "stochastic", chunk, sizes)
+    if name == "topk":
+        return TopK(com.fraction)
+    if name == "randk":
+        return RandomK(com.fraction, com.randk_per_client)
+    raise ConfigError(f"unknown codec {name!r}")
+
+
+def _state_dir() -> Path:
+    """Where a residual table too large for memory is memory-mapped (a working
+    file only: checkpoints hold the rows)."""
+    tag = f"fedforge-client-state-{os.getpid()}-{secrets.token_hex(3)}"
+    return Path(tempfile.gettempdir()) / tag
+
+
+def assemble(
+    cfg: Config, spec: ParamSpec, dtype: torch.dtype, partition: Partition, labels: torch.Tensor
+) -> CommunicationParts:
+    """The communication parts of ``cfg``."""
+    com = cfg.communication
+    uplink = make_codec(com.uplink, com, spec)
+    store = None
+    if com.error_feedback:
+        store = make_state_store(cfg.num_clients, spec.size, dtype, directory=_state_dir())
+        uplink = ErrorFeedback(uplink, store)
+    downlink = None if com.downlink == "dense" else make_codec(com.downlink, com, spec)
+    stages: tuple[Stage, ...] = () if com.clip_norm is None else (Clip(com.clip_norm),)
+    groups = None
+    if com.groups:
+        groups = tuple(assign_groups(com.group_by, com.groups, partition, labels.numpy()))
+    return CommunicationParts(uplink, downlink, stages, store, groups)
+
+
+def check_pipeline(cfg: Config, pipeline: Pipeline) -> None:
+    """Refuse combinations the round cannot run."""
+    if cfg.communication.groups and not pipeline.streams:
+        raise ConfigError(
+            f"communication.groups = {cfg.communication.groups} (hierarchical aggregation) "
+            f"needs the weighted mean without cohort stages; the pipeline has aggregator "
+            f"'{pipeline.aggregator.name}' and {len(pipeline.cohort)} cohort stage(s). "
+            "Set communication.groups = 0 or robust.aggregator = mean without gates"
+        )

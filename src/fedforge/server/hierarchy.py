@@ -1,0 +1,84 @@
+"""Hierarchical aggregation (seed 002 2.3.2; Liu et al. 2020, "Client-edge-cloud
+hierarchical federated learning"): clients belong to groups (an institution, a
+network); each group's edge aggregates its clients' updates, and one edge update
+per group goes to the server.
+
+A client's group comes from the partition: ``contiguous`` gives client c the
+group floor(c G / N) (neighbouring ids, like a site's devices); ``label`` gives
+it its majority label mod G (clients alike in data share an edge). Each edge
+takes the weighted mean of its accepted updates (weights ``num_examples``) and
+sends it dense in the run's dtype with their total weight, so the server's
+weighted mean of edge updates is the flat FedAvg mean (up to float rounding).
+The server -> edge -> client payload and the edge -> server updates really
+cross the wire format; both hops are counted. Runs on the edges and the
+server; the server decodes edge messages like any update.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from fedforge.aggregators import Accumulator
+from fedforge.data import Partition
+from fedforge.errors import UploadError
+from fedforge.stages.codec import Dense
+from fedforge.transport import wire
+
+
+def assign_groups(kind: str, groups: int, partition: Partition, labels: np.ndarray) -> list[int]:
+    """The group id of every client (``groups`` >= 1)."""
+    n = partition.num_clients
+    if kind == "contiguous":
+        return [c * groups // n for c in range(n)]
+    if kind == "label":
+        out = []
+        for idx in partition.client_indices:
+            counts = np.bincount(labels[idx]) if len(idx) else np.zeros(1, dtype=np.int64)
+            out.append(int(np.argmax(counts)) % groups)
+        return out
+    raise ValueError(f"group_by {kind!r}; allowed: contiguous, label")
+
+
+class Edges:
+    """One round's edge aggregators: running weighted sums, one per group."""
+
+    def __init__(self, group_of: Sequence[int], size: int, dtype: torch.dtype) -> None:
+        self.group_of = group_of
+        self.size = size
+        self.dtype = dtype
+        self._sums: dict[int, torch.Tensor] = {}
+        self._weights: dict[int, float] = {}
+
+    def groups_of(self, client_ids: Sequence[int]) -> set[int]:
+        """The groups the payload must reach for these clients."""
+        return {self.group_of[c] for c in client_ids}
+
+    def add(self, client_id: int, delta: torch.Tensor, weight: float) -> None:
+        g = self.group_of[client_id]
+        if g not in self._sums:
+            self._sums[g] = torch.zeros(self.size, dtype=self.dtype)
+            self._weights[g] = 0.0
+        self._sums[g].add_(delta.to(self.dtype), alpha=weight)
+        self._weights[g] += weight
+
+    def forward(self, acc: Accumulator, round_idx: int) -> int:
+        """Send each edge's mean to the server (through the wire format) and add
+        it to ``acc`` with the edge's total weight; returns the bytes sent."""
+        sent = 0
+        for g in sorted(self._sums):
+            weight = self._weights[g]
+            mean = self._sums[g] / weight
+            data = wire.encode(
+                {"delta": mean}, {"group": g, "round_idx": round_idx, "weight": weight}
+            )
+            sent += len(data)
+            msg = wire.decode(data)
+            delta = Dense().decode(msg.tensors, msg.meta, self.size, self.dtype)
+            w = msg.meta.get("weight")
+            if not isinstance(w, int | float) or isinstance(w, bool) or not w > 0:
+                raise UploadError(f"edge {g}: weight {w!r} must be a positive number")
+            acc.add(delta, float(w))
+        return sent

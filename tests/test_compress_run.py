@@ -1,0 +1,221 @@
+"""Communication efficiency end to end, on tiny synthetic data: real bytes and
+their ratio to float32, malformed compressed updates refused and never
+aggregated, hierarchical aggregation equal to the flat mean, reduced upload
+frequency, and a SIGTERM-stopped run with error-feedback residuals resumed bit
+for bit."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from tests.conftest import MakeData
+
+from fedforge.client import ClientTask, ClientUpload
+from fedforge.config import from_dict, override
+from fedforge.engines import Engine
+from fedforge.experiment import FederatedData, build
+from fedforge.report.progress import Progress
+from fedforge.server import loop
+from fedforge.server.loop import resume, run
+from fedforge.server.round import run_round
+from fedforge.server.state import LoopState
+from fedforge.store import RunStore, list_checkpoints
+from fedforge.transport import wire
+
+BASE: dict[str, Any] = {
+    "model": "2nn",
+    "num_clients": 6,
+    "client_fraction": 0.5,
+    "batch_size": 10,
+    "lr": 0.05,
+    "rounds": 4,
+    "target_accuracy": None,
+    "dtype": "float64",
+}
+P_2NN = 199_210
+
+
+def _cfg(com: dict[str, Any], **extra: Any) -> Any:
+    return from_dict({**BASE, **extra, "communication": com})
+
+
+@pytest.fixture
+def data(make_data: MakeData, one_thread: None) -> FederatedData:
+    return make_data([30, 20, 40, 30, 25, 35], dtype=torch.float64)
+
+
+def test_int8_with_error_feedback_is_about_4x_smaller(data: FederatedData) -> None:
+    dense = run(_cfg({}, dtype="float32"), data=_f32(data), store=False)
+    com = {"uplink": "int8", "error_feedback": True}
+    int8 = run(_cfg(com, dtype="float32"), data=_f32(data), store=False)
+    ratio = dense.summary["bytes_up"] / int8.summary["bytes_up"]
+    assert 3.9 < ratio < 4.0  # P bytes + a float32 scale per 1024 + the header, vs 4P
+    assert int8.summary["uplink_ratio"] == pytest.approx(ratio, rel=0.01)
+    assert dense.summary["uplink_ratio"] == pytest.approx(1.0, rel=0.001)
+    assert int8.summary["bytes_down"] == dense.summary["bytes_down"]
+    assert not int8.rejected and torch.isfinite(int8.params).all()
+    per_update = int8.rounds[0].bytes_up / int8.rounds[0].cohort_size
+    assert P_2NN + 4 * 195 < per_update < P_2NN + 4 * 195 + 300  # + header
+    assert "int8+ef" in int8.summary["pipeline"]
+
+
+def _f32(data: FederatedData) -> FederatedData:
+    return FederatedData(
+        data.train_x.float(), data.train_y, data.test_x.float(), data.test_y, data.partition
+    )
+
+
+class _Corrupt:
+    """Wraps an engine; rewrites (or drops) the update of one client."""
+
+    name = "corrupt"
+
+    def __init__(self, inner: Engine, client_id: int, fn: Any) -> None:
+        self.inner, self.client_id, self.fn = inner, client_id, fn
+
+    def run_cohort(self, tasks: Sequence[ClientTask], payload: bytes) -> Iterator[ClientUpload]:
+        for up in self.inner.run_cohort(tasks, payload):
+            if up.client_id != self.client_id:
+                yield up
+            elif self.fn is not None:
+                yield ClientUpload(up.client_id, self.fn(up.data), up.seconds)
+
+
+def _one_round(cfg: Any, data: FederatedData, client: int, fn: Any) -> LoopState:
+    exp = build(cfg, data)
+    exp.engine = _Corrupt(exp.engine, client, fn)
+    state = LoopState.fresh(exp)
+    record, _ = run_round(exp, state, 0, Progress(cfg.rounds, "t", enabled=False))
+    state.records.append(record)
+    return state
+
+
+def _far_index(data: bytes) -> bytes:
+    msg = wire.decode(data)
+    tensors = dict(msg.tensors)
+    tensors["indices"] = tensors["indices"].clone()
+    tensors["indices"][-1] = 0x7F  # the last gap jumps past the end
+    return wire.encode(tensors, {**msg.meta, "index_coding": "delta"})
+
+
+def _relabel(data: bytes) -> bytes:
+    msg = wire.decode(data)
+    return wire.encode(msg.tensors, {**msg.meta, "codec": "int4"})
+
+
+@pytest.mark.parametrize(
+    "uplink,fn,reason",
+    [
+        ("topk", _far_index, "out of range"),
+        ("int8", _relabel, "wrong header"),
+        ("int8", lambda d: d[:-7], "truncated"),
+    ],
+)
+def test_malformed_compressed_update_is_refused_and_never_aggregated(
+    data: FederatedData, uplink: str, fn: Any, reason: str
+) -> None:
+    cfg = _cfg({"uplink": uplink, "fraction": 0.001})
+    from fedforge.server.sampling import sample_cohort
+
+    victim = sample_cohort(6, 0.5, 0, 0)[1]
+    bad = _one_round(cfg, data, victim, fn)
+    without = _one_round(cfg, data, victim, None)  # the same round, the update never sent
+    assert [(r, c) for r, c, _ in bad.rejected] == [(0, victim)]
+    assert reason in bad.rejected[0][2]
+    assert torch.equal(bad.params, without.params)
+    assert bad.records[0].bytes_up > without.records[0].bytes_up  # its bytes still counted
+
+
+def test_hierarchical_aggregation_equals_the_flat_mean(data: FederatedData) -> None:
+    flat = run(_cfg({}), data=data, store=False)
+    tiered = run(_cfg({"groups": 2}), data=data, store=False)
+    assert torch.allclose(tiered.params, flat.params, rtol=0, atol=1e-12)
+    for f, t in zip(flat.rounds, tiered.rounds, strict=True):
+        groups = t.bytes_down // (f.bytes_down // f.cohort_size) - f.cohort_size
+        assert 1 <= groups <= 2  # server -> edge payloads on top of edge -> client
+        edge_up = t.bytes_up - f.bytes_up
+        assert groups * 8 * P_2NN <= edge_up < groups * (8 * P_2NN + 300)
+        assert t.paper_bytes == 2 * 4 * P_2NN * (f.cohort_size + groups)
+
+
+def test_upload_every_2_trains_locally_and_uploads_once(data: FederatedData) -> None:
+    every = run(_cfg({"upload_every": 2}, rounds=5), data=data, store=False)
+    each = run(_cfg({}, rounds=5), data=data, store=False)
+    ups = [r.bytes_up for r in every.rounds]
+    assert ups[0] == 0 and ups[2] == 0 and min(ups[1], ups[3], ups[4]) > 0
+    assert [r.test_accuracy is None for r in every.rounds] == [True, False, True, False, False]
+    assert every.rounds[0].cohort_size == every.rounds[1].cohort_size == 3
+    assert sum(ups) < 0.61 * each.summary["bytes_up"]  # 3 uploads instead of 5
+    assert not torch.equal(every.params, each.params)
+
+
+def test_upload_period_schedule() -> None:
+    from fedforge.server.periods import upload_period
+
+    assert [upload_period(r, 3, 8) for r in range(8)] == [(0, 2)] * 3 + [(3, 5)] * 3 + [(6, 7)] * 2
+    assert [upload_period(r, 1, 3) for r in range(3)] == [(0, 0), (1, 1), (2, 2)]
+
+
+def test_downlink_codec_and_clip_run(data: FederatedData) -> None:
+    res = run(_cfg({"downlink": "int8", "clip_norm": 0.5, "uplink": "bfloat16"}), data, store=False)
+    assert res.summary["downlink_ratio"] == pytest.approx(3.98, abs=0.02)
+    assert res.summary["uplink_ratio"] == pytest.approx(2.0, abs=0.01)  # vs float32 (not float64)
+    assert "clip" in res.summary["pipeline"] and not res.rejected
+
+
+def test_vectorized_engine_matches_serial_with_error_feedback(data: FederatedData) -> None:
+    com = {"uplink": "topk", "fraction": 0.01, "error_feedback": True}
+    serial = run(_cfg(com), data=data, store=False)
+    vec = run(_cfg(com, engine="vectorized"), data=data, store=False)
+    assert torch.allclose(vec.params, serial.params, rtol=0, atol=1e-9)
+
+
+# ----------------------------------------------------------------------------- resume
+
+
+class _SigtermAt:
+    """Sends this process SIGTERM while round ``at`` runs (the loop finishes the
+    round, checkpoints and stops, exactly as for an outside signal)."""
+
+    name = "sigterm"
+
+    def __init__(self, inner: Engine, at: int) -> None:
+        self.inner, self.at = inner, at
+
+    def run_cohort(self, tasks: Sequence[ClientTask], payload: bytes) -> Iterator[ClientUpload]:
+        if tasks and tasks[0].round_idx == self.at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        yield from self.inner.run_cohort(tasks, payload)
+
+
+def test_resume_with_error_feedback_is_bit_exact(
+    data: FederatedData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    com = {"uplink": "int4", "error_feedback": True}
+    cfg = _cfg(com, rounds=7, checkpoint_every=2, runs_dir=str(tmp_path / "ref"))
+    reference = run(cfg, data=data)
+    real_build = loop.build
+
+    def stopping_build(c: Any, d: Any = None) -> Any:
+        exp = real_build(c, d)
+        exp.engine = _SigtermAt(exp.engine, at=4)
+        return exp
+
+    monkeypatch.setattr(loop, "build", stopping_build)
+    stopped = run(override(cfg, {"runs_dir": str(tmp_path / "b")}), data)
+    assert stopped.stopped == "SIGTERM" and stopped.run_dir is not None
+    newest = list_checkpoints(stopped.run_dir)[0]
+    assert newest.name == "round-000005" and (newest / "client_state.bin").is_file()
+    monkeypatch.setattr(loop, "build", real_build)
+    resumed = resume(stopped.run_dir, data=data)
+    assert resumed.stopped is None and len(resumed.rounds) == 7
+    assert torch.equal(resumed.params, reference.params)
+    with RunStore.open(stopped.run_dir) as got, RunStore.open(reference.run_dir) as want:
+        assert [r.bytes_up for r in got.rounds()] == [r.bytes_up for r in want.rounds()]
+        assert [r.test_loss for r in got.rounds()] == [r.test_loss for r in want.rounds()]
