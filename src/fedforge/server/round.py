@@ -190,7 +190,7 @@ def run_round(
         bytes_up += edges.forward(acc, round_idx)
     if acc is not None:
         aggregate = acc.result() if acc.count else None
-        why = _too_few(exp, acc.count) if acc.count else None
+        why = _too_few(exp, len(clients)) if acc.count else None  # clients, not edges
         if why is not None:
             aggregate, clients = None, {}
             _skip(state, bar, round_idx, why)
