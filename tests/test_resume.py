@@ -26,6 +26,7 @@ import yaml
 from fedforge.config import Config, from_dict
 from fedforge.errors import ConfigError, FedforgeError, StoreError
 from fedforge.experiment import FederatedData, load_federated_data
+from fedforge.report.runs import format_run_summary
 from fedforge.server.loop import resume, run
 from fedforge.server.state import RunLock, StopSignals
 from fedforge.store import (
@@ -34,7 +35,6 @@ from fedforge.store import (
     MemmapStateStore,
     MemoryStateStore,
     RunStore,
-    format_run_summary,
     list_checkpoints,
     load_checkpoint,
     load_latest,

@@ -13,12 +13,11 @@ import pytest
 
 from fedforge.config import Config, load
 from fedforge.errors import StoreError
+from fedforge.report.runs import format_run_summary, format_run_table
 from fedforge.store import (
     ClientRecord,
     RoundRecord,
     RunStore,
-    format_run_summary,
-    format_run_table,
     list_runs,
     resolve_run,
 )
@@ -210,7 +209,7 @@ def test_format_run_summary(tmp_path: Path) -> None:
         text = format_run_summary(store)
         assert "4 of 20" in text and "B=all" in text and "C=0.1" in text
         assert "best 0.9500 (round 2)" in text and "final 0.9300 (round 3)" in text
-        assert "up 4.00 KB, down 8.00 KB" in text
+        assert "up 3.9 KiB, down 7.8 KiB" in text
         assert "0m 06s" in text  # the sum of round seconds
         assert "target" not in text
         store.finish({"rounds_to_target": 3, "wall_seconds": 3725.0}, status="failed")

@@ -120,14 +120,16 @@ def _cmd_resume(args: argparse.Namespace) -> int:
 
 
 def _cmd_runs(args: argparse.Namespace) -> int:
-    from fedforge.store import format_run_table, list_runs
+    from fedforge.report.runs import format_run_table
+    from fedforge.store import list_runs
 
     print(format_run_table(list_runs(args.runs_dir)))
     return 0
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
-    from fedforge.store import RunStore, format_run_summary, resolve_run
+    from fedforge.report.runs import format_run_summary
+    from fedforge.store import RunStore, resolve_run
 
     with RunStore.open(resolve_run(args.runs_dir, args.run)) as store:
         print(format_run_summary(store))

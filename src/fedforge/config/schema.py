@@ -1,4 +1,5 @@
-"""Typed, frozen run configuration: YAML in, validated, every error naming the field.
+"""The run configuration's schema: typed, frozen sections, each value checked
+with an error naming the field and what is allowed.
 
 The words are the paper's (McMahan et al. 2017): ``client_fraction`` is C,
 ``local_epochs`` is E, ``batch_size`` is B (``null``/"all" means B = infinity,
@@ -7,17 +8,8 @@ the client's whole data set in one batch).
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
-import re
-import types
-import typing
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
-
-import yaml
 
 from fedforge.errors import ConfigError
 
@@ -162,10 +154,7 @@ class Config:
         _validate_communication(self)
 
 
-_FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
-
-
-def _fail(name: str, value: Any, allowed: str) -> ConfigError:
+def invalid(name: str, value: Any, allowed: str) -> ConfigError:
     return ConfigError(f"config field '{name}' = {value!r} is invalid: {allowed}")
 
 
@@ -250,7 +239,7 @@ def _validate(cfg: Config) -> None:
     ]
     for name, value, ok, allowed in checks:
         if not ok:
-            raise _fail(name, value, allowed)
+            raise invalid(name, value, allowed)
     _validate_robust(cfg.robust)
 
 
@@ -309,7 +298,7 @@ def _validate_robust(r: RobustConfig) -> None:
     ]
     for name, value, ok, allowed in checks:
         if not ok:
-            raise _fail("robust." + name, value, allowed)
+            raise invalid("robust." + name, value, allowed)
 
 
 def _validate_communication(cfg: Config) -> None:
@@ -345,140 +334,4 @@ def _validate_communication(cfg: Config) -> None:
     ]
     for name, value, ok, allowed in checks:
         if not ok:
-            raise _fail("communication." + name, value, allowed)
-
-
-# ----------------------------------------------------------------------------- parsing
-
-
-def _coerce(name: str, value: Any, tp: Any) -> Any:
-    """Check ``value`` against the annotation ``tp`` (after ``get_type_hints``)."""
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        options = typing.get_args(tp)
-        if value not in options:
-            raise _fail(name, value, "must be one of " + ", ".join(repr(o) for o in options))
-        return value
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        is_null = value is None or (
-            isinstance(value, str) and value.lower() in ("null", "none", "all")
-        )
-        if is_null and type(None) in args:
-            return None
-        errors: list[ConfigError] = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(name, value, arg)
-            except ConfigError as exc:
-                errors.append(exc)
-        raise errors[0] if len(errors) == 1 else _fail(name, value, f"must be {_describe(tp)}")
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, Mapping):
-            raise _fail(name, value, f"must be a mapping of {getattr(tp, '__name__', tp)} fields")
-        return _build(tp, value, prefix=name + ".")
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise _fail(name, value, "must be true or false")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise _fail(name, value, "must be an integer")
-        return value
-    if tp is float:
-        if isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip()):
-            value = float(value)  # YAML 1.1 reads 1e-3 (no dot) as a string
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise _fail(name, value, "must be a number")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise _fail(name, value, "must be a string")
-        return value
-    raise TypeError(f"unsupported config annotation {tp!r} for {name}")  # programming error
-
-
-def _describe(tp: Any) -> str:
-    args = [a for a in typing.get_args(tp) if a is not type(None)]
-    names = [getattr(a, "__name__", str(a)) for a in args]
-    return " or ".join(names) + (" or null" if type(None) in typing.get_args(tp) else "")
-
-
-def _build(cls: Any, data: Mapping[str, Any], prefix: str = "") -> Any:
-    hints = typing.get_type_hints(cls)
-    known = [f.name for f in dataclasses.fields(cls)]
-    kwargs: dict[str, Any] = {}
-    for key, value in data.items():
-        if key not in hints:
-            close = difflib.get_close_matches(str(key), known, n=1)
-            hint = f" (did you mean '{prefix}{close[0]}'?)" if close else ""
-            raise ConfigError(
-                f"unknown config field '{prefix}{key}'{hint}; known fields: " + ", ".join(known)
-            )
-        kwargs[key] = _coerce(prefix + key, value, hints[key])
-    return cls(**kwargs)
-
-
-def from_dict(data: Mapping[str, Any]) -> Config:
-    """Build and validate a :class:`Config` from plain data (e.g. parsed YAML)."""
-    result: Config = _build(Config, data)
-    return result
-
-
-def to_dict(cfg: Config) -> dict[str, Any]:
-    """Plain data that :func:`from_dict` turns back into the same config."""
-    return dataclasses.asdict(cfg)
-
-
-def load(path: str | Path) -> Config:
-    """Read a YAML config file."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ConfigError(f"config file '{path}' does not exist") from None
-    except OSError as exc:
-        raise ConfigError(f"config file '{path}' cannot be read: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file '{path}' is not valid YAML: {exc}") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"config file '{path}' must hold a mapping of fields, not {data!r}")
-    return from_dict(data)
-
-
-def parse_override(text: str) -> tuple[str, Any]:
-    """Parse ``key.sub=value`` (value read as YAML: numbers, null, true...)."""
-    if "=" not in text:
-        raise ConfigError(f"override {text!r} must look like field=value (e.g. local_epochs=5)")
-    key, raw = text.split("=", 1)
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
-    return key.strip(), value
-
-
-def override(cfg: Config, overrides: Mapping[str, Any]) -> Config:
-    """A copy of ``cfg`` with dotted fields replaced, validated again."""
-    data = to_dict(cfg)
-    for dotted, value in overrides.items():
-        node = data
-        parts = dotted.split(".")
-        for part in parts[:-1]:
-            child = node.get(part)
-            if not isinstance(child, dict):
-                raise ConfigError(f"unknown config section '{part}' in override '{dotted}'")
-            node = child
-        node[parts[-1]] = value
-    return from_dict(data)
-
-
-def dump(cfg: Config) -> str:
-    """The resolved config as YAML."""
-    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+            raise invalid("communication." + name, value, allowed)

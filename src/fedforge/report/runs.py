@@ -1,0 +1,71 @@
+"""What a person sees of stored runs: the ``fedforge runs`` table and the
+``fedforge show RUN`` summary."""
+
+from __future__ import annotations
+
+from fedforge.report.progress import format_bytes
+from fedforge.store.runstore import RunInfo, RunStore
+
+
+def _fmt_seconds(s: float) -> str:
+    minutes, sec = divmod(round(s), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h {minutes:02d}m {sec:02d}s" if hours else f"{minutes}m {sec:02d}s"
+
+
+def format_run_table(runs: list[RunInfo]) -> str:
+    """The table printed by ``fedforge runs``."""
+    if not runs:
+        return "no runs"
+    rows = [("RUN", "STATUS", "ROUNDS", "BEST ACC", "CREATED")]
+    for r in runs:
+        done = f"{r.rounds_done}/{r.rounds_planned or '?'}"
+        best = "-" if r.best_accuracy is None else f"{r.best_accuracy:.4f}"
+        rows.append((r.run_id, r.status, done, best, r.created))
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    lines = ("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows)
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def format_run_summary(store: RunStore) -> str:
+    """The text printed by ``fedforge show RUN``."""
+    info, cfg, rounds = store.info(), store.config(), store.rounds()
+    summary = store.summary() or {}
+    part = cfg.partition
+    detail = {
+        "shards": f"{part.shards_per_client} shards/client",
+        "dirichlet": f"alpha={part.alpha}",
+        "quantity": f"sigma={part.sigma}",
+    }.get(part.kind)
+    batch = "all" if cfg.batch_size is None else cfg.batch_size
+    lines = [
+        f"run       {info.run_id}  [{info.status}]",
+        f"path      {store.path}",
+        f"created   {info.created}",
+        f"config    {cfg.algorithm} {cfg.model} on {cfg.dataset}, {cfg.num_clients} clients, "
+        f"{part.kind} partition" + (f" ({detail})" if detail else ""),
+        f"          C={cfg.client_fraction} E={cfg.local_epochs} B={batch} lr={cfg.lr} "
+        f"seed={cfg.seed} engine={cfg.engine} dtype={cfg.dtype}",
+        f"rounds    {len(rounds)} of {cfg.rounds}",
+    ]
+    evaluated = [r for r in rounds if r.test_accuracy is not None]
+    best = max(evaluated, key=lambda r: r.test_accuracy or 0.0, default=None)
+    last = evaluated[-1] if evaluated else None
+    lines.append(
+        f"accuracy  best {best.test_accuracy:.4f} (round {best.round_idx}), "
+        f"final {last.test_accuracy:.4f} (round {last.round_idx})"
+        if best and last
+        else "accuracy  not evaluated"
+    )
+    if "rounds_to_target" in summary:
+        reached = summary["rounds_to_target"]
+        target = summary.get("target_accuracy", cfg.target_accuracy)
+        result = "not reached" if reached is None else f"reached in {reached} rounds"
+        lines.append(f"target    {target}: {result}")
+    up, down = sum(r.bytes_up for r in rounds), sum(r.bytes_down for r in rounds)
+    lines.append(f"bytes     up {format_bytes(up)}, down {format_bytes(down)}")
+    wall = summary.get("wall_seconds", sum(r.seconds for r in rounds))
+    lines.append(f"wall time {_fmt_seconds(float(wall))}")
+    if info.status == "failed" and summary.get("error"):
+        lines.append(f"stopped   {summary['error']}")
+    return "\n".join(lines)
