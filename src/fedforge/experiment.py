@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from fedforge import algorithms, communication
+from fedforge import algorithms, communication, privacy
 from fedforge.algorithms.base import Algorithm
 from fedforge.client import ClientRuntime
 from fedforge.communication import CommunicationParts
@@ -20,6 +20,7 @@ from fedforge.engines.vectorized import VectorizedEngine, unsupported_reason
 from fedforge.models import build_model
 from fedforge.params import ParamSpec
 from fedforge.pipeline import Pipeline
+from fedforge.privacy import PrivacyParts
 from fedforge.robust import RobustParts, assemble
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -69,6 +70,7 @@ class Experiment:
     note: str | None = None  # a one-line remark for the user (e.g. an engine fallback)
     robust: RobustParts | None = None  # aggregator, attackers and gates of cfg.robust
     comm: CommunicationParts | None = None  # codecs, residuals, groups of cfg.communication
+    privacy: PrivacyParts | None = None  # DP stages, accountant, secure aggregation
 
 
 def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
@@ -80,11 +82,14 @@ def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
     algorithm = algorithms.from_config(cfg)
     robust = assemble(cfg, data.client_data)
     comm = communication.assemble(cfg, spec, dtype, data.partition, data.train_y)
+    sizes = [data.num_examples(c) for c in range(cfg.num_clients)]
+    priv = privacy.assemble(cfg, sizes)
     pipeline = Pipeline(
-        aggregator=robust.aggregator,
-        client=(*comm.client_stages, *robust.client_stages),
+        aggregator=priv.aggregator or robust.aggregator,
+        client=(*comm.client_stages, *priv.client_stages, *robust.client_stages),
         codec=comm.uplink,
         cohort=robust.cohort_stages,
+        server_aggregate=priv.aggregate_stages,
     )
     communication.check_pipeline(cfg, pipeline)
     runtime = ClientRuntime(
@@ -101,7 +106,7 @@ def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
     engine, note = make_engine(cfg.engine, runtime)
     params = spec.flatten(model, dtype)
     return Experiment(
-        cfg, data, model, spec, algorithm, pipeline, engine, params, note, robust, comm
+        cfg, data, model, spec, algorithm, pipeline, engine, params, note, robust, comm, priv
     )
 
 

@@ -1,6 +1,7 @@
 """Typed, frozen run configuration: YAML in, validated, every error naming the field."""
 
 from fedforge.config.parse import dump, from_dict, load, override, parse_override, to_dict
+from fedforge.config.privacy import PrivacyConfig
 from fedforge.config.schema import (
     AggregatorName,
     Algorithm,
@@ -33,6 +34,7 @@ __all__ = [
     "ModelName",
     "PartitionConfig",
     "PartitionKind",
+    "PrivacyConfig",
     "RobustConfig",
     "ServerOptimizerConfig",
     "ServerOptimizerKind",

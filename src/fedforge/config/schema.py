@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from fedforge.config.privacy import PrivacyConfig, validate_privacy
 from fedforge.errors import ConfigError
 
 PartitionKind = Literal["iid", "shards", "dirichlet", "quantity"]
@@ -136,6 +137,7 @@ class Config:
     server_optimizer: ServerOptimizerConfig = field(default_factory=ServerOptimizerConfig)
     robust: RobustConfig = field(default_factory=RobustConfig)
     communication: CommunicationConfig = field(default_factory=CommunicationConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     rounds: int = 60
     target_accuracy: float | None = 0.99
     eval_every: int = 1
@@ -152,6 +154,7 @@ class Config:
             object.__setattr__(self, "batch_size", None)
         _validate(self)
         _validate_communication(self)
+        validate_privacy(self.privacy)
 
 
 def invalid(name: str, value: Any, allowed: str) -> ConfigError:

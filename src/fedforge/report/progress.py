@@ -41,13 +41,20 @@ class Progress:
         self._name = desc
         self._total = total_rounds
 
-    def update(self, accuracy: float | None, loss: float | None, total_bytes: int) -> None:
+    def update(
+        self,
+        accuracy: float | None,
+        loss: float | None,
+        total_bytes: int,
+        epsilon: float | None = None,  # privacy spent so far (DP runs)
+    ) -> None:
         acc = "-" if accuracy is None else f"{100 * accuracy:.2f}%"
+        eps = "" if epsilon is None else f" eps {epsilon:.3g}"
         los = "-" if loss is None else f"{loss:.4f}"
         done = self._bar.n + 1
         self._bar.set_description_str(
             f"{self._name} round {done}/{self._total} acc {acc} loss {los} "
-            f"bytes {format_bytes(total_bytes)}",
+            f"bytes {format_bytes(total_bytes)}{eps}",
             refresh=False,
         )
         self._bar.update(1)

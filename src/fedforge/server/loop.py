@@ -167,14 +167,23 @@ def _rounds(
     bar = Progress(cfg.rounds, cfg.name, enabled=show, initial=state.next_round)
     start = time.perf_counter()
     stopped: str | None = None
+    budget_stop: str | None = None
     while state.next_round < cfg.rounds:
+        budget_stop = _over_budget(exp, state.next_round)
+        if budget_stop is not None:  # the next round would spend more than target_epsilon
+            bar.write(f"fedforge: {budget_stop}")
+            break
         record, clients = run_round(exp, state, state.next_round, bar)
         state.records.append(record)
         state.total_bytes += record.bytes_up + record.bytes_down
         state.next_round += 1
         if run_store is not None:
             run_store.record_round(record, clients, _anomalies(state, record.round_idx))
-        bar.update(record.test_accuracy, record.test_loss, state.total_bytes)
+        epsilon = exp.privacy.epsilon(state.next_round) if exp.privacy is not None else None
+        if run_store is not None and epsilon is not None and exp.privacy is not None:
+            clip = state.privacy.get("clip_norm", cfg.privacy.clip_norm)
+            run_store.record_privacy(record.round_idx, epsilon, exp.privacy.delta, clip)
+        bar.update(record.test_accuracy, record.test_loss, state.total_bytes, epsilon)
         target = cfg.target_accuracy
         evaluated = record.test_accuracy is not None
         if target is not None and evaluated and max(state.eval_accuracy) >= target:
@@ -194,6 +203,8 @@ def _rounds(
     seconds = state.seconds_before + time.perf_counter() - start
     evals = (state.eval_rounds, state.eval_accuracy)
     summary = summarize_run(exp, state.records, evals, seconds)
+    if budget_stop is not None:
+        summary["privacy_stop"] = budget_stop
     return RunResult(
         state.params,
         state.records,
@@ -201,6 +212,20 @@ def _rounds(
         rejected=state.rejected,
         skipped=state.skipped,
         stopped=stopped,
+    )
+
+
+def _over_budget(exp: Experiment, next_round: int) -> str | None:
+    """Why round ``next_round`` must not run: it would take epsilon past the target."""
+    target = exp.cfg.privacy.target_epsilon
+    if target is None or exp.privacy is None:
+        return None
+    eps = exp.privacy.epsilon(next_round + 1)
+    if eps is None or eps <= target:
+        return None
+    return (
+        f"privacy budget: round {next_round} would take epsilon to {eps:.3f} > "
+        f"privacy.target_epsilon = {target} (delta {exp.privacy.delta:.3g}); stopped"
     )
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from fedforge.client import ClientTask, encode_payload
+from fedforge.config import Config
 from fedforge.errors import AggregationError, UploadError
 from fedforge.evaluate import evaluate
 from fedforge.experiment import Experiment
@@ -118,6 +119,10 @@ def _gathered_aggregate(
     return aggregate, set(cohort.client_ids)
 
 
+def _poisson(cfg: Config) -> bool:
+    return cfg.privacy.sampling == "poisson"  # DP-FedAvg: each client with probability C
+
+
 FLOAT32_BYTES = 4  # paper_bytes: what dense float32 messages would cost (2 |w| K 4)
 
 
@@ -125,7 +130,7 @@ def _local_round(exp: Experiment, round_idx: int, start: int, t0: float) -> Roun
     """A round inside an upload period (``upload_every`` > 1): its cohort trains
     locally (the work is done with the period's last round), nothing travels."""
     cfg = exp.cfg
-    cohort = sample_cohort(cfg.num_clients, cfg.client_fraction, cfg.seed, start)
+    cohort = sample_cohort(cfg.num_clients, cfg.client_fraction, cfg.seed, start, _poisson(cfg))
     return RoundRecord(
         round_idx=round_idx,
         cohort_size=len(cohort),
@@ -149,7 +154,9 @@ def run_round(
     start, end = upload_period(round_idx, cfg.communication.upload_every, cfg.rounds)
     if round_idx != end:  # the period's cohort trains locally: nothing travels
         return _local_round(exp, round_idx, start, t0), []
-    cohort = sample_cohort(cfg.num_clients, cfg.client_fraction, cfg.seed, start)
+    cohort = sample_cohort(cfg.num_clients, cfg.client_fraction, cfg.seed, start, _poisson(cfg))
+    if exp.privacy is not None:  # e.g. the round's adaptive clip norm
+        exp.privacy.begin_round(state.privacy, round_idx)
     plan = period_plan(exp.algorithm, start, end)
     comm = exp.comm
     payload = encode_payload(params, round_idx, comm.downlink if comm else None, cfg.seed)
@@ -198,8 +205,11 @@ def run_round(
         aggregate, used = _gathered_aggregate(exp, gathered, state, round_idx, bar)
         clients = {c: r for c, r in clients.items() if c in used}
     if aggregate is not None:
-        aggregate = pipeline.run_aggregate(aggregate, StageContext(round_idx, cfg.seed))
+        ctx = StageContext(round_idx, cfg.seed, state=state.privacy)  # e.g. central DP noise
+        aggregate = pipeline.run_aggregate(aggregate, ctx)
         state.params = state.optimizer.step(params, aggregate)
+        if exp.privacy is not None:  # adaptive clipping: the next clip norm
+            exp.privacy.end_round(state.privacy, round_idx, clients)
     elif not state.skipped or state.skipped[-1][0] != round_idx:
         _skip(state, bar, round_idx, "no valid update")
     test_acc = test_loss = None

@@ -39,13 +39,17 @@ class LoopState:
     total_bytes: int = 0  # up + down so far
     seconds_before: float = 0.0  # wall time of earlier sessions of this run
     client_state: ClientStateStore | None = None  # none until a stage keeps per-client state
+    privacy: dict[str, Any] = field(default_factory=dict)  # e.g. the adaptive clip norm
 
     @classmethod
     def fresh(cls, exp: Experiment) -> LoopState:
         store = exp.comm.client_state if exp.comm is not None else None
         if store is not None:
             store.clear()  # a new run starts from zero residuals
-        return cls(exp.initial_params.clone(), optimizers.from_config(exp.cfg), client_state=store)
+        state = cls(exp.initial_params.clone(), optimizers.from_config(exp.cfg), client_state=store)
+        if exp.privacy is not None:
+            state.privacy = exp.privacy.initial_state()
+        return state
 
     def checkpoint(self, session_seconds: float) -> Checkpoint:
         loop: dict[str, Any] = {
@@ -55,6 +59,7 @@ class LoopState:
             "skipped": [list(r) for r in self.skipped],
             "total_bytes": self.total_bytes,
             "wall_seconds": self.seconds_before + session_seconds,
+            "privacy": self.privacy,
         }
         return Checkpoint(
             self.next_round,
@@ -102,6 +107,7 @@ class LoopState:
             total_bytes=int(loop["total_bytes"]),
             seconds_before=float(loop["wall_seconds"]),
             client_state=client_state,
+            privacy=dict(loop.get("privacy", {})),
         )
 
 

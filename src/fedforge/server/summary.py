@@ -44,6 +44,7 @@ def summarize_run(
         "num_params": exp.spec.size,
         "pipeline": exp.pipeline.describe(),
         "engine": exp.engine.name,
+        **({"privacy": exp.privacy.summary(len(records))} if exp.privacy is not None else {}),
     }
 
 
@@ -77,6 +78,14 @@ def format_summary(summary: dict[str, Any]) -> str:
             2,
             f"bytes to target  {format_bytes(to_target)} "
             f"(up {format_bytes(summary['bytes_up_to_target'])})",
+        )
+    priv = summary.get("privacy") or {}
+    if priv.get("epsilon") is not None:
+        stop = summary.get("privacy_stop")
+        lines.append(
+            f"privacy          dp {priv['dp']}: epsilon {priv['epsilon']:.3f} at delta "
+            f"{priv['delta']:.3g} ({priv['accountant']}, noise multiplier "
+            f"{priv['noise_multiplier']})" + (f"; {stop}" if stop else "")
         )
     if summary.get("run_dir"):
         lines.append(f"run files        {summary['run_dir']}")

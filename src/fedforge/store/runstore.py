@@ -54,6 +54,9 @@ CREATE TABLE client_rounds (round_idx INTEGER NOT NULL, client_id INTEGER NOT NU
 # NULL): a client's anomaly history. IF NOT EXISTS: version-1 stores gain it.
 _ANOMALIES = """CREATE TABLE IF NOT EXISTS anomalies (round_idx INTEGER NOT NULL,
     client_id INTEGER, reason TEXT NOT NULL)"""
+# Privacy spent after each round (DP runs): epsilon at delta, and the round's clip norm.
+_PRIVACY = """CREATE TABLE IF NOT EXISTS privacy (round_idx INTEGER PRIMARY KEY,
+    epsilon REAL, delta REAL NOT NULL, clip_norm REAL)"""
 
 
 @dataclass(frozen=True)
@@ -257,6 +260,28 @@ class RunStore:
         except OSError as exc:
             raise StoreError(f"round {idx} is stored but {METRICS_NAME} failed: {exc}") from None
 
+    def record_privacy(
+        self, round_idx: int, epsilon: float, delta: float, clip_norm: float | None
+    ) -> None:
+        """Record epsilon(delta) after round ``round_idx`` (inf is stored as NULL)."""
+        eps = epsilon if math.isfinite(epsilon) else None
+        try:
+            with self._conn:
+                self._conn.execute(_PRIVACY)
+                self._conn.execute(
+                    "INSERT OR REPLACE INTO privacy VALUES (?, ?, ?, ?)",
+                    (round_idx, eps, delta, clip_norm),
+                )
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot record privacy of round {round_idx}: {exc}") from None
+
+    def privacy(self) -> list[tuple[int, float | None, float, float | None]]:
+        """(round, epsilon, delta, clip norm) per recorded round."""
+        if not self._query("SELECT 1 FROM sqlite_master WHERE name = 'privacy'"):
+            return []
+        rows = self._query("SELECT * FROM privacy ORDER BY round_idx")
+        return [(int(r), e, float(d), c) for r, e, d, c in rows]
+
     def rewind(self, next_round: int) -> None:
         """Forget rounds ``>= next_round`` (a resume re-runs them) and mark the run
         running again. The database changes in one transaction; ``metrics.jsonl`` is
@@ -268,6 +293,8 @@ class RunStore:
                 self._conn.execute("DELETE FROM client_rounds WHERE round_idx >= ?", (next_round,))
                 self._conn.execute(_ANOMALIES)
                 self._conn.execute("DELETE FROM anomalies WHERE round_idx >= ?", (next_round,))
+                self._conn.execute(_PRIVACY)
+                self._conn.execute("DELETE FROM privacy WHERE round_idx >= ?", (next_round,))
                 self._conn.execute("UPDATE runs SET status = 'running', summary_json = NULL")
                 self._conn.execute("COMMIT")
             except BaseException:

@@ -1,0 +1,109 @@
+"""The ``privacy:`` config section: differential privacy (central or local), its
+accountant and budget, and secure aggregation (see fedforge.privacy,
+fedforge.stages.dp, fedforge.stages.secagg)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from fedforge.errors import ConfigError
+
+DPMode = Literal["none", "central", "local"]
+SecAggPhase = Literal["advertise", "share_keys", "masked_input", "unmask"]
+
+
+@dataclass(frozen=True)
+class PrivacyConfig:
+    """What protects the clients' data beyond keeping it on the clients."""
+
+    dp: DPMode = "none"  # central: noise on the server's sum; local: each client noises
+    noise_multiplier: float = 1.0  # z: noise std = z * clip_norm
+    clip_norm: float = 1.0  # C: each delta clipped to this L2 norm (the initial C if adaptive)
+    sampling: Literal["fixed", "poisson"] = "fixed"  # cohort: m = C N, or each client w.p. C
+    weights: Literal["uniform", "capped"] = "uniform"  # central: min(n_k / weight_cap, 1)
+    weight_cap: int | None = None  # capped: the num_examples that earns full weight
+    adaptive_clip: bool = False  # Andrew et al. 2021: clip_norm follows a quantile
+    target_quantile: float = 0.5  # gamma
+    clip_lr: float = 0.2  # eta: C <- C exp(-eta (b - gamma))
+    clip_count_std: float | None = None  # sigma_b of the clipped count; null = cohort / 20
+    delta: float | None = None  # null: 1 / num_clients**1.1
+    accountant: Literal["rdp", "pld"] = "rdp"  # pld needs poisson sampling
+    target_epsilon: float | None = None  # stop before a round would spend more
+    secagg: bool = False  # Bonawitz et al. 2017 secure aggregation of the updates
+    secagg_threshold: float = 0.66  # t = ceil(threshold * cohort) shares reconstruct
+    secagg_frac_bits: int = 20  # fixed point: x -> round(x 2^f) mod 2^k
+    secagg_dropout: float = 0.0  # simulated: this fraction of the cohort drops ...
+    secagg_dropout_phase: SecAggPhase = "masked_input"  # ... before this phase
+
+
+def delta_of(p: PrivacyConfig, num_clients: int) -> float:
+    """The delta epsilon is reported at."""
+    return p.delta if p.delta is not None else 1.0 / num_clients**1.1
+
+
+def validate_privacy(p: PrivacyConfig) -> None:
+    checks: list[tuple[str, Any, bool, str]] = [
+        ("noise_multiplier", p.noise_multiplier, p.noise_multiplier >= 0, "must be >= 0"),
+        ("clip_norm", p.clip_norm, p.clip_norm > 0, "must be > 0"),
+        (
+            "weight_cap",
+            p.weight_cap,
+            (p.weight_cap is None or p.weight_cap >= 1)
+            and (p.weights != "capped" or p.weight_cap is not None),
+            "must be an integer >= 1 (and is needed by weights = 'capped')",
+        ),
+        ("target_quantile", p.target_quantile, 0 < p.target_quantile < 1, "must be in (0, 1)"),
+        ("clip_lr", p.clip_lr, p.clip_lr > 0, "must be > 0"),
+        (
+            "clip_count_std",
+            p.clip_count_std,
+            p.clip_count_std is None or p.clip_count_std > 0,
+            "must be > 0, or null (cohort / 20)",
+        ),
+        (
+            "delta",
+            p.delta,
+            p.delta is None or 0 < p.delta < 1,
+            "must be in (0, 1) (well below 1 / num_clients), or null (1 / num_clients**1.1)",
+        ),
+        (
+            "target_epsilon",
+            p.target_epsilon,
+            p.target_epsilon is None or p.target_epsilon > 0,
+            "must be > 0, or null (no budget)",
+        ),
+        (
+            "secagg_threshold",
+            p.secagg_threshold,
+            0.5 < p.secagg_threshold <= 1,
+            "must be in (0.5, 1]: t > n/2 shares keep two disjoint halves from both unmasking",
+        ),
+        (
+            "secagg_frac_bits",
+            p.secagg_frac_bits,
+            4 <= p.secagg_frac_bits <= 40,
+            "must be an integer in 4..40",
+        ),
+        ("secagg_dropout", p.secagg_dropout, 0 <= p.secagg_dropout < 1, "must be in [0, 1)"),
+        (
+            "adaptive_clip",
+            p.adaptive_clip,
+            not p.adaptive_clip or p.dp == "central",
+            "needs dp = 'central' (the clipped count is noised on the server)",
+        ),
+        (
+            "target_epsilon",
+            p.target_epsilon,
+            p.target_epsilon is None or p.dp != "none",
+            "needs dp = 'central' or 'local' (without DP nothing is spent)",
+        ),
+    ]
+    for name, value, ok, allowed in checks:
+        if not ok:
+            raise ConfigError(f"config field 'privacy.{name}' = {value!r} is invalid: {allowed}")
+    if p.dp == "central" and p.noise_multiplier == 0:
+        raise ConfigError(
+            "config field 'privacy.noise_multiplier' = 0.0 is invalid with dp = 'central': "
+            "no noise gives no privacy; use dp = 'none'"
+        )

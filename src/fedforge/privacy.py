@@ -1,0 +1,202 @@
+"""A run's privacy parts, assembled from ``cfg.privacy``: the clipping and noise
+stages of central or local DP (``stages/dp.py``), the fixed-denominator mean,
+adaptive clipping's server state, the accountant (``accountant.py``) and secure
+aggregation (``stages/secagg.py``).
+
+Server state that must survive a resume (the adaptive clip norm) lives in
+``LoopState.privacy`` and is checkpointed; epsilon is a pure function of the
+rounds done. Refuses at build time what cannot work (DP noise calibrated for a
+sum needs the mean aggregator; one clip norm, not two).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from fedforge.accountant import Accountant, local_epsilon
+from fedforge.config import Config
+from fedforge.config.privacy import delta_of
+from fedforge.errors import ConfigError
+from fedforge.pipeline import Stage
+from fedforge.rng import torch_generator
+from fedforge.server.sampling import cohort_size
+from fedforge.stages.clip import Clip, ClipBoard
+from fedforge.stages.dp import (
+    CentralNoise,
+    DPMean,
+    LocalNoise,
+    expected_weight,
+    next_clip_norm,
+    update_noise_multiplier,
+)
+
+
+@dataclass
+class PrivacyParts:
+    """What ``build`` puts into the pipeline, and the privacy side of the loop."""
+
+    cfg: Config
+    client_stages: tuple[Stage, ...]
+    aggregate_stages: tuple[Stage, ...]
+    aggregator: DPMean | None  # central DP: the fixed-denominator mean
+    accountant: Accountant | None  # central DP: epsilon after t rounds
+    board: ClipBoard | None  # adaptive clipping's messages
+    expected_cohort: float
+    count_std: float
+
+    # ------------------------------------------------------------ round hooks
+    def initial_state(self) -> dict[str, Any]:
+        """The server's privacy state before round 0 (checkpointed)."""
+        return {"clip_norm": self.cfg.privacy.clip_norm} if self.board is not None else {}
+
+    def begin_round(self, state: dict[str, Any], round_idx: int) -> None:
+        """Publish the round's clip norm (with the payload)."""
+        if self.board is not None:
+            self.board.norms[round_idx] = float(state["clip_norm"])
+
+    def end_round(self, state: dict[str, Any], round_idx: int, clients: Iterable[int]) -> None:
+        """Adaptive clipping: the next clip norm from the noisy unclipped count of
+        the clients whose updates were aggregated."""
+        if self.board is None:
+            return
+        bits = sum(self.board.unclipped.pop((round_idx, c), 0) for c in clients)
+        for key in [k for k in self.board.unclipped if k[0] <= round_idx]:
+            del self.board.unclipped[key]  # refused or dropped clients' bits
+        self.board.norms.pop(round_idx, None)
+        p = self.cfg.privacy
+        gen = torch_generator(self.cfg.seed, "clip_count", round_idx)
+        state["clip_norm"] = next_clip_norm(
+            float(state["clip_norm"]),
+            bits,
+            self.expected_cohort,
+            self.count_std,
+            p.target_quantile,
+            p.clip_lr,
+            gen,
+        )
+
+    # ------------------------------------------------------------- reporting
+    def epsilon(self, rounds: int) -> float | None:
+        """Central DP: epsilon after ``rounds`` rounds; local DP: the largest
+        client epsilon; None without DP."""
+        if self.accountant is not None:
+            return self.accountant.epsilon(rounds)
+        if self.cfg.privacy.dp == "local":
+            eps = self.local_epsilons(rounds)
+            return max(eps.values()) if eps else 0.0
+        return None
+
+    @property
+    def delta(self) -> float:
+        return delta_of(self.cfg.privacy, self.cfg.num_clients)
+
+    def local_epsilons(self, rounds: int) -> dict[int, float]:
+        """Local DP: each client's epsilon after ``rounds`` rounds (from the cohorts
+        it was sampled into: an upper bound on its uploads)."""
+        from fedforge.server.sampling import sample_cohort
+
+        cfg, p = self.cfg, self.cfg.privacy
+        counts: dict[int, int] = {}
+        for t in range(rounds):
+            poisson = p.sampling == "poisson"
+            for c in sample_cohort(cfg.num_clients, cfg.client_fraction, cfg.seed, t, poisson):
+                counts[c] = counts.get(c, 0) + 1
+        cache: dict[int, float] = {}
+        for k in set(counts.values()):
+            cache[k] = local_epsilon(p.noise_multiplier, k, self.delta, p.accountant)
+        return {c: cache[k] for c, k in sorted(counts.items())}
+
+    def summary(self, rounds: int) -> dict[str, Any]:
+        """The privacy lines of a run summary."""
+        p = self.cfg.privacy
+        out: dict[str, Any] = {"dp": p.dp, "secagg": p.secagg}
+        if p.dp == "none":
+            return out
+        out.update(
+            epsilon=self.epsilon(rounds),
+            delta=self.delta,
+            noise_multiplier=p.noise_multiplier,
+            accountant=p.accountant,
+        )
+        if p.dp == "local":
+            eps = self.local_epsilons(rounds)
+            vals = sorted(eps.values())
+            out["local_epsilon_median"] = vals[len(vals) // 2] if vals else 0.0
+            out["local_epsilon"] = {str(c): e for c, e in eps.items()}
+        return out
+
+
+def assemble(cfg: Config, num_examples: list[int]) -> PrivacyParts:
+    """The privacy parts of ``cfg``; raises ConfigError on impossible combinations."""
+    p = cfg.privacy
+    m = cohort_size(cfg.num_clients, cfg.client_fraction)
+    q = cfg.client_fraction if p.sampling == "poisson" else m / cfg.num_clients
+    expected = q * cfg.num_clients
+    count_std = p.clip_count_std if p.clip_count_std is not None else expected / 20
+    parts = PrivacyParts(cfg, (), (), None, None, None, expected, count_std)
+    if p.dp == "none":
+        return parts
+    if cfg.communication.clip_norm is not None:
+        raise ConfigError(
+            f"communication.clip_norm = {cfg.communication.clip_norm} and privacy.dp = "
+            f"'{p.dp}' both clip; DP clips with privacy.clip_norm: set communication.clip_norm "
+            "to null"
+        )
+    board = ClipBoard() if p.adaptive_clip else None
+    clip = Clip(p.clip_norm, board)
+    if p.dp == "local":
+        parts.client_stages = (clip, LocalNoise(p.noise_multiplier, p.clip_norm))
+        _check_budget(parts)
+        return parts
+    if cfg.robust.aggregator != "mean":
+        raise ConfigError(
+            f"privacy.dp = 'central' adds noise calibrated to a sum, but robust.aggregator = "
+            f"'{cfg.robust.aggregator}' is not one: use robust.aggregator = mean"
+        )
+    z = p.noise_multiplier
+    if p.adaptive_clip:
+        try:
+            z = update_noise_multiplier(p.noise_multiplier, count_std)
+        except ValueError as exc:
+            raise ConfigError(f"privacy.adaptive_clip: {exc}") from None
+    cap = p.weight_cap if p.weights == "capped" else None
+    denominator = expected_weight(num_examples, q, cap)
+    parts.client_stages = (clip,)
+    parts.aggregator = DPMean(denominator, cap)
+    parts.aggregate_stages = (CentralNoise(z, p.clip_norm, denominator),)
+    parts.accountant = Accountant(
+        p.noise_multiplier,
+        cfg.num_clients,
+        m,
+        delta_of(p, cfg.num_clients),
+        p.accountant,
+        p.sampling,
+    )
+    parts.board = board
+    _check_budget(parts)
+    return parts
+
+
+def _check_budget(parts: PrivacyParts) -> None:
+    """Refuse to start when even one round would exceed ``target_epsilon``."""
+    target = parts.cfg.privacy.target_epsilon
+    first = parts.epsilon(1)
+    if target is not None and first is not None and first > target:
+        raise ConfigError(
+            f"privacy.target_epsilon = {target} is spent by the first round already "
+            f"(epsilon {first:.3f} at delta {parts.delta:.3g}); raise noise_multiplier "
+            "(fedforge.accountant.calibrate_noise finds one) or the budget"
+        )
+
+
+def noise_std_on_sum(parts: PrivacyParts, state: dict[str, Any]) -> float:
+    """The central noise std on the sum this round (for reports and tests)."""
+    stage = parts.aggregate_stages[0]
+    assert isinstance(stage, CentralNoise)
+    clip = float(state.get("clip_norm", stage.clip_norm))
+    return stage.noise_multiplier * clip
+
+
+__all__ = ["PrivacyParts", "assemble", "noise_std_on_sum"]

@@ -1,0 +1,151 @@
+"""Differential privacy: the noise has the stated variance, the accountant equals
+dp-accounting's for the same events, calibration inverts it, target_epsilon
+refuses to start or stops, and a tiny central-DP run records epsilon per round."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import dp_accounting as dpa
+import pytest
+import torch
+from dp_accounting import pld, rdp
+from tests.conftest import MakeData
+
+from fedforge.accountant import Accountant, calibrate_noise, local_epsilon
+from fedforge.config import from_dict
+from fedforge.errors import ConfigError
+from fedforge.pipeline import StageContext
+from fedforge.server.loop import run
+from fedforge.stages.dp import CentralNoise, DPMean, LocalNoise, next_clip_norm
+from fedforge.store import RunStore
+
+BASE: dict[str, Any] = {
+    "model": "2nn",
+    "num_clients": 6,
+    "client_fraction": 0.5,
+    "batch_size": 10,
+    "lr": 0.05,
+    "rounds": 3,
+    "target_accuracy": None,
+    "dtype": "float64",
+}
+
+
+def _variance_ok(sample: torch.Tensor, std: float) -> None:
+    """The sample variance of n normal draws has std sigma^2 sqrt(2 / (n - 1)):
+    allow 5 of those (a fixed seed, so the test is deterministic anyway)."""
+    n = sample.numel()
+    tol = 5 * std**2 * math.sqrt(2 / (n - 1))
+    assert abs(float(sample.var()) - std**2) < tol
+    assert abs(float(sample.mean())) < 5 * std / math.sqrt(n)
+
+
+def test_central_noise_has_the_stated_variance() -> None:
+    z, clip, d = 1.3, 0.7, 5.0
+    stage = CentralNoise(z, clip, d)
+    vec = torch.zeros(200_000, dtype=torch.float64)
+    out = stage.apply(vec, StageContext(3, seed=11))
+    _variance_ok(out, z * clip / d)  # z C on the sum, z C / D on the mean
+    again = stage.apply(vec, StageContext(3, seed=11))
+    assert torch.equal(out, again)  # derived generator: reproducible
+
+
+def test_local_noise_has_the_stated_variance_and_differs_per_client() -> None:
+    stage = LocalNoise(2.0, 0.5)
+    vec = torch.zeros(100_000, dtype=torch.float64)
+    a = stage.apply(vec, StageContext(0, 1, client_id=1))
+    b = stage.apply(vec, StageContext(0, 1, client_id=2))
+    _variance_ok(a, 1.0)
+    assert not torch.equal(a, b)
+
+
+def test_dp_mean_caps_weights_and_uses_a_fixed_denominator() -> None:
+    u = torch.tensor([[1.0, 0.0], [0.0, 1.0]], dtype=torch.float64)
+    agg = DPMean(4.0, weight_cap=10)
+    out = agg.aggregate(u, torch.tensor([5.0, 1000.0]))
+    assert torch.allclose(out, torch.tensor([0.5 / 4, 1.0 / 4], dtype=torch.float64))
+    acc = agg.start(2, torch.float64)
+    acc.add(u[0], 5.0)
+    acc.add(u[1], 1000.0)
+    assert torch.equal(acc.result(), out)
+
+
+def test_adaptive_clip_moves_towards_the_quantile() -> None:
+    gen = torch.Generator().manual_seed(0)
+    # all 10 unclipped: b = 1 > gamma = 0.5, so C shrinks by about exp(-0.2 * 0.5)
+    c = next_clip_norm(1.0, 10, 10.0, 1e-9, 0.5, 0.2, gen)
+    assert c == pytest.approx(math.exp(-0.1))
+    c = next_clip_norm(1.0, 0, 10.0, 1e-9, 0.5, 0.2, gen)
+    assert c == pytest.approx(math.exp(0.1))
+
+
+@pytest.mark.parametrize(
+    "sampling,kind", [("fixed", "rdp"), ("poisson", "rdp"), ("poisson", "pld")]
+)
+def test_accountant_equals_dp_accounting(sampling: Any, kind: Any) -> None:
+    acc = Accountant(1.1, 1000, 50, 1e-5, kind, sampling)
+    gauss = dpa.GaussianDpEvent(1.1)
+    if sampling == "poisson":
+        event: dpa.DpEvent = dpa.PoissonSampledDpEvent(0.05, gauss)
+    else:
+        event = dpa.SampledWithoutReplacementDpEvent(1000, 50, gauss)
+    if kind == "pld":
+        ref: dpa.PrivacyAccountant = pld.PLDAccountant()
+    elif sampling == "fixed":
+        ref = rdp.RdpAccountant(
+            list(range(2, 64)) + [80, 128, 256, 512], dpa.NeighboringRelation.REPLACE_ONE
+        )
+    else:
+        ref = rdp.RdpAccountant([1.5, 1.75, *range(2, 64), 80, 128, 256, 512])
+    ref.compose(event, 30)
+    assert acc.epsilon(30) == pytest.approx(ref.get_epsilon(1e-5), rel=1e-9)
+    assert acc.epsilon(10) < acc.epsilon(30)
+
+
+def test_local_epsilon_and_calibration() -> None:
+    ref = rdp.RdpAccountant([1.5, 1.75, *range(2, 64), 80, 128, 256, 512])
+    ref.compose(dpa.GaussianDpEvent(3.0), 4)
+    assert local_epsilon(3.0, 4, 1e-5) == pytest.approx(ref.get_epsilon(1e-5))
+    z = calibrate_noise(2.0, 1e-5, 50, 0.02, num_clients=5000)
+    eps = Accountant(z, 5000, 100, 1e-5, "rdp", "poisson").epsilon(50)
+    assert eps <= 2.0 and eps > 1.95
+
+
+def test_target_epsilon_refuses_to_start_then_stops(
+    make_data: MakeData, one_thread: None, tmp_path: Path
+) -> None:
+    data = make_data([30, 20, 40, 30, 25, 35])
+    priv = {"dp": "central", "noise_multiplier": 1.0, "delta": 1e-3, "target_epsilon": 0.1}
+    with pytest.raises(ConfigError, match="first round"):
+        run(from_dict({**BASE, "privacy": priv}), data, store=False)
+    cfg = from_dict({**BASE, "runs_dir": str(tmp_path), "privacy": {**priv, "target_epsilon": 3.0}})
+    acc = Accountant(1.0, 6, 3, 1e-3)
+    allowed = max(t for t in range(4) if acc.epsilon(t) <= 3.0)
+    result = run(cfg, data)
+    assert len(result.rounds) == allowed < 3
+    assert "privacy budget" in result.summary["privacy_stop"]
+    with RunStore.open(result.run_dir or "") as store:
+        rows = store.privacy()
+    assert [r[1] for r in rows] == pytest.approx([acc.epsilon(t + 1) for t in range(allowed)])
+
+
+def test_central_dp_run_equals_clipped_mean_plus_noise(
+    make_data: MakeData, one_thread: None
+) -> None:
+    """z -> tiny: the DP run approaches the clipped uniform-mean run; the pipeline
+    says what ran."""
+    data = make_data([30, 20, 40, 30, 25, 35])
+    priv = {"dp": "central", "noise_multiplier": 1.0, "clip_norm": 0.3}
+    result = run(from_dict({**BASE, "privacy": priv}), data, store=False)
+    assert "clip -> encode" in result.summary["pipeline"]
+    assert "dp_mean -> central_dp" in result.summary["pipeline"]
+    assert result.summary["privacy"]["epsilon"] == pytest.approx(
+        Accountant(1.0, 6, 3, 6**-1.1).epsilon(3)
+    )
+    with pytest.raises(ConfigError, match="robust.aggregator"):
+        from fedforge.experiment import build
+
+        build(from_dict({**BASE, "privacy": priv, "robust": {"aggregator": "median"}}), data)
