@@ -19,7 +19,7 @@ from fedforge.accountant import Accountant, local_epsilon
 from fedforge.config import Config
 from fedforge.config.privacy import delta_of
 from fedforge.errors import ConfigError
-from fedforge.pipeline import Stage
+from fedforge.pipeline import RULES, Pipeline, Stage
 from fedforge.rng import torch_generator
 from fedforge.server.sampling import cohort_size
 from fedforge.stages.clip import Clip, ClipBoard
@@ -200,3 +200,74 @@ def noise_std_on_sum(parts: PrivacyParts, state: dict[str, Any]) -> float:
 
 
 __all__ = ["PrivacyParts", "assemble", "noise_std_on_sum"]
+
+
+# ----------------------------------------------------------------- order rules
+NOISE_STAGES = ("local_dp", "central_dp")
+
+
+def _clip_before_noise(p: Pipeline) -> str | None:
+    names = [s.name for s in p.client]
+    noisy = [s.name for s in (*p.client, *p.server_aggregate) if s.name in NOISE_STAGES]
+    if not noisy:
+        return None
+    if "clip" not in names:
+        return f"'{noisy[0]}' adds noise calibrated to a clip norm, but no client stage clips"
+    if "local_dp" in names and names.index("local_dp") < names.index("clip"):
+        return "'local_dp' comes before 'clip': noise is calibrated to the clipped norm"
+    return None
+
+
+def _residual_after_noise(p: Pipeline) -> str | None:
+    names = [s.name for s in p.client]
+    if "local_dp" not in names:
+        return None
+    early = [n for n in names[: names.index("local_dp")] if n.endswith("+ef") or n == "ef"]
+    if early:
+        return (
+            f"error feedback '{early[0]}' keeps its residual before 'local_dp': the residual "
+            "would hold un-noised data and leak it later; take it after noise"
+        )
+    return None
+
+
+def _dp_weights_capped(p: Pipeline) -> str | None:
+    central = any(s.name == "central_dp" for s in p.server_aggregate)
+    if central and p.aggregator.name != "dp_mean":
+        return (
+            f"central DP with aggregator '{p.aggregator.name}': example-count weights let one "
+            "client outweigh the clip bound; use the DP mean (uniform weights or a weight cap)"
+        )
+    return None
+
+
+def _secagg_rules(p: Pipeline) -> str | None:
+    if p.codec.name != "secagg":
+        return None
+    agg = p.aggregator
+    if agg.needs_individual or not agg.linear:
+        return (
+            f"secure aggregation shows the server only the sum, but aggregator '{agg.name}' "
+            "needs individual updates; use robust.aggregator = mean"
+        )
+    if p.cohort:
+        return (
+            f"secure aggregation hides each update, so the per-upload/cohort gate "
+            f"'{p.cohort[0].name}' cannot see it; remove robust.norm_gate and colluding attacks"
+        )
+    nonlinear = [s.name for s in p.server_upload if not s.linear]
+    if nonlinear:
+        return f"server upload stage '{nonlinear[0]}' is not linear: it cannot run on a sum"
+    names = [s.name for s in p.client]
+    last_dp = max((i for i, n in enumerate(names) if n in ("clip", "local_dp")), default=-1)
+    late = [s.name for s in p.client[last_dp + 1 :] if not s.linear]
+    if late:
+        return (
+            f"client stage '{late[0]}' between DP and the secure-aggregation mask is not "
+            "linear: the server could not undo it on the sum"
+        )
+    check = getattr(p.codec, "wrap_reason", None)
+    return check() if callable(check) else None
+
+
+RULES.extend([_clip_before_noise, _residual_after_noise, _dp_weights_capped, _secagg_rules])

@@ -1,0 +1,293 @@
+"""Secure aggregation (Bonawitz et al. 2017, "Practical secure aggregation for
+privacy-preserving machine learning"): the server learns the sum of the
+cohort's updates and nothing else, even when clients drop out at any phase.
+
+Each client encodes its clipped delta in fixed point, x -> round(x 2^f) mod 2^k
+(k sized from the clip bound and the cohort so that the sum cannot wrap), and
+adds a self mask PRG(b_i) and pairwise masks +-PRG(s_ij) that cancel in the sum.
+Real cryptography (``cryptography``): X25519 key agreement, HKDF to derive the
+pairwise seeds and channel keys, AES-GCM for the secret shares the server
+routes, AES-CTR as the PRG. Shamir shares (``shamir.py``, threshold t) of b_i
+and of the mask key let the survivors unmask: the server rebuilds b_i of every
+client whose masked input arrived and the mask key of every client that
+dropped after sharing keys. Fewer than t survivors at any phase end the round.
+
+Phases: advertise keys, share keys, masked input, unmasking. Client code is
+:class:`SecAggClient` (runs on the client; trusts only its own keys and the
+authenticated ciphertexts); :func:`secure_sum` is the server (trusts nothing:
+it only ever sees masked vectors and shares); it reaches the clients through a
+``call(phase, client_id, message)`` function: calls in simulation, messages in
+deployment.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from fedforge.errors import ConfigError
+from fedforge.stages import shamir
+
+PHASES = ("advertise", "share_keys", "masked_input", "unmask")
+RAW = serialization.Encoding.Raw
+
+
+# --------------------------------------------------------------- fixed point
+def modulus_bits(clip_norm: float, cohort: int, frac_bits: int) -> int:
+    """k such that the sum of ``cohort`` vectors of coordinates in [-C, C], each
+    rounded to 2^-f, lies in (-2^(k-1), 2^(k-1)): no wrap-around."""
+    bound = cohort * (clip_norm * 2**frac_bits + 0.5)
+    k = math.floor(math.log2(bound)) + 2
+    if k > 64:
+        raise ConfigError(
+            f"secure aggregation of {cohort} updates of norm <= {clip_norm} at "
+            f"{frac_bits} fraction bits needs a {k}-bit modulus (> 64): lower "
+            "privacy.secagg_frac_bits or the clip norm"
+        )
+    return k
+
+
+@dataclass(frozen=True)
+class FixedPoint:
+    """x -> round(x 2^f) mod 2^k as uint64, and sums back to floats."""
+
+    frac_bits: int
+    bits: int
+
+    @property
+    def mask(self) -> np.uint64:
+        return np.uint64((1 << self.bits) - 1) if self.bits < 64 else np.uint64(2**64 - 1)
+
+    def encode(self, x: np.ndarray) -> np.ndarray:
+        q = np.rint(np.asarray(x, dtype=np.float64) * 2.0**self.frac_bits).astype(np.int64)
+        return q.astype(np.uint64) & self.mask
+
+    def decode(self, total: np.ndarray) -> np.ndarray:
+        v = (total & self.mask).astype(np.uint64)
+        signed = v.astype(np.int64)
+        if self.bits < 64:
+            half = np.uint64(1 << (self.bits - 1))
+            signed = np.where(v >= half, signed - np.int64(1 << self.bits), signed)
+        return signed.astype(np.float64) / 2.0**self.frac_bits
+
+
+def prg(seed: bytes, size: int, mask: np.uint64) -> np.ndarray:
+    """``size`` uint64 words of AES-256-CTR keystream under ``seed``, masked to k bits."""
+    enc = Cipher(algorithms.AES(seed), modes.CTR(b"\0" * 16)).encryptor()
+    words = np.frombuffer(enc.update(b"\0" * (8 * size)), dtype=np.uint64)
+    return words & mask
+
+
+def _hkdf(secret: bytes, info: bytes) -> bytes:
+    return HKDF(hashes.SHA256(), 32, None, info).derive(secret)
+
+
+def _pk(raw: bytes) -> X25519PublicKey:
+    return X25519PublicKey.from_public_bytes(raw)
+
+
+# -------------------------------------------------------------------- client
+class SecAggClient:
+    """One client's side of one round; its secrets never leave it unshared."""
+
+    def __init__(self, client_id: int, round_idx: int, threshold: int, fp: FixedPoint) -> None:
+        self.id, self.round, self.t, self.fp = client_id, round_idx, threshold, fp
+        self.c_sk = X25519PrivateKey.generate()  # channel key (encrypts shares)
+        self.s_sk = X25519PrivateKey.generate()  # mask key (pairwise seeds)
+        self.b = os.urandom(32)  # self-mask seed
+        self.keys: dict[int, tuple[bytes, bytes]] = {}
+        self.inbox: dict[int, bytes] = {}
+        self.u2: list[int] = []
+
+    def advertise(self) -> tuple[bytes, bytes]:
+        return self.c_sk.public_key().public_bytes_raw(), self.s_sk.public_key().public_bytes_raw()
+
+    def _channel(self, other: int) -> AESGCM:
+        shared = self.c_sk.exchange(_pk(self.keys[other][0]))
+        return AESGCM(_hkdf(shared, b"fedforge secagg channel %d" % self.round))
+
+    def _aad(self, sender: int, receiver: int) -> bytes:
+        return b"%d/%d/%d" % (self.round, sender, receiver)
+
+    def share_keys(self, keys: Mapping[int, tuple[bytes, bytes]]) -> dict[int, bytes]:
+        """Shamir-share b and the mask key among the advertised clients; one AES-GCM
+        ciphertext per other client, routed by the server."""
+        if len(keys) < self.t:
+            raise ValueError(f"only {len(keys)} clients advertised keys; threshold is {self.t}")
+        self.keys = dict(keys)
+        ids = sorted(keys)
+        raw_s = self.s_sk.private_bytes_raw()
+        b_shares = dict(shamir.split(int.from_bytes(self.b, "big"), [j + 1 for j in ids], self.t))
+        s_shares = dict(shamir.split(int.from_bytes(raw_s, "big"), [j + 1 for j in ids], self.t))
+        out = {}
+        for j in ids:
+            if j == self.id:
+                self.own = (b_shares[j + 1], s_shares[j + 1])
+                continue
+            plain = b"%d|%d|%d|%d" % (self.id, j, b_shares[j + 1], s_shares[j + 1])
+            nonce = os.urandom(12)
+            out[j] = nonce + self._channel(j).encrypt(nonce, plain, self._aad(self.id, j))
+        return out
+
+    def receive(self, ciphertexts: Mapping[int, bytes], u2: Sequence[int]) -> None:
+        """The shares others sent this client, and who shared (U2)."""
+        self.inbox = dict(ciphertexts)
+        self.u2 = sorted(u2)
+
+    def masked_input(self, x: np.ndarray) -> np.ndarray:
+        """y = encode(x) + PRG(b) + sum_{j>i} PRG(s_ij) - sum_{j<i} PRG(s_ij) mod 2^k."""
+        if len(self.u2) < self.t:
+            raise ValueError(f"only {len(self.u2)} clients shared keys; threshold is {self.t}")
+        mask = self.fp.mask
+        y = self.fp.encode(x) + prg(self.b, x.size, mask)
+        for j in self.u2:
+            if j == self.id:
+                continue
+            p = pairwise(self.s_sk, self.keys[j][1], self.round, x.size, mask)
+            y = y + p if j > self.id else y - p
+        return y & mask
+
+    def unmask(self, u3: Sequence[int]) -> dict[int, tuple[str, int]]:
+        """For each other client of U2: its b share if it sent a masked input
+        (in U3), else its mask-key share, never both."""
+        if len(u3) < self.t:
+            raise ValueError(f"only {len(u3)} masked inputs; threshold is {self.t}")
+        alive = set(u3)
+        out: dict[int, tuple[str, int]] = {self.id: ("b", self.own[0])}
+        for j in self.u2:
+            if j == self.id:
+                continue
+            ct = self.inbox[j]
+            plain = self._channel(j).decrypt(ct[:12], ct[12:], self._aad(j, self.id))
+            sender, receiver, b_share, s_share = (int(v) for v in plain.split(b"|"))
+            if (sender, receiver) != (j, self.id):
+                raise ValueError(f"share from client {j} is labelled {sender} -> {receiver}")
+            out[j] = ("b", b_share) if j in alive else ("s", s_share)
+        return out
+
+
+def pairwise(
+    sk: X25519PrivateKey, other_pk: bytes, round_idx: int, size: int, mask: np.uint64
+) -> np.ndarray:
+    """PRG(s_ij), s_ij = HKDF(X25519(sk_i, pk_j)): the same for i and j."""
+    seed = _hkdf(sk.exchange(_pk(other_pk)), b"fedforge secagg mask %d" % round_idx)
+    return prg(seed, size, mask)
+
+
+# -------------------------------------------------------------------- server
+Call = Callable[[str, int, Any], Any]  # (phase, client id, message) -> reply
+
+
+@dataclass
+class SecAggResult:
+    """The unmasked sum (None when the round ended) and what happened."""
+
+    total: np.ndarray | None
+    reason: str | None
+    survivors: list[int]  # clients whose inputs are in the sum
+    bytes_up: int = 0
+
+
+def secure_sum(
+    clients: Sequence[int],
+    size: int,
+    threshold: int,
+    fp: FixedPoint,
+    call: Call,
+    drops: Mapping[str, set[int]] | None = None,
+) -> SecAggResult:
+    """The server's four phases. ``call`` reaches a client (None: it dropped);
+    ``drops`` simulates clients that stop answering before a phase."""
+    drops = drops or {}
+
+    def ask(phase: str, ids: Sequence[int], msg: Callable[[int], Any]) -> dict[int, Any]:
+        replies = {}
+        for c in ids:
+            if c in drops.get(phase, set()):
+                continue
+            reply = call(phase, c, msg(c))
+            if reply is not None:
+                replies[c] = reply
+        return replies
+
+    def short(phase: str, got: int) -> SecAggResult:
+        why = f"secure aggregation: {got} clients left after '{phase}', fewer than t = {threshold}"
+        return SecAggResult(None, why, [])
+
+    keys = ask("advertise", clients, lambda c: None)
+    if len(keys) < threshold:
+        return short("advertise", len(keys))
+    u1 = sorted(keys)
+    shares = ask("share_keys", u1, lambda c: keys)
+    if len(shares) < threshold:
+        return short("share_keys", len(shares))
+    u2 = sorted(shares)
+    routed = {j: {i: shares[i][j] for i in u2 if i != j} for j in u2}
+    masked = ask("masked_input", u2, lambda c: (routed[c], u2))
+    if len(masked) < threshold:
+        return short("masked_input", len(masked))
+    u3 = sorted(masked)
+    replies = ask("unmask", u3, lambda c: u3)
+    if len(replies) < threshold:
+        return short("unmask", len(replies))
+    total = np.zeros(size, dtype=np.uint64)
+    for c in u3:
+        total = total + masked[c]
+    mask = fp.mask
+    for j in u2:  # each client's b (in U3) or mask key (dropped after sharing)
+        kind = "b" if j in u3 else "s"
+        pts = [(i + 1, r[j][1]) for i, r in replies.items() if j in r and r[j][0] == kind]
+        if len(pts) < threshold:
+            return SecAggResult(None, f"only {len(pts)} shares of client {j}'s {kind}", [])
+        secret = shamir.reconstruct(pts[:threshold]).to_bytes(32, "big")
+        if kind == "b":
+            total = total - prg(secret, size, mask)
+            continue
+        sk = X25519PrivateKey.from_private_bytes(secret)
+        for i in u3:  # survivor i added +PRG(s_ij) if j > i, else -PRG(s_ij)
+            p = pairwise(sk, keys[i][1], fp_round(call), size, mask)
+            total = total - p if j > i else total + p
+    return SecAggResult(total & mask, None, u3)
+
+
+def fp_round(call: Call) -> int:
+    """The round a ``call`` belongs to (a bound attribute; 0 by default)."""
+    return int(getattr(call, "round_idx", 0))
+
+
+class Simulated:
+    """The simulation's ``call``: one :class:`SecAggClient` per client in this
+    process, each fed its own input at the masked-input phase."""
+
+    def __init__(
+        self, inputs: Mapping[int, np.ndarray], round_idx: int, threshold: int, fp: FixedPoint
+    ) -> None:
+        self.inputs = inputs
+        self.round_idx = round_idx
+        self.clients = {c: SecAggClient(c, round_idx, threshold, fp) for c in inputs}
+        self.bytes_up = 0
+
+    def __call__(self, phase: str, client_id: int, message: Any) -> Any:
+        cl = self.clients[client_id]
+        if phase == "advertise":
+            return cl.advertise()
+        if phase == "share_keys":
+            out = cl.share_keys(message)
+            self.bytes_up += sum(len(v) for v in out.values())
+            return out
+        if phase == "masked_input":
+            cl.receive(*message)
+            y = cl.masked_input(self.inputs[client_id])
+            self.bytes_up += y.nbytes
+            return y
+        return cl.unmask(message)
