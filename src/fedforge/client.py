@@ -8,7 +8,7 @@ same task runs in-process (serial engine), on a worker (Ray) or on a device
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -17,6 +17,7 @@ from torch import nn
 from torch.func import functional_call
 
 from fedforge.algorithms.base import Algorithm, LocalPlan, LossFn
+from fedforge.algorithms.local import ClientJob, GradHook, LocalStep, full_gradient
 from fedforge.params import ParamSpec
 from fedforge.pipeline import Stage, StageContext
 from fedforge.rng import torch_generator
@@ -71,17 +72,29 @@ def local_sgd(
     plan: LocalPlan,
     loss_fn: LossFn,
     gen: torch.Generator,
+    hook: GradHook | None = None,
+    state: Mapping[str, torch.Tensor] | None = None,
 ) -> LocalResult:
-    """``plan.local_epochs`` epochs of plain minibatch SGD from ``start``.
+    """``plan.local_epochs`` epochs of minibatch SGD from ``start``.
 
     ``model`` only gives the architecture: its own tensors are never read or
-    written; the parameters live in one flat vector updated in place.
+    written; the parameters live in one flat vector updated in place. Plain SGD
+    without a ``hook`` takes the fast path (one ``_foreach_add_``); otherwise each
+    step is :class:`~fedforge.algorithms.local.LocalStep` on ``[1, ...]`` views,
+    the very code the vectorised engine runs on ``[K, ...]`` (``state``: the
+    client's ``[1, P]`` tensors prepared by the algorithm, e.g. SCAFFOLD's c - c_k).
     """
     params = start.clone()
     # Leaf tensors that are views of the flat vector: in-place steps on them
     # update ``params`` directly, and autograd gives one gradient per tensor.
     leaves = {k: v.detach().requires_grad_(True) for k, v in spec.views(params).items()}
     tensors = list(leaves.values())
+    step: LocalStep | None = None
+    if hook is not None or not plan.plain:
+        batched = list(spec.views(params.unsqueeze(0)).values())
+        anchor = list(spec.views(start.unsqueeze(0)).values())
+        per_client = {k: list(spec.views(v).values()) for k, v in (state or {}).items()}
+        step = LocalStep(plan, batched, anchor, per_client, hook)
     model.train()
     total_loss = 0.0
     seen = 0
@@ -90,8 +103,11 @@ def local_sgd(
         for idx in minibatches(len(y), plan.batch_size, gen):
             loss = loss_fn(functional_call(model, leaves, (x[idx],)), y[idx]).mean()
             grads = torch.autograd.grad(loss, tensors)
-            with torch.no_grad():
-                torch._foreach_add_(tensors, grads, alpha=-plan.lr)
+            if step is not None:
+                step([g.unsqueeze(0) for g in grads])
+            else:
+                with torch.no_grad():
+                    torch._foreach_add_(tensors, grads, alpha=-plan.lr)
             total_loss += loss.detach().item() * len(idx)
             seen += len(idx)
             steps += 1
@@ -126,21 +142,53 @@ class ClientRuntime:
 
     def run(self, task: ClientTask, payload: bytes) -> bytes:
         """Decode the global model, train locally, encode the delta."""
-        start = self.start_params(payload)
+        start, extras = self.start_and_extras(payload)
         x, y = self.data_fn(task.client_id)
         gen = minibatch_generator(task)
+        alg = self.algorithm
+        state = alg.client.begin([task.client_id], start, extras) if alg.client else None
         result = local_sgd(
-            self.model, self.spec, start, x, y, task.plan, self.algorithm.loss_fn, gen
+            self.model, self.spec, start, x, y, task.plan, alg.loss_fn, gen, alg.grad_hook, state
         )
-        return self.finish(task, start, result, len(y))
+        sent = self.end(task, start, result, x, y, extras)
+        return self.finish(task, start, result, len(y), sent)
 
     def start_params(self, payload: bytes) -> torch.Tensor:
         """The global parameters the payload carries, as this client decodes them."""
-        dtype = next(iter(self.model.parameters())).dtype  # the run's dtype
-        return decode_payload(payload, self.downlink, self.spec.size, dtype)
+        return self.start_and_extras(payload)[0]
 
-    def finish(self, task: ClientTask, start: torch.Tensor, result: LocalResult, n: int) -> bytes:
-        """The client stages after local training, then the encoded update."""
+    def start_and_extras(self, payload: bytes) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The global parameters and the algorithm's extra payload tensors (SCAFFOLD's c)."""
+        dtype = next(iter(self.model.parameters())).dtype  # the run's dtype
+        msg = wire.decode(payload)
+        return _payload_params(msg, self.downlink, self.spec.size, dtype), _extras(msg.tensors)
+
+    def end(
+        self,
+        task: ClientTask,
+        start: torch.Tensor,
+        result: LocalResult,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        extras: Mapping[str, torch.Tensor],
+    ) -> dict[str, torch.Tensor]:
+        """The algorithm's client half after training (SCAFFOLD: new c_k, delta c_k)."""
+        if self.algorithm.client is None:
+            return {}
+        grad_fn = full_gradient(self.model, self.spec, self.algorithm.loss_fn)
+        job = ClientJob(task.client_id, start, result, x, y, task.plan.lr, extras, grad_fn)
+        return self.algorithm.client.end(job)
+
+    def finish(
+        self,
+        task: ClientTask,
+        start: torch.Tensor,
+        result: LocalResult,
+        n: int,
+        sent: Mapping[str, torch.Tensor] | None = None,
+    ) -> bytes:
+        """The client stages after local training, then the encoded update (with the
+        algorithm's extra tensors ``sent``, e.g. SCAFFOLD's delta c_k, beside the delta)."""
         ctx = StageContext(task.round_idx, task.seed, task.client_id)
         if self.gate is not None:
             why = self.gate.check(
@@ -157,6 +205,7 @@ class ClientRuntime:
         tensors, codec_meta = self.codec.encode(delta, codec_ctx)
         if self.tamper_fn is not None:
             tensors = self.tamper_fn(tensors, ctx)
+        tensors = {**tensors, **{EXTRA_PREFIX + k: v for k, v in (sent or {}).items()}}
         meta = {
             **codec_meta,
             "client_id": task.client_id,
@@ -170,14 +219,47 @@ class ClientRuntime:
         return wire.encode(tensors, meta)
 
 
+EXTRA_PREFIX = "alg/"  # wire names of an algorithm's tensors beside params or delta
+
+
 def encode_payload(
-    params: torch.Tensor, round_idx: int, codec: Codec | None = None, seed: int = 0
+    params: torch.Tensor,
+    round_idx: int,
+    codec: Codec | None = None,
+    seed: int = 0,
+    extras: Mapping[str, torch.Tensor] | None = None,
 ) -> bytes:
-    """The payload of a round: the global parameters, as they are or by ``codec``."""
+    """The payload of a round: the global parameters, as they are or by ``codec``,
+    and the algorithm's ``extras`` (dense, e.g. SCAFFOLD's server control c)."""
+    more = {EXTRA_PREFIX + k: v for k, v in (extras or {}).items()}
     if codec is None:
-        return wire.encode({"params": params}, {"round_idx": round_idx})
+        return wire.encode({"params": params, **more}, {"round_idx": round_idx})
     tensors, meta = codec.encode(params, CodecContext(seed, round_idx))
-    return wire.encode(tensors, {**meta, "round_idx": round_idx})
+    return wire.encode({**tensors, **more}, {**meta, "round_idx": round_idx})
+
+
+def split_extras(
+    tensors: Mapping[str, torch.Tensor],
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """A message's tensors as (codec tensors, algorithm extras without the prefix)."""
+    own = {k: v for k, v in tensors.items() if not k.startswith(EXTRA_PREFIX)}
+    return own, _extras(tensors)
+
+
+def _extras(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    n = len(EXTRA_PREFIX)
+    return {k[n:]: v for k, v in tensors.items() if k.startswith(EXTRA_PREFIX)}
+
+
+def _payload_params(
+    msg: wire.Message, codec: Codec | None, size: int | None, dtype: torch.dtype | None
+) -> torch.Tensor:
+    own = split_extras(msg.tensors)[0]
+    if codec is None:
+        return own["params"]
+    if size is None or dtype is None:
+        raise ValueError("decoding a compressed payload needs the model's size and dtype")
+    return codec.decode(own, msg.meta, size, dtype)
 
 
 def decode_payload(
@@ -188,12 +270,7 @@ def decode_payload(
 ) -> torch.Tensor:
     """The global parameters carried by a payload (``codec``: how they were encoded,
     into ``size`` parameters of ``dtype``)."""
-    msg = wire.decode(payload)
-    if codec is None:
-        return msg.tensors["params"]
-    if size is None or dtype is None:
-        raise ValueError("decoding a compressed payload needs the model's size and dtype")
-    return codec.decode(msg.tensors, msg.meta, size, dtype)
+    return _payload_params(wire.decode(payload), codec, size, dtype)
 
 
 def minibatch_generator(task: ClientTask) -> torch.Generator:

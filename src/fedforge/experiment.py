@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -13,7 +14,7 @@ from fedforge.algorithms.base import Algorithm
 from fedforge.client import ClientRuntime
 from fedforge.communication import CommunicationParts
 from fedforge.config import Config
-from fedforge.data import Partition, load_mnist, make_partition
+from fedforge.data import Partition, load_mnist, make_partition, synthetic
 from fedforge.engines import Engine
 from fedforge.engines.serial import SerialEngine
 from fedforge.engines.vectorized import VectorizedEngine, unsupported_reason
@@ -21,7 +22,10 @@ from fedforge.models import build_model
 from fedforge.params import ParamSpec
 from fedforge.pipeline import Pipeline
 from fedforge.privacy import PrivacyParts
+from fedforge.rng import numpy_rng
 from fedforge.robust import RobustParts, assemble
+from fedforge.store.checkpoint import RESIDUAL
+from fedforge.store.client_state import ClientStateStore
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -46,12 +50,35 @@ class FederatedData:
 
 def load_federated_data(cfg: Config) -> FederatedData:
     """The configured data set, cast to the run's dtype and partitioned."""
+    if cfg.dataset == "synthetic":
+        return load_synthetic(cfg)
     mnist = load_mnist(cfg.data_dir)
     dtype = DTYPES[cfg.dtype]
     labels = mnist.train_y.numpy()
     partition = make_partition(cfg.partition, cfg.num_clients, labels, cfg.seed)
     return FederatedData(
         mnist.train_x.to(dtype), mnist.train_y, mnist.test_x.to(dtype), mnist.test_y, partition
+    )
+
+
+def load_synthetic(cfg: Config) -> FederatedData:
+    """Synthetic(alpha, beta) of FedProx (``cfg.synthetic``), one user a client, in
+    the generator's own partition (``cfg.partition`` does not apply)."""
+    syn = cfg.synthetic
+    users = synthetic.generate(
+        syn.alpha, syn.beta, syn.iid, cfg.num_clients, numpy_rng(cfg.seed, "synthetic")
+    )
+    split = numpy_rng(cfg.seed, "synthetic-split")
+    train, test = synthetic.train_test_split(users, syn.test_fraction, split)
+    dtype = DTYPES[cfg.dtype]
+    bounds = np.cumsum([0, *train.sizes.tolist()])
+    parts = tuple(np.arange(bounds[k], bounds[k + 1]) for k in range(cfg.num_clients))
+    return FederatedData(
+        torch.from_numpy(np.concatenate(train.xs)).to(dtype),
+        torch.from_numpy(np.concatenate(train.ys)),
+        torch.from_numpy(np.concatenate(test.xs)).to(dtype),
+        torch.from_numpy(np.concatenate(test.ys)),
+        Partition(parts),
     )
 
 
@@ -77,9 +104,9 @@ def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
     """Assemble a run from its config (``data`` may be given to reuse a load)."""
     data = data if data is not None else load_federated_data(cfg)
     dtype = DTYPES[cfg.dtype]
-    model = build_model(cfg.model, cfg.seed, dtype)
+    model = build_model(cfg.model, cfg.seed, dtype, cfg.dataset)
     spec = ParamSpec.of(model)
-    algorithm = algorithms.from_config(cfg)
+    algorithm = algorithms.from_config(cfg, spec.size, dtype)
     robust = assemble(cfg, data.client_data)
     comm = communication.assemble(cfg, spec, dtype, data.partition, data.train_y)
     sizes = [data.num_examples(c) for c in range(cfg.num_clients)]
@@ -108,6 +135,17 @@ def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
     return Experiment(
         cfg, data, model, spec, algorithm, pipeline, engine, params, note, robust, comm, priv
     )
+
+
+def client_tables(exp: Experiment) -> dict[str, ClientStateStore]:
+    """The run's per-client tables by name (error-feedback ``residual``, SCAFFOLD's
+    ``control``): the loop state keeps them and checkpoints save them."""
+    tables: dict[str, ClientStateStore] = {}
+    if exp.comm is not None and exp.comm.client_state is not None:
+        tables[RESIDUAL] = exp.comm.client_state
+    if exp.algorithm.client is not None:
+        tables.update(exp.algorithm.client.tables)
+    return tables
 
 
 def make_engine(name: str, runtime: ClientRuntime) -> tuple[Engine, str | None]:

@@ -2,16 +2,52 @@
 
 from __future__ import annotations
 
+import os
+import secrets
+import tempfile
+from pathlib import Path
+
+import torch
+
 from fedforge.algorithms.base import Algorithm, LocalPlan, cross_entropy
 from fedforge.algorithms.fedavg import fedavg, fedsgd
+from fedforge.algorithms.fedprox import fedprox
+from fedforge.algorithms.scaffold import scaffold
 from fedforge.config import Config
+from fedforge.store.client_state import make_state_store
 
 
-def from_config(cfg: Config) -> Algorithm:
-    """The algorithm bundle a config names."""
+def from_config(
+    cfg: Config, size: int | None = None, dtype: torch.dtype | None = None
+) -> Algorithm:
+    """The algorithm bundle a config names. SCAFFOLD keeps an ``[N, size]`` table
+    of client controls in ``dtype`` (the run's), so it needs both."""
     if cfg.algorithm == "fedsgd":
         return fedsgd(cfg.lr, cfg.lr_decay)
-    return fedavg(cfg.local_epochs, cfg.batch_size, cfg.lr, cfg.lr_decay)
+    loc, drop = cfg.local, cfg.stragglers.drop
+    mom, wd, clip = loc.momentum, loc.weight_decay, loc.grad_clip
+    e, b, lr, decay = cfg.local_epochs, cfg.batch_size, cfg.lr, cfg.lr_decay
+    if cfg.algorithm == "fedprox":  # keeps stragglers' partial work unless told otherwise
+        keep = drop if drop is not None else False
+        return fedprox(e, b, lr, cfg.mu, decay, keep, mom, wd, clip)
+    dropping = drop if drop is not None else True  # FedAvg and SCAFFOLD drop stragglers
+    if cfg.algorithm == "scaffold":
+        if size is None or dtype is None:
+            raise ValueError("SCAFFOLD needs the model's size and dtype for its client controls")
+        tag = f"fedforge-scaffold-{os.getpid()}-{secrets.token_hex(3)}"
+        store = make_state_store(cfg.num_clients, size, dtype, Path(tempfile.gettempdir()) / tag)
+        option = cfg.scaffold.option
+        return scaffold(e, b, lr, store, option, decay, dropping, mom, wd, clip)
+    return fedavg(e, b, lr, decay, dropping, mom, wd, clip)
 
 
-__all__ = ["Algorithm", "LocalPlan", "cross_entropy", "fedavg", "fedsgd", "from_config"]
+__all__ = [
+    "Algorithm",
+    "LocalPlan",
+    "cross_entropy",
+    "fedavg",
+    "fedprox",
+    "fedsgd",
+    "from_config",
+    "scaffold",
+]

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from fedforge.params import ParamKind
+
+if TYPE_CHECKING:
+    from fedforge.algorithms.local import ClientTerms, GradHook, ServerTerms
 
 # (logits [B, C], labels [B]) -> per-example losses [B]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -22,11 +26,21 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 class LocalPlan:
     """What every client of one round does: ``local_epochs`` passes of minibatch SGD
     over its data in batches of ``batch_size`` (``None``: the whole client data set,
-    the paper's B = infinity) at learning rate ``lr``."""
+    the paper's B = infinity) at learning rate ``lr``; optionally with heavy-ball
+    ``momentum``, ``weight_decay`` (both as ``torch.optim.SGD``) and the gradient
+    clipped to L2 norm ``grad_clip`` at every step (see algorithms/local.py)."""
 
     local_epochs: int
     batch_size: int | None
     lr: float
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    grad_clip: float | None = None
+
+    @property
+    def plain(self) -> bool:
+        """True for plain SGD (no knob set): the engines' fast path."""
+        return self.momentum == 0.0 and self.weight_decay == 0.0 and self.grad_clip is None
 
 
 @dataclass(frozen=True)
@@ -39,6 +53,11 @@ class Algorithm:
     plan_fn: Callable[[int], LocalPlan]
     loss_fn: LossFn
     shared_kinds: tuple[ParamKind, ...] = ("weight", "batchnorm")
+    # a term added to every local gradient (FedProx's proximal term, SCAFFOLD's correction)
+    grad_hook: GradHook | None = None
+    client: ClientTerms | None = None  # per-client state and extra update tensors (SCAFFOLD)
+    server: ServerTerms | None = None  # server state, payload extras and their update
+    drop_stragglers: bool = True  # FedAvg drops clients that did fewer epochs; FedProx keeps them
 
     def plan(self, round_idx: int) -> LocalPlan:
         return self.plan_fn(round_idx)

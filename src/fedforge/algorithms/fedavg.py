@@ -24,10 +24,20 @@ class _DecayedPlan:
     batch_size: int | None
     lr: float
     lr_decay: float
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    grad_clip: float | None = None
 
     def __call__(self, round_idx: int) -> LocalPlan:
         lr = self.lr * self.lr_decay**round_idx
-        return LocalPlan(self.local_epochs, self.batch_size, lr)
+        return LocalPlan(
+            self.local_epochs,
+            self.batch_size,
+            lr,
+            self.momentum,
+            self.weight_decay,
+            self.grad_clip,
+        )
 
 
 def fedavg(
@@ -35,10 +45,16 @@ def fedavg(
     batch_size: int | None,
     lr: float,
     lr_decay: float = 1.0,
+    drop_stragglers: bool = True,
+    momentum: float = 0.0,
+    weight_decay: float = 0.0,
+    grad_clip: float | None = None,
 ) -> Algorithm:
-    """FedAvg with E = ``local_epochs``, B = ``batch_size`` (None: infinity)."""
-    plan = _DecayedPlan(local_epochs, batch_size, lr, lr_decay)
-    return Algorithm("fedavg", plan, cross_entropy)
+    """FedAvg with E = ``local_epochs``, B = ``batch_size`` (None: infinity); the
+    local knobs (momentum, weight decay, clipping) are those of ``LocalPlan``.
+    Stragglers (clients that did fewer epochs) are dropped, as in the paper."""
+    plan = _DecayedPlan(local_epochs, batch_size, lr, lr_decay, momentum, weight_decay, grad_clip)
+    return Algorithm("fedavg", plan, cross_entropy, drop_stragglers=drop_stragglers)
 
 
 def fedsgd(lr: float, lr_decay: float = 1.0) -> Algorithm:

@@ -1,5 +1,11 @@
 """Typed, frozen run configuration: YAML in, validated, every error naming the field."""
 
+from fedforge.config.noniid import (
+    LocalConfig,
+    ScaffoldConfig,
+    StragglerConfig,
+    SyntheticConfig,
+)
 from fedforge.config.parse import dump, from_dict, load, override, parse_override, to_dict
 from fedforge.config.privacy import PrivacyConfig
 from fedforge.config.schema import (
@@ -35,6 +41,10 @@ __all__ = [
     "PartitionConfig",
     "PartitionKind",
     "PrivacyConfig",
+    "LocalConfig",
+    "ScaffoldConfig",
+    "StragglerConfig",
+    "SyntheticConfig",
     "RobustConfig",
     "ServerOptimizerConfig",
     "ServerOptimizerKind",

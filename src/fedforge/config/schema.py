@@ -11,13 +11,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from fedforge.config.noniid import (
+    LocalConfig,
+    ScaffoldConfig,
+    StragglerConfig,
+    SyntheticConfig,
+    validate_noniid,
+)
 from fedforge.config.privacy import PrivacyConfig, validate_privacy
 from fedforge.errors import ConfigError
 
 PartitionKind = Literal["iid", "shards", "dirichlet", "quantity"]
-Algorithm = Literal["fedavg", "fedsgd"]
-ModelName = Literal["cnn", "2nn"]
-Dataset = Literal["mnist"]
+Algorithm = Literal["fedavg", "fedsgd", "fedprox", "scaffold"]
+ModelName = Literal["cnn", "2nn", "logreg"]
+Dataset = Literal["mnist", "synthetic"]
 Engine = Literal["serial", "vectorized"]
 DType = Literal["float32", "float64"]
 
@@ -138,6 +145,11 @@ class Config:
     robust: RobustConfig = field(default_factory=RobustConfig)
     communication: CommunicationConfig = field(default_factory=CommunicationConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    mu: float = 0.01  # fedprox: the proximal coefficient (the paper's grid 0.001..1)
+    local: LocalConfig = field(default_factory=LocalConfig)
+    stragglers: StragglerConfig = field(default_factory=StragglerConfig)
+    scaffold: ScaffoldConfig = field(default_factory=ScaffoldConfig)
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     rounds: int = 60
     target_accuracy: float | None = 0.99
     eval_every: int = 1
@@ -155,6 +167,7 @@ class Config:
         _validate(self)
         _validate_communication(self)
         validate_privacy(self.privacy)
+        validate_noniid(self)
 
 
 def invalid(name: str, value: Any, allowed: str) -> ConfigError:

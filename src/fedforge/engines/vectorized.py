@@ -13,13 +13,14 @@ simulation; trusts nothing but the payload, like the serial engine.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from fedforge.algorithms.base import LocalPlan, LossFn
+from fedforge.algorithms.local import GradHook, LocalStep
 from fedforge.client import (
     ClientRuntime,
     ClientTask,
@@ -99,12 +100,18 @@ def vectorized_local_sgd(
     plan: LocalPlan,
     loss_fn: LossFn,
     gens: list[torch.Generator],
+    hook: GradHook | None = None,
+    state: Mapping[str, torch.Tensor] | None = None,
+    epochs: Sequence[int] | None = None,
 ) -> list[LocalResult]:
     """Local SGD of K clients at once, from the same ``start``; the batched twin of
-    :func:`fedforge.client.local_sgd` (same minibatches, same steps)."""
+    :func:`fedforge.client.local_sgd` (same minibatches, same steps). ``epochs``:
+    each client's own number of epochs (stragglers do fewer; default: the plan's);
+    ``state``: the algorithm's per-client ``[K, P]`` tensors for ``hook``."""
+    per_client = epochs if epochs is not None else [plan.local_epochs] * len(ys)
     schedules = [
-        [idx for _ in range(plan.local_epochs) for idx in minibatches(len(y), plan.batch_size, g)]
-        for y, g in zip(ys, gens, strict=True)
+        [idx for _ in range(e) for idx in minibatches(len(y), plan.batch_size, g)]
+        for y, g, e in zip(ys, gens, per_client, strict=True)
     ]
     offsets = [0]
     for y in ys[:-1]:
@@ -127,11 +134,21 @@ def vectorized_local_sgd(
     views = spec.views(params)
     tensors = list(views.values())
     loss_sum = torch.zeros(len(xs), dtype=torch.float64)
+    local: LocalStep | None = None
+    if hook is not None or not plan.plain:
+        anchor = list(spec.views(start.unsqueeze(0)).values())
+        rows_of = {k: list(spec.views(v).values()) for k, v in (state or {}).items()}
+        local = LocalStep(plan, tensors, anchor, rows_of, hook)
+    active = mask.any(dim=2)  # [S, K]: the client still has a real step
     model.train()
     for step in range(index.shape[0]):
         rows = index[step]
         grads, losses = step_fn(views, x_all[rows], y_all[rows], weights[step])
-        torch._foreach_add_(tensors, [grads[k] for k in views], alpha=-plan.lr)
+        if local is not None:
+            live = active[step]
+            local([grads[k] for k in views], None if bool(live.all()) else live)
+        else:
+            torch._foreach_add_(tensors, [grads[k] for k in views], alpha=-plan.lr)
         loss_sum += losses.detach().to(torch.float64) * mask[step].sum(dim=1)
     seen = [sum(len(b) for b in s) for s in schedules]
     return [
@@ -179,7 +196,7 @@ class VectorizedEngine:
         if not tasks:
             return
         rt = self.runtime
-        start = rt.start_params(payload)
+        start, extras = rt.start_and_extras(payload)
         lo = 0
         while lo < len(tasks):
             t0 = time.perf_counter()
@@ -191,11 +208,28 @@ class VectorizedEngine:
             pairs = [first] + [rt.data_fn(t.client_id) for t in chunk[1:]]
             xs, ys = [p[0] for p in pairs], [p[1] for p in pairs]
             gens = [minibatch_generator(t) for t in chunk]
+            alg = rt.algorithm
+            ids = [t.client_id for t in chunk]
+            state = alg.client.begin(ids, start, extras) if alg.client is not None else None
             results = vectorized_local_sgd(
-                rt.model, rt.spec, start, xs, ys, chunk[0].plan, rt.algorithm.loss_fn, gens
+                rt.model,
+                rt.spec,
+                start,
+                xs,
+                ys,
+                chunk[0].plan,
+                alg.loss_fn,
+                gens,
+                alg.grad_hook,
+                state,
+                [t.plan.local_epochs for t in chunk],
             )
+            sent = [
+                rt.end(task, start, result, x, y, extras)
+                for task, result, x, y in zip(chunk, results, xs, ys, strict=True)
+            ]
             per_client = (time.perf_counter() - t0) / len(chunk)
-            for task, result, y in zip(chunk, results, ys, strict=True):
+            for task, result, y, more in zip(chunk, results, ys, sent, strict=True):
                 yield ClientUpload(
-                    task.client_id, rt.finish(task, start, result, len(y)), per_client
+                    task.client_id, rt.finish(task, start, result, len(y), more), per_client
                 )

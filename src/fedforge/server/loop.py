@@ -24,7 +24,7 @@ import torch
 from fedforge.config import Config
 from fedforge.data import PartitionSummary, summarize
 from fedforge.data.mnist import NUM_CLASSES
-from fedforge.experiment import Experiment, FederatedData, build
+from fedforge.experiment import Experiment, FederatedData, build, client_tables
 from fedforge.report.progress import Progress
 from fedforge.server.round import run_round
 from fedforge.server.state import LoopState, RunLock, StopSignals
@@ -87,9 +87,9 @@ def resume(
             raise CheckpointError(f"run '{run_store.path}' is finished; there is nothing to resume")
         exp = build(run_store.config(), data)
         lock.acquire()  # refuses while another process still writes the run
-        store = exp.comm.client_state if exp.comm is not None else None  # EF residuals
-        ckpt = load_latest(run_store.path, store)
-        state = LoopState.from_checkpoint(exp, ckpt, run_store.rounds(), store)
+        tables = client_tables(exp)  # EF residuals, SCAFFOLD controls
+        ckpt = load_latest(run_store.path, tables)
+        state = LoopState.from_checkpoint(exp, ckpt, run_store.rounds(), tables)
         run_store.rewind(state.next_round)
     except BaseException:
         lock.release()

@@ -11,11 +11,11 @@ tensor for the cohort stages and the aggregator.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from fedforge.client import ClientTask, encode_payload
+from fedforge.client import encode_payload, split_extras
 from fedforge.config import Config
 from fedforge.errors import AggregationError, UploadError
 from fedforge.evaluate import evaluate
@@ -26,6 +26,7 @@ from fedforge.server.hierarchy import Edges
 from fedforge.server.periods import period_plan, upload_period
 from fedforge.server.sampling import sample_cohort
 from fedforge.server.state import LoopState
+from fedforge.server.stragglers import cohort_tasks
 from fedforge.stages.codec import CodecContext
 from fedforge.store import ClientRecord, RoundRecord
 from fedforge.transport import wire
@@ -40,6 +41,7 @@ class Upload:
     num_examples: int
     train_loss: float
     nbytes: int
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)  # e.g. SCAFFOLD's delta c_k
 
 
 def check_update(exp: Experiment, client_id: int, round_idx: int, data: bytes) -> Upload:
@@ -49,7 +51,8 @@ def check_update(exp: Experiment, client_id: int, round_idx: int, data: bytes) -
         raise UploadError(f"withheld by the client: {msg.meta['withheld']!s:.300}")
     dtype = exp.initial_params.dtype
     ctx = CodecContext(exp.cfg.seed, round_idx, client_id)
-    delta = exp.pipeline.codec.decode(msg.tensors, msg.meta, exp.spec.size, dtype, ctx)
+    own, extras = split_extras(msg.tensors)
+    delta = exp.pipeline.codec.decode(own, msg.meta, exp.spec.size, dtype, ctx)
     if tuple(delta.shape) != (exp.spec.size,) or delta.dtype != dtype:
         raise UploadError(
             f"decoded delta has shape {tuple(delta.shape)} and dtype {delta.dtype}; "
@@ -67,7 +70,24 @@ def check_update(exp: Experiment, client_id: int, round_idx: int, data: bytes) -
         )
     loss = msg.meta.get("train_loss")
     train_loss = float(loss) if isinstance(loss, int | float) else float("nan")
-    return Upload(client_id, delta, n, train_loss, len(data))
+    return Upload(client_id, delta, n, train_loss, len(data), _check_extras(exp, extras))
+
+
+def _check_extras(exp: Experiment, extras: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The algorithm's tensors an update must carry beside the delta (SCAFFOLD's
+    delta c_k), each refused unless [P], the run's dtype and finite."""
+    server = exp.algorithm.server
+    if server is None:
+        return {}
+    size, dtype = exp.spec.size, exp.initial_params.dtype
+    for name in server.update_tensors:
+        t = extras.get(name)
+        if t is None or tuple(t.shape) != (size,) or t.dtype != dtype:
+            got = "nothing" if t is None else f"{tuple(t.shape)} {t.dtype}"
+            raise UploadError(f"'{name}' must be ({size},) {dtype}; the update carries {got}")
+        if not torch.isfinite(t).all():
+            raise UploadError(f"'{name}' holds non-finite values (NaN or inf)")
+    return {name: extras[name] for name in server.update_tensors}
 
 
 def _reject(state: LoopState, bar: Progress, round_idx: int, client_id: int, why: str) -> None:
@@ -159,8 +179,11 @@ def run_round(
         exp.privacy.begin_round(state.privacy, round_idx)
     plan = period_plan(exp.algorithm, start, end)
     comm = exp.comm
-    payload = encode_payload(params, round_idx, comm.downlink if comm else None, cfg.seed)
-    tasks = [ClientTask(c, round_idx, plan, cfg.seed) for c in cohort]
+    server = exp.algorithm.server  # an algorithm's server state (SCAFFOLD's c) travels too
+    more = server.payload(state.algorithm_state) if server is not None else None
+    payload = encode_payload(params, round_idx, comm.downlink if comm else None, cfg.seed, more)
+    tasks = cohort_tasks(cfg, exp.algorithm, cohort, round_idx, plan)  # stragglers
+    extras: dict[int, dict[str, torch.Tensor]] = {}
     # Streaming: a running sum, O(model) memory. Otherwise: gather the cohort.
     acc = pipeline.aggregator.start(exp.spec.size, params.dtype) if pipeline.streams else None
     edges = None  # hierarchical: client updates go to their group's edge first
@@ -178,6 +201,7 @@ def run_round(
             _reject(state, bar, round_idx, upload.client_id, str(exc))
             continue
         up.delta = pipeline.run_upload(up.delta, StageContext(round_idx, cfg.seed, up.client_id))
+        extras[up.client_id] = up.extras
         clients[up.client_id] = ClientRecord(
             round_idx,
             up.client_id,
@@ -210,6 +234,8 @@ def run_round(
         state.params = state.optimizer.step(params, aggregate)
         if exp.privacy is not None:  # adaptive clipping: the next clip norm
             exp.privacy.end_round(state.privacy, round_idx, clients)
+        if server is not None:  # e.g. c += sum of the used clients' delta c_k / N
+            server.apply(state.algorithm_state, [extras[c] for c in clients], cfg.num_clients)
     elif not state.skipped or state.skipped[-1][0] != round_idx:
         _skip(state, bar, round_idx, "no valid update")
     test_acc = test_loss = None

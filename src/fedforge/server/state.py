@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from fedforge.errors import StoreError
-from fedforge.experiment import Experiment
+from fedforge.experiment import Experiment, client_tables
 from fedforge.server import optimizers
 from fedforge.server.optimizers import ServerOptimizer
 from fedforge.store import Checkpoint, CheckpointError, ClientStateStore, RoundRecord
@@ -38,15 +38,21 @@ class LoopState:
     skipped: list[tuple[int, str]] = field(default_factory=list)  # round, why (model unchanged)
     total_bytes: int = 0  # up + down so far
     seconds_before: float = 0.0  # wall time of earlier sessions of this run
-    client_state: ClientStateStore | None = None  # none until a stage keeps per-client state
+    # per-client tables by name (EF residuals, SCAFFOLD controls); empty unless kept
+    client_state: dict[str, ClientStateStore] = field(default_factory=dict)
+    algorithm_state: dict[str, torch.Tensor] = field(default_factory=dict)  # SCAFFOLD's c
     privacy: dict[str, Any] = field(default_factory=dict)  # e.g. the adaptive clip norm
 
     @classmethod
     def fresh(cls, exp: Experiment) -> LoopState:
-        store = exp.comm.client_state if exp.comm is not None else None
-        if store is not None:
-            store.clear()  # a new run starts from zero residuals
-        state = cls(exp.initial_params.clone(), optimizers.from_config(exp.cfg), client_state=store)
+        tables = client_tables(exp)
+        for table in tables.values():
+            table.clear()  # a new run starts from zero residuals and controls
+        optimizer = optimizers.from_config(exp.cfg)
+        state = cls(exp.initial_params.clone(), optimizer, client_state=tables)
+        server = exp.algorithm.server
+        if server is not None:
+            state.algorithm_state = server.initial_state(exp.spec.size, exp.initial_params.dtype)
         if exp.privacy is not None:
             state.privacy = exp.privacy.initial_state()
         return state
@@ -67,6 +73,7 @@ class LoopState:
             self.optimizer.state_dict(),
             loop,
             torch.get_rng_state(),
+            algorithm_state=dict(self.algorithm_state),
         )
 
     @classmethod
@@ -75,7 +82,7 @@ class LoopState:
         exp: Experiment,
         ckpt: Checkpoint,
         stored: list[RoundRecord],
-        client_state: ClientStateStore | None = None,
+        client_state: dict[str, ClientStateStore] | None = None,
     ) -> LoopState:
         """Rebuild the state from a checkpoint and the rounds the store holds before it."""
         spec = (exp.spec.size,)
@@ -106,9 +113,30 @@ class LoopState:
             skipped=[(int(r), str(w)) for r, w in loop.get("skipped", [])],
             total_bytes=int(loop["total_bytes"]),
             seconds_before=float(loop["wall_seconds"]),
-            client_state=client_state,
+            client_state=client_state if client_state is not None else {},
+            algorithm_state=_algorithm_state(exp, ckpt),
             privacy=dict(loop.get("privacy", {})),
         )
+
+
+def _algorithm_state(exp: Experiment, ckpt: Checkpoint) -> dict[str, torch.Tensor]:
+    """The algorithm's server state from a checkpoint, checked against what it keeps."""
+    server = exp.algorithm.server
+    want = server.initial_state(exp.spec.size, exp.initial_params.dtype) if server else {}
+    got = ckpt.algorithm_state
+    if set(got) != set(want):
+        raise CheckpointError(
+            f"checkpoint {ckpt.path} holds algorithm state {sorted(got)}; the run's "
+            f"algorithm '{exp.algorithm.name}' keeps {sorted(want)}"
+        )
+    for name, value in want.items():
+        if got[name].shape != value.shape or got[name].dtype != value.dtype:
+            raise CheckpointError(
+                f"checkpoint {ckpt.path} holds algorithm state '{name}' of "
+                f"{tuple(got[name].shape)} {got[name].dtype}; expected "
+                f"{tuple(value.shape)} {value.dtype}"
+            )
+    return {k: v.clone() for k, v in got.items()}
 
 
 class StopSignals:

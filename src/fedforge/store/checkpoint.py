@@ -4,8 +4,11 @@
 
 - ``state.safetensors``: global ``params``, ``optimizer/<name>`` for each server
   optimizer state tensor, ``torch_rng_state``;
-- ``client_state.bin`` (when the run keeps per-client state): the written rows,
-  packed (see :func:`fedforge.store.client_state.save_rows`);
+- ``algorithm/<name>`` in the same file: an algorithm's server state (SCAFFOLD's c);
+- one file per named per-client table the run keeps: ``client_state.bin`` for
+  error-feedback residuals (``residual``), ``client_state.<name>.bin`` for the
+  others (SCAFFOLD's ``control``): the written rows, packed (see
+  :func:`fedforge.store.client_state.save_rows`);
 - ``meta.json``: format, ``next_round``, the loop's plain state (evaluation
   history, byte totals, rejected updates, wall time) and the sha256 and size of
   each file above. Written last: a checkpoint without it does not exist.
@@ -30,7 +33,7 @@ import re
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +52,24 @@ CHECKPOINTS_DIR = "checkpoints"
 TENSORS_NAME, CLIENT_STATE_NAME, META_NAME = "state.safetensors", "client_state.bin", "meta.json"
 _NAME = re.compile(r"^round-(\d{6,})$")
 _OPTIMIZER = "optimizer/"
+_ALGORITHM = "algorithm/"
+RESIDUAL = "residual"  # the table of error feedback, kept in client_state.bin
+
+# Per-client tables by name; a single store is the error-feedback table.
+ClientTables = Mapping[str, ClientStateStore] | ClientStateStore | None
+
+
+def _tables(client_state: ClientTables) -> dict[str, ClientStateStore]:
+    if client_state is None:
+        return {}
+    if isinstance(client_state, Mapping):
+        return dict(client_state)
+    return {RESIDUAL: client_state}
+
+
+def table_file(name: str) -> str:
+    """The checkpoint file of the per-client table ``name``."""
+    return CLIENT_STATE_NAME if name == RESIDUAL else f"client_state.{name}.bin"
 
 
 class CheckpointError(StoreError):
@@ -65,6 +86,7 @@ class Checkpoint:
     loop: dict[str, Any] = field(default_factory=dict)
     torch_rng_state: torch.Tensor | None = None
     path: Path | None = None  # where it was loaded from or written to
+    algorithm_state: dict[str, torch.Tensor] = field(default_factory=dict)  # SCAFFOLD's c
 
 
 def checkpoint_name(next_round: int) -> str:
@@ -98,16 +120,20 @@ def _fsync_dir(path: Path) -> None:
 def save_checkpoint(
     run_dir: Path | str,
     ckpt: Checkpoint,
-    client_state: ClientStateStore | None = None,
+    client_state: ClientTables = None,
     keep: int = KEEP,
 ) -> Path:
-    """Write ``ckpt`` (and the client state rows) atomically; keep the newest ``keep``."""
+    """Write ``ckpt`` (and the rows of each per-client table) atomically; keep the
+    newest ``keep``."""
+    tables = _tables(client_state)
     root = Path(run_dir) / CHECKPOINTS_DIR
     final = root / checkpoint_name(ckpt.next_round)
     tmp = root / f".tmp-{final.name}-{os.getpid()}"
     tensors = {"params": ckpt.params.detach().contiguous().clone()}
     for name, value in ckpt.optimizer_state.items():
         tensors[_OPTIMIZER + name] = value.detach().contiguous().clone()
+    for name, value in ckpt.algorithm_state.items():
+        tensors[_ALGORITHM + name] = value.detach().contiguous().clone()
     rng = ckpt.torch_rng_state if ckpt.torch_rng_state is not None else torch.get_rng_state()
     tensors["torch_rng_state"] = rng.clone()
     blob = st_save(tensors)
@@ -124,15 +150,18 @@ def save_checkpoint(
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
         _write(tmp / TENSORS_NAME, blob)
-        if client_state is not None:
-            ids, digest = save_rows(client_state, tmp / CLIENT_STATE_NAME)
-            size = (tmp / CLIENT_STATE_NAME).stat().st_size
-            meta["files"][CLIENT_STATE_NAME] = {"bytes": size, "sha256": digest}
-            meta["client_state"] = {
+        if tables:
+            meta["client_state"] = {}
+        for name, table in tables.items():
+            file = table_file(name)
+            ids, digest = save_rows(table, tmp / file)
+            size = (tmp / file).stat().st_size
+            meta["files"][file] = {"bytes": size, "sha256": digest}
+            meta["client_state"][name] = {
                 "ids": ids,
-                "num_clients": client_state.num_clients,
-                "size": client_state.size,
-                "dtype": str(client_state.dtype).removeprefix("torch."),
+                "num_clients": table.num_clients,
+                "size": table.size,
+                "dtype": str(table.dtype).removeprefix("torch."),
             }
         _write(tmp / META_NAME, json.dumps(meta).encode())
         _fsync_dir(tmp)
@@ -185,9 +214,11 @@ def _verified(path: Path, entry: Any) -> bytes | None:
     return data
 
 
-def load_checkpoint(path: Path | str, client_state: ClientStateStore | None = None) -> Checkpoint:
-    """Read and verify one checkpoint directory; restore its rows into ``client_state``."""
+def load_checkpoint(path: Path | str, client_state: ClientTables = None) -> Checkpoint:
+    """Read and verify one checkpoint directory; restore its rows into the run's
+    per-client tables ``client_state`` (by name; a single store: ``residual``)."""
     path = Path(path)
+    tables = _tables(client_state)
     try:
         meta = json.loads((path / META_NAME).read_text())
         if not isinstance(meta, dict) or meta.get("format") != FORMAT:
@@ -196,27 +227,37 @@ def load_checkpoint(path: Path | str, client_state: ClientStateStore | None = No
         blob = _verified(path / TENSORS_NAME, files.get(TENSORS_NAME))
         tensors = st_load(blob or b"")
         info = meta.get("client_state")
-        if info is not None:
-            _verified(path / CLIENT_STATE_NAME, files.get(CLIENT_STATE_NAME))
+        if isinstance(info, dict) and "ids" in info:  # written before tables had names
+            info = {RESIDUAL: info}
+        for name in info or {}:
+            _verified(path / table_file(name), files.get(table_file(name)))
         next_round = int(meta["next_round"])
     except FileNotFoundError:
         raise CheckpointError(f"{META_NAME} is missing") from None
     except (ValueError, KeyError, TypeError, SafetensorError, OSError) as exc:
         raise CheckpointError(f"unreadable ({type(exc).__name__}: {exc})") from None
-    if info is None and client_state is not None:
+    if info is None and tables:
         raise CheckpointError("it holds no client state, but the run keeps per-client state")
-    if info is not None and client_state is None:
+    if info is not None and not tables:
         raise CheckpointError("it holds client state, but the run keeps none")
-    if client_state is not None and info is not None:
-        shape = (client_state.num_clients, client_state.size)
-        if (info["num_clients"], info["size"]) != shape:
+    if info is not None and set(info) != set(tables):
+        raise CheckpointError(
+            f"it holds client state tables {sorted(info)}; the run keeps {sorted(tables)}"
+        )
+    for name, table in tables.items():
+        got = info[name] if info is not None else {}
+        shape = (table.num_clients, table.size)
+        if (got["num_clients"], got["size"]) != shape:
             raise CheckpointError(
-                f"its client state is {info['num_clients']} x {info['size']}; the run's is "
-                f"{shape[0]} x {shape[1]}"
+                f"its client state '{name}' is {got['num_clients']} x {got['size']}; the "
+                f"run's is {shape[0]} x {shape[1]}"
             )
-        load_rows(client_state, path / CLIENT_STATE_NAME, info["ids"])
+        load_rows(table, path / table_file(name), got["ids"])
     optimizer = {
         k.removeprefix(_OPTIMIZER): v for k, v in tensors.items() if k.startswith(_OPTIMIZER)
+    }
+    algorithm = {
+        k.removeprefix(_ALGORITHM): v for k, v in tensors.items() if k.startswith(_ALGORITHM)
     }
     return Checkpoint(
         next_round,
@@ -225,6 +266,7 @@ def load_checkpoint(path: Path | str, client_state: ClientStateStore | None = No
         dict(meta.get("loop") or {}),
         tensors.get("torch_rng_state"),
         path,
+        algorithm,
     )
 
 
@@ -234,7 +276,7 @@ def _stderr(line: str) -> None:
 
 def load_latest(
     run_dir: Path | str,
-    client_state: ClientStateStore | None = None,
+    client_state: ClientTables = None,
     warn_fn: Callable[[str], None] = _stderr,
 ) -> Checkpoint:
     """The newest checkpoint that passes its checks. Each unusable newer one is

@@ -1,0 +1,135 @@
+"""SCAFFOLD: Karimireddy et al. 2020, "SCAFFOLD: Stochastic Controlled Averaging
+for Federated Learning" (ICML), Algorithm 1.
+
+Client k keeps a control variate c_k (zero at first), the server keeps c (zero
+at first) and sends it with the payload. Local steps use the corrected
+gradient g - c_k + c (a gradient hook, so both engines run it). After K local
+steps at learning rate lr from the server model x to y_k, the client's new control is
+
+    option I:  c_k+ = grad f_k(x)                      (full batch over its data)
+    option II: c_k+ = c_k - c + (x - y_k) / (K lr)
+
+and its update carries delta y_k (through the pipeline's codec) and
+delta c_k = c_k+ - c_k (dense, beside it: its bytes are counted). The server
+applies the aggregate of the delta y_k with its optimizer (server_lr is the
+paper's global step size; the default aggregate is the n_k-weighted mean where
+the paper averages uniformly) and moves c by (|S|/N) times the mean of the
+accepted delta c_k, i.e. c += sum(delta c_k) / N.
+
+Runs on both sides. The c_k are persistent per-client state (a
+:class:`~fedforge.store.ClientStateStore`, table ``control``, saved by
+checkpoints); c is server state saved with the checkpoint. In simulation the
+client table lives beside the loop state, like error-feedback residuals.
+Trusts the clients' delta c_k once they pass the server's shape/finite checks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from fedforge.algorithms.base import Algorithm, cross_entropy
+from fedforge.algorithms.fedavg import _DecayedPlan
+from fedforge.algorithms.local import ClientJob, StepContext
+from fedforge.store.client_state import ClientStateStore
+
+Option = Literal["I", "II"]
+CONTROL = "control"  # payload: the server control c
+CONTROL_DELTA = "control_delta"  # update: delta c_k
+CORRECTION = "correction"  # per client during training: c - c_k
+
+
+@dataclass(frozen=True)
+class Correction:
+    """Adds c - c_k to every gradient: g - c_k + c."""
+
+    def __call__(self, grads: list[torch.Tensor], ctx: StepContext) -> None:
+        torch._foreach_add_(grads, ctx.state[CORRECTION])
+
+
+class ScaffoldClient:
+    """The client half: reads c_k from its table, computes and stores c_k+."""
+
+    def __init__(self, store: ClientStateStore, option: Option = "II") -> None:
+        if option not in ("I", "II"):
+            raise ValueError(f"SCAFFOLD option {option!r} must be 'I' or 'II'")
+        self.store = store
+        self.option = option
+        self.tables = {CONTROL: store}
+
+    def begin(
+        self, client_ids: Sequence[int], start: torch.Tensor, extras: Mapping[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        c = _server_control(extras, start)
+        ck = self.store.gather(client_ids).to(start.dtype)
+        return {CORRECTION: c.unsqueeze(0) - ck}
+
+    def end(self, job: ClientJob) -> dict[str, torch.Tensor]:
+        ck = self.store.gather([job.client_id])[0].to(job.start.dtype)
+        if self.option == "I":
+            new = job.grad_fn(job.start, job.x, job.y)
+        else:
+            c = _server_control(job.extras, job.start)
+            steps = max(job.result.steps, 1)
+            new = ck - c + (job.start - job.result.params) / (steps * job.lr)
+        self.store.scatter([job.client_id], new.unsqueeze(0))
+        return {CONTROL_DELTA: new - ck}
+
+
+def _server_control(extras: Mapping[str, torch.Tensor], start: torch.Tensor) -> torch.Tensor:
+    c = extras.get(CONTROL)
+    if c is None or tuple(c.shape) != tuple(start.shape):
+        raise ValueError("a SCAFFOLD payload must carry the server control 'control' [P]")
+    return c.to(start.dtype)
+
+
+class ScaffoldServer:
+    """The server half: keeps c, sends it, moves it by sum(delta c_k) / N."""
+
+    update_tensors: tuple[str, ...] = (CONTROL_DELTA,)
+
+    def initial_state(self, size: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        return {CONTROL: torch.zeros(size, dtype=dtype)}
+
+    def payload(self, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {CONTROL: state[CONTROL]}
+
+    def apply(
+        self,
+        state: dict[str, torch.Tensor],
+        extras: Sequence[Mapping[str, torch.Tensor]],
+        num_clients: int,
+    ) -> None:
+        if not extras:
+            return
+        total = torch.stack([e[CONTROL_DELTA] for e in extras]).sum(dim=0)
+        # (|S| / N) * mean over S of delta c_k
+        state[CONTROL] = state[CONTROL] + total.to(state[CONTROL].dtype) / num_clients
+
+
+def scaffold(
+    local_epochs: int,
+    batch_size: int | None,
+    lr: float,
+    store: ClientStateStore,
+    option: Option = "II",
+    lr_decay: float = 1.0,
+    drop_stragglers: bool = True,
+    momentum: float = 0.0,
+    weight_decay: float = 0.0,
+    grad_clip: float | None = None,
+) -> Algorithm:
+    """SCAFFOLD with client controls kept in ``store`` (``[N, P]``, run dtype)."""
+    plan = _DecayedPlan(local_epochs, batch_size, lr, lr_decay, momentum, weight_decay, grad_clip)
+    return Algorithm(
+        "scaffold",
+        plan,
+        cross_entropy,
+        grad_hook=Correction(),
+        client=ScaffoldClient(store, option),
+        server=ScaffoldServer(),
+        drop_stragglers=drop_stragglers,
+    )

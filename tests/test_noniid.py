@@ -1,0 +1,264 @@
+"""Issue 4 part A: FedProx, SCAFFOLD, stragglers and the local knobs, against
+hand-worked tiny cases, torch.optim.SGD, FedAvg and the serial engine."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from tests.conftest import MakeData
+from torch import nn
+
+from fedforge.algorithms import LocalPlan, fedprox, scaffold
+from fedforge.algorithms.fedprox import ProximalTerm
+from fedforge.algorithms.scaffold import ScaffoldServer
+from fedforge.client import ClientRuntime, ClientTask, ClientUpload, encode_payload, local_sgd
+from fedforge.config import from_dict, override
+from fedforge.engines import Engine
+from fedforge.errors import ConfigError
+from fedforge.experiment import FederatedData
+from fedforge.params import ParamSpec
+from fedforge.rng import torch_generator
+from fedforge.server import loop
+from fedforge.server.loop import resume, run
+from fedforge.server.stragglers import cohort_tasks, straggler_epochs
+from fedforge.store import MemoryStateStore, RunStore, list_checkpoints
+from fedforge.transport import wire
+
+F64 = torch.float64
+BASE: dict[str, Any] = {
+    "model": "logreg",
+    "num_clients": 6,
+    "client_fraction": 0.5,
+    "local_epochs": 3,
+    "batch_size": 8,
+    "lr": 0.05,
+    "rounds": 3,
+    "target_accuracy": None,
+    "dtype": "float64",
+    "checkpoint_every": 0,
+}
+
+
+@pytest.fixture
+def data(make_data: MakeData, one_thread: None) -> FederatedData:
+    return make_data([30, 12, 41, 25, 7, 33], dtype=F64)
+
+
+def _cfg(**extra: Any) -> Any:
+    return from_dict({**BASE, **extra})
+
+
+def _squared(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return ((pred - target) ** 2).sum(dim=1)
+
+
+def test_fedprox_step_adds_mu_times_drift() -> None:
+    # x = (1, 2), y = 3, squared error, w_t = 0, lr 0.1, mu 0.5, full batch, 2 steps.
+    # Step 1 (w = w_t, no drift): grad (-6, -12, -6) -> w = (0.6, 1.2, 0.6).
+    # Step 2: loss grad (1.2, 2.4, 1.2) + 0.5 (0.6, 1.2, 0.6) = (1.5, 3.0, 1.5)
+    #         -> w = (0.6, 1.2, 0.6) - 0.1 (1.5, 3.0, 1.5) = (0.45, 0.9, 0.45).
+    model = nn.Linear(2, 1).to(F64)
+    spec = ParamSpec.of(model)
+    x = torch.tensor([[1.0, 2.0]], dtype=F64)
+    y = torch.tensor([[3.0]], dtype=F64)
+    plan = LocalPlan(2, None, 0.1)
+    start = torch.zeros(3, dtype=F64)
+    out = local_sgd(model, spec, start, x, y, plan, _squared, torch.Generator(), ProximalTerm(0.5))
+    torch.testing.assert_close(out.params, torch.tensor([0.45, 0.9, 0.45], dtype=F64))
+
+
+@pytest.mark.parametrize("engine", ["serial", "vectorized"])
+def test_fedprox_mu0_is_fedavg_bit_for_bit(data: FederatedData, engine: str) -> None:
+    avg = run(_cfg(engine=engine), data=data, store=False)
+    prox = run(_cfg(engine=engine, algorithm="fedprox", mu=0.0), data=data, store=False)
+    assert torch.equal(avg.params, prox.params)
+    assert prox.summary["engine"] == engine
+    moved = run(_cfg(engine=engine, algorithm="fedprox", mu=0.5), data=data, store=False)
+    assert not torch.equal(avg.params, moved.params)
+
+
+def test_scaffold_first_round_is_fedavg(data: FederatedData) -> None:
+    avg = run(_cfg(rounds=1), data=data, store=False)
+    sca = run(_cfg(rounds=1, algorithm="scaffold"), data=data, store=False)
+    assert torch.equal(avg.params, sca.params)  # c = c_k = 0: no correction
+    # the controls travel: c in the payload, delta c_k in every update
+    assert sca.rounds[0].bytes_down > avg.rounds[0].bytes_down
+    assert sca.rounds[0].bytes_up > avg.rounds[0].bytes_up
+
+
+@pytest.mark.parametrize(("option", "new_ck"), [("I", -4.0), ("II", -3.625)])
+def test_scaffold_control_update_by_hand(option: str, new_ck: float) -> None:
+    # w = 0 (no bias), x = 1, y = 2, loss (w - 2)^2, grad 2 (w - 2); c = 0.5, c_k = 0.25,
+    # lr 0.1, two full-batch steps with g - c_k + c = g + 0.25:
+    #   step 1: g = -4,    w = 0 - 0.1 (-3.75) = 0.375
+    #   step 2: g = -3.25, w = 0.375 - 0.1 (-3.0) = 0.675
+    # option I:  c_k+ = grad at w = 0 = -4
+    # option II: c_k+ = c_k - c + (0 - 0.675) / (2 * 0.1) = -0.25 - 3.375 = -3.625
+    model = nn.Linear(1, 1, bias=False).to(F64)
+    spec = ParamSpec.of(model)
+    store = MemoryStateStore(3, 1, F64)
+    store.scatter([1], torch.tensor([[0.25]], dtype=F64))
+    alg = scaffold(2, None, 0.1, store, option)  # type: ignore[arg-type]
+    alg = dataclasses.replace(alg, loss_fn=_squared)
+    x, y = torch.ones(1, 1, dtype=F64), torch.full((1, 1), 2.0, dtype=F64)
+    runtime = ClientRuntime(model, spec, alg, lambda c: (x, y))
+    c = torch.tensor([0.5], dtype=F64)
+    payload = encode_payload(torch.zeros(1, dtype=F64), 0, extras={"control": c})
+    msg = wire.decode(runtime.run(ClientTask(1, 0, alg.plan(0), 0), payload))
+    torch.testing.assert_close(msg.tensors["delta"], torch.tensor([0.675], dtype=F64))
+    torch.testing.assert_close(store.gather([1])[0], torch.tensor([new_ck], dtype=F64))
+    delta_ck = msg.tensors["alg/control_delta"]
+    torch.testing.assert_close(delta_ck, torch.tensor([new_ck - 0.25], dtype=F64))
+    # server: c += (|S| / N) mean(delta c_k) = sum(delta c_k) / N, here N = 4
+    state = {"control": torch.tensor([0.5], dtype=F64)}
+    other = {"control_delta": torch.tensor([1.0], dtype=F64)}
+    ScaffoldServer().apply(state, [{"control_delta": delta_ck}, other], num_clients=4)
+    want = torch.tensor([0.5 + (new_ck - 0.25 + 1.0) / 4], dtype=F64)
+    torch.testing.assert_close(state["control"], want)
+
+
+CASES: dict[str, dict[str, Any]] = {
+    "fedprox_stragglers_momentum": {
+        "algorithm": "fedprox",
+        "mu": 0.3,
+        "stragglers": {"fraction": 0.67},
+        "local": {"momentum": 0.9, "weight_decay": 0.01},
+    },
+    "scaffold_II_clip": {"algorithm": "scaffold", "local": {"grad_clip": 0.5}},
+    "scaffold_I": {"algorithm": "scaffold", "scaffold": {"option": "I"}},
+    "fedavg_knobs_stragglers": {
+        "stragglers": {"fraction": 0.34},
+        "local": {"momentum": 0.5, "weight_decay": 0.1, "grad_clip": 1.0},
+        "lr_decay": 0.9,
+    },
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_vectorized_equals_serial(data: FederatedData, case: str) -> None:
+    cfg = _cfg(**CASES[case])
+    serial = run(override(cfg, {"engine": "serial"}), data=data, store=False)
+    vector = run(override(cfg, {"engine": "vectorized"}), data=data, store=False)
+    assert vector.summary["engine"] == "vectorized"
+    diff = (serial.params - vector.params).abs().max().item()
+    assert diff < 1e-9, diff
+    for a, b in zip(serial.rounds, vector.rounds, strict=True):
+        assert a.train_loss == pytest.approx(b.train_loss, abs=1e-12)
+
+
+def test_2nn_vectorized_equals_serial_with_stragglers_and_scaffold(data: FederatedData) -> None:
+    strag = {"fraction": 0.67, "drop": False}  # SCAFFOLD keeping partial work
+    cfg = _cfg(model="2nn", algorithm="scaffold", rounds=2, stragglers=strag)
+    serial = run(override(cfg, {"engine": "serial"}), data=data, store=False)
+    vector = run(override(cfg, {"engine": "vectorized"}), data=data, store=False)
+    assert (serial.params - vector.params).abs().max().item() < 1e-9
+
+
+def test_momentum_weight_decay_clip_match_torch_sgd() -> None:
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(23, 4, dtype=F64, generator=gen)
+    y = torch.randn(23, 2, dtype=F64, generator=gen)
+    model = nn.Linear(4, 2).to(F64)
+    spec = ParamSpec.of(model)
+    start = spec.flatten(model, F64)
+    plan = LocalPlan(3, 5, 0.05, momentum=0.9, weight_decay=0.01, grad_clip=0.7)
+    ours = local_sgd(model, spec, start, x, y, plan, _squared, torch_generator(3, "mb"))
+    ref = nn.Linear(4, 2).to(F64)
+    spec.load_into(ref, start)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9, weight_decay=0.01)
+    order = torch_generator(3, "mb")
+    clipped = 0
+    for _ in range(3):
+        for idx in torch.randperm(23, generator=order).split(5):
+            opt.zero_grad()
+            _squared(ref(x[idx]), y[idx]).mean().backward()
+            norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.7)
+            clipped += int(norm > 0.7)
+            opt.step()
+    assert clipped > 0  # the clip really acted
+    torch.testing.assert_close(ours.params, spec.flatten(ref, F64), rtol=0, atol=1e-12)
+
+
+def test_stragglers_are_deterministic_and_fedavg_drops_fedprox_keeps() -> None:
+    cohort = [3, 7, 11, 12, 20, 31, 40, 44, 50, 60]
+    a = straggler_epochs(cohort, 0.5, 20, seed=5, round_idx=2)
+    assert a == straggler_epochs(cohort, 0.5, 20, seed=5, round_idx=2)
+    assert len(a) == 5 and set(a) <= set(cohort)
+    assert all(1 <= e <= 19 for e in a.values())
+    assert a != straggler_epochs(cohort, 0.5, 20, seed=5, round_idx=3)
+    assert straggler_epochs(cohort, 0.0, 20, 5, 2) == {}
+    cfg = from_dict({**BASE, "seed": 5, "local_epochs": 20, "stragglers": {"fraction": 0.5}})
+    plan = LocalPlan(20, 8, 0.1)
+    avg = cohort_tasks(cfg, fedprox(20, 8, 0.1, 0.0, drop_stragglers=True), cohort, 2, plan)
+    prox = cohort_tasks(cfg, fedprox(20, 8, 0.1, 0.0), cohort, 2, plan)
+    assert [t.client_id for t in avg] == [c for c in cohort if c not in a]
+    assert [t.client_id for t in prox] == cohort
+    assert {t.client_id: t.plan.local_epochs for t in prox if t.client_id in a} == a
+
+
+def test_fedavg_run_drops_stragglers_fedprox_aggregates_them(data: FederatedData) -> None:
+    strag = {"stragglers": {"fraction": 0.67}}
+    avg = run(_cfg(**strag), data=data, store=False)
+    prox = run(_cfg(algorithm="fedprox", mu=0.0, **strag), data=data, store=False)
+    assert [r.cohort_size for r in avg.rounds] == [3, 3, 3]
+    assert torch.isfinite(avg.params).all()
+    # 2 of 3 straggle: FedAvg uploads one update a round, FedProx three
+    assert prox.rounds[0].bytes_up == pytest.approx(3 * avg.rounds[0].bytes_up, rel=0.01)
+
+
+def test_config_refusals() -> None:
+    with pytest.raises(ConfigError, match="stragglers.fraction"):
+        from_dict({"local_epochs": 1, "stragglers": {"fraction": 0.5}})
+    with pytest.raises(ConfigError, match="'mu'"):
+        from_dict({"algorithm": "fedprox", "mu": -1})
+    with pytest.raises(ConfigError, match="logreg"):
+        from_dict({"dataset": "synthetic", "model": "cnn"})
+    with pytest.raises(ConfigError, match="local.momentum"):
+        from_dict({"local": {"momentum": 1.0}})
+    with pytest.raises(ConfigError, match="scaffold.option"):
+        from_dict({"scaffold": {"option": "III"}})
+
+
+class _SigtermAt:
+    name = "sigterm"
+
+    def __init__(self, inner: Engine, at: int) -> None:
+        self.inner, self.at = inner, at
+
+    def run_cohort(self, tasks: Sequence[ClientTask], payload: bytes) -> Iterator[ClientUpload]:
+        if tasks and tasks[0].round_idx == self.at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        yield from self.inner.run_cohort(tasks, payload)
+
+
+def test_resume_with_scaffold_is_bit_exact(
+    data: FederatedData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = _cfg(algorithm="scaffold", rounds=6, checkpoint_every=2, runs_dir=str(tmp_path / "a"))
+    reference = run(cfg, data=data)
+    real_build = loop.build
+
+    def stopping_build(c: Any, d: Any = None) -> Any:
+        exp = real_build(c, d)
+        exp.engine = _SigtermAt(exp.engine, at=3)
+        return exp
+
+    monkeypatch.setattr(loop, "build", stopping_build)
+    stopped = run(override(cfg, {"runs_dir": str(tmp_path / "b")}), data)
+    assert stopped.stopped == "SIGTERM" and stopped.run_dir is not None
+    newest = list_checkpoints(stopped.run_dir)[0]
+    assert newest.name == "round-000004"
+    assert (newest / "client_state.control.bin").is_file()
+    monkeypatch.setattr(loop, "build", real_build)
+    resumed = resume(stopped.run_dir, data=data)
+    assert resumed.stopped is None and len(resumed.rounds) == 6
+    assert torch.equal(resumed.params, reference.params)
+    with RunStore.open(stopped.run_dir) as got, RunStore.open(reference.run_dir) as want:
+        assert [r.test_loss for r in got.rounds()] == [r.test_loss for r in want.rounds()]
