@@ -237,6 +237,20 @@ def encode_payload(
     tensors, meta = codec.encode(params, CodecContext(seed, round_idx))
     return wire.encode({**tensors, **more}, {**meta, "round_idx": round_idx})
 
+    def run_phase(self, phase: str, messages: Mapping[int, bytes]) -> dict[int, bytes]:
+        """An extra protocol phase (secure aggregation's keys, shares, unmasking):
+        each addressed client's reply to its message, left out when it has none.
+        The codec that needs the phases (``SecAggCodec``) answers them."""
+        answer = getattr(self.codec, "phase", None)
+        if answer is None:
+            raise ValueError(f"codec '{self.codec.name}' has no protocol phase '{phase}'")
+        replies = {}
+        for client_id, message in messages.items():
+            reply = answer(phase, client_id, message)
+            if reply is not None:
+                replies[client_id] = reply
+        return replies
+
 
 def split_extras(
     tensors: Mapping[str, torch.Tensor],

@@ -111,10 +111,11 @@ def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
     comm = communication.assemble(cfg, spec, dtype, data.partition, data.train_y)
     sizes = [data.num_examples(c) for c in range(cfg.num_clients)]
     priv = privacy.assemble(cfg, sizes)
+    privacy.check_algorithm(cfg, algorithm)
     pipeline = Pipeline(
-        aggregator=priv.aggregator or robust.aggregator,
+        aggregator=priv.aggregator or priv.secagg_mean or robust.aggregator,
         client=(*comm.client_stages, *priv.client_stages, *robust.client_stages),
-        codec=comm.uplink,
+        codec=priv.secagg or comm.uplink,  # secure aggregation: the masked update
         cohort=robust.cohort_stages,
         server_aggregate=priv.aggregate_stages,
     )

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedforge.accountant import Accountant, local_epsilon
+from fedforge.algorithms.base import Algorithm
 from fedforge.config import Config
 from fedforge.config.privacy import delta_of
 from fedforge.errors import ConfigError
@@ -31,6 +32,7 @@ from fedforge.stages.dp import (
     next_clip_norm,
     update_noise_multiplier,
 )
+from fedforge.stages.secagg_codec import LOCAL_DP_TAIL, SecAggCodec, SecAggMean
 
 
 @dataclass
@@ -45,6 +47,8 @@ class PrivacyParts:
     board: ClipBoard | None  # adaptive clipping's messages
     expected_cohort: float
     count_std: float
+    secagg: SecAggCodec | None = None  # secure aggregation: the masking codec
+    secagg_mean: SecAggMean | None = None  # ... and its mean when there is no central DP
 
     # ------------------------------------------------------------ round hooks
     def initial_state(self) -> dict[str, Any]:
@@ -136,6 +140,8 @@ def assemble(cfg: Config, num_examples: list[int]) -> PrivacyParts:
     expected = q * cfg.num_clients
     count_std = p.clip_count_std if p.clip_count_std is not None else expected / 20
     parts = PrivacyParts(cfg, (), (), None, None, None, expected, count_std)
+    if p.secagg:
+        _secagg(parts, cfg, m, num_examples)
     if p.dp == "none":
         return parts
     if cfg.communication.clip_norm is not None:
@@ -177,6 +183,58 @@ def assemble(cfg: Config, num_examples: list[int]) -> PrivacyParts:
     parts.board = board
     _check_budget(parts)
     return parts
+
+
+def _secagg(parts: PrivacyParts, cfg: Config, m: int, num_examples: list[int]) -> None:
+    """The masking codec of ``privacy.secagg``; refuses what it cannot hide."""
+    p, comm = cfg.privacy, cfg.communication
+    refusals = [
+        (
+            p.adaptive_clip,
+            "privacy.adaptive_clip sends each client's unclipped bit in the clear beside "
+            "its masked update; set adaptive_clip to false",
+        ),
+        (
+            comm.uplink != "dense" or comm.error_feedback,
+            f"communication.uplink = '{comm.uplink}' (error_feedback = {comm.error_feedback}) "
+            "is a codec of its own; the masked update is the uplink: use uplink = dense "
+            "without error feedback",
+        ),
+        (
+            comm.groups > 0,
+            f"communication.groups = {comm.groups}: an edge would average individual "
+            "updates it cannot see; set groups to 0",
+        ),
+        (
+            p.dp == "none" and comm.clip_norm is None,
+            "the modulus is sized from a bound on each update: set privacy.dp (its "
+            "clip_norm) or communication.clip_norm",
+        ),
+    ]
+    for bad, why in refusals:
+        if bad:
+            raise ConfigError(f"privacy.secagg: {why}")
+    clip = p.clip_norm if p.dp != "none" else float(comm.clip_norm or 0.0)
+    bound = clip * (1 + LOCAL_DP_TAIL * p.noise_multiplier) if p.dp == "local" else clip
+    cohort_max = cfg.num_clients if p.sampling == "poisson" else m
+    cap = p.weight_cap if p.weights == "capped" else None
+    parts.secagg = SecAggCodec(
+        bound, cohort_max, p.secagg_frac_bits, p.secagg_threshold, num_examples, cap
+    )
+    if cfg.robust.aggregator == "mean":  # others are refused by the pipeline's rule
+        parts.secagg_mean = SecAggMean(cap)
+
+
+def check_algorithm(cfg: Config, algorithm: Algorithm) -> None:
+    """Refuse secure aggregation with an algorithm whose updates carry tensors
+    beside the delta: they would travel unmasked (SCAFFOLD's control variates)."""
+    server = algorithm.server
+    if cfg.privacy.secagg and server is not None and server.update_tensors:
+        raise ConfigError(
+            f"privacy.secagg: algorithm '{algorithm.name}' sends "
+            f"{', '.join(server.update_tensors)} beside each delta, unmasked: the server "
+            "would see every client's own tensors; use fedavg or fedprox"
+        )
 
 
 def _check_budget(parts: PrivacyParts) -> None:

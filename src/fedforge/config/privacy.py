@@ -10,7 +10,6 @@ from typing import Any, Literal
 from fedforge.errors import ConfigError
 
 DPMode = Literal["none", "central", "local"]
-SecAggPhase = Literal["advertise", "share_keys", "masked_input", "unmask"]
 
 
 @dataclass(frozen=True)
@@ -33,8 +32,22 @@ class PrivacyConfig:
     secagg: bool = False  # Bonawitz et al. 2017 secure aggregation of the updates
     secagg_threshold: float = 0.66  # t = ceil(threshold * cohort) shares reconstruct
     secagg_frac_bits: int = 20  # fixed point: x -> round(x 2^f) mod 2^k
-    secagg_dropout: float = 0.0  # simulated: this fraction of the cohort drops ...
-    secagg_dropout_phase: SecAggPhase = "masked_input"  # ... before this phase
+    # simulated dropouts: this fraction of the clients still in the protocol stops
+    # answering before each phase (drawn from (seed, round, phase))
+    secagg_drop_advertise: float = 0.0
+    secagg_drop_share_keys: float = 0.0
+    secagg_drop_masked_input: float = 0.0  # before sending its masked update
+    secagg_drop_unmask: float = 0.0  # after its masked update arrived
+
+
+def secagg_drops(p: PrivacyConfig) -> dict[str, float]:
+    """The simulated dropout fraction before each secure-aggregation phase."""
+    return {
+        "advertise": p.secagg_drop_advertise,
+        "share_keys": p.secagg_drop_share_keys,
+        "masked_input": p.secagg_drop_masked_input,
+        "unmask": p.secagg_drop_unmask,
+    }
 
 
 def delta_of(p: PrivacyConfig, num_clients: int) -> float:
@@ -85,7 +98,10 @@ def validate_privacy(p: PrivacyConfig) -> None:
             4 <= p.secagg_frac_bits <= 40,
             "must be an integer in 4..40",
         ),
-        ("secagg_dropout", p.secagg_dropout, 0 <= p.secagg_dropout < 1, "must be in [0, 1)"),
+        *(
+            (f"secagg_drop_{phase}", v, 0 <= v < 1, "must be in [0, 1)")
+            for phase, v in secagg_drops(p).items()
+        ),
         (
             "adaptive_clip",
             p.adaptive_clip,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Protocol
 
 from fedforge.client import ClientTask, ClientUpload
@@ -14,6 +14,11 @@ class Engine(Protocol):
     name: str
 
     def run_cohort(self, tasks: Sequence[ClientTask], payload: bytes) -> Iterator[ClientUpload]: ...
+
+    def run_phase(self, phase: str, messages: Mapping[int, bytes]) -> dict[int, bytes]:
+        """An extra protocol phase (secure aggregation): one message to each
+        addressed client, their replies (function calls in simulation)."""
+        ...
 
 
 __all__ = ["Engine"]

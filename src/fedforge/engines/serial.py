@@ -4,7 +4,7 @@ process, one after the other, exactly as a real client would."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from fedforge.client import ClientRuntime, ClientTask, ClientUpload
 
@@ -22,3 +22,6 @@ class SerialEngine:
             t0 = time.perf_counter()
             data = self.runtime.run(task, payload)
             yield ClientUpload(task.client_id, data, time.perf_counter() - t0)
+
+    def run_phase(self, phase: str, messages: Mapping[int, bytes]) -> dict[int, bytes]:
+        return self.runtime.run_phase(phase, messages)

@@ -192,6 +192,10 @@ class VectorizedEngine:
             self.max_chunk,
         )
 
+    def run_phase(self, phase: str, messages: Mapping[int, bytes]) -> dict[int, bytes]:
+        """Protocol phases are cheap and per client: plain function calls."""
+        return self.runtime.run_phase(phase, messages)
+
     def run_cohort(self, tasks: Sequence[ClientTask], payload: bytes) -> Iterator[ClientUpload]:
         if not tasks:
             return

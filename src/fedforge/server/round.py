@@ -11,11 +11,12 @@ tensor for the cohort stages and the aggregator.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from fedforge.client import encode_payload, split_extras
+from fedforge.client import ClientTask, encode_payload, split_extras
 from fedforge.config import Config
 from fedforge.errors import AggregationError, UploadError
 from fedforge.evaluate import evaluate
@@ -25,6 +26,7 @@ from fedforge.report.progress import Progress
 from fedforge.server.hierarchy import Edges
 from fedforge.server.periods import period_plan, upload_period
 from fedforge.server.sampling import sample_cohort
+from fedforge.server.secure import secure_round
 from fedforge.server.state import LoopState
 from fedforge.server.stragglers import cohort_tasks
 from fedforge.stages.codec import CodecContext
@@ -165,6 +167,29 @@ def _local_round(exp: Experiment, round_idx: int, start: int, t0: float) -> Roun
     )
 
 
+def _secure(
+    exp: Experiment,
+    state: LoopState,
+    round_idx: int,
+    bar: Progress,
+    tasks: Sequence[ClientTask],
+    payload: bytes,
+) -> tuple[torch.Tensor | None, dict[int, ClientRecord], int, int]:
+    """Secure aggregation's round (``server/secure.py``): the aggregate of the
+    unmasked sum (None: the round is skipped with the reason), the clients in the
+    sum, bytes up (masked updates, phase replies) and the phase messages' bytes down."""
+    out = secure_round(exp, round_idx, tasks, payload)
+    for client_id, why in out.refused:
+        _reject(state, bar, round_idx, client_id, why)
+    reason = out.reason
+    if reason is None and out.aggregate is not None:
+        reason = _too_few(exp, len(out.clients))
+    if reason is not None:
+        _skip(state, bar, round_idx, reason)
+        return None, {}, out.bytes_up, out.bytes_down
+    return out.aggregate, out.clients, out.bytes_up, out.bytes_down
+
+
 def run_round(
     exp: Experiment, state: LoopState, round_idx: int, bar: Progress
 ) -> tuple[RoundRecord, list[ClientRecord]]:
@@ -193,7 +218,10 @@ def run_round(
     gathered: list[Upload] = []
     clients: dict[int, ClientRecord] = {}
     bytes_up = 0
-    for upload in exp.engine.run_cohort(tasks, payload):
+    secure = exp.privacy.secagg if exp.privacy is not None else None  # secure aggregation
+    phase_down = 0  # its extra messages to the clients (keys, shares, unmasking)
+    uploads = exp.engine.run_cohort(tasks, payload) if secure is None else iter(())
+    for upload in uploads:
         bytes_up += len(upload.data)
         try:
             up = check_update(exp, upload.client_id, round_idx, upload.data)
@@ -228,6 +256,11 @@ def run_round(
     else:
         aggregate, used = _gathered_aggregate(exp, gathered, state, round_idx, bar)
         clients = {c: r for c, r in clients.items() if c in used}
+    if secure is not None:  # the server sees only masked updates and their sum
+        aggregate, clients, bytes_up, phase_down = _secure(
+            exp, state, round_idx, bar, tasks, payload
+        )
+        extras = {c: {} for c in clients}
     if aggregate is not None:
         ctx = StageContext(round_idx, cfg.seed, state=state.privacy)  # e.g. central DP noise
         aggregate = pipeline.run_aggregate(aggregate, ctx)
@@ -258,7 +291,7 @@ def run_round(
         test_accuracy=test_acc,
         test_loss=test_loss,
         bytes_up=bytes_up,
-        bytes_down=len(payload) * (len(cohort) + hops),
+        bytes_down=len(payload) * (len(cohort) + hops) + phase_down,
         paper_bytes=2 * FLOAT32_BYTES * exp.spec.size * (len(cohort) + hops),
         lr=plan.lr,
         seconds=time.perf_counter() - t0,

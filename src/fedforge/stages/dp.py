@@ -114,6 +114,10 @@ class DPMean:
         w = torch.tensor([self.weight(float(n)) for n in weights], dtype=updates.dtype)
         return (w @ updates) / self.denominator
 
+    def from_sum(self, total: torch.Tensor, num_examples: Sequence[int]) -> torch.Tensor:
+        """The aggregate from the sum of the weighted updates (secure aggregation)."""
+        return total / self.denominator
+
     def start(self, size: int, dtype: torch.dtype) -> Accumulator:
         return _FixedDenominatorSum(size, dtype, self)
 

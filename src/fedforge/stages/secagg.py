@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import os
+import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +41,12 @@ from fedforge.stages import shamir
 
 PHASES = ("advertise", "share_keys", "masked_input", "unmask")
 RAW = serialization.Encoding.Raw
+SHARE_BYTES = (shamir.PRIME.bit_length() + 7) // 8  # 66: a share in GF(2^521 - 1)
+KEY_BYTES = 32  # X25519 public keys, seeds
+# One encrypted share pair: sender, receiver, b share, mask-key share (fixed width,
+# so every ciphertext has the same size: 12-byte nonce + plaintext + 16-byte tag).
+_SHARE = struct.Struct(f">II{SHARE_BYTES}s{SHARE_BYTES}s")
+CIPHERTEXT_BYTES = 12 + _SHARE.size + 16
 
 
 # --------------------------------------------------------------- fixed point
@@ -134,7 +141,11 @@ class SecAggClient:
             if j == self.id:
                 self.own = (b_shares[j + 1], s_shares[j + 1])
                 continue
-            plain = b"%d|%d|%d|%d" % (self.id, j, b_shares[j + 1], s_shares[j + 1])
+            plain = _SHARE.pack(
+                self.id,
+                j,
+                *(v.to_bytes(SHARE_BYTES, "big") for v in (b_shares[j + 1], s_shares[j + 1])),
+            )
             nonce = os.urandom(12)
             out[j] = nonce + self._channel(j).encrypt(nonce, plain, self._aad(self.id, j))
         return out
@@ -169,7 +180,8 @@ class SecAggClient:
                 continue
             ct = self.inbox[j]
             plain = self._channel(j).decrypt(ct[:12], ct[12:], self._aad(j, self.id))
-            sender, receiver, b_share, s_share = (int(v) for v in plain.split(b"|"))
+            sender, receiver, b_raw, s_raw = _SHARE.unpack(plain)
+            b_share, s_share = int.from_bytes(b_raw, "big"), int.from_bytes(s_raw, "big")
             if (sender, receiver) != (j, self.id):
                 raise ValueError(f"share from client {j} is labelled {sender} -> {receiver}")
             out[j] = ("b", b_share) if j in alive else ("s", s_share)
@@ -232,7 +244,7 @@ def secure_sum(
     if len(shares) < threshold:
         return short("share_keys", len(shares))
     u2 = sorted(shares)
-    routed = {j: {i: shares[i][j] for i in u2 if i != j} for j in u2}
+    routed = route(shares)
     masked = ask("masked_input", u2, lambda c: (routed[c], u2))
     if len(masked) < threshold:
         return short("masked_input", len(masked))
@@ -240,24 +252,50 @@ def secure_sum(
     replies = ask("unmask", u3, lambda c: u3)
     if len(replies) < threshold:
         return short("unmask", len(replies))
+    total, why = unmask_sum(masked, replies, keys, u2, threshold, fp, fp_round(call), size)
+    return SecAggResult(total, why, u3 if total is not None else [])
+
+
+def route(shares: Mapping[int, Mapping[int, bytes]]) -> dict[int, dict[int, bytes]]:
+    """The ciphertexts each client of U2 (the clients that shared) receives: one
+    from every other client of U2."""
+    u2 = sorted(shares)
+    return {j: {i: shares[i][j] for i in u2 if i != j} for j in u2}
+
+
+def unmask_sum(
+    masked: Mapping[int, np.ndarray],
+    replies: Mapping[int, Mapping[int, tuple[str, int]]],
+    keys: Mapping[int, tuple[bytes, bytes]],
+    u2: Sequence[int],
+    threshold: int,
+    fp: FixedPoint,
+    round_idx: int,
+    size: int,
+) -> tuple[np.ndarray | None, str | None]:
+    """The server's last step: the sum of the masked inputs (clients U3) minus
+    every self mask PRG(b_i) of U3, and with the pairwise masks of the clients
+    of U2 that dropped before sending their input rebuilt from their mask keys.
+    Returns (sum mod 2^k, None) or (None, why) when shares are missing."""
+    mask = fp.mask
+    u3 = sorted(masked)
     total = np.zeros(size, dtype=np.uint64)
     for c in u3:
         total = total + masked[c]
-    mask = fp.mask
     for j in u2:  # each client's b (in U3) or mask key (dropped after sharing)
-        kind = "b" if j in u3 else "s"
+        kind = "b" if j in masked else "s"
         pts = [(i + 1, r[j][1]) for i, r in replies.items() if j in r and r[j][0] == kind]
         if len(pts) < threshold:
-            return SecAggResult(None, f"only {len(pts)} shares of client {j}'s {kind}", [])
-        secret = shamir.reconstruct(pts[:threshold]).to_bytes(32, "big")
+            return None, f"secure aggregation: only {len(pts)} shares of client {j}'s {kind}"
+        secret = shamir.reconstruct(pts[:threshold]).to_bytes(KEY_BYTES, "big")
         if kind == "b":
             total = total - prg(secret, size, mask)
             continue
         sk = X25519PrivateKey.from_private_bytes(secret)
         for i in u3:  # survivor i added +PRG(s_ij) if j > i, else -PRG(s_ij)
-            p = pairwise(sk, keys[i][1], fp_round(call), size, mask)
+            p = pairwise(sk, keys[i][1], round_idx, size, mask)
             total = total - p if j > i else total + p
-    return SecAggResult(total & mask, None, u3)
+    return total & mask, None
 
 
 def fp_round(call: Call) -> int:

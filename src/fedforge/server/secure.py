@@ -1,0 +1,166 @@
+"""The server's side of a secure-aggregation round (Bonawitz et al. 2017): the
+four phases through the engine, the masked uploads, the unmasked sum.
+
+advertise keys -> share keys (the server routes the encrypted shares) -> masked
+input (the routed shares go out, the cohort trains and uploads masked updates)
+-> unmask (the survivors' shares give back the self masks of the inputs that
+arrived and the pairwise masks of the clients that dropped after sharing). The
+server trusts nothing: it sees public keys, ciphertexts, masked vectors and
+shares; each message is checked, a malformed one counts as a dropout. Simulated
+dropouts (``privacy.secagg_drop_<phase>``) come from (seed, round, phase). Fewer
+than t clients at any phase end the round with the reason; the model is untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from fedforge.client import ClientTask
+from fedforge.config.privacy import secagg_drops
+from fedforge.errors import UploadError
+from fedforge.experiment import Experiment
+from fedforge.rng import numpy_rng
+from fedforge.stages import secagg_codec as sc
+from fedforge.stages.dp import DPMean
+from fedforge.stages.secagg import route, unmask_sum
+from fedforge.store import ClientRecord
+from fedforge.transport import wire
+
+
+@dataclass
+class SecureOutcome:
+    """The aggregate (None: the round ended) and what crossed the wire."""
+
+    aggregate: torch.Tensor | None
+    reason: str | None
+    clients: dict[int, ClientRecord] = field(default_factory=dict)  # inputs in the sum
+    bytes_up: int = 0  # masked updates and phase replies, every client
+    bytes_down: int = 0  # phase messages (the payload is counted by the round)
+    refused: list[tuple[int, str]] = field(default_factory=list)  # malformed messages
+
+
+def dropped(
+    cfg_seed: int, round_idx: int, phase: str, fraction: float, alive: list[int]
+) -> set[int]:
+    """The simulated dropouts before ``phase``: round(fraction * alive) clients."""
+    n = int(round(fraction * len(alive)))
+    if n == 0:
+        return set()
+    pick = numpy_rng(cfg_seed, "secagg_drop", round_idx, phase).choice(len(alive), n, replace=False)
+    return {alive[i] for i in pick.tolist()}
+
+
+def secure_round(
+    exp: Experiment, round_idx: int, tasks: Sequence[ClientTask], payload: bytes
+) -> SecureOutcome:
+    """One round's secure aggregation over the clients of ``tasks``."""
+    assert exp.privacy is not None and exp.privacy.secagg is not None
+    codec, cfg, size = exp.privacy.secagg, exp.cfg, exp.spec.size
+    t = codec.threshold_of(len(tasks))
+    out = SecureOutcome(None, None)
+    up: dict[int, int] = {}
+    down: dict[int, int] = {}
+    drops = secagg_drops(cfg.privacy)
+
+    def alive(phase: str, ids: Sequence[int]) -> list[int]:
+        gone = dropped(cfg.seed, round_idx, phase, drops[phase], sorted(ids))
+        return [c for c in sorted(ids) if c not in gone]
+
+    def send(phase: str, messages: Mapping[int, bytes]) -> dict[int, bytes]:
+        for c, m in messages.items():
+            down[c] = down.get(c, 0) + len(m)
+        replies = exp.engine.run_phase(phase, messages)
+        for c, r in replies.items():
+            up[c] = up.get(c, 0) + len(r)
+        return replies
+
+    def parse(replies: Mapping[int, bytes], fn: Callable[[int, bytes], object]) -> dict:
+        got = {}
+        for c, r in replies.items():
+            try:
+                got[c] = fn(c, r)
+            except UploadError as exc:  # a malformed reply counts as a dropout
+                out.refused.append((c, f"secure aggregation: {exc}"))
+        return got
+
+    def end(phase: str, n: int) -> SecureOutcome:
+        out.reason = f"secure aggregation: {n} client(s) left after '{phase}', fewer than t = {t}"
+        return finish()
+
+    def finish() -> SecureOutcome:
+        out.bytes_up, out.bytes_down = sum(up.values()), sum(down.values())
+        for c, rec in out.clients.items():
+            out.clients[c] = ClientRecord(
+                rec.round_idx,
+                c,
+                rec.num_examples,
+                rec.train_loss,
+                rec.update_norm,
+                rec.bytes_up + up.get(c, 0),
+                len(payload) + down.get(c, 0),
+            )
+        return out
+
+    ids = [task.client_id for task in tasks]
+    msg = sc.advertise_message(round_idx)
+    replies = send("advertise", {c: msg for c in alive("advertise", ids)})
+    keys = parse(replies, lambda c, r: sc.read_keys(r, round_idx, c))
+    if len(keys) < t:
+        return end("advertise", len(keys))
+    msg = sc.share_keys_message(round_idx, keys, t)
+    replies = send("share_keys", {c: msg for c in alive("share_keys", list(keys))})
+    u1 = sorted(keys)
+    shares = parse(replies, lambda c, r: sc.read_shares(r, round_idx, c, u1))
+    if len(shares) < t:
+        return end("share_keys", len(shares))
+    u2 = sorted(shares)
+    routed = route(shares)
+    live = alive("masked_input", u2)
+    send("masked_input", {c: sc.masked_input_message(round_idx, routed[c], u2) for c in live})
+    masked: dict[int, np.ndarray] = {}
+    weights: dict[int, int] = {}
+    for upload in exp.engine.run_cohort(
+        [task for task in tasks if task.client_id in live], payload
+    ):
+        c = upload.client_id
+        up[c] = up.get(c, 0) + len(upload.data)
+        try:
+            msg_ = wire.decode(upload.data)
+            n = msg_.meta.get("num_examples")
+            if msg_.meta.get("client_id") != c or msg_.meta.get("round_idx") != round_idx:
+                raise UploadError("update labelled with another client or round")
+            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+                raise UploadError(f"num_examples {n!r} must be a positive integer")
+            masked[c] = codec.decode_masked(msg_.tensors, msg_.meta, size)
+        except UploadError as exc:
+            out.refused.append((c, str(exc)))
+            continue
+        weights[c] = n
+        loss = msg_.meta.get("train_loss")
+        loss_ = float(loss) if isinstance(loss, int | float) else float("nan")
+        # the server cannot know an individual update's norm: NaN
+        out.clients[c] = ClientRecord(round_idx, c, n, loss_, float("nan"), 0, 0)
+    if len(masked) < t:
+        out.clients = {}
+        return end("masked_input", len(masked))
+    u3 = sorted(masked)
+    msg = sc.unmask_message(round_idx, u3)
+    replies = send("unmask", {c: msg for c in alive("unmask", u3)})
+    shares_back = parse(replies, lambda c, r: sc.read_unmask(r, round_idx, c, u2))
+    if len(shares_back) < t:
+        out.clients = {}
+        return end("unmask", len(shares_back))
+    total, why = unmask_sum(masked, shares_back, keys, u2, t, codec.fp, round_idx, size)
+    if total is None:
+        out.clients, out.reason = {}, why
+        return finish()
+    summed = torch.from_numpy(codec.fp.decode(total)).to(exp.initial_params.dtype)
+    agg = exp.pipeline.aggregator
+    if not isinstance(agg, sc.SecAggMean | DPMean):  # refused at build time
+        raise TypeError(f"secure aggregation cannot aggregate with '{agg.name}'")
+    out.aggregate = agg.from_sum(summed, [weights[c] for c in u3])
+    return finish()

@@ -1,0 +1,238 @@
+"""Secure aggregation in real rounds: the masked run equals the plain run to the
+fixed-point resolution, dropouts at each phase equal the plain run over the
+survivors, too few survivors skip the round with the model untouched, the phase
+messages are counted, impossible combinations are refused, resume is bit-exact."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from tests.conftest import MakeData
+
+from fedforge.client import ClientTask, ClientUpload
+from fedforge.config import from_dict, override
+from fedforge.engines import Engine
+from fedforge.engines.serial import SerialEngine
+from fedforge.errors import ConfigError
+from fedforge.experiment import FederatedData, build
+from fedforge.server import loop
+from fedforge.server.loop import resume, run
+from fedforge.server.secure import dropped
+from fedforge.stages.secagg import CIPHERTEXT_BYTES, KEY_BYTES, SHARE_BYTES
+from fedforge.store import RunStore
+
+SIZES = [30, 20, 40, 30, 25, 35]
+FRAC_BITS = 30
+BASE: dict[str, Any] = {
+    "model": "2nn",
+    "num_clients": 6,
+    "client_fraction": 1.0,
+    "batch_size": 10,
+    "lr": 0.05,
+    "rounds": 2,
+    "target_accuracy": None,
+    "dtype": "float64",
+}
+DP = {"dp": "central", "noise_multiplier": 0.5, "clip_norm": 0.5}
+SECAGG = {"secagg": True, "secagg_frac_bits": FRAC_BITS}
+
+
+@pytest.fixture
+def data(make_data: MakeData, one_thread: None) -> FederatedData:
+    return make_data(SIZES)
+
+
+def _run(data: FederatedData, priv: Mapping[str, Any], **more: Any) -> Any:
+    return run(from_dict({**BASE, **more, "privacy": {**DP, **priv}}), data, store=False)
+
+
+def _bound(rounds: int, k: int, denominator: float) -> float:
+    """Each of the k inputs rounds to 2^-(f+1) per coordinate; the mean divides the
+    sum by the denominator. Local SGD at this step size grows a difference in its
+    start by a small factor (4 covers it) before the next round adds its own."""
+    per_round = k * 2.0 ** -(FRAC_BITS + 1) / denominator
+    return sum(per_round * 4**r for r in range(rounds))
+
+
+@pytest.mark.parametrize("engine", ["serial", "vectorized"])
+@pytest.mark.parametrize("weights", ["uniform", "capped"])
+def test_secagg_run_equals_the_plain_run_to_fixed_point(
+    data: FederatedData, engine: str, weights: str
+) -> None:
+    priv = {"weights": weights, "weight_cap": 30}
+    plain = _run(data, priv, engine=engine)
+    masked = _run(data, {**priv, **SECAGG}, engine=engine)
+    assert "encode:secagg" in masked.summary["pipeline"]
+    diff = float((plain.params - masked.params).abs().max())
+    caps = [min(n / 30, 1.0) for n in SIZES] if weights == "capped" else [1.0] * 6
+    assert diff <= _bound(2, 6, sum(caps))
+    assert not masked.skipped and not masked.rejected
+
+
+def test_small_modulus_sends_four_byte_words(data: FederatedData) -> None:
+    """f = 20 bits: k = 23 <= 32, so a masked word costs 4 bytes (half a float64)."""
+    plain = _run(data, {}, rounds=1)
+    masked = _run(data, {"secagg": True, "secagg_frac_bits": 20}, rounds=1)
+    per_round = 6 * 2.0**-21 / 6
+    assert float((plain.params - masked.params).abs().max()) <= per_round
+    words = 199_210 * 6  # the 2NN's parameters, six clients
+    assert masked.rounds[0].bytes_up - plain.rounds[0].bytes_up < -4 * words + 40_000
+
+
+class _Filter:
+    """A serial engine that trains only the clients ``keep(round, ids)`` returns:
+    the plain run over a secure-aggregation run's survivors."""
+
+    name = "filter"
+
+    def __init__(self, inner: Engine, keep: Any) -> None:
+        self.inner, self.keep = inner, keep
+
+    def run_cohort(self, tasks: Sequence[ClientTask], payload: bytes) -> Iterator[ClientUpload]:
+        ids = sorted(t.client_id for t in tasks)
+        live = self.keep(tasks[0].round_idx, ids) if tasks else set()
+        yield from self.inner.run_cohort([t for t in tasks if t.client_id in live], payload)
+
+    def run_phase(self, phase: str, messages: Mapping[int, bytes]) -> dict[int, bytes]:
+        return self.inner.run_phase(phase, messages)
+
+
+@pytest.mark.parametrize("phase", ["advertise", "share_keys", "masked_input", "unmask"])
+def test_dropouts_equal_the_plain_run_over_the_survivors(
+    data: FederatedData, phase: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    frac = 0.34  # 2 of 6 drop; t = ceil(0.66 * 6) = 4 survive
+    masked = _run(data, {**SECAGG, f"secagg_drop_{phase}": frac})
+    assert not masked.skipped
+
+    def keep(round_idx: int, ids: list[int]) -> set[int]:
+        if phase == "unmask":  # their masked inputs arrived: they are in the sum
+            return set(ids)
+        gone = dropped(0, round_idx, phase, frac, ids)
+        assert len(gone) == 2
+        return set(ids) - gone
+
+    real_build = loop.build
+
+    def filtered(c: Any, d: Any = None) -> Any:
+        exp = real_build(c, d)
+        exp.engine = _Filter(exp.engine, keep)
+        return exp
+
+    monkeypatch.setattr(loop, "build", filtered)
+    plain = _run(data, {})
+    assert float((plain.params - masked.params).abs().max()) <= _bound(2, 6, 6.0)
+
+
+def test_too_few_survivors_skip_the_round_and_keep_the_model(data: FederatedData) -> None:
+    before = build(from_dict({**BASE, "privacy": {**DP, **SECAGG}}), data).initial_params
+    result = _run(data, {**SECAGG, "secagg_drop_masked_input": 0.5})  # 3 left, t = 4
+    assert torch.equal(result.params, before)
+    assert [r for r, _ in result.skipped] == [0, 1]
+    assert all("fewer than t = 4" in why for _, why in result.skipped)
+    assert all(r.bytes_up > 0 for r in result.rounds)  # the phases before still cost bytes
+
+
+def test_phase_messages_are_counted_per_client(data: FederatedData, tmp_path: Path) -> None:
+    cfg = {**BASE, "rounds": 1, "runs_dir": str(tmp_path)}
+    plain = run(from_dict({**cfg, "privacy": DP}), data)
+    masked = run(from_dict({**cfg, "privacy": {**DP, **SECAGG}}), data)
+    assert plain.run_dir is not None and masked.run_dir is not None
+    with RunStore.open(plain.run_dir) as a, RunStore.open(masked.run_dir) as b:
+        pa, pb = a.client_rounds(0), b.client_rounds(0)
+        ra, rb = a.rounds()[0], b.rounds()[0]
+    assert [c.client_id for c in pb] == list(range(6))
+    assert sum(c.bytes_up for c in pb) == rb.bytes_up  # nobody dropped: all counted
+    n = 6
+    # up: two public keys, n - 1 encrypted share pairs, n unmasking shares
+    # (id, kind, share); down: n key pairs, n - 1 routed ciphertexts, U2 and U3
+    up = 2 * KEY_BYTES + (n - 1) * (CIPHERTEXT_BYTES + 8) + n * (8 + 1 + SHARE_BYTES)
+    down = n * (8 + 2 * KEY_BYTES) + (n - 1) * (CIPHERTEXT_BYTES + 8) + 2 * n * 8
+    for a_, b_ in zip(pa, pb, strict=True):
+        extra_up, extra_down = b_.bytes_up - a_.bytes_up, b_.bytes_down - a_.bytes_down
+        # float64 deltas and uint64 masked words are both 8 bytes a parameter;
+        # the rest is the phase messages' data plus their headers (< 200 bytes each)
+        assert up <= extra_up <= up + 4 * 200
+        assert down <= extra_down <= down + 4 * 200
+    assert rb.bytes_down - ra.bytes_down == sum(
+        b_.bytes_down - a_.bytes_down for a_, b_ in zip(pa, pb, strict=True)
+    )
+
+
+@pytest.mark.parametrize(
+    ("more", "match"),
+    [
+        ({"robust": {"aggregator": "median"}}, "needs individual updates"),
+        ({"algorithm": "scaffold"}, "unmasked"),
+        ({"privacy_": {"clip_norm": 1e7, "secagg_frac_bits": 40}}, "64"),
+        ({"privacy_": {"dp": "none"}}, "bound"),
+        ({"privacy_": {"adaptive_clip": True}}, "adaptive_clip"),
+        ({"communication": {"uplink": "int8"}}, "uplink"),
+    ],
+)
+def test_secagg_refuses_what_it_cannot_hide(
+    data: FederatedData, more: dict[str, Any], match: str
+) -> None:
+    priv = {**SECAGG, **more.pop("privacy_", {})}
+    if "robust" in more:  # median with central DP is refused by DP first
+        priv["dp"] = "none"
+        more["communication"] = {"clip_norm": 0.5}
+    with pytest.raises(ConfigError, match=match):
+        build(from_dict({**BASE, **more, "privacy": {**DP, **priv}}), data)
+
+
+class _SigtermAt:
+    name = "sigterm"
+
+    def __init__(self, inner: Engine, at: int) -> None:
+        self.inner, self.at = inner, at
+
+    def run_cohort(self, tasks: Sequence[ClientTask], payload: bytes) -> Iterator[ClientUpload]:
+        if tasks and tasks[0].round_idx == self.at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        yield from self.inner.run_cohort(tasks, payload)
+
+    def run_phase(self, phase: str, messages: Mapping[int, bytes]) -> dict[int, bytes]:
+        return self.inner.run_phase(phase, messages)
+
+
+def test_resume_with_secagg_is_bit_exact(
+    data: FederatedData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Secure aggregation keeps no state across rounds (fresh keys each round; the
+    unmasked sum is exact whatever the masks), so resume stays bit-exact."""
+    priv = {**DP, **SECAGG, "secagg_drop_unmask": 0.2}
+    cfg = from_dict(
+        {
+            **BASE,
+            "rounds": 5,
+            "checkpoint_every": 2,
+            "runs_dir": str(tmp_path / "a"),
+            "privacy": priv,
+        }
+    )
+    reference = run(cfg, data)
+    real_build = loop.build
+
+    def stopping_build(c: Any, d: Any = None) -> Any:
+        exp = real_build(c, d)
+        assert isinstance(exp.engine, SerialEngine)
+        exp.engine = _SigtermAt(exp.engine, at=2)
+        return exp
+
+    monkeypatch.setattr(loop, "build", stopping_build)
+    stopped = run(override(cfg, {"runs_dir": str(tmp_path / "b")}), data)
+    assert stopped.stopped == "SIGTERM" and stopped.run_dir is not None
+    monkeypatch.setattr(loop, "build", real_build)
+    resumed = resume(stopped.run_dir, data=data)
+    assert torch.equal(resumed.params, reference.params)
+    assert reference.run_dir is not None
+    with RunStore.open(stopped.run_dir) as got, RunStore.open(reference.run_dir) as want:
+        assert [r.test_loss for r in got.rounds()] == [r.test_loss for r in want.rounds()]
+        assert len(got.rounds()) == 5
