@@ -87,13 +87,19 @@ def local_sgd(
     params = start.clone()
     # Leaf tensors that are views of the flat vector: in-place steps on them
     # update ``params`` directly, and autograd gives one gradient per tensor.
-    leaves = {k: v.detach().requires_grad_(True) for k, v in spec.views(params).items()}
-    tensors = list(leaves.values())
+    # Buffers (batch-norm running statistics) are views too, without gradient: the
+    # forward pass updates them in place, straight into the flat vector.
+    train = {e.name for e in spec.entries if e.trainable}
+    leaves = {
+        k: v.detach().requires_grad_(True) if k in train else v.detach()
+        for k, v in spec.views(params).items()
+    }
+    tensors = [v for k, v in leaves.items() if k in train]
     step: LocalStep | None = None
     if hook is not None or not plan.plain:
-        batched = list(spec.views(params.unsqueeze(0)).values())
-        anchor = list(spec.views(start.unsqueeze(0)).values())
-        per_client = {k: list(spec.views(v).values()) for k, v in (state or {}).items()}
+        batched = _trainable(spec, params.unsqueeze(0))
+        anchor = _trainable(spec, start.unsqueeze(0))
+        per_client = {k: _trainable(spec, v) for k, v in (state or {}).items()}
         step = LocalStep(plan, batched, anchor, per_client, hook)
     model.train()
     total_loss = 0.0
@@ -112,6 +118,12 @@ def local_sgd(
             seen += len(idx)
             steps += 1
     return LocalResult(params, total_loss / max(seen, 1), steps)
+
+
+def _trainable(spec: ParamSpec, vec: torch.Tensor) -> list[torch.Tensor]:
+    """The named views of ``vec`` for the entries gradients move, in spec order."""
+    views = spec.views(vec)
+    return [views[e.name] for e in spec.entries if e.trainable]
 
 
 class ClientRuntime:
@@ -146,10 +158,14 @@ class ClientRuntime:
         x, y = self.data_fn(task.client_id)
         gen = minibatch_generator(task)
         alg = self.algorithm
+        if alg.personal is not None:  # FedBN: the client's own batch norm over the global
+            start = alg.personal.start(task.client_id, start)
         state = alg.client.begin([task.client_id], start, extras) if alg.client else None
         result = local_sgd(
             self.model, self.spec, start, x, y, task.plan, alg.loss_fn, gen, alg.grad_hook, state
         )
+        if alg.personal is not None:
+            alg.personal.keep(task.client_id, result.params)
         sent = self.end(task, start, result, x, y, extras)
         return self.finish(task, start, result, len(y), sent)
 
@@ -199,6 +215,8 @@ class ClientRuntime:
                     {}, {"client_id": task.client_id, "round_idx": task.round_idx, "withheld": why}
                 )
         delta = result.params - start
+        if self.algorithm.personal is not None:  # personal entries never leave the client
+            delta = delta.masked_fill(self.algorithm.personal.mask, 0.0)
         for stage in self.stages:
             delta = stage.apply(delta, ctx)
         codec_ctx = CodecContext(task.seed, task.round_idx, task.client_id)
@@ -218,6 +236,20 @@ class ClientRuntime:
         }
         return wire.encode(tensors, meta)
 
+    def run_phase(self, phase: str, messages: Mapping[int, bytes]) -> dict[int, bytes]:
+        """An extra protocol phase (secure aggregation's keys, shares, unmasking):
+        each addressed client's reply to its message, left out when it has none.
+        The codec that needs the phases (``SecAggCodec``) answers them."""
+        answer = getattr(self.codec, "phase", None)
+        if answer is None:
+            raise ValueError(f"codec '{self.codec.name}' has no protocol phase '{phase}'")
+        replies = {}
+        for client_id, message in messages.items():
+            reply = answer(phase, client_id, message)
+            if reply is not None:
+                replies[client_id] = reply
+        return replies
+
 
 EXTRA_PREFIX = "alg/"  # wire names of an algorithm's tensors beside params or delta
 
@@ -236,20 +268,6 @@ def encode_payload(
         return wire.encode({"params": params, **more}, {"round_idx": round_idx})
     tensors, meta = codec.encode(params, CodecContext(seed, round_idx))
     return wire.encode({**tensors, **more}, {**meta, "round_idx": round_idx})
-
-    def run_phase(self, phase: str, messages: Mapping[int, bytes]) -> dict[int, bytes]:
-        """An extra protocol phase (secure aggregation's keys, shares, unmasking):
-        each addressed client's reply to its message, left out when it has none.
-        The codec that needs the phases (``SecAggCodec``) answers them."""
-        answer = getattr(self.codec, "phase", None)
-        if answer is None:
-            raise ValueError(f"codec '{self.codec.name}' has no protocol phase '{phase}'")
-        replies = {}
-        for client_id, message in messages.items():
-            reply = answer(phase, client_id, message)
-            if reply is not None:
-                replies[client_id] = reply
-        return replies
 
 
 def split_extras(

@@ -105,8 +105,8 @@ def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
     data = data if data is not None else load_federated_data(cfg)
     dtype = DTYPES[cfg.dtype]
     model = build_model(cfg.model, cfg.seed, dtype, cfg.dataset)
-    spec = ParamSpec.of(model)
-    algorithm = algorithms.from_config(cfg, spec.size, dtype)
+    spec = ParamSpec.of(model, include_buffers=True)  # batch-norm statistics travel too
+    algorithm = algorithms.from_config(cfg, spec.size, dtype, spec)
     robust = assemble(cfg, data.client_data)
     comm = communication.assemble(cfg, spec, dtype, data.partition, data.train_y)
     sizes = [data.num_examples(c) for c in range(cfg.num_clients)]
@@ -146,6 +146,8 @@ def client_tables(exp: Experiment) -> dict[str, ClientStateStore]:
         tables[RESIDUAL] = exp.comm.client_state
     if exp.algorithm.client is not None:
         tables.update(exp.algorithm.client.tables)
+    if exp.algorithm.personal is not None:  # FedBN's batch norm
+        tables.update(exp.algorithm.personal.tables)
     return tables
 
 
@@ -154,6 +156,8 @@ def make_engine(name: str, runtime: ClientRuntime) -> tuple[Engine, str | None]:
     asked one cannot run this model."""
     if name == "vectorized":
         reason = unsupported_reason(runtime.model)
+        if reason is None and runtime.algorithm.personal is not None:
+            reason = f"algorithm '{runtime.algorithm.name}' keeps entries per client"
         if reason is None:
             return VectorizedEngine(runtime), None
         return SerialEngine(runtime), f"engine: vectorized cannot run this model ({reason}); serial"

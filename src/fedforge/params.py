@@ -37,6 +37,12 @@ class ParamEntry:
     def slice(self) -> slice:
         return slice(self.offset, self.offset + self.numel)
 
+    @property
+    def trainable(self) -> bool:
+        """A parameter that gradients move (buffers such as batch-norm running
+        statistics are updated by the forward pass instead)."""
+        return self.kind != "buffer"
+
 
 @dataclass(frozen=True)
 class ParamSpec:

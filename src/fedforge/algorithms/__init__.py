@@ -11,17 +11,24 @@ import torch
 
 from fedforge.algorithms.base import Algorithm, LocalPlan, cross_entropy
 from fedforge.algorithms.fedavg import fedavg, fedsgd
+from fedforge.algorithms.fedbn import fedbn, local_mask
 from fedforge.algorithms.fedprox import fedprox
 from fedforge.algorithms.scaffold import scaffold
 from fedforge.config import Config
+from fedforge.errors import ConfigError
+from fedforge.params import ParamSpec
 from fedforge.store.client_state import make_state_store
 
 
 def from_config(
-    cfg: Config, size: int | None = None, dtype: torch.dtype | None = None
+    cfg: Config,
+    size: int | None = None,
+    dtype: torch.dtype | None = None,
+    spec: ParamSpec | None = None,
 ) -> Algorithm:
     """The algorithm bundle a config names. SCAFFOLD keeps an ``[N, size]`` table
-    of client controls in ``dtype`` (the run's), so it needs both."""
+    of client controls in ``dtype`` (the run's), so it needs both; FedBN keeps the
+    batch-norm entries of ``spec`` per client, so it needs the spec and dtype."""
     if cfg.algorithm == "fedsgd":
         return fedsgd(cfg.lr, cfg.lr_decay)
     loc, drop = cfg.local, cfg.stragglers.drop
@@ -38,6 +45,19 @@ def from_config(
         store = make_state_store(cfg.num_clients, size, dtype, Path(tempfile.gettempdir()) / tag)
         option = cfg.scaffold.option
         return scaffold(e, b, lr, store, option, decay, dropping, mom, wd, clip)
+    if cfg.algorithm == "fedbn":
+        if spec is None or dtype is None:
+            raise ValueError("FedBN needs the model's spec and dtype for its batch-norm table")
+        mask = local_mask(spec)
+        if not bool(mask.any()):
+            raise ConfigError(
+                f"algorithm 'fedbn' needs a model with batch norm; model {cfg.model!r} has "
+                "none (use model: cnn_bn)"
+            )
+        tag = f"fedforge-fedbn-{os.getpid()}-{secrets.token_hex(3)}"
+        path = Path(tempfile.gettempdir()) / tag
+        store = make_state_store(cfg.num_clients, int(mask.sum()), dtype, path)
+        return fedbn(e, b, lr, mask, store, decay, dropping, mom, wd, clip)
     return fedavg(e, b, lr, decay, dropping, mom, wd, clip)
 
 
@@ -46,6 +66,7 @@ __all__ = [
     "LocalPlan",
     "cross_entropy",
     "fedavg",
+    "fedbn",
     "fedprox",
     "fedsgd",
     "from_config",

@@ -16,7 +16,7 @@ import torch
 from fedforge.params import ParamKind
 
 if TYPE_CHECKING:
-    from fedforge.algorithms.local import ClientTerms, GradHook, ServerTerms
+    from fedforge.algorithms.local import ClientTerms, GradHook, PersonalEntries, ServerTerms
 
 # (logits [B, C], labels [B]) -> per-example losses [B]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -52,11 +52,12 @@ class Algorithm:
     name: str
     plan_fn: Callable[[int], LocalPlan]
     loss_fn: LossFn
-    shared_kinds: tuple[ParamKind, ...] = ("weight", "batchnorm")
+    shared_kinds: tuple[ParamKind, ...] = ("weight", "batchnorm", "buffer")
     # a term added to every local gradient (FedProx's proximal term, SCAFFOLD's correction)
     grad_hook: GradHook | None = None
     client: ClientTerms | None = None  # per-client state and extra update tensors (SCAFFOLD)
     server: ServerTerms | None = None  # server state, payload extras and their update
+    personal: PersonalEntries | None = None  # entries each client keeps (FedBN's batch norm)
     drop_stragglers: bool = True  # FedAvg drops clients that did fewer epochs; FedProx keeps them
 
     def plan(self, round_idx: int) -> LocalPlan:

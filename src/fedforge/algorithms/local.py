@@ -72,6 +72,21 @@ class ClientTerms(Protocol):
     def end(self, job: ClientJob) -> dict[str, torch.Tensor]: ...
 
 
+class PersonalEntries(Protocol):
+    """Entries of the flat vector each client keeps for itself and never shares
+    (FedBN's batch norm). ``start`` puts the client's own values over the global
+    vector (a client seen for the first time starts from the global ones), ``keep``
+    stores them after training; the client sends zeros in their place and the
+    server never moves them in the global vector."""
+
+    mask: torch.Tensor  # [P] bool: the personal entries
+    tables: dict[str, ClientStateStore]  # its per-client tables, saved by checkpoints
+
+    def start(self, client_id: int, params: torch.Tensor) -> torch.Tensor: ...
+
+    def keep(self, client_id: int, params: torch.Tensor) -> None: ...
+
+
 class ServerTerms(Protocol):
     """The server half: its state (checkpointed), what the payload carries
     besides the parameters, what each update must carry, and how the state
@@ -176,9 +191,19 @@ def full_gradient(
     full batch), e.g. SCAFFOLD's option I control ``c_k = grad f_k(x)``."""
 
     def grad(params: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        leaves = {k: v.detach().requires_grad_(True) for k, v in spec.views(params.clone()).items()}
+        train = {e.name for e in spec.entries if e.trainable}
+        leaves = {
+            k: v.detach().requires_grad_(True) if k in train else v.detach()
+            for k, v in spec.views(params.clone()).items()
+        }
         loss = loss_fn(functional_call(model, leaves, (x,)), y).mean()
-        grads = torch.autograd.grad(loss, list(leaves.values()))
-        return torch.cat([g.reshape(-1) for g in grads])
+        grads = iter(torch.autograd.grad(loss, [leaves[k] for k in leaves if k in train]))
+        # buffers (batch-norm running statistics) have no gradient: zeros in their slots
+        return torch.cat(
+            [
+                next(grads).reshape(-1) if e.trainable else torch.zeros_like(params[e.slice])
+                for e in spec.entries
+            ]
+        )
 
     return grad

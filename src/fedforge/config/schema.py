@@ -22,8 +22,8 @@ from fedforge.config.privacy import PrivacyConfig, validate_privacy
 from fedforge.errors import ConfigError
 
 PartitionKind = Literal["iid", "shards", "dirichlet", "quantity"]
-Algorithm = Literal["fedavg", "fedsgd", "fedprox", "scaffold"]
-ModelName = Literal["cnn", "2nn", "logreg"]
+Algorithm = Literal["fedavg", "fedsgd", "fedprox", "scaffold", "fedbn"]
+ModelName = Literal["cnn", "cnn_bn", "2nn", "logreg"]
 Dataset = Literal["mnist", "synthetic"]
 Engine = Literal["serial", "vectorized"]
 DType = Literal["float32", "float64"]

@@ -8,12 +8,14 @@ import torch
 from torch import nn
 
 from fedforge.errors import ConfigError
+from fedforge.models.bn import MnistCNNBN
 from fedforge.models.logreg import LogisticRegression
 from fedforge.models.mnist import MnistCNN, MnistMLP
 
 MODELS: dict[str, Callable[[], nn.Module]] = {
     "2nn": MnistMLP,
     "cnn": MnistCNN,
+    "cnn_bn": MnistCNNBN,
     "logreg": LogisticRegression,
 }
 INPUT_FEATURES = {"mnist": 28 * 28, "synthetic": 60}  # logreg's inputs per data set
@@ -36,4 +38,4 @@ def build_model(
     return model.to(dtype)
 
 
-__all__ = ["MODELS", "LogisticRegression", "MnistCNN", "MnistMLP", "build_model"]
+__all__ = ["MODELS", "LogisticRegression", "MnistCNN", "MnistCNNBN", "MnistMLP", "build_model"]

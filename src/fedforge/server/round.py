@@ -265,6 +265,9 @@ def run_round(
         ctx = StageContext(round_idx, cfg.seed, state=state.privacy)  # e.g. central DP noise
         aggregate = pipeline.run_aggregate(aggregate, ctx)
         state.params = state.optimizer.step(params, aggregate)
+        personal = exp.algorithm.personal
+        if personal is not None:  # FedBN: the global batch-norm entries never move
+            state.params = state.params.masked_scatter(personal.mask, params[personal.mask])
         if exp.privacy is not None:  # adaptive clipping: the next clip norm
             exp.privacy.end_round(state.privacy, round_idx, clients)
         if server is not None:  # e.g. c += sum of the used clients' delta c_k / N

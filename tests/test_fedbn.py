@@ -1,0 +1,211 @@
+"""Issue 4 part B.1: FedBN (Li et al. 2021) -- batch norm stays with each client."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from tests.conftest import MakeData
+
+from fedforge.algorithms.fedbn import LocalBatchNorm, local_mask
+from fedforge.client import ClientTask, ClientUpload, encode_payload, local_sgd, minibatch_generator
+from fedforge.config import from_dict, override
+from fedforge.engines import Engine
+from fedforge.errors import ConfigError
+from fedforge.experiment import FederatedData, build
+from fedforge.models import build_model
+from fedforge.params import ParamSpec
+from fedforge.report.progress import Progress
+from fedforge.server import loop
+from fedforge.server.loop import resume, run
+from fedforge.server.round import run_round
+from fedforge.server.state import LoopState
+from fedforge.store import MemoryStateStore, RunStore, list_checkpoints
+from fedforge.transport import wire
+
+F64 = torch.float64
+BASE: dict[str, Any] = {
+    "model": "cnn_bn",
+    "algorithm": "fedbn",
+    "num_clients": 5,
+    "client_fraction": 0.6,
+    "local_epochs": 1,
+    "batch_size": 8,
+    "lr": 0.05,
+    "rounds": 4,
+    "target_accuracy": None,
+    "dtype": "float64",
+    "checkpoint_every": 0,
+}
+
+
+@pytest.fixture
+def data(make_data: MakeData, one_thread: None) -> FederatedData:
+    return make_data([20, 12, 17, 9, 14], dtype=F64)
+
+
+def _cfg(**extra: Any) -> Any:
+    return from_dict({**BASE, **extra})
+
+
+def test_cnn_bn_spec_has_batchnorm_and_running_statistics() -> None:
+    model = build_model("cnn_bn", 0, F64)
+    spec = ParamSpec.of(model, include_buffers=True)
+    kinds = {e.name: e.kind for e in spec.entries}
+    assert kinds["bn1.weight"] == kinds["bn2.bias"] == "batchnorm"
+    assert kinds["bn2.running_mean"] == kinds["bn2.running_var"] == "buffer"
+    assert kinds["conv1.weight"] == kinds["fc2.bias"] == "weight"
+    mask = local_mask(spec)
+    bn = sum(e.numel for e in spec.entries if e.kind != "weight")
+    assert int(mask.sum()) == bn == 4 * (16 + 32)
+    # the flat vector round-trips the running statistics too
+    model.bn1.running_mean.fill_(3.0)
+    vec = spec.flatten(model, F64)
+    assert torch.equal(spec.views(vec)["bn1.running_mean"], torch.full((16,), 3.0, dtype=F64))
+
+
+def test_new_client_starts_from_global_batchnorm() -> None:
+    mask = torch.tensor([False, True, True, False])
+    store = MemoryStateStore(3, 2, F64)
+    bn = LocalBatchNorm(mask, store)
+    glob = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=F64)
+    assert torch.equal(bn.start(1, glob), glob)  # never seen: the global values
+    bn.keep(1, torch.tensor([9.0, 8.0, 7.0, 6.0], dtype=F64))
+    assert torch.equal(store.gather([1])[0], torch.tensor([8.0, 7.0], dtype=F64))
+    assert torch.equal(bn.start(1, glob), torch.tensor([1.0, 8.0, 7.0, 4.0], dtype=F64))
+    assert torch.equal(bn.start(2, glob), glob)
+
+
+def test_local_training_updates_running_statistics_in_the_vector(data: FederatedData) -> None:
+    model = build_model("cnn_bn", 0, F64)
+    spec = ParamSpec.of(model, include_buffers=True)
+    start = spec.flatten(model, F64)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    cfg = _cfg()
+    exp = build(cfg, data)
+    x, y = data.client_data(0)
+    task = ClientTask(0, 0, exp.algorithm.plan(0), 0)
+    res = local_sgd(
+        model, spec, start, x, y, task.plan, exp.algorithm.loss_fn, minibatch_generator(task)
+    )
+    got = spec.views(res.params)
+    # running statistics moved (they are updated by the forward pass, into the vector)
+    assert not torch.equal(got["bn1.running_var"], spec.views(start)["bn1.running_var"])
+    # and the module's own tensors were never touched
+    for k, v in model.state_dict().items():
+        if k.endswith("num_batches_tracked"):
+            continue
+        assert torch.equal(v, before[k]), k
+
+
+def test_fedbn_never_changes_batchnorm_through_aggregation(data: FederatedData) -> None:
+    cfg = _cfg(server_optimizer={"kind": "adam"}, server_lr=0.01)
+    exp = build(cfg, data)
+    personal = exp.algorithm.personal
+    assert personal is not None
+    mask = personal.mask
+    state = LoopState.fresh(exp)
+    table = state.client_state["batchnorm"]
+    bar = Progress(cfg.rounds, "t", enabled=False)
+    initial = exp.initial_params.clone()
+    seen: set[int] = set()
+    for r in range(cfg.rounds):
+        before = {c: table.gather([c])[0].clone() for c in table.written()}
+        glob = state.params.clone()
+        # what each cohort client's local training gives, computed apart from the round
+        expected: dict[int, torch.Tensor] = {}
+        _, clients = run_round(exp, state, r, bar)
+        for c in [cr.client_id for cr in clients]:
+            task = ClientTask(c, r, exp.algorithm.plan(r), cfg.seed)
+            own = glob.clone()
+            if c in before:
+                own[mask] = before[c]
+            x, y = data.client_data(c)
+            res = local_sgd(
+                exp.model,
+                exp.spec,
+                own,
+                x,
+                y,
+                task.plan,
+                exp.algorithm.loss_fn,
+                minibatch_generator(task),
+            )
+            expected[c] = res.params[mask]
+        # the global batch-norm entries never move (even under server Adam)
+        assert torch.equal(state.params[mask], initial[mask])
+        assert not torch.equal(state.params[~mask], glob[~mask])
+        for c in table.written():
+            if c in expected:  # trained this round: exactly its own local result
+                assert torch.equal(table.gather([c])[0], expected[c])
+            else:  # not in the cohort: untouched by aggregation
+                assert torch.equal(table.gather([c])[0], before[c])
+        seen |= set(expected)
+    assert len(seen) >= 4  # clients were seen, and some more than once
+
+
+def test_fedbn_update_carries_zeros_in_batchnorm(data: FederatedData) -> None:
+    exp = build(_cfg(), data)
+    runtime = exp.engine.runtime  # type: ignore[attr-defined]
+    payload = encode_payload(exp.initial_params, 0)
+    out = wire.decode(runtime.run(ClientTask(2, 0, exp.algorithm.plan(0), 0), payload))
+    delta = out.tensors["delta"] if "delta" in out.tensors else next(iter(out.tensors.values()))
+    mask = exp.algorithm.personal.mask  # type: ignore[union-attr]
+    assert torch.count_nonzero(delta[mask]) == 0
+    assert torch.count_nonzero(delta[~mask]) > 0
+
+
+def test_fedbn_falls_back_to_serial_and_refuses_models_without_bn(data: FederatedData) -> None:
+    exp = build(_cfg(engine="vectorized"), data)
+    assert exp.engine.name == "serial"
+    assert exp.note is not None and "batch-norm running statistics" in exp.note
+    with pytest.raises(ConfigError, match="batch norm"):
+        build(_cfg(model="logreg"), data)
+
+
+def test_fedavg_averages_batchnorm_of_cnn_bn(data: FederatedData) -> None:
+    cfg = _cfg(algorithm="fedavg", rounds=1)
+    exp = build(cfg, data)
+    got = run(cfg, data=data, store=False)
+    stats = exp.spec.mask(("buffer",))
+    assert not torch.equal(got.params[stats], exp.initial_params[stats])
+
+
+class _SigtermAt:
+    def __init__(self, inner: Engine, at: int) -> None:
+        self.inner, self.at, self.name = inner, at, inner.name
+
+    def run_cohort(self, tasks: Sequence[ClientTask], payload: bytes) -> Iterator[ClientUpload]:
+        if tasks and tasks[0].round_idx == self.at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        yield from self.inner.run_cohort(tasks, payload)
+
+
+def test_resume_with_fedbn_is_bit_exact(
+    data: FederatedData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = _cfg(rounds=6, checkpoint_every=2, runs_dir=str(tmp_path / "a"))
+    reference = run(cfg, data=data)
+    real_build = loop.build
+
+    def stopping_build(c: Any, d: Any = None) -> Any:
+        exp = real_build(c, d)
+        exp.engine = _SigtermAt(exp.engine, at=3)
+        return exp
+
+    monkeypatch.setattr(loop, "build", stopping_build)
+    stopped = run(override(cfg, {"runs_dir": str(tmp_path / "b")}), data)
+    assert stopped.stopped == "SIGTERM" and stopped.run_dir is not None
+    newest = list_checkpoints(stopped.run_dir)[0]
+    assert (newest / "client_state.batchnorm.bin").is_file()
+    monkeypatch.setattr(loop, "build", real_build)
+    resumed = resume(stopped.run_dir, data=data)
+    assert resumed.stopped is None and len(resumed.rounds) == 6
+    assert torch.equal(resumed.params, reference.params)
+    with RunStore.open(stopped.run_dir) as got, RunStore.open(reference.run_dir) as want:
+        assert [r.test_loss for r in got.rounds()] == [r.test_loss for r in want.rounds()]
