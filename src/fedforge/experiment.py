@@ -3,6 +3,7 @@ algorithm, pipeline and engine. The round loop only drives it."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -12,6 +13,7 @@ from torch import nn
 from fedforge import algorithms, communication, privacy
 from fedforge.algorithms.base import Algorithm
 from fedforge.client import ClientRuntime
+from fedforge.clienteval import split_holdout
 from fedforge.communication import CommunicationParts
 from fedforge.config import Config
 from fedforge.data import Partition, load_mnist, make_partition, synthetic
@@ -39,9 +41,17 @@ class FederatedData:
     test_x: torch.Tensor
     test_y: torch.Tensor
     partition: Partition
+    holdout: Partition | None = None  # eval_clients: each client's held-out slice
 
     def client_data(self, client_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         idx = torch.tensor(self.partition.client_indices[client_id])
+        return self.train_x[idx], self.train_y[idx]
+
+    def holdout_data(self, client_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The client's held-out slice (empty without ``eval_clients``)."""
+        if self.holdout is None:
+            return self.train_x[:0], self.train_y[:0]
+        idx = torch.tensor(self.holdout.client_indices[client_id], dtype=torch.int64)
         return self.train_x[idx], self.train_y[idx]
 
     def num_examples(self, client_id: int) -> int:
@@ -103,6 +113,9 @@ class Experiment:
 def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
     """Assemble a run from its config (``data`` may be given to reuse a load)."""
     data = data if data is not None else load_federated_data(cfg)
+    if cfg.eval_clients and data.holdout is None:  # carve each client's held-out slice
+        keep, held = split_holdout(data.partition, cfg.eval_holdout, cfg.seed)
+        data = dataclasses.replace(data, partition=keep, holdout=held)
     dtype = DTYPES[cfg.dtype]
     model = build_model(cfg.model, cfg.seed, dtype, cfg.dataset)
     spec = ParamSpec.of(model, include_buffers=True)  # batch-norm statistics travel too

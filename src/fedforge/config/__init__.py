@@ -1,6 +1,7 @@
 """Typed, frozen run configuration: YAML in, validated, every error naming the field."""
 
 from fedforge.config.noniid import (
+    DiagnosticsConfig,
     LocalConfig,
     ScaffoldConfig,
     StragglerConfig,
@@ -42,6 +43,7 @@ __all__ = [
     "PartitionKind",
     "PrivacyConfig",
     "LocalConfig",
+    "DiagnosticsConfig",
     "ScaffoldConfig",
     "StragglerConfig",
     "SyntheticConfig",

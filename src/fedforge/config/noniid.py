@@ -47,6 +47,16 @@ class SyntheticConfig:
     test_fraction: float = 0.1  # of each client's samples held out (the official 90/10)
 
 
+@dataclass(frozen=True)
+class DiagnosticsConfig:
+    """Drift diagnostics logged every round (server/diagnostics.py)."""
+
+    updates: bool = True  # mean pairwise cosine and norms of the cohort's updates
+    loss_gap: bool = True  # the global model's loss on each cohort client's data (a no-grad pass)
+    low_cosine: float = 0.3  # warn once when the mean cosine stays below this ...
+    low_cosine_rounds: int = 3  # ... for this many rounds in a row
+
+
 def _invalid(name: str, value: Any, allowed: str) -> ConfigError:
     return ConfigError(f"config field '{name}' = {value!r} is invalid: {allowed}")
 
@@ -70,6 +80,19 @@ def validate_noniid(cfg: Config) -> None:
             strag.fraction,
             strag.fraction == 0.0 or cfg.local_epochs >= 2,
             f"needs local_epochs >= 2 (stragglers do 1..E-1 epochs; E = {cfg.local_epochs})",
+        ),
+        ("eval_holdout", cfg.eval_holdout, 0.0 < cfg.eval_holdout < 1.0, "must be in (0, 1)"),
+        (
+            "diagnostics.low_cosine",
+            cfg.diagnostics.low_cosine,
+            -1.0 <= cfg.diagnostics.low_cosine <= 1.0,
+            "must be in [-1, 1]",
+        ),
+        (
+            "diagnostics.low_cosine_rounds",
+            cfg.diagnostics.low_cosine_rounds,
+            cfg.diagnostics.low_cosine_rounds >= 1,
+            "must be an integer >= 1",
         ),
         ("synthetic.alpha", syn.alpha, syn.alpha >= 0.0, "must be >= 0"),
         ("synthetic.beta", syn.beta, syn.beta >= 0.0, "must be >= 0"),

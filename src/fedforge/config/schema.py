@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from fedforge.config.noniid import (
+    DiagnosticsConfig,
     LocalConfig,
     ScaffoldConfig,
     StragglerConfig,
@@ -153,6 +154,9 @@ class Config:
     rounds: int = 60
     target_accuracy: float | None = 0.99
     eval_every: int = 1
+    eval_clients: bool = False  # also evaluate on each client's held-out slice (clienteval.py)
+    eval_holdout: float = 0.2  # eval_clients: the fraction of each client's data held out
+    diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
     eval_batch_size: int = 2000
     checkpoint_every: int = 10  # rounds between checkpoints; 0 = only on SIGINT/SIGTERM
     engine: Engine = "serial"

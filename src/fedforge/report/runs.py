@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from fedforge.clienteval import summarize_accuracies
 from fedforge.report.progress import format_bytes
 from fedforge.store.runstore import RunInfo, RunStore
 
@@ -66,6 +69,58 @@ def format_run_summary(store: RunStore) -> str:
     lines.append(f"bytes     up {format_bytes(up)}, down {format_bytes(down)}")
     wall = summary.get("wall_seconds", sum(r.seconds for r in rounds))
     lines.append(f"wall time {_fmt_seconds(float(wall))}")
+    lines.extend(noniid_lines(store))
     if info.status == "failed" and summary.get("error"):
         lines.append(f"stopped   {summary['error']}")
     return "\n".join(lines)
+
+
+def _last(rows: list[tuple[Any, ...]]) -> tuple[int, list[tuple[Any, ...]]]:
+    last = max(r[0] for r in rows)
+    return last, [r for r in rows if r[0] == last]
+
+
+def _mean(values: list[Any]) -> float | None:
+    kept = [float(v) for v in values if v is not None]
+    return sum(kept) / len(kept) if kept else None
+
+
+def noniid_lines(store: RunStore) -> list[str]:
+    """Per-client evaluation, per-class accuracy and drift diagnostics of the last
+    round that has them (none when the run did not record them)."""
+    lines = []
+    evals = store.read_rows("client_eval")
+    if evals:
+        at, rows = _last(evals)
+        accs = {int(r[1]): float(r[2]) for r in rows if r[2] is not None}
+        lines.append(f"clients   round {at}: {summarize_accuracies(accs).format()}")
+    classes = store.read_rows("class_accuracy")
+    if classes:
+        at, rows = _last(classes)
+        text = " ".join(f"{r[1]}:{r[2]:.3f}" for r in rows if r[2] is not None)
+        lines.append(f"classes   round {at}: {text}")
+    diag = store.read_rows("diagnostics")
+    if diag:
+        at, rows = _last(diag)
+        _, _, cos, median, top, ratio = rows[0]
+        avg = _mean([r[2] for r in diag])
+        cos_text = "-" if cos is None else f"{cos:.3f}"
+        avg_text = "-" if avg is None else f"{avg:.3f}"
+        norms = (
+            f"update norm median {median:.4g} max {top:.4g} (max/median {ratio:.3g})"
+            if median is not None and top is not None and ratio is not None
+            else "update norms -"
+        )
+        lines.append(
+            f"drift     round {at}: mean cosine {cos_text} (mean over {len(diag)} rounds "
+            f"{avg_text}), {norms}"
+        )
+    gaps = store.read_rows("client_gaps")
+    if gaps:
+        at, rows = _last(gaps)
+        gap = _mean([r[4] for r in rows])
+        if gap is not None:
+            lines.append(
+                f"loss gap  round {at}: global - local loss on the cohort's data, mean {gap:.4f}"
+            )
+    return lines

@@ -179,6 +179,9 @@ def _rounds(
         state.next_round += 1
         if run_store is not None:
             run_store.record_round(record, clients, _anomalies(state, record.round_idx))
+            for table, rows in state.outputs.items():  # per-client eval, diagnostics
+                run_store.record_rows(table, record.round_idx, rows)
+        state.outputs = {}
         epsilon = exp.privacy.epsilon(state.next_round) if exp.privacy is not None else None
         if run_store is not None and epsilon is not None and exp.privacy is not None:
             clip = state.privacy.get("clip_norm", cfg.privacy.clip_norm)

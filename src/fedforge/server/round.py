@@ -23,6 +23,7 @@ from fedforge.evaluate import evaluate
 from fedforge.experiment import Experiment
 from fedforge.pipeline import CohortUpdates, StageContext
 from fedforge.report.progress import Progress
+from fedforge.server import diagnostics
 from fedforge.server.hierarchy import Edges
 from fedforge.server.periods import period_plan, upload_period
 from fedforge.server.sampling import sample_cohort
@@ -220,6 +221,8 @@ def run_round(
     bytes_up = 0
     secure = exp.privacy.secagg if exp.privacy is not None else None  # secure aggregation
     phase_down = 0  # its extra messages to the clients (keys, shares, unmasking)
+    ids = [t.client_id for t in tasks]  # drift diagnostics: the global loss before training
+    diag = diagnostics.start_round(exp, ids, params, secure is not None)
     uploads = exp.engine.run_cohort(tasks, payload) if secure is None else iter(())
     for upload in uploads:
         bytes_up += len(upload.data)
@@ -229,6 +232,8 @@ def run_round(
             _reject(state, bar, round_idx, upload.client_id, str(exc))
             continue
         up.delta = pipeline.run_upload(up.delta, StageContext(round_idx, cfg.seed, up.client_id))
+        if diag is not None:
+            diag.add(up.client_id, up.delta, up.train_loss)
         extras[up.client_id] = up.extras
         clients[up.client_id] = ClientRecord(
             round_idx,
@@ -256,6 +261,7 @@ def run_round(
     else:
         aggregate, used = _gathered_aggregate(exp, gathered, state, round_idx, bar)
         clients = {c: r for c, r in clients.items() if c in used}
+    diagnostics.end_round(exp, diag, state.diagnostics, state.outputs, bar, round_idx)
     if secure is not None:  # the server sees only masked updates and their sum
         aggregate, clients, bytes_up, phase_down = _secure(
             exp, state, round_idx, bar, tasks, payload
@@ -283,6 +289,8 @@ def run_round(
         test_acc, test_loss = ev.accuracy, ev.loss
         state.eval_rounds.append(round_idx + 1)
         state.eval_accuracy.append(ev.accuracy)
+        if cfg.eval_clients:  # each client's held-out slice, per-class test accuracy
+            state.outputs.update(diagnostics.evaluation_rows(exp, state.params, round_idx))
     records = list(clients.values())
     seen = sum(c.num_examples for c in records)
     record = RoundRecord(

@@ -42,6 +42,11 @@ class LoopState:
     client_state: dict[str, ClientStateStore] = field(default_factory=dict)
     algorithm_state: dict[str, torch.Tensor] = field(default_factory=dict)  # SCAFFOLD's c
     privacy: dict[str, Any] = field(default_factory=dict)  # e.g. the adaptive clip norm
+    # the low-cosine streak of the drift warning (server/diagnostics.py), checkpointed
+    diagnostics: dict[str, Any] = field(default_factory=dict)
+    # rows of the run store's per-round tables (client_eval, diagnostics, ...) of the
+    # round just run, written by the loop with the round; never checkpointed
+    outputs: dict[str, list[tuple[Any, ...]]] = field(default_factory=dict)
 
     @classmethod
     def fresh(cls, exp: Experiment) -> LoopState:
@@ -66,6 +71,7 @@ class LoopState:
             "total_bytes": self.total_bytes,
             "wall_seconds": self.seconds_before + session_seconds,
             "privacy": self.privacy,
+            "diagnostics": self.diagnostics,
         }
         return Checkpoint(
             self.next_round,
@@ -116,6 +122,7 @@ class LoopState:
             client_state=client_state if client_state is not None else {},
             algorithm_state=_algorithm_state(exp, ckpt),
             privacy=dict(loop.get("privacy", {})),
+            diagnostics=dict(loop.get("diagnostics", {})),
         )
 
 

@@ -57,6 +57,23 @@ _ANOMALIES = """CREATE TABLE IF NOT EXISTS anomalies (round_idx INTEGER NOT NULL
 # Privacy spent after each round (DP runs): epsilon at delta, and the round's clip norm.
 _PRIVACY = """CREATE TABLE IF NOT EXISTS privacy (round_idx INTEGER PRIMARY KEY,
     epsilon REAL, delta REAL NOT NULL, clip_norm REAL)"""
+# Per-round rows of the non-IID toolkit (issue 4), each table created on its first
+# write (IF NOT EXISTS: older stores gain them): per-client evaluation on held-out
+# slices, per-class test accuracy, update diagnostics, per-client loss gaps.
+ROUND_TABLES: dict[str, str] = {
+    "client_eval": """CREATE TABLE IF NOT EXISTS client_eval (round_idx INTEGER NOT NULL,
+        client_id INTEGER NOT NULL, accuracy REAL, loss REAL, num_examples INTEGER NOT NULL,
+        PRIMARY KEY (round_idx, client_id))""",
+    "class_accuracy": """CREATE TABLE IF NOT EXISTS class_accuracy (round_idx INTEGER NOT NULL,
+        class_idx INTEGER NOT NULL, accuracy REAL, num_examples INTEGER NOT NULL,
+        PRIMARY KEY (round_idx, class_idx))""",
+    "diagnostics": """CREATE TABLE IF NOT EXISTS diagnostics (round_idx INTEGER PRIMARY KEY,
+        clients INTEGER NOT NULL, mean_cosine REAL, norm_median REAL, norm_max REAL,
+        norm_ratio REAL)""",
+    "client_gaps": """CREATE TABLE IF NOT EXISTS client_gaps (round_idx INTEGER NOT NULL,
+        client_id INTEGER NOT NULL, train_loss REAL, global_loss REAL, gap REAL,
+        PRIMARY KEY (round_idx, client_id))""",
+}
 
 
 @dataclass(frozen=True)
@@ -295,6 +312,9 @@ class RunStore:
                 self._conn.execute("DELETE FROM anomalies WHERE round_idx >= ?", (next_round,))
                 self._conn.execute(_PRIVACY)
                 self._conn.execute("DELETE FROM privacy WHERE round_idx >= ?", (next_round,))
+                for table, ddl in ROUND_TABLES.items():
+                    self._conn.execute(ddl)
+                    self._conn.execute(f"DELETE FROM {table} WHERE round_idx >= ?", (next_round,))
                 self._conn.execute("UPDATE runs SET status = 'running', summary_json = NULL")
                 self._conn.execute("COMMIT")
             except BaseException:
@@ -364,6 +384,34 @@ class RunStore:
     def summary(self) -> dict[str, Any] | None:
         text = self._run_field("summary_json")
         return None if text is None else dict(json.loads(text))
+
+    def record_rows(self, table: str, round_idx: int, rows: Sequence[Sequence[Any]]) -> None:
+        """Replace round ``round_idx``'s rows of ``table`` (one of ``ROUND_TABLES``;
+        each row starts with the round index); NaN and inf are stored as NULL."""
+        ddl = ROUND_TABLES[table]
+        clean = [
+            tuple(None if isinstance(v, float) and not math.isfinite(v) else v for v in row)
+            for row in rows
+        ]
+        try:
+            with self._conn:
+                self._conn.execute(ddl)
+                self._conn.execute(f"DELETE FROM {table} WHERE round_idx = ?", (round_idx,))
+                if clean:
+                    marks = ", ".join("?" * len(clean[0]))
+                    self._conn.executemany(f"INSERT INTO {table} VALUES ({marks})", clean)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot record {table} of round {round_idx}: {exc}") from None
+
+    def read_rows(self, table: str, round_idx: int | None = None) -> list[tuple[Any, ...]]:
+        """The rows of ``table`` (one of ``ROUND_TABLES``), in key order; [] when absent."""
+        if table not in ROUND_TABLES:
+            raise StoreError(f"unknown table {table!r}; known: {', '.join(ROUND_TABLES)}")
+        if not self._query("SELECT 1 FROM sqlite_master WHERE name = ?", (table,)):
+            return []
+        where, args = ("", ()) if round_idx is None else (" WHERE round_idx = ?", (round_idx,))
+        rows = self._query(f"SELECT * FROM {table}{where} ORDER BY 1, 2", args)
+        return [tuple(r) for r in rows]
 
     def rounds(self) -> list[RoundRecord]:
         rows = self._query(f"SELECT {', '.join(_ROUND_COLS)} FROM rounds ORDER BY round_idx")
