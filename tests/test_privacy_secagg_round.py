@@ -75,6 +75,26 @@ def test_secagg_run_equals_the_plain_run_to_fixed_point(
     assert not masked.skipped and not masked.rejected
 
 
+@pytest.mark.parametrize(
+    "mode",
+    [
+        {"privacy": {"dp": "local", "noise_multiplier": 0.5, "clip_norm": 0.5}},
+        {"privacy": {"dp": "none"}, "communication": {"clip_norm": 0.5}},
+    ],
+)
+def test_secagg_without_central_dp_equals_the_plain_mean(
+    make_data: MakeData, one_thread: None, mode: dict[str, Any]
+) -> None:
+    """Local DP (noise before masking) or clipping alone: with equal client sizes
+    the plain example-weighted mean is the uniform mean secure aggregation takes."""
+    data = make_data([30] * 6)
+    cfg = {**BASE, **mode}
+    plain = run(from_dict(cfg), data, store=False)
+    masked = run(from_dict({**cfg, "privacy": {**cfg["privacy"], **SECAGG}}), data, store=False)
+    assert "encode:secagg" in masked.summary["pipeline"]
+    assert float((plain.params - masked.params).abs().max()) <= _bound(2, 6, 6.0)
+
+
 def test_small_modulus_sends_four_byte_words(data: FederatedData) -> None:
     """f = 20 bits: k = 23 <= 32, so a masked word costs 4 bytes (half a float64)."""
     plain = _run(data, {}, rounds=1)

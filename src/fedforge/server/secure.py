@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -43,14 +44,12 @@ class SecureOutcome:
     refused: list[tuple[int, str]] = field(default_factory=list)  # malformed messages
 
 
-def dropped(
-    cfg_seed: int, round_idx: int, phase: str, fraction: float, alive: list[int]
-) -> set[int]:
+def dropped(seed: int, round_idx: int, phase: str, fraction: float, alive: list[int]) -> set[int]:
     """The simulated dropouts before ``phase``: round(fraction * alive) clients."""
     n = int(round(fraction * len(alive)))
     if n == 0:
         return set()
-    pick = numpy_rng(cfg_seed, "secagg_drop", round_idx, phase).choice(len(alive), n, replace=False)
+    pick = numpy_rng(seed, "secagg_drop", round_idx, phase).choice(len(alive), n, replace=False)
     return {alive[i] for i in pick.tolist()}
 
 
@@ -78,8 +77,8 @@ def secure_round(
             up[c] = up.get(c, 0) + len(r)
         return replies
 
-    def parse(replies: Mapping[int, bytes], fn: Callable[[int, bytes], object]) -> dict:
-        got = {}
+    def parse(replies: Mapping[int, bytes], fn: Callable[[int, bytes], Any]) -> dict[int, Any]:
+        got: dict[int, Any] = {}
         for c, r in replies.items():
             try:
                 got[c] = fn(c, r)
@@ -129,18 +128,18 @@ def secure_round(
         c = upload.client_id
         up[c] = up.get(c, 0) + len(upload.data)
         try:
-            msg_ = wire.decode(upload.data)
-            n = msg_.meta.get("num_examples")
-            if msg_.meta.get("client_id") != c or msg_.meta.get("round_idx") != round_idx:
+            upd = wire.decode(upload.data)
+            n = upd.meta.get("num_examples")
+            if upd.meta.get("client_id") != c or upd.meta.get("round_idx") != round_idx:
                 raise UploadError("update labelled with another client or round")
             if not isinstance(n, int) or isinstance(n, bool) or n < 1:
                 raise UploadError(f"num_examples {n!r} must be a positive integer")
-            masked[c] = codec.decode_masked(msg_.tensors, msg_.meta, size)
+            masked[c] = codec.decode_masked(upd.tensors, upd.meta, size)
         except UploadError as exc:
             out.refused.append((c, str(exc)))
             continue
         weights[c] = n
-        loss = msg_.meta.get("train_loss")
+        loss = upd.meta.get("train_loss")
         loss_ = float(loss) if isinstance(loss, int | float) else float("nan")
         # the server cannot know an individual update's norm: NaN
         out.clients[c] = ClientRecord(round_idx, c, n, loss_, float("nan"), 0, 0)
