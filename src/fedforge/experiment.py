@@ -11,6 +11,8 @@ import torch
 from torch import nn
 
 from fedforge import algorithms, communication, privacy
+from fedforge.aggregators import Aggregator, WeightedMean
+from fedforge.aggregators.weights import Reweighted
 from fedforge.algorithms.base import Algorithm
 from fedforge.client import ClientRuntime
 from fedforge.clienteval import split_holdout
@@ -20,6 +22,7 @@ from fedforge.data import Partition, load_mnist, make_partition, synthetic
 from fedforge.engines import Engine
 from fedforge.engines.serial import SerialEngine
 from fedforge.engines.vectorized import VectorizedEngine, unsupported_reason
+from fedforge.errors import ConfigError
 from fedforge.models import build_model
 from fedforge.params import ParamSpec
 from fedforge.pipeline import Pipeline
@@ -126,7 +129,7 @@ def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
     priv = privacy.assemble(cfg, sizes)
     privacy.check_algorithm(cfg, algorithm)
     pipeline = Pipeline(
-        aggregator=priv.aggregator or priv.secagg_mean or robust.aggregator,
+        aggregator=_weighted(cfg, priv, robust.aggregator),
         client=(*comm.client_stages, *priv.client_stages, *robust.client_stages),
         codec=priv.secagg or comm.uplink,  # secure aggregation: the masked update
         cohort=robust.cohort_stages,
@@ -149,6 +152,26 @@ def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
     return Experiment(
         cfg, data, model, spec, algorithm, pipeline, engine, params, note, robust, comm, priv
     )
+
+
+def _weighted(cfg: Config, priv: PrivacyParts, robust: Aggregator) -> Aggregator:
+    """The round's aggregator, its weights mapped by ``aggregation_weights``: only
+    the plain weighted mean takes a rule other than num_examples."""
+    fixed = priv.aggregator or priv.secagg_mean  # DP and secure aggregation weigh themselves
+    rule = cfg.aggregation_weights
+    if rule == "num_examples":
+        return fixed or robust
+    if fixed is not None:
+        raise ConfigError(
+            f"aggregation_weights = {rule!r} needs the plain weighted mean; DP and secure "
+            "aggregation weigh clients by privacy.weights (uniform or capped)"
+        )
+    if not isinstance(robust, WeightedMean):
+        raise ConfigError(
+            f"aggregation_weights = {rule!r} needs the weighted mean; robust.aggregator "
+            f"{cfg.robust.aggregator!r} ignores num_examples"
+        )
+    return Reweighted(robust, rule, cfg.weight_cap)
 
 
 def client_tables(exp: Experiment) -> dict[str, ClientStateStore]:

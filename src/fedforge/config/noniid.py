@@ -94,6 +94,13 @@ def validate_noniid(cfg: Config) -> None:
             cfg.diagnostics.low_cosine_rounds >= 1,
             "must be an integer >= 1",
         ),
+        (
+            "weight_cap",
+            cfg.weight_cap,
+            (cfg.weight_cap is None or cfg.weight_cap >= 1)
+            and (cfg.aggregation_weights != "capped" or cfg.weight_cap is not None),
+            "must be an integer >= 1 (and is needed by aggregation_weights = 'capped')",
+        ),
         ("synthetic.alpha", syn.alpha, syn.alpha >= 0.0, "must be >= 0"),
         ("synthetic.beta", syn.beta, syn.beta >= 0.0, "must be >= 0"),
         (

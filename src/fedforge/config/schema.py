@@ -22,6 +22,7 @@ from fedforge.config.noniid import (
 from fedforge.config.privacy import PrivacyConfig, validate_privacy
 from fedforge.errors import ConfigError
 
+WeightRule = Literal["num_examples", "uniform", "sqrt", "capped"]
 PartitionKind = Literal["iid", "shards", "dirichlet", "quantity"]
 Algorithm = Literal["fedavg", "fedsgd", "fedprox", "scaffold", "fedbn"]
 ModelName = Literal["cnn", "cnn_bn", "2nn", "logreg"]
@@ -142,6 +143,9 @@ class Config:
     lr: float = 0.1
     lr_decay: float = 1.0  # local lr at round t is lr * lr_decay**t
     server_lr: float = 1.0  # server SGD on the pseudo-gradient; 1.0 is FedAvg
+    # the weighted mean's weight per client: num_examples, uniform, sqrt, capped
+    aggregation_weights: WeightRule = "num_examples"
+    weight_cap: int | None = None  # capped: min(num_examples, weight_cap)
     server_optimizer: ServerOptimizerConfig = field(default_factory=ServerOptimizerConfig)
     robust: RobustConfig = field(default_factory=RobustConfig)
     communication: CommunicationConfig = field(default_factory=CommunicationConfig)
