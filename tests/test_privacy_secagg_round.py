@@ -29,6 +29,7 @@ from fedforge.store import RunStore
 
 SIZES = [30, 20, 40, 30, 25, 35]
 FRAC_BITS = 30
+FRAC_BITS_K = 33  # the modulus bits k of 6 clients clipped at 0.5 with 30 fraction bits
 BASE: dict[str, Any] = {
     "model": "2nn",
     "num_clients": 6,
@@ -95,14 +96,25 @@ def test_secagg_without_central_dp_equals_the_plain_mean(
     assert float((plain.params - masked.params).abs().max()) <= _bound(2, 6, 6.0)
 
 
-def test_small_modulus_sends_four_byte_words(data: FederatedData) -> None:
-    """f = 20 bits: k = 23 <= 32, so a masked word costs 4 bytes (half a float64)."""
+@pytest.mark.parametrize(("frac_bits", "bits"), [(20, 23), (30, 33)])
+def test_masked_words_travel_packed_at_k_bits(
+    data: FederatedData, frac_bits: int, bits: int
+) -> None:
+    """k = floor(log2(6 (0.5 2^f + 0.5))) + 2 bits a word: 23 at f = 20, 33 at f = 30;
+    a float64 delta costs 64."""
+    exp = build(
+        from_dict({**BASE, "privacy": {**DP, **SECAGG, "secagg_frac_bits": frac_bits}}), data
+    )
+    assert exp.privacy is not None and exp.privacy.secagg is not None
+    assert exp.privacy.secagg.fp.bits == bits
     plain = _run(data, {}, rounds=1)
-    masked = _run(data, {"secagg": True, "secagg_frac_bits": 20}, rounds=1)
-    per_round = 6 * 2.0**-21 / 6
+    masked = _run(data, {"secagg": True, "secagg_frac_bits": frac_bits}, rounds=1)
+    per_round = 6 * 2.0 ** -(frac_bits + 1) / 6
     assert float((plain.params - masked.params).abs().max()) <= per_round
-    words = 199_210 * 6  # the 2NN's parameters, six clients
-    assert masked.rounds[0].bytes_up - plain.rounds[0].bytes_up < -4 * words + 40_000
+    saved = 6 * (8 * 199_210 - (199_210 * bits + 7) // 8)  # the 2NN, six clients
+    phases = 6 * 4_000  # keys, shares and their headers: a few kB a client
+    diff = masked.rounds[0].bytes_up - plain.rounds[0].bytes_up
+    assert -saved < diff < -saved + phases
 
 
 class _Filter:
@@ -174,11 +186,12 @@ def test_phase_messages_are_counted_per_client(data: FederatedData, tmp_path: Pa
     # (id, kind, share); down: n key pairs, n - 1 routed ciphertexts, U2 and U3
     up = 2 * KEY_BYTES + (n - 1) * (CIPHERTEXT_BYTES + 8) + n * (8 + 1 + SHARE_BYTES)
     down = n * (8 + 2 * KEY_BYTES) + (n - 1) * (CIPHERTEXT_BYTES + 8) + 2 * n * 8
+    size = 199_210  # the 2NN: a float64 delta is 8 bytes a parameter, a masked word k bits
+    packed = (size * FRAC_BITS_K + 7) // 8 - 8 * size
     for a_, b_ in zip(pa, pb, strict=True):
         extra_up, extra_down = b_.bytes_up - a_.bytes_up, b_.bytes_down - a_.bytes_down
-        # float64 deltas and uint64 masked words are both 8 bytes a parameter;
         # the rest is the phase messages' data plus their headers (< 200 bytes each)
-        assert up <= extra_up <= up + 4 * 200
+        assert up <= extra_up - packed <= up + 4 * 200
         assert down <= extra_down <= down + 4 * 200
     assert rb.bytes_down - ra.bytes_down == sum(
         b_.bytes_down - a_.bytes_down for a_, b_ in zip(pa, pb, strict=True)

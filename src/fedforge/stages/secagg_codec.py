@@ -4,7 +4,8 @@ and the phase messages, on the wire.
 :class:`SecAggCodec` is the codec of a run with ``privacy.secagg``: it keeps each
 client's :class:`~fedforge.stages.secagg.SecAggClient` of the round, answers the
 extra phases (advertise keys, share keys, receive the routed shares, unmask) and
-encodes the clipped (and noised) delta as ``w_k x_k`` in fixed point plus masks
+encodes the clipped (and noised) delta as ``w_k x_k`` in fixed point plus masks,
+k bits a word on the wire
 (``w_k`` uniform 1 or ``min(n_k / cap, 1)``: the DP mean's weights; the server
 divides the unmasked sum by a public total weight, :class:`SecAggMean`). Every
 phase message is a real wire message (``transport/wire.py``), so the bytes
@@ -269,9 +270,7 @@ class SecAggCodec:
         x = (delta.to(torch.float64) * w).clamp(-self.bound, self.bound).numpy()
         y = cl.masked_input(x)
         meta = {"codec": self.name, "frac_bits": self.fp.frac_bits, "bits": self.fp.bits}
-        if self.fp.bits <= 32:  # 4-byte words when k allows: a float32 update's size
-            return {"masked": torch.from_numpy(y.astype(np.uint32).view(np.int32))}, meta
-        return {"masked": torch.from_numpy(y.view(np.int64))}, meta
+        return {"masked": torch.from_numpy(pack_words(y, self.fp.bits))}, meta
 
     def decode(
         self,
@@ -286,14 +285,27 @@ class SecAggCodec:
     def decode_masked(
         self, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any], size: int
     ) -> np.ndarray:
-        """The masked vector of an update as uint64, each word below 2^k (sent as
-        4-byte words when k <= 32, else 8)."""
+        """The masked vector of an update as uint64 words below 2^k (sent packed,
+        k bits a word)."""
         expect_codec(meta, self.name)
-        if self.fp.bits <= 32:
-            words = expect_tensor(tensors, "masked", (size,), torch.int32).numpy()
-            y = words.view(np.uint32).astype(np.uint64)
-        else:
-            y = expect_tensor(tensors, "masked", (size,), torch.int64).numpy().view(np.uint64)
-        if self.fp.bits < 64 and bool((y >> np.uint64(self.fp.bits)).any()):
-            raise UploadError(f"masked update has words of more than {self.fp.bits} bits")
-        return y
+        nbytes = (size * self.fp.bits + 7) // 8
+        packed = expect_tensor(tensors, "masked", (nbytes,), torch.uint8).numpy()
+        return unpack_words(packed, self.fp.bits, size)
+
+
+def pack_words(words: np.ndarray, bits: int) -> np.ndarray:
+    """uint64 words below 2^bits as a little-endian bit stream, ``bits`` a word
+    (the first word in the lowest bits; the last byte padded with zeros)."""
+    raw = words.astype("<u8").view(np.uint8).reshape(-1, 8)
+    stream = np.unpackbits(raw, axis=1, bitorder="little")[:, :bits]
+    return np.packbits(stream.reshape(-1), bitorder="little")
+
+
+def unpack_words(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
+    """The inverse of :func:`pack_words`; refuses non-zero padding."""
+    stream = np.unpackbits(packed, bitorder="little")
+    if stream[count * bits :].any():
+        raise UploadError("masked update: non-zero padding bits after the last word")
+    full = np.zeros((count, 64), dtype=np.uint8)
+    full[:, :bits] = stream[: count * bits].reshape(count, bits)
+    return np.packbits(full, axis=1, bitorder="little").view("<u8").reshape(-1).astype(np.uint64)
