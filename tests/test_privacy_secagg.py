@@ -121,3 +121,22 @@ def test_order_violating_pipelines_are_refused() -> None:
     with pytest.raises(ConfigError, match="needs individual updates"):
         Pipeline(Median(), client=(clip,), codec=_SecAggCodecStub())  # type: ignore[arg-type]
     Pipeline(DPMean(1.0), client=(clip,), server_aggregate=(CentralNoise(1.0, 1.0, 1.0),))
+
+
+@pytest.mark.parametrize("bits", [1, 7, 23, 32, 33, 63, 64])
+def test_masked_words_pack_at_k_bits_and_refuse_padding(bits: int) -> None:
+    from fedforge.errors import UploadError
+    from fedforge.stages.secagg_codec import pack_words, unpack_words
+
+    rng = np.random.default_rng(bits)
+    for n in (1, 3, 1001):
+        words = rng.integers(0, 2**63, n, dtype=np.uint64) * np.uint64(2)
+        words = (words + rng.integers(0, 2, n, dtype=np.uint64)) & FixedPoint(0, bits).mask
+        packed = pack_words(words, bits)
+        assert packed.size == (n * bits + 7) // 8
+        assert np.array_equal(unpack_words(packed, bits, n), words)
+        if (n * bits) % 8:
+            bad = packed.copy()
+            bad[-1] |= np.uint8(0x80)
+            with pytest.raises(UploadError, match="padding"):
+                unpack_words(bad, bits, n)
