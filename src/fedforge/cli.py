@@ -1,4 +1,4 @@
-"""The ``fedforge`` command: run, resume, runs, show.
+"""The ``fedforge`` command: run, resume, runs, show, sweep, compare-iid.
 
 A user's mistake (bad config value, missing data, unknown run) ends in one line
 naming the value and what is allowed, with exit status 2; never a traceback.
@@ -59,6 +59,26 @@ def _parser() -> argparse.ArgumentParser:
     show = sub.add_parser("show", help="print the summary of one run")
     show.add_argument("run", help="run directory, its name, or a unique part of it")
     show.add_argument("--runs-dir", default="runs")
+
+    sweep = sub.add_parser("sweep", help="run a grid of configs in sequence (resumable), one table")
+    sweep.add_argument("config", type=Path, help="YAML config file")
+    sweep.add_argument(
+        "--grid",
+        "-g",
+        action="append",
+        required=True,
+        metavar="FIELD=V1,V2",
+        help="values of one field (repeat for more fields: the grid is their product)",
+    )
+    compare = sub.add_parser(
+        "compare-iid", help="run a config on an IID split and on its own; print the accuracy gap"
+    )
+    compare.add_argument("config", type=Path, help="YAML config file")
+    for p in (sweep, compare):
+        p.add_argument("--set", "-s", action="append", default=[], metavar="FIELD=VALUE")
+        p.add_argument("--data-dir", help="where the data sets are (else $FEDFORGE_DATA)")
+        p.add_argument("--runs-dir", help="where run directories go (config: runs_dir)")
+        p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     return parser
 
 
@@ -136,10 +156,35 @@ def _cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from fedforge.sweep import format_sweep, parse_grid, run_sweep
+
+    grid = parse_grid(args.grid)
+    results = run_sweep(_resolve_config(args), grid, progress=not args.quiet, echo=print)
+    print(format_sweep(results))
+    stopped = [r for r in results if r.status == "failed"]
+    return 1 if stopped else 0
+
+
+def _cmd_compare_iid(args: argparse.Namespace) -> int:
+    from fedforge.sweep import compare_iid, format_compare
+
+    iid, own = compare_iid(_resolve_config(args), progress=not args.quiet)
+    print(format_compare(iid, own))
+    return 1 if "failed" in (iid.status, own.status) else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``fedforge`` command; returns the exit status."""
     args = _parser().parse_args(argv)
-    commands = {"run": _cmd_run, "resume": _cmd_resume, "runs": _cmd_runs, "show": _cmd_show}
+    commands = {
+        "run": _cmd_run,
+        "resume": _cmd_resume,
+        "runs": _cmd_runs,
+        "show": _cmd_show,
+        "sweep": _cmd_sweep,
+        "compare-iid": _cmd_compare_iid,
+    }
     try:
         return commands[args.command](args)
     except FedforgeError as exc:

@@ -1,0 +1,96 @@
+"""Issue 4 part B.5: sweeps (resumable, one table) and the IID control experiment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedforge.cli import main
+from fedforge.config import from_dict
+from fedforge.errors import ConfigError
+from fedforge.store import list_runs
+from fedforge.sweep import PointResult, grid_points, iid_config, knee, parse_grid
+
+TINY = {
+    "name": "tiny",
+    "dataset": "synthetic",
+    "model": "logreg",
+    "num_clients": 4,
+    "client_fraction": 1.0,
+    "batch_size": 20,
+    "lr": 0.01,
+    "rounds": 2,
+    "target_accuracy": 0.5,
+    "dtype": "float64",
+    "checkpoint_every": 0,
+}
+
+
+def test_grid_is_the_product_first_key_slowest() -> None:
+    grid = parse_grid(["local_epochs=1,5", "mu=0,0.01,null"])
+    assert grid == [("local_epochs", [1, 5]), ("mu", [0, 0.01, None])]
+    points = grid_points(grid)
+    assert points[:4] == [
+        {"local_epochs": 1, "mu": 0},
+        {"local_epochs": 1, "mu": 0.01},
+        {"local_epochs": 1, "mu": None},
+        {"local_epochs": 5, "mu": 0},
+    ]
+    assert len(points) == 6
+    with pytest.raises(ConfigError, match="key=v1,v2"):
+        parse_grid(["local_epochs"])
+    with pytest.raises(ConfigError, match="repeat"):
+        parse_grid(["mu=1", "mu=2"])
+
+
+def _point(total: int, best: float) -> PointResult:
+    return PointResult({}, None, "finished", 1, best, best, None, total)
+
+
+def test_knee_by_hand() -> None:
+    # scaled: x = 0, 1/3, 2/3, 1; y = 0, 0.4/0.47, 0.45/0.47, 1; heights above the
+    # chord y = x: 0.518 (second point), 0.291 (third)
+    rows = [_point(4, 0.97), _point(1, 0.5), _point(2, 0.9), _point(3, 0.95)]
+    assert knee(rows) == 2
+    assert knee(rows[:2]) is None
+    assert knee([_point(1, 0.5), _point(2, 0.6), _point(3, 0.7)]) is None  # a straight line
+
+
+def test_sweep_two_points_end_to_end_and_resumable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], one_thread: None
+) -> None:
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump({**TINY, "runs_dir": str(tmp_path / "runs")}))
+    argv = ["sweep", str(path), "--grid", "lr=0.01,0.05", "-q"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    table = out[out.index("lr  ") :]
+    assert "0.01" in table and "0.05" in table and "BEST ACC" in table
+    runs = list_runs(tmp_path / "runs")
+    assert sorted(r.name for r in runs) == ["tiny-lr=0.01", "tiny-lr=0.05"]
+    assert all(r.status == "finished" for r in runs)
+    # again: both points are finished, nothing runs
+    assert main(argv) == 0
+    assert len(list_runs(tmp_path / "runs")) == 2
+    # a third point runs alone
+    assert main(["sweep", str(path), "--grid", "lr=0.01,0.05,0.1", "-q"]) == 0
+    assert len(list_runs(tmp_path / "runs")) == 3
+
+
+def test_compare_iid(tmp_path: Path, capsys: pytest.CaptureFixture[str], one_thread: None) -> None:
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump({**TINY, "runs_dir": str(tmp_path / "runs")}))
+    assert main(["compare-iid", str(path), "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "gap (iid - configured): final" in out
+    names = sorted(r.name for r in list_runs(tmp_path / "runs"))
+    assert names == ["tiny", "tiny-iid"]
+    cfg = from_dict(TINY)
+    assert iid_config(cfg).synthetic.iid
+    mnist = from_dict({**TINY, "dataset": "mnist", "partition": {"kind": "shards"}})
+    assert iid_config(mnist).partition.kind == "iid"
+    with pytest.raises(ConfigError, match="already 'iid'"):
+        iid_config(from_dict({**TINY, "dataset": "mnist"}))
+    assert main(["compare-iid", str(path), "-q", "--set", "synthetic.iid=true"]) == 2
