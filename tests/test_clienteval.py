@@ -159,7 +159,7 @@ def test_low_cosine_warns_once_after_the_streak() -> None:
 def test_run_records_client_eval_classes_and_diagnostics(
     data: FederatedData, tmp_path: Path
 ) -> None:
-    cfg = _cfg(tmp_path, eval_clients=True, eval_holdout=0.25)
+    cfg = _cfg(tmp_path, eval_clients=True, eval_holdout=0.25, diagnostics={"loss_gap": True})
     result = run(cfg, data=data)
     keep, held = split_holdout(data.partition, 0.25, cfg.seed)
     with RunStore.open(result.run_dir) as store:  # type: ignore[arg-type]

@@ -52,7 +52,9 @@ class DiagnosticsConfig:
     """Drift diagnostics logged every round (server/diagnostics.py)."""
 
     updates: bool = True  # mean pairwise cosine and norms of the cohort's updates
-    loss_gap: bool = True  # the global model's loss on each cohort client's data (a no-grad pass)
+    # the global model's loss on each cohort client's data: an extra no-grad pass
+    # over the cohort's data every round, so off by default
+    loss_gap: bool = False
     low_cosine: float = 0.3  # warn once when the mean cosine stays below this ...
     low_cosine_rounds: int = 3  # ... for this many rounds in a row
 
