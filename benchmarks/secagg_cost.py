@@ -8,8 +8,8 @@ masked-input phase, against a plain sum of the same float32 vectors.
 ``--round`` gives the issue's headline: the wall time of a whole MNIST round
 (clients of 600 samples, E = 1, B = 10, local training included, 10% of the
 cohort dropping after the masked-input phase) with secure aggregation over the
-same round without it, measured interleaved (plain, secure, plain, ...) with the
-ratio paired per block. Both clip at 1.0 (communication.clip_norm): the
+same round without it, measured interleaved (plain, secure, secure, plain, ...)
+with the ratio paired per block. Both clip at 1.0 (communication.clip_norm): the
 modulus needs a bound. The full figure is ``--clients 100 --model cnn``; a reduced
 one is e.g. ``--clients 10 --model 2nn``.
 """
@@ -75,7 +75,7 @@ def whole_round(clients: int, model: str, pairs: int, data_dir: str | None) -> N
     times: dict[str, list[float]] = {"plain": [], "secagg": []}
     bytes_up: dict[str, int] = {}
     for r in range(pairs + 1):  # the first pair warms up and is not counted
-        for name in ("plain", "secagg"):
+        for name in ("plain", "secagg") if r % 2 else ("secagg", "plain"):  # ABBA order
             t0 = time.perf_counter()
             record, _ = run_round(exps[name], states[name], r, bar)
             if r:
