@@ -113,12 +113,12 @@ def _rate(result: tuple[float, int]) -> float:
 
 
 def scaling_point(cohort: int, engine: str) -> dict[str, float]:
-    """One round of a 2NN federation with ``cohort`` clients of 60 samples, in a
-    fresh subprocess so that its peak RSS is its own."""
+    """Rounds of a 2NN federation of 1,000 clients of 60 samples with a cohort of
+    ``cohort`` clients, in a fresh subprocess so that its peak RSS is its own."""
     code = (
         "import json,time,resource,sys;from fedforge import config as c;"
         "from fedforge.server.loop import run;"
-        f"cfg=c.Config(model='2nn',num_clients={cohort},client_fraction=1.0,batch_size=10,"
+        f"cfg=c.Config(model='2nn',num_clients=1000,client_fraction={cohort / 1000},batch_size=10,"
         f"rounds=2,target_accuracy=None,eval_every=2,engine='{engine}');"
         "t=time.perf_counter();r=run(cfg,store=False);"
         "print(json.dumps({'s_per_round':(time.perf_counter()-t)/2,"
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scaling", default="10,100,1000")
     args = p.parse_args(argv)
     blocks = 1 if args.quick else args.blocks
-    results = {m: measure_model(m, blocks, 100) for m in args.models.split(",")}
+    results = {m: measure_model(m, blocks, 100) for m in args.models.split(",") if m}
     cols = ["central_b", "central_kb", "serial", "vectorized"]
     print(f"{'model':<6}" + "".join(f"{c:>12}" for c in cols) + "   samples/s (median of blocks)")
     for m, r in results.items():
