@@ -14,15 +14,14 @@ from fedforge.store.client_state import (
     MemoryStateStore,
     make_state_store,
 )
+from fedforge.store.runs_dir import list_runs, resolve_run
 from fedforge.store.runstore import (
     AnomalyRecord,
     ClientRecord,
     RoundRecord,
     RunInfo,
     RunStore,
-    list_runs,
     read_metrics,
-    resolve_run,
 )
 
 __all__ = [

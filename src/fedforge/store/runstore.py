@@ -24,13 +24,13 @@ import secrets
 import sqlite3
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from fedforge.config import Config, dump, from_dict, to_dict
 from fedforge.errors import ConfigError, StoreError
+from fedforge.store.records import AnomalyRecord, ClientRecord, RoundRecord, RunInfo
 
 SCHEMA_VERSION = 2  # 2 added ``anomalies``; a version-1 store gets it on its first write
 READABLE_VERSIONS = (1, 2)
@@ -74,61 +74,6 @@ ROUND_TABLES: dict[str, str] = {
         client_id INTEGER NOT NULL, train_loss REAL, global_loss REAL, gap REAL,
         PRIMARY KEY (round_idx, client_id))""",
 }
-
-
-@dataclass(frozen=True)
-class RoundRecord:
-    """One row of ``rounds``; ``created`` (unix time) is set when recorded. A NaN loss
-    reads back as None (SQLite stores NaN as NULL)."""
-
-    round_idx: int
-    cohort_size: int
-    train_loss: float
-    test_accuracy: float | None
-    test_loss: float | None
-    bytes_up: int
-    bytes_down: int
-    paper_bytes: int
-    lr: float
-    seconds: float
-    created: float | None = None
-
-
-@dataclass(frozen=True)
-class ClientRecord:
-    """One row of ``client_rounds``: what one client did in one round."""
-
-    round_idx: int
-    client_id: int
-    num_examples: int
-    train_loss: float
-    update_norm: float
-    bytes_up: int
-    bytes_down: int
-
-
-@dataclass(frozen=True)
-class AnomalyRecord:
-    """One row of ``anomalies``: an update refused (client id and why) or, with
-    ``client_id`` None, a round skipped (why)."""
-
-    round_idx: int
-    client_id: int | None
-    reason: str
-
-
-@dataclass(frozen=True)
-class RunInfo:
-    """One line of ``fedforge runs``."""
-
-    run_id: str  # the directory name
-    name: str  # the config name
-    path: Path
-    created: str
-    status: str  # 'running', 'finished', 'failed', or 'unreadable'
-    rounds_done: int
-    rounds_planned: int | None
-    best_accuracy: float | None
 
 
 _ROUND_COLS = [f.name for f in dataclasses.fields(RoundRecord)]
@@ -466,53 +411,3 @@ def read_metrics(path: Path | str) -> list[dict[str, Any]]:
         if isinstance(line, dict) and isinstance(line.get("round_idx"), int):
             by_round[line["round_idx"]] = line
     return [by_round[k] for k in sorted(by_round)]
-
-
-def _config_name(path: Path) -> str:
-    match = _RUN_DIR.match(path.name)
-    return match.group(2) if match else ""
-
-
-# ----------------------------------------------------------------------------- listing
-
-
-def _run_info(path: Path) -> RunInfo:
-    try:
-        with RunStore.open(path) as store:
-            return store.info()
-    except (StoreError, ValueError, AttributeError):
-        name = _config_name(path) or path.name
-        return RunInfo(path.name, name, path, "", "unreadable", 0, None, None)
-
-
-def list_runs(runs_dir: Path | str) -> list[RunInfo]:
-    """Every run under ``runs_dir``, oldest first; directories that are not runs are skipped."""
-    root = Path(runs_dir)
-    if not root.is_dir():
-        return []
-    return [_run_info(p) for p in sorted(root.iterdir()) if _is_run_dir(p)]
-
-
-def resolve_run(runs_dir: Path | str, ref: str | Path) -> Path:
-    """Find a run from a path, a directory name, or a unique prefix/suffix of its name."""
-    root, text = Path(runs_dir), str(ref)
-    if not text:
-        raise StoreError("empty run reference; give a run directory or part of its name")
-    for direct in (Path(ref), root / text):
-        if _is_run_dir(direct):
-            return direct
-    runs = sorted(p for p in root.iterdir() if _is_run_dir(p)) if root.is_dir() else []
-    found = [
-        p
-        for p in runs
-        if p.name.startswith(text) or p.name.endswith(text) or _config_name(p).startswith(text)
-    ]
-    if len(found) == 1:
-        return found[0]
-    if found:
-        raise StoreError(
-            f"run reference '{text}' is ambiguous: it matches {len(found)} runs in '{root}': "
-            + ", ".join(p.name for p in found)
-        )
-    known = ", ".join(p.name for p in runs[-10:]) or "(none)"
-    raise StoreError(f"no run matches '{text}' in '{root}'; runs there: {known}")

@@ -1,0 +1,61 @@
+"""The rows of the run store, as frozen records."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """One row of ``rounds``; ``created`` (unix time) is set when recorded. A NaN loss
+    reads back as None (SQLite stores NaN as NULL)."""
+
+    round_idx: int
+    cohort_size: int
+    train_loss: float
+    test_accuracy: float | None
+    test_loss: float | None
+    bytes_up: int
+    bytes_down: int
+    paper_bytes: int
+    lr: float
+    seconds: float
+    created: float | None = None
+
+
+@dataclass(frozen=True)
+class ClientRecord:
+    """One row of ``client_rounds``: what one client did in one round."""
+
+    round_idx: int
+    client_id: int
+    num_examples: int
+    train_loss: float
+    update_norm: float
+    bytes_up: int
+    bytes_down: int
+
+
+@dataclass(frozen=True)
+class AnomalyRecord:
+    """One row of ``anomalies``: an update refused (client id and why) or, with
+    ``client_id`` None, a round skipped (why)."""
+
+    round_idx: int
+    client_id: int | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """One line of ``fedforge runs``."""
+
+    run_id: str  # the directory name
+    name: str  # the config name
+    path: Path
+    created: str
+    status: str  # 'running', 'finished', 'failed', or 'unreadable'
+    rounds_done: int
+    rounds_planned: int | None
+    best_accuracy: float | None

@@ -1,0 +1,56 @@
+"""Finding runs in a runs directory: ``fedforge runs`` lists them and
+``fedforge show`` / ``fedforge resume`` resolve a run from part of its name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fedforge.errors import StoreError
+from fedforge.store.runstore import _RUN_DIR, RunInfo, RunStore, _is_run_dir
+
+
+def _config_name(path: Path) -> str:
+    match = _RUN_DIR.match(path.name)
+    return match.group(2) if match else ""
+
+
+def _run_info(path: Path) -> RunInfo:
+    try:
+        with RunStore.open(path) as store:
+            return store.info()
+    except (StoreError, ValueError, AttributeError):
+        name = _config_name(path) or path.name
+        return RunInfo(path.name, name, path, "", "unreadable", 0, None, None)
+
+
+def list_runs(runs_dir: Path | str) -> list[RunInfo]:
+    """Every run under ``runs_dir``, oldest first; directories that are not runs are skipped."""
+    root = Path(runs_dir)
+    if not root.is_dir():
+        return []
+    return [_run_info(p) for p in sorted(root.iterdir()) if _is_run_dir(p)]
+
+
+def resolve_run(runs_dir: Path | str, ref: str | Path) -> Path:
+    """Find a run from a path, a directory name, or a unique prefix/suffix of its name."""
+    root, text = Path(runs_dir), str(ref)
+    if not text:
+        raise StoreError("empty run reference; give a run directory or part of its name")
+    for direct in (Path(ref), root / text):
+        if _is_run_dir(direct):
+            return direct
+    runs = sorted(p for p in root.iterdir() if _is_run_dir(p)) if root.is_dir() else []
+    found = [
+        p
+        for p in runs
+        if p.name.startswith(text) or p.name.endswith(text) or _config_name(p).startswith(text)
+    ]
+    if len(found) == 1:
+        return found[0]
+    if found:
+        raise StoreError(
+            f"run reference '{text}' is ambiguous: it matches {len(found)} runs in '{root}': "
+            + ", ".join(p.name for p in found)
+        )
+    known = ", ".join(p.name for p in runs[-10:]) or "(none)"
+    raise StoreError(f"no run matches '{text}' in '{root}'; runs there: {known}")
