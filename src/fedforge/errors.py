@@ -11,6 +11,11 @@ class ConfigError(FedforgeError):
     """A configuration value is missing, of the wrong type or out of range."""
 
 
+def invalid_field(name: str, value: object, allowed: str) -> ConfigError:
+    """The error for config field ``name`` holding ``value``: says what is allowed."""
+    return ConfigError(f"config field '{name}' = {value!r} is invalid: {allowed}")
+
+
 class DataError(FedforgeError):
     """A data set cannot be found, downloaded, or fails its checksum."""
 

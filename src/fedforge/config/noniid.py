@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from fedforge.errors import ConfigError
+from fedforge.errors import invalid_field as invalid
 
 if TYPE_CHECKING:
     from fedforge.config.schema import Config
@@ -57,10 +57,6 @@ class DiagnosticsConfig:
     loss_gap: bool = False
     low_cosine: float = 0.3  # warn once when the mean cosine stays below this ...
     low_cosine_rounds: int = 3  # ... for this many rounds in a row
-
-
-def _invalid(name: str, value: Any, allowed: str) -> ConfigError:
-    return ConfigError(f"config field '{name}' = {value!r} is invalid: {allowed}")
 
 
 def validate_noniid(cfg: Config) -> None:
@@ -120,4 +116,4 @@ def validate_noniid(cfg: Config) -> None:
     ]
     for name, value, ok, allowed in checks:
         if not ok:
-            raise _invalid(name, value, allowed)
+            raise invalid(name, value, allowed)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from fedforge.errors import ConfigError
+from fedforge.errors import ConfigError, invalid_field
 
 DPMode = Literal["none", "central", "local"]
 
@@ -117,7 +117,7 @@ def validate_privacy(p: PrivacyConfig) -> None:
     ]
     for name, value, ok, allowed in checks:
         if not ok:
-            raise ConfigError(f"config field 'privacy.{name}' = {value!r} is invalid: {allowed}")
+            raise invalid_field(f"privacy.{name}", value, allowed)
     if p.dp == "central" and p.noise_multiplier == 0:
         raise ConfigError(
             "config field 'privacy.noise_multiplier' = 0.0 is invalid with dp = 'central': "

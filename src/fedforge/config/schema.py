@@ -20,7 +20,7 @@ from fedforge.config.noniid import (
     validate_noniid,
 )
 from fedforge.config.privacy import PrivacyConfig, validate_privacy
-from fedforge.errors import ConfigError
+from fedforge.errors import invalid_field as invalid
 
 WeightRule = Literal["num_examples", "uniform", "sqrt", "capped"]
 PartitionKind = Literal["iid", "shards", "dirichlet", "quantity"]
@@ -176,10 +176,6 @@ class Config:
         _validate_communication(self)
         validate_privacy(self.privacy)
         validate_noniid(self)
-
-
-def invalid(name: str, value: Any, allowed: str) -> ConfigError:
-    return ConfigError(f"config field '{name}' = {value!r} is invalid: {allowed}")
 
 
 def _validate(cfg: Config) -> None:
