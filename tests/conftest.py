@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -63,3 +65,47 @@ def one_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+class SigtermAt:
+    """An engine wrapper that sends this process SIGTERM while round ``at`` runs
+    (the loop finishes the round, checkpoints and stops, as for an outside signal)."""
+
+    name = "sigterm"
+
+    def __init__(self, inner: Any, at: int) -> None:
+        self.inner, self.at = inner, at
+
+    def run_cohort(self, tasks: Sequence[Any], payload: bytes) -> Iterator[Any]:
+        if tasks and tasks[0].round_idx == self.at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        yield from self.inner.run_cohort(tasks, payload)
+
+    def run_phase(self, *args: Any, **kwargs: Any) -> Any:
+        return self.inner.run_phase(*args, **kwargs)
+
+
+RunStopped = Callable[[Any, FederatedData, int], Any]
+
+
+@pytest.fixture
+def run_stopped(monkeypatch: pytest.MonkeyPatch) -> RunStopped:
+    """``run_stopped(cfg, data, at)``: run ``cfg`` until SIGTERM arrives in round
+    ``at``; returns the stopped run's result (build is restored afterwards)."""
+    from fedforge.server import loop
+
+    def go(cfg: Any, data: FederatedData, at: int) -> Any:
+        real_build = loop.build
+
+        def stopping_build(c: Any, d: Any = None) -> Any:
+            exp = real_build(c, d)
+            exp.engine = SigtermAt(exp.engine, at)
+            return exp
+
+        monkeypatch.setattr(loop, "build", stopping_build)
+        try:
+            return loop.run(cfg, data)
+        finally:
+            monkeypatch.setattr(loop, "build", real_build)
+
+    return go

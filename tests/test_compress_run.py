@@ -6,8 +6,6 @@ for bit."""
 
 from __future__ import annotations
 
-import os
-import signal
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,12 +14,12 @@ import pytest
 import torch
 from tests.conftest import MakeData
 
+from conftest import RunStopped
 from fedforge.client import ClientTask, ClientUpload
 from fedforge.config import from_dict, override
 from fedforge.engines import Engine
 from fedforge.experiment import FederatedData, build
 from fedforge.report.progress import Progress
-from fedforge.server import loop
 from fedforge.server.loop import resume, run
 from fedforge.server.round import run_round
 from fedforge.server.state import LoopState
@@ -179,40 +177,16 @@ def test_vectorized_engine_matches_serial_with_error_feedback(data: FederatedDat
 # ----------------------------------------------------------------------------- resume
 
 
-class _SigtermAt:
-    """Sends this process SIGTERM while round ``at`` runs (the loop finishes the
-    round, checkpoints and stops, exactly as for an outside signal)."""
-
-    name = "sigterm"
-
-    def __init__(self, inner: Engine, at: int) -> None:
-        self.inner, self.at = inner, at
-
-    def run_cohort(self, tasks: Sequence[ClientTask], payload: bytes) -> Iterator[ClientUpload]:
-        if tasks and tasks[0].round_idx == self.at:
-            os.kill(os.getpid(), signal.SIGTERM)
-        yield from self.inner.run_cohort(tasks, payload)
-
-
 def test_resume_with_error_feedback_is_bit_exact(
-    data: FederatedData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    data: FederatedData, tmp_path: Path, run_stopped: RunStopped
 ) -> None:
     com = {"uplink": "int4", "error_feedback": True}
     cfg = _cfg(com, rounds=7, checkpoint_every=2, runs_dir=str(tmp_path / "ref"))
     reference = run(cfg, data=data)
-    real_build = loop.build
-
-    def stopping_build(c: Any, d: Any = None) -> Any:
-        exp = real_build(c, d)
-        exp.engine = _SigtermAt(exp.engine, at=4)
-        return exp
-
-    monkeypatch.setattr(loop, "build", stopping_build)
-    stopped = run(override(cfg, {"runs_dir": str(tmp_path / "b")}), data)
+    stopped = run_stopped(override(cfg, {"runs_dir": str(tmp_path / "b")}), data, 4)
     assert stopped.stopped == "SIGTERM" and stopped.run_dir is not None
     newest = list_checkpoints(stopped.run_dir)[0]
     assert newest.name == "round-000005" and (newest / "client_state.bin").is_file()
-    monkeypatch.setattr(loop, "build", real_build)
     resumed = resume(stopped.run_dir, data=data)
     assert resumed.stopped is None and len(resumed.rounds) == 7
     assert torch.equal(resumed.params, reference.params)

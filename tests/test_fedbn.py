@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
-from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,16 +9,15 @@ import pytest
 import torch
 from tests.conftest import MakeData
 
+from conftest import RunStopped
 from fedforge.algorithms.fedbn import LocalBatchNorm, local_mask
-from fedforge.client import ClientTask, ClientUpload, encode_payload, local_sgd, minibatch_generator
+from fedforge.client import ClientTask, encode_payload, local_sgd, minibatch_generator
 from fedforge.config import from_dict, override
-from fedforge.engines import Engine
 from fedforge.errors import ConfigError
 from fedforge.experiment import FederatedData, build
 from fedforge.models import build_model
 from fedforge.params import ParamSpec
 from fedforge.report.progress import Progress
-from fedforge.server import loop
 from fedforge.server.loop import resume, run
 from fedforge.server.round import run_round
 from fedforge.server.state import LoopState
@@ -176,34 +172,15 @@ def test_fedavg_averages_batchnorm_of_cnn_bn(data: FederatedData) -> None:
     assert not torch.equal(got.params[stats], exp.initial_params[stats])
 
 
-class _SigtermAt:
-    def __init__(self, inner: Engine, at: int) -> None:
-        self.inner, self.at, self.name = inner, at, inner.name
-
-    def run_cohort(self, tasks: Sequence[ClientTask], payload: bytes) -> Iterator[ClientUpload]:
-        if tasks and tasks[0].round_idx == self.at:
-            os.kill(os.getpid(), signal.SIGTERM)
-        yield from self.inner.run_cohort(tasks, payload)
-
-
 def test_resume_with_fedbn_is_bit_exact(
-    data: FederatedData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    data: FederatedData, tmp_path: Path, run_stopped: RunStopped
 ) -> None:
     cfg = _cfg(rounds=6, checkpoint_every=2, runs_dir=str(tmp_path / "a"))
     reference = run(cfg, data=data)
-    real_build = loop.build
-
-    def stopping_build(c: Any, d: Any = None) -> Any:
-        exp = real_build(c, d)
-        exp.engine = _SigtermAt(exp.engine, at=3)
-        return exp
-
-    monkeypatch.setattr(loop, "build", stopping_build)
-    stopped = run(override(cfg, {"runs_dir": str(tmp_path / "b")}), data)
+    stopped = run_stopped(override(cfg, {"runs_dir": str(tmp_path / "b")}), data, 3)
     assert stopped.stopped == "SIGTERM" and stopped.run_dir is not None
     newest = list_checkpoints(stopped.run_dir)[0]
     assert (newest / "client_state.batchnorm.bin").is_file()
-    monkeypatch.setattr(loop, "build", real_build)
     resumed = resume(stopped.run_dir, data=data)
     assert resumed.stopped is None and len(resumed.rounds) == 6
     assert torch.equal(resumed.params, reference.params)

@@ -4,9 +4,6 @@ hand-worked tiny cases, torch.optim.SGD, FedAvg and the serial engine."""
 from __future__ import annotations
 
 import dataclasses
-import os
-import signal
-from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,17 +12,16 @@ import torch
 from tests.conftest import MakeData
 from torch import nn
 
+from conftest import RunStopped
 from fedforge.algorithms import LocalPlan, fedprox, scaffold
 from fedforge.algorithms.fedprox import ProximalTerm
 from fedforge.algorithms.scaffold import ScaffoldServer
-from fedforge.client import ClientRuntime, ClientTask, ClientUpload, encode_payload, local_sgd
+from fedforge.client import ClientRuntime, ClientTask, encode_payload, local_sgd
 from fedforge.config import from_dict, override
-from fedforge.engines import Engine
 from fedforge.errors import ConfigError
 from fedforge.experiment import FederatedData
 from fedforge.params import ParamSpec
 from fedforge.rng import torch_generator
-from fedforge.server import loop
 from fedforge.server.loop import resume, run
 from fedforge.server.stragglers import cohort_tasks, straggler_epochs
 from fedforge.store import MemoryStateStore, RunStore, list_checkpoints
@@ -226,37 +222,16 @@ def test_config_refusals() -> None:
         from_dict({"scaffold": {"option": "III"}})
 
 
-class _SigtermAt:
-    name = "sigterm"
-
-    def __init__(self, inner: Engine, at: int) -> None:
-        self.inner, self.at = inner, at
-
-    def run_cohort(self, tasks: Sequence[ClientTask], payload: bytes) -> Iterator[ClientUpload]:
-        if tasks and tasks[0].round_idx == self.at:
-            os.kill(os.getpid(), signal.SIGTERM)
-        yield from self.inner.run_cohort(tasks, payload)
-
-
 def test_resume_with_scaffold_is_bit_exact(
-    data: FederatedData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    data: FederatedData, tmp_path: Path, run_stopped: RunStopped
 ) -> None:
     cfg = _cfg(algorithm="scaffold", rounds=6, checkpoint_every=2, runs_dir=str(tmp_path / "a"))
     reference = run(cfg, data=data)
-    real_build = loop.build
-
-    def stopping_build(c: Any, d: Any = None) -> Any:
-        exp = real_build(c, d)
-        exp.engine = _SigtermAt(exp.engine, at=3)
-        return exp
-
-    monkeypatch.setattr(loop, "build", stopping_build)
-    stopped = run(override(cfg, {"runs_dir": str(tmp_path / "b")}), data)
+    stopped = run_stopped(override(cfg, {"runs_dir": str(tmp_path / "b")}), data, 3)
     assert stopped.stopped == "SIGTERM" and stopped.run_dir is not None
     newest = list_checkpoints(stopped.run_dir)[0]
     assert newest.name == "round-000004"
     assert (newest / "client_state.control.bin").is_file()
-    monkeypatch.setattr(loop, "build", real_build)
     resumed = resume(stopped.run_dir, data=data)
     assert resumed.stopped is None and len(resumed.rounds) == 6
     assert torch.equal(resumed.params, reference.params)
