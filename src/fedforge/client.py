@@ -20,6 +20,7 @@ from fedforge.algorithms.base import Algorithm, LocalPlan, LossFn
 from fedforge.algorithms.local import ClientJob, GradHook, LocalStep, full_gradient
 from fedforge.params import ParamSpec
 from fedforge.pipeline import Stage, StageContext
+from fedforge.precision import forward_context
 from fedforge.rng import torch_generator
 from fedforge.stages.codec import Codec, CodecContext, Dense
 from fedforge.transport import wire
@@ -107,7 +108,9 @@ def local_sgd(
     steps = 0
     for _ in range(plan.local_epochs):
         for idx in minibatches(len(y), plan.batch_size, gen):
-            loss = loss_fn(functional_call(model, leaves, (x[idx],)), y[idx]).mean()
+            with forward_context(plan.precision):
+                logits = functional_call(model, leaves, (x[idx],))
+            loss = loss_fn(logits.to(params.dtype), y[idx]).mean()
             grads = torch.autograd.grad(loss, tensors)
             if step is not None:
                 step([g.unsqueeze(0) for g in grads])

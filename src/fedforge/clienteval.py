@@ -108,7 +108,7 @@ def per_class_accuracy(
     x: torch.Tensor,
     y: torch.Tensor,
     num_classes: int,
-    batch_size: int = 2000,
+    batch_size: int = 250,
 ) -> list[tuple[int, float | None, int]]:
     """(class, accuracy or None when the class is absent, examples) for each class."""
     tensors = spec.views(params)

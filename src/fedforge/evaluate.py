@@ -24,7 +24,7 @@ def evaluate(
     params: torch.Tensor,
     x: torch.Tensor,
     y: torch.Tensor,
-    batch_size: int = 2000,
+    batch_size: int = 250,
 ) -> EvalResult:
     """Accuracy and mean cross-entropy of ``params`` on ``(x, y)``."""
     tensors = spec.views(params)

@@ -20,12 +20,14 @@ from fedforge.communication import CommunicationParts
 from fedforge.config import Config
 from fedforge.data import Partition, load_mnist, make_partition, synthetic
 from fedforge.engines import Engine
+from fedforge.engines.pool import PoolEngine, resolve_workers
 from fedforge.engines.serial import SerialEngine
 from fedforge.engines.vectorized import VectorizedEngine, unsupported_reason
 from fedforge.errors import ConfigError
 from fedforge.models import build_model
 from fedforge.params import ParamSpec
 from fedforge.pipeline import Pipeline
+from fedforge.precision import precision_note
 from fedforge.privacy import PrivacyParts
 from fedforge.rng import numpy_rng
 from fedforge.robust import RobustParts, assemble
@@ -147,7 +149,8 @@ def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
         tamper_fn=robust.tamper_fn,
         downlink=comm.downlink,
     )
-    engine, note = make_engine(cfg.engine, runtime)
+    engine, note = make_engine(cfg.engine, runtime, cfg.workers, _side_state(comm, priv))
+    note = "; ".join(n for n in (note, precision_note(cfg.precision)) if n) or None
     params = spec.flatten(model, dtype)
     return Experiment(
         cfg, data, model, spec, algorithm, pipeline, engine, params, note, robust, comm, priv
@@ -187,14 +190,42 @@ def client_tables(exp: Experiment) -> dict[str, ClientStateStore]:
     return tables
 
 
-def make_engine(name: str, runtime: ClientRuntime) -> tuple[Engine, str | None]:
-    """The engine a config asks for, or the serial engine with the reason why the
-    asked one cannot run this model."""
+def _side_state(comm: CommunicationParts, priv: PrivacyParts) -> str | None:
+    """What of a run lives in the server process between rounds besides the
+    algorithm's tables: worker processes would lose it."""
+    if comm.client_state is not None:
+        return "error feedback keeps a residual per client"
+    if priv.secagg is not None:
+        return "secure aggregation keeps its clients' keys in this process"
+    if priv.board is not None:
+        return "adaptive clipping collects its clients' reports in this process"
+    return None
+
+
+def make_engine(
+    name: str, runtime: ClientRuntime, workers: int = 1, side_state: str | None = None
+) -> tuple[Engine, str | None]:
+    """The engine a config asks for (spread over ``workers`` processes when there
+    are several), or the nearest one that can run, with the reason in one line.
+    ``side_state``: what of the run lives in this process besides the runtime's
+    tables (secure aggregation's keys, adaptive clipping's board), if anything."""
+    engine: SerialEngine | VectorizedEngine = SerialEngine(runtime)
+    notes: list[str] = []
     if name == "vectorized":
         reason = unsupported_reason(runtime.model)
         if reason is None and runtime.algorithm.personal is not None:
             reason = f"algorithm '{runtime.algorithm.name}' keeps entries per client"
         if reason is None:
-            return VectorizedEngine(runtime), None
-        return SerialEngine(runtime), f"engine: vectorized cannot run this model ({reason}); serial"
-    return SerialEngine(runtime), None
+            engine = VectorizedEngine(runtime)
+        else:
+            notes.append(f"engine: vectorized cannot run this model ({reason}); serial")
+    count = resolve_workers(workers)
+    if count < 2:
+        return engine, "; ".join(notes) or None
+    alg = runtime.algorithm
+    keeps = alg.client is not None or alg.personal is not None or side_state is not None
+    why = side_state or f"algorithm '{alg.name}' keeps per-client state between rounds"
+    if keeps:
+        notes.append(f"workers: {count} cannot be used ({why}); one process")
+        return engine, "; ".join(notes)
+    return PoolEngine(engine, count), "; ".join(notes) or None

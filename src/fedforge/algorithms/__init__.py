@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -26,9 +29,30 @@ def from_config(
     dtype: torch.dtype | None = None,
     spec: ParamSpec | None = None,
 ) -> Algorithm:
-    """The algorithm bundle a config names. SCAFFOLD keeps an ``[N, size]`` table
-    of client controls in ``dtype`` (the run's), so it needs both; FedBN keeps the
-    batch-norm entries of ``spec`` per client, so it needs the spec and dtype."""
+    """The algorithm bundle a config names, its local plans in the configured
+    ``precision``. SCAFFOLD keeps an ``[N, size]`` table of client controls in
+    ``dtype`` (the run's), so it needs both; FedBN keeps the batch-norm entries of
+    ``spec`` per client, so it needs the spec and dtype."""
+    algorithm = _bundle(cfg, size, dtype, spec)
+    if cfg.precision == "fp32":
+        return algorithm
+    return dataclasses.replace(algorithm, plan_fn=_InPrecision(algorithm.plan_fn, cfg.precision))
+
+
+@dataclass(frozen=True)
+class _InPrecision:
+    """A plan function whose plans run in ``precision`` (a class: it pickles)."""
+
+    plan_fn: Callable[[int], LocalPlan]
+    precision: str
+
+    def __call__(self, round_idx: int) -> LocalPlan:
+        return dataclasses.replace(self.plan_fn(round_idx), precision=self.precision)
+
+
+def _bundle(
+    cfg: Config, size: int | None, dtype: torch.dtype | None, spec: ParamSpec | None
+) -> Algorithm:
     if cfg.algorithm == "fedsgd":
         return fedsgd(cfg.lr, cfg.lr_decay)
     loc, drop = cfg.local, cfg.stragglers.drop

@@ -36,6 +36,7 @@ class LocalPlan:
     momentum: float = 0.0
     weight_decay: float = 0.0
     grad_clip: float | None = None
+    precision: str = "fp32"  # "bf16": forward passes under bf16 autocast (precision.py)
 
     @property
     def plain(self) -> bool:

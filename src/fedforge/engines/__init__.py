@@ -21,4 +21,12 @@ class Engine(Protocol):
         ...
 
 
-__all__ = ["Engine"]
+def close_engine(engine: object) -> None:
+    """Release what an engine holds (worker processes); engines without any
+    resources need no ``close``."""
+    close = getattr(engine, "close", None)
+    if close is not None:
+        close()
+
+
+__all__ = ["Engine", "close_engine"]

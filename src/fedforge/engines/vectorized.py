@@ -12,6 +12,7 @@ simulation; trusts nothing but the payload, like the serial engine.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Iterator, Mapping, Sequence
 
@@ -29,7 +30,9 @@ from fedforge.client import (
     minibatch_generator,
     minibatches,
 )
+from fedforge.models.layout import set_channels_last
 from fedforge.params import ParamSpec
+from fedforge.precision import forward_context
 
 DEFAULT_MEMORY_BUDGET = 2 * 1024**3  # bytes for one chunk's working set
 
@@ -124,7 +127,9 @@ def vectorized_local_sgd(
     def masked_loss(
         p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, m: torch.Tensor
     ) -> torch.Tensor:
-        per_example = loss_fn(functional_call(model, p, (x,)), y)
+        with forward_context(plan.precision):
+            logits = functional_call(model, p, (x,))
+        per_example = loss_fn(logits.to(start.dtype), y)
         return (per_example * m).sum() / m.sum().clamp(min=1)
 
     step_fn = vmap(grad_and_value(masked_loss))
@@ -174,13 +179,16 @@ class VectorizedEngine:
         if reason is not None:
             raise ValueError(f"the vectorised engine cannot run this model: {reason}")
         self.runtime = runtime
+        # Its own copy of the architecture: vmap cannot batch channels_last.
+        self.model = copy.deepcopy(runtime.model)
+        set_channels_last(self.model, False)
         self.memory_budget = memory_budget
         self.max_chunk = max_chunk
         self._act_floats: int | None = None
 
     def _chunk(self, sample: torch.Tensor, plan: LocalPlan, largest: int) -> int:
         if self._act_floats is None:
-            self._act_floats = activation_floats(self.runtime.model, sample)
+            self._act_floats = activation_floats(self.model, sample)
         batch = largest if plan.batch_size is None else min(plan.batch_size, largest)
         itemsize = sample.element_size()
         return chunk_size(
@@ -216,7 +224,7 @@ class VectorizedEngine:
             ids = [t.client_id for t in chunk]
             state = alg.client.begin(ids, start, extras) if alg.client is not None else None
             results = vectorized_local_sgd(
-                rt.model,
+                self.model,
                 rt.spec,
                 start,
                 xs,

@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from fedforge.models.layout import Conv2d
+
 
 class MnistCNNBN(nn.Module):
     """Two 3x3 convolutions, each followed by batch norm (affine, running
@@ -20,9 +22,9 @@ class MnistCNNBN(nn.Module):
 
     def __init__(self, num_classes: int = 10) -> None:
         super().__init__()
-        self.conv1 = nn.Conv2d(1, 16, kernel_size=3, padding=1)
+        self.conv1 = Conv2d(1, 16, kernel_size=3, padding=1)
         self.bn1 = nn.BatchNorm2d(16)
-        self.conv2 = nn.Conv2d(16, 32, kernel_size=3, padding=1)
+        self.conv2 = Conv2d(16, 32, kernel_size=3, padding=1)
         self.bn2 = nn.BatchNorm2d(32)
         self.fc1 = nn.Linear(32 * 7 * 7, 128)
         self.fc2 = nn.Linear(128, num_classes)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from fedforge.models.layout import Conv2d
+
 
 class MnistMLP(nn.Module):
     """McMahan's "2NN": 784-200-200-10 with ReLU."""
@@ -34,8 +36,8 @@ class MnistCNN(nn.Module):
 
     def __init__(self, num_classes: int = 10) -> None:
         super().__init__()
-        self.conv1 = nn.Conv2d(1, 32, kernel_size=5, padding=2)
-        self.conv2 = nn.Conv2d(32, 64, kernel_size=5, padding=2)
+        self.conv1 = Conv2d(1, 32, kernel_size=5, padding=2)
+        self.conv2 = Conv2d(32, 64, kernel_size=5, padding=2)
         self.fc1 = nn.Linear(64 * 7 * 7, 512)
         self.fc2 = nn.Linear(512, num_classes)
 

@@ -24,6 +24,7 @@ import torch
 from fedforge.config import Config
 from fedforge.data import PartitionSummary, summarize
 from fedforge.data.mnist import NUM_CLASSES
+from fedforge.engines import close_engine
 from fedforge.experiment import Experiment, FederatedData, build, client_tables
 from fedforge.report.progress import Progress
 from fedforge.server.round import run_round
@@ -114,7 +115,10 @@ def _drive(
     """Run the loop (under the signal guard when there is a store, whose lock the
     caller holds), then settle the run store: final params and summary, or why not."""
     if run_store is None or lock is None:
-        result = _rounds(exp, state, None, progress, StopSignals(enabled=False))
+        try:
+            result = _rounds(exp, state, None, progress, StopSignals(enabled=False))
+        finally:
+            close_engine(exp.engine)
         result.summary["heterogeneity"] = partition.heterogeneity
         return result
     try:
@@ -127,6 +131,7 @@ def _drive(
         run_store.finish({"error": f"run stopped: {why}"}, status="failed")
         raise
     finally:
+        close_engine(exp.engine)
         lock.release()
         run_store.close()
     return result
