@@ -192,7 +192,9 @@ def test_dict_and_yaml_round_trip() -> None:
         name="rt",
         seed=7,
         model="2nn",
-        partition=PartitionConfig(kind="shards", shards_per_client=3),
+        partition=PartitionConfig(
+            kind="shards", shards_per_client=3, feature_shift=("blur", "invert")
+        ),
         batch_size=None,
         target_accuracy=None,
         dtype="float64",
@@ -204,6 +206,10 @@ def test_dict_and_yaml_round_trip() -> None:
         "alpha": 0.5,
         "sigma": 1.0,
         "min_size": 1,
+        "feature_shift": ["blur", "invert"],  # a list, so that YAML and JSON hold it
+        "label_noise": 0.0,
+        "label_noise_rule": "symmetric",
+        "label_noise_rate": 1.0,
     }
     assert from_dict(data) == cfg
     assert from_dict(yaml.safe_load(dump(cfg))) == cfg

@@ -151,4 +151,7 @@ class Collusion:
             row = -self.epsilon * mean
         updates = cohort.updates.clone()
         updates[bad] = row
-        return CohortUpdates(list(cohort.client_ids), updates, cohort.weights), []
+        return (
+            CohortUpdates(list(cohort.client_ids), updates, cohort.weights, cohort.reports),
+            [],
+        )

@@ -26,6 +26,7 @@ from fedforge.stages.codec import Codec, CodecContext, Dense
 from fedforge.transport import wire
 
 if TYPE_CHECKING:
+    from fedforge.reports import Reporter
     from fedforge.stages.validate import ClientGate
 
 ClientDataFn = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
@@ -144,6 +145,7 @@ class ClientRuntime:
         gate: ClientGate | None = None,
         tamper_fn: TamperFn | None = None,
         downlink: Codec | None = None,
+        reporter: Reporter | None = None,
     ) -> None:
         self.model = model
         self.spec = spec
@@ -154,6 +156,7 @@ class ClientRuntime:
         self.gate = gate  # withholds an update whose held-out loss rose
         self.tamper_fn = tamper_fn
         self.downlink = downlink  # the payload's codec; None: parameters as they are
+        self.reporter = reporter  # val_loss / label_counts for the server's weights
 
     def run(self, task: ClientTask, payload: bytes) -> bytes:
         """Decode the global model, train locally, encode the delta."""
@@ -237,6 +240,8 @@ class ClientRuntime:
             "train_loss": result.train_loss if math.isfinite(result.train_loss) else None,
             "steps": result.steps,
         }
+        if self.reporter is not None:  # fedforge.reports: quality or class weights
+            meta.update(self.reporter.report(self.model, self.spec, task.client_id, start))
         return wire.encode(tensors, meta)
 
     def run_phase(self, phase: str, messages: Mapping[int, bytes]) -> dict[int, bytes]:

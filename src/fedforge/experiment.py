@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedforge import algorithms, communication, privacy
+from fedforge import algorithms, communication, privacy, reports
 from fedforge.aggregators import Aggregator, WeightedMean
 from fedforge.aggregators.weights import Reweighted
 from fedforge.algorithms.base import Algorithm
@@ -18,7 +18,8 @@ from fedforge.client import ClientRuntime
 from fedforge.clienteval import split_holdout
 from fedforge.communication import CommunicationParts
 from fedforge.config import Config
-from fedforge.data import Partition, load_mnist, make_partition, synthetic
+from fedforge.data import Partition, load_mnist, make_partition, noise, shift, synthetic
+from fedforge.data.mnist import NUM_CLASSES
 from fedforge.engines import Engine
 from fedforge.engines.pool import PoolEngine, resolve_workers
 from fedforge.engines.serial import SerialEngine
@@ -47,6 +48,8 @@ class FederatedData:
     test_y: torch.Tensor
     partition: Partition
     holdout: Partition | None = None  # eval_clients: each client's held-out slice
+    domains: tuple[str, ...] | None = None  # feature shift: each client's domain
+    noisy_clients: tuple[int, ...] | None = None  # label noise: the noisy clients' ids
 
     def client_data(self, client_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         idx = torch.tensor(self.partition.client_indices[client_id])
@@ -115,9 +118,33 @@ class Experiment:
     privacy: PrivacyParts | None = None  # DP stages, accountant, secure aggregation
 
 
+def shift_data(cfg: Config, data: FederatedData) -> FederatedData:
+    """``data`` with the clients' feature-shift domains and label noise of
+    ``cfg.partition`` applied to their examples (each once: data that already
+    carries its domains or noisy clients keeps them)."""
+    part = cfg.partition
+    if part.feature_shift and data.domains is None:
+        domains = shift.assign_domains(cfg.num_clients, part.feature_shift, cfg.seed)
+        train_x = shift.shift_features(data.train_x, data.partition, domains, cfg.seed)
+        data = dataclasses.replace(data, train_x=train_x, domains=domains)
+    if part.label_noise > 0 and data.noisy_clients is None:
+        noisy = noise.noisy_client_ids(cfg.num_clients, part.label_noise, cfg.seed)
+        train_y = noise.noisy_labels(
+            data.train_y,
+            data.partition,
+            noisy,
+            part.label_noise_rule,
+            part.label_noise_rate,
+            NUM_CLASSES,
+            cfg.seed,
+        )
+        data = dataclasses.replace(data, train_y=train_y, noisy_clients=noisy)
+    return data
+
+
 def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
     """Assemble a run from its config (``data`` may be given to reuse a load)."""
-    data = data if data is not None else load_federated_data(cfg)
+    data = shift_data(cfg, data if data is not None else load_federated_data(cfg))
     if cfg.eval_clients and data.holdout is None:  # carve each client's held-out slice
         keep, held = split_holdout(data.partition, cfg.eval_holdout, cfg.seed)
         data = dataclasses.replace(data, partition=keep, holdout=held)
@@ -127,6 +154,7 @@ def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
     algorithm = algorithms.from_config(cfg, spec.size, dtype, spec)
     robust = assemble(cfg, data.client_data)
     comm = communication.assemble(cfg, spec, dtype, data.partition, data.train_y)
+    reporter, weigh = reports.assemble(cfg, robust.data_fn, NUM_CLASSES)  # quality, class
     sizes = [data.num_examples(c) for c in range(cfg.num_clients)]
     priv = privacy.assemble(cfg, sizes)
     privacy.check_algorithm(cfg, algorithm)
@@ -134,7 +162,7 @@ def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
         aggregator=_weighted(cfg, priv, robust.aggregator),
         client=(*comm.client_stages, *priv.client_stages, *robust.client_stages),
         codec=priv.secagg or comm.uplink,  # secure aggregation: the masked update
-        cohort=robust.cohort_stages,
+        cohort=(*robust.cohort_stages, *weigh),
         server_aggregate=priv.aggregate_stages,
     )
     communication.check_pipeline(cfg, pipeline)
@@ -142,12 +170,13 @@ def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
         model,
         spec,
         algorithm,
-        robust.data_fn,
+        reporter.train_data if reporter is not None else robust.data_fn,
         pipeline.client,
         pipeline.codec,
         gate=robust.gate,
         tamper_fn=robust.tamper_fn,
         downlink=comm.downlink,
+        reporter=reporter,
     )
     engine, note = make_engine(cfg.engine, runtime, cfg.workers, _side_state(comm, priv))
     note = "; ".join(n for n in (note, precision_note(cfg.precision)) if n) or None
@@ -174,6 +203,8 @@ def _weighted(cfg: Config, priv: PrivacyParts, robust: Aggregator) -> Aggregator
             f"aggregation_weights = {rule!r} needs the weighted mean; robust.aggregator "
             f"{cfg.robust.aggregator!r} ignores num_examples"
         )
+    if rule == "quality" or rule == "class":  # weights from the cohort's reports: reports.py
+        return robust
     return Reweighted(robust, rule, cfg.weight_cap)
 
 

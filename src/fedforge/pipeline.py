@@ -16,7 +16,7 @@ order when it is built and refuses what cannot work, saying why.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -57,6 +57,8 @@ class CohortUpdates:
     client_ids: list[int]
     updates: torch.Tensor  # [K, P]
     weights: torch.Tensor  # [K]
+    # what each client reported beside its update, by client id (fedforge.reports)
+    reports: Mapping[int, Any] = field(default_factory=dict)
 
 
 class CohortStage(Protocol):

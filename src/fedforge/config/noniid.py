@@ -1,6 +1,7 @@
 """Config sections of the non-IID toolkit (issue 4): local training knobs,
-stragglers, FedProx's mu, SCAFFOLD's control update and the Synthetic(alpha,
-beta) data set of FedProx. Checked with errors that name the field."""
+stragglers, FedProx's mu, SCAFFOLD's control update, the Synthetic(alpha,
+beta) data set of FedProx, feature-shift and label-noise partitions, and the
+quality weights. Checked with errors that name the field."""
 
 from __future__ import annotations
 
@@ -61,7 +62,8 @@ class DiagnosticsConfig:
 
 def validate_noniid(cfg: Config) -> None:
     """Check the issue-4 fields of ``cfg`` (and how they combine)."""
-    loc, strag, syn = cfg.local, cfg.stragglers, cfg.synthetic
+    loc, strag, syn, part = cfg.local, cfg.stragglers, cfg.synthetic, cfg.partition
+    shift = part.feature_shift
     checks: list[tuple[str, Any, bool, str]] = [
         ("mu", cfg.mu, cfg.mu >= 0.0, "must be a number >= 0 (FedProx's proximal coefficient)"),
         ("local.momentum", loc.momentum, 0.0 <= loc.momentum < 1.0, "must be in [0, 1)"),
@@ -112,6 +114,43 @@ def validate_noniid(cfg: Config) -> None:
             cfg.model,
             cfg.dataset != "synthetic" or cfg.model == "logreg",
             "dataset 'synthetic' (60 features) needs model 'logreg'",
+        ),
+        (
+            "partition.feature_shift",
+            list(shift),
+            len(set(shift)) == len(shift),
+            "must name each domain once (domains are dealt over the clients in turn)",
+        ),
+        (
+            "partition.feature_shift",
+            list(shift),
+            not shift or cfg.dataset == "mnist",
+            "needs dataset 'mnist' (the domains transform 28x28 images); use [] with "
+            f"dataset {cfg.dataset!r}",
+        ),
+        (
+            "partition.label_noise",
+            part.label_noise,
+            0.0 <= part.label_noise <= 1.0,
+            "must be in [0, 1] (the fraction of clients with noisy labels)",
+        ),
+        (
+            "partition.label_noise_rate",
+            part.label_noise_rate,
+            0.0 < part.label_noise_rate <= 1.0,
+            "must be in (0, 1] (the fraction of a noisy client's labels that are wrong)",
+        ),
+        (
+            "quality_temperature",
+            cfg.quality_temperature,
+            cfg.quality_temperature > 0.0,
+            "must be a number > 0 (T of exp(-loss / T))",
+        ),
+        (
+            "quality_holdout",
+            cfg.quality_holdout,
+            0.0 < cfg.quality_holdout < 1.0,
+            "must be in (0, 1) (each client's validation split)",
         ),
     ]
     for name, value, ok, allowed in checks:

@@ -44,6 +44,13 @@ def _coerce(name: str, value: Any, tp: Any) -> Any:
             except ConfigError as exc:
                 errors.append(exc)
         raise errors[0] if len(errors) == 1 else invalid(name, value, f"must be {_describe(tp)}")
+    if origin is tuple:  # tuple[X, ...]: a YAML list, or "a,b" from the command line
+        (item,) = [a for a in typing.get_args(tp) if a is not Ellipsis]
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, list | tuple):
+            raise invalid(name, value, "must be a list")
+        return tuple(_coerce(name, v, item) for v in value)
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, Mapping):
             raise invalid(name, value, f"must be a mapping of {getattr(tp, '__name__', tp)} fields")
@@ -97,8 +104,17 @@ def from_dict(data: Mapping[str, Any]) -> Config:
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:
-    """Plain data that :func:`from_dict` turns back into the same config."""
-    return dataclasses.asdict(cfg)
+    """Plain data that :func:`from_dict` turns back into the same config (tuples as
+    lists, so that YAML and JSON hold them)."""
+    return _lists(dataclasses.asdict(cfg))
+
+
+def _lists(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _lists(v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return [_lists(v) for v in value]
+    return value
 
 
 def load(path: str | Path) -> Config:

@@ -22,8 +22,11 @@ from fedforge.config.noniid import (
 from fedforge.config.privacy import PrivacyConfig, validate_privacy
 from fedforge.errors import invalid_field as invalid
 
-WeightRule = Literal["num_examples", "uniform", "sqrt", "capped"]
+WeightRule = Literal["num_examples", "uniform", "sqrt", "capped", "quality", "class"]
 PartitionKind = Literal["iid", "shards", "dirichlet", "quantity"]
+# feature-shift domains of data/shift.py and label-noise rules of data/noise.py
+FeatureDomain = Literal["none", "rotation", "invert", "contrast", "blur", "noise", "scale"]
+LabelNoiseRule = Literal["symmetric", "pair"]
 Algorithm = Literal["fedavg", "fedsgd", "fedprox", "scaffold", "fedbn"]
 ModelName = Literal["cnn", "cnn_bn", "2nn", "logreg"]
 Dataset = Literal["mnist", "synthetic"]
@@ -41,6 +44,11 @@ class PartitionConfig:
     alpha: float = 0.5  # dirichlet: label-skew concentration (> 0)
     sigma: float = 1.0  # quantity: lognormal sigma of client sizes (>= 0)
     min_size: int = 1  # dirichlet/quantity: smallest client allowed
+    # FedBN's feature shift: domains dealt over the clients, one each; () = off
+    feature_shift: tuple[FeatureDomain, ...] = ()
+    label_noise: float = 0.0  # fraction of clients whose labels are noisy
+    label_noise_rule: LabelNoiseRule = "symmetric"  # symmetric: another class; pair: y + 1
+    label_noise_rate: float = 1.0  # of a noisy client's examples, the fraction relabelled
 
 
 ServerOptimizerKind = Literal["sgd", "adagrad", "adam", "yogi"]
@@ -144,9 +152,12 @@ class Config:
     lr: float = 0.1
     lr_decay: float = 1.0  # local lr at round t is lr * lr_decay**t
     server_lr: float = 1.0  # server SGD on the pseudo-gradient; 1.0 is FedAvg
-    # the weighted mean's weight per client: num_examples, uniform, sqrt, capped
+    # the weighted mean's weight per client: num_examples, uniform, sqrt, capped,
+    # quality (num_examples x exp(-validation loss / T)), class (sum_c n_kc / N_c)
     aggregation_weights: WeightRule = "num_examples"
     weight_cap: int | None = None  # capped: min(num_examples, weight_cap)
+    quality_temperature: float = 1.0  # quality: T of exp(-loss / T)
+    quality_holdout: float = 0.1  # quality: each client's validation split (not trained on)
     server_optimizer: ServerOptimizerConfig = field(default_factory=ServerOptimizerConfig)
     robust: RobustConfig = field(default_factory=RobustConfig)
     communication: CommunicationConfig = field(default_factory=CommunicationConfig)

@@ -202,6 +202,8 @@ class PartitionSummary:
     sizes: np.ndarray  # int64 [num_clients]
     label_counts: np.ndarray  # int64 [num_clients, num_classes]
     heterogeneity: float
+    domains: tuple[str, ...] | None = None  # feature shift: each client's domain (shift.py)
+    noisy_clients: tuple[int, ...] | None = None  # label noise: the noisy ids (noise.py)
 
     @property
     def num_clients(self) -> int:
@@ -216,16 +218,29 @@ class PartitionSummary:
         if self.num_clients == 0:
             return "0 clients"
         s = self.sizes
-        return (
+        text = (
             f"{self.num_clients} clients; size min/median/max "
             f"{int(s.min())}/{float(np.median(s)):g}/{int(s.max())}; "
             f"{float(self.labels_per_client().mean()):.2f} labels per client on average; "
             f"heterogeneity (mean TV to global label mix) {self.heterogeneity:.3f}"
         )
+        if self.domains is not None:
+            names = sorted(set(self.domains))
+            text += "; domains " + ", ".join(f"{d} x{self.domains.count(d)}" for d in names)
+        if self.noisy_clients is not None:
+            text += f"; {len(self.noisy_clients)} clients with noisy labels"
+        return text
 
 
-def summarize(partition: Partition, labels: np.ndarray, num_classes: int) -> PartitionSummary:
-    """Sizes, per-client label histograms and the heterogeneity figure."""
+def summarize(
+    partition: Partition,
+    labels: np.ndarray,
+    num_classes: int,
+    domains: tuple[str, ...] | None = None,
+    noisy_clients: tuple[int, ...] | None = None,
+) -> PartitionSummary:
+    """Sizes, per-client label histograms (of the labels the clients hold, noisy or
+    not) and the heterogeneity figure; ``domains`` and ``noisy_clients`` are kept."""
     labels = _check_labels(labels)
     if labels.size and int(labels.max()) >= num_classes:
         raise PartitionError(f"label {int(labels.max())} does not fit num_classes = {num_classes}")
@@ -236,8 +251,8 @@ def summarize(partition: Partition, labels: np.ndarray, num_classes: int) -> Par
     total = counts.sum(axis=0)
     nonempty = sizes > 0
     if total.sum() == 0 or not nonempty.any():
-        return PartitionSummary(sizes, counts, 0.0)
+        return PartitionSummary(sizes, counts, 0.0, domains, noisy_clients)
     global_p = total / total.sum()
     client_p = counts[nonempty] / sizes[nonempty, None]
     tv = 0.5 * np.abs(client_p - global_p).sum(axis=1)
-    return PartitionSummary(sizes, counts, float(tv.mean()))
+    return PartitionSummary(sizes, counts, float(tv.mean()), domains, noisy_clients)

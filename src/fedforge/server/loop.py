@@ -63,7 +63,7 @@ def run(
 ) -> RunResult:
     """Run ``cfg`` to its target or its last round; record it in a run store."""
     exp = build(cfg, data)
-    partition = summarize(exp.data.partition, exp.data.train_y.numpy(), NUM_CLASSES)
+    partition = _summary(exp)
     if progress:
         print(f"partition: {partition.format()}", flush=True)
         if exp.note:
@@ -96,7 +96,7 @@ def resume(
         lock.release()
         run_store.close()
         raise
-    partition = summarize(exp.data.partition, exp.data.train_y.numpy(), NUM_CLASSES)
+    partition = _summary(exp)
     if progress:
         print(f"resuming {run_store.path.name} at round {state.next_round}", flush=True)
         if exp.note:
@@ -153,13 +153,25 @@ def _settle(exp: Experiment, run_store: RunStore, result: RunResult, next_round:
         run_store.finish(result.summary)
 
 
+def _summary(exp: Experiment) -> PartitionSummary:
+    data = exp.data
+    return summarize(
+        data.partition, data.train_y.numpy(), NUM_CLASSES, data.domains, data.noisy_clients
+    )
+
+
 def _write_partition(path: Path, summary: PartitionSummary) -> None:
-    """Sizes and per-client label histograms beside the store, for reports."""
-    data = {
+    """Sizes and per-client label histograms beside the store, for reports; with
+    feature shift each client's domain, with label noise the noisy clients' ids."""
+    data: dict[str, Any] = {
         "heterogeneity": summary.heterogeneity,
         "sizes": summary.sizes.tolist(),
         "label_counts": summary.label_counts.tolist(),
     }
+    if summary.domains is not None:
+        data["domains"] = list(summary.domains)
+    if summary.noisy_clients is not None:
+        data["noisy_clients"] = list(summary.noisy_clients)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data))
     tmp.replace(path)

@@ -18,11 +18,13 @@ import torch
 
 from fedforge.client import ClientTask, encode_payload, split_extras
 from fedforge.config import Config
+from fedforge.data.mnist import NUM_CLASSES
 from fedforge.errors import AggregationError, UploadError
 from fedforge.evaluate import evaluate
 from fedforge.experiment import Experiment
 from fedforge.pipeline import CohortUpdates, StageContext
 from fedforge.report.progress import Progress
+from fedforge.reports import ClientReport, read_report
 from fedforge.server import diagnostics
 from fedforge.server.hierarchy import Edges
 from fedforge.server.periods import period_plan, upload_period
@@ -45,6 +47,7 @@ class Upload:
     train_loss: float
     nbytes: int
     extras: dict[str, torch.Tensor] = field(default_factory=dict)  # e.g. SCAFFOLD's delta c_k
+    report: ClientReport | None = None  # val_loss / label_counts for the weights (reports.py)
 
 
 def check_update(exp: Experiment, client_id: int, round_idx: int, data: bytes) -> Upload:
@@ -73,7 +76,8 @@ def check_update(exp: Experiment, client_id: int, round_idx: int, data: bytes) -
         )
     loss = msg.meta.get("train_loss")
     train_loss = float(loss) if isinstance(loss, int | float) else float("nan")
-    return Upload(client_id, delta, n, train_loss, len(data), _check_extras(exp, extras))
+    report = read_report(msg.meta, exp.cfg.aggregation_weights, n, NUM_CLASSES)
+    return Upload(client_id, delta, n, train_loss, len(data), _check_extras(exp, extras), report)
 
 
 def _check_extras(exp: Experiment, extras: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -122,6 +126,7 @@ def _gathered_aggregate(
         [u.client_id for u in uploads],
         torch.stack([u.delta for u in uploads]),
         torch.tensor([float(u.num_examples) for u in uploads], dtype=torch.float64),
+        {u.client_id: u.report for u in uploads},
     )
     ctx = StageContext(round_idx, exp.cfg.seed)
     for stage in exp.pipeline.cohort:

@@ -92,6 +92,7 @@ class NormGate:
             [c for c, k in zip(cohort.client_ids, keep, strict=True) if k],
             cohort.updates[keep],
             cohort.weights[keep],
+            cohort.reports,
         )
         return kept, refused
 
