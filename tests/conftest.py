@@ -84,6 +84,11 @@ class SigtermAt:
     def run_phase(self, *args: Any, **kwargs: Any) -> Any:
         return self.inner.run_phase(*args, **kwargs)
 
+    def close(self) -> None:
+        from fedforge.engines import close_engine
+
+        close_engine(self.inner)
+
 
 RunStopped = Callable[[Any, FederatedData, int], Any]
 

@@ -1,0 +1,92 @@
+"""Worker processes (engines/pool.py): a cohort spread over forked one-thread
+workers computes exactly what the engine it wraps computes in one process."""
+
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+
+import pytest
+import torch
+from tests.conftest import MakeData
+
+from conftest import RunStopped
+from fedforge import config as config_mod
+from fedforge.engines.pool import PoolEngine, resolve_workers, usable_cores
+from fedforge.errors import ConfigError
+from fedforge.experiment import build
+from fedforge.server.loop import resume, run
+
+SIZES = [7, 12, 5, 9, 10, 6]
+
+
+def _cfg(**kw: object) -> config_mod.Config:
+    base = config_mod.Config(
+        model="2nn", num_clients=len(SIZES), client_fraction=0.5, local_epochs=2,
+        batch_size=4, lr=0.05, rounds=3, target_accuracy=None, eval_every=3,
+        dtype="float64",
+    )  # fmt: skip
+    return config_mod.override(base, dict(kw))
+
+
+@pytest.mark.parametrize("model", ["2nn", "cnn"])
+def test_serial_workers_bit_identical_to_serial(
+    model: str, make_data: MakeData, one_thread: None
+) -> None:
+    data = make_data(SIZES, dtype=torch.float32)
+    cfg = _cfg(model=model, dtype="float32", local_epochs=1)
+    one = run(cfg, data, store=False)
+    two = run(config_mod.override(cfg, {"workers": 2}), data, store=False)
+    assert two.summary["engine"] == "serialx2"
+    assert torch.equal(one.params, two.params)  # float32, bit for bit
+    assert [r.train_loss for r in one.rounds] == [r.train_loss for r in two.rounds]
+    assert [r.bytes_up for r in one.rounds] == [r.bytes_up for r in two.rounds]
+    assert multiprocessing.active_children() == []  # the run stopped its workers
+
+
+def test_vectorized_workers_equal_serial_float64(make_data: MakeData, one_thread: None) -> None:
+    data = make_data(SIZES)
+    serial = run(_cfg(), data, store=False)
+    pooled = run(_cfg(engine="vectorized", workers=2), data, store=False)
+    assert pooled.summary["engine"] == "vectorizedx2"
+    torch.testing.assert_close(pooled.params, serial.params, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("extra", "why"),
+    [
+        ({"algorithm": "scaffold"}, "keeps per-client state"),
+        (
+            {"communication": {"uplink": "topk", "fraction": 0.1, "error_feedback": True}},
+            "error feedback",
+        ),
+    ],
+)
+def test_stateful_runs_stay_in_one_process(
+    extra: dict[str, object], why: str, make_data: MakeData
+) -> None:
+    exp = build(_cfg(workers=2, **extra), make_data(SIZES))
+    assert not isinstance(exp.engine, PoolEngine)
+    assert exp.note is not None and "workers: 2 cannot be used" in exp.note and why in exp.note
+
+
+def test_workers_zero_means_one_per_core() -> None:
+    assert resolve_workers(0) == usable_cores() >= 1
+    assert resolve_workers(3) == 3
+    with pytest.raises(ConfigError, match="workers.*-1.*integer >= 0"):
+        _cfg(workers=-1)
+
+
+def test_resume_with_workers_is_exact(
+    make_data: MakeData, run_stopped: RunStopped, tmp_path: Path, one_thread: None
+) -> None:
+    """A run on worker processes stopped by SIGTERM resumes to the uninterrupted
+    run's parameters, bit for bit."""
+    data = make_data(SIZES, dtype=torch.float32)
+    cfg = _cfg(dtype="float32", workers=2, rounds=4, eval_every=2, checkpoint_every=1)
+    full = run(config_mod.override(cfg, {"runs_dir": str(tmp_path / "a")}), data)
+    stopped = run_stopped(config_mod.override(cfg, {"runs_dir": str(tmp_path / "b")}), data, 2)
+    assert stopped.stopped == "SIGTERM" and len(stopped.rounds) < 4
+    resumed = resume(stopped.run_dir, data)
+    assert torch.equal(resumed.params, full.params)
+    assert multiprocessing.active_children() == []
