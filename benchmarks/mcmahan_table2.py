@@ -87,6 +87,8 @@ def run_point(row: str, lr: float, cap: int | None, args: argparse.Namespace) ->
         overrides["data_dir"] = args.data_dir
     if args.eval_every:
         overrides["eval_every"] = args.eval_every
+    if args.workers:
+        overrides["workers"] = args.workers
     rounds = cfg.rounds if cap is None else min(cfg.rounds, cap)
     if args.max_rounds:
         rounds = min(rounds, args.max_rounds)
@@ -109,6 +111,7 @@ def run_point(row: str, lr: float, cap: int | None, args: argparse.Namespace) ->
         "bytes_down": s["bytes_down"],
         "eval_every": cfg.eval_every,
         "threads": torch.get_num_threads(),
+        "workers": cfg.workers,
         "run_dir": s.get("run_dir"),
     }
 
@@ -180,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-every", type=int, help="override eval_every (coarser = faster)")
     p.add_argument("--max-rounds", type=int, help="cap every run (smoke checks)")
     p.add_argument("--threads", type=int, help="torch intra-op threads")
+    p.add_argument("--workers", type=int, help="worker processes per run (0: one per core)")
     p.add_argument("--progress", action="store_true")
     p.add_argument("--report", action="store_true", help="only print the saved results")
     p.add_argument("--quick", action="store_true", help="2NN IID E=1 B=10, 5 rounds, 1 lr")
