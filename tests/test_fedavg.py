@@ -48,6 +48,7 @@ def tiny_cfg(num_clients: int, **fields: object) -> Config:
     base: dict[str, object] = {
         "name": "tiny",
         "model": "2nn",
+        "engine": "serial",  # tests below patch the serial engine; others pass their engine
         "dtype": "float64",
         "num_clients": num_clients,
         "client_fraction": 1.0,

@@ -22,7 +22,7 @@ SIZES = [7, 12, 5, 9, 10, 6]
 
 def _cfg(**kw: object) -> config_mod.Config:
     base = config_mod.Config(
-        model="2nn", num_clients=len(SIZES), client_fraction=0.5, local_epochs=2,
+        model="2nn", engine="serial", num_clients=len(SIZES), client_fraction=0.5, local_epochs=2,
         batch_size=4, lr=0.05, rounds=3, target_accuracy=None, eval_every=3,
         dtype="float64",
     )  # fmt: skip

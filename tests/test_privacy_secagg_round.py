@@ -244,6 +244,7 @@ def test_resume_with_secagg_is_bit_exact(
     cfg = from_dict(
         {
             **BASE,
+            "engine": "serial",
             "rounds": 5,
             "checkpoint_every": 2,
             "runs_dir": str(tmp_path / "a"),

@@ -33,6 +33,7 @@ from fedforge.store.runstore import ClientRecord, RoundRecord
 def tiny(num_clients: int, rounds: int = 2, tmp: Path | None = None, **robust: object) -> Config:
     return Config(
         model="2nn",
+        engine="serial",  # the tests patch the serial engine's cohort
         num_clients=num_clients,
         client_fraction=1.0,
         local_epochs=1,

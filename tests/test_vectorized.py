@@ -125,3 +125,24 @@ def test_batch_norm_model_falls_back_to_serial_with_reason() -> None:
     assert note is not None and "batch-norm" in note
     with pytest.raises(ValueError, match="batch-norm"):
         VectorizedEngine(runtime)
+
+
+@pytest.mark.parametrize(
+    ("model", "algorithm", "expected"),
+    [("2nn", "fedavg", "vectorized"), ("logreg", "fedprox", "vectorized"),
+     ("cnn", "fedavg", "serial"), ("cnn_bn", "fedavg", "serial"), ("cnn_bn", "fedbn", "serial")],
+)  # fmt: skip
+def test_auto_engine_picks_the_faster_engine_that_can_run(
+    model: str, algorithm: str, expected: str
+) -> None:
+    """engine: auto (the default): vectorised for models without convolutions
+    (measured faster there), serial for convolutions, batch norm and FedBN."""
+    cfg = config_mod.Config(
+        model=model, algorithm=algorithm, num_clients=6, target_accuracy=None,
+        dataset="synthetic" if model == "logreg" else "mnist",
+    )  # fmt: skip
+    assert cfg.engine == "auto"
+    data = synthetic_data(6, "iid") if model != "logreg" else None
+    exp = build(cfg, data)
+    assert exp.engine.name == expected
+    assert exp.note is None  # auto never complains: it picks what can run
