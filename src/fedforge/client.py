@@ -167,9 +167,13 @@ class ClientRuntime:
         if alg.personal is not None:  # FedBN: the client's own batch norm over the global
             start = alg.personal.start(task.client_id, start)
         state = alg.client.begin([task.client_id], start, extras) if alg.client else None
-        result = local_sgd(
-            self.model, self.spec, start, x, y, task.plan, alg.loss_fn, gen, alg.grad_hook, state
-        )
+        model, spec, plan = self.model, self.spec, task.plan
+        if alg.local_train is not None:  # the algorithm's own loop (Per-FedAvg)
+            result = alg.local_train(model, spec, start, x, y, plan, alg.loss_fn, gen)
+        else:
+            result = local_sgd(
+                model, spec, start, x, y, plan, alg.loss_fn, gen, alg.grad_hook, state
+            )
         if alg.personal is not None:
             alg.personal.keep(task.client_id, result.params)
         sent = self.end(task, start, result, x, y, extras)

@@ -21,7 +21,7 @@ trusts the data it is given.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -126,9 +126,16 @@ def per_class_accuracy(
     ]
 
 
-def client_accuracies(exp: Experiment, params: torch.Tensor) -> list[tuple[int, float, float, int]]:
+# (client id, its starting parameters) -> the parameters it is scored with
+AdaptFn = Callable[[int, torch.Tensor], torch.Tensor]
+
+
+def client_accuracies(
+    exp: Experiment, params: torch.Tensor, adapt_fn: AdaptFn | None = None
+) -> list[tuple[int, float, float, int]]:
     """(client, accuracy, loss, examples) of the global model on every client's
-    held-out slice (with the client's own batch norm under FedBN)."""
+    held-out slice (with the client's own batch norm under FedBN); ``adapt_fn``:
+    what each client makes of it first (personalised evaluation, personal.py)."""
     data, personal = exp.data, exp.algorithm.personal
     rows = []
     for client_id in range(exp.cfg.num_clients):
@@ -136,6 +143,8 @@ def client_accuracies(exp: Experiment, params: torch.Tensor) -> list[tuple[int, 
         if len(y) == 0:
             continue
         own = personal.start(client_id, params) if personal is not None else params
+        if adapt_fn is not None:
+            own = adapt_fn(client_id, own)
         ev = evaluate(exp.model, exp.spec, own, x, y, exp.cfg.eval_batch_size)
         rows.append((client_id, ev.accuracy, ev.loss, ev.num_examples))
     return rows

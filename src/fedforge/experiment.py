@@ -242,7 +242,8 @@ def auto_vectorize(runtime: ClientRuntime) -> bool:
     model = runtime.model
     if any(isinstance(m, nn.Conv1d | nn.Conv2d | nn.Conv3d) for m in model.modules()):
         return False
-    return unsupported_reason(model) is None and runtime.algorithm.personal is None
+    alg = runtime.algorithm
+    return unsupported_reason(model) is None and alg.personal is None and alg.local_train is None
 
 
 def make_engine(
@@ -261,6 +262,8 @@ def make_engine(
         reason = unsupported_reason(runtime.model)
         if reason is None and runtime.algorithm.personal is not None:
             reason = f"algorithm '{runtime.algorithm.name}' keeps entries per client"
+        if reason is None and runtime.algorithm.local_train is not None:  # Per-FedAvg
+            reason = f"algorithm '{runtime.algorithm.name}' runs its own local loop"
         if reason is None:
             engine = VectorizedEngine(runtime)
         else:

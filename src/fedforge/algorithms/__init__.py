@@ -16,6 +16,7 @@ from fedforge.algorithms.base import Algorithm, LocalPlan, cross_entropy
 from fedforge.algorithms.fedavg import fedavg, fedsgd
 from fedforge.algorithms.fedbn import fedbn, local_mask
 from fedforge.algorithms.fedprox import fedprox
+from fedforge.algorithms.perfedavg import perfedavg
 from fedforge.algorithms.scaffold import scaffold
 from fedforge.config import Config
 from fedforge.errors import ConfigError
@@ -55,6 +56,19 @@ def _bundle(
 ) -> Algorithm:
     if cfg.algorithm == "fedsgd":
         return fedsgd(cfg.lr, cfg.lr_decay)
+    if cfg.algorithm == "perfedavg":
+        pfa = cfg.perfedavg
+        beta = pfa.beta if pfa.beta is not None else cfg.lr
+        return perfedavg(
+            cfg.batch_size,
+            pfa.alpha,
+            beta,
+            pfa.steps,
+            pfa.variant,
+            pfa.hvp,
+            pfa.delta,
+            cfg.lr_decay,
+        )
     loc, drop = cfg.local, cfg.stragglers.drop
     mom, wd, clip = loc.momentum, loc.weight_decay, loc.grad_clip
     e, b, lr, decay = cfg.local_epochs, cfg.batch_size, cfg.lr, cfg.lr_decay
@@ -94,5 +108,6 @@ __all__ = [
     "fedprox",
     "fedsgd",
     "from_config",
+    "perfedavg",
     "scaffold",
 ]

@@ -16,7 +16,13 @@ import torch
 from fedforge.params import ParamKind
 
 if TYPE_CHECKING:
-    from fedforge.algorithms.local import ClientTerms, GradHook, PersonalEntries, ServerTerms
+    from fedforge.algorithms.local import (
+        ClientTerms,
+        GradHook,
+        LocalTrain,
+        PersonalEntries,
+        ServerTerms,
+    )
 
 # (logits [B, C], labels [B]) -> per-example losses [B]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -60,6 +66,9 @@ class Algorithm:
     server: ServerTerms | None = None  # server state, payload extras and their update
     personal: PersonalEntries | None = None  # entries each client keeps (FedBN's batch norm)
     drop_stragglers: bool = True  # FedAvg drops clients that did fewer epochs; FedProx keeps them
+    # its own local loop instead of client.local_sgd (Per-FedAvg's meta-steps); the
+    # serial engine and worker processes run it, the vectorised engine falls back
+    local_train: LocalTrain | None = None
 
     def plan(self, round_idx: int) -> LocalPlan:
         return self.plan_fn(round_idx)

@@ -55,6 +55,24 @@ class GradHook(Protocol):
     def __call__(self, grads: list[torch.Tensor], ctx: StepContext) -> None: ...
 
 
+class LocalTrain(Protocol):
+    """An algorithm's own local loop, run by ``ClientRuntime.run`` in place of
+    :func:`fedforge.client.local_sgd` (Per-FedAvg's meta-steps): from ``start``, on
+    the client's ``(x, y)``, drawing its batches from ``gen``."""
+
+    def __call__(
+        self,
+        model: nn.Module,
+        spec: ParamSpec,
+        start: torch.Tensor,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        plan: LocalPlan,
+        loss_fn: LossFn,
+        gen: torch.Generator,
+    ) -> LocalResult: ...
+
+
 class ClientTerms(Protocol):
     """What an algorithm keeps per client and sends besides the delta.
 

@@ -19,6 +19,7 @@ from fedforge.config.noniid import (
     SyntheticConfig,
     validate_noniid,
 )
+from fedforge.config.personal import PerFedAvgConfig, PersonalEvalConfig, validate_personal
 from fedforge.config.privacy import PrivacyConfig, validate_privacy
 from fedforge.errors import invalid_field as invalid
 
@@ -27,7 +28,7 @@ PartitionKind = Literal["iid", "shards", "dirichlet", "quantity"]
 # feature-shift domains of data/shift.py and label-noise rules of data/noise.py
 FeatureDomain = Literal["none", "rotation", "invert", "contrast", "blur", "noise", "scale"]
 LabelNoiseRule = Literal["symmetric", "pair"]
-Algorithm = Literal["fedavg", "fedsgd", "fedprox", "scaffold", "fedbn"]
+Algorithm = Literal["fedavg", "fedsgd", "fedprox", "scaffold", "fedbn", "perfedavg"]
 ModelName = Literal["cnn", "cnn_bn", "2nn", "logreg"]
 Dataset = Literal["mnist", "synthetic"]
 Engine = Literal["auto", "serial", "vectorized"]
@@ -166,12 +167,15 @@ class Config:
     local: LocalConfig = field(default_factory=LocalConfig)
     stragglers: StragglerConfig = field(default_factory=StragglerConfig)
     scaffold: ScaffoldConfig = field(default_factory=ScaffoldConfig)
+    perfedavg: PerFedAvgConfig = field(default_factory=PerFedAvgConfig)
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     rounds: int = 60
     target_accuracy: float | None = 0.99
     eval_every: int = 1
     eval_clients: bool = False  # also evaluate on each client's held-out slice (clienteval.py)
     eval_holdout: float = 0.2  # eval_clients: the fraction of each client's data held out
+    # eval_clients: also score each client after a few local steps (personal.py)
+    personal_eval: PersonalEvalConfig = field(default_factory=PersonalEvalConfig)
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
     eval_batch_size: int = 250  # small batches stay in cache: 2x faster than 2000 (CNN)
     checkpoint_every: int = 10  # rounds between checkpoints; 0 = only on SIGINT/SIGTERM
@@ -187,9 +191,13 @@ class Config:
             # FedSGD is FedAvg with E = 1 and B = infinity; store what really runs.
             object.__setattr__(self, "local_epochs", 1)
             object.__setattr__(self, "batch_size", None)
+        if self.algorithm == "perfedavg":
+            # Per-FedAvg's local work is perfedavg.steps meta-steps, not epochs.
+            object.__setattr__(self, "local_epochs", 1)
         _validate(self)
         _validate_communication(self)
         validate_privacy(self.privacy)
+        validate_personal(self)  # first: it says why stragglers cannot run with perfedavg
         validate_noniid(self)
 
 

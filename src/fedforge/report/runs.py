@@ -94,6 +94,11 @@ def noniid_lines(store: RunStore) -> list[str]:
         at, rows = _last(evals)
         accs = {int(r[1]): float(r[2]) for r in rows if r[2] is not None}
         lines.append(f"clients   round {at}: {summarize_accuracies(accs).format()}")
+    personal = store.read_rows("personal_eval")
+    if personal:  # each client after its own local steps (personal.py)
+        at, rows = _last(personal)
+        accs = {int(r[1]): float(r[2]) for r in rows if r[2] is not None}
+        lines.append(f"personal  round {at}: {summarize_accuracies(accs).format()}")
     classes = store.read_rows("class_accuracy")
     if classes:
         at, rows = _last(classes)

@@ -37,6 +37,7 @@ import torch
 from fedforge.clienteval import client_accuracies, per_class_accuracy
 from fedforge.evaluate import evaluate
 from fedforge.experiment import Experiment
+from fedforge.personal import personal_accuracies
 from fedforge.report.progress import Progress
 
 NUM_CLASSES_DEFAULT = 10
@@ -159,14 +160,21 @@ def end_round(
 def evaluation_rows(
     exp: Experiment, params: torch.Tensor, round_idx: int
 ) -> dict[str, list[tuple[Any, ...]]]:
-    """Rows of ``client_eval`` (each client's held-out slice) and ``class_accuracy``
-    (the global model on the test set) for an evaluation round."""
+    """Rows of ``client_eval`` (each client's held-out slice), ``class_accuracy``
+    (the global model on the test set) and, with ``personal_eval.steps``,
+    ``personal_eval`` (each client's slice after its local steps, personal.py)
+    for an evaluation round."""
     data = exp.data
     classes = max(NUM_CLASSES_DEFAULT, int(data.test_y.max()) + 1 if len(data.test_y) else 0)
     per_class = per_class_accuracy(
         exp.model, exp.spec, params, data.test_x, data.test_y, classes, exp.cfg.eval_batch_size
     )
-    return {
+    rows: dict[str, list[tuple[Any, ...]]] = {
         "client_eval": [(round_idx, *row) for row in client_accuracies(exp, params)],
         "class_accuracy": [(round_idx, *row) for row in per_class],
     }
+    if exp.cfg.personal_eval.steps > 0:  # each client after its own local steps
+        rows["personal_eval"] = [
+            (round_idx, *r) for r in personal_accuracies(exp, params, round_idx)
+        ]
+    return rows

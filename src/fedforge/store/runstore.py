@@ -59,9 +59,13 @@ _PRIVACY = """CREATE TABLE IF NOT EXISTS privacy (round_idx INTEGER PRIMARY KEY,
     epsilon REAL, delta REAL NOT NULL, clip_norm REAL)"""
 # Per-round rows of the non-IID toolkit (issue 4), each table created on its first
 # write (IF NOT EXISTS: older stores gain them): per-client evaluation on held-out
-# slices, per-class test accuracy, update diagnostics, per-client loss gaps.
+# slices (of the global model, and after personalisation steps), per-class test
+# accuracy, update diagnostics, per-client loss gaps.
 ROUND_TABLES: dict[str, str] = {
     "client_eval": """CREATE TABLE IF NOT EXISTS client_eval (round_idx INTEGER NOT NULL,
+        client_id INTEGER NOT NULL, accuracy REAL, loss REAL, num_examples INTEGER NOT NULL,
+        PRIMARY KEY (round_idx, client_id))""",
+    "personal_eval": """CREATE TABLE IF NOT EXISTS personal_eval (round_idx INTEGER NOT NULL,
         client_id INTEGER NOT NULL, accuracy REAL, loss REAL, num_examples INTEGER NOT NULL,
         PRIMARY KEY (round_idx, client_id))""",
     "class_accuracy": """CREATE TABLE IF NOT EXISTS class_accuracy (round_idx INTEGER NOT NULL,
