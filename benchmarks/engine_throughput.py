@@ -1,25 +1,36 @@
-"""Engine throughput: serial and vectorised engines against plain PyTorch.
+"""Engine throughput: fedforge's engines against plain PyTorch, side by side.
 
-    python benchmarks/engine_throughput.py            # full: 5 blocks per model
-    python benchmarks/engine_throughput.py --quick    # 1 block, fewer clients
+    python benchmarks/engine_throughput.py            # full: 3 blocks, scaling, default job
+    python benchmarks/engine_throughput.py --quick    # 1 block, no scaling, no default job
 
 On the same samples (MNIST, 100 IID clients, one round's cohort: C=0.1, E=1,
-B=10) and for the 2NN and the CNN, measures samples/second of:
-  central_b   plain PyTorch training at batch B on the round's samples,
-  central_kb  the same at batch K*B (the machine's limit for that work),
-  serial      the serial engine over the cohort,
-  vectorized  the vectorised engine over the cohort,
-interleaved (one of each per block, blocks repeated) with ratios paired within
-a block: this machine's speed drifts by up to a third over tens of minutes.
-Then seconds per round with evaluation, and a scaling table (2NN, clients of
-60 samples, cohorts of 10, 100, 1000: seconds per round and peak RSS, each in
-a fresh subprocess). Last line: RESULT with the headline ratios.
+B=10) and for the 2NN and the CNN, samples/second of:
+  central_b     plain PyTorch (nn.Module + torch.optim.SGD) at batch B, one
+                process with every core as intra-op threads,
+  central_b_mp  the same work split over one single-threaded process per core,
+  central_kb    plain PyTorch at batch K*B (the machine's limit for that work),
+                the better of one multi-threaded process and one process per core,
+  serial, vectorized            the engines in one process (threads = cores),
+  serial_w, vectorized_w        the same spread over one worker per core,
+  bf16_w        (CNN) serial_w with ``precision: bf16``.
+The CNN runs channels_last everywhere (the fastest fp32 layout here). Every
+figure is measured once per block, blocks repeated (interleaved), and ratios
+are paired within a block: this machine's speed drifts by up to a third over
+tens of minutes. "engine" is what ``engine: auto`` with ``workers: 0`` runs.
+
+Then: startup (a fresh process importing fedforge, loading MNIST, building the
+default job and evaluating the 10k test set once), the default job's wall time
+to 99% (``configs/default.yaml``) and its rounds in fp32 and bf16, and a
+scaling table (2NN, 1,000 clients of 60 samples, cohorts 10/100/1000: seconds
+per round over 5 rounds after a warm-up round, peak RSS of a fresh process).
+Last line: RESULT with the headline ratios.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import statistics
 import subprocess
@@ -33,13 +44,15 @@ import torch
 from fedforge import config as config_mod
 from fedforge.algorithms import cross_entropy
 from fedforge.client import ClientTask
-from fedforge.evaluate import evaluate
-from fedforge.experiment import build, load_federated_data
+from fedforge.engines import close_engine
+from fedforge.engines.pool import usable_cores
+from fedforge.experiment import Experiment, build, load_federated_data
 from fedforge.models import build_model
 from fedforge.server.sampling import sample_cohort
 from fedforge.transport import wire
 
 ROOT = Path(__file__).resolve().parent.parent
+CL = torch.channels_last
 
 
 def central(model_name: str, x: torch.Tensor, y: torch.Tensor, batch: int) -> float:
@@ -47,8 +60,8 @@ def central(model_name: str, x: torch.Tensor, y: torch.Tensor, batch: int) -> fl
     fastest fp32 layout (channels_last for the CNN)."""
     model = build_model(model_name, 0)
     if model_name == "cnn":
-        model = model.to(memory_format=torch.channels_last)
-        x = x.contiguous(memory_format=torch.channels_last)
+        model = model.to(memory_format=CL)
+        x = x.to(memory_format=CL)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
     t0 = time.perf_counter()
@@ -59,113 +72,226 @@ def central(model_name: str, x: torch.Tensor, y: torch.Tensor, batch: int) -> fl
     return time.perf_counter() - t0
 
 
-def engine_round(cfg: config_mod.Config, data: object, engine: str) -> tuple[float, int]:
-    """Seconds of one round's client work on ``engine``, and the samples trained."""
-    exp = build(config_mod.override(cfg, {"engine": engine}), data)  # type: ignore[arg-type]
+def _one_thread() -> None:
+    torch.set_num_threads(1)
+
+
+class CentralProcesses:
+    """Plain PyTorch on one single-threaded process per core, each on its share of
+    the samples (no synchronisation: an upper bound for data parallelism)."""
+
+    def __init__(self, procs: int) -> None:
+        self.pool = multiprocessing.get_context("fork").Pool(procs, initializer=_one_thread)
+        self.procs = procs
+
+    def __call__(self, name: str, x: torch.Tensor, y: torch.Tensor, batch: int) -> float:
+        shares = [
+            (name, x[part :: self.procs], y[part :: self.procs], max(1, batch // self.procs))
+            for part in range(self.procs)
+        ]
+        # Each process times its own epoch; the slowest one is the wall time
+        # (handing the shares over is not part of the training).
+        return max(self.pool.starmap(central, shares))
+
+    def close(self) -> None:
+        self.pool.terminate()
+
+
+def engine_runner(cfg: config_mod.Config, data: object) -> tuple[Experiment, Callable[[], float]]:
+    """A built experiment and a function timing one round's client work on it
+    (samples per second); building and worker start-up are not timed."""
+    exp = build(cfg, data)  # type: ignore[arg-type]
     cohort = sample_cohort(cfg.num_clients, cfg.client_fraction, cfg.seed, 0)
-    plan = exp.algorithm.plan(0)
     payload = wire.encode({"params": exp.initial_params})
-    tasks = [ClientTask(c, 0, plan, cfg.seed) for c in cohort]
-    t0 = time.perf_counter()
-    for _ in exp.engine.run_cohort(tasks, payload):
-        pass
+    tasks = [ClientTask(c, 0, exp.algorithm.plan(0), cfg.seed) for c in cohort]
     samples = sum(exp.data.num_examples(c) for c in cohort) * cfg.local_epochs
-    return time.perf_counter() - t0, samples
+
+    def once() -> float:
+        t0 = time.perf_counter()
+        for _ in exp.engine.run_cohort(tasks, payload):
+            pass
+        return samples / (time.perf_counter() - t0)
+
+    return exp, once
 
 
-def measure_model(model_name: str, blocks: int, clients: int) -> dict[str, float]:
+def measure_model(model_name: str, blocks: int, cores: int) -> dict[str, float]:
     cfg = config_mod.Config(
-        model=model_name, num_clients=clients, client_fraction=0.1, local_epochs=1,
+        model=model_name, num_clients=100, client_fraction=0.1, local_epochs=1,
         batch_size=10, target_accuracy=None,
     )  # fmt: skip
     data = load_federated_data(cfg)
     cohort = sample_cohort(cfg.num_clients, cfg.client_fraction, cfg.seed, 0)
     idx = torch.cat([torch.tensor(data.partition.client_indices[c]) for c in cohort])
     x, y = data.train_x[idx], data.train_y[idx]
-    k = len(cohort)
-    runs: dict[str, Callable[[], float]] = {
-        "central_b": lambda: len(y) / central(model_name, x, y, 10),
-        "central_kb": lambda: len(y) / central(model_name, x, y, 10 * k),
-        "serial": lambda: _rate(engine_round(cfg, data, "serial")),
-        "vectorized": lambda: _rate(engine_round(cfg, data, "vectorized")),
+    k, n = len(cohort), len(y)
+    mp = CentralProcesses(cores)
+    engines = {
+        "serial": {"engine": "serial", "workers": 1},
+        "vectorized": {"engine": "vectorized", "workers": 1},
+        "serial_w": {"engine": "serial", "workers": cores},
+        "vectorized_w": {"engine": "vectorized", "workers": cores},
     }
-    for fn in runs.values():  # warm-up (allocator, vmap tracing)
-        fn()
-    rates: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(blocks):
-        for name, fn in runs.items():
-            rates[name].append(fn())
-    out = {f"{name}": statistics.median(r) for name, r in rates.items()}
-    for a, b in (("vectorized", "central_kb"), ("vectorized", "serial"), ("serial", "central_b")):
-        out[f"{a}_vs_{b}"] = statistics.median(
-            ra / rb for ra, rb in zip(rates[a], rates[b], strict=True)
-        )
-    exp = build(cfg, data)
-    t0 = time.perf_counter()
-    evaluate(exp.model, exp.spec, exp.initial_params, data.test_x, data.test_y)
-    out["eval_s"] = time.perf_counter() - t0
+    if model_name == "cnn":
+        engines["bf16_w"] = {"engine": "serial", "workers": cores, "precision": "bf16"}
+    built = {name: engine_runner(config_mod.override(cfg, o), data) for name, o in engines.items()}
+    runs: dict[str, Callable[[], float]] = {
+        "central_b": lambda: n / central(model_name, x, y, 10),
+        "central_b_mp": lambda: n / mp(model_name, x, y, 10),
+        "central_kb_1p": lambda: n / central(model_name, x, y, 10 * k),
+        "central_kb_mp": lambda: n / mp(model_name, x, y, 10 * k),
+        **{name: once for name, (_exp, once) in built.items()},
+    }
+    try:
+        for fn in runs.values():  # warm-up: allocator, vmap tracing, worker start
+            fn()
+        rates: dict[str, list[float]] = {name: [] for name in runs}
+        for _ in range(blocks):
+            for name, fn in runs.items():
+                rates[name].append(fn())
+        eval_s = _eval_seconds(built["serial"][0])
+    finally:
+        mp.close()
+        for exp, _ in built.values():
+            close_engine(exp.engine)
+    rates["central_kb"] = [
+        max(a, b) for a, b in zip(rates["central_kb_1p"], rates["central_kb_mp"], strict=True)
+    ]
+    auto = "vectorized_w" if model_name != "cnn" else "serial_w"  # engine: auto, workers: 0
+    rates["engine"] = rates[auto]
+    out = {name: statistics.median(r) for name, r in rates.items()}
+
+    def paired(a: str, b: str) -> float:
+        return statistics.median(ra / rb for ra, rb in zip(rates[a], rates[b], strict=True))
+
+    out["engine_vs_central_kb"] = paired("engine", "central_kb")
+    out["engine_vs_serial"] = paired("engine", "serial")
+    out["vectorized_vs_serial"] = paired("vectorized", "serial")
+    out["serial_w_vs_central_b_mp"] = paired("serial_w", "central_b_mp")
+    if "bf16_w" in rates:
+        out["bf16_vs_fp32"] = paired("bf16_w", "serial_w")
+    out["eval_s"] = eval_s
     return out
 
 
-def _rate(result: tuple[float, int]) -> float:
-    seconds, samples = result
-    return samples / seconds
+def _eval_seconds(exp: Experiment) -> float:
+    from fedforge.evaluate import evaluate
 
-
-def scaling_point(cohort: int, engine: str) -> dict[str, float]:
-    """Rounds of a 2NN federation of 1,000 clients of 60 samples with a cohort of
-    ``cohort`` clients, in a fresh subprocess so that its peak RSS is its own."""
-    code = (
-        "import json,time,resource,sys;from fedforge import config as c;"
-        "from fedforge.server.loop import run;"
-        f"cfg=c.Config(model='2nn',num_clients=1000,client_fraction={cohort / 1000},batch_size=10,"
-        f"rounds=2,target_accuracy=None,eval_every=2,engine='{engine}');"
-        "t=time.perf_counter();r=run(cfg,store=False);"
-        "print(json.dumps({'s_per_round':(time.perf_counter()-t)/2,"
-        "'peak_mib':resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/1024}))"
+    data = exp.data
+    t0 = time.perf_counter()
+    evaluate(
+        exp.model, exp.spec, exp.initial_params, data.test_x, data.test_y, exp.cfg.eval_batch_size
     )
+    return time.perf_counter() - t0
+
+
+def _python(code: str) -> dict[str, float]:
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=os.environ
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def startup_seconds() -> dict[str, float]:
+    """A fresh process: import, load MNIST, build the default job, evaluate once."""
+    code = (
+        "import time;t=time.perf_counter();import json;from fedforge import config as c;"
+        "from fedforge.experiment import build;from fedforge.evaluate import evaluate;"
+        f"cfg=c.load('{ROOT / 'configs' / 'default.yaml'}');e=build(cfg);b=time.perf_counter();"
+        "d=e.data;evaluate(e.model,e.spec,e.initial_params,d.test_x,d.test_y,cfg.eval_batch_size);"
+        "n=time.perf_counter();print(json.dumps({'startup_s':n-t,'eval_s':n-b}))"
+    )
+    t0 = time.perf_counter()
+    out = _python(code)
+    out["process_s"] = time.perf_counter() - t0  # with the interpreter's own start
+    return out
+
+
+def default_job(precision: str) -> dict[str, float]:
+    """The default job (configs/default.yaml, ``make run``) in a fresh process."""
+    code = (
+        "import json,time;t=time.perf_counter();from fedforge import config as c;"
+        "from fedforge.server.loop import run;"
+        f"cfg=c.load('{ROOT / 'configs' / 'default.yaml'}');"
+        f"cfg=c.override(cfg,{{'precision':'{precision}'}});"
+        "r=run(cfg,store=False);s=r.summary;"
+        "print(json.dumps({'wall_s':time.perf_counter()-t,'rounds':s['rounds_to_target'],"
+        "'rounds_done':s['rounds_done'],'best':s['best_accuracy']}))"
+    )
+    return _python(code)
+
+
+def scaling_point(cohort: int, engine: str, workers: int, rounds: int = 6) -> dict[str, float]:
+    """A 2NN federation of 1,000 clients of 60 samples with a cohort of ``cohort``
+    clients in a fresh subprocess (its own peak RSS); seconds per round over the
+    rounds after the first (warm-up: vmap tracing, worker start)."""
+    code = (
+        "import json,time,resource;from fedforge import config as c;"
+        "from fedforge.server.loop import run;"
+        f"cfg=c.Config(model='2nn',num_clients=1000,client_fraction={cohort / 1000},batch_size=10,"
+        f"rounds={rounds},target_accuracy=None,eval_every={rounds},engine='{engine}',"
+        f"workers={workers});r=run(cfg,store=False);sec=[x.seconds for x in r.rounds[1:-1]];"
+        "print(json.dumps({'s_per_round':sum(sec)/len(sec),"
+        "'peak_mib':resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/1024}))"
+    )
+    return _python(code)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--blocks", type=int, default=5)
+    p.add_argument("--blocks", type=int, default=3)
     p.add_argument("--models", default="2nn,cnn")
     p.add_argument("--scaling", default="10,100,1000")
+    p.add_argument("--no-default-job", action="store_true")
     args = p.parse_args(argv)
+    cores = usable_cores()
+    torch.set_num_threads(cores)
     blocks = 1 if args.quick else args.blocks
-    results = {m: measure_model(m, blocks, 100) for m in args.models.split(",") if m}
-    cols = ["central_b", "central_kb", "serial", "vectorized"]
-    print(f"{'model':<6}" + "".join(f"{c:>12}" for c in cols) + "   samples/s (median of blocks)")
+    print(f"cores {cores}; torch {torch.__version__}; {torch.backends.cpu.get_cpu_capability()}")
+    results = {m: measure_model(m, blocks, cores) for m in args.models.split(",") if m}
+    cols = ["central_b", "central_b_mp", "central_kb", "serial", "vectorized", "serial_w",
+            "vectorized_w", "bf16_w"]  # fmt: skip
+    print("samples/s, median of blocks")
+    print(f"{'model':<6}" + "".join(f"{c:>13}" for c in cols))
     for m, r in results.items():
-        print(f"{m:<6}" + "".join(f"{r[c]:>12.0f}" for c in cols))
-    print(
-        f"{'model':<6}{'vec/central_kb':>16}{'vec/serial':>12}{'serial/central_b':>18}{'eval s':>8}"
-    )
+        print(f"{m:<6}" + "".join(f"{r.get(c, float('nan')):>13.0f}" for c in cols))
+    ratios = ["engine_vs_central_kb", "engine_vs_serial", "vectorized_vs_serial",
+              "serial_w_vs_central_b_mp", "bf16_vs_fp32", "eval_s"]  # fmt: skip
+    print(f"{'model':<6}" + "".join(f"{c:>26}" for c in ratios))
     for m, r in results.items():
-        print(
-            f"{m:<6}{r['vectorized_vs_central_kb']:>16.2f}{r['vectorized_vs_serial']:>12.2f}"
-            f"{r['serial_vs_central_b']:>18.2f}{r['eval_s']:>8.2f}"
-        )
-    scaling = [] if args.quick else [int(c) for c in args.scaling.split(",")]
-    peak = float("nan")
-    if scaling:
-        print(f"{'cohort':>7}{'engine':>12}{'s/round':>10}{'peak MiB':>10}")
-        for c in scaling:
-            for engine in ("serial", "vectorized"):
-                pt = scaling_point(c, engine)
-                print(f"{c:>7}{engine:>12}{pt['s_per_round']:>10.2f}{pt['peak_mib']:>10.0f}")
-                if c == max(scaling) and engine == "vectorized":
-                    peak = pt["peak_mib"]
+        print(f"{m:<6}" + "".join(f"{r.get(c, float('nan')):>26.2f}" for c in ratios))
     fields = []
     for m, r in results.items():
-        fields.append(f"vec_vs_central_kb_{m}={r['vectorized_vs_central_kb']:.2f}")
-        fields.append(f"vec_vs_serial_{m}={r['vectorized_vs_serial']:.2f}")
-    fields.append(f"peak_mib_{max(scaling) if scaling else 0}={peak:.0f}")
+        fields.append(f"vec_vs_central_kb_{m}={r['engine_vs_central_kb']:.2f}")
+        fields.append(f"vec_vs_serial_{m}={r['engine_vs_serial']:.2f}")
+    if "cnn" in results:
+        fields.append(f"bf16_vs_fp32_cnn={results['cnn']['bf16_vs_fp32']:.2f}")
+    if not args.quick:
+        up = startup_seconds()
+        print(
+            f"startup (import, MNIST, build, one 10k evaluation): {up['startup_s']:.2f} s in the "
+            f"process, {up['process_s']:.2f} s with the interpreter; eval {up['eval_s']:.2f} s"
+        )
+        fields.append(f"startup_s={up['process_s']:.2f}")
+    if not (args.quick or args.no_default_job):
+        jobs = {prec: default_job(prec) for prec in ("fp32", "bf16")}
+        for prec, j in jobs.items():
+            print(f"default job {prec}: {j['wall_s']:.0f} s, rounds to 99% {j['rounds']}, "
+                  f"best {j['best']:.4f} after {j['rounds_done']} rounds")  # fmt: skip
+        fields.append(f"default_job_s={jobs['fp32']['wall_s']:.0f}")
+        r32, r16 = jobs["fp32"]["rounds"], jobs["bf16"]["rounds"]
+        fields.append(f"bf16_rounds_ratio={(r16 / r32) if (r16 and r32) else float('nan'):.2f}")
+    scaling = [] if args.quick else [int(c) for c in args.scaling.split(",") if c]
+    if scaling:
+        print(f"{'cohort':>7}{'engine':>16}{'s/round':>10}{'peak MiB':>10}")
+        for c in scaling:
+            for engine, workers in (("serial", 1), ("vectorized", 1), ("vectorized", cores)):
+                pt = scaling_point(c, engine, workers)
+                label = engine if workers == 1 else f"{engine}x{workers}"
+                print(f"{c:>7}{label:>16}{pt['s_per_round']:>10.2f}{pt['peak_mib']:>10.0f}")
+                if c == max(scaling) and (engine, workers) == ("vectorized", 1):
+                    fields.append(f"peak_mib_{c}={pt['peak_mib']:.0f}")
     print("RESULT " + " ".join(fields))
     return 0
 
