@@ -15,12 +15,24 @@ import functools
 import logging
 import math
 from dataclasses import dataclass
-from typing import Literal
-
-import dp_accounting as dpa
-from dp_accounting import pld, rdp
+from typing import TYPE_CHECKING, Any, Literal
 
 from fedforge.errors import ConfigError
+
+if TYPE_CHECKING:
+    import dp_accounting as dpa
+
+
+@functools.cache
+def _dpa() -> Any:
+    """dp_accounting, imported on first use: it loads scipy (about 1.5 s), which a
+    run without differential privacy should not pay at start-up."""
+    import dp_accounting
+    import dp_accounting.pld
+    import dp_accounting.rdp
+
+    return dp_accounting
+
 
 AccountantKind = Literal["rdp", "pld"]
 Sampling = Literal["fixed", "poisson"]
@@ -37,12 +49,12 @@ def round_event(
     noise_multiplier: float, sampling: Sampling, num_clients: int, cohort: int
 ) -> dpa.DpEvent:
     """The DP event of one round: the Gaussian mechanism on a sampled cohort."""
-    gauss = dpa.GaussianDpEvent(noise_multiplier)
+    gauss = _dpa().GaussianDpEvent(noise_multiplier)
     if cohort >= num_clients:
         return gauss
     if sampling == "poisson":
-        return dpa.PoissonSampledDpEvent(cohort / num_clients, gauss)
-    return dpa.SampledWithoutReplacementDpEvent(num_clients, cohort, gauss)
+        return _dpa().PoissonSampledDpEvent(cohort / num_clients, gauss)
+    return _dpa().SampledWithoutReplacementDpEvent(num_clients, cohort, gauss)
 
 
 def make_accountant(kind: AccountantKind, sampling: Sampling) -> dpa.PrivacyAccountant:
@@ -53,10 +65,10 @@ def make_accountant(kind: AccountantKind, sampling: Sampling) -> dpa.PrivacyAcco
                 "privacy.accountant = 'pld' accounts Poisson sampling only; "
                 "set privacy.sampling = 'poisson' or privacy.accountant = 'rdp'"
             )
-        return pld.PLDAccountant()
+        return _dpa().pld.PLDAccountant()
     if sampling == "fixed":
-        return rdp.RdpAccountant(RDP_INT_ORDERS, dpa.NeighboringRelation.REPLACE_ONE)
-    return rdp.RdpAccountant(RDP_ORDERS)
+        return _dpa().rdp.RdpAccountant(RDP_INT_ORDERS, _dpa().NeighboringRelation.REPLACE_ONE)
+    return _dpa().rdp.RdpAccountant(RDP_ORDERS)
 
 
 @dataclass(frozen=True)
@@ -73,7 +85,7 @@ class Accountant:
 
     def event(self, rounds: int) -> dpa.DpEvent:
         one = round_event(self.noise_multiplier, self.sampling, self.num_clients, self.cohort)
-        return dpa.SelfComposedDpEvent(one, rounds)
+        return _dpa().SelfComposedDpEvent(one, rounds)
 
     def epsilon(self, rounds: int) -> float:
         """epsilon after ``rounds`` rounds at the accountant's delta (0 before any)."""
@@ -99,7 +111,7 @@ def local_epsilon(
     if participations <= 0:
         return 0.0
     a = make_accountant(kind, "poisson")  # no sampling event: any relation does
-    a.compose(dpa.GaussianDpEvent(noise_multiplier), participations)
+    a.compose(_dpa().GaussianDpEvent(noise_multiplier), participations)
     return float(a.get_epsilon(delta))
 
 
@@ -123,15 +135,15 @@ def calibrate_noise(
     cohort = max(1, round(sampling_rate * n))
 
     def event(z: float) -> dpa.DpEvent:
-        return dpa.SelfComposedDpEvent(round_event(z, sampling, n, cohort), rounds)
+        return _dpa().SelfComposedDpEvent(round_event(z, sampling, n, cohort), rounds)
 
     return float(
-        dpa.calibrate_dp_mechanism(
+        _dpa().calibrate_dp_mechanism(
             lambda: make_accountant(kind, sampling),
             event,
             epsilon,
             delta,
-            dpa.LowerEndpointAndGuess(1e-2, 1.0),
+            _dpa().LowerEndpointAndGuess(1e-2, 1.0),
             tol=1e-4,
         )
     )
