@@ -13,8 +13,8 @@ first), ``iterations`` times v <- v + mean_k clip_tau(u_k - v), one vote each.
 ``tau`` is fixed (``bound``) or, with ``bound=None``, the median of the norms
 (distances to v for centred clipping) seen in the last ``window`` rounds, this
 round's included. Cross-round state (recent norms, previous aggregate) lives in
-the aggregator object; it is not yet in the checkpoint, so a resumed run starts
-it afresh.
+the aggregator object and goes into every checkpoint (``state_dict``), so a
+resumed run continues it exactly.
 """
 
 from __future__ import annotations
@@ -48,6 +48,27 @@ class _Bound:
         tau = float(seen.median())  # the lower middle value for an even count
         return tau if tau > 0 else float("inf")
 
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The recent norms as one float64 vector and the rounds' counts."""
+        if self.bound is not None:
+            return {}
+        flat = [x for r in self.recent for x in r]
+        return {
+            "norms": torch.tensor(flat, dtype=torch.float64),
+            "counts": torch.tensor([len(r) for r in self.recent], dtype=torch.int64),
+        }
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.recent.clear()
+        if self.bound is None and state:
+            norms, counts = state["norms"].tolist(), state["counts"].tolist()
+            if sum(counts) != len(norms) or len(counts) > (self.recent.maxlen or 0):
+                raise ValueError(f"{len(counts)} rounds of {len(norms)} norms do not fit")
+            at = 0
+            for c in counts:
+                self.recent.append(norms[at : at + c])
+                at += c
+
 
 def clip_factors(norms: torch.Tensor, tau: float) -> torch.Tensor:
     """min(1, tau / norm) per row (1 for a zero row)."""
@@ -76,6 +97,12 @@ class NormBound:
 
     def start(self, size: int, dtype: torch.dtype) -> Accumulator:
         return Gathered(self.aggregate)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self._bound.state_dict()
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self._bound.load_state_dict(state)
 
 
 class CentredClip:
@@ -109,3 +136,15 @@ class CentredClip:
 
     def start(self, size: int, dtype: torch.dtype) -> Accumulator:
         return Gathered(self.aggregate)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        state = {f"bound/{k}": v for k, v in self._bound.state_dict().items()}
+        if self.centre is not None:
+            state["centre"] = self.centre.clone()
+        return state
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        bound = {k.removeprefix("bound/"): v for k, v in state.items() if k.startswith("bound/")}
+        self._bound.load_state_dict(bound)
+        centre = state.get("centre")
+        self.centre = centre.clone() if centre is not None else None

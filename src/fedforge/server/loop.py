@@ -28,7 +28,13 @@ from fedforge.engines import close_engine
 from fedforge.experiment import Experiment, FederatedData, build, client_tables
 from fedforge.report.progress import Progress
 from fedforge.server.round import run_round
-from fedforge.server.state import LoopState, RunLock, StopSignals
+from fedforge.server.state import (
+    LoopState,
+    RunLock,
+    StopSignals,
+    aggregator_state,
+    load_aggregator_state,
+)
 from fedforge.server.summary import format_summary, summarize_run
 from fedforge.store import (
     AnomalyRecord,
@@ -91,6 +97,7 @@ def resume(
         tables = client_tables(exp)  # EF residuals, SCAFFOLD controls
         ckpt = load_latest(run_store.path, tables)
         state = LoopState.from_checkpoint(exp, ckpt, run_store.rounds(), tables)
+        load_aggregator_state(exp.pipeline.aggregator, ckpt)
         run_store.rewind(state.next_round)
     except BaseException:
         lock.release()
@@ -214,6 +221,7 @@ def _rounds(
         due = stop.signum is not None or (every > 0 and state.next_round % every == 0)
         if due and run_store is not None:
             ckpt = state.checkpoint(time.perf_counter() - start)
+            ckpt.aggregator_state = aggregator_state(exp.pipeline.aggregator)
             save_checkpoint(run_store.path, ckpt, state.client_state)
         if stop.signum is not None:
             bar.write(f"fedforge: checkpoint written before round {state.next_round}; stopping")

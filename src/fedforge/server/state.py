@@ -146,6 +146,30 @@ def _algorithm_state(exp: Experiment, ckpt: Checkpoint) -> dict[str, torch.Tenso
     return {k: v.clone() for k, v in got.items()}
 
 
+def aggregator_state(aggregator: object) -> dict[str, torch.Tensor]:
+    """What an aggregator carries from round to round (an adaptive norm bound's
+    recent norms, centred clipping's centre), for the checkpoint; stateless
+    aggregators have no ``state_dict``."""
+    state_dict = getattr(aggregator, "state_dict", None)
+    return dict(state_dict()) if state_dict is not None else {}
+
+
+def load_aggregator_state(aggregator: object, ckpt: Checkpoint) -> None:
+    """Put a checkpoint's aggregator state back; refuse one that does not fit."""
+    load = getattr(aggregator, "load_state_dict", None)
+    if load is None:
+        if ckpt.aggregator_state:
+            raise CheckpointError(
+                f"checkpoint {ckpt.path} holds aggregator state {sorted(ckpt.aggregator_state)}; "
+                f"the run's aggregator '{getattr(aggregator, 'name', aggregator)}' keeps none"
+            )
+        return
+    try:
+        load(ckpt.aggregator_state)
+    except (KeyError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint {ckpt.path}: aggregator state: {exc}") from None
+
+
 class StopSignals:
     """While active, SIGINT and SIGTERM set :attr:`signum` (the loop finishes the
     round, checkpoints and returns); a second signal raises KeyboardInterrupt at

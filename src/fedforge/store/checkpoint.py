@@ -53,6 +53,7 @@ TENSORS_NAME, CLIENT_STATE_NAME, META_NAME = "state.safetensors", "client_state.
 _NAME = re.compile(r"^round-(\d{6,})$")
 _OPTIMIZER = "optimizer/"
 _ALGORITHM = "algorithm/"
+_AGGREGATOR = "aggregator/"
 RESIDUAL = "residual"  # the table of error feedback, kept in client_state.bin
 
 # Per-client tables by name; a single store is the error-feedback table.
@@ -87,6 +88,8 @@ class Checkpoint:
     torch_rng_state: torch.Tensor | None = None
     path: Path | None = None  # where it was loaded from or written to
     algorithm_state: dict[str, torch.Tensor] = field(default_factory=dict)  # SCAFFOLD's c
+    # the aggregator's cross-round state (adaptive norm bound, centred clipping's centre)
+    aggregator_state: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def checkpoint_name(next_round: int) -> str:
@@ -134,6 +137,8 @@ def save_checkpoint(
         tensors[_OPTIMIZER + name] = value.detach().contiguous().clone()
     for name, value in ckpt.algorithm_state.items():
         tensors[_ALGORITHM + name] = value.detach().contiguous().clone()
+    for name, value in ckpt.aggregator_state.items():
+        tensors[_AGGREGATOR + name] = value.detach().contiguous().clone()
     rng = ckpt.torch_rng_state if ckpt.torch_rng_state is not None else torch.get_rng_state()
     tensors["torch_rng_state"] = rng.clone()
     blob = st_save(tensors)
@@ -259,6 +264,9 @@ def load_checkpoint(path: Path | str, client_state: ClientTables = None) -> Chec
     algorithm = {
         k.removeprefix(_ALGORITHM): v for k, v in tensors.items() if k.startswith(_ALGORITHM)
     }
+    aggregator = {
+        k.removeprefix(_AGGREGATOR): v for k, v in tensors.items() if k.startswith(_AGGREGATOR)
+    }
     return Checkpoint(
         next_round,
         tensors["params"],
@@ -267,6 +275,7 @@ def load_checkpoint(path: Path | str, client_state: ClientTables = None) -> Chec
         tensors.get("torch_rng_state"),
         path,
         algorithm,
+        aggregator,
     )
 
 
