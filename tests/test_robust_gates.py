@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from conftest import MakeData
+from fedforge import aggregators as agg
 from fedforge.aggregators import Median
 from fedforge.attacks import Collusion, attacker_ids
 from fedforge.client import ClientTask, ClientUpload
@@ -109,9 +110,15 @@ def test_round_is_skipped_below_min_clients_and_anomalies_are_stored(
 
 
 def test_krum_left_with_too_few_updates_skips_the_round(make_data: MakeData) -> None:
+    """A statistical gate (here the norm gate) is no proof of a fault: f stays, and
+    Krum left with 4 < 2f + 3 updates skips the round."""
     data = make_data([4, 6, 5, 5, 7])
-    cfg = tiny(5, aggregator="krum", byzantine=1, attack="nan_inf", attack_fraction=0.2)
+    cfg = tiny(
+        5, aggregator="krum", byzantine=1, attack="scaled", attack_fraction=0.2,
+        attack_scale=1000.0, norm_gate=3.5,
+    )  # fmt: skip
     result = run(cfg, data=data, progress=False, store=False)
+    assert all("norm_gate" in why for _, _, why in result.rejected) and result.rejected
     assert len(result.skipped) == 2
     assert "needs n >= 2f + 3 = 5 updates; got n = 4" in result.skipped[0][1]
     assert torch.equal(result.params, build(cfg, data).initial_params)
@@ -254,3 +261,31 @@ def test_median_and_krum_hold_under_sign_flipping_attackers(one_thread: None) ->
     assert clean >= 0.95 and attacked <= 0.8
     assert krum >= 0.95
     assert median >= attacked + 0.1
+
+
+@pytest.mark.parametrize("aggregator", ["krum", "bulyan"])
+def test_refused_faulty_uploads_count_among_f(
+    aggregator: str, make_data: MakeData, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Krum with f = 1 over 5 clients needs all 5 (2f + 3); when the server refuses
+    the one NaN upload, the 4 left hold at most f - 1 = 0 faults, so the round runs
+    with f = 0 instead of freezing the model: it equals Krum (f = 0) without that
+    client. Bulyan (4f + 3 = 7 clients) likewise."""
+    n = 5 if aggregator == "krum" else 7
+    data = make_data([5, 7, 9, 6, 8, 4, 6][:n], seed=1)
+    cfg = tiny(n, aggregator=aggregator, byzantine=1, attack="nan_inf", attack_fraction=1 / n)
+    (bad,) = attacker_ids(n, 1 / n, cfg.seed)
+    result = run(cfg, data=data, progress=False, store=False)
+    assert result.skipped == []
+    assert [(r, c) for r, c, _ in result.rejected] == [(0, bad), (1, bad)]
+    clean = tiny(n, aggregator=aggregator, byzantine=0)
+    assert torch.equal(result.params, run_without(monkeypatch, clean, data, frozenset({bad})))
+
+
+def test_discount_faulty_lowers_f_only_for_f_rules() -> None:
+    krum = agg.Krum(2)
+    assert agg.discount_faulty(krum, 1).f == 1 and krum.f == 2  # a copy; the run's rule keeps f
+    assert agg.discount_faulty(krum, 5).f == 0
+    assert agg.discount_faulty(krum, 0) is krum
+    median = agg.Median()
+    assert agg.discount_faulty(median, 3) is median

@@ -28,6 +28,10 @@ class UploadError(FedforgeError):
     """A message on the wire (payload or update) is malformed."""
 
 
+class Withheld(UploadError):
+    """The client's own gate kept its update back: refused, but no fault."""
+
+
 class StoreError(FedforgeError):
     """The run store cannot be read or written."""
 

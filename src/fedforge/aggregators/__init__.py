@@ -15,6 +15,8 @@ therefore give every accepted update one vote and ignore the weights;
 weights (its defence is the bound, not the vote).
 """
 
+import copy
+
 from fedforge.aggregators.bulyan import Bulyan
 from fedforge.aggregators.clipping import CentredClip, NormBound
 from fedforge.aggregators.coordinate import Median, TrimmedMean
@@ -29,6 +31,27 @@ def min_updates(aggregator: Aggregator) -> int:
     return int(fn()) if callable(fn) else 1
 
 
+def discount_faulty(aggregator: Aggregator, faulty: int) -> Aggregator:
+    """``aggregator`` with its f lowered by ``faulty`` (never below 0), for Krum,
+    Multi-Krum and Bulyan; any other aggregator unchanged.
+
+    f bounds the Byzantine updates in a cohort. An upload the server refused as
+    malformed or non-finite was faulty for certain (Byzantine covers any fault),
+    so among the updates the rule still sees at most f - faulty are. Without
+    this, a gate that refuses the attackers leaves Krum with n < 2f + 3 and the
+    round is skipped: the model freezes exactly when the attack was stopped.
+    Refusals that are not proof of a fault do not count: a client withholding
+    its own update, and the statistical cohort gates (norm, cosine), which can
+    refuse an honest client and would then leave f too low.
+    """
+    f = getattr(aggregator, "f", None)
+    if faulty <= 0 or not isinstance(f, int) or f == 0:
+        return aggregator
+    lowered = copy.copy(aggregator)
+    lowered.f = max(0, f - faulty)  # type: ignore[attr-defined]
+    return lowered
+
+
 __all__ = [
     "Accumulator",
     "Aggregator",
@@ -41,5 +64,6 @@ __all__ = [
     "NormBound",
     "TrimmedMean",
     "WeightedMean",
+    "discount_faulty",
     "min_updates",
 ]

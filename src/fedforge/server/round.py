@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from fedforge.aggregators import discount_faulty
 from fedforge.client import ClientTask, encode_payload, split_extras
 from fedforge.config import Config
 from fedforge.data.mnist import NUM_CLASSES
-from fedforge.errors import AggregationError, UploadError
+from fedforge.errors import AggregationError, UploadError, Withheld
 from fedforge.evaluate import evaluate
 from fedforge.experiment import Experiment
 from fedforge.pipeline import CohortUpdates, StageContext
@@ -54,7 +55,7 @@ def check_update(exp: Experiment, client_id: int, round_idx: int, data: bytes) -
     """Decode one update and refuse anything that is not a well-formed delta."""
     msg = wire.decode(data)
     if "withheld" in msg.meta:  # the client's own gate kept its update back
-        raise UploadError(f"withheld by the client: {msg.meta['withheld']!s:.300}")
+        raise Withheld(f"withheld by the client: {msg.meta['withheld']!s:.300}")
     dtype = exp.initial_params.dtype
     ctx = CodecContext(exp.cfg.seed, round_idx, client_id)
     own, extras = split_extras(msg.tensors)
@@ -115,11 +116,17 @@ def _too_few(exp: Experiment, accepted: int) -> str | None:
 
 
 def _gathered_aggregate(
-    exp: Experiment, uploads: list[Upload], state: LoopState, round_idx: int, bar: Progress
+    exp: Experiment,
+    uploads: list[Upload],
+    state: LoopState,
+    round_idx: int,
+    bar: Progress,
+    faulty: int = 0,
 ) -> tuple[torch.Tensor | None, set[int]]:
     """Cohort stages, then the aggregator, over the accepted uploads as one
     ``[K, P]`` tensor; returns the aggregate (None if nothing is left) and the
-    ids of the clients it used."""
+    ids of the clients it used. ``faulty`` uploads were refused as malformed or
+    non-finite: Krum and Bulyan count them among their f (``discount_faulty``)."""
     if not uploads:
         return None, set()
     cohort = CohortUpdates(
@@ -139,8 +146,15 @@ def _gathered_aggregate(
     if too_few is not None:
         _skip(state, bar, round_idx, too_few)
         return None, set()
+    aggregator = discount_faulty(exp.pipeline.aggregator, faulty)
+    if aggregator is not exp.pipeline.aggregator:
+        f, lowered = exp.pipeline.aggregator.f, aggregator.f  # type: ignore[attr-defined]
+        bar.write(
+            f"round {round_idx}: {aggregator.name}: f = {f} lowered to {lowered}: "
+            f"{faulty} refused upload(s) were faulty"
+        )
     try:
-        aggregate = exp.pipeline.aggregator.aggregate(cohort.updates, cohort.weights)
+        aggregate = aggregator.aggregate(cohort.updates, cohort.weights)
     except AggregationError as exc:  # e.g. Krum left with fewer than 2f + 3 updates
         _skip(state, bar, round_idx, str(exc))
         return None, set()
@@ -229,11 +243,13 @@ def run_round(
     ids = [t.client_id for t in tasks]  # drift diagnostics: the global loss before training
     diag = diagnostics.start_round(exp, ids, params, secure is not None)
     uploads = exp.engine.run_cohort(tasks, payload) if secure is None else iter(())
+    faulty = 0  # uploads refused as malformed or non-finite: faults for certain
     for upload in uploads:
         bytes_up += len(upload.data)
         try:
             up = check_update(exp, upload.client_id, round_idx, upload.data)
         except UploadError as exc:
+            faulty += not isinstance(exc, Withheld)
             _reject(state, bar, round_idx, upload.client_id, str(exc))
             continue
         up.delta = pipeline.run_upload(up.delta, StageContext(round_idx, cfg.seed, up.client_id))
@@ -264,7 +280,7 @@ def run_round(
             aggregate, clients = None, {}
             _skip(state, bar, round_idx, why)
     else:
-        aggregate, used = _gathered_aggregate(exp, gathered, state, round_idx, bar)
+        aggregate, used = _gathered_aggregate(exp, gathered, state, round_idx, bar, faulty)
         clients = {c: r for c, r in clients.items() if c in used}
     diagnostics.end_round(exp, diag, state.diagnostics, state.outputs, bar, round_idx)
     if secure is not None:  # the server sees only masked updates and their sum
