@@ -80,10 +80,17 @@ def test_fedprox_mu0_is_fedavg_bit_for_bit(data: FederatedData, engine: str) -> 
     assert not torch.equal(avg.params, moved.params)
 
 
-def test_scaffold_first_round_is_fedavg(data: FederatedData) -> None:
-    avg = run(_cfg(rounds=1), data=data, store=False)
-    sca = run(_cfg(rounds=1, algorithm="scaffold"), data=data, store=False)
-    assert torch.equal(avg.params, sca.params)  # c = c_k = 0: no correction
+@pytest.mark.parametrize("engine", ["serial", "vectorized"])
+def test_scaffold_first_round_is_fedavg(data: FederatedData, engine: str) -> None:
+    avg = run(_cfg(rounds=1, engine=engine), data=data, store=False)
+    sca = run(_cfg(rounds=1, algorithm="scaffold", engine=engine), data=data, store=False)
+    # c = c_k = 0: no correction. On one engine path bit for bit; the vectorised
+    # engine runs FedAvg's 2NN through its fused matmul path and SCAFFOLD through
+    # vmap, which round differently: float64 agreement instead.
+    if engine == "serial":
+        assert torch.equal(avg.params, sca.params)
+    else:
+        torch.testing.assert_close(avg.params, sca.params, rtol=0, atol=1e-12)
     # the controls travel: c in the payload, delta c_k in every update
     assert sca.rounds[0].bytes_down > avg.rounds[0].bytes_down
     assert sca.rounds[0].bytes_up > avg.rounds[0].bytes_up

@@ -146,3 +146,35 @@ def test_auto_engine_picks_the_faster_engine_that_can_run(
     exp = build(cfg, data)
     assert exp.engine.name == expected
     assert exp.note is None  # auto never complains: it picks what can run
+
+
+@pytest.mark.parametrize("sizes", ["iid", "quantity"])
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_fused_perceptron_path_equals_vmap_and_serial(
+    sizes: str, momentum: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The 2NN's batched-matmul path (engines/batched_mlp.py) is taken for plain
+    SGD and skipped otherwise (momentum: vmap path); both equal the serial engine
+    in float64, uneven clients and several epochs included."""
+    from fedforge.engines import batched_mlp, vectorized
+
+    calls = []
+    real = batched_mlp.batched_mlp_sgd
+
+    def counting(*args: object, **kw: object) -> object:
+        calls.append(1)
+        return real(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(vectorized, "batched_mlp_sgd", counting)
+    data = synthetic_data(6, sizes, seed=2)
+    base = config_mod.Config(
+        model="2nn", num_clients=6, client_fraction=0.5, local_epochs=3, batch_size=4,
+        lr=0.05, rounds=2, target_accuracy=None, eval_every=2, dtype="float64",
+        local=config_mod.LocalConfig(momentum=momentum),
+    )  # fmt: skip
+    serial = run(config_mod.override(base, {"engine": "serial"}), data=data, store=False)
+    vector = run(config_mod.override(base, {"engine": "vectorized"}), data=data, store=False)
+    assert (len(calls) > 0) == (momentum == 0.0)
+    torch.testing.assert_close(vector.params, serial.params, rtol=0, atol=1e-9)
+    for a, b in zip(serial.rounds, vector.rounds, strict=True):
+        assert a.train_loss == pytest.approx(b.train_loss, abs=1e-12)

@@ -53,6 +53,6 @@ def fedprox(
         "fedprox",
         plan,
         cross_entropy,
-        grad_hook=ProximalTerm(mu),
+        grad_hook=ProximalTerm(mu) if mu > 0 else None,  # mu = 0: FedAvg's own local step
         drop_stragglers=drop_stragglers,
     )

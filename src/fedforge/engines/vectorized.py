@@ -30,6 +30,8 @@ from fedforge.client import (
     minibatch_generator,
     minibatches,
 )
+from fedforge.engines.batched_mlp import applies, batched_mlp_sgd, mlp_layers
+from fedforge.engines.batched_mlp import results as mlp_results
 from fedforge.models.layout import set_channels_last
 from fedforge.params import ParamSpec
 from fedforge.precision import forward_context
@@ -106,11 +108,14 @@ def vectorized_local_sgd(
     hook: GradHook | None = None,
     state: Mapping[str, torch.Tensor] | None = None,
     epochs: Sequence[int] | None = None,
+    fused: Sequence[str] | None = None,
 ) -> list[LocalResult]:
     """Local SGD of K clients at once, from the same ``start``; the batched twin of
     :func:`fedforge.client.local_sgd` (same minibatches, same steps). ``epochs``:
     each client's own number of epochs (stragglers do fewer; default: the plan's);
-    ``state``: the algorithm's per-client ``[K, P]`` tensors for ``hook``."""
+    ``state``: the algorithm's per-client ``[K, P]`` tensors for ``hook``;
+    ``fused``: the linear layers of a perceptron that takes the batched-matmul
+    path instead of vmap (engines/batched_mlp.py)."""
     per_client = epochs if epochs is not None else [plan.local_epochs] * len(ys)
     schedules = [
         [idx for _ in range(e) for idx in minibatches(len(y), plan.batch_size, g)]
@@ -122,6 +127,9 @@ def vectorized_local_sgd(
     x_all = torch.cat([*xs, xs[0].new_zeros((1, *xs[0].shape[1:]))])
     y_all = torch.cat([*ys, ys[0].new_zeros(1)])
     index, mask = _step_indices(schedules, offsets, pad_row=len(y_all) - 1)
+    if fused is not None:
+        params, loss_sum = batched_mlp_sgd(fused, spec, start, x_all, y_all, index, mask, plan.lr)
+        return mlp_results(params, loss_sum, schedules)
     weights = mask.to(start.dtype)
 
     def masked_loss(
@@ -223,18 +231,21 @@ class VectorizedEngine:
             alg = rt.algorithm
             ids = [t.client_id for t in chunk]
             state = alg.client.begin(ids, start, extras) if alg.client is not None else None
+            plan = chunk[0].plan
+            fused = mlp_layers(self.model) if applies(self.model, alg, plan, state) else None
             results = vectorized_local_sgd(
                 self.model,
                 rt.spec,
                 start,
                 xs,
                 ys,
-                chunk[0].plan,
+                plan,
                 alg.loss_fn,
                 gens,
                 alg.grad_hook,
                 state,
                 [t.plan.local_epochs for t in chunk],
+                fused,
             )
             sent = [
                 rt.end(task, start, result, x, y, extras)
