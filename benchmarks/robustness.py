@@ -98,8 +98,10 @@ def main() -> None:
     ap.add_argument("--target", type=float, default=0.95)
     ap.add_argument("--out", type=Path, default=Path("benchmarks/out/robustness"))
     ap.add_argument("--data-dir", default=None)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads for the timing")
+    ap.add_argument("--timing-only", action="store_true", help="part 1 only")
     args = ap.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
 
     if args.quick:
         k, p, repeats = 20, 200_000, 1
@@ -111,9 +113,14 @@ def main() -> None:
         partitions, rounds, clients, frac = ["iid", "dirichlet"], args.rounds or 20, 100, 0.2
 
     speed = time_aggregators(k, p, repeats, int(clients * frac))
-    print(f"aggregator seconds on [{k}, {p}] float32, one thread (median of {repeats})")
+    threads = torch.get_num_threads()
+    print(f"aggregator seconds on [{k}, {p}] float32, {threads} thread(s) (median of {repeats})")
     for a, s in speed.items():
         print(f"  {label(a):<17} {s:8.3f}")
+    if args.timing_only:
+        print("RESULT " + " ".join(f"{a}_s={s:.3f}" for a, s in speed.items()))
+        return
+    torch.set_num_threads(1)
 
     args.out.mkdir(parents=True, exist_ok=True)
     base = Config(
