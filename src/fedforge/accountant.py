@@ -98,9 +98,23 @@ def _epsilon(acc: Accountant, rounds: int) -> float:
         return 0.0
     if acc.noise_multiplier <= 0:
         return math.inf
+    if acc.kind == "rdp":  # RDP composes by addition: T rounds are T times one round
+        orders, one = _rdp_of_one_round(acc)
+        return float(_dpa().rdp.compute_epsilon(orders, rounds * one, acc.delta)[0])
     a = make_accountant(acc.kind, acc.sampling)
     a.compose(acc.event(rounds))
     return float(a.get_epsilon(acc.delta))
+
+
+@functools.lru_cache(maxsize=64)
+def _rdp_of_one_round(acc: Accountant) -> tuple[list[Any], Any]:
+    """The orders and RDP vector of one round's event: computed once a run, so
+    epsilon after every round costs a product, not a fresh subsampled-Gaussian
+    bound (0.2 s a round for fixed-size cohorts). dp-accounting adds count * RDP
+    for a self-composed event, so the result is the same to the last bit."""
+    a = make_accountant("rdp", acc.sampling)
+    a.compose(acc.event(1))
+    return (RDP_INT_ORDERS if acc.sampling == "fixed" else RDP_ORDERS), a.rdp
 
 
 def local_epsilon(

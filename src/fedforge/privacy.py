@@ -1,12 +1,15 @@
 """A run's privacy parts, assembled from ``cfg.privacy``: the clipping and noise
-stages of central or local DP (``stages/dp.py``), the fixed-denominator mean,
-adaptive clipping's server state, the accountant (``accountant.py``) and secure
-aggregation (``stages/secagg.py``).
+stages of central, local or distributed DP (``stages/dp.py``) and of privacy
+tiers (``stages/tiers.py``), the fixed-denominator mean, adaptive clipping's
+server state, the accountant (``accountant.py``) and secure aggregation
+(``stages/secagg.py``).
 
 Server state that must survive a resume (the adaptive clip norm) lives in
 ``LoopState.privacy`` and is checkpointed; epsilon is a pure function of the
-rounds done. Refuses at build time what cannot work (DP noise calibrated for a
-sum needs the mean aggregator; one clip norm, not two).
+rounds done. Distributed DP is accounted as central DP with the same noise
+multiplier (its sums carry at least that noise). Refuses at build time what
+cannot work (DP noise calibrated for a sum needs the mean aggregator; one clip
+norm, not two).
 """
 
 from __future__ import annotations
@@ -15,24 +18,27 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import fedforge.privacy_rules  # noqa: F401  (registers the privacy stages' order rules)
 from fedforge.accountant import Accountant, local_epsilon
 from fedforge.algorithms.base import Algorithm
 from fedforge.config import Config
 from fedforge.config.privacy import delta_of
 from fedforge.errors import ConfigError
-from fedforge.pipeline import RULES, Pipeline, Stage
+from fedforge.pipeline import Stage
 from fedforge.rng import torch_generator
 from fedforge.server.sampling import cohort_size
 from fedforge.stages.clip import Clip, ClipBoard
 from fedforge.stages.dp import (
     CentralNoise,
+    DistributedNoise,
     DPMean,
     LocalNoise,
     expected_weight,
     next_clip_norm,
     update_noise_multiplier,
 )
-from fedforge.stages.secagg_codec import LOCAL_DP_TAIL, SecAggCodec, SecAggMean
+from fedforge.stages.secagg_codec import SecAggCodec, SecAggMean, min_survivors, noise_bound
+from fedforge.stages.tiers import TieredNoise, high_tier
 
 
 @dataclass
@@ -49,6 +55,7 @@ class PrivacyParts:
     count_std: float
     secagg: SecAggCodec | None = None  # secure aggregation: the masking codec
     secagg_mean: SecAggMean | None = None  # ... and its mean when there is no central DP
+    high_tier: frozenset[int] | None = None  # privacy tiers: the high tier's clients
 
     # ------------------------------------------------------------ round hooks
     def initial_state(self) -> dict[str, Any]:
@@ -87,7 +94,7 @@ class PrivacyParts:
         client epsilon; None without DP."""
         if self.accountant is not None:
             return self.accountant.epsilon(rounds)
-        if self.cfg.privacy.dp == "local":
+        if self.cfg.privacy.dp == "local" or self.high_tier is not None:
             eps = self.local_epsilons(rounds)
             return max(eps.values()) if eps else 0.0
         return None
@@ -98,7 +105,8 @@ class PrivacyParts:
 
     def local_epsilons(self, rounds: int) -> dict[int, float]:
         """Local DP: each client's epsilon after ``rounds`` rounds (from the cohorts
-        it was sampled into: an upper bound on its uploads)."""
+        it was sampled into: an upper bound on its uploads); under tiers, each
+        high-tier client's."""
         from fedforge.server.sampling import sample_cohort
 
         cfg, p = self.cfg, self.cfg.privacy
@@ -106,7 +114,8 @@ class PrivacyParts:
         for t in range(rounds):
             poisson = p.sampling == "poisson"
             for c in sample_cohort(cfg.num_clients, cfg.client_fraction, cfg.seed, t, poisson):
-                counts[c] = counts.get(c, 0) + 1
+                if self.high_tier is None or c in self.high_tier:
+                    counts[c] = counts.get(c, 0) + 1
         cache: dict[int, float] = {}
         for k in set(counts.values()):
             cache[k] = local_epsilon(p.noise_multiplier, k, self.delta, p.accountant)
@@ -116,6 +125,8 @@ class PrivacyParts:
         """The privacy lines of a run summary."""
         p = self.cfg.privacy
         out: dict[str, Any] = {"dp": p.dp, "secagg": p.secagg}
+        if self.high_tier is not None:
+            return {**out, **self._tier_summary(rounds)}
         if p.dp == "none":
             return out
         out.update(
@@ -129,7 +140,44 @@ class PrivacyParts:
             vals = sorted(eps.values())
             out["local_epsilon_median"] = vals[len(vals) // 2] if vals else 0.0
             out["local_epsilon"] = {str(c): e for c, e in eps.items()}
+        if p.dp == "distributed" and self.secagg is not None:
+            n_min = self.secagg.min_survivors
+            out.update(
+                min_survivors=n_min,
+                client_noise_std=p.noise_multiplier * p.clip_norm / n_min**0.5,
+                accounting="central Gaussian, same noise multiplier: exact with n_min "
+                "inputs in a sum, conservative with more",
+            )
         return out
+
+    def _tier_summary(self, rounds: int) -> dict[str, Any]:
+        """What each tier got, and the high tier's local epsilons."""
+        p, high = self.cfg.privacy, self.high_tier or frozenset()
+        eps = self.local_epsilons(rounds)
+        vals = sorted(eps.values())
+        z, clip = p.noise_multiplier, p.clip_norm
+        tiers = {
+            "high": {
+                "clients": len(high),
+                "applied": f"clip {clip:g} + local DP (noise std {z * clip:g}) + secure "
+                "aggregation",
+                "local_epsilon_max": vals[-1] if vals else 0.0,
+                "local_epsilon_median": vals[len(vals) // 2] if vals else 0.0,
+            },
+            "low": {
+                "clients": self.cfg.num_clients - len(high),
+                "applied": f"clip {clip:g} + secure aggregation (no DP noise: no epsilon)",
+            },
+        }
+        return {
+            "tiers": tiers,
+            "high_clients": sorted(high),
+            "epsilon": vals[-1] if vals else 0.0,  # the high tier's worst client
+            "delta": self.delta,
+            "noise_multiplier": z,
+            "accountant": p.accountant,
+            "local_epsilon": {str(c): e for c, e in eps.items()},
+        }
 
 
 def assemble(cfg: Config, num_examples: list[int]) -> PrivacyParts:
@@ -142,23 +190,29 @@ def assemble(cfg: Config, num_examples: list[int]) -> PrivacyParts:
     parts = PrivacyParts(cfg, (), (), None, None, None, expected, count_std)
     if p.secagg:
         _secagg(parts, cfg, m, num_examples)
-    if p.dp == "none":
+    if p.dp == "none" and not p.tiers.enabled:
         return parts
     if cfg.communication.clip_norm is not None:
+        what = "privacy.tiers" if p.tiers.enabled else f"privacy.dp = '{p.dp}'"
         raise ConfigError(
-            f"communication.clip_norm = {cfg.communication.clip_norm} and privacy.dp = "
-            f"'{p.dp}' both clip; DP clips with privacy.clip_norm: set communication.clip_norm "
-            "to null"
+            f"communication.clip_norm = {cfg.communication.clip_norm} and {what} both clip; "
+            "DP clips with privacy.clip_norm: set communication.clip_norm to null"
         )
     board = ClipBoard() if p.adaptive_clip else None
     clip = Clip(p.clip_norm, board)
+    if p.tiers.enabled:  # high: clip + local noise; low: clip; both masked
+        t = p.tiers
+        parts.high_tier = high_tier(cfg.num_clients, t.high_fraction, t.high_clients, cfg.seed)
+        parts.client_stages = (clip, TieredNoise(p.noise_multiplier, p.clip_norm, parts.high_tier))
+        _check_budget(parts)
+        return parts
     if p.dp == "local":
         parts.client_stages = (clip, LocalNoise(p.noise_multiplier, p.clip_norm))
         _check_budget(parts)
         return parts
     if cfg.robust.aggregator != "mean":
         raise ConfigError(
-            f"privacy.dp = 'central' adds noise calibrated to a sum, but robust.aggregator = "
+            f"privacy.dp = '{p.dp}' adds noise calibrated to a sum, but robust.aggregator = "
             f"'{cfg.robust.aggregator}' is not one: use robust.aggregator = mean"
         )
     z = p.noise_multiplier
@@ -169,9 +223,13 @@ def assemble(cfg: Config, num_examples: list[int]) -> PrivacyParts:
             raise ConfigError(f"privacy.adaptive_clip: {exc}") from None
     cap = p.weight_cap if p.weights == "capped" else None
     denominator = expected_weight(num_examples, q, cap)
-    parts.client_stages = (clip,)
     parts.aggregator = DPMean(denominator, cap)
-    parts.aggregate_stages = (CentralNoise(z, p.clip_norm, denominator),)
+    if p.dp == "distributed":  # the noise is the clients' (secagg is required)
+        n_min = parts.secagg.min_survivors if parts.secagg is not None else 1
+        parts.client_stages = (clip, DistributedNoise(z, p.clip_norm, n_min))
+    else:
+        parts.client_stages = (clip,)
+        parts.aggregate_stages = (CentralNoise(z, p.clip_norm, denominator),)
     parts.accountant = Accountant(
         p.noise_multiplier,
         cfg.num_clients,
@@ -206,7 +264,7 @@ def _secagg(parts: PrivacyParts, cfg: Config, m: int, num_examples: list[int]) -
             "updates it cannot see; set groups to 0",
         ),
         (
-            p.dp == "none" and comm.clip_norm is None,
+            p.dp == "none" and not p.tiers.enabled and comm.clip_norm is None,
             "the modulus is sized from a bound on each update: set privacy.dp (its "
             "clip_norm) or communication.clip_norm",
         ),
@@ -214,12 +272,20 @@ def _secagg(parts: PrivacyParts, cfg: Config, m: int, num_examples: list[int]) -
     for bad, why in refusals:
         if bad:
             raise ConfigError(f"privacy.secagg: {why}")
-    clip = p.clip_norm if p.dp != "none" else float(comm.clip_norm or 0.0)
-    bound = clip * (1 + LOCAL_DP_TAIL * p.noise_multiplier) if p.dp == "local" else clip
+    clipped = p.dp != "none" or p.tiers.enabled
+    clip = p.clip_norm if clipped else float(comm.clip_norm or 0.0)
+    # noise before the mask: each coordinate clamped at C + 8 s (secagg_codec.NOISE_TAIL)
+    n_min = min_survivors(p.secagg_threshold, m) if p.dp == "distributed" else 1
+    noise_std = 0.0  # central DP noises the unmasked sum
+    if p.dp == "distributed":
+        noise_std = p.noise_multiplier * clip / n_min**0.5
+    elif p.dp == "local" or p.tiers.enabled:  # (the high tier's) local noise
+        noise_std = p.noise_multiplier * clip
+    bound = noise_bound(clip, noise_std)
     cohort_max = cfg.num_clients if p.sampling == "poisson" else m
     cap = p.weight_cap if p.weights == "capped" else None
     parts.secagg = SecAggCodec(
-        bound, cohort_max, p.secagg_frac_bits, p.secagg_threshold, num_examples, cap
+        bound, cohort_max, p.secagg_frac_bits, p.secagg_threshold, num_examples, cap, n_min
     )
     if cfg.robust.aggregator == "mean":  # others are refused by the pipeline's rule
         parts.secagg_mean = SecAggMean(cap)
@@ -258,74 +324,3 @@ def noise_std_on_sum(parts: PrivacyParts, state: dict[str, Any]) -> float:
 
 
 __all__ = ["PrivacyParts", "assemble", "noise_std_on_sum"]
-
-
-# ----------------------------------------------------------------- order rules
-NOISE_STAGES = ("local_dp", "central_dp")
-
-
-def _clip_before_noise(p: Pipeline) -> str | None:
-    names = [s.name for s in p.client]
-    noisy = [s.name for s in (*p.client, *p.server_aggregate) if s.name in NOISE_STAGES]
-    if not noisy:
-        return None
-    if "clip" not in names:
-        return f"'{noisy[0]}' adds noise calibrated to a clip norm, but no client stage clips"
-    if "local_dp" in names and names.index("local_dp") < names.index("clip"):
-        return "'local_dp' comes before 'clip': noise is calibrated to the clipped norm"
-    return None
-
-
-def _residual_after_noise(p: Pipeline) -> str | None:
-    names = [s.name for s in p.client]
-    if "local_dp" not in names:
-        return None
-    early = [n for n in names[: names.index("local_dp")] if n.endswith("+ef") or n == "ef"]
-    if early:
-        return (
-            f"error feedback '{early[0]}' keeps its residual before 'local_dp': the residual "
-            "would hold un-noised data and leak it later; take it after noise"
-        )
-    return None
-
-
-def _dp_weights_capped(p: Pipeline) -> str | None:
-    central = any(s.name == "central_dp" for s in p.server_aggregate)
-    if central and p.aggregator.name != "dp_mean":
-        return (
-            f"central DP with aggregator '{p.aggregator.name}': example-count weights let one "
-            "client outweigh the clip bound; use the DP mean (uniform weights or a weight cap)"
-        )
-    return None
-
-
-def _secagg_rules(p: Pipeline) -> str | None:
-    if p.codec.name != "secagg":
-        return None
-    agg = p.aggregator
-    if agg.needs_individual or not agg.linear:
-        return (
-            f"secure aggregation shows the server only the sum, but aggregator '{agg.name}' "
-            "needs individual updates; use robust.aggregator = mean"
-        )
-    if p.cohort:
-        return (
-            f"secure aggregation hides each update, so the per-upload/cohort gate "
-            f"'{p.cohort[0].name}' cannot see it; remove robust.norm_gate and colluding attacks"
-        )
-    nonlinear = [s.name for s in p.server_upload if not s.linear]
-    if nonlinear:
-        return f"server upload stage '{nonlinear[0]}' is not linear: it cannot run on a sum"
-    names = [s.name for s in p.client]
-    last_dp = max((i for i, n in enumerate(names) if n in ("clip", "local_dp")), default=-1)
-    late = [s.name for s in p.client[last_dp + 1 :] if not s.linear]
-    if late:
-        return (
-            f"client stage '{late[0]}' between DP and the secure-aggregation mask is not "
-            "linear: the server could not undo it on the sum"
-        )
-    check = getattr(p.codec, "wrap_reason", None)
-    return check() if callable(check) else None
-
-
-RULES.extend([_clip_before_noise, _residual_after_noise, _dp_weights_capped, _secagg_rules])

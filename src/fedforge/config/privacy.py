@@ -1,22 +1,40 @@
-"""The ``privacy:`` config section: differential privacy (central or local), its
-accountant and budget, and secure aggregation (see fedforge.privacy,
-fedforge.stages.dp, fedforge.stages.secagg)."""
+"""The ``privacy:`` config section: differential privacy (central, local or
+distributed), its accountant and budget, secure aggregation, and privacy tiers
+(see fedforge.privacy, fedforge.stages.dp, fedforge.stages.tiers,
+fedforge.stages.secagg)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from fedforge.errors import ConfigError, invalid_field
 
-DPMode = Literal["none", "central", "local"]
+DPMode = Literal["none", "central", "local", "distributed"]
+
+
+@dataclass(frozen=True)
+class TierConfig:
+    """Privacy tiers (seed 003, 3.3): clients of the ``high`` sensitivity level get
+    secure aggregation plus local DP, the others (``low``) secure aggregation only.
+    The high tier is ``high_clients``, or ``round(high_fraction * num_clients)``
+    clients drawn from the seed; neither set: no tiers."""
+
+    high_fraction: float = 0.0
+    high_clients: tuple[int, ...] = ()
+
+    @property
+    def enabled(self) -> bool:
+        return self.high_fraction > 0 or bool(self.high_clients)
 
 
 @dataclass(frozen=True)
 class PrivacyConfig:
     """What protects the clients' data beyond keeping it on the clients."""
 
-    dp: DPMode = "none"  # central: noise on the server's sum; local: each client noises
+    # central: noise on the server's sum; local: each client noises; distributed: each
+    # client adds sigma / sqrt(n_min) before the secure-aggregation mask
+    dp: DPMode = "none"
     noise_multiplier: float = 1.0  # z: noise std = z * clip_norm
     clip_norm: float = 1.0  # C: each delta clipped to this L2 norm (the initial C if adaptive)
     sampling: Literal["fixed", "poisson"] = "fixed"  # cohort: m = C N, or each client w.p. C
@@ -38,6 +56,7 @@ class PrivacyConfig:
     secagg_drop_share_keys: float = 0.0
     secagg_drop_masked_input: float = 0.0  # before sending its masked update
     secagg_drop_unmask: float = 0.0  # after its masked update arrived
+    tiers: TierConfig = field(default_factory=TierConfig)  # high: + local DP; low: SecAgg only
 
 
 def secagg_drops(p: PrivacyConfig) -> dict[str, float]:
@@ -111,15 +130,78 @@ def validate_privacy(p: PrivacyConfig) -> None:
         (
             "target_epsilon",
             p.target_epsilon,
-            p.target_epsilon is None or p.dp != "none",
-            "needs dp = 'central' or 'local' (without DP nothing is spent)",
+            p.target_epsilon is None or p.dp != "none" or p.tiers.enabled,
+            "needs dp = 'central', 'local' or 'distributed', or privacy tiers (without DP "
+            "nothing is spent)",
         ),
+        (
+            "dp",
+            p.dp,
+            p.dp != "distributed" or p.secagg,
+            "'distributed' needs privacy.secagg = true: each client adds only "
+            "sigma / sqrt(n_min) of the noise, so only the masked sum of at least n_min "
+            "updates carries the full noise (without masking the server would see every "
+            "update almost unnoised); use dp = 'central' or 'local', or set secagg = true",
+        ),
+        (
+            "weights",
+            p.weights,
+            p.dp != "distributed" or p.weights == "uniform",
+            "must be 'uniform' with dp = 'distributed': secure aggregation sends w_k times "
+            "the noised update, so a weight w_k < 1 would shrink that client's noise and the "
+            "sum could carry less than the central noise",
+        ),
+        *_tier_checks(p),
     ]
     for name, value, ok, allowed in checks:
         if not ok:
             raise invalid_field(f"privacy.{name}", value, allowed)
-    if p.dp == "central" and p.noise_multiplier == 0:
+    if p.dp in ("central", "distributed") and p.noise_multiplier == 0:
         raise ConfigError(
-            "config field 'privacy.noise_multiplier' = 0.0 is invalid with dp = 'central': "
+            f"config field 'privacy.noise_multiplier' = 0.0 is invalid with dp = '{p.dp}': "
             "no noise gives no privacy; use dp = 'none'"
         )
+
+
+def _tier_checks(p: PrivacyConfig) -> list[tuple[str, Any, bool, str]]:
+    t = p.tiers
+    return [
+        (
+            "tiers.high_fraction",
+            t.high_fraction,
+            0 <= t.high_fraction <= 1,
+            "must be in [0, 1] (the fraction of clients in the high tier)",
+        ),
+        (
+            "tiers",
+            {"high_fraction": t.high_fraction, "high_clients": list(t.high_clients)},
+            not (t.high_fraction > 0 and t.high_clients),
+            "set high_fraction (clients drawn from the seed) or high_clients (a list of "
+            "client ids), not both",
+        ),
+        (
+            "tiers.high_clients",
+            list(t.high_clients),
+            all(c >= 0 for c in t.high_clients) and len(set(t.high_clients)) == len(t.high_clients),
+            "must be distinct client ids >= 0",
+        ),
+        (
+            "tiers",
+            {"high_fraction": t.high_fraction, "high_clients": list(t.high_clients)},
+            not t.enabled or p.secagg,
+            "tiers need privacy.secagg = true (high = SecAgg + local DP, low = SecAgg only)",
+        ),
+        (
+            "dp",
+            p.dp,
+            not t.enabled or p.dp == "none",
+            "must be 'none' with privacy.tiers: the tiers set each client's DP themselves "
+            "(high: local DP with privacy.noise_multiplier and clip_norm; low: none)",
+        ),
+        (
+            "noise_multiplier",
+            p.noise_multiplier,
+            not t.enabled or p.noise_multiplier > 0,
+            "must be > 0 with privacy.tiers (the high tier's local DP noise is z C)",
+        ),
+    ]

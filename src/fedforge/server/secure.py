@@ -105,6 +105,12 @@ def secure_round(
         return out
 
     ids = [task.client_id for task in tasks]
+    if t > len(ids):  # distributed DP: fewer clients than its noise is calibrated to
+        out.reason = (
+            f"secure aggregation: {len(ids)} client(s) in the round, fewer than t = {t} "
+            "(distributed DP's n_min)"
+        )
+        return finish()
     msg = sc.advertise_message(round_idx)
     replies = send("advertise", {c: msg for c in alive("advertise", ids)})
     keys = parse(replies, lambda c, r: sc.read_keys(r, round_idx, c))

@@ -79,14 +79,33 @@ def format_summary(summary: dict[str, Any]) -> str:
             f"bytes to target  {format_bytes(to_target)} "
             f"(up {format_bytes(summary['bytes_up_to_target'])})",
         )
-    priv = summary.get("privacy") or {}
-    if priv.get("epsilon") is not None:
-        stop = summary.get("privacy_stop")
-        lines.append(
-            f"privacy          dp {priv['dp']}: epsilon {priv['epsilon']:.3f} at delta "
-            f"{priv['delta']:.3g} ({priv['accountant']}, noise multiplier "
-            f"{priv['noise_multiplier']})" + (f"; {stop}" if stop else "")
-        )
+    lines.extend(_privacy_lines(summary))
     if summary.get("run_dir"):
         lines.append(f"run files        {summary['run_dir']}")
     return "\n".join(lines)
+
+
+def _privacy_lines(summary: dict[str, Any]) -> list[str]:
+    """What DP ran and what it spent; under tiers, one line a tier."""
+    priv = summary.get("privacy") or {}
+    if priv.get("epsilon") is None:
+        return []
+    stop = summary.get("privacy_stop")
+    more = f"; {stop}" if stop else ""
+    spent = f"at delta {priv['delta']:.3g} ({priv['accountant']}, noise multiplier "
+    spent += f"{priv['noise_multiplier']})"
+    tiers = priv.get("tiers")
+    if tiers is None:
+        how = priv["dp"]
+        if how == "distributed":  # accounted as central DP
+            how += (
+                f" (n_min {priv['min_survivors']}, client noise std {priv['client_noise_std']:.3g})"
+            )
+        return [f"privacy          dp {how}: epsilon {priv['epsilon']:.3f} {spent}{more}"]
+    high, low = tiers["high"], tiers["low"]
+    return [
+        f"privacy tier     high, {high['clients']} clients: {high['applied']}; local epsilon "
+        f"max {high['local_epsilon_max']:.3f}, median {high['local_epsilon_median']:.3f} "
+        f"{spent}{more}",
+        f"privacy tier     low, {low['clients']} clients: {low['applied']}",
+    ]

@@ -1,7 +1,9 @@
 """Differential privacy stages: DP-FedAvg (McMahan et al. 2018, "Learning
-differentially private recurrent language models"), local DP, and adaptive
-clipping (Andrew et al. 2021, "Differentially private learning with adaptive
-clipping").
+differentially private recurrent language models"), local DP, distributed DP
+(the continuous-Gaussian form of Kairouz, Liu and Steinke 2021, "The distributed
+discrete Gaussian mechanism for federated learning with secure aggregation"),
+and adaptive clipping (Andrew et al. 2021, "Differentially private learning with
+adaptive clipping").
 
 Central DP: each client clips its delta (``Clip``, client); the server sums the
 clipped deltas with weights at most 1 (uniform, or min(n_k / cap, 1)), divides by
@@ -9,7 +11,11 @@ a fixed denominator D (the expected total weight of a cohort, so that one
 client's presence changes the sum by at most C) and adds Gaussian noise of std
 z C to the sum, i.e. z C / D to the mean (``CentralNoise``, server, on the
 aggregate). Local DP: each client adds noise of std z C itself before upload
-(``LocalNoise``, client); the server is not trusted. Noise comes from derived
+(``LocalNoise``, client); the server is not trusted. Distributed DP: each client
+adds noise of std z C / sqrt(n_min) before the secure-aggregation mask
+(``DistributedNoise``, client); the server, trusted with nothing but the sum,
+sees the masked sum of at least n_min such updates, which carries at least the
+central noise z C. Noise comes from derived
 generators (seed, round[, client], purpose): reruns are bit-identical.
 """
 
@@ -72,6 +78,35 @@ class LocalNoise:
     def apply(self, vec: torch.Tensor, ctx: StageContext) -> torch.Tensor:
         gen = torch_generator(ctx.seed, "local_dp", ctx.round_idx, ctx.client_id or 0)
         return vec + gaussian(vec, self.noise_multiplier * self.clip_norm, gen)
+
+
+class DistributedNoise:
+    """Adds N(0, (z C)^2 / n_min) to a client's clipped delta, on the client, before
+    secure aggregation masks it. n_min is the fewest inputs secure aggregation puts
+    in a sum (its threshold), so the sum of k >= n_min of them carries noise of
+    variance k (z C)^2 / n_min >= (z C)^2: at least central DP's noise on the sum,
+    and exactly it when k = n_min (the accountant assumes that: with more survivors
+    the noise is larger and the epsilon reported is an upper bound)."""
+
+    name = "distributed_dp"
+    where: Where = "client"
+    linear = True
+
+    def __init__(self, noise_multiplier: float, clip_norm: float, min_survivors: int) -> None:
+        if not (noise_multiplier > 0 and clip_norm > 0 and min_survivors >= 1):
+            raise ValueError("need noise_multiplier > 0, clip_norm > 0, min_survivors >= 1")
+        self.noise_multiplier = noise_multiplier
+        self.clip_norm = clip_norm
+        self.min_survivors = min_survivors
+
+    @property
+    def std(self) -> float:
+        """One client's noise std: z C / sqrt(n_min)."""
+        return self.noise_multiplier * self.clip_norm / math.sqrt(self.min_survivors)
+
+    def apply(self, vec: torch.Tensor, ctx: StageContext) -> torch.Tensor:
+        gen = torch_generator(ctx.seed, "distributed_dp", ctx.round_idx, ctx.client_id or 0)
+        return vec + gaussian(vec, self.std, gen)
 
 
 class _FixedDenominatorSum:

@@ -16,6 +16,7 @@ trust nothing and raise :class:`UploadError`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -35,7 +36,32 @@ from fedforge.stages.secagg import (
 )
 from fedforge.transport import wire
 
-LOCAL_DP_TAIL = 8.0  # local DP: coordinates clamped to C (1 + 8 z): N(0, (zC)^2) beyond 8 sigma
+# Noise before the mask (local, tiered or distributed DP) has no hard bound, but
+# the modulus needs one: the codec clamps each coordinate at C + 8 s (s the
+# client's noise std; a clipped coordinate is within [-C, C]), sized into k. The
+# clamp binds only where |noise| > 8 s: P = erfc(8 / sqrt 2) = 1.2e-15 a coordinate
+# (``clamp_probability``), e.g. 2.4e-7 over a 100-round run of 10 clients of the
+# 2NN (2e8 coordinates). A mechanism that differs from the Gaussian one only on
+# an event of probability p is (epsilon, delta + p)-DP: a strict account adds p to
+# delta; the reported epsilon treats the noise as unclamped. Extra modulus bits:
+# log2(1 + 8 z / sqrt(n_min)) for distributed DP, log2(1 + 8 z) for local DP.
+NOISE_TAIL = 8.0
+
+
+def noise_bound(clip_norm: float, noise_std: float) -> float:
+    """The clamp of a noised coordinate: C + NOISE_TAIL s."""
+    return clip_norm + NOISE_TAIL * noise_std
+
+
+def clamp_probability(coordinates: float) -> float:
+    """An upper bound on the probability that the clamp binds on any of
+    ``coordinates`` noised coordinates (union bound over P(|N(0, 1)| > 8))."""
+    return min(1.0, coordinates * math.erfc(NOISE_TAIL / math.sqrt(2)))
+
+
+def min_survivors(threshold: float, n: int) -> int:
+    """t for ``n`` clients starting the protocol: ceil(threshold n), at least 1."""
+    return max(1, int(np.ceil(threshold * n - 1e-9)))
 
 
 class SecAggMean:
@@ -179,10 +205,13 @@ class SecAggCodec:
         threshold: float,
         num_examples: Sequence[int],
         weight_cap: int | None = None,
+        min_survivors: int = 1,
     ) -> None:
         self.bound = bound  # every coordinate of w_k x_k lies in [-bound, bound]
         self.cohort_max = cohort_max
         self.threshold = threshold
+        # distributed DP: its noise is calibrated to sums of at least this many inputs
+        self.min_survivors = min_survivors
         self.num_examples = list(num_examples)  # a client knows its own n_k
         self.mean = SecAggMean(weight_cap)
         self.sessions: dict[int, SecAggClient] = {}  # client id -> this round's protocol
@@ -198,8 +227,10 @@ class SecAggCodec:
         return self._wrap
 
     def threshold_of(self, n: int) -> int:
-        """t for ``n`` clients starting the protocol: ceil(threshold n), at least 1."""
-        return max(1, int(np.ceil(self.threshold * n - 1e-9)))
+        """t for ``n`` clients starting the protocol: ceil(threshold n), and at least
+        ``min_survivors`` (distributed DP: a client refuses a lower t, and more than
+        ``n`` means the round cannot run)."""
+        return max(min_survivors(self.threshold, n), self.min_survivors)
 
     # ------------------------------------------------------ extra phases (client)
     def phase(self, name: str, client_id: int, data: bytes) -> bytes | None:
