@@ -186,3 +186,45 @@ def test_resume_with_fedbn_is_bit_exact(
     assert torch.equal(resumed.params, reference.params)
     with RunStore.open(stopped.run_dir) as got, RunStore.open(reference.run_dir) as want:
         assert [r.test_loss for r in got.rounds()] == [r.test_loss for r in want.rounds()]
+
+
+def _plain_eval(model: torch.nn.Module, spec: ParamSpec, vec: torch.Tensor, x: Any, y: Any) -> Any:
+    """Accuracy and mean loss of an ordinary module loaded with ``vec`` (eval mode)."""
+    missing, unexpected = model.load_state_dict(spec.views(vec), strict=False)
+    assert not unexpected and all(k.endswith("num_batches_tracked") for k in missing)
+    model.eval()
+    with torch.no_grad():
+        logits = model(x)
+    acc = (logits.argmax(dim=1) == y).double().mean().item()
+    return acc, torch.nn.functional.cross_entropy(logits, y).item()
+
+
+def test_client_eval_scores_each_client_with_its_own_batch_norm(make_data: MakeData) -> None:
+    """By hand: with one client a round, after round 0 the trained client holds
+    exactly FedAvg's new global model (the mean of one update), while FedBN's global
+    vector is that model with the initial batch norm (what an unseen client gets).
+    A plain module loaded with each, in eval mode, must give FedBN's per-client rows."""
+    data = make_data([24, 24], num_test=8, dtype=F64)
+    extra = {"num_clients": 2, "client_fraction": 0.5, "eval_clients": True, "eval_holdout": 0.5}
+    rows, params, exps = {}, {}, {}
+    for alg in ("fedbn", "fedavg"):
+        exp = build(_cfg(algorithm=alg, **extra), data)
+        state = LoopState.fresh(exp)
+        run_round(exp, state, 0, Progress(1, "t", enabled=False))
+        rows[alg] = {c: (acc, loss) for _, c, acc, loss, _ in state.outputs["client_eval"]}
+        params[alg], exps[alg] = state.params, exp
+    exp = exps["fedbn"]
+    store = exp.algorithm.personal.store  # type: ignore[union-attr]
+    (trained,) = [c for c in (0, 1) if store.has(c)]
+    unseen = 1 - trained
+    model = build_model("cnn_bn", 0, F64)
+    x, y = exp.data.holdout_data(trained)
+    want = _plain_eval(model, exp.spec, params["fedavg"], x, y)
+    assert rows["fedbn"][trained][0] == want[0]
+    assert rows["fedbn"][trained][1] == pytest.approx(want[1], abs=1e-9)
+    global_bn = _plain_eval(model, exp.spec, params["fedbn"], x, y)
+    assert abs(global_bn[1] - want[1]) > 1e-3  # the global batch norm would score otherwise
+    x, y = exp.data.holdout_data(unseen)
+    want = _plain_eval(model, exp.spec, params["fedbn"], x, y)
+    assert rows["fedbn"][unseen][0] == want[0]
+    assert rows["fedbn"][unseen][1] == pytest.approx(want[1], abs=1e-9)

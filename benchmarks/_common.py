@@ -1,0 +1,180 @@
+"""Helpers shared by the issue-4 comparison benchmarks (scaffold_shards.py,
+fedbn_shift.py, server_optimizers.py): where a benchmark keeps its runs, one run
+condensed to a JSON record (run, reused or resumed), the exact settings, and the
+``RESULT`` line.
+
+A full benchmark keeps its run stores under ``benchmarks/out/runs/<bench>`` and
+one record per run under ``benchmarks/results/<bench>`` (tracked). Rerunning the
+same command reuses every recorded run whose config is unchanged, and resumes a
+run that was stopped (SIGINT/SIGTERM/killed) from its last checkpoint
+(``fedforge.sweep.run_point``). ``--quick`` runs everything afresh in a temporary
+directory, so a smoke run always exercises the code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedforge.config import Config, to_dict
+from fedforge.experiment import FederatedData
+from fedforge.metrics import rounds_to_target
+from fedforge.store import RunStore
+from fedforge.sweep import run_point
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Places:
+    """Where a benchmark's run stores and per-run records go."""
+
+    runs: Path
+    records: Path
+
+
+def places(bench: str, quick: bool) -> Places:
+    """Tracked records and resumable run stores for a full run; a fresh temporary
+    directory for ``--quick``."""
+    if quick:
+        tmp = Path(tempfile.mkdtemp(prefix=f"{bench}-quick-"))
+        return Places(tmp / "runs", tmp / "records")
+    return Places(
+        ROOT / "benchmarks" / "out" / "runs" / bench, ROOT / "benchmarks" / "results" / bench
+    )
+
+
+def add_workers(parser: argparse.ArgumentParser) -> None:
+    """``--workers``: processes per run (0: one per core, the full default; ``--quick``
+    runs in one process, to stay on one core). SCAFFOLD and FedBN keep per-client
+    state and stay in one process whatever this says."""
+    parser.add_argument("--workers", type=int, help="processes per run (default 0; quick: 1)")
+
+
+def workers(args: argparse.Namespace) -> int:
+    """The ``--workers`` value, or its default for the mode."""
+    return int(args.workers) if args.workers is not None else (1 if args.quick else 0)
+
+
+def _comparable(cfg: Config) -> dict[str, Any]:
+    """The config as it decides the result (wherever runs and data are kept)."""
+    d = to_dict(cfg)
+    d.pop("runs_dir", None)
+    d.pop("data_dir", None)
+    return d
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v
+    return out
+
+
+def differences(cfg: Config, base: Config) -> dict[str, Any]:
+    """``cfg``'s fields (dotted: ``partition.kind``) that differ from ``base``'s."""
+    mine, other = _flat(_comparable(cfg)), _flat(_comparable(base))
+    return {k: v for k, v in mine.items() if other.get(k) != v and k != "name"}
+
+
+def print_settings(title: str, shared: Config, arms: dict[str, Config]) -> None:
+    """The benchmark's exact settings: what the ``shared`` config sets apart from
+    fedforge's defaults, then what each arm changes from ``shared``."""
+    print(title)
+    base = differences(shared, Config())
+    print(
+        "shared (all else fedforge's defaults): " + ", ".join(f"{k}={v}" for k, v in base.items())
+    )
+    for arm, cfg in arms.items():
+        own = differences(cfg, shared)
+        print(f"  {arm}: " + (", ".join(f"{k}={v}" for k, v in own.items()) or "(shared only)"))
+    print(f"torch threads: {torch.get_num_threads()}", flush=True)
+
+
+def run_record(
+    cfg: Config, data: FederatedData, places: Places, target: float | None = None
+) -> dict[str, Any]:
+    """Run ``cfg`` (or reuse its record, or resume its stopped run) and return its
+    record: the evaluation curve, rounds to ``target`` (the config's target when
+    None), final and best test accuracy, wall time, engine, clients that trained,
+    and the last evaluation round's per-client rows when ``eval_clients`` is on."""
+    places.records.mkdir(parents=True, exist_ok=True)
+    path = places.records / f"{cfg.name}.json"
+    target = cfg.target_accuracy if target is None else target
+    if path.exists():
+        rec: dict[str, Any] = json.loads(path.read_text())
+        if rec.get("config") == _comparable(cfg) and rec.get("target") == target:
+            rec["status"] = "reused"
+            return rec
+    t0 = time.perf_counter()
+    point = run_point(cfg, {}, data, progress=False)  # runs, reuses or resumes (fedforge.sweep)
+    if point.status == "failed" or point.run_dir is None:
+        raise SystemExit(f"{cfg.name}: stopped by a signal; rerun the same command to resume")
+    rec = _read(point.run_dir, cfg, target)
+    rec["status"] = point.status
+    rec["seconds_this_call"] = time.perf_counter() - t0
+    path.write_text(json.dumps(rec, indent=1))
+    return rec
+
+
+def _read(run_dir: Path, cfg: Config, target: float | None) -> dict[str, Any]:
+    with RunStore.open(run_dir) as store:
+        rounds = store.rounds()
+        summary = store.summary() or {}
+        seen = sorted({c.client_id for c in store.client_rounds()})
+        client_eval = store.read_rows("client_eval")
+    evals = [(r.round_idx + 1, r.test_accuracy) for r in rounds if r.test_accuracy is not None]
+    xs, accs = [e[0] for e in evals], [float(e[1]) for e in evals]
+    last_eval = max((row[0] for row in client_eval), default=None)
+    return {
+        "config": _comparable(cfg),
+        "run_dir": str(run_dir),
+        "rounds_done": len(rounds),
+        "target": target,
+        "rounds_to_target": rounds_to_target(xs, accs, target) if target is not None else None,
+        "final_accuracy": accs[-1] if accs else None,
+        "best_accuracy": max(accs) if accs else None,
+        "curve": evals,
+        "wall_seconds": summary.get("wall_seconds"),
+        "engine": summary.get("engine"),
+        "clients_trained": seen,
+        "client_eval_round": last_eval,
+        "client_eval": [list(r[1:]) for r in client_eval if r[0] == last_eval],
+    }
+
+
+def seconds_per_round(rec: dict[str, Any]) -> float:
+    """The run's wall seconds over its rounds (evaluation included)."""
+    wall = rec.get("wall_seconds")
+    return float(wall) / rec["rounds_done"] if wall and rec["rounds_done"] else math.nan
+
+
+def ratio(num: float | None, den: float | None) -> float:
+    """num / den, NaN when either is missing (a target not reached)."""
+    return num / den if num is not None and den else math.nan
+
+
+def fmt(x: float | None, spec: str = ".1f") -> str:
+    """A table cell: ``-`` for a missing value."""
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def result_line(fields: dict[str, Any]) -> str:
+    """``RESULT k=v ...``: floats to 4 decimals, missing values as nan."""
+    parts = []
+    for k, v in fields.items():
+        if v is None:
+            v = math.nan
+        parts.append(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}")
+    return "RESULT " + " ".join(parts)
