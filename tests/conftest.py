@@ -17,6 +17,20 @@ from fedforge.experiment import FederatedData
 
 MakeData = Callable[..., FederatedData]
 
+# A one-round float64 logistic regression over 4 clients, every one each round:
+# the small config of the data- and weight-rule tests (override what differs).
+TINY_LOGREG: dict[str, Any] = {
+    "model": "logreg",
+    "num_clients": 4,
+    "client_fraction": 1.0,
+    "batch_size": 4,
+    "lr": 0.05,
+    "rounds": 1,
+    "target_accuracy": None,
+    "dtype": "float64",
+    "checkpoint_every": 0,
+}
+
 
 def _make_data(
     sizes: Sequence[int],

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from tests.conftest import MakeData
+from tests.conftest import TINY_LOGREG, MakeData
 
 from fedforge.config import from_dict
 from fedforge.data import load_mnist, make_partition, summarize
@@ -131,17 +131,7 @@ def test_shift_features_transforms_each_clients_rows(make_data: MakeData) -> Non
         shift_features(data.train_x, data.partition, ("invert",), seed=7)
 
 
-BASE: dict[str, Any] = {
-    "model": "logreg",
-    "num_clients": 3,
-    "client_fraction": 1.0,
-    "batch_size": 4,
-    "lr": 0.05,
-    "rounds": 1,
-    "target_accuracy": None,
-    "dtype": "float64",
-    "checkpoint_every": 0,
-}
+BASE: dict[str, Any] = {**TINY_LOGREG, "num_clients": 3}
 
 
 def test_build_puts_each_client_in_its_domain(make_data: MakeData, tmp_path: Path) -> None:

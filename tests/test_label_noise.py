@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from tests.conftest import MakeData
+from tests.conftest import TINY_LOGREG, MakeData
 
 from fedforge.config import from_dict
 from fedforge.data.noise import flip_labels, noisy_client_ids, noisy_labels
@@ -77,17 +77,7 @@ def test_noisy_labels_touch_only_noisy_clients(make_data: MakeData) -> None:
         assert torch.equal(out[rows], want)
 
 
-BASE: dict[str, Any] = {
-    "model": "logreg",
-    "num_clients": 4,
-    "client_fraction": 1.0,
-    "batch_size": 4,
-    "lr": 0.05,
-    "rounds": 1,
-    "target_accuracy": None,
-    "dtype": "float64",
-    "checkpoint_every": 0,
-}
+BASE: dict[str, Any] = dict(TINY_LOGREG)
 
 
 def test_build_records_noisy_clients(make_data: MakeData, tmp_path: Path) -> None:

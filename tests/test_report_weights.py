@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from tests.conftest import MakeData
+from tests.conftest import TINY_LOGREG, MakeData
 from torch.func import functional_call
 
 from fedforge.aggregators import WeightedMean
@@ -110,17 +110,7 @@ def test_reports_read_back() -> None:
     assert read_report({}, "num_examples", 5, 3) == ClientReport(5)
 
 
-BASE: dict[str, Any] = {
-    "model": "logreg",
-    "num_clients": 4,
-    "client_fraction": 1.0,
-    "batch_size": 4,
-    "lr": 0.05,
-    "rounds": 1,
-    "target_accuracy": None,
-    "dtype": "float64",
-    "checkpoint_every": 0,
-}
+BASE: dict[str, Any] = dict(TINY_LOGREG)
 SIZES = [5, 9, 30, 2]
 
 
