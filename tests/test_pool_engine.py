@@ -90,3 +90,37 @@ def test_resume_with_workers_is_exact(
     resumed = resume(stopped.run_dir, data)
     assert torch.equal(resumed.params, full.params)
     assert multiprocessing.active_children() == []
+
+
+def test_a_dead_worker_ends_the_round_with_an_error_not_a_hang(
+    make_data: MakeData, monkeypatch: pytest.MonkeyPatch, one_thread: None
+) -> None:
+    """A worker killed mid-round (SIGKILL, out of memory) raises EngineError
+    naming what happened; the engine's other workers are stopped."""
+    import os
+    import signal
+
+    from fedforge.errors import EngineError
+    from fedforge.server import loop
+
+    server = os.getpid()
+    real_build = loop.build
+
+    def dying_build(c: object, d: object = None) -> object:
+        exp = real_build(c, d)  # type: ignore[arg-type]
+        runtime = exp.engine.inner.runtime  # type: ignore[attr-defined]
+        data_fn = runtime.data_fn
+
+        def client_data(client_id: int) -> object:
+            if os.getpid() != server and client_id == 2:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return data_fn(client_id)
+
+        runtime.data_fn = client_data
+        return exp
+
+    monkeypatch.setattr(loop, "build", dying_build)
+    cfg = _cfg(dtype="float32", workers=2, client_fraction=1.0, rounds=2)
+    with pytest.raises(EngineError, match="worker process died"):
+        run(cfg, make_data(SIZES, dtype=torch.float32), store=False)
+    assert multiprocessing.active_children() == []

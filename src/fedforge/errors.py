@@ -36,6 +36,10 @@ class StoreError(FedforgeError):
     """The run store cannot be read or written."""
 
 
+class EngineError(FedforgeError):
+    """Client work could not be run (e.g. a worker process died)."""
+
+
 class AggregationError(FedforgeError):
     """An aggregator cannot combine the updates it was given (e.g. Krum with
     fewer than 2f + 3 of them)."""

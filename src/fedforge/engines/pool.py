@@ -21,10 +21,15 @@ reach the checkpoint). ``experiment.make_engine`` checks; the run then falls
 back to the inner engine in-process and says why in one line.
 
 Processes start with ``fork`` at the first cohort (the runtime is complete by
-then); each worker sets one torch thread, default SIGTERM handling (the server
-keeps the run's graceful stop) and ignores SIGINT (the server handles Ctrl-C).
-The round's payload goes through one file in shared memory, read once per
-worker and round, not pickled once per client.
+then); each worker sets one torch thread and ignores SIGINT and SIGTERM: the
+server process alone handles a stop (it finishes the round with its workers,
+checkpoints, then ends them), so a signal to the whole process group (Ctrl-C,
+``pkill -f``, a service manager) does not kill a worker mid-round. A worker
+that dies anyway (SIGKILL, out of memory) ends the round with an
+:class:`~fedforge.errors.EngineError` naming it, instead of a hang; the run
+then resumes from its last checkpoint. The round's payload goes through one
+file in shared memory, read once per worker and round, not pickled once per
+client.
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ import os
 import signal
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
-from multiprocessing.pool import Pool
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import torch
@@ -42,6 +48,7 @@ import torch
 from fedforge.client import ClientTask, ClientUpload
 from fedforge.engines.serial import SerialEngine
 from fedforge.engines.vectorized import VectorizedEngine
+from fedforge.errors import EngineError
 
 Inner = SerialEngine | VectorizedEngine
 
@@ -65,7 +72,7 @@ def resolve_workers(workers: int) -> int:
 
 def _worker_init() -> None:
     torch.set_num_threads(1)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
@@ -90,14 +97,14 @@ class PoolEngine:
         self.inner = inner
         self.workers = workers
         self.name = f"{inner.name}x{workers}"
-        self._pool: Pool | None = None
+        self._pool: ProcessPoolExecutor | None = None
 
-    def _start(self) -> Pool:
+    def _start(self) -> ProcessPoolExecutor:
         global _INNER
         if self._pool is None:
             _INNER = self.inner
             ctx = multiprocessing.get_context("fork")
-            self._pool = ctx.Pool(self.workers, initializer=_worker_init)
+            self._pool = ProcessPoolExecutor(self.workers, ctx, initializer=_worker_init)
         return self._pool
 
     def _chunks(self, tasks: Sequence[ClientTask]) -> list[list[ClientTask]]:
@@ -119,9 +126,16 @@ class PoolEngine:
             with os.fdopen(fd, "wb") as f:
                 f.write(payload)
             jobs = [(path, chunk) for chunk in self._chunks(tasks)]
-            for results in pool.imap(_run_chunk, jobs):
-                for client_id, data, seconds in results:
-                    yield ClientUpload(client_id, data, seconds)
+            try:
+                for results in pool.map(_run_chunk, jobs):
+                    for client_id, data, seconds in results:
+                        yield ClientUpload(client_id, data, seconds)
+            except BrokenProcessPool:
+                self.close()
+                raise EngineError(
+                    "a worker process died during the round (killed, or out of memory); "
+                    "the round is lost, resume the run from its last checkpoint"
+                ) from None
         finally:
             os.unlink(path)
 
@@ -129,13 +143,17 @@ class PoolEngine:
         return self.inner.run_phase(phase, messages)
 
     def close(self) -> None:
-        """Stop the workers (idempotent)."""
-        if self._pool is not None:
-            self._pool.terminate()
-            self._pool.join()
-            self._pool = None
+        """Stop the workers (idempotent): cancel what has not started and end
+        the processes (they ignore SIGTERM, so SIGKILL)."""
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        processes = list(getattr(pool, "_processes", {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            if process.is_alive():
+                process.kill()
+            process.join()
 
     def __del__(self) -> None:
-        pool = getattr(self, "_pool", None)
-        if pool is not None:
-            pool.terminate()
+        self.close()
