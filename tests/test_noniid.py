@@ -244,3 +244,31 @@ def test_resume_with_scaffold_is_bit_exact(
     assert torch.equal(resumed.params, reference.params)
     with RunStore.open(stopped.run_dir) as got, RunStore.open(reference.run_dir) as want:
         assert [r.test_loss for r in got.rounds()] == [r.test_loss for r in want.rounds()]
+
+
+def test_scaffold_client_keeps_its_control_when_local_training_blows_up() -> None:
+    """Option II from a non-finite local result would store a non-finite c_k and
+    poison every later round of that client: the client keeps its old c_k
+    (its non-finite update is refused by the server anyway)."""
+    from fedforge.algorithms.local import ClientJob
+    from fedforge.algorithms.scaffold import CONTROL, CONTROL_DELTA, ScaffoldClient
+    from fedforge.client import LocalResult
+    from fedforge.store.client_state import MemoryStateStore
+
+    store = MemoryStateStore(2, 3, F64)
+    store.scatter([1], torch.tensor([[0.5, -0.5, 0.25]], dtype=F64))
+    client = ScaffoldClient(store, "II")
+    start = torch.zeros(3, dtype=F64)
+    extras = {CONTROL: torch.zeros(3, dtype=F64)}
+
+    def job(params: torch.Tensor) -> ClientJob:
+        result = LocalResult(params, float("nan"), 2)
+        return ClientJob(1, start, result, start, start, 0.1, extras, lambda p, x, y: p)
+
+    sent = client.end(job(torch.tensor([float("nan"), 1.0, float("inf")], dtype=F64)))
+    assert not torch.isfinite(sent[CONTROL_DELTA]).all()  # travels, and is refused
+    assert torch.equal(store.gather([1])[0], torch.tensor([0.5, -0.5, 0.25], dtype=F64))
+    # a finite run moves it as before: c_k+ = c_k - c + (w_t - w) / (K lr)
+    client.end(job(torch.tensor([0.2, 0.0, -0.2], dtype=F64)))
+    want = torch.tensor([0.5 - 1.0, -0.5, 0.25 + 1.0], dtype=F64)
+    torch.testing.assert_close(store.gather([1])[0], want)

@@ -75,7 +75,11 @@ class ScaffoldClient:
             c = _server_control(job.extras, job.start)
             steps = max(job.result.steps, 1)
             new = ck - c + (job.start - job.result.params) / (steps * job.lr)
-        self.store.scatter([job.client_id], new.unsqueeze(0))
+        if bool(torch.isfinite(new).all()):
+            self.store.scatter([job.client_id], new.unsqueeze(0))
+        # else: a local run that blew up keeps its old control. Its update (non-
+        # finite) is refused by the server; storing the control would poison
+        # every later round of this client, and the run with it.
         return {CONTROL_DELTA: new - ck}
 
 
