@@ -148,12 +148,15 @@ class PoolEngine:
         pool, self._pool = self._pool, None
         if pool is None:
             return
-        processes = list(getattr(pool, "_processes", {}).values())
+        processes = dict(getattr(pool, "_processes", None) or {})
         pool.shutdown(wait=False, cancel_futures=True)
-        for process in processes:
+        processes.update(getattr(pool, "_processes", None) or {})
+        for process in processes.values():
             if process.is_alive():
                 process.kill()
+        for process in processes.values():
             process.join()
+        pool.shutdown(wait=True)  # the executor's own thread, which reaps what is left
 
     def __del__(self) -> None:
         self.close()
