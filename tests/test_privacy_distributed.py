@@ -17,6 +17,7 @@ import pytest
 import torch
 from dp_accounting import rdp
 from tests.conftest import MakeData
+from tests.test_privacy_secagg_round import BASE  # the same tiny 2NN secure-aggregation run
 
 from fedforge.config import from_dict
 from fedforge.errors import ConfigError, UploadError
@@ -32,16 +33,6 @@ from fedforge.stages.secagg import FixedPoint, SecAggClient, modulus_bits
 from fedforge.stages.tiers import TieredNoise, high_tier
 
 SIZES = [30, 20, 40, 30, 25, 35]
-BASE: dict[str, Any] = {
-    "model": "2nn",
-    "num_clients": 6,
-    "client_fraction": 1.0,
-    "batch_size": 10,
-    "lr": 0.05,
-    "rounds": 2,
-    "target_accuracy": None,
-    "dtype": "float64",
-}
 Z, CLIP = 0.8, 0.5
 DIST = {"dp": "distributed", "noise_multiplier": Z, "clip_norm": CLIP, "secagg": True}
 TIERS = {"noise_multiplier": Z, "clip_norm": CLIP, "secagg": True}

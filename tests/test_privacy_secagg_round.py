@@ -5,15 +5,13 @@ messages are counted, impossible combinations are refused, resume is bit-exact."
 
 from __future__ import annotations
 
-import os
-import signal
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from tests.conftest import MakeData
+from tests.conftest import MakeData, SigtermAt
 
 from fedforge.client import ClientTask, ClientUpload
 from fedforge.config import from_dict, override
@@ -220,21 +218,6 @@ def test_secagg_refuses_what_it_cannot_hide(
         build(from_dict({**BASE, **more, "privacy": {**DP, **priv}}), data)
 
 
-class _SigtermAt:
-    name = "sigterm"
-
-    def __init__(self, inner: Engine, at: int) -> None:
-        self.inner, self.at = inner, at
-
-    def run_cohort(self, tasks: Sequence[ClientTask], payload: bytes) -> Iterator[ClientUpload]:
-        if tasks and tasks[0].round_idx == self.at:
-            os.kill(os.getpid(), signal.SIGTERM)
-        yield from self.inner.run_cohort(tasks, payload)
-
-    def run_phase(self, phase: str, messages: Mapping[int, bytes]) -> dict[int, bytes]:
-        return self.inner.run_phase(phase, messages)
-
-
 def test_resume_with_secagg_is_bit_exact(
     data: FederatedData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -257,7 +240,7 @@ def test_resume_with_secagg_is_bit_exact(
     def stopping_build(c: Any, d: Any = None) -> Any:
         exp = real_build(c, d)
         assert isinstance(exp.engine, SerialEngine)
-        exp.engine = _SigtermAt(exp.engine, at=2)
+        exp.engine = SigtermAt(exp.engine, at=2)
         return exp
 
     monkeypatch.setattr(loop, "build", stopping_build)

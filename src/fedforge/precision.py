@@ -16,12 +16,8 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Literal
 
 import torch
-
-Precision = Literal["fp32", "bf16"]
-PRECISIONS: tuple[str, ...] = ("fp32", "bf16")
 
 
 def forward_context(precision: str) -> contextlib.AbstractContextManager[object]:
