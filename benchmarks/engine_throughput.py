@@ -43,6 +43,7 @@ import torch
 
 from fedforge import config as config_mod
 from fedforge.algorithms import cross_entropy
+from fedforge.allocator import keep_large_blocks
 from fedforge.client import ClientTask
 from fedforge.engines import close_engine
 from fedforge.engines.pool import usable_cores
@@ -245,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scaling", default="10,100,1000")
     p.add_argument("--no-default-job", action="store_true")
     args = p.parse_args(argv)
+    keep_large_blocks()  # the centralized reference gets the runs' allocator settings too
     cores = usable_cores()
     torch.set_num_threads(cores)
     blocks = 1 if args.quick else args.blocks

@@ -14,6 +14,7 @@ from fedforge import algorithms, communication, privacy, reports
 from fedforge.aggregators import Aggregator, WeightedMean
 from fedforge.aggregators.weights import Reweighted
 from fedforge.algorithms.base import Algorithm
+from fedforge.allocator import keep_large_blocks
 from fedforge.client import ClientRuntime
 from fedforge.clienteval import split_holdout
 from fedforge.communication import CommunicationParts
@@ -144,6 +145,7 @@ def shift_data(cfg: Config, data: FederatedData) -> FederatedData:
 
 def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
     """Assemble a run from its config (``data`` may be given to reuse a load)."""
+    keep_large_blocks()  # glibc: reuse freed activation buffers (fedforge.allocator)
     data = shift_data(cfg, data if data is not None else load_federated_data(cfg))
     if cfg.eval_clients and data.holdout is None:  # carve each client's held-out slice
         keep, held = split_holdout(data.partition, cfg.eval_holdout, cfg.seed)
