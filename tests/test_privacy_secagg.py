@@ -123,17 +123,25 @@ def test_order_violating_pipelines_are_refused() -> None:
     Pipeline(DPMean(1.0), client=(clip,), server_aggregate=(CentralNoise(1.0, 1.0, 1.0),))
 
 
-@pytest.mark.parametrize("bits", [1, 7, 23, 32, 33, 63, 64])
+def _bitwise_pack(words: np.ndarray, bits: int) -> np.ndarray:
+    """A second packing, bit by bit: each word's low ``bits`` bits, first word first."""
+    raw = words.astype("<u8").view(np.uint8).reshape(-1, 8)
+    stream = np.unpackbits(raw, axis=1, bitorder="little")[:, :bits]
+    return np.packbits(stream.reshape(-1), bitorder="little")
+
+
+@pytest.mark.parametrize("bits", [1, 7, 8, 23, 25, 32, 33, 57, 63, 64])
 def test_masked_words_pack_at_k_bits_and_refuse_padding(bits: int) -> None:
     from fedforge.errors import UploadError
     from fedforge.stages.secagg_codec import pack_words, unpack_words
 
     rng = np.random.default_rng(bits)
-    for n in (1, 3, 1001):
+    for n in (1, 3, 8, 9, 1001):
         words = rng.integers(0, 2**63, n, dtype=np.uint64) * np.uint64(2)
         words = (words + rng.integers(0, 2, n, dtype=np.uint64)) & FixedPoint(0, bits).mask
         packed = pack_words(words, bits)
         assert packed.size == (n * bits + 7) // 8
+        assert np.array_equal(packed, _bitwise_pack(words, bits))
         assert np.array_equal(unpack_words(packed, bits, n), words)
         if (n * bits) % 8:
             bad = packed.copy()
