@@ -97,7 +97,7 @@ def keystream(seed: bytes, size: int) -> np.ndarray:
     encrypting a fresh zero string, masking and adding copies)."""
     out = np.empty(size + 2, dtype=np.uint64)  # CTR writes up to a block - 1 past
     enc = Cipher(algorithms.AES(seed), modes.CTR(b"\0" * 16)).encryptor()
-    enc.update_into(_zeros(8 * size), memoryview(out).cast("B"))
+    enc.update_into(_zeros(8 * size), out.view(np.uint8).data)
     return out[:size]
 
 

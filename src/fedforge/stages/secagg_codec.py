@@ -343,9 +343,9 @@ def pack_words(words: np.ndarray, bits: int) -> np.ndarray:
 def unpack_words(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
     """The inverse of :func:`pack_words`; refuses non-zero padding."""
     groups = -(-count // 8)
-    table = np.zeros(groups * bits, dtype=np.uint64)
-    table[: packed.size] = packed
-    table = table.reshape(groups, bits).T.copy()  # [bits, groups]
+    stream = np.zeros(groups * bits, dtype=np.uint64)
+    stream[: packed.size] = packed
+    table = stream.reshape(groups, bits).T.copy()  # [bits, groups]
     words = np.zeros((8, groups), dtype=np.uint64)
     for j, b, shift in _overlaps(bits):
         part = table[b] << np.uint64(shift) if shift >= 0 else table[b] >> np.uint64(-shift)
