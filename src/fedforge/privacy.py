@@ -23,7 +23,7 @@ from fedforge.accountant import Accountant, local_epsilon
 from fedforge.algorithms.base import Algorithm
 from fedforge.config import Config
 from fedforge.config.privacy import delta_of
-from fedforge.errors import ConfigError
+from fedforge.errors import ConfigError, invalid_field
 from fedforge.pipeline import Stage
 from fedforge.rng import torch_generator
 from fedforge.server.sampling import cohort_size
@@ -125,6 +125,8 @@ class PrivacyParts:
         """The privacy lines of a run summary."""
         p = self.cfg.privacy
         out: dict[str, Any] = {"dp": p.dp, "secagg": p.secagg}
+        if p.secagg_neighbours is not None:
+            out["secagg_neighbours"] = p.secagg_neighbours
         if self.high_tier is not None:
             return {**out, **self._tier_summary(rounds)}
         if p.dp == "none":
@@ -272,6 +274,12 @@ def _secagg(parts: PrivacyParts, cfg: Config, m: int, num_examples: list[int]) -
     for bad, why in refusals:
         if bad:
             raise ConfigError(f"privacy.secagg: {why}")
+    if p.secagg_neighbours is not None and p.secagg_neighbours >= m:
+        raise invalid_field(
+            "privacy.secagg_neighbours",
+            p.secagg_neighbours,
+            f"must be below the cohort of {m} clients (2 <= k < {m}, even); null masks every pair",
+        )
     clipped = p.dp != "none" or p.tiers.enabled
     clip = p.clip_norm if clipped else float(comm.clip_norm or 0.0)
     # noise before the mask: each coordinate clamped at C + 8 s (secagg_codec.NOISE_TAIL)
@@ -285,7 +293,15 @@ def _secagg(parts: PrivacyParts, cfg: Config, m: int, num_examples: list[int]) -
     cohort_max = cfg.num_clients if p.sampling == "poisson" else m
     cap = p.weight_cap if p.weights == "capped" else None
     parts.secagg = SecAggCodec(
-        bound, cohort_max, p.secagg_frac_bits, p.secagg_threshold, num_examples, cap, n_min
+        bound,
+        cohort_max,
+        p.secagg_frac_bits,
+        p.secagg_threshold,
+        num_examples,
+        cap,
+        n_min,
+        p.secagg_neighbours,
+        cfg.seed,
     )
     if cfg.robust.aggregator == "mean":  # others are refused by the pipeline's rule
         parts.secagg_mean = SecAggMean(cap)

@@ -50,6 +50,10 @@ class PrivacyConfig:
     secagg: bool = False  # Bonawitz et al. 2017 secure aggregation of the updates
     secagg_threshold: float = 0.66  # t = ceil(threshold * cohort) shares reconstruct
     secagg_frac_bits: int = 20  # fixed point: x -> round(x 2^f) mod 2^k
+    # SecAgg+ (Bell et al. 2020): each client masks with and shares among only k
+    # neighbours of a random k-regular graph (t = ceil(threshold (k + 1)) of each
+    # neighbourhood); null: every pair (SecAgg)
+    secagg_neighbours: int | None = None
     # simulated dropouts: this fraction of the clients still in the protocol stops
     # answering before each phase (drawn from (seed, round, phase))
     secagg_drop_advertise: float = 0.0
@@ -116,6 +120,15 @@ def validate_privacy(p: PrivacyConfig) -> None:
             p.secagg_frac_bits,
             4 <= p.secagg_frac_bits <= 40,
             "must be an integer in 4..40",
+        ),
+        (
+            "secagg_neighbours",
+            p.secagg_neighbours,
+            p.secagg_neighbours is None
+            or (p.secagg_neighbours >= 2 and p.secagg_neighbours % 2 == 0 and p.secagg),
+            "must be an even integer >= 2 (the Harary graph H(k, n): k/2 neighbours on "
+            "either side of each client on a random ring) below the cohort size, with "
+            "privacy.secagg = true; or null (every pair masks: SecAgg)",
         ),
         *(
             (f"secagg_drop_{phase}", v, 0 <= v < 1, "must be in [0, 1)")

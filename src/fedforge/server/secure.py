@@ -9,6 +9,9 @@ server trusts nothing: it sees public keys, ciphertexts, masked vectors and
 shares; each message is checked, a malformed one counts as a dropout. Simulated
 dropouts (``privacy.secagg_drop_<phase>``) come from (seed, round, phase). Fewer
 than t clients at any phase end the round with the reason; the model is untouched.
+With SecAgg+ (``privacy.secagg_neighbours``, Bell et al. 2020) each client hears
+only of its neighbourhood in the round's graph, and a client with fewer than t
+of its neighbourhood left ends the round the same way, naming it.
 """
 
 from __future__ import annotations
@@ -86,8 +89,20 @@ def secure_round(
                 out.refused.append((c, f"secure aggregation: {exc}"))
         return got
 
-    def end(phase: str, n: int) -> SecureOutcome:
-        out.reason = f"secure aggregation: {n} client(s) left after '{phase}', fewer than t = {t}"
+    def end(phase: str, alive: Sequence[int], whose: Sequence[int]) -> SecureOutcome | None:
+        """The round's end when too few are ``alive`` after ``phase``, overall or
+        in the neighbourhood of one of ``whose``; None: go on."""
+        n = len(alive)
+        why = (
+            f"secure aggregation: {n} client(s) left after '{phase}', fewer than t = {t}"
+            if n < t
+            else graph.short(alive, whose, phase)
+        )
+        if why is None:
+            return None
+        out.reason = why
+        if phase in ("masked_input", "unmask"):
+            out.clients = {}
         return finish()
 
     def finish() -> SecureOutcome:
@@ -111,21 +126,30 @@ def secure_round(
             "(distributed DP's n_min)"
         )
         return finish()
-    msg = sc.advertise_message(round_idx)
+    graph = codec.graph(round_idx, ids)
+    msg = sc.advertise_message(round_idx, None if codec.neighbours is None else ids)
     replies = send("advertise", {c: msg for c in alive("advertise", ids)})
     keys = parse(replies, lambda c, r: sc.read_keys(r, round_idx, c))
-    if len(keys) < t:
-        return end("advertise", len(keys))
-    msg = sc.share_keys_message(round_idx, keys, t)
-    replies = send("share_keys", {c: msg for c in alive("share_keys", list(keys))})
     u1 = sorted(keys)
-    shares = parse(replies, lambda c, r: sc.read_shares(r, round_idx, c, u1))
-    if len(shares) < t:
-        return end("share_keys", len(shares))
+    if stop := end("advertise", u1, u1):
+        return stop
+    replies = send(
+        "share_keys",
+        {
+            c: sc.share_keys_message(round_idx, {i: keys[i] for i in graph.within(c, u1)}, graph.t)
+            for c in alive("share_keys", u1)
+        },
+    )
+    shares = parse(replies, lambda c, r: sc.read_shares(r, round_idx, c, graph.within(c, u1)))
     u2 = sorted(shares)
+    if stop := end("share_keys", u2, u2):
+        return stop
     routed = route(shares)
     live = alive("masked_input", u2)
-    send("masked_input", {c: sc.masked_input_message(round_idx, routed[c], u2) for c in live})
+    send(
+        "masked_input",
+        {c: sc.masked_input_message(round_idx, routed[c], graph.within(c, u2)) for c in live},
+    )
     masked: dict[int, np.ndarray] = {}
     weights: dict[int, int] = {}
     for upload in exp.engine.run_cohort(
@@ -149,17 +173,17 @@ def secure_round(
         loss_ = float(loss) if isinstance(loss, int | float) else float("nan")
         # the server cannot know an individual update's norm: NaN
         out.clients[c] = ClientRecord(round_idx, c, n, loss_, float("nan"), 0, 0)
-    if len(masked) < t:
-        out.clients = {}
-        return end("masked_input", len(masked))
     u3 = sorted(masked)
-    msg = sc.unmask_message(round_idx, u3)
-    replies = send("unmask", {c: msg for c in alive("unmask", u3)})
-    shares_back = parse(replies, lambda c, r: sc.read_unmask(r, round_idx, c, u2))
-    if len(shares_back) < t:
-        out.clients = {}
-        return end("unmask", len(shares_back))
-    total, why = unmask_sum(masked, shares_back, keys, u2, t, codec.fp, round_idx, size)
+    if stop := end("masked_input", u3, u2):
+        return stop
+    replies = send(
+        "unmask",
+        {c: sc.unmask_message(round_idx, graph.within(c, u3)) for c in alive("unmask", u3)},
+    )
+    shares_back = parse(replies, lambda c, r: sc.read_unmask(r, round_idx, c, graph.within(c, u2)))
+    if stop := end("unmask", sorted(shares_back), u2):
+        return stop
+    total, why = unmask_sum(masked, shares_back, keys, u2, graph, codec.fp, round_idx, size)
     if total is None:
         out.clients, out.reason = {}, why
         return finish()

@@ -11,6 +11,10 @@ routes, AES-CTR as the PRG. Shamir shares (``shamir.py``, threshold t) of b_i
 and of the mask key let the survivors unmask: the server rebuilds b_i of every
 client whose masked input arrived and the mask key of every client that
 dropped after sharing keys. Fewer than t survivors at any phase end the round.
+With SecAgg+ (Bell et al. 2020, ``secagg_graph.py``) the pairs and the share
+holders are the edges of a random k-regular graph instead of every pair; the
+same code runs both, a :class:`~fedforge.stages.secagg_graph.MaskGraph` saying
+who is whose neighbour (the complete graph: SecAgg).
 
 Phases: advertise keys, share keys, masked input, unmasking. Client code is
 :class:`SecAggClient` (runs on the client; trusts only its own keys and the
@@ -26,7 +30,7 @@ import math
 import os
 import struct
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +43,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from fedforge.errors import ConfigError
 from fedforge.stages import shamir
+from fedforge.stages.secagg_graph import MaskGraph, complete_graph
 
 PHASES = ("advertise", "share_keys", "masked_input", "unmask")
 RAW = serialization.Encoding.Raw
@@ -132,8 +137,16 @@ def _pk(raw: bytes) -> X25519PublicKey:
 class SecAggClient:
     """One client's side of one round; its secrets never leave it unshared."""
 
-    def __init__(self, client_id: int, round_idx: int, threshold: int, fp: FixedPoint) -> None:
+    def __init__(
+        self,
+        client_id: int,
+        round_idx: int,
+        threshold: int,
+        fp: FixedPoint,
+        neighbourhood: frozenset[int] | None = None,
+    ) -> None:
         self.id, self.round, self.t, self.fp = client_id, round_idx, threshold, fp
+        self.neighbourhood = neighbourhood  # SecAgg+: itself and its neighbours; None: anyone
         self.c_sk = X25519PrivateKey.generate()  # channel key (encrypts shares)
         self.s_sk = X25519PrivateKey.generate()  # mask key (pairwise seeds)
         self.b = os.urandom(32)  # self-mask seed
@@ -156,6 +169,9 @@ class SecAggClient:
         ciphertext per other client, routed by the server."""
         if len(keys) < self.t:
             raise ValueError(f"only {len(keys)} clients advertised keys; threshold is {self.t}")
+        if self.neighbourhood is not None and not set(keys) <= self.neighbourhood:
+            outside = sorted(set(keys) - self.neighbourhood)[:5]
+            raise ValueError(f"keys of clients {outside} outside client {self.id}'s neighbourhood")
         self.keys = dict(keys)
         ids = sorted(keys)
         raw_s = self.s_sk.private_bytes_raw()
@@ -242,10 +258,13 @@ def secure_sum(
     fp: FixedPoint,
     call: Call,
     drops: Mapping[str, set[int]] | None = None,
+    graph: MaskGraph | None = None,
 ) -> SecAggResult:
     """The server's four phases. ``call`` reaches a client (None: it dropped);
-    ``drops`` simulates clients that stop answering before a phase."""
+    ``drops`` simulates clients that stop answering before a phase; ``graph`` is
+    SecAgg+'s (None: the complete graph with t = ``threshold``)."""
     drops = drops or {}
+    graph = graph or complete_graph(clients, threshold)
 
     def ask(phase: str, ids: Sequence[int], msg: Callable[[int], Any]) -> dict[int, Any]:
         replies = {}
@@ -257,35 +276,40 @@ def secure_sum(
                 replies[c] = reply
         return replies
 
-    def short(phase: str, got: int) -> SecAggResult:
-        why = f"secure aggregation: {got} clients left after '{phase}', fewer than t = {threshold}"
-        return SecAggResult(None, why, [])
+    def short(phase: str, alive: Collection[int], whose: Collection[int]) -> SecAggResult | None:
+        n = len(alive)
+        why = (
+            f"secure aggregation: {n} clients left after '{phase}', fewer than t = {threshold}"
+            if n < threshold
+            else graph.short(alive, whose, phase)
+        )
+        return None if why is None else SecAggResult(None, why, [])
 
     keys = ask("advertise", clients, lambda c: None)
-    if len(keys) < threshold:
-        return short("advertise", len(keys))
+    if end := short("advertise", keys, keys):
+        return end
     u1 = sorted(keys)
-    shares = ask("share_keys", u1, lambda c: keys)
-    if len(shares) < threshold:
-        return short("share_keys", len(shares))
+    shares = ask("share_keys", u1, lambda c: {i: keys[i] for i in graph.within(c, u1)})
+    if end := short("share_keys", shares, shares):
+        return end
     u2 = sorted(shares)
     routed = route(shares)
-    masked = ask("masked_input", u2, lambda c: (routed[c], u2))
-    if len(masked) < threshold:
-        return short("masked_input", len(masked))
+    masked = ask("masked_input", u2, lambda c: (routed[c], graph.within(c, u2)))
+    if end := short("masked_input", masked, u2):
+        return end
     u3 = sorted(masked)
-    replies = ask("unmask", u3, lambda c: u3)
-    if len(replies) < threshold:
-        return short("unmask", len(replies))
-    total, why = unmask_sum(masked, replies, keys, u2, threshold, fp, fp_round(call), size)
+    replies = ask("unmask", u3, lambda c: graph.within(c, u3))
+    if end := short("unmask", replies, u2):
+        return end
+    total, why = unmask_sum(masked, replies, keys, u2, graph, fp, fp_round(call), size)
     return SecAggResult(total, why, u3 if total is not None else [])
 
 
 def route(shares: Mapping[int, Mapping[int, bytes]]) -> dict[int, dict[int, bytes]]:
     """The ciphertexts each client of U2 (the clients that shared) receives: one
-    from every other client of U2."""
+    from every other client of U2 that shared with it (its neighbours)."""
     u2 = sorted(shares)
-    return {j: {i: shares[i][j] for i in u2 if i != j} for j in u2}
+    return {j: {i: shares[i][j] for i in u2 if j in shares[i]} for j in u2}
 
 
 def unmask_sum(
@@ -293,15 +317,17 @@ def unmask_sum(
     replies: Mapping[int, Mapping[int, tuple[str, int]]],
     keys: Mapping[int, tuple[bytes, bytes]],
     u2: Sequence[int],
-    threshold: int,
+    graph: MaskGraph,
     fp: FixedPoint,
     round_idx: int,
     size: int,
 ) -> tuple[np.ndarray | None, str | None]:
     """The server's last step: the sum of the masked inputs (clients U3) minus
-    every self mask PRG(b_i) of U3, and with the pairwise masks of the clients
-    of U2 that dropped before sending their input rebuilt from their mask keys.
+    every self mask PRG(b_i) of U3, and with the pairwise masks between the
+    clients of U2 that dropped before sending their input and their neighbours
+    of U3 rebuilt from their mask keys (t = ``graph.t`` shares each).
     Returns (sum mod 2^k, None) or (None, why) when shares are missing."""
+    threshold = graph.t
     mask = fp.mask
     u3 = sorted(masked)
     total = np.zeros(size, dtype=np.uint64)
@@ -317,7 +343,7 @@ def unmask_sum(
             add_mask(total, keystream(secret, size, fp.bits), -1)
             continue
         sk = X25519PrivateKey.from_private_bytes(secret)
-        for i in u3:  # survivor i added +PRG(s_ij) if j > i, else -PRG(s_ij)
+        for i in graph.within(j, u3):  # survivor i added +PRG(s_ij) if j > i, else -PRG(s_ij)
             p = pairwise(sk, keys[i][1], round_idx, size, fp.bits)
             add_mask(total, p, -1 if j > i else +1)
     return total & mask, None
@@ -333,11 +359,22 @@ class Simulated:
     process, each fed its own input at the masked-input phase."""
 
     def __init__(
-        self, inputs: Mapping[int, np.ndarray], round_idx: int, threshold: int, fp: FixedPoint
+        self,
+        inputs: Mapping[int, np.ndarray],
+        round_idx: int,
+        threshold: int,
+        fp: FixedPoint,
+        graph: MaskGraph | None = None,
     ) -> None:
+        """``graph``: SecAgg+'s (each client's neighbourhood and t); None: SecAgg."""
         self.inputs = inputs
         self.round_idx = round_idx
-        self.clients = {c: SecAggClient(c, round_idx, threshold, fp) for c in inputs}
+        self.clients = {
+            c: SecAggClient(c, round_idx, threshold, fp)
+            if graph is None
+            else SecAggClient(c, round_idx, graph.t, fp, graph.closed(c))
+            for c in inputs
+        }
         self.bits = fp.bits
         self.bytes_up = 0
         self.client_seconds = 0.0  # time spent inside the clients' code, all phases

@@ -11,7 +11,10 @@ divides the unmasked sum by a public total weight, :class:`SecAggMean`). Every
 phase message is a real wire message (``transport/wire.py``), so the bytes
 counted are the bytes a deployment would send. Runs on the client (``phase``,
 ``encode``) and the server (the ``*_message`` builders, ``read_*`` parsers, which
-trust nothing and raise :class:`UploadError`).
+trust nothing and raise :class:`UploadError`). With ``neighbours`` = k it runs
+SecAgg+ (Bell et al. 2020, ``secagg_graph.py``): the advertise message carries
+the cohort, from which each client derives the round's graph (run seed, round)
+and its neighbourhood; every later message holds only that neighbourhood.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from fedforge.stages.secagg import (
     SecAggClient,
     modulus_bits,
 )
+from fedforge.stages.secagg_graph import MaskGraph, complete_graph, min_survivors, random_harary
 from fedforge.transport import wire
 
 # Noise before the mask (local, tiered or distributed DP) has no hard bound, but
@@ -57,11 +61,6 @@ def clamp_probability(coordinates: float) -> float:
     """An upper bound on the probability that the clamp binds on any of
     ``coordinates`` noised coordinates (union bound over P(|N(0, 1)| > 8))."""
     return min(1.0, coordinates * math.erfc(NOISE_TAIL / math.sqrt(2)))
-
-
-def min_survivors(threshold: float, n: int) -> int:
-    """t for ``n`` clients starting the protocol: ceil(threshold n), at least 1."""
-    return max(1, int(np.ceil(threshold * n - 1e-9)))
 
 
 class SecAggMean:
@@ -125,8 +124,10 @@ def _id_list(t: torch.Tensor, allowed: Sequence[int] | None = None) -> list[int]
     return ids
 
 
-def advertise_message(round_idx: int) -> bytes:
-    return wire.encode({}, _meta("advertise", round_idx))
+def advertise_message(round_idx: int, cohort: Sequence[int] | None = None) -> bytes:
+    """SecAgg+: with the round's cohort, from which the client derives the graph."""
+    tensors = {} if cohort is None else {"cohort": _ids(sorted(cohort))}
+    return wire.encode(tensors, _meta("advertise", round_idx))
 
 
 def share_keys_message(
@@ -206,12 +207,16 @@ class SecAggCodec:
         num_examples: Sequence[int],
         weight_cap: int | None = None,
         min_survivors: int = 1,
+        neighbours: int | None = None,
+        seed: int = 0,
     ) -> None:
         self.bound = bound  # every coordinate of w_k x_k lies in [-bound, bound]
         self.cohort_max = cohort_max
         self.threshold = threshold
         # distributed DP: its noise is calibrated to sums of at least this many inputs
         self.min_survivors = min_survivors
+        self.neighbours = neighbours  # SecAgg+'s k; None: every pair (SecAgg)
+        self.seed = seed  # the run seed: SecAgg+'s graph is public randomness
         self.num_examples = list(num_examples)  # a client knows its own n_k
         self.mean = SecAggMean(weight_cap)
         self.sessions: dict[int, SecAggClient] = {}  # client id -> this round's protocol
@@ -232,6 +237,13 @@ class SecAggCodec:
         ``n`` means the round cannot run)."""
         return max(min_survivors(self.threshold, n), self.min_survivors)
 
+    def graph(self, round_idx: int, cohort: Sequence[int]) -> MaskGraph:
+        """The round's masking graph: complete with t = :meth:`threshold_of`, or
+        SecAgg+'s random k-regular one with t of each closed neighbourhood."""
+        if self.neighbours is None:
+            return complete_graph(cohort, self.threshold_of(len(cohort)))
+        return random_harary(cohort, self.neighbours, self.seed, round_idx, self.threshold)
+
     # ------------------------------------------------------ extra phases (client)
     def phase(self, name: str, client_id: int, data: bytes) -> bytes | None:
         """One client's answer to a phase message (None: nothing to send back)."""
@@ -241,7 +253,7 @@ class SecAggCodec:
             raise UploadError(f"secure aggregation: not a '{name}' message")
         reply = _meta(name, r, client_id)
         if name == "advertise":
-            cl = SecAggClient(client_id, r, 1, self.fp)  # t comes with the keys
+            cl = SecAggClient(client_id, r, 1, self.fp, self._neighbourhood(msg, client_id))
             self.sessions[client_id] = cl
             c_pk, s_pk = cl.advertise()
             raw_keys = torch.frombuffer(bytearray(c_pk + s_pk), dtype=torch.uint8)
@@ -252,7 +264,13 @@ class SecAggCodec:
             raw = msg.tensors["keys"].numpy()
             keys = {c: (raw[i, :32].tobytes(), raw[i, 32:].tobytes()) for i, c in enumerate(ids)}
             t = msg.meta.get("threshold")
-            if not isinstance(t, int) or t < self.threshold_of(len(ids)):
+            near = cl.neighbourhood
+            least = (
+                self.threshold_of(len(ids))
+                if near is None
+                else min_survivors(self.threshold, len(near))
+            )
+            if not isinstance(t, int) or t < least:
                 raise UploadError(f"secure aggregation: threshold {t!r:.20} is below this run's")
             cl.t = t
             out = cl.share_keys(keys)
@@ -280,6 +298,19 @@ class SecAggCodec:
             }
             return wire.encode(tensors, reply)
         raise UploadError(f"secure aggregation: unknown phase {name!r:.40}")
+
+    def _neighbourhood(self, msg: wire.Message, client_id: int) -> frozenset[int] | None:
+        """SecAgg+: the client and its neighbours in the graph of the advertised
+        cohort; None for the complete graph."""
+        if self.neighbours is None:
+            return None
+        cohort = msg.tensors.get("cohort")
+        if cohort is None or cohort.dtype != torch.int64 or cohort.ndim != 1:
+            raise UploadError("secure aggregation: SecAgg+ needs the round's cohort")
+        ids = _id_list(cohort)
+        if client_id not in ids:
+            raise UploadError(f"secure aggregation: client {client_id} is not in the cohort")
+        return self.graph(int(msg.meta["round_idx"]), ids).closed(client_id)
 
     def _session(self, client_id: int, round_idx: int) -> SecAggClient:
         cl = self.sessions.get(client_id)
