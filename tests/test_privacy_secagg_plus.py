@@ -16,11 +16,12 @@ from tests.conftest import MakeData
 from tests.test_privacy_secagg_round import BASE, DP, SECAGG  # the tiny 2NN secagg run
 
 from fedforge.config import from_dict
-from fedforge.errors import ConfigError
+from fedforge.errors import ConfigError, UploadError
 from fedforge.experiment import FederatedData, build
 from fedforge.server.loop import run
 from fedforge.stages import secagg
 from fedforge.stages.secagg import PHASES, FixedPoint, Simulated, modulus_bits, secure_sum
+from fedforge.stages.secagg_codec import SecAggCodec, advertise_message
 from fedforge.stages.secagg_graph import complete_graph, harary, random_harary
 
 
@@ -159,6 +160,19 @@ def test_a_client_refuses_keys_from_outside_its_neighbourhood() -> None:
     keys = {i: secagg.SecAggClient(i, 0, 2, fp).advertise() for i in range(5)}
     with pytest.raises(ValueError, match="outside client 0's neighbourhood"):
         secagg.SecAggClient(0, 0, 2, fp, frozenset({0, 1, 4})).share_keys(keys)
+
+
+def test_codec_clients_derive_the_servers_graph_from_the_advertised_cohort() -> None:
+    codec = SecAggCodec(1.0, 12, 16, 0.66, [10] * 12, neighbours=4, seed=5)
+    cohort = [0, 2, 3, 5, 7, 8, 9, 11]
+    graph = codec.graph(4, cohort)
+    assert graph.adjacency == random_harary(cohort, 4, 5, 4, 0.66).adjacency
+    codec.phase("advertise", 3, advertise_message(4, cohort))
+    assert codec.sessions[3].neighbourhood == graph.closed(3)
+    with pytest.raises(UploadError, match="needs the round's cohort"):
+        codec.phase("advertise", 3, advertise_message(4))
+    with pytest.raises(UploadError, match="not in the cohort"):
+        codec.phase("advertise", 4, advertise_message(4, cohort))
 
 
 def test_a_neighbourhood_with_too_few_survivors_ends_the_round() -> None:

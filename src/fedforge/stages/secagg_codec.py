@@ -253,7 +253,7 @@ class SecAggCodec:
             raise UploadError(f"secure aggregation: not a '{name}' message")
         reply = _meta(name, r, client_id)
         if name == "advertise":
-            cl = SecAggClient(client_id, r, 1, self.fp, self._neighbourhood(msg, client_id))
+            cl = SecAggClient(client_id, r, 1, self.fp, self._neighbourhood(msg, client_id, r))
             self.sessions[client_id] = cl
             c_pk, s_pk = cl.advertise()
             raw_keys = torch.frombuffer(bytearray(c_pk + s_pk), dtype=torch.uint8)
@@ -299,7 +299,9 @@ class SecAggCodec:
             return wire.encode(tensors, reply)
         raise UploadError(f"secure aggregation: unknown phase {name!r:.40}")
 
-    def _neighbourhood(self, msg: wire.Message, client_id: int) -> frozenset[int] | None:
+    def _neighbourhood(
+        self, msg: wire.Message, client_id: int, round_idx: int
+    ) -> frozenset[int] | None:
         """SecAgg+: the client and its neighbours in the graph of the advertised
         cohort; None for the complete graph."""
         if self.neighbours is None:
@@ -310,7 +312,7 @@ class SecAggCodec:
         ids = _id_list(cohort)
         if client_id not in ids:
             raise UploadError(f"secure aggregation: client {client_id} is not in the cohort")
-        return self.graph(int(msg.meta["round_idx"]), ids).closed(client_id)
+        return self.graph(round_idx, ids).closed(client_id)
 
     def _session(self, client_id: int, round_idx: int) -> SecAggClient:
         cl = self.sessions.get(client_id)
