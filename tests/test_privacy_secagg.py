@@ -133,7 +133,7 @@ def _bitwise_pack(words: np.ndarray, bits: int) -> np.ndarray:
 @pytest.mark.parametrize("bits", [1, 7, 8, 23, 25, 32, 33, 57, 63, 64])
 def test_masked_words_pack_at_k_bits_and_refuse_padding(bits: int) -> None:
     from fedforge.errors import UploadError
-    from fedforge.stages.secagg_codec import pack_words, unpack_words
+    from fedforge.stages.words import pack_words, unpack_words
 
     rng = np.random.default_rng(bits)
     for n in (1, 3, 8, 9, 1001):
