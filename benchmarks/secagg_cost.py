@@ -102,7 +102,12 @@ def protocol_grid(quick: bool, neighbours: int | None) -> None:
 
 
 def whole_round(
-    clients: int, model: str, pairs: int, data_dir: str | None, neighbours: int | None
+    clients: int,
+    model: str,
+    pairs: int,
+    data_dir: str | None,
+    neighbours: int | None,
+    warmup: int = 1,
 ) -> None:
     """Paired wall times of one round without secure aggregation, with SecAgg and,
     given ``neighbours``, with SecAgg+."""
@@ -141,12 +146,16 @@ def whole_round(
     bar = Progress(1, "secagg", enabled=False)
     times: dict[str, list[float]] = {name: [] for name in names}
     bytes_up: dict[str, int] = {}
-    for r in range(pairs + 1):  # the first block warms up and is not counted
-        for name in names if r % 2 else names[::-1]:  # ABBA (ABCCBA) order
+    for r in range(pairs + warmup):  # the first ``warmup`` blocks are not counted
+        for name in names if (r - warmup) % 2 == 0 else names[::-1]:  # ABCCBA order
             t0 = time.perf_counter()
             record, _ = run_round(exps[name], states[name], r, bar)
-            if r:
-                times[name].append(time.perf_counter() - t0)
+            seconds = time.perf_counter() - t0
+            print(
+                f"block {r} {name}: {seconds:.2f} s{' (warm-up)' if r < warmup else ''}", flush=True
+            )
+            if r >= warmup:
+                times[name].append(seconds)
                 bytes_up[name] = record.bytes_up
     over = {n: [a / b for a, b in zip(times[n], times["plain"], strict=True)] for n in names}
     print(
@@ -179,12 +188,15 @@ def main() -> None:
     ap.add_argument("--round", action="store_true", help="whole rounds with and without SecAgg")
     ap.add_argument("--clients", type=int, default=100)
     ap.add_argument("--model", default="cnn")
-    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--pairs", type=int, default=3, help="measured blocks")
+    ap.add_argument("--warmup", type=int, default=1, help="blocks run first and not counted")
     ap.add_argument("--data-dir", default=None)
     ap.add_argument("--neighbours", type=int, default=None, help="SecAgg+ with k neighbours too")
     args = ap.parse_args()
     if args.round:
-        whole_round(args.clients, args.model, args.pairs, args.data_dir, args.neighbours)
+        whole_round(
+            args.clients, args.model, args.pairs, args.data_dir, args.neighbours, args.warmup
+        )
         return
     protocol_grid(args.quick, args.neighbours)
 
