@@ -92,12 +92,7 @@ def secure_round(
     def end(phase: str, alive: Sequence[int], whose: Sequence[int]) -> SecureOutcome | None:
         """The round's end when too few are ``alive`` after ``phase``, overall or
         in the neighbourhood of one of ``whose``; None: go on."""
-        n = len(alive)
-        why = (
-            f"secure aggregation: {n} client(s) left after '{phase}', fewer than t = {t}"
-            if n < t
-            else graph.short(alive, whose, phase)
-        )
+        why = graph.shortfall(alive, whose, phase, t)
         if why is None:
             return None
         out.reason = why

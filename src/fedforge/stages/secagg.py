@@ -277,12 +277,7 @@ def secure_sum(
         return replies
 
     def short(phase: str, alive: Collection[int], whose: Collection[int]) -> SecAggResult | None:
-        n = len(alive)
-        why = (
-            f"secure aggregation: {n} clients left after '{phase}', fewer than t = {threshold}"
-            if n < threshold
-            else graph.short(alive, whose, phase)
-        )
+        why = graph.shortfall(alive, whose, phase, threshold)
         return None if why is None else SecAggResult(None, why, [])
 
     keys = ask("advertise", clients, lambda c: None)

@@ -51,6 +51,18 @@ class MaskGraph:
         near = self.closed(client)
         return sorted(i for i in ids if i in near)
 
+    def shortfall(
+        self, alive: Collection[int], whose: Iterable[int], phase: str, threshold: int
+    ) -> str | None:
+        """Why the round must end after ``phase``: fewer than ``threshold`` clients
+        ``alive`` in all, else :meth:`short`; None when it can go on."""
+        if len(alive) < threshold:
+            return (
+                f"secure aggregation: {len(alive)} client(s) left after '{phase}', "
+                f"fewer than t = {threshold}"
+            )
+        return self.short(alive, whose, phase)
+
     def short(self, alive: Collection[int], whose: Iterable[int], phase: str) -> str | None:
         """Why the round must end after ``phase``: a client of ``whose`` with fewer
         than t of its closed neighbourhood in ``alive`` (its secrets could not be
