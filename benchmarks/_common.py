@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import tempfile
 import time
 from dataclasses import dataclass
@@ -152,6 +153,30 @@ def _read(run_dir: Path, cfg: Config, target: float | None) -> dict[str, Any]:
         "client_eval_round": last_eval,
         "client_eval": [list(r[1:]) for r in client_eval if r[0] == last_eval],
     }
+
+
+def claim(record: Path) -> bool:
+    """Take the right to compute ``record`` (a cell's result file) for this process,
+    so that two processes splitting a benchmark never compute the same cell: False
+    while another live process holds it. A claim left by a dead process is taken
+    over; :func:`release` drops it once the record is written."""
+    marker = record.with_suffix(".claim")
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        try:
+            os.kill(int(marker.read_text() or 0), 0)
+            return False  # its holder is alive
+        except (ProcessLookupError, ValueError, FileNotFoundError):
+            marker.unlink(missing_ok=True)
+            return claim(record)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(str(os.getpid()))
+    return True
+
+
+def release(record: Path) -> None:
+    record.with_suffix(".claim").unlink(missing_ok=True)
 
 
 def seconds_per_round(rec: dict[str, Any]) -> float:
