@@ -17,8 +17,8 @@ output, so no gradient tensor is ever materialised. Measured here (one thread,
 The maths is the serial engine's (``client.local_sgd``): for the mean
 cross-entropy over a client's minibatch of n_k examples, the gradient at the
 logits is (softmax(z) - onehot(y)) / n_k per example; back through a layer it
-is G W, through ReLU it is masked by h > 0. Minibatches, padding and the mask
-of finished clients come from the same schedule as the vmap path, so both
+is G W, through ReLU it is masked by h > 0. Minibatches and padding come from
+the same schedule as the vmap path; finished clients drop out of the products, so both
 engines (and the serial one) agree to 1e-9 in float64 (tests/test_vectorized.py).
 
 It applies to plain SGD (no momentum, weight decay, clipping or algorithm
@@ -78,6 +78,15 @@ def batched_mlp_sgd(
     (rows of ``x_all``/``y_all``; ``mask`` marks real rows). Returns the final
     parameters ``[K, P]`` and each client's summed training loss (float64)."""
     k = index.shape[1]
+    # Clients with more steps first: at step s only the first live[s] clients
+    # still train, so the products run on a prefix of the stacked weights (a
+    # view) instead of padding finished clients (quantity skew made whole
+    # chunks wait on their largest client). Every client starts from ``start``,
+    # so the order changes nothing but which rows are computed; it is undone
+    # at the end.
+    order = torch.argsort(mask.any(dim=2).sum(dim=0), descending=True, stable=True)
+    index, mask = index[:, order], mask[:, order]
+    live = mask.any(dim=2).sum(dim=1).tolist()  # [S]: clients still training
     params = start.expand(k, -1).clone()
     views = spec.views(params)
     weights = [views[f"{name}.weight"] for name in layers]  # [K, out, in], in place
@@ -87,28 +96,31 @@ def batched_mlp_sgd(
     loss_sum = torch.zeros(k, dtype=torch.float64)
     last = len(layers) - 1
     for step in range(index.shape[0]):
-        rows, n = index[step], counts[step]
-        scale = mask[step].to(start.dtype) / n.clamp(min=1).unsqueeze(1).to(start.dtype)
-        h = x_flat[rows]  # [K, W, in]
+        a = live[step]
+        rows, n = index[step, :a], counts[step, :a]
+        scale = mask[step, :a].to(start.dtype) / n.clamp(min=1).unsqueeze(1).to(start.dtype)
+        ws, bs = [w[:a] for w in weights], [b[:a] for b in biases]
+        h = x_flat[rows]  # [a, W, in]
         inputs = []
-        for i, (w, b) in enumerate(zip(weights, biases, strict=True)):
+        for i, (w, b) in enumerate(zip(ws, bs, strict=True)):
             inputs.append(h)
             z = torch.baddbmm(b.unsqueeze(1), h, w.transpose(1, 2))
             h = torch.relu(z) if i < last else z
-        y = y_all[rows].unsqueeze(2)  # [K, W, 1]
+        y = y_all[rows].unsqueeze(2)  # [a, W, 1]
         logp = torch.log_softmax(h, dim=2)
-        nll = -logp.gather(2, y).squeeze(2)  # [K, W]
-        loss_sum += (nll * scale).sum(dim=1).to(torch.float64) * n
+        nll = -logp.gather(2, y).squeeze(2)  # [a, W]
+        loss_sum[:a] += (nll * scale).sum(dim=1).to(torch.float64) * n
         grad = logp.exp_()  # softmax
         grad.scatter_add_(2, y, torch.full(y.shape, -1.0, dtype=grad.dtype))
         grad.mul_(scale.unsqueeze(2))  # d(mean loss)/dz, zero on padded rows
         for i in range(last, -1, -1):
-            below = torch.bmm(grad, weights[i]) if i > 0 else None  # before W moves
-            weights[i].baddbmm_(grad.transpose(1, 2), inputs[i], alpha=-lr)
-            biases[i].add_(grad.sum(dim=1), alpha=-lr)
+            below = torch.bmm(grad, ws[i]) if i > 0 else None  # before W moves
+            ws[i].baddbmm_(grad.transpose(1, 2), inputs[i], alpha=-lr)
+            bs[i].add_(grad.sum(dim=1), alpha=-lr)
             if below is not None:
                 grad = below.mul_(inputs[i] > 0)  # through the ReLU of layer i - 1
-    return params, loss_sum
+    back = torch.argsort(order)
+    return params[back], loss_sum[back]
 
 
 def results(
