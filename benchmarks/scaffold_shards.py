@@ -6,7 +6,9 @@ fewer rounds than FedAvg and FedProx when client data are heterogeneous.
 Setting (McMahan et al. 2017's non-IID Table 2 rows, which this repository has
 run for FedAvg): 100 clients of 2 label shards each (200 shards of 300 examples),
 C = 0.1, E = 1, B = 10, client lr 0.1 for every algorithm, server lr 1;
-FedProx with mu = ``--mu`` (0.01), SCAFFOLD option II (c_k from the local steps).
+FedProx with mu = ``--mu`` (0.01), SCAFFOLD option II (c_k from the local steps);
+``--scaffold-lr`` and ``--option I`` change SCAFFOLD's arm alone (recorded under
+their own names; FedAvg's and FedProx's records are reused).
 Each run stops at its target or after its cap of rounds. Rounds to target are
 read off the best-so-far test-accuracy curve, interpolated (fedforge.metrics).
 
@@ -56,9 +58,12 @@ def config(
     algorithm: str, model: str, seed: int, plan: tuple[float, int, int], args: Any
 ) -> Config:
     target, cap, every = plan
+    lr = args.scaffold_lr if algorithm == "scaffold" and args.scaffold_lr else 0.1
+    option = args.option if algorithm == "scaffold" else "II"
+    variant = (f"-lr{lr:g}" if lr != 0.1 else "") + (f"-opt{option}" if option != "II" else "")
     return from_dict(
         {
-            "name": f"scaffold-shards-{model}-{algorithm}-s{seed}",
+            "name": f"scaffold-shards-{model}-{algorithm}{variant}-s{seed}",
             "seed": seed,
             "model": model,
             "algorithm": algorithm,
@@ -68,7 +73,8 @@ def config(
             "client_fraction": 0.1,
             "local_epochs": 1,
             "batch_size": 10,
-            "lr": 0.1,
+            "lr": lr,
+            "scaffold": {"option": option},
             "rounds": cap,
             "target_accuracy": target,
             "eval_every": every,
@@ -84,6 +90,8 @@ def main() -> None:
     parser.add_argument("--models", default="2nn,cnn", help="full mode: 2nn, cnn or both")
     parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument("--mu", type=float, default=0.01, help="FedProx's mu")
+    parser.add_argument("--scaffold-lr", type=float, default=None, help="SCAFFOLD's client lr")
+    parser.add_argument("--option", default="II", choices=["I", "II"], help="SCAFFOLD's c_k")
     add_workers(parser)
     args = parser.parse_args()
     plans = QUICK if args.quick else {m: FULL[m] for m in args.models.split(",")}
