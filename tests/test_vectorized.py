@@ -178,3 +178,46 @@ def test_fused_perceptron_path_equals_vmap_and_serial(
     torch.testing.assert_close(vector.params, serial.params, rtol=0, atol=1e-9)
     for a, b in zip(serial.rounds, vector.rounds, strict=True):
         assert a.train_loss == pytest.approx(b.train_loss, abs=1e-12)
+
+
+@pytest.mark.parametrize("sizes", ["iid", "quantity"])
+@pytest.mark.parametrize("algorithm", ["fedprox", "scaffold"])
+def test_fused_path_runs_fedprox_and_scaffold_terms_like_serial(
+    sizes: str, algorithm: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FedProx's proximal gradient and SCAFFOLD's correction are folded into the
+    fused update (engines/batched_mlp.py); the result is the serial engine's,
+    which adds them through the algorithms' gradient hooks, in float64 over
+    3 rounds (SCAFFOLD's controls nonzero from round 2 on)."""
+    from fedforge.engines import batched_mlp, vectorized
+
+    calls = []
+    real = batched_mlp.batched_mlp_sgd
+
+    def counting(*args: object, **kw: object) -> object:
+        calls.append(args[-1])
+        return real(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(vectorized, "batched_mlp_sgd", counting)
+    data = synthetic_data(6, sizes, seed=4)
+    base = config_mod.Config(
+        model="2nn", num_clients=6, client_fraction=0.5, local_epochs=2, batch_size=4,
+        lr=0.05, rounds=3, target_accuracy=None, eval_every=3, dtype="float64",
+        algorithm=algorithm, mu=0.5 if algorithm == "fedprox" else 0.0,
+    )  # fmt: skip
+    serial = run(config_mod.override(base, {"engine": "serial"}), data=data, store=False)
+    vector = run(config_mod.override(base, {"engine": "vectorized"}), data=data, store=False)
+    assert calls, "the fused path was not taken"
+    terms = calls[-1]
+    assert isinstance(terms, batched_mlp.Terms)
+    if algorithm == "fedprox":
+        assert terms.mu == 0.5
+    else:
+        assert terms.correction is not None and terms.correction.abs().max() > 0
+    plain = run(
+        config_mod.override(base, {"engine": "serial", "algorithm": "fedavg"}),
+        data=data,
+        store=False,
+    )
+    assert (plain.params - serial.params).abs().max() > 1e-6  # the terms matter here
+    torch.testing.assert_close(vector.params, serial.params, rtol=0, atol=1e-9)

@@ -21,19 +21,29 @@ is G W, through ReLU it is masked by h > 0. Minibatches and padding come from
 the same schedule as the vmap path; finished clients drop out of the products, so both
 engines (and the serial one) agree to 1e-9 in float64 (tests/test_vectorized.py).
 
-It applies to plain SGD (no momentum, weight decay, clipping or algorithm
-hook), the cross-entropy loss and fp32/float64: :func:`mlp_layers` and
-:func:`applies` decide; everything else takes the vmap path.
+Two algorithm terms are folded into the same update: FedProx's proximal
+gradient mu (W - W_t) and SCAFFOLD's correction c - c_k (both added to every
+gradient, as their hooks do on the other paths):
+
+    W_k <- (1 - lr mu) W_k + lr mu W_t - lr (G^T H_k + c - c_k).
+
+It applies to plain SGD (no momentum, weight decay or clipping), no hook or one
+of those two, the cross-entropy loss and fp32/float64: :func:`mlp_layers`,
+:func:`fused_terms` and :func:`applies` decide; everything else takes the vmap
+path.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from fedforge.algorithms.base import Algorithm, LocalPlan, cross_entropy
+from fedforge.algorithms.fedprox import ProximalTerm
+from fedforge.algorithms.scaffold import CORRECTION, Correction
 from fedforge.client import LocalResult
 from fedforge.models.logreg import LogisticRegression
 from fedforge.models.mnist import MnistMLP
@@ -50,17 +60,40 @@ def mlp_layers(model: nn.Module) -> list[str] | None:
     return None
 
 
+@dataclass(frozen=True)
+class Terms:
+    """The algorithm terms of the fused update: FedProx's mu, SCAFFOLD's c - c_k."""
+
+    mu: float = 0.0
+    correction: torch.Tensor | None = None  # [K, P]
+
+
+def fused_terms(hook: object, state: Mapping[str, torch.Tensor] | None) -> Terms | None:
+    """The terms an algorithm's gradient hook adds, or None when the fused path
+    cannot compute them (an unknown hook, or client state it does not use)."""
+    keys = set(state or {})
+    if hook is None and not keys:
+        return Terms()
+    if isinstance(hook, ProximalTerm) and not keys:
+        return Terms(mu=hook.mu)
+    if isinstance(hook, Correction) and keys == {CORRECTION} and state is not None:
+        return Terms(correction=state[CORRECTION])
+    return None
+
+
 def applies(
-    model: nn.Module, algorithm: Algorithm, plan: LocalPlan, state: Mapping[str, object] | None
+    model: nn.Module,
+    algorithm: Algorithm,
+    plan: LocalPlan,
+    state: Mapping[str, torch.Tensor] | None,
 ) -> bool:
     """True when the fused path computes exactly what local SGD would."""
     return (
         mlp_layers(model) is not None
         and algorithm.loss_fn is cross_entropy
-        and algorithm.grad_hook is None
+        and fused_terms(algorithm.grad_hook, state) is not None
         and plan.plain
         and plan.precision == "fp32"
-        and not state
     )
 
 
@@ -73,10 +106,13 @@ def batched_mlp_sgd(
     index: torch.Tensor,
     mask: torch.Tensor,
     lr: float,
+    terms: Terms | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """K clients' local SGD from ``start`` over the steps ``index [S, K, W]``
-    (rows of ``x_all``/``y_all``; ``mask`` marks real rows). Returns the final
-    parameters ``[K, P]`` and each client's summed training loss (float64)."""
+    (rows of ``x_all``/``y_all``; ``mask`` marks real rows), with ``terms``
+    added to every gradient. Returns the final parameters ``[K, P]`` and each
+    client's summed training loss (float64)."""
+    terms = terms or Terms()
     k = index.shape[1]
     # Clients with more steps first: at step s only the first live[s] clients
     # still train, so the products run on a prefix of the stacked weights (a
@@ -91,6 +127,16 @@ def batched_mlp_sgd(
     views = spec.views(params)
     weights = [views[f"{name}.weight"] for name in layers]  # [K, out, in], in place
     biases = [views[f"{name}.bias"] for name in layers]  # [K, out]
+    anchor = spec.views(start.unsqueeze(0))  # W_t, [1, ...]
+    w0 = [anchor[f"{name}.weight"] for name in layers]
+    b0 = [anchor[f"{name}.bias"] for name in layers]
+    shrink = 1.0 - lr * terms.mu
+    corr_w: list[torch.Tensor] = []
+    corr_b: list[torch.Tensor] = []
+    if terms.correction is not None:
+        corr = spec.views(terms.correction[order].to(start.dtype))
+        corr_w = [corr[f"{name}.weight"] for name in layers]
+        corr_b = [corr[f"{name}.bias"] for name in layers]
     x_flat = x_all.reshape(x_all.shape[0], -1)
     counts = mask.sum(dim=2)  # [S, K] real rows per client and step
     loss_sum = torch.zeros(k, dtype=torch.float64)
@@ -115,6 +161,12 @@ def batched_mlp_sgd(
         grad.mul_(scale.unsqueeze(2))  # d(mean loss)/dz, zero on padded rows
         for i in range(last, -1, -1):
             below = torch.bmm(grad, ws[i]) if i > 0 else None  # before W moves
+            if terms.mu:  # - lr mu (W - W_t)
+                ws[i].mul_(shrink).add_(w0[i], alpha=lr * terms.mu)
+                bs[i].mul_(shrink).add_(b0[i], alpha=lr * terms.mu)
+            if corr_w:  # - lr (c - c_k)
+                ws[i].add_(corr_w[i][:a], alpha=-lr)
+                bs[i].add_(corr_b[i][:a], alpha=-lr)
             ws[i].baddbmm_(grad.transpose(1, 2), inputs[i], alpha=-lr)
             bs[i].add_(grad.sum(dim=1), alpha=-lr)
             if below is not None:

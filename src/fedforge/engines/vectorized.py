@@ -30,7 +30,7 @@ from fedforge.client import (
     minibatch_generator,
     minibatches,
 )
-from fedforge.engines.batched_mlp import applies, batched_mlp_sgd, mlp_layers
+from fedforge.engines.batched_mlp import applies, batched_mlp_sgd, fused_terms, mlp_layers
 from fedforge.engines.batched_mlp import results as mlp_results
 from fedforge.models.layout import set_channels_last
 from fedforge.params import ParamSpec
@@ -127,8 +127,11 @@ def vectorized_local_sgd(
     x_all = torch.cat([*xs, xs[0].new_zeros((1, *xs[0].shape[1:]))])
     y_all = torch.cat([*ys, ys[0].new_zeros(1)])
     index, mask = _step_indices(schedules, offsets, pad_row=len(y_all) - 1)
-    if fused is not None:
-        params, loss_sum = batched_mlp_sgd(fused, spec, start, x_all, y_all, index, mask, plan.lr)
+    terms = fused_terms(hook, state) if fused is not None else None
+    if fused is not None and terms is not None:
+        params, loss_sum = batched_mlp_sgd(
+            fused, spec, start, x_all, y_all, index, mask, plan.lr, terms
+        )
         return mlp_results(params, loss_sum, schedules)
     weights = mask.to(start.dtype)
 
