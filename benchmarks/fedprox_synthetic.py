@@ -26,7 +26,9 @@ from fedforge.server.loop import run
 LEVELS = (0.0, 0.5, 0.9)
 
 
-def _config(algorithm: str, stragglers: float, rounds: int, epochs: int, seed: int) -> object:
+def _config(
+    algorithm: str, stragglers: float, rounds: int, epochs: int, seed: int, engine: str = "auto"
+) -> object:
     return from_dict(
         {
             "name": f"synthetic-{algorithm}-{int(stragglers * 100)}",
@@ -45,7 +47,7 @@ def _config(algorithm: str, stragglers: float, rounds: int, epochs: int, seed: i
             "target_accuracy": None,
             "eval_every": 1,
             "stragglers": {"fraction": stragglers},
-            "engine": "serial",
+            "engine": engine,
             "dtype": "float32",
         }
     )
@@ -55,6 +57,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="20 rounds, E = 5")
     parser.add_argument("--seeds", type=int, default=1, help="seeds (data, model, draws)")
+    parser.add_argument("--engine", default="auto", help="auto (vectorised: fused logreg), serial")
     args = parser.parse_args()
     rounds, epochs = (20, 5) if args.quick else (200, 20)
     torch.set_num_threads(1)
@@ -63,13 +66,16 @@ def main() -> None:
         data = load_federated_data(_config("fedavg", 0.0, rounds, epochs, seed))  # type: ignore[arg-type]
         for level in LEVELS:
             for algorithm in ("fedavg", "fedprox"):  # interleaved per level
-                cfg = _config(algorithm, level, rounds, epochs, seed)
+                cfg = _config(algorithm, level, rounds, epochs, seed, args.engine)
                 t0 = time.perf_counter()
                 res = run(cfg, data=data, store=False)  # type: ignore[arg-type]
                 accs = [r.test_accuracy for r in res.rounds if r.test_accuracy is not None]
                 last = sum(accs[-10:]) / len(accs[-10:])
                 rows.append((level, seed, algorithm, accs[-1], last, time.perf_counter() - t0))
-    print(f"Synthetic(1,1), 30 users, 10/round, E={epochs}, B=10, lr=0.01, {rounds} rounds")
+    print(
+        f"Synthetic(1,1), 30 users, 10/round, E={epochs}, B=10, lr=0.01, {rounds} rounds, "
+        f"engine {args.engine}"
+    )
     print(
         f"{'stragglers':>10} {'seed':>4} {'algorithm':>9} {'final acc':>9} "
         f"{'last-10 acc':>11} {'seconds':>8}"
