@@ -258,8 +258,10 @@ def main() -> None:
             )
 
     rows = [json.loads(p.read_text()) for p in sorted(cells_dir.glob("*.json"))]
-    rows = [r for r in rows if r["rounds"] == rounds]
-    csv_path = args.out / "robustness.csv"
+    rows = [r for r in rows if r["rounds"] == rounds and r["model"] == args.model]
+    csv_path = args.out / (
+        "robustness.csv" if args.model == "2nn" else f"robustness-{args.model}.csv"
+    )
     with open(csv_path, "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
         writer.writeheader()
