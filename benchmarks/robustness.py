@@ -221,7 +221,7 @@ def main() -> None:
         rounds=rounds,
         target_accuracy=None,
         eval_every=1,
-        engine="vectorized",
+        engine="auto",  # vectorised for the 2NN, serial for the CNN
         runs_dir=str(args.out / "runs"),
         checkpoint_every=0,
     )
