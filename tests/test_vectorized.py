@@ -148,6 +148,21 @@ def test_auto_engine_picks_the_faster_engine_that_can_run(
     assert exp.note is None  # auto never complains: it picks what can run
 
 
+def fused_calls(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """Records the ``terms`` argument of every call of the fused path."""
+    from fedforge.engines import batched_mlp, vectorized
+
+    calls: list[object] = []
+    real = batched_mlp.batched_mlp_sgd
+
+    def counting(*args: object, **kw: object) -> object:
+        calls.append(args[-1])
+        return real(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(vectorized, "batched_mlp_sgd", counting)
+    return calls
+
+
 @pytest.mark.parametrize("sizes", ["iid", "quantity"])
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
 def test_fused_perceptron_path_equals_vmap_and_serial(
@@ -156,16 +171,7 @@ def test_fused_perceptron_path_equals_vmap_and_serial(
     """The 2NN's batched-matmul path (engines/batched_mlp.py) is taken for plain
     SGD and skipped otherwise (momentum: vmap path); both equal the serial engine
     in float64, uneven clients and several epochs included."""
-    from fedforge.engines import batched_mlp, vectorized
-
-    calls = []
-    real = batched_mlp.batched_mlp_sgd
-
-    def counting(*args: object, **kw: object) -> object:
-        calls.append(1)
-        return real(*args, **kw)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(vectorized, "batched_mlp_sgd", counting)
+    calls = fused_calls(monkeypatch)
     data = synthetic_data(6, sizes, seed=2)
     base = config_mod.Config(
         model="2nn", num_clients=6, client_fraction=0.5, local_epochs=3, batch_size=4,
@@ -189,16 +195,9 @@ def test_fused_path_runs_fedprox_and_scaffold_terms_like_serial(
     fused update (engines/batched_mlp.py); the result is the serial engine's,
     which adds them through the algorithms' gradient hooks, in float64 over
     3 rounds (SCAFFOLD's controls nonzero from round 2 on)."""
-    from fedforge.engines import batched_mlp, vectorized
+    from fedforge.engines import batched_mlp
 
-    calls = []
-    real = batched_mlp.batched_mlp_sgd
-
-    def counting(*args: object, **kw: object) -> object:
-        calls.append(args[-1])
-        return real(*args, **kw)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(vectorized, "batched_mlp_sgd", counting)
+    calls = fused_calls(monkeypatch)
     data = synthetic_data(6, sizes, seed=4)
     base = config_mod.Config(
         model="2nn", num_clients=6, client_fraction=0.5, local_epochs=2, batch_size=4,
