@@ -179,15 +179,25 @@ def plot(results: dict[str, dict[str, Any]], path: Path) -> bool:
     parts = sorted({k.split("/")[0] for k in results})
     fig, axes = plt.subplots(1, len(parts), figsize=(6 * len(parts), 4.5), squeeze=False)
     for ax, part in zip(axes[0], parts, strict=True):
-        for key, r in results.items():
-            if key.startswith(part + "/"):
-                mb = [b / 1e6 for b in r["curve"]["bytes_up"]]
-                ax.plot(mb, r["curve"]["accuracy"], label=key.split("/")[1])
+        keys = [k for k in results if k.startswith(part + "/")]
+        colours = plt.get_cmap("tab20")
+        for i, key in enumerate(keys):
+            r, name = results[key], key.split("/")[1]
+            mb = [b / 1e6 for b in r["curve"]["bytes_up"]]
+            ax.plot(
+                mb,
+                r["curve"]["accuracy"],
+                label=f"{name} ({r['model']})",
+                color=colours(i % 20),
+                linestyle="--" if name.endswith("_ef") else "-",
+                linewidth=1.2,
+            )
         ax.set_xscale("log")
         ax.set_xlabel("cumulative uplink MB")
         ax.set_ylabel("test accuracy")
         ax.set_title(part)
-        ax.legend(fontsize=7)
+        ax.set_ylim(bottom=0.8 if part == "iid" else 0.5)
+        ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     return True
