@@ -92,8 +92,11 @@ def last10(rec: dict[str, Any]) -> float:
 
 
 def grid(arm: str, quick: bool) -> tuple[float, ...]:
+    """The arm's server lrs, the middle one first (a run stopped part way has
+    every arm's middle point before any other)."""
     lrs = GRID[arm][1]
-    return (lrs[len(lrs) // 2],) if quick else lrs
+    mid = len(lrs) // 2
+    return (lrs[mid],) if quick else (lrs[mid], *lrs[:mid], *lrs[mid + 1 :])
 
 
 def main() -> None:
@@ -112,7 +115,7 @@ def main() -> None:
     width = max(len(GRID[a][1]) for a in GRID)
     for seed in range(args.seeds):
         data = load_federated_data(config("fedavg", 1.0, seed, args))
-        for k in range(width):  # interleaved: every arm's k-th grid point in turn
+        for k in range(width):  # interleaved: every arm's k-th grid point (middle first)
             for arm in GRID:
                 lrs = grid(arm, args.quick)
                 if k < len(lrs):
