@@ -175,7 +175,12 @@ def claim(record: Path) -> bool:
     return True
 
 
-def release(record: Path) -> None:
+def save_record(record: Path, value: Any) -> None:
+    """Write ``value`` as JSON to ``record`` atomically (temp file + rename: a
+    stopped run never leaves half a record) and drop this process's claim."""
+    tmp = record.with_suffix(".tmp")
+    tmp.write_text(json.dumps(value))
+    tmp.replace(record)
     record.with_suffix(".claim").unlink(missing_ok=True)
 
 

@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from _common import claim, release
+from _common import claim, save_record
 from fedforge.config import Config, from_dict
 from fedforge.experiment import FederatedData, load_federated_data
 from fedforge.metrics import bytes_at, rounds_to_target
@@ -251,10 +251,7 @@ def main() -> int:
             goal = target(model, part, quick)
             cell = run_cell(cfg, data_cache[key], goal)
             cell.update(model=model, config=raw, target=goal)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(cell))
-            tmp.replace(path)
-            release(path)
+            save_record(path, cell)
             results[f"{part}/{name}"] = cell
             print(
                 f"  {part}/{name}: {100 * cell['final_accuracy']:.2f}% "

@@ -45,6 +45,7 @@ from pathlib import Path
 
 import torch
 
+from _common import save_record
 from fedforge.config import Config, PartitionConfig, RobustConfig
 from fedforge.experiment import load_federated_data
 from fedforge.metrics import rounds_to_target
@@ -166,7 +167,7 @@ def print_tables(rows: list[dict[str, object]], model: str) -> dict[tuple[str, s
                     "/".join(
                         "  -  " if r is None else f"{float(r['final_accuracy']):.3f}" for r in accs
                     )
-                )  # type: ignore[arg-type]
+                )
             print(f"{name:<17} {clean[(part, name)]:6.3f} " + " ".join(f"{c:>20}" for c in cells))
     return clean
 
@@ -242,13 +243,12 @@ def main() -> None:
                 attack_fraction=fraction,
                 **agg_params(agg, int(clients * frac)),
             )
-            data = data or load_federated_data(cfg_p)
+            if data is None:
+                data = load_federated_data(cfg_p)
             row = {"model": args.model, "partition": part, "aggregator": label(agg)}
             row |= {"attack": attack, "fraction": fraction, "rounds": rounds}
             row |= run_cell(dataclasses.replace(cfg_p, robust=robust), data, args.target)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(row))
-            tmp.replace(path)
+            save_record(path, row)
             rtt = row["rounds_to_target"]
             print(
                 f"{part:<9} {label(agg):<17} {attack:<10} {fraction:4.2f} "

@@ -127,8 +127,10 @@ def vectorized_local_sgd(
     x_all = torch.cat([*xs, xs[0].new_zeros((1, *xs[0].shape[1:]))])
     y_all = torch.cat([*ys, ys[0].new_zeros(1)])
     index, mask = _step_indices(schedules, offsets, pad_row=len(y_all) - 1)
-    terms = fused_terms(hook, state) if fused is not None else None
-    if fused is not None and terms is not None:
+    if fused is not None:
+        terms = fused_terms(hook, state)
+        if terms is None:  # callers check batched_mlp.applies first
+            raise ValueError("the fused perceptron path cannot run this gradient hook")
         params, loss_sum = batched_mlp_sgd(
             fused, spec, start, x_all, y_all, index, mask, plan.lr, terms
         )
