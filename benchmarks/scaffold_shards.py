@@ -92,8 +92,17 @@ def main() -> None:
     parser.add_argument("--mu", type=float, default=0.01, help="FedProx's mu")
     parser.add_argument("--scaffold-lr", type=float, default=None, help="SCAFFOLD's client lr")
     parser.add_argument("--option", default="II", choices=["I", "II"], help="SCAFFOLD's c_k")
+    parser.add_argument(
+        "--algorithms",
+        default=",".join(ALGORITHMS),
+        help="run only these arms (e.g. to split the work over two processes); "
+        "the RESULT line needs all three",
+    )
     add_workers(parser)
     args = parser.parse_args()
+    unknown = set(args.algorithms.split(",")) - set(ALGORITHMS)
+    if unknown:
+        parser.error(f"--algorithms: unknown {sorted(unknown)}; allowed: {', '.join(ALGORITHMS)}")
     plans = QUICK if args.quick else {m: FULL[m] for m in args.models.split(",")}
     args.places = places("scaffold_shards", args.quick)
     torch.set_num_threads(1)
@@ -105,7 +114,7 @@ def main() -> None:
         )
         for seed in range(args.seeds):
             data = load_federated_data(config("fedavg", model, seed, plan, args))
-            for algorithm in ALGORITHMS:  # interleaved within a seed
+            for algorithm in args.algorithms.split(","):  # interleaved within a seed
                 rec = run_record(config(algorithm, model, seed, plan, args), data, args.places)
                 rows.append((model, seed, algorithm, rec))
                 print(
@@ -133,6 +142,8 @@ def main() -> None:
         ]
         return sum(per_seed) / len(per_seed) if per_seed else math.nan
 
+    if set(args.algorithms.split(",")) != set(ALGORITHMS):
+        return  # a part of the work: the command without --algorithms prints RESULT
     first = next(iter(plans))
     result: dict[str, Any] = {"scaffold_over_fedavg_rounds": paired(first, "scaffold")}
     for model in plans:
