@@ -44,9 +44,10 @@ STEPS = 48  # tau: one epoch of FedAvg's steps (480 training examples, B = 10)
 ARMS = (("fedavg", None), ("perfedavg_fo", "fo"), ("perfedavg_hf", "hf"))
 
 
-def _config(variant: str | None, rounds: int, seed: int) -> Config:
+def _config(variant: str | None, rounds: int, seed: int, beta: float = LR) -> Config:
+    suffix = f"-beta{beta:g}" if beta != LR else ""
     cfg: dict[str, Any] = {
-        "name": f"perfedavg-bench-{variant or 'fedavg'}",
+        "name": f"perfedavg-bench-{variant or 'fedavg'}{suffix}",
         "seed": seed,
         "model": "2nn",
         "num_clients": 100,
@@ -66,7 +67,7 @@ def _config(variant: str | None, rounds: int, seed: int) -> Config:
     }
     if variant is not None:
         cfg["algorithm"] = "perfedavg"
-        cfg["perfedavg"] = {"variant": variant, "alpha": LR, "beta": LR, "steps": STEPS}
+        cfg["perfedavg"] = {"variant": variant, "alpha": LR, "beta": beta, "steps": STEPS}
     return from_dict(cfg)
 
 
@@ -81,7 +82,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--ft-steps", type=int, default=5, help="the longer fine-tuning")
+    parser.add_argument(
+        "--hf-beta", type=float, default=LR, help="HF's outer (meta) step beta alone"
+    )
+    parser.add_argument(
+        "--arms", default=",".join(a for a, _ in ARMS), help="fedavg and any of the others"
+    )
     args = parser.parse_args()
+    chosen = args.arms.split(",")
+    if "fedavg" not in chosen or not set(chosen) <= {a for a, _ in ARMS}:
+        parser.error(
+            f"--arms {args.arms!r}: a subset of {', '.join(a for a, _ in ARMS)} with fedavg"
+        )
     rounds, seeds = (10, 1) if args.quick else (args.rounds, args.seeds)
     torch.set_num_threads(1)
     rows: list[dict[str, Any]] = []
@@ -90,7 +102,9 @@ def main() -> None:
         if seed > 0:
             data = load_federated_data(_config(None, rounds, seed))  # the seed's partition
         for arm, variant in ARMS:
-            cfg = _config(variant, rounds, seed)
+            if arm not in chosen:
+                continue
+            cfg = _config(variant, rounds, seed, args.hf_beta if variant == "hf" else LR)
             t0 = time.perf_counter()
             res = run(cfg, data=data, store=False)
             seconds = time.perf_counter() - t0
@@ -105,7 +119,8 @@ def main() -> None:
             )
     print(
         f"pathological shards MNIST, 100 clients x 2 shards, 2NN, C=0.1, B=10, {rounds} rounds; "
-        f"alpha = beta = lr = {LR}, tau = {STEPS}; per-client accuracy on 20% held-out slices"
+        f"alpha = beta = lr = {LR} (HF's beta {args.hf_beta}), tau = {STEPS}; "
+        "per-client accuracy on 20% held-out slices"
     )
     k = args.ft_steps
     print(
@@ -126,7 +141,7 @@ def main() -> None:
             for p in rows
             if a["seed"] == p["seed"] and a["arm"] == "fedavg" and p["arm"] == arm
         ]
-        return sum(diffs) / len(diffs)
+        return sum(diffs) / len(diffs) if diffs else float("nan")
 
     fedavg_ft = sum(r["one"][0] - r["glob"][0] for r in rows if r["arm"] == "fedavg") / seeds
     result = {
@@ -135,6 +150,7 @@ def main() -> None:
         "perfedavg_fo_minus_fedavg_personal": paired("perfedavg_fo", "one", "glob"),
         "perfedavg_fo_minus_fedavg_ft_personal": paired("perfedavg_fo", "one", "one"),
         "fedavg_ft_minus_fedavg_global": fedavg_ft,
+        "hf_beta": args.hf_beta,
         "rounds": rounds,
         "seeds": seeds,
     }
