@@ -25,7 +25,8 @@ from typing import Any
 
 import torch
 
-from fedforge.config import Config, to_dict
+from fedforge.config import Config, from_dict, to_dict
+from fedforge.errors import ConfigError
 from fedforge.experiment import FederatedData
 from fedforge.metrics import rounds_to_target
 from fedforge.store import RunStore
@@ -66,11 +67,23 @@ def workers(args: argparse.Namespace) -> int:
 
 
 def _comparable(cfg: Config) -> dict[str, Any]:
-    """The config as it decides the result (wherever runs and data are kept)."""
+    """The config as it decides the result: not where runs and data are kept, nor
+    over how many processes the cohort was spread (engines decide where a client
+    runs, never what it computes; the record says which engine ran)."""
     d = to_dict(cfg)
-    d.pop("runs_dir", None)
-    d.pop("data_dir", None)
+    for where in ("runs_dir", "data_dir", "workers"):
+        d.pop(where, None)
     return d
+
+
+def _same_config(stored: Any, cfg: Config) -> bool:
+    """Whether a record's stored config is ``cfg``'s, read through today's schema
+    (a field added since the record was written takes its default, so that it
+    does not make every record stale)."""
+    try:
+        return _comparable(from_dict(stored)) == _comparable(cfg)
+    except (ConfigError, TypeError):
+        return False  # not a config today's schema reads: recompute
 
 
 def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -115,7 +128,7 @@ def run_record(
     target = cfg.target_accuracy if target is None else target
     if path.exists():
         rec: dict[str, Any] = json.loads(path.read_text())
-        if rec.get("config") == _comparable(cfg) and rec.get("target") == target:
+        if _same_config(rec.get("config"), cfg) and rec.get("target") == target:
             rec["status"] = "reused"
             return rec
     t0 = time.perf_counter()

@@ -19,13 +19,15 @@ from fedforge import aggregators as agg
 from fedforge.aggregators import Median
 from fedforge.attacks import Collusion, attacker_ids
 from fedforge.client import ClientTask, ClientUpload
-from fedforge.config import Config, RobustConfig
+from fedforge.config import Config, RobustConfig, override
 from fedforge.data import Partition
 from fedforge.engines.serial import SerialEngine
 from fedforge.errors import ConfigError
 from fedforge.experiment import FederatedData, build
 from fedforge.pipeline import Pipeline
-from fedforge.server.loop import run
+from fedforge.server.loop import _stalled, run
+from fedforge.server.optimizers import ServerSGD
+from fedforge.server.state import LoopState
 from fedforge.stages.validate import NormGate, robust_z
 from fedforge.store import AnomalyRecord, RunStore
 from fedforge.store.runstore import ClientRecord, RoundRecord
@@ -289,3 +291,30 @@ def test_discount_faulty_lowers_f_only_for_f_rules() -> None:
     assert agg.discount_faulty(krum, 0) is krum
     median = agg.Median()
     assert agg.discount_faulty(median, 3) is median
+
+
+def test_a_run_whose_every_round_is_skipped_stops_after_max_skipped_rounds(
+    make_data: MakeData,
+) -> None:
+    data = make_data([4, 6, 5])
+    cfg = tiny(3, rounds=12, attack="nan_inf", attack_fraction=1.0, max_skipped_rounds=3)
+    result = run(cfg, data=data, progress=False, store=False)
+    assert [r for r, _ in result.skipped] == [0, 1, 2]  # stopped after 3 of 12 rounds
+    assert len(result.rounds) == 3
+    assert "3 skipped rounds in a row" in result.summary["stall_stop"]
+    assert "no valid update" in result.summary["stall_stop"]
+    endless = run(override(cfg, {"robust.max_skipped_rounds": 0}), data=data, store=False)
+    assert len(endless.rounds) == 12 and "stall_stop" not in endless.summary
+
+
+def test_only_consecutive_skipped_rounds_stop_a_run() -> None:
+    state = LoopState(torch.zeros(2), ServerSGD(1.0))
+    state.skipped = [(0, "a"), (1, "b"), (3, "c"), (4, "d")]
+    state.next_round = 5  # round 2 moved the model
+    assert _stalled(3, state) is None
+    state.skipped.append((5, "e"))
+    state.next_round = 6
+    assert _stalled(3, state) is not None and "since round 3" in str(_stalled(3, state))
+    state.next_round = 7  # round 6 moved the model
+    assert _stalled(3, state) is None
+    assert _stalled(0, state) is None

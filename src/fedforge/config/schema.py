@@ -106,6 +106,9 @@ class RobustConfig:
     ipm_epsilon: float = 0.5  # ipm: attackers send -epsilon * honest mean
     norm_gate: float | None = None  # robust z-score above which a norm is refused; null = off
     min_clients: int = 1  # fewer accepted updates: the round is skipped
+    # this many skipped rounds in a row (the model unchanged, e.g. every update
+    # non-finite after a divergence) stop the run; 0: never
+    max_skipped_rounds: int = 20
     client_gate: bool = False  # clients withhold updates whose held-out loss rose
     holdout_fraction: float = 0.1  # client_gate: the held-out slice of each client
 
@@ -333,6 +336,12 @@ def _validate_robust(r: RobustConfig) -> None:
             "must be > 0 (3.5 is Iglewicz and Hoaglin's), or null (off)",
         ),
         ("min_clients", r.min_clients, r.min_clients >= 1, "must be an integer >= 1"),
+        (
+            "max_skipped_rounds",
+            r.max_skipped_rounds,
+            r.max_skipped_rounds >= 0,
+            "must be an integer >= 0 (0: never stop on skipped rounds)",
+        ),
         (
             "holdout_fraction",
             r.holdout_fraction,

@@ -184,6 +184,21 @@ def _write_partition(path: Path, summary: PartitionSummary) -> None:
     tmp.replace(path)
 
 
+def _stalled(limit: int, state: LoopState) -> str | None:
+    """Why the run stops when its last ``limit`` rounds were all skipped (the
+    global model unchanged: e.g. every update non-finite after a divergence),
+    None otherwise or when ``limit`` is 0."""
+    if limit <= 0:
+        return None
+    recent = [r for r, _ in state.skipped[-limit:]]
+    if len(recent) < limit or recent != list(range(state.next_round - limit, state.next_round)):
+        return None
+    return (
+        f"stopped after {limit} skipped rounds in a row (robust.max_skipped_rounds; the "
+        f"global model unchanged since round {recent[0]}): {state.skipped[-1][1]}"
+    )
+
+
 def _rounds(
     exp: Experiment, state: LoopState, run_store: RunStore | None, show: bool, stop: StopSignals
 ) -> RunResult:
@@ -192,6 +207,7 @@ def _rounds(
     start = time.perf_counter()
     stopped: str | None = None
     budget_stop: str | None = None
+    stall_stop: str | None = None
     while state.next_round < cfg.rounds:
         budget_stop = _over_budget(exp, state.next_round)
         if budget_stop is not None:  # the next round would spend more than target_epsilon
@@ -217,6 +233,10 @@ def _rounds(
             break
         if state.next_round == cfg.rounds:
             break
+        stall_stop = _stalled(cfg.robust.max_skipped_rounds, state)
+        if stall_stop is not None:
+            bar.write(f"fedforge: {stall_stop}")
+            break
         every = cfg.checkpoint_every
         due = stop.signum is not None or (every > 0 and state.next_round % every == 0)
         if due and run_store is not None:
@@ -233,6 +253,8 @@ def _rounds(
     summary = summarize_run(exp, state.records, evals, seconds)
     if budget_stop is not None:
         summary["privacy_stop"] = budget_stop
+    if stall_stop is not None:
+        summary["stall_stop"] = stall_stop
     return RunResult(
         state.params,
         state.records,
