@@ -100,7 +100,8 @@ def main() -> None:
     )
     add_workers(parser)
     args = parser.parse_args()
-    unknown = set(args.algorithms.split(",")) - set(ALGORITHMS)
+    chosen = args.algorithms.split(",")
+    unknown = set(chosen) - set(ALGORITHMS)
     if unknown:
         parser.error(f"--algorithms: unknown {sorted(unknown)}; allowed: {', '.join(ALGORITHMS)}")
     plans = QUICK if args.quick else {m: FULL[m] for m in args.models.split(",")}
@@ -114,7 +115,7 @@ def main() -> None:
         )
         for seed in range(args.seeds):
             data = load_federated_data(config("fedavg", model, seed, plan, args))
-            for algorithm in args.algorithms.split(","):  # interleaved within a seed
+            for algorithm in chosen:  # interleaved within a seed
                 rec = run_record(config(algorithm, model, seed, plan, args), data, args.places)
                 rows.append((model, seed, algorithm, rec))
                 print(
@@ -142,7 +143,7 @@ def main() -> None:
         ]
         return sum(per_seed) / len(per_seed) if per_seed else math.nan
 
-    if set(args.algorithms.split(",")) != set(ALGORITHMS):
+    if set(chosen) != set(ALGORITHMS):
         return  # a part of the work: the command without --algorithms prints RESULT
     first = next(iter(plans))
     result: dict[str, Any] = {"scaffold_over_fedavg_rounds": paired(first, "scaffold")}
