@@ -80,9 +80,11 @@ def _same_config(stored: Any, cfg: Config) -> bool:
     """Whether a record's stored config is ``cfg``'s, read through today's schema
     (a field added since the record was written takes its default, so that it
     does not make every record stale)."""
+    if not isinstance(stored, dict):
+        return False  # no config in the record: recompute
     try:
         return _comparable(from_dict(stored)) == _comparable(cfg)
-    except (ConfigError, TypeError):
+    except ConfigError:
         return False  # not a config today's schema reads: recompute
 
 

@@ -292,17 +292,16 @@ def _scaffold_by_hand(
             spec.load_into(model, x)
             xs, ys = data.train_x[list(idx_k)], data.train_y[list(idx_k)]
             order = torch.randperm(len(ys), generator=torch_generator(seed, "minibatch", r, k))
-            steps = 0
-            for idx in order.split(batch):
+            batches = order.split(batch)
+            corr = spec.views(c - ck[k])  # fixed over the local run: g - c_k + c
+            for idx in batches:
                 loss = nn.functional.cross_entropy(model(xs[idx]), ys[idx])
                 grads = torch.autograd.grad(loss, list(model.parameters()))
-                corr = spec.views(c - ck[k])  # g - c_k + c
                 with torch.no_grad():
                     for (name, p), g in zip(model.named_parameters(), grads, strict=True):
                         p -= lr * (g + corr[name])
-                steps += 1
             y = spec.flatten(model, F64)
-            new = ck[k] - c + (x - y) / (steps * lr)
+            new = ck[k] - c + (x - y) / (len(batches) * lr)
             deltas.append(y - x)
             dcs.append(new - ck[k])
             ck[k] = new
