@@ -20,7 +20,9 @@ tens of minutes. "engine" is what ``engine: auto`` with ``workers: 0`` runs.
 
 Then: startup (a fresh process importing fedforge, loading MNIST, building the
 default job and evaluating the 10k test set once), the default job's wall time
-to 99% (``configs/default.yaml``) and its rounds in fp32 and bf16, and a
+to 99% (``configs/default.yaml``) and its rounds in fp32 and bf16 (with
+``--job-seeds``, also at other seeds: the rounds ratio is then a mean of the
+per-seed ratios), and a
 scaling table (2NN, 1,000 clients of 60 samples, cohorts 10/100/1000: seconds
 per round over 5 rounds after a warm-up round, peak RSS of a fresh process).
 Last line: RESULT with the headline ratios.
@@ -208,13 +210,15 @@ def startup_seconds() -> dict[str, float]:
     return out
 
 
-def default_job(precision: str) -> dict[str, float]:
-    """The default job (configs/default.yaml, ``make run``) in a fresh process."""
+def default_job(precision: str, seed: int | None = None) -> dict[str, float]:
+    """The default job (configs/default.yaml, ``make run``) in a fresh process;
+    ``seed`` replaces the config's (None: keep it)."""
+    changes = {"precision": precision} | ({} if seed is None else {"seed": seed})
     code = (
         "import json,time;t=time.perf_counter();from fedforge import config as c;"
         "from fedforge.server.loop import run;"
         f"cfg=c.load('{ROOT / 'configs' / 'default.yaml'}');"
-        f"cfg=c.override(cfg,{{'precision':'{precision}'}});"
+        f"cfg=c.override(cfg,{changes!r});"
         "r=run(cfg,store=False);s=r.summary;"
         "print(json.dumps({'wall_s':time.perf_counter()-t,'rounds':s['rounds_to_target'],"
         "'rounds_done':s['rounds_done'],'best':s['best_accuracy']}))"
@@ -245,6 +249,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", default="2nn,cnn")
     p.add_argument("--scaling", default="10,100,1000")
     p.add_argument("--no-default-job", action="store_true")
+    p.add_argument("--no-startup", action="store_true")
+    p.add_argument(
+        "--job-seeds", default="",
+        help="also run the default job (fp32 and bf16) with these seeds, e.g. 1,2: "
+        "rounds to 99%% vary with the seed, so the bf16/fp32 rounds ratio is a "
+        "mean over the config's seed and these, paired by seed",
+    )  # fmt: skip
     args = p.parse_args(argv)
     keep_large_blocks()  # the centralized reference gets the runs' allocator settings too
     cores = usable_cores()
@@ -269,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         fields.append(f"vec_vs_serial_{m}={r['engine_vs_serial']:.2f}")
     if "cnn" in results:
         fields.append(f"bf16_vs_fp32_cnn={results['cnn']['bf16_vs_fp32']:.2f}")
-    if not args.quick:
+    if not (args.quick or args.no_startup):
         up = startup_seconds()
         print(
             f"startup (import, MNIST, build, one 10k evaluation): {up['startup_s']:.2f} s in the "
@@ -277,13 +288,21 @@ def main(argv: list[str] | None = None) -> int:
         )
         fields.append(f"startup_s={up['process_s']:.2f}")
     if not (args.quick or args.no_default_job):
-        jobs = {prec: default_job(prec) for prec in ("fp32", "bf16")}
-        for prec, j in jobs.items():
-            print(f"default job {prec}: {j['wall_s']:.0f} s, rounds to 99% {j['rounds']}, "
-                  f"best {j['best']:.4f} after {j['rounds_done']} rounds")  # fmt: skip
-        fields.append(f"default_job_s={jobs['fp32']['wall_s']:.0f}")
-        r32, r16 = jobs["fp32"]["rounds"], jobs["bf16"]["rounds"]
-        fields.append(f"bf16_rounds_ratio={(r16 / r32) if (r16 and r32) else float('nan'):.2f}")
+        seeds: list[int | None] = [None, *(int(s) for s in args.job_seeds.split(",") if s)]
+        ratios_by_seed = []
+        for seed in seeds:
+            jobs = {prec: default_job(prec, seed) for prec in ("fp32", "bf16")}
+            name = "config" if seed is None else seed
+            for prec, j in jobs.items():
+                print(f"default job {prec}, seed {name}: {j['wall_s']:.0f} s, rounds to 99% "
+                      f"{j['rounds']}, best {j['best']:.4f} after {j['rounds_done']} rounds",
+                      flush=True)  # fmt: skip
+            if seed is None:
+                fields.append(f"default_job_s={jobs['fp32']['wall_s']:.0f}")
+            r32, r16 = jobs["fp32"]["rounds"], jobs["bf16"]["rounds"]
+            ratios_by_seed.append((r16 / r32) if (r16 and r32) else float("nan"))
+        print("bf16/fp32 rounds to 99% by seed: " + " ".join(f"{r:.3f}" for r in ratios_by_seed))
+        fields.append(f"bf16_rounds_ratio={statistics.mean(ratios_by_seed):.2f}")
     scaling = [] if args.quick else [int(c) for c in args.scaling.split(",") if c]
     if scaling:
         print(f"{'cohort':>7}{'engine':>16}{'s/round':>10}{'peak MiB':>10}")

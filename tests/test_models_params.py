@@ -188,3 +188,39 @@ def test_model_dtype_is_a_cast_of_the_same_init() -> None:
 def test_unknown_model_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="resnet"):
         build_model("resnet", seed=0)
+
+
+def _paper_order_cnn(model: MnistCNN, x: torch.Tensor) -> torch.Tensor:
+    """The CNN as the paper writes it: ReLU, then 2x2 max pooling."""
+    pool = nn.functional.max_pool2d
+    h = pool(torch.relu(model.conv1(x)), 2)
+    h = pool(torch.relu(model.conv2(h)), 2)
+    return model.fc2(torch.relu(model.fc1(h.flatten(start_dim=1))))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cnn_pools_before_relu_with_the_same_values_and_gradients(dtype: torch.dtype) -> None:
+    # MnistCNN pools first (a quarter of the elements through the ReLU); the
+    # outputs and every gradient must equal the paper's order bit for bit.
+    # The input has ties and all-negative windows: a zeroed image region and a
+    # negative bias make whole pooling windows equal or below zero.
+    model = build_model("cnn", seed=3, dtype=dtype)
+    with torch.no_grad():
+        model.conv1.bias[:8] = -5.0
+    x = torch.rand(6, 1, 28, 28, generator=torch.Generator().manual_seed(0), dtype=dtype)
+    x[:, :, :10, :10] = 0.0
+    y = torch.tensor([0, 1, 2, 3, 4, 5])
+    params = list(model.parameters())
+
+    def grads(forward: object) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        out = forward(model, x) if forward is not None else model(x)  # type: ignore[operator]
+        loss = nn.functional.cross_entropy(out, y)
+        return out.detach(), list(torch.autograd.grad(loss, params))
+
+    out_ours, g_ours = grads(None)
+    out_paper, g_paper = grads(_paper_order_cnn)
+    assert torch.equal(out_ours, out_paper)
+    for a, b in zip(g_ours, g_paper, strict=True):
+        assert torch.equal(a, b)
+    # The all-negative windows exist: some pooled pre-activations are <= 0.
+    assert bool((nn.functional.max_pool2d(model.conv1(x), 2) <= 0).any())
