@@ -8,6 +8,10 @@ B=10) and for the 2NN and the CNN, samples/second of:
   central_b     plain PyTorch (nn.Module + torch.optim.SGD) at batch B, one
                 process with every core as intra-op threads,
   central_b_mp  the same work split over one single-threaded process per core,
+  central_b_each  plain PyTorch at batch B in one single-threaded process per
+                core, each on its share: per-client training with these kernels,
+                so central_b_each / central_kb is the ceiling of an engine that
+                trains every client at B on its own weights (per_client_ceiling),
   central_kb    plain PyTorch at batch K*B (the machine's limit for that work),
                 the better of one multi-threaded process and one process per core,
   serial, vectorized            the engines in one process (threads = cores),
@@ -87,10 +91,14 @@ class CentralProcesses:
         self.pool = multiprocessing.get_context("fork").Pool(procs, initializer=_one_thread)
         self.procs = procs
 
-    def __call__(self, name: str, x: torch.Tensor, y: torch.Tensor, batch: int) -> float:
+    def __call__(
+        self, name: str, x: torch.Tensor, y: torch.Tensor, batch: int, split: bool = True
+    ) -> float:
+        """``split``: ``batch`` is the global batch, cut over the processes (data
+        parallelism); otherwise every process trains at ``batch`` on its share."""
+        each = max(1, batch // self.procs) if split else batch
         shares = [
-            (name, x[part :: self.procs], y[part :: self.procs], max(1, batch // self.procs))
-            for part in range(self.procs)
+            (name, x[part :: self.procs], y[part :: self.procs], each) for part in range(self.procs)
         ]
         # Each process times its own epoch; the slowest one is the wall time
         # (handing the shares over is not part of the training).
@@ -141,6 +149,7 @@ def measure_model(model_name: str, blocks: int, cores: int) -> dict[str, float]:
     runs: dict[str, Callable[[], float]] = {
         "central_b": lambda: n / central(model_name, x, y, 10),
         "central_b_mp": lambda: n / mp(model_name, x, y, 10),
+        "central_b_each": lambda: n / mp(model_name, x, y, 10, split=False),
         "central_kb_1p": lambda: n / central(model_name, x, y, 10 * k),
         "central_kb_mp": lambda: n / mp(model_name, x, y, 10 * k),
         **{name: once for name, (_exp, once) in built.items()},
@@ -171,6 +180,12 @@ def measure_model(model_name: str, blocks: int, cores: int) -> dict[str, float]:
     out["engine_vs_serial"] = paired("engine", "serial")
     out["vectorized_vs_serial"] = paired("vectorized", "serial")
     out["serial_w_vs_central_b_mp"] = paired("serial_w", "central_b_mp")
+    # What per-client training at B costs the kernels: plain PyTorch at B = 10
+    # in one single-threaded process per core, against central K*B. An engine
+    # that trains each client on its own weights with these kernels gets no
+    # higher unless it batches clients into bigger products (batched_mlp.py).
+    out["per_client_ceiling"] = paired("central_b_each", "central_kb")
+    out["engine_vs_central_b_each"] = paired("engine", "central_b_each")
     if "bf16_w" in rates:
         out["bf16_vs_fp32"] = paired("bf16_w", "serial_w")
     out["eval_s"] = eval_s
@@ -263,20 +278,22 @@ def main(argv: list[str] | None = None) -> int:
     blocks = 1 if args.quick else args.blocks
     print(f"cores {cores}; torch {torch.__version__}; {torch.backends.cpu.get_cpu_capability()}")
     results = {m: measure_model(m, blocks, cores) for m in args.models.split(",") if m}
-    cols = ["central_b", "central_b_mp", "central_kb", "serial", "vectorized", "serial_w",
-            "vectorized_w", "bf16_w"]  # fmt: skip
+    cols = ["central_b", "central_b_mp", "central_b_each", "central_kb", "serial",
+            "vectorized", "serial_w", "vectorized_w", "bf16_w"]  # fmt: skip
     print("samples/s, median of blocks")
-    print(f"{'model':<6}" + "".join(f"{c:>13}" for c in cols))
+    print(f"{'model':<6}" + "".join(f"{c:>15}" for c in cols))
     for m, r in results.items():
-        print(f"{m:<6}" + "".join(f"{r.get(c, float('nan')):>13.0f}" for c in cols))
+        print(f"{m:<6}" + "".join(f"{r.get(c, float('nan')):>15.0f}" for c in cols))
     ratios = ["engine_vs_central_kb", "engine_vs_serial", "vectorized_vs_serial",
-              "serial_w_vs_central_b_mp", "bf16_vs_fp32", "eval_s"]  # fmt: skip
+              "serial_w_vs_central_b_mp", "per_client_ceiling", "engine_vs_central_b_each",
+              "bf16_vs_fp32", "eval_s"]  # fmt: skip
     print(f"{'model':<6}" + "".join(f"{c:>26}" for c in ratios))
     for m, r in results.items():
         print(f"{m:<6}" + "".join(f"{r.get(c, float('nan')):>26.2f}" for c in ratios))
     fields = []
     for m, r in results.items():
         fields.append(f"vec_vs_central_kb_{m}={r['engine_vs_central_kb']:.2f}")
+        fields.append(f"per_client_ceiling_{m}={r['per_client_ceiling']:.2f}")
         fields.append(f"vec_vs_serial_{m}={r['engine_vs_serial']:.2f}")
     if "cnn" in results:
         fields.append(f"bf16_vs_fp32_cnn={results['cnn']['bf16_vs_fp32']:.2f}")
