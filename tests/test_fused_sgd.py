@@ -85,10 +85,10 @@ def test_fused_only_for_plain_fp_sgd(plan: LocalPlan, hook: object, state: objec
 
 def test_a_layer_without_input_gradient_is_refused_and_restored() -> None:
     model = nn.Sequential(nn.Linear(3, 2))
-    with pytest.raises(RuntimeError, match="2-D input carrying a gradient"):
-        with sgd_in_backward(model, ("0",), lr=0.1):
-            model(torch.randn(4, 3))
+    refused = pytest.raises(RuntimeError, match="2-D input carrying a gradient")
+    with refused, sgd_in_backward(model, ("0",), lr=0.1):
+        model(torch.randn(4, 3))
     assert type(model[0]) is nn.Linear and "lr" not in vars(model[0])
-    with pytest.raises(TypeError, match="plain nn.Linear"):
-        with sgd_in_backward(nn.Sequential(nn.Conv2d(1, 1, 1)), ("0",), lr=0.1):
-            pass
+    conv = nn.Sequential(nn.Conv2d(1, 1, 1))
+    with pytest.raises(TypeError, match="plain nn.Linear"), sgd_in_backward(conv, ("0",), 0.1):
+        pass
