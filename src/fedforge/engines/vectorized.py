@@ -19,6 +19,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import torch
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
+from torch.nn.utils.rnn import pad_sequence
 
 from fedforge.algorithms.base import LocalPlan, LossFn
 from fedforge.algorithms.local import GradHook, LocalStep
@@ -90,9 +91,14 @@ def _step_indices(
     index = torch.full((steps, len(schedules), width), pad_row, dtype=torch.int64)
     mask = torch.zeros((steps, len(schedules), width), dtype=torch.bool)
     for k, (batches, offset) in enumerate(zip(schedules, offsets, strict=True)):
-        for s, idx in enumerate(batches):
-            index[s, k, : len(idx)] = idx + offset
-            mask[s, k, : len(idx)] = True
+        if not batches:
+            continue
+        # One client's batches as one padded [steps, width] block (-1: padding).
+        rows = pad_sequence(list(batches), batch_first=True, padding_value=-1)
+        real = rows >= 0
+        n, w = rows.shape
+        index[:n, k, :w] = torch.where(real, rows + offset, pad_row)
+        mask[:n, k, :w] = real
     return index, mask
 
 
