@@ -80,7 +80,11 @@ def test_cnn_local_sgd_equals_the_unfused_step(monkeypatch: pytest.MonkeyPatch) 
 )
 def test_fused_only_for_plain_fp_sgd(plan: LocalPlan, hook: object, state: object) -> None:
     assert fused_layers(MnistCNN(), plan, hook, state) == ()
-    assert fused_layers(build_model("2nn", 0), _plan(), None, None) == ()  # first layer fc1
+
+
+def test_fused_only_for_known_architectures() -> None:
+    assert fused_layers(MnistCNN(), _plan(), None, None) == ("fc1", "fc2")
+    assert fused_layers(build_model("2nn", 0), _plan(), None, None) == ()  # fc1 sees raw input
 
 
 def test_a_layer_without_input_gradient_is_refused_and_restored() -> None:

@@ -76,13 +76,12 @@ class _LinearSGD(torch.autograd.Function):
 
 
 class _SGDLinear(nn.Linear):
-    """An ``nn.Linear`` that steps itself in backward while ``lr`` is set."""
+    """An ``nn.Linear`` that steps itself in backward at ``lr`` (the class a
+    layer has only inside :func:`sgd_in_backward`, which sets ``lr``)."""
 
-    lr: float | None = None
+    lr: float
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.lr is None:
-            return super().forward(x)
         if x.dim() != 2 or not x.requires_grad:  # the layer would not be trained
             raise RuntimeError(
                 f"fused SGD needs a 2-D input carrying a gradient, got shape "

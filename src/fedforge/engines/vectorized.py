@@ -94,7 +94,7 @@ def _step_indices(
         if not batches:
             continue
         # One client's batches as one padded [steps, width] block (-1: padding).
-        rows = pad_sequence(list(batches), batch_first=True, padding_value=-1)
+        rows = pad_sequence(batches, batch_first=True, padding_value=-1)
         real = rows >= 0
         n, w = rows.shape
         index[:n, k, :w] = torch.where(real, rows + offset, pad_row)
