@@ -192,3 +192,14 @@ def test_end_to_end_subprocess(
     assert run_dir.name in capsys.readouterr().out
     assert main(["show", run_dir.name, "--runs-dir", str(runs)]) == 0
     assert run_dir.name in capsys.readouterr().out
+
+
+def test_start_up_imports_no_cryptography_unless_a_run_masks() -> None:
+    """Secure aggregation's ``cryptography`` costs ~0.1 s of start-up: the command and a
+    run without masking never import it (a fresh interpreter, so nothing is cached)."""
+    code = (
+        "import sys, fedforge.cli, fedforge.experiment, fedforge.server.loop;"
+        "print('cryptography' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fedforge.privacy_rules  # noqa: F401  (registers the privacy stages' order rules)
 from fedforge.accountant import Accountant, local_epsilon
@@ -37,8 +37,10 @@ from fedforge.stages.dp import (
     next_clip_norm,
     update_noise_multiplier,
 )
-from fedforge.stages.secagg_codec import SecAggCodec, SecAggMean, min_survivors, noise_bound
 from fedforge.stages.tiers import TieredNoise, high_tier
+
+if TYPE_CHECKING:  # the codec imports ``cryptography`` (0.1 s): only runs that mask pay it
+    from fedforge.stages.secagg_codec import SecAggCodec, SecAggMean
 
 
 @dataclass
@@ -247,6 +249,8 @@ def assemble(cfg: Config, num_examples: list[int]) -> PrivacyParts:
 
 def _secagg(parts: PrivacyParts, cfg: Config, m: int, num_examples: list[int]) -> None:
     """The masking codec of ``privacy.secagg``; refuses what it cannot hide."""
+    from fedforge.stages.secagg_codec import SecAggCodec, SecAggMean, min_survivors, noise_bound
+
     p, comm = cfg.privacy, cfg.communication
     refusals = [
         (

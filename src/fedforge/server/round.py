@@ -30,7 +30,6 @@ from fedforge.server import diagnostics
 from fedforge.server.hierarchy import Edges
 from fedforge.server.periods import period_plan, upload_period
 from fedforge.server.sampling import sample_cohort
-from fedforge.server.secure import secure_round
 from fedforge.server.state import LoopState
 from fedforge.server.stragglers import cohort_tasks
 from fedforge.stages.codec import CodecContext
@@ -198,6 +197,8 @@ def _secure(
     """Secure aggregation's round (``server/secure.py``): the aggregate of the
     unmasked sum (None: the round is skipped with the reason), the clients in the
     sum, bytes up (masked updates, phase replies) and the phase messages' bytes down."""
+    from fedforge.server.secure import secure_round  # imports ``cryptography``: only when masking
+
     out = secure_round(exp, round_idx, tasks, payload)
     for client_id, why in out.refused:
         _reject(state, bar, round_idx, client_id, why)
