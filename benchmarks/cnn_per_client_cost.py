@@ -10,9 +10,12 @@ E = 1) in three variants, interleaved in blocks:
   b10_onednn   B = 10 with the fc layers' forward through oneDNN's inner
                product instead of ``addmm`` (alone 1.6x faster for fc1 at 10
                rows: does it help the step?).
-Per sample, in microseconds of operator time: the convolutions (forward and
-backward), the fully connected layers (forward products, and the input
-gradient and update products of their fused backward), everything else.
+Per sample, in microseconds of operator time under the profiler: the
+convolutions (forward and backward), the fully connected layers (forward
+products, and the input gradient and update products of their fused backward),
+everything else (the profiler's own cost lands mostly here: it inflates small
+operators, e.g. pooling's 1 MB zero fill, ~0.5 ms profiled, ~0.05 ms timed
+alone); samples/s from the same round timed without the profiler.
 Last line: RESULT with medians and paired ratios.
 """
 
@@ -55,8 +58,9 @@ def profiled(once: Callable[[], float], samples: int, onednn: bool) -> dict[str,
     if onednn:
         fused_sgd._LinearSGD.forward = staticmethod(onednn_forward)  # type: ignore[assignment]
     try:
+        rate = once()  # timed without the profiler, which inflates small operators
         with profile() as prof:
-            rate = once()
+            once()
     finally:
         fused_sgd._LinearSGD.forward = staticmethod(forward)  # type: ignore[assignment]
     spent = {e.key: e.self_cpu_time_total for e in prof.key_averages()}
