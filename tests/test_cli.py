@@ -195,8 +195,9 @@ def test_end_to_end_subprocess(
 
 
 def test_start_up_imports_no_cryptography_unless_a_run_masks() -> None:
-    """Secure aggregation's ``cryptography`` costs ~0.1 s of start-up: the command and a
-    run without masking never import it (a fresh interpreter, so nothing is cached)."""
+    """Secure aggregation's ``cryptography`` costs ~0.1 s of start-up: importing the
+    command, the experiment builder and the loop does not import it (a fresh
+    interpreter); masking runs import it when they build (the secagg tests run them)."""
     code = (
         "import sys, fedforge.cli, fedforge.experiment, fedforge.server.loop;"
         "print('cryptography' in sys.modules)"
