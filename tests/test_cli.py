@@ -204,3 +204,16 @@ def test_start_up_imports_no_cryptography_unless_a_run_masks() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize(("first", "frozen"), [("", True), ("import torch;", False)])
+def test_start_up_freezes_torch_objects_only_in_a_process_fedforge_starts(
+    first: str, frozen: bool
+) -> None:
+    """A fresh process that imports fedforge (the command) has torch's objects
+    frozen out of the garbage collector's full collections; a caller that
+    imported torch itself keeps its collector as it was."""
+    code = f"{first}import gc, fedforge; print(gc.get_freeze_count())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    count = int(out.stdout.strip())
+    assert (count > 100_000) if frozen else (count == 0)
