@@ -2,9 +2,10 @@
 
 The default suite checks the contract on small synthetic federations; here it
 runs the benchmark's own setting: 100 clients of MNIST (IID, or quantity-skewed
-with a lognormal spread of sizes), B = 10, E = 1, 3 rounds, float64, so every
-client takes 60 or more steps, the regime where float32 trajectories drift
-apart (by up to 8e-2, the issue measured) and float64 ones must not (1e-9).
+with a lognormal spread of sizes), B = 10, E = 1, 3 rounds, float64, so the
+clients take tens of steps a round (60 under IID), the regime where float32
+trajectories drift apart (by up to 8e-2, the issue measured) and float64 ones
+must not (1e-9).
 And the server's memory: a cohort of 1,000 needs no more than a cohort of 100,
 where keeping the 900 more uploads would need 684 MiB more.
 """
