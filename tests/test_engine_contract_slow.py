@@ -89,11 +89,13 @@ def test_a_cohort_of_1000_needs_no_more_memory_than_100_when_the_mean_streams(
     aggregator: str, streams: bool, mnist_dir: Path
 ) -> None:
     """The weighted mean keeps a running sum: O(model). The coordinate-wise median
-    needs every update at once, and the same measurement sees it (so it can fail)."""
+    needs every update at once, and the same measurement sees it (so it can fail);
+    the gathered round holds them once plus the sort's column block (measured
+    1.45x the updates; a list of updates and then their stack was 3.35x)."""
     if not Path("/proc/self/clear_refs").exists():
         pytest.skip("needs Linux's /proc/self/clear_refs to reset the peak resident set")
     small, large = (_run_growth_mib(c, mnist_dir, aggregator) for c in (100, 1000))
     if streams:
         assert large - small < 0.15 * UPLOADS_MIB, (small, large)
     else:
-        assert large - small > 0.8 * UPLOADS_MIB, (small, large)
+        assert 0.8 * UPLOADS_MIB < large - small < 2.0 * UPLOADS_MIB, (small, large)

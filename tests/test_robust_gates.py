@@ -27,6 +27,7 @@ from fedforge.experiment import FederatedData, build
 from fedforge.pipeline import Pipeline
 from fedforge.server.loop import _stalled, run
 from fedforge.server.optimizers import ServerSGD
+from fedforge.server.round import Gathering, Upload
 from fedforge.server.state import LoopState
 from fedforge.stages.validate import NormGate, robust_z
 from fedforge.store import AnomalyRecord, RunStore
@@ -318,3 +319,22 @@ def test_only_consecutive_skipped_rounds_stop_a_run() -> None:
     state.next_round = 7  # round 6 moved the model
     assert _stalled(3, state) is None
     assert _stalled(0, state) is None
+
+
+def test_a_gathered_round_holds_each_update_once_in_arrival_order() -> None:
+    """The gathered round copies each accepted delta into one [K, P] tensor and
+    keeps a view of its row, not a second tensor; more uploads than tasks is a bug."""
+    gathering = Gathering(capacity=3)
+    deltas = [torch.tensor([1.0, 2.0]), torch.tensor([-3.0, 4.0])]
+    uploads = [Upload(client_id=c, delta=d, num_examples=5, train_loss=0.0, nbytes=8)
+               for c, d in zip((7, 2), deltas, strict=True)]  # fmt: skip
+    for up in uploads:
+        gathering.add(up)
+    rows = gathering.updates()
+    assert rows.tolist() == [[1.0, 2.0], [-3.0, 4.0]]
+    assert [u.client_id for u in gathering.uploads] == [7, 2]
+    for i, up in enumerate(uploads):
+        assert up.delta.data_ptr() == rows[i].data_ptr()  # the row itself
+    gathering.add(Upload(9, torch.zeros(2), 1, 0.0, 8))
+    with pytest.raises(RuntimeError, match="more uploads than the 3 tasks"):
+        gathering.add(Upload(4, torch.zeros(2), 1, 0.0, 8))

@@ -50,6 +50,34 @@ class Upload:
     report: ClientReport | None = None  # val_loss / label_counts for the weights (reports.py)
 
 
+class Gathering:
+    """A gathered round's accepted uploads: each delta is copied into the next row
+    of one ``[capacity, P]`` tensor as it arrives and its own tensor dropped, so
+    the round holds the cohort once (a list of deltas and then their stack held
+    it twice). Rows are allocated on the first upload, in its dtype."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.uploads: list[Upload] = []
+        self._rows: torch.Tensor | None = None
+
+    def add(self, up: Upload) -> None:
+        if self._rows is None:
+            self._rows = torch.empty(self.capacity, up.delta.numel(), dtype=up.delta.dtype)
+        n = len(self.uploads)
+        if n == self.capacity:
+            raise RuntimeError(f"more uploads than the {self.capacity} tasks of the round")
+        row = self._rows[n]
+        row.copy_(up.delta)
+        up.delta = row
+        self.uploads.append(up)
+
+    def updates(self) -> torch.Tensor:
+        """The ``[K, P]`` accepted deltas so far, in arrival order (a view)."""
+        assert self._rows is not None, "no upload gathered"
+        return self._rows[: len(self.uploads)]
+
+
 def check_update(exp: Experiment, client_id: int, round_idx: int, data: bytes) -> Upload:
     """Decode one update and refuse anything that is not a well-formed delta."""
     msg = wire.decode(data)
@@ -116,7 +144,7 @@ def _too_few(exp: Experiment, accepted: int) -> str | None:
 
 def _gathered_aggregate(
     exp: Experiment,
-    uploads: list[Upload],
+    gathering: Gathering,
     state: LoopState,
     round_idx: int,
     bar: Progress,
@@ -126,11 +154,12 @@ def _gathered_aggregate(
     ``[K, P]`` tensor; returns the aggregate (None if nothing is left) and the
     ids of the clients it used. ``faulty`` uploads were refused as malformed or
     non-finite: Krum and Bulyan count them among their f (``discount_faulty``)."""
+    uploads = gathering.uploads
     if not uploads:
         return None, set()
     cohort = CohortUpdates(
         [u.client_id for u in uploads],
-        torch.stack([u.delta for u in uploads]),
+        gathering.updates(),
         torch.tensor([float(u.num_examples) for u in uploads], dtype=torch.float64),
         {u.client_id: u.report for u in uploads},
     )
@@ -236,7 +265,7 @@ def run_round(
     if comm is not None and comm.group_of is not None and acc is not None:
         edges = Edges(comm.group_of, exp.spec.size, params.dtype)
     hops = len(edges.groups_of(cohort)) if edges is not None else 0  # server <-> edge messages
-    gathered: list[Upload] = []
+    gathering = Gathering(len(tasks))
     clients: dict[int, ClientRecord] = {}
     bytes_up = 0
     secure = exp.privacy.secagg if exp.privacy is not None else None  # secure aggregation
@@ -271,7 +300,7 @@ def run_round(
         elif acc is not None:
             acc.add(up.delta, float(up.num_examples))
         else:
-            gathered.append(up)
+            gathering.add(up)
     if edges is not None and acc is not None:
         bytes_up += edges.forward(acc, round_idx)
     if acc is not None:
@@ -281,7 +310,7 @@ def run_round(
             aggregate, clients = None, {}
             _skip(state, bar, round_idx, why)
     else:
-        aggregate, used = _gathered_aggregate(exp, gathered, state, round_idx, bar, faulty)
+        aggregate, used = _gathered_aggregate(exp, gathering, state, round_idx, bar, faulty)
         clients = {c: r for c, r in clients.items() if c in used}
     diagnostics.end_round(exp, diag, state.diagnostics, state.outputs, bar, round_idx)
     if secure is not None:  # the server sees only masked updates and their sum
