@@ -96,6 +96,6 @@ def test_a_cohort_of_1000_needs_no_more_memory_than_100_when_the_mean_streams(
         pytest.skip("needs Linux's /proc/self/clear_refs to reset the peak resident set")
     small, large = (_run_growth_mib(c, mnist_dir, aggregator) for c in (100, 1000))
     if streams:
-        assert large - small < 0.15 * UPLOADS_MIB, (small, large)
+        assert large - small < 0.25 * UPLOADS_MIB, (small, large)  # ~55 MiB, once 105
     else:
         assert 0.8 * UPLOADS_MIB < large - small < 2.0 * UPLOADS_MIB, (small, large)
