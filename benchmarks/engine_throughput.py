@@ -22,8 +22,8 @@ figure is measured once per block, blocks repeated (interleaved), and ratios
 are paired within a block: this machine's speed drifts by up to a third over
 tens of minutes. "engine" is what ``engine: auto`` with ``workers: 0`` runs.
 
-Then: startup (a fresh process importing fedforge, loading MNIST, building the
-default job and evaluating the 10k test set once), the default job's wall time
+Then: startup (from the launch of a fresh process to the end of its first 10k
+evaluation, as ``fedforge run`` starts, by phase, median of 3), the default job's wall time
 to 99% (``configs/default.yaml``) and its rounds in fp32 and bf16 (with
 ``--job-seeds config,1,2``, at several seeds: the rounds ratio is then a mean of
 the per-seed ratios), and a

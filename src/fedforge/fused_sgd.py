@@ -40,6 +40,12 @@ FUSED_LAYERS: dict[type[nn.Module], tuple[str, ...]] = {MnistCNN: ("fc1", "fc2")
 BLOCK_FLOATS = 200_000  # 800 KB of fp32 weight rows: stays in a 1.25 MB L2
 
 
+def linear_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``x W^T + b``, the fused layers' forward product (looked up at each call:
+    benchmarks/cnn_per_client_cost.py measures another kernel in its place)."""
+    return torch.addmm(bias, x, weight.t())
+
+
 class _LinearSGD(torch.autograd.Function):
     """``x W^T + b`` whose backward returns the input gradient and steps W, b."""
 
@@ -55,7 +61,7 @@ class _LinearSGD(torch.autograd.Function):
         # Not saved tensors: the step writes them during this very backward, and
         # they are views of one flat vector whose version counter every step bumps.
         ctx.weight, ctx.bias, ctx.lr = weight, bias, lr  # type: ignore[attr-defined]
-        return torch.addmm(bias, x, weight.t())
+        return linear_product(x, weight, bias)
 
     @staticmethod
     def backward(
