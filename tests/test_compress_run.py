@@ -130,6 +130,69 @@ def test_malformed_compressed_update_is_refused_and_never_aggregated(
     assert bad.records[0].bytes_up > without.records[0].bytes_up  # its bytes still counted
 
 
+def _meta(**changes: Any) -> Any:
+    def fn(data: bytes) -> bytes:
+        msg = wire.decode(data)
+        return wire.encode(msg.tensors, {**msg.meta, **changes})
+
+    return fn
+
+
+def _plus(name: str) -> Any:
+    def fn(data: bytes) -> bytes:
+        msg = wire.decode(data)
+        return wire.encode({**msg.tensors, name: torch.zeros(3)}, msg.meta)
+
+    return fn
+
+
+@pytest.mark.parametrize(
+    "com,robust,fn,reason",
+    [
+        ({}, {}, _meta(num_examples=10**400), "num_examples"),  # float() overflowed
+        # a gathered round (the norm gate): float64 weights of 1e39 made the model inf
+        ({}, {"norm_gate": 3.5}, _meta(num_examples=10**39), "num_examples"),
+        ({}, {}, _meta(num_examples=0), "num_examples"),
+        ({}, {}, _meta(train_loss=10**400), "train_loss"),
+        ({}, {}, _meta(train_loss=True), "train_loss"),
+        ({}, {}, _meta(train_loss="0.1"), "train_loss"),
+        ({}, {}, _meta(client_id=99), "labelled client 99"),
+        ({}, {}, _meta(codec="int8"), "wrong header"),  # dense never named itself
+        ({}, {}, _plus("junk"), "unexpected tensors junk"),
+        ({"uplink": "int8"}, {}, _plus("junk"), "unexpected tensors junk"),
+        ({"uplink": "topk"}, {}, _plus("junk"), "unexpected tensors junk"),
+        ({}, {}, _plus("alg/c"), "unexpected algorithm tensors c"),  # FedAvg sends none
+    ],
+)
+def test_a_mislabelled_or_padded_update_is_refused(
+    data: FederatedData, com: dict[str, Any], robust: dict[str, Any], fn: Any, reason: str
+) -> None:
+    from fedforge.server.sampling import sample_cohort
+
+    cfg = _cfg(com, robust=robust)
+    victim = sample_cohort(6, 0.5, 0, 0)[1]
+    bad = _one_round(cfg, data, victim, fn)
+    without = _one_round(cfg, data, victim, None)
+    assert [(r, c) for r, c, _ in bad.rejected] == [(0, victim)]
+    assert reason in bad.rejected[0][2]
+    assert torch.equal(bad.params, without.params)
+
+
+def test_labels_take_a_finite_loss_or_null() -> None:
+    from fedforge.errors import UploadError
+    from fedforge.server.labels import MAX_EXAMPLES, read_labels
+
+    meta = {"client_id": 3, "round_idx": 7, "num_examples": MAX_EXAMPLES, "train_loss": 2}
+    assert read_labels(meta, 3, 7) == (2**53, 2.0)
+    n, loss = read_labels({**meta, "train_loss": None}, 3, 7)
+    assert loss != loss  # NaN: the client's own loss was not finite
+    for bad in (float("inf"), float("-inf"), float("nan")):  # JSON 1e999 parses to inf
+        with pytest.raises(UploadError, match="train_loss"):
+            read_labels({**meta, "train_loss": bad}, 3, 7)
+    with pytest.raises(UploadError, match=r"\[1, 2\^53\]"):
+        read_labels({**meta, "num_examples": MAX_EXAMPLES + 1}, 3, 7)
+
+
 def test_hierarchical_aggregation_equals_the_flat_mean(data: FederatedData) -> None:
     flat = run(_cfg({}), data=data, store=False)
     tiered = run(_cfg({"groups": 2}), data=data, store=False)

@@ -250,3 +250,18 @@ def test_a_short_neighbourhood_skips_the_run_round_and_keeps_the_model(
     assert [r for r, _ in result.skipped] == [0, 1]
     for _, why in result.skipped:
         assert "has 3 of its 5 neighbourhood" in why and "fewer than t = 4" in why
+
+
+def test_a_masked_update_in_another_fixed_point_is_refused() -> None:
+    """The server unmasks in its own (bits, frac_bits): words packed at other widths
+    would be read wrong, so a header that says so is refused."""
+    codec = SecAggCodec(1.0, 12, 16, 0.66, [10] * 12)
+    bits = codec.fp.bits
+    packed = torch.zeros((5 * bits + 7) // 8, dtype=torch.uint8)
+    meta = {"codec": "secagg", "bits": bits, "frac_bits": 16}
+    assert codec.decode_masked({"masked": packed}, meta, 5).shape == (5,)
+    for bad in ({"bits": 3}, {"frac_bits": 99}, {"bits": None}):
+        with pytest.raises(UploadError, match="fixed point"):
+            codec.decode_masked({"masked": packed}, {**meta, **bad}, 5)
+    with pytest.raises(UploadError, match="unexpected tensors junk"):
+        codec.decode_masked({"masked": packed, "junk": packed}, meta, 5)

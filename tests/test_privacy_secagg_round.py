@@ -24,6 +24,7 @@ from fedforge.server.loop import resume, run
 from fedforge.server.secure import dropped
 from fedforge.stages.secagg import CIPHERTEXT_BYTES, KEY_BYTES, SHARE_BYTES
 from fedforge.store import RunStore
+from fedforge.transport import wire
 
 SIZES = [30, 20, 40, 30, 25, 35]
 FRAC_BITS = 30
@@ -253,3 +254,109 @@ def test_resume_with_secagg_is_bit_exact(
     with RunStore.open(stopped.run_dir) as got, RunStore.open(reference.run_dir) as want:
         assert [r.test_loss for r in got.rounds()] == [r.test_loss for r in want.rounds()]
         assert len(got.rounds()) == 5
+
+
+class _Tamper:
+    """A serial engine whose client ``client`` has its ``phase`` reply rewritten
+    by ``fn`` (tensors -> tensors): a malicious or broken client."""
+
+    name = "tamper"
+
+    def __init__(self, inner: Engine, phase: str, client: int, fn: Any) -> None:
+        self.inner, self.phase, self.client, self.fn = inner, phase, client, fn
+
+    def run_cohort(self, tasks: Sequence[ClientTask], payload: bytes) -> Iterator[ClientUpload]:
+        yield from self.inner.run_cohort(tasks, payload)
+
+    def run_phase(self, phase: str, messages: Mapping[int, bytes]) -> dict[int, bytes]:
+        replies = self.inner.run_phase(phase, messages)
+        if phase == self.phase and self.client in replies:
+            msg = wire.decode(replies[self.client])
+            replies[self.client] = wire.encode(self.fn(dict(msg.tensors)), msg.meta)
+        return replies
+
+
+def _tampered(
+    data: FederatedData, monkeypatch: pytest.MonkeyPatch, phase: str, client: int, fn: Any
+) -> Any:
+    real_build = loop.build
+
+    def tampering(c: Any, d: Any = None) -> Any:
+        exp = real_build(c, d)
+        exp.engine = _Tamper(exp.engine, phase, client, fn)
+        return exp
+
+    monkeypatch.setattr(loop, "build", tampering)
+    try:
+        return _run(data, SECAGG)
+    finally:
+        monkeypatch.setattr(loop, "build", real_build)
+
+
+def test_a_low_order_public_key_counts_as_a_dropout(
+    data: FederatedData, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An all-zero X25519 key has no shared secret: taken, it would make every
+    honest client fail to encrypt its shares to it. Refused at advertise, it is a
+    dropout: the run equals the plain run without that client."""
+    got = _tampered(
+        data, monkeypatch, "advertise", 2, lambda t: {"keys": torch.zeros_like(t["keys"])}
+    )
+    assert [(r, c) for r, c, _ in got.rejected] == [(0, 2), (1, 2)]
+    assert all("low-order" in why for _, _, why in got.rejected)
+    assert not got.skipped
+
+    def keep(round_idx: int, ids: list[int]) -> set[int]:
+        return set(ids) - {2}
+
+    real_build = loop.build
+
+    def filtered(c: Any, d: Any = None) -> Any:
+        exp = real_build(c, d)
+        exp.engine = _Filter(exp.engine, keep)
+        return exp
+
+    monkeypatch.setattr(loop, "build", filtered)
+    plain = _run(data, {})
+    assert float((plain.params - got.params).abs().max()) <= _bound(2, 5, 5.0)
+
+
+def _shares(fill: Any) -> Any:
+    def fn(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        t["shares"] = fill(t["shares"])
+        return t
+
+    return fn
+
+
+def test_a_share_outside_the_field_counts_as_a_dropout(
+    data: FederatedData, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """0xff... is above the prime 2^521 - 1: refused, a dropout at unmask; the
+    other five survivors' shares rebuild every secret (t = 4)."""
+    got = _tampered(data, monkeypatch, "unmask", 0, _shares(lambda s: torch.full_like(s, 255)))
+    assert [(r, c) for r, c, _ in got.rejected] == [(0, 0), (1, 0)]
+    assert all("prime" in why for _, _, why in got.rejected)
+    honest = _run(data, SECAGG)
+    assert torch.equal(got.params, honest.params)  # client 0's input is in the sum
+
+
+def test_a_garbled_share_skips_the_round_and_keeps_the_model(
+    data: FederatedData, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A share below the prime but not the client's own rebuilds, with t - 1
+    honest ones, a field element, not a 32-byte secret (but for odds of 2^-265):
+    the sum cannot be unmasked, the round is skipped with the reason, the model is
+    untouched. (Client 0 answers first, so its shares are among the t used.)"""
+    gen = torch.Generator().manual_seed(0)
+
+    def garble(s: torch.Tensor) -> torch.Tensor:
+        out = torch.randint(0, 256, s.shape, generator=gen, dtype=torch.uint8)
+        out[:, 0] = 0  # < 2^520 < the prime: a valid field element
+        return out
+
+    before = build(from_dict({**BASE, "privacy": {**DP, **SECAGG}}), data).initial_params
+    got = _tampered(data, monkeypatch, "unmask", 0, _shares(garble))
+    assert torch.equal(got.params, before)
+    assert [r for r, _ in got.skipped] == [0, 1]
+    assert all("rebuild no 32-byte secret" in why for _, why in got.skipped)

@@ -147,6 +147,9 @@ def test_every_truncation_is_rejected() -> None:
         (_frame({"meta": {}, "tensors": [_entry("x", "float32", [-1], 0, 4)]}), "invalid shape"),
         (_frame({"meta": {}, "tensors": [_entry("x", "float32", [1.0], 0, 4)]}), "invalid shape"),
         (_frame({"meta": {}, "tensors": [_entry("x", "float32", [2], -4, 8)]}), "invalid offset"),
+        # empty (no bytes), but its strides would overflow int64
+        (_frame({"meta": {}, "tensors": [_entry("x", "float32", [0, 10**20], 0, 0)]}), "2\\^62"),
+        (_frame({"meta": {}, "tensors": [_entry("x", "float32", [0, 2**62, 4], 0, 0)]}), "2\\^62"),
         (
             _frame({"meta": {}, "tensors": [_entry("x", "float32", [2], 0, 4)]}, b"\0" * 4),
             "nbytes mismatch",

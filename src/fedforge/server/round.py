@@ -28,6 +28,7 @@ from fedforge.report.progress import Progress
 from fedforge.reports import ClientReport, read_report
 from fedforge.server import diagnostics
 from fedforge.server.hierarchy import Edges
+from fedforge.server.labels import read_labels
 from fedforge.server.periods import period_plan, upload_period
 from fedforge.server.sampling import sample_cohort
 from fedforge.server.state import LoopState
@@ -94,16 +95,7 @@ def check_update(exp: Experiment, client_id: int, round_idx: int, data: bytes) -
         )
     if not torch.isfinite(delta).all():
         raise UploadError("delta holds non-finite values (NaN or inf)")
-    n = msg.meta.get("num_examples")
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise UploadError(f"num_examples {n!r} must be a positive integer")
-    if msg.meta.get("client_id") != client_id or msg.meta.get("round_idx") != round_idx:
-        raise UploadError(
-            f"update is labelled client {msg.meta.get('client_id')!r} round "
-            f"{msg.meta.get('round_idx')!r}; expected client {client_id} round {round_idx}"
-        )
-    loss = msg.meta.get("train_loss")
-    train_loss = float(loss) if isinstance(loss, int | float) else float("nan")
+    n, train_loss = read_labels(msg.meta, client_id, round_idx)
     report = read_report(msg.meta, exp.cfg.aggregation_weights, n, NUM_CLASSES)
     return Upload(client_id, delta, n, train_loss, len(data), _check_extras(exp, extras), report)
 
@@ -112,6 +104,13 @@ def _check_extras(exp: Experiment, extras: dict[str, torch.Tensor]) -> dict[str,
     """The algorithm's tensors an update must carry beside the delta (SCAFFOLD's
     delta c_k), each refused unless [P], the run's dtype and finite."""
     server = exp.algorithm.server
+    wanted = () if server is None else server.update_tensors
+    unexpected = sorted(set(extras) - set(wanted))
+    if unexpected:
+        raise UploadError(
+            f"update carries unexpected algorithm tensors {', '.join(unexpected)[:200]}; "
+            f"{exp.cfg.algorithm} sends {', '.join(wanted) or 'none'}"
+        )
     if server is None:
         return {}
     size, dtype = exp.spec.size, exp.initial_params.dtype

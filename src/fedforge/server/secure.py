@@ -28,6 +28,7 @@ from fedforge.config.privacy import secagg_drops
 from fedforge.errors import UploadError
 from fedforge.experiment import Experiment
 from fedforge.rng import numpy_rng
+from fedforge.server.labels import read_labels
 from fedforge.stages import secagg_codec as sc
 from fedforge.stages.dp import DPMean
 from fedforge.stages.secagg import route, unmask_sum
@@ -86,7 +87,9 @@ def secure_round(
             try:
                 got[c] = fn(c, r)
             except UploadError as exc:  # a malformed reply counts as a dropout
-                out.refused.append((c, f"secure aggregation: {exc}"))
+                why = str(exc)
+                prefix = "secure aggregation: "
+                out.refused.append((c, why if why.startswith(prefix) else prefix + why))
         return got
 
     def end(phase: str, alive: Sequence[int], whose: Sequence[int]) -> SecureOutcome | None:
@@ -154,20 +157,14 @@ def secure_round(
         up[c] = up.get(c, 0) + len(upload.data)
         try:
             upd = wire.decode(upload.data)
-            n = upd.meta.get("num_examples")
-            if upd.meta.get("client_id") != c or upd.meta.get("round_idx") != round_idx:
-                raise UploadError("update labelled with another client or round")
-            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-                raise UploadError(f"num_examples {n!r} must be a positive integer")
+            n, loss = read_labels(upd.meta, c, round_idx)
             masked[c] = codec.decode_masked(upd.tensors, upd.meta, size)
         except UploadError as exc:
             out.refused.append((c, str(exc)))
             continue
         weights[c] = n
-        loss = upd.meta.get("train_loss")
-        loss_ = float(loss) if isinstance(loss, int | float) else float("nan")
         # the server cannot know an individual update's norm: NaN
-        out.clients[c] = ClientRecord(round_idx, c, n, loss_, float("nan"), 0, 0)
+        out.clients[c] = ClientRecord(round_idx, c, n, loss, float("nan"), 0, 0)
     u3 = sorted(masked)
     if stop := end("masked_input", u3, u2):
         return stop

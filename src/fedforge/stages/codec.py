@@ -13,7 +13,7 @@ side trusts nothing.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -66,11 +66,21 @@ def need_context(ctx: CodecContext | None, codec: str) -> CodecContext:
     return ctx
 
 
-def expect_codec(meta: Mapping[str, Any], name: str) -> None:
-    """Refuse an update whose header does not name codec ``name``."""
-    got = meta.get("codec")
+def expect_codec(
+    meta: Mapping[str, Any], name: str, tensors: Mapping[str, torch.Tensor], names: Set[str]
+) -> None:
+    """Refuse an update whose header does not name codec ``name`` (an unnamed one is
+    dense), or that carries a tensor other than ``names`` (junk the server would
+    receive, count and drop unseen)."""
+    got = meta.get("codec", Dense.name)
     if got != name:
         raise UploadError(f"wrong header: update encoded by codec {got!r:.40}; expected '{name}'")
+    unexpected = sorted(set(tensors) - names)
+    if unexpected:
+        raise UploadError(
+            f"update carries unexpected tensors {', '.join(unexpected)[:200]}; codec '{name}' "
+            f"sends {', '.join(sorted(names))}"
+        )
 
 
 def expect_tensor(
@@ -110,4 +120,5 @@ class Dense:
         dtype: torch.dtype,
         ctx: CodecContext | None = None,
     ) -> torch.Tensor:
+        expect_codec(meta, self.name, tensors, {"delta"})
         return expect_tensor(tensors, "delta", (size,), dtype)

@@ -115,7 +115,7 @@ class Quantize:
         dtype: torch.dtype,
         ctx: CodecContext | None = None,
     ) -> torch.Tensor:
-        expect_codec(meta, self.name)
+        expect_codec(meta, self.name, tensors, {"codes", "scale"})
         lengths, ids = self._segments(size, torch.device("cpu"))
         scale = expect_tensor(tensors, "scale", (len(lengths),), torch.float32)
         if not bool(torch.isfinite(scale).all()) or bool((scale < 0).any()):
@@ -168,7 +168,7 @@ class Cast:
         dtype: torch.dtype,
         ctx: CodecContext | None = None,
     ) -> torch.Tensor:
-        expect_codec(meta, self.name)
+        expect_codec(meta, self.name, tensors, {"delta"})
         return expect_tensor(tensors, "delta", (size,), self.wire_dtype).to(dtype)
 
     def payload_bytes(self, size: int) -> int:

@@ -133,6 +133,19 @@ def _pk(raw: bytes) -> X25519PublicKey:
     return X25519PublicKey.from_public_bytes(raw)
 
 
+def agreeable(raw: bytes) -> bool:
+    """Whether an advertised public key gives a shared secret. A low-order point
+    (e.g. all zeros) gives the all-zero secret, which X25519 refuses for every
+    private key (clamping makes it a multiple of the cofactor): a client that
+    advertised one would make its honest neighbours fail when they encrypt their
+    shares to it, and the server when it rebuilds a dropped client's masks."""
+    try:
+        X25519PrivateKey.generate().exchange(_pk(raw))
+    except ValueError:
+        return False
+    return True
+
+
 # -------------------------------------------------------------------- client
 class SecAggClient:
     """One client's side of one round; its secrets never leave it unshared."""
@@ -333,7 +346,13 @@ def unmask_sum(
         pts = [(i + 1, r[j][1]) for i, r in replies.items() if j in r and r[j][0] == kind]
         if len(pts) < threshold:
             return None, f"secure aggregation: only {len(pts)} shares of client {j}'s {kind}"
-        secret = shamir.reconstruct(pts[:threshold]).to_bytes(KEY_BYTES, "big")
+        value = shamir.reconstruct(pts[:threshold])
+        if value >= 1 << (8 * KEY_BYTES):  # honest shares rebuild a 32-byte secret
+            return None, (
+                f"secure aggregation: the shares of client {j}'s {kind} rebuild no "
+                f"{KEY_BYTES}-byte secret (a survivor sent a corrupt share)"
+            )
+        secret = value.to_bytes(KEY_BYTES, "big")
         if kind == "b":
             add_mask(total, keystream(secret, size, fp.bits), -1)
             continue

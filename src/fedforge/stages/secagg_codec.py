@@ -28,6 +28,7 @@ import torch
 
 from fedforge.aggregators.mean import Accumulator
 from fedforge.errors import ConfigError, UploadError
+from fedforge.stages import shamir
 from fedforge.stages.codec import CodecContext, expect_codec, expect_tensor
 from fedforge.stages.secagg import (
     CIPHERTEXT_BYTES,
@@ -35,6 +36,7 @@ from fedforge.stages.secagg import (
     SHARE_BYTES,
     FixedPoint,
     SecAggClient,
+    agreeable,
     modulus_bits,
 )
 from fedforge.stages.secagg_graph import MaskGraph, complete_graph, min_survivors, random_harary
@@ -158,7 +160,14 @@ def unmask_message(round_idx: int, u3: Sequence[int]) -> bytes:
 def read_keys(data: bytes, round_idx: int, client_id: int) -> tuple[bytes, bytes]:
     msg = _read(data, "advertise", round_idx, client_id)
     raw = expect_tensor(msg.tensors, "keys", (2 * KEY_BYTES,), torch.uint8).numpy().tobytes()
-    return raw[:KEY_BYTES], raw[KEY_BYTES:]
+    keys = raw[:KEY_BYTES], raw[KEY_BYTES:]
+    for what, key in zip(("channel", "mask"), keys, strict=True):
+        if not agreeable(key):
+            raise UploadError(
+                f"secure aggregation: client {client_id}'s {what} key {key.hex()[:16]}... "
+                "is a low-order X25519 point (no shared secret)"
+            )
+    return keys
 
 
 def read_shares(data: bytes, round_idx: int, client_id: int, u1: Sequence[int]) -> dict[int, bytes]:
@@ -184,11 +193,13 @@ def read_unmask(
         raise UploadError("secure aggregation: unmasking shares without an 'ids' list")
     ids = _id_list(got, u2)
     kind = expect_tensor(msg.tensors, "kind", (len(ids),), torch.uint8).tolist()
+    if any(k > 1 for k in kind):
+        raise UploadError("secure aggregation: a share's kind must be 0 (mask key) or 1 (b)")
     raw = expect_tensor(msg.tensors, "shares", (len(ids), SHARE_BYTES), torch.uint8).numpy()
-    return {
-        j: ("b" if k else "s", int.from_bytes(raw[r].tobytes(), "big"))
-        for r, (j, k) in enumerate(zip(ids, kind, strict=True))
-    }
+    shares = [int.from_bytes(row.tobytes(), "big") for row in raw]
+    if any(y >= shamir.PRIME for y in shares):
+        raise UploadError("secure aggregation: a share is not below the field's prime 2^521 - 1")
+    return {j: ("b" if k else "s", y) for j, k, y in zip(ids, kind, shares, strict=True)}
 
 
 # --------------------------------------------------------------------- codec
@@ -352,7 +363,13 @@ class SecAggCodec:
     ) -> np.ndarray:
         """The masked vector of an update as uint64 words below 2^k (sent packed,
         k bits a word)."""
-        expect_codec(meta, self.name)
+        expect_codec(meta, self.name, tensors, {"masked"})
+        got = (meta.get("bits"), meta.get("frac_bits"))
+        if got != (self.fp.bits, self.fp.frac_bits):
+            raise UploadError(
+                f"masked update in fixed point (bits, frac_bits) = {got!r:.60}; this round's "
+                f"is ({self.fp.bits}, {self.fp.frac_bits})"
+            )
         nbytes = (size * self.fp.bits + 7) // 8
         packed = expect_tensor(tensors, "masked", (nbytes,), torch.uint8).numpy()
         return unpack_words(packed, self.fp.bits, size)

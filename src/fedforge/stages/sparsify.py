@@ -74,7 +74,7 @@ class TopK:
         dtype: torch.dtype,
         ctx: CodecContext | None = None,
     ) -> torch.Tensor:
-        expect_codec(meta, self.name)
+        expect_codec(meta, self.name, tensors, {"values", "indices"})
         k = count_kept(size, self.fraction)
         values = expect_tensor(tensors, "values", (k,), dtype)
         coded = tensors.get("indices")
@@ -126,7 +126,7 @@ class RandomK:
         dtype: torch.dtype,
         ctx: CodecContext | None = None,
     ) -> torch.Tensor:
-        expect_codec(meta, self.name)
+        expect_codec(meta, self.name, tensors, {"values"})
         idx = self.indices(size, need_context(ctx, self.name))
         values = expect_tensor(tensors, "values", (idx.numel(),), dtype)
         out = torch.zeros(size, dtype=dtype)

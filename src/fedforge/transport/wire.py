@@ -45,6 +45,10 @@ DTYPES: dict[str, torch.dtype] = {
 _NAMES: dict[torch.dtype, str] = {dt: name for name, dt in DTYPES.items()}
 _ENTRY_KEYS = frozenset({"name", "dtype", "shape", "offset", "nbytes"})
 _BIG_ENDIAN = sys.byteorder == "big"
+# A shape's strides (the products of its trailing dimensions, an empty one
+# counting as 1) must fit torch's int64: an empty tensor [0, 10**20] has no bytes
+# but cannot be made.
+_MAX_SPAN = 2**62
 
 
 @dataclass(frozen=True)
@@ -152,6 +156,8 @@ def _check_entry(index: int, entry: Any) -> tuple[str, torch.dtype, list[int], i
         )
     if not isinstance(shape, list) or not all(_nonneg_int(d) for d in shape):
         raise _bad(f"tensor '{name}' has an invalid shape {shape!r:.100}")
+    if math.prod(max(d, 1) for d in shape) > _MAX_SPAN:
+        raise _bad(f"tensor '{name}' has a shape {shape!r:.100} spanning more than 2^62 elements")
     if not _nonneg_int(offset) or not _nonneg_int(nbytes):
         raise _bad(f"tensor '{name}' has invalid offset/nbytes {offset!r:.40}/{nbytes!r:.40}")
     dtype = DTYPES[dtype_name]
