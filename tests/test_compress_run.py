@@ -178,6 +178,27 @@ def test_a_mislabelled_or_padded_update_is_refused(
     assert torch.equal(bad.params, without.params)
 
 
+def test_finite_updates_whose_sum_overflows_skip_the_round(data: FederatedData) -> None:
+    """Each delta is finite (3e38 < float32's max), so each is accepted, but the
+    weighted sum is inf: the round is skipped and the model kept, not made inf."""
+
+    def huge(raw: bytes) -> bytes:
+        msg = wire.decode(raw)
+        return wire.encode({"delta": torch.full_like(msg.tensors["delta"], 3e38)}, msg.meta)
+
+    from fedforge.server.sampling import sample_cohort
+
+    cfg = _cfg({}, dtype="float32")
+    victim = sample_cohort(6, 0.5, 0, 0)[1]
+    exp = build(cfg, _f32(data))
+    state = _one_round(cfg, _f32(data), victim, huge)
+    assert not state.rejected
+    assert torch.equal(state.params, exp.initial_params)
+    assert [(r, why) for r, why in state.skipped] == [
+        (0, "the aggregate overflowed torch.float32 (inf or NaN)")
+    ]
+
+
 def test_labels_take_a_finite_loss_or_null() -> None:
     from fedforge.errors import UploadError
     from fedforge.server.labels import MAX_EXAMPLES, read_labels

@@ -320,6 +320,10 @@ def run_round(
     if aggregate is not None:
         ctx = StageContext(round_idx, cfg.seed, state=state.privacy)  # e.g. central DP noise
         aggregate = pipeline.run_aggregate(aggregate, ctx)
+        if not bool(torch.isfinite(aggregate).all()):  # finite updates, too large to sum
+            aggregate, clients = None, {}
+            _skip(state, bar, round_idx, f"the aggregate overflowed {params.dtype} (inf or NaN)")
+    if aggregate is not None:
         state.params = state.optimizer.step(params, aggregate)
         personal = exp.algorithm.personal
         if personal is not None:  # FedBN: the global batch-norm entries never move
