@@ -61,6 +61,10 @@ def one_error_line(err: str) -> str:
         ("partition.alpha=0", ["'partition.alpha'"]),
         ("local_epoch=5", ["'local_epoch'", "did you mean 'local_epochs'"]),
         ("local_epochs", ["local_epochs", "field=value"]),
+        ("lr=.inf", ["'lr'", "inf", "finite"]),  # YAML's infinity
+        ("server_lr=1e400", ["'server_lr'", "finite"]),
+        ("batch_size=foo", ["'batch_size'", "'foo'", "integer, or null"]),
+        ("privacy.tiers.high_clients=1,x", ["'privacy.tiers.high_clients'", "'x'"]),
     ],
 )
 def test_bad_value_exits_2_with_one_line(
@@ -78,6 +82,62 @@ def test_bad_value_exits_2_with_one_line(
     for word in words:
         assert word in line
     assert out == ""  # refused before anything started
+    assert not runs.exists()
+
+
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        (b"\xff\xfe\x00bad", ["not UTF-8 text", "byte 0"]),
+        (b"lr: [0.1\n", ["not valid YAML", "line 2, column 1"]),
+        (b"lr: 0.1\nrounds: 3\nlr: 0.5\n", ["not valid YAML", "'lr' given twice (line 3)"]),
+        (b"x: !!python/object:os.system ls\n", ["not valid YAML", "python/object"]),
+    ],
+)
+def test_a_bad_config_file_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, words: list[str]
+) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_bytes(content)
+    for command in (["run", "-c", str(path)], ["sweep", str(path), "--grid", "lr=0.1,0.2"]):
+        assert main([*command, "--runs-dir", str(tmp_path / "runs"), "-q"]) == 2
+        line = one_error_line(capsys.readouterr().err)
+        assert all(w in line for w in words), line
+    assert not (tmp_path / "runs").exists()
+
+
+def test_comma_lists_and_numeric_names_from_the_command_line(tiny_config: Path) -> None:
+    from fedforge.cli import _parser, _resolve_config
+
+    args = _parser().parse_args(
+        [
+            "run",
+            "-c",
+            str(tiny_config),
+            "--set",
+            "privacy.tiers.high_clients=1,2",
+            "--set",
+            "privacy.secagg=true",
+            "--set",
+            "name=2024",
+            "--set",
+            "partition.feature_shift=rotation,invert",
+        ]
+    )
+    cfg = _resolve_config(args)
+    assert cfg.privacy.tiers.high_clients == (1, 2)
+    assert cfg.name == "2024"
+    assert cfg.partition.feature_shift == ("rotation", "invert")
+
+
+def test_a_bad_grid_value_is_one_line(
+    tiny_config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runs = tmp_path / "runs"
+    argv = ["sweep", str(tiny_config), "--grid", "lr=[0.1", "--runs-dir", str(runs), "-q"]
+    assert main(argv) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "'lr'" in line and "[0.1" in line
     assert not runs.exists()
 
 
@@ -217,3 +277,103 @@ def test_start_up_freezes_torch_objects_only_in_a_process_fedforge_starts(
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     count = int(out.stdout.strip())
     assert (count > 100_000) if frozen else (count == 0)
+
+
+class _Signals:
+    """An engine wrapper that sends this process ``count`` SIGTERMs while round 1 runs."""
+
+    name = "signals"
+
+    def __init__(self, inner: object, count: int) -> None:
+        self.inner, self.count = inner, count
+
+    def run_cohort(self, tasks: list[object], payload: bytes) -> object:
+        import signal
+        import time
+
+        if tasks and getattr(tasks[0], "round_idx", None) == 1:
+            for _ in range(self.count):
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.01)  # the handler runs between bytecodes
+        return self.inner.run_cohort(tasks, payload)  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def signalled(monkeypatch: pytest.MonkeyPatch, make_data: MakeData) -> Callable[[int], None]:
+    """Tiny data for the CLI, and an engine that gets ``count`` SIGTERMs in round 1."""
+    from fedforge.server import loop
+
+    data = make_data([5, 6, 7, 8], dtype=torch.float32)
+    monkeypatch.setattr(fedforge.experiment, "load_federated_data", lambda cfg: data)
+
+    def arm(count: int) -> None:
+        real_build = loop.build
+
+        def build(c: Config, d: FederatedData | None = None) -> object:
+            exp = real_build(c, d)
+            exp.engine = _Signals(exp.engine, count)
+            return exp
+
+        monkeypatch.setattr(loop, "build", build)
+
+    return arm
+
+
+def test_a_second_signal_stops_at_once_and_says_how_to_resume(
+    tiny_config: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    signalled: Callable[[int], None],
+) -> None:
+    signalled(2)
+    runs = tmp_path / "runs"
+    argv = ["run", "-c", str(tiny_config), "--set", "rounds=4", "--set", "checkpoint_every=1"]
+    assert main([*argv, "--runs-dir", str(runs), "-q"]) == 143  # 128 + SIGTERM
+    (run_dir,) = runs.iterdir()
+    hint = f"fedforge resume {run_dir}"
+    assert "stopped at once by a second SIGTERM" in capsys.readouterr().err
+    with RunStore.open(run_dir) as store:
+        assert store.status == "failed"
+        assert hint in (store.summary() or {})["error"]
+
+
+def test_a_stopped_sweep_exits_with_the_signal(
+    tiny_config: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    signalled: Callable[[int], None],
+) -> None:
+    signalled(1)  # the point finishes its round, checkpoints and stops
+    runs = tmp_path / "runs"
+    argv = ["sweep", str(tiny_config), "--set", "rounds=3", "--grid", "lr=0.1,0.2"]
+    assert main([*argv, "--runs-dir", str(runs), "-q"]) == 143
+    assert "(stopped)" in capsys.readouterr().out
+
+
+def test_runs_and_show_name_what_is_wrong(
+    tiny_config: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    make_data: MakeData,
+) -> None:
+    import sqlite3
+
+    data = make_data([5, 6, 7, 8], dtype=torch.float32)
+    monkeypatch.setattr(fedforge.experiment, "load_federated_data", lambda cfg: data)
+    runs = tmp_path / "runs"
+    for name in ("sig", "sig2"):  # 'sig' is a prefix of 'sig2': the exact name wins
+        argv = ["run", "-c", str(tiny_config), "--set", f"name={name}", "--set", "rounds=1"]
+        assert main([*argv, "--runs-dir", str(runs), "-q"]) == 0
+    capsys.readouterr()
+    assert main(["show", "sig", "--runs-dir", str(runs)]) == 0
+    assert "sig2" not in capsys.readouterr().out
+    assert main(["show", str(tmp_path), "--runs-dir", str(runs)]) == 2
+    assert "is a directory but not a run" in one_error_line(capsys.readouterr().err)
+    assert main(["runs", "--runs-dir", str(tmp_path / "nope")]) == 0
+    assert "does not exist" in capsys.readouterr().out
+    sig = next(p for p in runs.iterdir() if p.name.endswith("-sig-") or "-sig-" in p.name)
+    with sqlite3.connect(sig / "store.sqlite") as conn:
+        conn.execute("UPDATE runs SET config_json = 'not json'")
+    assert main(["show", "sig", "--runs-dir", str(runs)]) == 2
+    assert "unreadable config_json" in one_error_line(capsys.readouterr().err)

@@ -11,12 +11,12 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fedforge import config as config_mod
-from fedforge.errors import ConfigError, FedforgeError
+from fedforge.errors import ConfigError, FedforgeError, StopNow
 
 if TYPE_CHECKING:
     from fedforge.server.loop import RunResult
@@ -143,6 +143,9 @@ def _cmd_runs(args: argparse.Namespace) -> int:
     from fedforge.report.runs import format_run_table
     from fedforge.store import list_runs
 
+    if not Path(args.runs_dir).exists():
+        print(f"no runs: '{args.runs_dir}' does not exist")
+        return 0
     print(format_run_table(list_runs(args.runs_dir)))
     return 0
 
@@ -162,8 +165,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     grid = parse_grid(args.grid)
     results = run_sweep(_resolve_config(args), grid, progress=not args.quiet, echo=print)
     print(format_sweep(results))
-    stopped = [r for r in results if r.status == "failed"]
-    return 1 if stopped else 0
+    return _stopped_status(r.stopped for r in results)
 
 
 def _cmd_compare_iid(args: argparse.Namespace) -> int:
@@ -171,7 +173,13 @@ def _cmd_compare_iid(args: argparse.Namespace) -> int:
 
     iid, own = compare_iid(_resolve_config(args), progress=not args.quiet)
     print(format_compare(iid, own))
-    return 1 if "failed" in (iid.status, own.status) else 0
+    return _stopped_status((iid.stopped, own.stopped))
+
+
+def _stopped_status(stopped: Iterable[str | None]) -> int:
+    """128 + the number of the signal that stopped a point (130, 143); 0 if none did."""
+    name = next((s for s in stopped if s is not None), None)
+    return 0 if name is None else 128 + int(signal.Signals[name])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -190,6 +198,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FedforgeError as exc:
         print(f"fedforge: error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
+    except StopNow as exc:  # a second signal during a run
+        print(f"fedforge: {exc}", file=sys.stderr)
+        return 128 + exc.signum
     except KeyboardInterrupt:
         print("fedforge: interrupted", file=sys.stderr)
         return 130

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 
 class FedforgeError(Exception):
     """Base of every error fedforge raises on purpose (bad config, data, upload...)."""
@@ -43,3 +45,17 @@ class EngineError(FedforgeError):
 class AggregationError(FedforgeError):
     """An aggregator cannot combine the updates it was given (e.g. Krum with
     fewer than 2f + 3 of them)."""
+
+
+class StopNow(KeyboardInterrupt):
+    """A second SIGINT/SIGTERM during a run: it stops at once, mid-round; the run
+    resumes from its last checkpoint (``run_dir``: where, once the loop knows)."""
+
+    def __init__(self, signum: int, run_dir: object = None) -> None:
+        self.signum, self.run_dir = signum, run_dir
+        super().__init__(signum)
+
+    def __str__(self) -> str:
+        name = signal.Signals(self.signum).name
+        where = f"fedforge resume {self.run_dir}" if self.run_dir else "fedforge resume RUN"
+        return f"stopped at once by a second {name}; resume from the last checkpoint with: {where}"

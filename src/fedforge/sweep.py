@@ -26,9 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from fedforge.config import Config, override
+from fedforge.config.parse import scalar
 from fedforge.errors import ConfigError
 from fedforge.experiment import FederatedData
 
@@ -47,6 +46,7 @@ class PointResult:
     best_accuracy: float | None
     rounds_to_target: float | None
     total_bytes: int
+    stopped: str | None = None  # the signal that stopped the point (e.g. 'SIGINT')
 
 
 def parse_grid(items: Sequence[str]) -> list[tuple[str, list[Any]]]:
@@ -56,7 +56,7 @@ def parse_grid(items: Sequence[str]) -> list[tuple[str, list[Any]]]:
         key, sep, text = item.partition("=")
         if not sep or not key.strip() or not text.strip():
             raise ConfigError(f"grid {item!r} must look like key=v1,v2 (e.g. local_epochs=1,5)")
-        grid.append((key.strip(), [yaml.safe_load(v) for v in text.split(",")]))
+        grid.append((key.strip(), [scalar(v) for v in text.split(",")]))
     keys = [k for k, _ in grid]
     if len(set(keys)) != len(keys):
         raise ConfigError(f"grid keys {keys} repeat a key")
@@ -98,7 +98,9 @@ def _existing(cfg: Config) -> tuple[Path | None, str | None]:
     return None, None
 
 
-def _result(point: dict[str, Any], run_dir: Path, status: str) -> PointResult:
+def _result(
+    point: dict[str, Any], run_dir: Path, status: str, stopped: str | None = None
+) -> PointResult:
     from fedforge.store import RunStore
 
     with RunStore.open(run_dir) as store:
@@ -114,6 +116,7 @@ def _result(point: dict[str, Any], run_dir: Path, status: str) -> PointResult:
         max(evaluated) if evaluated else None,
         summary.get("rounds_to_target"),
         sum(r.bytes_up + r.bytes_down for r in rounds),
+        stopped,
     )
 
 
@@ -132,7 +135,8 @@ def run_point(
     else:
         result = run(cfg, data=data, progress=progress)
     assert result.run_dir is not None
-    return _result(point, result.run_dir, "failed" if result.stopped else "finished")
+    status = "failed" if result.stopped else "finished"
+    return _result(point, result.run_dir, status, result.stopped)
 
 
 def run_sweep(

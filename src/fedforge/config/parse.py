@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 import types
 import typing
@@ -43,11 +44,15 @@ def _coerce(name: str, value: Any, tp: Any) -> Any:
                 return _coerce(name, value, arg)
             except ConfigError as exc:
                 errors.append(exc)
-        raise errors[0] if len(errors) == 1 else invalid(name, value, f"must be {_describe(tp)}")
+        if len(errors) > 1:
+            raise invalid(name, value, f"must be {_describe(tp)}")
+        if type(None) in args:  # say that null is allowed too
+            raise ConfigError(f"{errors[0]}, or null")
+        raise errors[0]
     if origin is tuple:  # tuple[X, ...]: a YAML list, or "a,b" from the command line
         (item,) = [a for a in typing.get_args(tp) if a is not Ellipsis]
-        if isinstance(value, str):
-            value = [v.strip() for v in value.split(",") if v.strip()]
+        if isinstance(value, str):  # each item read as YAML, as a --set value is
+            value = [scalar(v) for v in value.split(",") if v.strip()]
         if not isinstance(value, list | tuple):
             raise invalid(name, value, "must be a list")
         return tuple(_coerce(name, v, item) for v in value)
@@ -68,8 +73,12 @@ def _coerce(name: str, value: Any, tp: Any) -> Any:
             value = float(value)  # YAML 1.1 reads 1e-3 (no dot) as a string
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise invalid(name, value, "must be a number")
+        if not math.isfinite(value):  # YAML's .inf, or 1e400
+            raise invalid(name, value, "must be a finite number")
         return float(value)
     if tp is str:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return str(value)  # name: 2024 (YAML reads a number)
         if not isinstance(value, str):
             raise invalid(name, value, "must be a string")
         return value
@@ -121,15 +130,19 @@ def load(path: str | Path) -> Config:
     """Read a YAML config file."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"config file '{path}' does not exist") from None
     except OSError as exc:
         raise ConfigError(f"config file '{path}' cannot be read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"config file '{path}' is not UTF-8 text (byte {exc.start}: {exc.reason})"
+        ) from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_StrictLoader)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file '{path}' is not valid YAML: {exc}") from None
+        raise ConfigError(f"config file '{path}' is not valid YAML: {yaml_problem(exc)}") from None
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
@@ -137,16 +150,50 @@ def load(path: str | Path) -> Config:
     return from_dict(data)
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (the last
+    would silently win: ``lr: 0.1`` early in a file, ``lr: 0.5`` later)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, typing.Hashable) and key in seen:
+                mark = key_node.start_mark
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} given twice (line {mark.line + 1})", mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML error in one line: the problem and where (PyYAML's own text spans
+    several lines, with a pointer under the offending line)."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem:
+        mark = exc.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        return f"{exc.problem}{where}"
+    return " ".join(str(exc).split())
+
+
+def scalar(text: str) -> Any:
+    """A command-line value read as YAML (``5``, ``0.1``, ``null``, ``[1, 2]``);
+    text that is not YAML stays the text."""
+    if not text.strip():
+        return ""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text.strip()
+
+
 def parse_override(text: str) -> tuple[str, Any]:
     """Parse ``key.sub=value`` (value read as YAML: numbers, null, true...)."""
     if "=" not in text:
         raise ConfigError(f"override {text!r} must look like field=value (e.g. local_epochs=5)")
     key, raw = text.split("=", 1)
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
-    return key.strip(), value
+    return key.strip(), scalar(raw)
 
 
 def override(cfg: Config, overrides: Mapping[str, Any]) -> Config:

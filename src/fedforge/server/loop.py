@@ -25,6 +25,7 @@ from fedforge.config import Config
 from fedforge.data import PartitionSummary, summarize
 from fedforge.data.mnist import NUM_CLASSES
 from fedforge.engines import close_engine
+from fedforge.errors import StopNow
 from fedforge.experiment import Experiment, FederatedData, build, client_tables
 from fedforge.report.progress import Progress
 from fedforge.server.round import run_round
@@ -134,8 +135,13 @@ def _drive(
         result.summary["heterogeneity"] = partition.heterogeneity
         _settle(exp, run_store, result, state.next_round)
     except BaseException as exc:
-        why = "interrupted" if isinstance(exc, KeyboardInterrupt) else type(exc).__name__
-        run_store.finish({"error": f"run stopped: {why}"}, status="failed")
+        if isinstance(exc, StopNow):
+            exc.run_dir = run_store.path
+            why = str(exc)
+        else:
+            kind = "interrupted" if isinstance(exc, KeyboardInterrupt) else type(exc).__name__
+            why = f"run stopped: {kind}"
+        run_store.finish({"error": why}, status="failed")
         raise
     finally:
         close_engine(exp.engine)

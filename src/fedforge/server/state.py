@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from fedforge.errors import StoreError
+from fedforge.errors import StopNow, StoreError
 from fedforge.experiment import Experiment, client_tables
 from fedforge.server import optimizers
 from fedforge.server.optimizers import ServerOptimizer
@@ -172,8 +172,8 @@ def load_aggregator_state(aggregator: object, ckpt: Checkpoint) -> None:
 
 class StopSignals:
     """While active, SIGINT and SIGTERM set :attr:`signum` (the loop finishes the
-    round, checkpoints and returns); a second signal raises KeyboardInterrupt at
-    once. The previous handlers come back on exit. Outside the main thread, or
+    round, checkpoints and returns); a second signal raises :class:`StopNow` (a
+    KeyboardInterrupt) at once. The previous handlers come back on exit. Outside the main thread, or
     when disabled, it does nothing (signals keep their usual effect)."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -200,7 +200,7 @@ class StopSignals:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.signum is not None:
-            raise KeyboardInterrupt
+            raise StopNow(signum)
         self.signum = signum
         # os.write: print() is not safe inside a signal handler (buffered I/O reentry)
         os.write(

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fedforge.errors import StoreError
-from fedforge.store.runstore import _RUN_DIR, RunInfo, RunStore, _is_run_dir
+from fedforge.store.runstore import _RUN_DIR, DB_NAME, RunInfo, RunStore, _is_run_dir
 
 
 def _config_name(path: Path) -> str:
@@ -26,8 +26,10 @@ def _run_info(path: Path) -> RunInfo:
 def list_runs(runs_dir: Path | str) -> list[RunInfo]:
     """Every run under ``runs_dir``, oldest first; directories that are not runs are skipped."""
     root = Path(runs_dir)
+    if not root.exists():
+        return []  # no run yet
     if not root.is_dir():
-        return []
+        raise StoreError(f"runs directory '{root}' is not a directory")
     return [_run_info(p) for p in sorted(root.iterdir()) if _is_run_dir(p)]
 
 
@@ -45,6 +47,9 @@ def resolve_run(runs_dir: Path | str, ref: str | Path) -> Path:
         for p in runs
         if p.name.startswith(text) or p.name.endswith(text) or _config_name(p).startswith(text)
     ]
+    exact = [p for p in found if _config_name(p) == text]  # 'sig' is not also 'sig2'
+    if exact and len(exact) < len(found):
+        found = exact
     if len(found) == 1:
         return found[0]
     if found:
@@ -52,5 +57,7 @@ def resolve_run(runs_dir: Path | str, ref: str | Path) -> Path:
             f"run reference '{text}' is ambiguous: it matches {len(found)} runs in '{root}': "
             + ", ".join(p.name for p in found)
         )
+    if Path(ref).is_dir():
+        raise StoreError(f"'{text}' is a directory but not a run: it holds no {DB_NAME}")
     known = ", ".join(p.name for p in runs[-10:]) or "(none)"
     raise StoreError(f"no run matches '{text}' in '{root}'; runs there: {known}")

@@ -318,7 +318,7 @@ class RunStore:
             "SELECT id, name, created, status, config_json FROM runs"
         )[0]
         done, best = self._query("SELECT COUNT(*), MAX(test_accuracy) FROM rounds")[0]
-        planned = json.loads(config_json).get("rounds")
+        planned = self._json("config_json", config_json).get("rounds")
         return RunInfo(run_id, name, self._path, created, status, done, planned, best)
 
     def config(self) -> Config:
@@ -332,7 +332,17 @@ class RunStore:
 
     def summary(self) -> dict[str, Any] | None:
         text = self._run_field("summary_json")
-        return None if text is None else dict(json.loads(text))
+        return None if text is None else self._json("summary_json", text)
+
+    def _json(self, field: str, text: Any) -> dict[str, Any]:
+        """A JSON object stored in the ``runs`` table, refused unless it is one."""
+        try:
+            value = json.loads(text)
+        except (TypeError, ValueError):
+            value = None
+        if not isinstance(value, dict):
+            raise StoreError(f"run store '{self._path}' holds an unreadable {field}")
+        return value
 
     def record_rows(self, table: str, round_idx: int, rows: Sequence[Sequence[Any]]) -> None:
         """Replace round ``round_idx``'s rows of ``table`` (one of ``ROUND_TABLES``;
