@@ -5,7 +5,7 @@ messages are counted, impossible combinations are refused, resume is bit-exact."
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +116,18 @@ def test_masked_words_travel_packed_at_k_bits(
     assert -saved < diff < -saved + phases
 
 
+def _wrap_engine(monkeypatch: pytest.MonkeyPatch, wrap: Callable[[Engine], Any]) -> None:
+    """Every experiment the loop builds from now on runs on ``wrap(its engine)``."""
+    real_build = loop.build
+
+    def build(c: Any, d: Any = None) -> Any:
+        exp = real_build(c, d)
+        exp.engine = wrap(exp.engine)
+        return exp
+
+    monkeypatch.setattr(loop, "build", build)
+
+
 class _Filter:
     """A serial engine that trains only the clients ``keep(round, ids)`` returns:
     the plain run over a secure-aggregation run's survivors."""
@@ -149,14 +161,7 @@ def test_dropouts_equal_the_plain_run_over_the_survivors(
         assert len(gone) == 2
         return set(ids) - gone
 
-    real_build = loop.build
-
-    def filtered(c: Any, d: Any = None) -> Any:
-        exp = real_build(c, d)
-        exp.engine = _Filter(exp.engine, keep)
-        return exp
-
-    monkeypatch.setattr(loop, "build", filtered)
+    _wrap_engine(monkeypatch, lambda engine: _Filter(engine, keep))
     plain = _run(data, {})
     assert float((plain.params - masked.params).abs().max()) <= _bound(2, 6, 6.0)
 
@@ -279,18 +284,9 @@ class _Tamper:
 def _tampered(
     data: FederatedData, monkeypatch: pytest.MonkeyPatch, phase: str, client: int, fn: Any
 ) -> Any:
-    real_build = loop.build
-
-    def tampering(c: Any, d: Any = None) -> Any:
-        exp = real_build(c, d)
-        exp.engine = _Tamper(exp.engine, phase, client, fn)
-        return exp
-
-    monkeypatch.setattr(loop, "build", tampering)
-    try:
+    with monkeypatch.context() as patch:
+        _wrap_engine(patch, lambda engine: _Tamper(engine, phase, client, fn))
         return _run(data, SECAGG)
-    finally:
-        monkeypatch.setattr(loop, "build", real_build)
 
 
 def test_a_low_order_public_key_counts_as_a_dropout(
@@ -306,17 +302,7 @@ def test_a_low_order_public_key_counts_as_a_dropout(
     assert all("low-order" in why for _, _, why in got.rejected)
     assert not got.skipped
 
-    def keep(round_idx: int, ids: list[int]) -> set[int]:
-        return set(ids) - {2}
-
-    real_build = loop.build
-
-    def filtered(c: Any, d: Any = None) -> Any:
-        exp = real_build(c, d)
-        exp.engine = _Filter(exp.engine, keep)
-        return exp
-
-    monkeypatch.setattr(loop, "build", filtered)
+    _wrap_engine(monkeypatch, lambda engine: _Filter(engine, lambda r, ids: set(ids) - {2}))
     plain = _run(data, {})
     assert float((plain.params - got.params).abs().max()) <= _bound(2, 5, 5.0)
 
