@@ -103,7 +103,8 @@ def test_distributed_epsilon_equals_dp_accountings_central_gaussian(
     }
     exp = build(from_dict(cfg), data)
     assert exp.privacy is not None
-    gauss = dpa.GaussianDpEvent(Z)
+    # replace-one (fixed cohorts) doubles the sum's sensitivity: multiplier Z / 2
+    gauss = dpa.GaussianDpEvent(Z / 2 if sampling == "fixed" else Z)
     if sampling == "fixed":
         event: dpa.DpEvent = dpa.SampledWithoutReplacementDpEvent(6, 3, gauss)
         ref = rdp.RdpAccountant(
@@ -304,7 +305,7 @@ def test_tiers_noise_the_high_tier_only_and_report_per_tier(
     assert seen == set(range(6))
     # every client is in both rounds: each high-tier client's Gaussian composed twice
     ref = rdp.RdpAccountant(RDP_ORDERS)
-    ref.compose(dpa.GaussianDpEvent(Z), 2)
+    ref.compose(dpa.GaussianDpEvent(Z / 2), 2)  # local DP: any two inputs, 2C apart
     eps = ref.get_epsilon(1e-3)
     s = result.summary["privacy"]
     assert s["high_clients"] == [1, 4]

@@ -87,7 +87,9 @@ def test_adaptive_clip_moves_towards_the_quantile() -> None:
 )
 def test_accountant_equals_dp_accounting(sampling: Any, kind: Any) -> None:
     acc = Accountant(1.1, 1000, 50, 1e-5, kind, sampling)
-    gauss = dpa.GaussianDpEvent(1.1)
+    # replace-one (fixed cohorts): the sum's sensitivity is 2C, so std 1.1 C is a
+    # multiplier of 0.55 in dp-accounting's terms (std over sensitivity)
+    gauss = dpa.GaussianDpEvent(1.1 / 2 if sampling == "fixed" else 1.1)
     if sampling == "poisson":
         event: dpa.DpEvent = dpa.PoissonSampledDpEvent(0.05, gauss)
     else:
@@ -107,22 +109,59 @@ def test_accountant_equals_dp_accounting(sampling: Any, kind: Any) -> None:
 
 def test_local_epsilon_and_calibration() -> None:
     ref = rdp.RdpAccountant([1.5, 1.75, *range(2, 64), 80, 128, 256, 512])
-    ref.compose(dpa.GaussianDpEvent(3.0), 4)
+    ref.compose(dpa.GaussianDpEvent(3.0 / 2), 4)  # any two inputs: sensitivity 2C
     assert local_epsilon(3.0, 4, 1e-5) == pytest.approx(ref.get_epsilon(1e-5))
     z = calibrate_noise(2.0, 1e-5, 50, 0.02, num_clients=5000)
     eps = Accountant(z, 5000, 100, 1e-5, "rdp", "poisson").epsilon(50)
     assert eps <= 2.0 and eps > 1.95
 
 
+def _gaussian_epsilon(s: float, delta: float) -> float:
+    """The exact epsilon(delta) of the Gaussian mechanism whose noise std is ``s``
+    times its L2 sensitivity (Balle and Wang 2018, Theorem 8):
+    delta = Phi(1/(2s) - eps s) - e^eps Phi(-1/(2s) - eps s), solved by bisection."""
+
+    def phi(x: float) -> float:
+        return 0.5 * math.erfc(-x / math.sqrt(2))
+
+    def delta_of(eps: float) -> float:
+        return phi(1 / (2 * s) - eps * s) - math.exp(eps) * phi(-1 / (2 * s) - eps * s)
+
+    lo, hi = 0.0, 200.0
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if delta_of(mid) > delta else (lo, mid)
+    return hi
+
+
+@pytest.mark.parametrize("z,rounds", [(2.0, 5), (1.0, 1), (4.0, 20)])
+def test_replace_one_epsilon_bounds_the_exact_gaussian(z: float, rounds: int) -> None:
+    """Independent of dp-accounting: with every client in every round (no sampling
+    to amplify) T rounds of std z C on a sum of updates clipped to C are one
+    Gaussian mechanism of std z C / sqrt(T) per unit of sensitivity. Swapping one
+    client's update u for u' (replace-one, fixed cohorts) moves the sum by up to
+    ||u - u'|| = 2C, adding or removing one (Poisson) by C. RDP's epsilon is an
+    upper bound: it must not fall below the exact one, and is within 1.6x of it."""
+    delta = 1e-5
+    fixed = Accountant(z, 10, 10, delta, "rdp", "fixed").epsilon(rounds)
+    exact = _gaussian_epsilon(z / 2 / math.sqrt(rounds), delta)
+    assert exact <= fixed <= 1.6 * exact
+    poisson = Accountant(z, 10, 10, delta, "rdp", "poisson").epsilon(rounds)
+    exact_add_remove = _gaussian_epsilon(z / math.sqrt(rounds), delta)
+    assert exact_add_remove <= poisson <= 1.6 * exact_add_remove
+    local = local_epsilon(z, rounds, delta)  # any two inputs of a client: 2C apart
+    assert exact <= local <= 1.6 * exact
+
+
 def test_target_epsilon_refuses_to_start_then_stops(
     make_data: MakeData, one_thread: None, tmp_path: Path
 ) -> None:
     data = make_data([30, 20, 40, 30, 25, 35])
-    priv = {"dp": "central", "noise_multiplier": 1.0, "delta": 1e-3, "target_epsilon": 0.1}
+    priv = {"dp": "central", "noise_multiplier": 3.0, "delta": 1e-3, "target_epsilon": 0.1}
     with pytest.raises(ConfigError, match="first round"):
         run(from_dict({**BASE, "privacy": priv}), data, store=False)
     cfg = from_dict({**BASE, "runs_dir": str(tmp_path), "privacy": {**priv, "target_epsilon": 3.0}})
-    acc = Accountant(1.0, 6, 3, 1e-3)
+    acc = Accountant(3.0, 6, 3, 1e-3)  # epsilon 1.7, 2.7, 3.6 after rounds 1, 2, 3
     allowed = max(t for t in range(4) if acc.epsilon(t) <= 3.0)
     result = run(cfg, data)
     assert len(result.rounds) == allowed < 3

@@ -7,6 +7,15 @@ cohort of m of N clients (``SampledWithoutReplacementDpEvent``, replace-one
 neighbours, RDP only). T rounds compose the event T times. Local DP is a
 Gaussian mechanism per participation of one client, without amplification (the
 server sees that client's upload). Runs on the server; trusts the config.
+
+dp-accounting's noise multiplier is the noise's std over the L2 sensitivity of
+the released sum (its ``GaussianDpEvent``). A round adds std z C to a sum of
+updates clipped to C. Under add-or-remove-one neighbours (Poisson sampling) one
+client moves the sum by at most C: the multiplier is z. Under replace-one
+neighbours (a fixed-size cohort; local DP, where any two inputs of a client are
+neighbours) a clipped update u becomes another u', and ||u - u'|| <= 2 C: the
+multiplier is z / 2 (:func:`accounted_multiplier`). Adaptive clipping's noised
+count doubles its sensitivity the same way, so its combined z halves too.
 """
 
 from __future__ import annotations
@@ -45,11 +54,18 @@ RDP_INT_ORDERS = [o for o in RDP_ORDERS if float(o).is_integer()]
 logging.getLogger("absl").setLevel(logging.ERROR)  # orders it excludes are not errors
 
 
+def accounted_multiplier(noise_multiplier: float, replace_one: bool) -> float:
+    """The noise multiplier dp-accounting takes for std z C added to a sum of
+    updates clipped to C: z under add-or-remove-one, z / 2 under replace-one (the
+    sum moves by up to 2 C)."""
+    return noise_multiplier / 2 if replace_one else noise_multiplier
+
+
 def round_event(
     noise_multiplier: float, sampling: Sampling, num_clients: int, cohort: int
 ) -> dpa.DpEvent:
     """The DP event of one round: the Gaussian mechanism on a sampled cohort."""
-    gauss = _dpa().GaussianDpEvent(noise_multiplier)
+    gauss = _dpa().GaussianDpEvent(accounted_multiplier(noise_multiplier, sampling == "fixed"))
     if cohort >= num_clients:
         return gauss
     if sampling == "poisson":
@@ -125,7 +141,7 @@ def local_epsilon(
     if participations <= 0:
         return 0.0
     a = make_accountant(kind, "poisson")  # no sampling event: any relation does
-    a.compose(_dpa().GaussianDpEvent(noise_multiplier), participations)
+    a.compose(_dpa().GaussianDpEvent(accounted_multiplier(noise_multiplier, True)), participations)
     return float(a.get_epsilon(delta))
 
 
