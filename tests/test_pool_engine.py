@@ -129,3 +129,80 @@ def test_a_dead_worker_ends_the_round_with_an_error_not_a_hang(
     while multiprocessing.active_children() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert multiprocessing.active_children() == []
+
+
+_KILLED_SERVER = """
+import multiprocessing, sys, time
+import torch
+from tests.conftest import _make_data
+from fedforge import config as c
+from fedforge.server import loop
+
+class Hang:  # round 1: say who the workers are, then wait to be killed
+    name = "hang"
+    def __init__(self, inner):
+        self.inner = inner
+    def run_cohort(self, tasks, payload):
+        if tasks[0].round_idx == 1:
+            print(" ".join(str(p.pid) for p in multiprocessing.active_children()), flush=True)
+            time.sleep(120)
+        return self.inner.run_cohort(tasks, payload)
+    def close(self):
+        self.inner.close()
+
+real_build = loop.build
+def build(cfg, data=None):
+    exp = real_build(cfg, data)
+    exp.engine = Hang(exp.engine)
+    return exp
+loop.build = build
+cfg = c.Config(model="2nn", engine="serial", num_clients=6, client_fraction=0.5, batch_size=4,
+               rounds=3, target_accuracy=None, workers=2, checkpoint_every=1,
+               runs_dir=sys.argv[1])
+loop.run(cfg, _make_data([7, 12, 5, 9, 10, 6], dtype=torch.float32))
+"""
+
+
+def test_a_killed_server_takes_its_workers_and_lock_with_it(tmp_path: Path) -> None:
+    """SIGKILL the server mid-run: its forked workers (which ignore SIGTERM) die
+    with it instead of idling as orphans, and none of them holds the run's lock,
+    so the run can be resumed at once."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from fedforge.server.state import RunLock
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{root / 'src'}", "OMP_NUM_THREADS": "1"}
+    server = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_SERVER, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert server.stdout is not None
+        workers = [int(p) for p in server.stdout.readline().split()]
+    finally:
+        server.kill()
+        server.wait()
+    assert len(workers) == 2
+
+    def alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    deadline = time.monotonic() + 10.0
+    while any(alive(p) for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    leftover = [p for p in workers if alive(p)]
+    for p in leftover:
+        os.kill(p, signal.SIGKILL)
+    assert leftover == []
+    (run_dir,) = tmp_path.iterdir()
+    RunLock(run_dir).acquire().release()  # free: no worker kept the server's lock

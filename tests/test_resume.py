@@ -386,3 +386,78 @@ def test_resume_metrics_stream_keeps_last_line_per_round(tmp_path: Path) -> None
     lines = [{"round_idx": 0, "v": 1}, {"round_idx": 1, "v": 2}, {"round_idx": 1, "v": 3}]
     stream.write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"round_idx": 2, "v"')
     assert read_metrics(stream) == [{"round_idx": 0, "v": 1}, {"round_idx": 1, "v": 3}]
+
+
+def test_a_forked_child_does_not_inherit_the_run_lock(tmp_path: Path) -> None:
+    """A pool worker is a fork of the server: were the lock's open file shared with
+    it, a worker outliving a killed server would keep the run locked forever."""
+    from fedforge.server import state
+
+    lock = RunLock(tmp_path).acquire()
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child (its fork hooks have run) idles, as a pool worker
+        os.write(ready_w, b"1")
+        time.sleep(30)
+        os._exit(0)
+    try:
+        assert os.read(ready_r, 1) == b"1"
+        fd = lock._fd  # the server dies: the kernel closes its file, unlocking nothing
+        assert fd is not None
+        state._HELD_LOCKS.discard(fd)
+        os.close(fd)
+        lock._fd = None
+        RunLock(tmp_path).acquire().release()  # raises StoreError if the child held it
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(ready_r)
+        os.close(ready_w)
+
+
+def test_a_run_killed_before_its_first_checkpoint_resumes_from_the_start(
+    make_data: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Round 0's state is the seed's: a run that died before its first checkpoint
+    (here in round 2 of 4, checkpoints every 10) is resumed from round 0, in its own
+    directory, to the uninterrupted run's parameters and rounds."""
+    from fedforge.server import loop
+
+    data = make_data([7, 12, 5, 9], dtype=torch.float64)
+    base = {
+        "model": "2nn", "num_clients": 4, "client_fraction": 0.5, "batch_size": 4,
+        "rounds": 4, "target_accuracy": None, "dtype": "float64", "checkpoint_every": 10,
+    }  # fmt: skip
+    want = run(from_dict({**base, "runs_dir": str(tmp_path / "a")}), data)
+
+    class Crash:
+        name = "crash"
+
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def run_cohort(self, tasks: Any, payload: bytes) -> Any:
+            if tasks[0].round_idx == 2:
+                raise MemoryError("killed (test)")
+            return self.inner.run_cohort(tasks, payload)
+
+    real_build = loop.build
+
+    def crashing(c: Any, d: Any = None) -> Any:
+        exp = real_build(c, d)
+        exp.engine = Crash(exp.engine)
+        return exp
+
+    monkeypatch.setattr(loop, "build", crashing)
+    with pytest.raises(MemoryError):
+        run(from_dict({**base, "runs_dir": str(tmp_path / "b")}), data)
+    monkeypatch.setattr(loop, "build", real_build)
+    (run_dir,) = (tmp_path / "b").iterdir()
+    assert list_checkpoints(run_dir) == []
+    with RunStore.open(run_dir) as store:
+        assert len(store.rounds()) == 2 and store.status == "failed"
+    got = resume(run_dir, data=data)
+    assert got.run_dir == run_dir and torch.equal(got.params, want.params)
+    assert [r.test_loss for r in got.rounds] == [r.test_loss for r in want.rounds]
+    with RunStore.open(run_dir) as store:
+        assert len(store.rounds()) == 4 and store.status == "finished"

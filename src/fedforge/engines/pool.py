@@ -34,6 +34,8 @@ client.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import multiprocessing
 import os
 import signal
@@ -55,6 +57,7 @@ Inner = SerialEngine | VectorizedEngine
 # The inner engine, set in the server process just before the fork; each worker's copy.
 _INNER: Inner | None = None
 _PAYLOAD: tuple[str, bytes] | None = None  # (path, bytes) of the round a worker last read
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def usable_cores() -> int:
@@ -70,10 +73,24 @@ def resolve_workers(workers: int) -> int:
     return usable_cores() if workers == 0 else workers
 
 
-def _worker_init() -> None:
+def _worker_init(server_pid: int) -> None:
     torch.set_num_threads(1)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with(server_pid)
+
+
+def _die_with(server_pid: int) -> None:
+    """End this worker when the server process dies, however (SIGKILL, out of
+    memory): it ignores SIGTERM, and an orphan would idle forever holding the
+    server's pipes. Linux: the kernel sends SIGKILL on the parent's death."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: an orphan lives until its pipe breaks
+        return
+    if os.getppid() != server_pid:  # the server died before the prctl took effect
+        os._exit(1)
 
 
 def _run_chunk(job: tuple[str, list[ClientTask]]) -> list[tuple[int, bytes, float]]:
@@ -104,7 +121,9 @@ class PoolEngine:
         if self._pool is None:
             _INNER = self.inner
             ctx = multiprocessing.get_context("fork")
-            self._pool = ProcessPoolExecutor(self.workers, ctx, initializer=_worker_init)
+            self._pool = ProcessPoolExecutor(
+                self.workers, ctx, initializer=_worker_init, initargs=(os.getpid(),)
+            )
         return self._pool
 
     def _chunks(self, tasks: Sequence[ClientTask]) -> list[list[ClientTask]]:

@@ -42,6 +42,7 @@ from fedforge.store import (
     CheckpointError,
     RoundRecord,
     RunStore,
+    list_checkpoints,
     load_latest,
     save_checkpoint,
 )
@@ -87,7 +88,9 @@ def resume(
     run_dir: Path | str, data: FederatedData | None = None, progress: bool = False
 ) -> RunResult:
     """Continue the run in ``run_dir`` from its last good checkpoint, with the config
-    stored in the run; rounds recorded after that checkpoint are run again."""
+    stored in the run; rounds recorded after that checkpoint are run again. A run
+    stopped before its first checkpoint starts again from round 0 (its state
+    there is the seed's)."""
     run_store = RunStore.open(run_dir)
     lock = RunLock(run_store.path)
     try:
@@ -95,10 +98,13 @@ def resume(
             raise CheckpointError(f"run '{run_store.path}' is finished; there is nothing to resume")
         exp = build(run_store.config(), data)
         lock.acquire()  # refuses while another process still writes the run
-        tables = client_tables(exp)  # EF residuals, SCAFFOLD controls
-        ckpt = load_latest(run_store.path, tables)
-        state = LoopState.from_checkpoint(exp, ckpt, run_store.rounds(), tables)
-        load_aggregator_state(exp.pipeline.aggregator, ckpt)
+        if list_checkpoints(run_store.path):
+            tables = client_tables(exp)  # EF residuals, SCAFFOLD controls
+            ckpt = load_latest(run_store.path, tables)
+            state = LoopState.from_checkpoint(exp, ckpt, run_store.rounds(), tables)
+            load_aggregator_state(exp.pipeline.aggregator, ckpt)
+        else:
+            state = LoopState.fresh(exp)
         run_store.rewind(state.next_round)
     except BaseException:
         lock.release()
@@ -106,7 +112,8 @@ def resume(
         raise
     partition = _summary(exp)
     if progress:
-        print(f"resuming {run_store.path.name} at round {state.next_round}", flush=True)
+        first = " (no checkpoint yet: from the start)" if state.next_round == 0 else ""
+        print(f"resuming {run_store.path.name} at round {state.next_round}{first}", flush=True)
         if exp.note:
             print(exp.note, flush=True)
     return _drive(exp, run_store, lock, state, partition, progress)

@@ -5,6 +5,7 @@ resume started too early) out of a run directory that is being written."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import signal
@@ -210,9 +211,27 @@ class StopSignals:
         )
 
 
+# The lock files this process holds open. A forked child (a worker of the pool
+# engine) would share each open file and so the lock: were the server killed, a
+# surviving child would keep the run locked. Children close their copies at once
+# (close, not unlock: unlocking would drop the parent's lock too).
+_HELD_LOCKS: set[int] = set()
+
+
+def _close_inherited_locks() -> None:
+    for fd in _HELD_LOCKS:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD_LOCKS.clear()
+
+
+os.register_at_fork(after_in_child=_close_inherited_locks)
+
+
 class RunLock:
     """An exclusive ``flock`` on ``<run_dir>/lock`` for as long as a loop writes the
-    run; the kernel drops it when the process dies, even by SIGKILL."""
+    run; the kernel drops it when the process dies, even by SIGKILL (processes it
+    forks do not inherit it)."""
 
     NAME = "lock"
 
@@ -232,11 +251,13 @@ class RunLock:
                 "wait for it to stop before resuming"
             ) from None
         self._fd = fd
+        _HELD_LOCKS.add(fd)
         return self
 
     def release(self) -> None:
         """Drop the lock (idempotent)."""
         if self._fd is not None:
+            _HELD_LOCKS.discard(self._fd)
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
