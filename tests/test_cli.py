@@ -90,7 +90,10 @@ def test_bad_value_exits_2_with_one_line(
     [
         (b"\xff\xfe\x00bad", ["not UTF-8 text", "byte 0"]),
         (b"lr: [0.1\n", ["not valid YAML", "line 2, column 1"]),
-        (b"lr: 0.1\nrounds: 3\nlr: 0.5\n", ["not valid YAML", "'lr' given twice (line 3)"]),
+        (
+            b"lr: 0.1\nrounds: 3\nlr: 0.5\n",
+            ["not valid YAML", "'lr' given twice at line 3, column 1"],
+        ),
         (b"x: !!python/object:os.system ls\n", ["not valid YAML", "python/object"]),
     ],
 )

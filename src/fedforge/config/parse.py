@@ -159,9 +159,8 @@ class _StrictLoader(yaml.SafeLoader):
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
             if isinstance(key, typing.Hashable) and key in seen:
-                mark = key_node.start_mark
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key!r} given twice (line {mark.line + 1})", mark
+                    None, None, f"key {key!r} given twice", key_node.start_mark
                 )
             seen.add(key)
         return super().construct_mapping(node, deep)
