@@ -19,6 +19,7 @@ from dp_accounting import rdp
 from tests.conftest import MakeData
 from tests.test_privacy_secagg_round import BASE  # the same tiny 2NN secure-aggregation run
 
+from fedforge.accountant import RDP_ORDERS
 from fedforge.config import from_dict
 from fedforge.errors import ConfigError, UploadError
 from fedforge.experiment import FederatedData, build
@@ -36,7 +37,6 @@ SIZES = [30, 20, 40, 30, 25, 35]
 Z, CLIP = 0.8, 0.5
 DIST = {"dp": "distributed", "noise_multiplier": Z, "clip_norm": CLIP, "secagg": True}
 TIERS = {"noise_multiplier": Z, "clip_norm": CLIP, "secagg": True}
-RDP_ORDERS = [1.5, 1.75, *range(2, 64), 80, 128, 256, 512]
 
 
 @pytest.fixture

@@ -14,7 +14,13 @@ import torch
 from dp_accounting import pld, rdp
 from tests.conftest import MakeData
 
-from fedforge.accountant import Accountant, calibrate_noise, local_epsilon
+from fedforge.accountant import (
+    RDP_INT_ORDERS,
+    RDP_ORDERS,
+    Accountant,
+    calibrate_noise,
+    local_epsilon,
+)
 from fedforge.config import from_dict
 from fedforge.errors import ConfigError
 from fedforge.pipeline import StageContext
@@ -97,18 +103,16 @@ def test_accountant_equals_dp_accounting(sampling: Any, kind: Any) -> None:
     if kind == "pld":
         ref: dpa.PrivacyAccountant = pld.PLDAccountant()
     elif sampling == "fixed":
-        ref = rdp.RdpAccountant(
-            list(range(2, 64)) + [80, 128, 256, 512], dpa.NeighboringRelation.REPLACE_ONE
-        )
+        ref = rdp.RdpAccountant(RDP_INT_ORDERS, dpa.NeighboringRelation.REPLACE_ONE)
     else:
-        ref = rdp.RdpAccountant([1.5, 1.75, *range(2, 64), 80, 128, 256, 512])
+        ref = rdp.RdpAccountant(RDP_ORDERS)
     ref.compose(event, 30)
     assert acc.epsilon(30) == pytest.approx(ref.get_epsilon(1e-5), rel=1e-9)
     assert acc.epsilon(10) < acc.epsilon(30)
 
 
 def test_local_epsilon_and_calibration() -> None:
-    ref = rdp.RdpAccountant([1.5, 1.75, *range(2, 64), 80, 128, 256, 512])
+    ref = rdp.RdpAccountant(RDP_ORDERS)
     ref.compose(dpa.GaussianDpEvent(3.0 / 2), 4)  # any two inputs: sensitivity 2C
     assert local_epsilon(3.0, 4, 1e-5) == pytest.approx(ref.get_epsilon(1e-5))
     z = calibrate_noise(2.0, 1e-5, 50, 0.02, num_clients=5000)

@@ -46,9 +46,13 @@ def _dpa() -> Any:
 AccountantKind = Literal["rdp", "pld"]
 Sampling = Literal["fixed", "poisson"]
 
-# Integer orders (plus a few fractional ones above 1.5) cover what subsampled
-# Gaussians need; fixed-size sampling (replace-one) takes integer orders only.
-RDP_ORDERS = [1.5, 1.75, *range(2, 64), 80, 128, 256, 512]
+# dp-accounting's default orders (1.1 to 10.9 by 0.1, 11 to 63, 128 to 1024) and
+# 1.75 and 80: a fine grid near 1 tightens small epsilons (a coarser grid gave 3.7%
+# more at q = 0.3, z = 1, T = 3). Fixed-size sampling (replace-one) takes the
+# integer orders only.
+RDP_ORDERS = sorted(
+    {1 + x / 10 for x in range(1, 100)} | {1.75, *range(11, 64), 80, 128, 256, 512, 1024}
+)
 RDP_INT_ORDERS = [o for o in RDP_ORDERS if float(o).is_integer()]
 
 logging.getLogger("absl").setLevel(logging.ERROR)  # orders it excludes are not errors
