@@ -10,6 +10,7 @@ import os
 import struct
 import time
 import urllib.error
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -203,6 +204,35 @@ def test_cache_round_trip_and_read_only_data_dir(
     third = mnist.load_mnist(data_dir, download=False, cache_dir=tmp_path / "c")
     assert torch.equal(third.train_x, first.train_x)
     assert mnist._load_cache(cached[0]) is not None
+
+    # So is a readable cache whose bytes changed (a flipped pixel: its CRC-32 fails).
+    stored = torch.load(cached[0], weights_only=True)
+    stored["train_x"][0, 0, 0] ^= 1
+    torch.save(stored, cached[0])
+    assert mnist._load_cache(cached[0]) is None
+    fourth = mnist.load_mnist(data_dir, download=False, cache_dir=tmp_path / "c")
+    assert torch.equal(fourth.train_x, first.train_x)
+    assert mnist._load_cache(cached[0]) is not None  # rebuilt
+
+
+def test_damaged_deflate_data_is_a_data_error(fake: dict[str, bytes], tmp_path: Path) -> None:
+    """A gzip frame whose compressed bytes are damaged raises zlib.error, not
+    OSError: it is a one-line DataError naming the file, and a mirror serving it
+    is skipped for the next."""
+    folder = write_gz(tmp_path / "data" / "mnist", fake)
+    path = folder / "train-labels-idx1-ubyte.gz"
+    labels = np.random.default_rng(0).integers(0, 10, 5000, dtype=np.uint8)
+    raw = bytearray(gzip.compress(idx_bytes(labels, 8, "u1")))
+    for i in range(40, 48):  # inside the deflate stream: "invalid distance too far back"
+        raw[i] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    with pytest.raises(zlib.error):  # what gzip raises for it
+        gzip.decompress(bytes(raw))
+    with pytest.raises(DataError, match="train-labels-idx1-ubyte.gz.*cannot be read or decomp"):
+        mnist.load_mnist(tmp_path / "data", download=False, cache_dir=tmp_path / "c")
+    good = write_gz(tmp_path / "good", fake)
+    mnist.download(tmp_path / "got", mirrors=[folder.as_uri() + "/", good.as_uri() + "/"])
+    assert (tmp_path / "got" / path.name).read_bytes() == (good / path.name).read_bytes()
 
 
 def test_resolve_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -110,6 +110,18 @@ def test_quantity_sizes() -> None:
         quantity_skew(100, 30, 1.0, np.random.default_rng(0), min_size=4)
 
 
+@pytest.mark.parametrize("sigma", [500.0, 1e308])
+def test_quantity_with_a_huge_sigma_is_still_a_partition(sigma: float) -> None:
+    """exp(sigma z) overflows past sigma ~ 200: the weights are taken relative to
+    the largest, in log space, instead of becoming inf / inf = NaN (which gave
+    negative sizes and overlapping clients)."""
+    with np.errstate(invalid="raise", divide="raise"):  # no NaN on the way
+        part = quantity_skew(6000, 40, sigma, np.random.default_rng(0), min_size=3)
+    sizes = part.sizes()
+    assert sizes.sum() == 6000 and sizes.min() >= 3
+    assert_exact_cover(part, 6000)
+
+
 def test_too_many_clients() -> None:
     with pytest.raises(PartitionError, match="num_clients = 11"):
         make_partition(PartitionConfig(), 11, np.arange(10), seed=0)

@@ -151,7 +151,14 @@ def quantity_skew(
     if not (np.isfinite(sigma) and sigma >= 0):
         raise PartitionError(f"quantity sigma = {sigma} is invalid: must be a number >= 0")
     _check_counts(num_samples, num_clients, min_size)
-    weights = rng.lognormal(0.0, sigma, num_clients)
+    before = rng.bit_generator.state
+    with np.errstate(over="ignore"):
+        weights = rng.lognormal(0.0, sigma, num_clients)
+    if not np.isfinite(weights.sum()):  # a huge sigma: the same draws, in log space
+        rng.bit_generator.state = before
+        with np.errstate(over="ignore"):  # sigma * z itself may overflow
+            log_weights = np.clip(rng.normal(0.0, sigma, num_clients), -1e300, 1e300)
+        weights = np.exp(log_weights - log_weights.max())  # relative to the largest
     spare = num_samples - num_clients * min_size
     exact = weights / weights.sum() * spare
     extra = np.floor(exact).astype(np.int64)
