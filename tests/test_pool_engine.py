@@ -206,3 +206,31 @@ def test_a_killed_server_takes_its_workers_and_lock_with_it(tmp_path: Path) -> N
     assert leftover == []
     (run_dir,) = tmp_path.iterdir()
     RunLock(run_dir).acquire().release()  # free: no worker kept the server's lock
+
+
+def test_a_killed_servers_payload_file_is_swept(make_data: MakeData, one_thread: None) -> None:
+    """A server SIGKILLed mid-round leaves its payload file in shared memory; the
+    next pool round deletes the files of servers that no longer exist, and only
+    those."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    from fedforge.engines import pool
+
+    shm = Path("/dev/shm")
+    folder = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True, check=True).stdout)  # fmt: skip
+    stale = folder / f"{pool._PAYLOAD_PREFIX}{dead}-test"
+    live = folder / f"{pool._PAYLOAD_PREFIX}{os.getpid()}-test"
+    stale.write_bytes(b"x")
+    live.write_bytes(b"x")
+    try:
+        run(_cfg(dtype="float32", workers=2, rounds=1), make_data(SIZES, dtype=torch.float32),
+            store=False)  # fmt: skip
+        assert not stale.exists() and live.exists()
+    finally:
+        stale.unlink(missing_ok=True)
+        live.unlink(missing_ok=True)

@@ -29,7 +29,8 @@ that dies anyway (SIGKILL, out of memory) ends the round with an
 :class:`~fedforge.errors.EngineError` naming it, instead of a hang; the run
 then resumes from its last checkpoint. The round's payload goes through one
 file in shared memory, read once per worker and round, not pickled once per
-client.
+client. Workers die with the server (``PR_SET_PDEATHSIG``), and a killed server's
+payload file is deleted by the next pool's first round (its name carries the pid).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ Inner = SerialEngine | VectorizedEngine
 _INNER: Inner | None = None
 _PAYLOAD: tuple[str, bytes] | None = None  # (path, bytes) of the round a worker last read
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_PAYLOAD_PREFIX = "fedforge-payload-"  # then the server's pid: see _sweep_orphans
 
 
 def usable_cores() -> int:
@@ -71,6 +73,26 @@ def usable_cores() -> int:
 def resolve_workers(workers: int) -> int:
     """``workers`` as configured: 0 means one per usable core."""
     return usable_cores() if workers == 0 else workers
+
+
+def _sweep_orphans(folder: Path) -> None:
+    """Delete the payload files of server processes that no longer exist: a server
+    killed mid-round (SIGKILL) never reaches the ``finally`` that unlinks its file,
+    which would otherwise stay in shared memory until the machine restarts."""
+    for path in folder.glob(f"{_PAYLOAD_PREFIX}*-*"):
+        owner = path.name[len(_PAYLOAD_PREFIX) :].split("-", 1)[0]
+        if owner.isdigit() and not _alive(int(owner)):
+            path.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _worker_init(server_pid: int) -> None:
@@ -139,8 +161,9 @@ class PoolEngine:
             return
         pool = self._start()
         shm = Path("/dev/shm")
-        folder = shm if shm.is_dir() and os.access(shm, os.W_OK) else None
-        fd, path = tempfile.mkstemp(prefix="fedforge-payload-", dir=folder)
+        folder = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+        _sweep_orphans(folder)
+        fd, path = tempfile.mkstemp(prefix=f"{_PAYLOAD_PREFIX}{os.getpid()}-", dir=folder)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(payload)
