@@ -145,6 +145,25 @@ def test_geometric_median_optimality() -> None:
     )
 
 
+@pytest.mark.parametrize("scale", [1e8, 1e10, 1e36])
+def test_geometric_median_ignores_huge_outliers(scale: float) -> None:
+    """Ten honest rows near the origin, two scaled by ``scale``: the geometric
+    median stays with the honest ones (from the mean start it stopped at a norm
+    of 2.05 for 1e8 and 188 for 1e10, and was inf for 1e36 in float32)."""
+    gen = torch.Generator().manual_seed(0)
+    honest = torch.randn(10, 50, generator=gen, dtype=F64) * 0.3
+    outliers = torch.randn(2, 50, generator=gen, dtype=F64) * scale
+    for dtype in (F64, torch.float32):
+        if dtype == F64 and scale > 1e30:
+            continue  # no overflow in float64
+        u = torch.cat([honest, outliers]).to(dtype)
+        z = GeometricMedian(max_iter=1000, tol=1e-12).aggregate(u, ones(12))
+        assert torch.isfinite(z).all()
+        reference = GeometricMedian(max_iter=1000, tol=1e-12).aggregate(honest, ones(10))
+        # two of twelve far away pull the median only a little off the honest ones'
+        assert float((z.double() - reference).norm()) < 0.5 * float(reference.norm() + 1)
+
+
 def test_norm_bound_and_centred_clip_hand_worked() -> None:
     u = t([[3, 4], [0, 1]])
     w = torch.tensor([1.0, 3.0], dtype=F64)

@@ -306,19 +306,62 @@ def test_a_run_whose_every_round_is_skipped_stops_after_max_skipped_rounds(
     assert "no valid update" in result.summary["stall_stop"]
     endless = run(override(cfg, {"robust.max_skipped_rounds": 0}), data=data, store=False)
     assert len(endless.rounds) == 12 and "stall_stop" not in endless.summary
+    last = run(override(cfg, {"rounds": 3}), data=data, store=False)  # the stall ends the run
+    assert "3 skipped rounds in a row" in last.summary["stall_stop"]
+    periods = override(cfg, {"communication.upload_every": 2})  # uploads at rounds 1, 3, 5
+    result = run(periods, data=data, progress=False, store=False)
+    assert [r for r, _ in result.skipped] == [1, 3, 5] and len(result.rounds) == 6
+    assert "3 skipped rounds in a row" in result.summary["stall_stop"]
+
+
+def test_multi_krum_with_fewer_updates_than_m_skips_the_round(make_data: MakeData) -> None:
+    """m = 8 of a cohort of 10 with f = 2 is fine at build; when the norm gate
+    refuses the two scaled attackers, n - f = 6 < m: the round is skipped with
+    the reason (it raised a ConfigError out of the run)."""
+    data = make_data([4, 6, 5, 7, 4, 6, 5, 7, 4, 6])
+    cfg = tiny(10, aggregator="multi_krum", byzantine=2, multi_krum_m=8, attack="scaled",
+               attack_fraction=0.2, attack_scale=1000.0, norm_gate=3.5)  # fmt: skip
+    result = run(cfg, data=data, progress=False, store=False)
+    assert [r for r, _ in result.skipped] == [0, 1]
+    assert all("m = 8 exceeds n - f = 8 - 2 = 6" in why for _, why in result.skipped)
+
+
+def test_an_attack_fraction_that_rounds_to_no_attacker_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"rounds to no attacker.*above 0\.05"):
+        attacker_ids(10, 0.05, 0)  # round(0.5) = 0
+    assert len(attacker_ids(10, 0.06, 0)) == 1
+
+
+def _limit(limit: int, upload_every: int = 1) -> Config:
+    changes = {"robust.max_skipped_rounds": limit, "communication.upload_every": upload_every}
+    return override(Config(rounds=12), changes)
 
 
 def test_only_consecutive_skipped_rounds_stop_a_run() -> None:
     state = LoopState(torch.zeros(2), ServerSGD(1.0))
     state.skipped = [(0, "a"), (1, "b"), (3, "c"), (4, "d")]
     state.next_round = 5  # round 2 moved the model
-    assert _stalled(3, state) is None
+    assert _stalled(_limit(3), state) is None
     state.skipped.append((5, "e"))
     state.next_round = 6
-    assert _stalled(3, state) is not None and "since round 3" in str(_stalled(3, state))
+    assert "since round 3" in str(_stalled(_limit(3), state))
     state.next_round = 7  # round 6 moved the model
-    assert _stalled(3, state) is None
-    assert _stalled(0, state) is None
+    assert _stalled(_limit(3), state) is None
+    assert _stalled(_limit(0), state) is None
+
+
+def test_with_upload_periods_only_upload_rounds_count() -> None:
+    """upload_every = 2: rounds 1, 3, 5... upload; the local rounds between are
+    never skipped, and do not break a run of skipped uploads."""
+    state = LoopState(torch.zeros(2), ServerSGD(1.0))
+    state.skipped = [(1, "a"), (3, "b")]
+    state.next_round = 4
+    assert _stalled(_limit(3, 2), state) is None
+    state.skipped.append((5, "c"))
+    state.next_round = 6
+    assert "since round 1" in str(_stalled(_limit(3, 2), state))
+    state.next_round = 8  # round 7 uploaded and moved the model
+    assert _stalled(_limit(3, 2), state) is None
 
 
 def test_a_gathered_round_holds_each_update_once_in_arrival_order() -> None:

@@ -8,13 +8,16 @@ attacker would:
 
 - data: ``label_flip`` trains on labels c -> C - 1 - c (Fang et al. 2020; Tolpegin
   et al. 2020);
-- the delta, as the first client stage: ``sign_flip`` sends -delta (Damaskinos
+- the delta, as the last client stage before the codec (after any clipping or
+  noise: an attacker does not apply the protocol's stages, its delta replaces
+  what they would send): ``sign_flip`` sends -delta (Damaskinos
   et al. 2018), ``scaled`` sends scale * delta (model replacement, Bagdasaryan
   et al. 2020), ``gaussian`` sends N(0, std^2) noise (Blanchard et al. 2017),
   ``nan_inf`` sends NaN and +inf values;
 - the encoding: ``uint8`` is the accident of a client that quantises its update
   to uint8 and ships the raw bytes under the float tensor's name (the header
-  says float, the shape is a quarter of the model): it really crosses the wire
+  says float, the shape is a quarter of the model's in float32, an eighth in
+  float64): it really crosses the wire
   and the server's codec refuses it;
 - colluding, at the server: ``alie`` ("A Little Is Enough", Baruch, Baruch,
   Goldberg, NeurIPS 2019) sends mean - z * std of the honest updates, per
@@ -45,7 +48,12 @@ def attacker_ids(num_clients: int, fraction: float, seed: int) -> frozenset[int]
     """The ids of the ``round(fraction * num_clients)`` attackers of a run."""
     if not 0.0 <= fraction <= 1.0:
         raise ConfigError(f"attacker fraction {fraction!r} is invalid: must be in [0, 1]")
-    count = round(fraction * num_clients)
+    count = round(fraction * num_clients)  # half to even: 0.25 x 10 is 2
+    if fraction > 0 and count == 0:
+        raise ConfigError(
+            f"robust.attack_fraction = {fraction} of {num_clients} clients rounds to no "
+            f"attacker (round(fraction x N) = 0); raise it above {0.5 / num_clients:.3g}"
+        )
     rng = numpy_rng(seed, "attackers")
     return frozenset(int(c) for c in rng.choice(num_clients, size=count, replace=False))
 

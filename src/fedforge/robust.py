@@ -1,5 +1,5 @@
 """A run's robustness parts, assembled from ``cfg.robust``: the aggregator, the
-simulated attackers (data poisoning, a first client stage, a faulty encoder, or
+simulated attackers (data poisoning, a last client stage, a faulty encoder, or
 a colluding cohort stage), the server's norm gate and the client's gate.
 
 Refuses at build time what cannot work with the run's cohort size K =
@@ -55,7 +55,7 @@ class RobustParts:
     """What ``build`` puts into the pipeline and the client runtime."""
 
     aggregator: agg.Aggregator
-    client_stages: tuple[Stage, ...]  # placed first, right after local training
+    client_stages: tuple[Stage, ...]  # the attacks: last, after clipping and noise
     cohort_stages: tuple[CohortStage, ...]
     data_fn: ClientDataFn  # what clients train on (poisoned, minus the held-out slice)
     gate: ClientGate | None

@@ -7,18 +7,34 @@ Byzantine client that lies about its size pull harder).
 
 The geometric median minimises sum_k ||z - u_k||. Weiszfeld's fixed point
 z <- sum_k b_k u_k / sum_k b_k, b_k = 1 / max(nu, ||z - u_k||), starts at the
-mean; ``nu`` (smoothing) keeps a step finite when z lands on an update. It stops
-when the objective improves by less than ``tol`` (relative) or after
+coordinate-wise median (the mean, RFA's start, is dragged anywhere by one huge
+update: 1e36 in float32 makes it inf, 1e10 left the iteration stopping at a
+norm of 188 against 0.4); ``nu`` (smoothing) keeps a step finite when z lands on
+an update, and an update too far to measure (its distance overflows) weighs 0.
+It stops when the objective improves by less than ``tol`` (relative; while the
+objective is not finite, when z moves by less than ``tol`` relative) or after
 ``max_iter`` steps. Its breakdown point is 1/2.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from fedforge.aggregators.common import Gathered, check_inputs
+from fedforge.aggregators.common import (
+    Gathered,
+    by_columns,
+    check_inputs,
+    sort_columns,
+    sorted_median,
+)
 from fedforge.aggregators.mean import Accumulator
 from fedforge.errors import ConfigError
+
+
+def _norm(v: torch.Tensor) -> float:
+    return float(torch.linalg.vector_norm(v))
 
 
 def distances_to(updates: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
@@ -50,17 +66,20 @@ class GeometricMedian:
 
     def aggregate(self, updates: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         check_inputs(updates, weights)
-        z = updates.mean(dim=0)
+        z = by_columns(updates, lambda block: sorted_median(sort_columns(block)))
         dist = distances_to(updates, z)
         objective = float(dist.sum())
         self.iterations = 0
         for _ in range(self.max_iter):
-            b = 1.0 / dist.clamp(min=self.nu)
-            z = (b / b.sum()) @ updates
+            b = 1.0 / dist.clamp(min=self.nu)  # inf distance: weight 0
+            previous, z = z, (b / b.sum()) @ updates
             dist = distances_to(updates, z)
             self.iterations += 1
             new = float(dist.sum())
-            if objective - new <= self.tol * max(new, self.nu):
+            if math.isfinite(new) and math.isfinite(objective):
+                if objective - new <= self.tol * max(new, self.nu):
+                    break
+            elif _norm(z - previous) <= self.tol * max(_norm(z), self.nu):
                 break
             objective = new
         return z

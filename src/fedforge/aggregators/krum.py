@@ -17,7 +17,7 @@ import torch
 
 from fedforge.aggregators.common import Gathered, check_inputs, refuse_below, squared_distances
 from fedforge.aggregators.mean import Accumulator
-from fedforge.errors import ConfigError
+from fedforge.errors import AggregationError, ConfigError
 
 
 def krum_scores(dist: torch.Tensor, f: int) -> torch.Tensor:
@@ -80,8 +80,8 @@ class MultiKrum(Krum):
 
     def selected(self, n: int) -> int:
         m = n - self.f if self.m is None else self.m
-        if m > n - self.f:
-            raise ConfigError(
+        if m > n - self.f:  # refused at build for the full cohort; here fewer arrived
+            raise AggregationError(
                 f"multi_krum: m = {m} exceeds n - f = {n} - {self.f} = {n - self.f} updates"
             )
         return m

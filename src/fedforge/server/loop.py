@@ -28,6 +28,7 @@ from fedforge.engines import close_engine
 from fedforge.errors import StopNow
 from fedforge.experiment import Experiment, FederatedData, build, client_tables
 from fedforge.report.progress import Progress
+from fedforge.server.periods import upload_period
 from fedforge.server.round import run_round
 from fedforge.server.state import (
     LoopState,
@@ -197,19 +198,30 @@ def _write_partition(path: Path, summary: PartitionSummary) -> None:
     tmp.replace(path)
 
 
-def _stalled(limit: int, state: LoopState) -> str | None:
-    """Why the run stops when its last ``limit`` rounds were all skipped (the
-    global model unchanged: e.g. every update non-finite after a divergence),
-    None otherwise or when ``limit`` is 0."""
+def _stalled(cfg: Config, state: LoopState) -> str | None:
+    """Why the run stops when its last ``robust.max_skipped_rounds`` upload rounds
+    were all skipped (the global model unchanged: e.g. every update non-finite
+    after a divergence), None otherwise or when the limit is 0. Upload rounds are
+    every round, or each period's last with ``upload_every`` > 1 (the rounds before
+    it only train locally and are never skipped)."""
+    limit = cfg.robust.max_skipped_rounds
     if limit <= 0:
         return None
-    recent = [r for r, _ in state.skipped[-limit:]]
-    if len(recent) < limit or recent != list(range(state.next_round - limit, state.next_round)):
-        return None
-    return (
-        f"stopped after {limit} skipped rounds in a row (robust.max_skipped_rounds; the "
-        f"global model unchanged since round {recent[0]}): {state.skipped[-1][1]}"
-    )
+    skipped = {r for r, _ in state.skipped}
+    every = cfg.communication.upload_every
+    recent: list[int] = []
+    for r in range(state.next_round - 1, -1, -1):
+        if upload_period(r, every, cfg.rounds)[1] != r:
+            continue  # a local round of a period
+        if r not in skipped:
+            return None
+        recent.append(r)
+        if len(recent) == limit:
+            return (
+                f"stopped after {limit} skipped rounds in a row (robust.max_skipped_rounds; "
+                f"the global model unchanged since round {r}): {state.skipped[-1][1]}"
+            )
+    return None
 
 
 def _rounds(
@@ -244,11 +256,11 @@ def _rounds(
         evaluated = record.test_accuracy is not None
         if target is not None and evaluated and max(state.eval_accuracy) >= target:
             break
-        if state.next_round == cfg.rounds:
-            break
-        stall_stop = _stalled(cfg.robust.max_skipped_rounds, state)
+        stall_stop = _stalled(cfg, state)  # also in the last round: the summary says so
         if stall_stop is not None:
             bar.write(f"fedforge: {stall_stop}")
+            break
+        if state.next_round == cfg.rounds:
             break
         every = cfg.checkpoint_every
         due = stop.signum is not None or (every > 0 and state.next_round % every == 0)
