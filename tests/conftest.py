@@ -107,6 +107,21 @@ class SigtermAt:
 RunStopped = Callable[[Any, FederatedData, int], Any]
 
 
+def wrap_engine(monkeypatch: pytest.MonkeyPatch, wrap: Callable[[Any], Any]) -> None:
+    """Every experiment the loop builds from now on runs on ``wrap(its engine)``
+    (a tampering, crashing or signalling client, a filter of the cohort)."""
+    from fedforge.server import loop
+
+    real_build = loop.build
+
+    def build(c: Any, d: Any = None) -> Any:
+        exp = real_build(c, d)
+        exp.engine = wrap(exp.engine)
+        return exp
+
+    monkeypatch.setattr(loop, "build", build)
+
+
 @pytest.fixture
 def run_stopped(monkeypatch: pytest.MonkeyPatch) -> RunStopped:
     """``run_stopped(cfg, data, at)``: run ``cfg`` until SIGTERM arrives in round

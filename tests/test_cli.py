@@ -304,20 +304,13 @@ class _Signals:
 @pytest.fixture
 def signalled(monkeypatch: pytest.MonkeyPatch, make_data: MakeData) -> Callable[[int], None]:
     """Tiny data for the CLI, and an engine that gets ``count`` SIGTERMs in round 1."""
-    from fedforge.server import loop
+    from tests.conftest import wrap_engine
 
     data = make_data([5, 6, 7, 8], dtype=torch.float32)
     monkeypatch.setattr(fedforge.experiment, "load_federated_data", lambda cfg: data)
 
     def arm(count: int) -> None:
-        real_build = loop.build
-
-        def build(c: Config, d: FederatedData | None = None) -> object:
-            exp = real_build(c, d)
-            exp.engine = _Signals(exp.engine, count)
-            return exp
-
-        monkeypatch.setattr(loop, "build", build)
+        wrap_engine(monkeypatch, lambda engine: _Signals(engine, count))
 
     return arm
 

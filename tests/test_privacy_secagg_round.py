@@ -5,13 +5,13 @@ messages are counted, impossible combinations are refused, resume is bit-exact."
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from tests.conftest import MakeData, SigtermAt
+from tests.conftest import MakeData, SigtermAt, wrap_engine
 
 from fedforge.client import ClientTask, ClientUpload
 from fedforge.config import from_dict, override
@@ -116,18 +116,6 @@ def test_masked_words_travel_packed_at_k_bits(
     assert -saved < diff < -saved + phases
 
 
-def _wrap_engine(monkeypatch: pytest.MonkeyPatch, wrap: Callable[[Engine], Any]) -> None:
-    """Every experiment the loop builds from now on runs on ``wrap(its engine)``."""
-    real_build = loop.build
-
-    def build(c: Any, d: Any = None) -> Any:
-        exp = real_build(c, d)
-        exp.engine = wrap(exp.engine)
-        return exp
-
-    monkeypatch.setattr(loop, "build", build)
-
-
 class _Filter:
     """A serial engine that trains only the clients ``keep(round, ids)`` returns:
     the plain run over a secure-aggregation run's survivors."""
@@ -161,7 +149,7 @@ def test_dropouts_equal_the_plain_run_over_the_survivors(
         assert len(gone) == 2
         return set(ids) - gone
 
-    _wrap_engine(monkeypatch, lambda engine: _Filter(engine, keep))
+    wrap_engine(monkeypatch, lambda engine: _Filter(engine, keep))
     plain = _run(data, {})
     assert float((plain.params - masked.params).abs().max()) <= _bound(2, 6, 6.0)
 
@@ -285,7 +273,7 @@ def _tampered(
     data: FederatedData, monkeypatch: pytest.MonkeyPatch, phase: str, client: int, fn: Any
 ) -> Any:
     with monkeypatch.context() as patch:
-        _wrap_engine(patch, lambda engine: _Tamper(engine, phase, client, fn))
+        wrap_engine(patch, lambda engine: _Tamper(engine, phase, client, fn))
         return _run(data, SECAGG)
 
 
@@ -302,7 +290,7 @@ def test_a_low_order_public_key_counts_as_a_dropout(
     assert all("low-order" in why for _, _, why in got.rejected)
     assert not got.skipped
 
-    _wrap_engine(monkeypatch, lambda engine: _Filter(engine, lambda r, ids: set(ids) - {2}))
+    wrap_engine(monkeypatch, lambda engine: _Filter(engine, lambda r, ids: set(ids) - {2}))
     plain = _run(data, {})
     assert float((plain.params - got.params).abs().max()) <= _bound(2, 5, 5.0)
 

@@ -421,7 +421,7 @@ def test_a_run_killed_before_its_first_checkpoint_resumes_from_the_start(
     """Round 0's state is the seed's: a run that died before its first checkpoint
     (here in round 2 of 4, checkpoints every 10) is resumed from round 0, in its own
     directory, to the uninterrupted run's parameters and rounds."""
-    from fedforge.server import loop
+    from tests.conftest import wrap_engine
 
     data = make_data([7, 12, 5, 9], dtype=torch.float64)
     base = {
@@ -441,17 +441,10 @@ def test_a_run_killed_before_its_first_checkpoint_resumes_from_the_start(
                 raise MemoryError("killed (test)")
             return self.inner.run_cohort(tasks, payload)
 
-    real_build = loop.build
-
-    def crashing(c: Any, d: Any = None) -> Any:
-        exp = real_build(c, d)
-        exp.engine = Crash(exp.engine)
-        return exp
-
-    monkeypatch.setattr(loop, "build", crashing)
-    with pytest.raises(MemoryError):
-        run(from_dict({**base, "runs_dir": str(tmp_path / "b")}), data)
-    monkeypatch.setattr(loop, "build", real_build)
+    with monkeypatch.context() as patch:
+        wrap_engine(patch, Crash)
+        with pytest.raises(MemoryError):
+            run(from_dict({**base, "runs_dir": str(tmp_path / "b")}), data)
     (run_dir,) = (tmp_path / "b").iterdir()
     assert list_checkpoints(run_dir) == []
     with RunStore.open(run_dir) as store:
