@@ -334,3 +334,39 @@ def test_a_garbled_share_skips_the_round_and_keeps_the_model(
     assert torch.equal(got.params, before)
     assert [r for r, _ in got.skipped] == [0, 1]
     assert all("rebuild no 32-byte secret" in why for _, why in got.skipped)
+
+
+class _Counting:
+    """A serial engine that counts every byte the server sends: the payload once
+    per client trained, and each phase message."""
+
+    name = "counting"
+
+    def __init__(self, inner: Engine) -> None:
+        self.inner, self.down = inner, 0
+
+    def run_cohort(self, tasks: Sequence[ClientTask], payload: bytes) -> Iterator[ClientUpload]:
+        self.down += len(payload) * len(tasks)
+        yield from self.inner.run_cohort(tasks, payload)
+
+    def run_phase(self, phase: str, messages: Mapping[int, bytes]) -> dict[int, bytes]:
+        self.down += sum(len(m) for m in messages.values())
+        return self.inner.run_phase(phase, messages)
+
+
+@pytest.mark.parametrize("phase", ["advertise", "share_keys", "masked_input", "unmask"])
+def test_bytes_down_are_what_reached_the_clients(
+    data: FederatedData, monkeypatch: pytest.MonkeyPatch, phase: str
+) -> None:
+    """A client that drops before masked input never gets the model: the round's
+    bytes down are the payloads and phase messages the engine really carried (it
+    charged the payload to the whole cohort)."""
+    engines: list[_Counting] = []
+
+    def counting(engine: Engine) -> _Counting:
+        engines.append(_Counting(engine))
+        return engines[-1]
+
+    wrap_engine(monkeypatch, counting)
+    got = _run(data, {**SECAGG, f"secagg_drop_{phase}": 0.34}, rounds=1)
+    assert got.rounds[0].bytes_down == engines[0].down

@@ -224,7 +224,8 @@ def _secure(
 ) -> tuple[torch.Tensor | None, dict[int, ClientRecord], int, int]:
     """Secure aggregation's round (``server/secure.py``): the aggregate of the
     unmasked sum (None: the round is skipped with the reason), the clients in the
-    sum, bytes up (masked updates, phase replies) and the phase messages' bytes down."""
+    sum, bytes up (masked updates, phase replies) and bytes down (phase messages, and the
+    payload to the clients still in the protocol at masked input)."""
     from fedforge.server.secure import secure_round  # imports ``cryptography``: only when masking
 
     out = secure_round(exp, round_idx, tasks, payload)
@@ -268,7 +269,8 @@ def run_round(
     clients: dict[int, ClientRecord] = {}
     bytes_up = 0
     secure = exp.privacy.secagg if exp.privacy is not None else None  # secure aggregation
-    phase_down = 0  # its extra messages to the clients (keys, shares, unmasking)
+    payload_down = len(payload) * (len(cohort) + hops)  # the model to every client, edge
+    phase_down = 0  # secure aggregation: its messages and the payload, to whom they went
     ids = [t.client_id for t in tasks]  # drift diagnostics: the global loss before training
     diag = diagnostics.start_round(exp, ids, params, secure is not None)
     uploads = exp.engine.run_cohort(tasks, payload) if secure is None else iter(())
@@ -316,6 +318,7 @@ def run_round(
         aggregate, clients, bytes_up, phase_down = _secure(
             exp, state, round_idx, bar, tasks, payload
         )
+        payload_down = 0  # counted by the protocol: a client that dropped got none
         extras = {c: {} for c in clients}
     if aggregate is not None:
         ctx = StageContext(round_idx, cfg.seed, state=state.privacy)  # e.g. central DP noise
@@ -356,7 +359,7 @@ def run_round(
         test_accuracy=test_acc,
         test_loss=test_loss,
         bytes_up=bytes_up,
-        bytes_down=len(payload) * (len(cohort) + hops) + phase_down,
+        bytes_down=payload_down + phase_down,
         paper_bytes=2 * FLOAT32_BYTES * exp.spec.size * (len(cohort) + hops),
         lr=plan.lr,
         seconds=time.perf_counter() - t0,

@@ -44,7 +44,7 @@ class SecureOutcome:
     reason: str | None
     clients: dict[int, ClientRecord] = field(default_factory=dict)  # inputs in the sum
     bytes_up: int = 0  # masked updates and phase replies, every client
-    bytes_down: int = 0  # phase messages (the payload is counted by the round)
+    bytes_down: int = 0  # phase messages and the payload, to the clients that got them
     refused: list[tuple[int, str]] = field(default_factory=list)  # malformed messages
 
 
@@ -113,7 +113,7 @@ def secure_round(
                 rec.train_loss,
                 rec.update_norm,
                 rec.bytes_up + up.get(c, 0),
-                len(payload) + down.get(c, 0),
+                down.get(c, 0),
             )
         return out
 
@@ -150,6 +150,8 @@ def secure_round(
     )
     masked: dict[int, np.ndarray] = {}
     weights: dict[int, int] = {}
+    for c in live:  # the model goes to the clients still in the protocol, only
+        down[c] = down.get(c, 0) + len(payload)
     for upload in exp.engine.run_cohort(
         [task for task in tasks if task.client_id in live], payload
     ):
