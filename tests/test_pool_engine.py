@@ -21,6 +21,15 @@ from fedforge.server.loop import resume, run
 SIZES = [7, 12, 5, 9, 10, 6]
 
 
+def _no_children_left(seconds: float = 10.0) -> list[object]:
+    """The worker processes still alive after ``seconds``: ending and reaping a
+    killed process is asynchronous, and a loaded machine may need a moment."""
+    deadline = time.monotonic() + seconds
+    while multiprocessing.active_children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return list(multiprocessing.active_children())
+
+
 def _cfg(**kw: object) -> config_mod.Config:
     base = config_mod.Config(
         model="2nn", engine="serial", num_clients=len(SIZES), client_fraction=0.5, local_epochs=2,
@@ -42,7 +51,7 @@ def test_serial_workers_bit_identical_to_serial(
     assert torch.equal(one.params, two.params)  # float32, bit for bit
     assert [r.train_loss for r in one.rounds] == [r.train_loss for r in two.rounds]
     assert [r.bytes_up for r in one.rounds] == [r.bytes_up for r in two.rounds]
-    assert multiprocessing.active_children() == []  # the run stopped its workers
+    assert _no_children_left() == []  # the run stopped its workers
 
 
 def test_vectorized_workers_equal_serial_float64(make_data: MakeData, one_thread: None) -> None:
@@ -90,7 +99,7 @@ def test_resume_with_workers_is_exact(
     assert stopped.stopped == "SIGTERM" and len(stopped.rounds) < 4
     resumed = resume(stopped.run_dir, data)
     assert torch.equal(resumed.params, full.params)
-    assert multiprocessing.active_children() == []
+    assert _no_children_left() == []
 
 
 def test_a_dead_worker_ends_the_round_with_an_error_not_a_hang(
@@ -124,11 +133,7 @@ def test_a_dead_worker_ends_the_round_with_an_error_not_a_hang(
     cfg = _cfg(dtype="float32", workers=2, client_fraction=1.0, rounds=2)
     with pytest.raises(EngineError, match="worker process died"):
         run(cfg, make_data(SIZES, dtype=torch.float32), store=False)
-    # SIGKILL and reaping are asynchronous: a loaded machine may need a moment
-    deadline = time.monotonic() + 10.0
-    while multiprocessing.active_children() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert multiprocessing.active_children() == []
+    assert _no_children_left() == []
 
 
 _KILLED_SERVER = """

@@ -41,9 +41,10 @@ import multiprocessing
 import os
 import signal
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 import torch
@@ -73,6 +74,16 @@ def usable_cores() -> int:
 def resolve_workers(workers: int) -> int:
     """``workers`` as configured: 0 means one per usable core."""
     return usable_cores() if workers == 0 else workers
+
+
+def _kill_all(processes: Iterable[BaseProcess]) -> None:
+    """SIGKILL (workers ignore SIGTERM) and reap each process still alive."""
+    processes = list(processes)
+    for process in processes:
+        if process.is_alive():
+            process.kill()
+    for process in processes:
+        process.join()
 
 
 def _sweep_orphans(folder: Path) -> None:
@@ -190,15 +201,13 @@ class PoolEngine:
         pool, self._pool = self._pool, None
         if pool is None:
             return
-        processes = dict(getattr(pool, "_processes", None) or {})
+        live = getattr(pool, "_processes", None) or {}  # the dict the executor updates
+        processes = dict(live)
         pool.shutdown(wait=False, cancel_futures=True)
-        processes.update(getattr(pool, "_processes", None) or {})
-        for process in processes.values():
-            if process.is_alive():
-                process.kill()
-        for process in processes.values():
-            process.join()
+        processes.update(live)
+        _kill_all(processes.values())
         pool.shutdown(wait=True)  # the executor's own thread, which reaps what is left
+        _kill_all({**processes, **live}.values())  # any it started meanwhile
 
     def __del__(self) -> None:
         self.close()
