@@ -174,8 +174,9 @@ def load_aggregator_state(aggregator: object, ckpt: Checkpoint) -> None:
 class StopSignals:
     """While active, SIGINT and SIGTERM set :attr:`signum` (the loop finishes the
     round, checkpoints and returns); a second signal raises :class:`StopNow` (a
-    KeyboardInterrupt) at once. The previous handlers come back on exit. Outside the main thread, or
-    when disabled, it does nothing (signals keep their usual effect)."""
+    KeyboardInterrupt) at once. The previous handlers come back on exit. Outside
+    the main thread, or when disabled, it does nothing (signals keep their usual
+    effect)."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
