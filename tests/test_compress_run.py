@@ -224,6 +224,38 @@ def test_hierarchical_aggregation_equals_the_flat_mean(data: FederatedData) -> N
         edge_up = t.bytes_up - f.bytes_up
         assert groups * 8 * P_2NN <= edge_up < groups * (8 * P_2NN + 300)
         assert t.paper_bytes == 2 * 4 * P_2NN * (f.cohort_size + groups)
+        assert t.float32_up == t.float32_down == 4 * P_2NN * (f.cohort_size + groups)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"stragglers": {"fraction": 0.5}, "local_epochs": 2},  # fedavg drops their work
+        {"algorithm": "scaffold"},  # the control variates travel too, each way
+    ],
+    ids=["dropped-stragglers", "scaffold"],
+)
+def test_dense_ratios_count_the_messages_that_travelled(
+    data: FederatedData, extra: dict[str, Any], tmp_path: Path
+) -> None:
+    """Uncompressed float32 reads about 1.0 both ways: the dense counterpart is of
+    the messages sent, not the paper's 2 |w| K (which counts the dropped
+    stragglers' uploads, and not SCAFFOLD's c)."""
+    cfg = _cfg({}, dtype="float32", runs_dir=str(tmp_path), **extra)
+    res = run(cfg, data=_f32(data))
+    assert res.run_dir is not None
+    with RunStore.open(res.run_dir) as store:
+        used = [len(store.client_rounds(r.round_idx)) for r in res.rounds]
+        stored = [(r.float32_up, r.float32_down) for r in store.rounds()]
+        assert stored == [(r.float32_up, r.float32_down) for r in res.rounds]
+    tensors = 2 if "algorithm" in extra else 1
+    for r, n in zip(res.rounds, used, strict=True):
+        assert r.float32_up == 4 * P_2NN * tensors * n  # every upload was used
+        assert r.float32_down == 4 * P_2NN * tensors * r.cohort_size
+    if "stragglers" in extra:  # some rounds lost uploads
+        assert sum(used) < sum(r.cohort_size for r in res.rounds)
+    assert 0.995 < res.summary["uplink_ratio"] < 1.0  # the wire headers
+    assert 0.995 < res.summary["downlink_ratio"] < 1.0
 
 
 def test_upload_every_2_trains_locally_and_uploads_once(data: FederatedData) -> None:

@@ -343,11 +343,14 @@ class _Counting:
     name = "counting"
 
     def __init__(self, inner: Engine) -> None:
-        self.inner, self.down = inner, 0
+        self.inner, self.down, self.trained, self.uploads = inner, 0, 0, 0
 
     def run_cohort(self, tasks: Sequence[ClientTask], payload: bytes) -> Iterator[ClientUpload]:
         self.down += len(payload) * len(tasks)
-        yield from self.inner.run_cohort(tasks, payload)
+        self.trained += len(tasks)
+        for upload in self.inner.run_cohort(tasks, payload):
+            self.uploads += 1
+            yield upload
 
     def run_phase(self, phase: str, messages: Mapping[int, bytes]) -> dict[int, bytes]:
         self.down += sum(len(m) for m in messages.values())
@@ -370,3 +373,8 @@ def test_bytes_down_are_what_reached_the_clients(
     wrap_engine(monkeypatch, counting)
     got = _run(data, {**SECAGG, f"secagg_drop_{phase}": 0.34}, rounds=1)
     assert got.rounds[0].bytes_down == engines[0].down
+    # dense float32: the model to each client trained, a masked update from each
+    size = 199_210  # the 2NN's parameters
+    assert engines[0].trained == (6 if phase == "unmask" else 4)
+    assert got.rounds[0].float32_down == 4 * size * engines[0].trained
+    assert got.rounds[0].float32_up == 4 * size * engines[0].uploads

@@ -201,23 +201,36 @@ def test_robust_z_hand_worked() -> None:
     assert torch.allclose(z0, torch.tensor([0, 0, 0, 4 / (1.253314 * 1.0)], dtype=torch.float64))
 
 
-def test_version_1_store_opens_and_gains_the_anomaly_table(tmp_path: Path) -> None:
+@pytest.mark.parametrize("version", [1, 2])
+def test_older_store_opens_and_gains_the_newer_tables(tmp_path: Path, version: int) -> None:
+    """Version 1 lacks ``anomalies``, versions 1 and 2 the rounds' float32 columns:
+    they read as NULL, and the first write adds them (version 3)."""
     store = RunStore.create(tmp_path, Config(name="old"))
     path = store.path
+    store.record_round(RoundRecord(0, 2, 0.5, None, None, 10, 10, 10, 0.1, 1.0), [])
     store.close()
     conn = sqlite3.connect(path / "store.sqlite")
-    conn.executescript("DROP TABLE anomalies; PRAGMA user_version = 1;")
+    drop = "DROP TABLE anomalies;" if version == 1 else ""
+    conn.executescript(
+        f"{drop} ALTER TABLE rounds DROP COLUMN float32_up;"
+        f"ALTER TABLE rounds DROP COLUMN float32_down; PRAGMA user_version = {version};"
+    )
     conn.close()
     with RunStore.open(path) as old:
         assert old.anomalies() == []
+        assert [(r.paper_bytes, r.float32_up) for r in old.rounds()] == [(10, None)]
         old.record_round(
-            RoundRecord(0, 2, 0.5, None, None, 10, 10, 10, 0.1, 1.0),
-            [ClientRecord(0, 1, 5, 0.5, 1.0, 10, 10)],
-            [AnomalyRecord(0, 3, "norm_gate: too big")],
+            RoundRecord(1, 2, 0.5, None, None, 10, 10, 10, 0.1, 1.0, None, 4, 6),
+            [ClientRecord(1, 1, 5, 0.5, 1.0, 10, 10)],
+            [AnomalyRecord(1, 3, "norm_gate: too big")],
         )
         assert old.anomaly_counts() == {3: 1}
-        old.rewind(0)
+        assert [(r.float32_up, r.float32_down) for r in old.rounds()] == [(None, None), (4, 6)]
+        old.rewind(1)
         assert old.anomalies() == []
+    conn = sqlite3.connect(path / "store.sqlite")
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 3
+    conn.close()
 
 
 def learnable_data(num_clients: int = 10, per: int = 30, num_test: int = 300) -> FederatedData:

@@ -51,6 +51,7 @@ class Edges:
         self.dtype = dtype
         self._sums: dict[int, torch.Tensor] = {}
         self._weights: dict[int, float] = {}
+        self.forwarded = 0  # edge-to-server messages sent by ``forward``
 
     def groups_of(self, client_ids: Sequence[int]) -> set[int]:
         """The groups the payload must reach for these clients."""
@@ -67,6 +68,7 @@ class Edges:
     def forward(self, acc: Accumulator, round_idx: int) -> int:
         """Send each edge's mean to the server (through the wire format) and add
         it to ``acc`` with the edge's total weight; returns the bytes sent."""
+        self.forwarded = len(self._sums)
         sent = 0
         for g in sorted(self._sums):
             weight = self._weights[g]

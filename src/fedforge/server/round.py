@@ -195,6 +195,22 @@ def _poisson(cfg: Config) -> bool:
 FLOAT32_BYTES = 4  # paper_bytes: what dense float32 messages would cost (2 |w| K 4)
 
 
+@dataclass(frozen=True)
+class DenseCost:
+    """What one message costs as dense float32: the model, or the delta, and the
+    algorithm's tensors beside it (SCAFFOLD's c down, delta c_k up)."""
+
+    down: int
+    up: int
+
+    @classmethod
+    def of(cls, exp: Experiment, payload_tensors: dict[str, torch.Tensor] | None) -> DenseCost:
+        server, size = exp.algorithm.server, exp.spec.size
+        more = sum(t.numel() for t in (payload_tensors or {}).values())
+        extra_up = size * len(server.update_tensors) if server is not None else 0
+        return cls(FLOAT32_BYTES * (size + more), FLOAT32_BYTES * (size + extra_up))
+
+
 def _local_round(exp: Experiment, round_idx: int, start: int, t0: float) -> RoundRecord:
     """A round inside an upload period (``upload_every`` > 1): its cohort trains
     locally (the work is done with the period's last round), nothing travels."""
@@ -211,6 +227,8 @@ def _local_round(exp: Experiment, round_idx: int, start: int, t0: float) -> Roun
         paper_bytes=0,
         lr=exp.algorithm.plan(start).lr,
         seconds=time.perf_counter() - t0,
+        float32_up=0,
+        float32_down=0,
     )
 
 
@@ -221,11 +239,12 @@ def _secure(
     bar: Progress,
     tasks: Sequence[ClientTask],
     payload: bytes,
-) -> tuple[torch.Tensor | None, dict[int, ClientRecord], int, int]:
+) -> tuple[torch.Tensor | None, dict[int, ClientRecord], int, int, tuple[int, int]]:
     """Secure aggregation's round (``server/secure.py``): the aggregate of the
     unmasked sum (None: the round is skipped with the reason), the clients in the
-    sum, bytes up (masked updates, phase replies) and bytes down (phase messages, and the
-    payload to the clients still in the protocol at masked input)."""
+    sum, bytes up (masked updates, phase replies), bytes down (phase messages, and the
+    payload to the clients still in the protocol at masked input), and how many
+    clients got the payload and sent a masked update."""
     from fedforge.server.secure import secure_round  # imports ``cryptography``: only when masking
 
     out = secure_round(exp, round_idx, tasks, payload)
@@ -236,8 +255,14 @@ def _secure(
         reason = _too_few(exp, len(out.clients))
     if reason is not None:
         _skip(state, bar, round_idx, reason)
-        return None, {}, out.bytes_up, out.bytes_down
-    return out.aggregate, out.clients, out.bytes_up, out.bytes_down
+        return None, {}, out.bytes_up, out.bytes_down, (out.payloads, out.masked_updates)
+    return (
+        out.aggregate,
+        out.clients,
+        out.bytes_up,
+        out.bytes_down,
+        (out.payloads, out.masked_updates),
+    )
 
 
 def run_round(
@@ -257,6 +282,7 @@ def run_round(
     server = exp.algorithm.server  # an algorithm's server state (SCAFFOLD's c) travels too
     more = server.payload(state.algorithm_state) if server is not None else None
     payload = encode_payload(params, round_idx, comm.downlink if comm else None, cfg.seed, more)
+    dense = DenseCost.of(exp, more)
     tasks = cohort_tasks(cfg, exp.algorithm, cohort, round_idx, plan)  # stragglers
     extras: dict[int, dict[str, torch.Tensor]] = {}
     # Streaming: a running sum, O(model) memory. Otherwise: gather the cohort.
@@ -268,6 +294,7 @@ def run_round(
     gathering = Gathering(len(tasks))
     clients: dict[int, ClientRecord] = {}
     bytes_up = 0
+    sent_up = 0  # update messages that arrived (a withheld notice carries none)
     secure = exp.privacy.secagg if exp.privacy is not None else None  # secure aggregation
     payload_down = len(payload) * (len(cohort) + hops)  # the model to every client, edge
     phase_down = 0  # secure aggregation: its messages and the payload, to whom they went
@@ -281,8 +308,10 @@ def run_round(
             up = check_update(exp, upload.client_id, round_idx, upload.data)
         except UploadError as exc:
             faulty += not isinstance(exc, Withheld)
+            sent_up += not isinstance(exc, Withheld)
             _reject(state, bar, round_idx, upload.client_id, str(exc))
             continue
+        sent_up += 1
         up.delta = pipeline.run_upload(up.delta, StageContext(round_idx, cfg.seed, up.client_id))
         if diag is not None:
             diag.add(up.client_id, up.delta, up.train_loss)
@@ -302,8 +331,11 @@ def run_round(
             acc.add(up.delta, float(up.num_examples))
         else:
             gathering.add(up)
+    float32_up = dense.up * sent_up
+    float32_down = dense.down * (len(cohort) + hops)
     if edges is not None and acc is not None:
         bytes_up += edges.forward(acc, round_idx)
+        float32_up += FLOAT32_BYTES * exp.spec.size * edges.forwarded  # each edge's mean
     if acc is not None:
         aggregate = acc.result() if acc.count else None
         why = _too_few(exp, len(clients)) if acc.count else None  # clients, not edges
@@ -315,9 +347,10 @@ def run_round(
         clients = {c: r for c, r in clients.items() if c in used}
     diagnostics.end_round(exp, diag, state.diagnostics, state.outputs, bar, round_idx)
     if secure is not None:  # the server sees only masked updates and their sum
-        aggregate, clients, bytes_up, phase_down = _secure(
+        aggregate, clients, bytes_up, phase_down, (got, sent) = _secure(
             exp, state, round_idx, bar, tasks, payload
         )
+        float32_up, float32_down = dense.up * sent, dense.down * got
         payload_down = 0  # counted by the protocol: a client that dropped got none
         extras = {c: {} for c in clients}
     if aggregate is not None:
@@ -363,5 +396,7 @@ def run_round(
         paper_bytes=2 * FLOAT32_BYTES * exp.spec.size * (len(cohort) + hops),
         lr=plan.lr,
         seconds=time.perf_counter() - t0,
+        float32_up=float32_up,
+        float32_down=float32_down,
     )
     return record, records

@@ -46,6 +46,8 @@ class SecureOutcome:
     bytes_up: int = 0  # masked updates and phase replies, every client
     bytes_down: int = 0  # phase messages and the payload, to the clients that got them
     refused: list[tuple[int, str]] = field(default_factory=list)  # malformed messages
+    payloads: int = 0  # clients the model went to
+    masked_updates: int = 0  # masked updates that arrived, well-formed or not
 
 
 def dropped(seed: int, round_idx: int, phase: str, fraction: float, alive: list[int]) -> set[int]:
@@ -152,11 +154,13 @@ def secure_round(
     weights: dict[int, int] = {}
     for c in live:  # the model goes to the clients still in the protocol, only
         down[c] = down.get(c, 0) + len(payload)
+    out.payloads = len(live)
     for upload in exp.engine.run_cohort(
         [task for task in tasks if task.client_id in live], payload
     ):
         c = upload.client_id
         up[c] = up.get(c, 0) + len(upload.data)
+        out.masked_updates += 1
         try:
             upd = wire.decode(upload.data)
             n, loss = read_labels(upd.meta, c, round_idx)

@@ -24,7 +24,12 @@ def summarize_run(
     final = next((r for r in reversed(records) if r.test_accuracy is not None), None)
     up = [r.bytes_up for r in records]
     both = [r.bytes_up + r.bytes_down for r in records]
-    float32_one_way = sum(r.paper_bytes for r in records) / 2  # dense float32, one direction
+    # dense float32 bytes of the messages that travelled; a round from an older
+    # store lacks them: its paper estimate, half each way, stands in
+    dense_up = sum(r.paper_bytes / 2 if r.float32_up is None else r.float32_up for r in records)
+    dense_down = sum(
+        r.paper_bytes / 2 if r.float32_down is None else r.float32_down for r in records
+    )
     return {
         "rounds_done": len(records),
         "target_accuracy": target,
@@ -36,8 +41,8 @@ def summarize_run(
         "bytes_down": sum(r.bytes_down for r in records),
         "paper_bytes": sum(r.paper_bytes for r in records),
         # compression: dense float32 bytes of the same messages over the real bytes
-        "uplink_ratio": float32_one_way / sum(up) if sum(up) else None,
-        "downlink_ratio": float32_one_way / (sum(both) - sum(up)) if sum(both) > sum(up) else None,
+        "uplink_ratio": dense_up / sum(up) if sum(up) else None,
+        "downlink_ratio": dense_down / (sum(both) - sum(up)) if sum(both) > sum(up) else None,
         "bytes_to_target": bytes_at(rtt, both) if rtt is not None else None,
         "bytes_up_to_target": bytes_at(rtt, up) if rtt is not None else None,
         "wall_seconds": seconds,

@@ -32,8 +32,10 @@ from fedforge.config import Config, dump, from_dict, to_dict
 from fedforge.errors import ConfigError, StoreError
 from fedforge.store.records import AnomalyRecord, ClientRecord, RoundRecord, RunInfo
 
-SCHEMA_VERSION = 2  # 2 added ``anomalies``; a version-1 store gets it on its first write
-READABLE_VERSIONS = (1, 2)
+# 2 added ``anomalies``, 3 the rounds' ``float32_up``/``float32_down``: an older
+# store gains them on its first write, and reads them as NULL until then.
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 STATUSES = ("running", "finished", "failed")
 DB_NAME, CONFIG_NAME, METRICS_NAME = "store.sqlite", "config.yaml", "metrics.jsonl"
 _RUN_DIR = re.compile(r"^(\d{8}-\d{6})-(.+)-([0-9a-f]{6})$")
@@ -45,7 +47,7 @@ CREATE TABLE runs (id TEXT PRIMARY KEY, name TEXT NOT NULL, created TEXT NOT NUL
 CREATE TABLE rounds (round_idx INTEGER PRIMARY KEY, cohort_size INTEGER NOT NULL,
     train_loss REAL, test_accuracy REAL, test_loss REAL, bytes_up INTEGER NOT NULL,
     bytes_down INTEGER NOT NULL, paper_bytes INTEGER NOT NULL, lr REAL NOT NULL,
-    seconds REAL NOT NULL, created REAL NOT NULL);
+    seconds REAL NOT NULL, created REAL NOT NULL, float32_up INTEGER, float32_down INTEGER);
 CREATE TABLE client_rounds (round_idx INTEGER NOT NULL, client_id INTEGER NOT NULL,
     num_examples INTEGER NOT NULL, train_loss REAL, update_norm REAL, bytes_up INTEGER NOT NULL,
     bytes_down INTEGER NOT NULL, PRIMARY KEY (round_idx, client_id));
@@ -81,8 +83,12 @@ ROUND_TABLES: dict[str, str] = {
 
 
 _ROUND_COLS = [f.name for f in dataclasses.fields(RoundRecord)]
+_FLOAT32_COLS = ("float32_up", "float32_down")  # version 3
 _CLIENT_COLS = [f.name for f in dataclasses.fields(ClientRecord)]
-_INSERT_ROUND = f"INSERT OR REPLACE INTO rounds VALUES ({', '.join('?' * len(_ROUND_COLS))})"
+_INSERT_ROUND = (
+    f"INSERT OR REPLACE INTO rounds ({', '.join(_ROUND_COLS)}) "
+    f"VALUES ({', '.join('?' * len(_ROUND_COLS))})"
+)
 _INSERT_CLIENT = f"INSERT INTO client_rounds VALUES ({', '.join('?' * len(_CLIENT_COLS))})"
 
 
@@ -198,6 +204,7 @@ class RunStore:
         try:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
+                self._upgrade()
                 self._conn.execute(_INSERT_ROUND, dataclasses.astuple(round_row))
                 self._conn.execute("DELETE FROM client_rounds WHERE round_idx = ?", (idx,))
                 self._conn.executemany(_INSERT_CLIENT, [dataclasses.astuple(c) for c in clients])
@@ -372,8 +379,23 @@ class RunStore:
         rows = self._query(f"SELECT * FROM {table}{where} ORDER BY 1, 2", args)
         return [tuple(r) for r in rows]
 
+    def _round_columns(self) -> set[str]:
+        return {row[1] for row in self._query("PRAGMA table_info(rounds)")}
+
+    def _upgrade(self) -> None:
+        """Inside a write transaction: give an older store version 3's columns."""
+        have = self._round_columns()
+        missing = [c for c in _FLOAT32_COLS if c not in have]
+        for column in missing:
+            self._conn.execute(f"ALTER TABLE rounds ADD COLUMN {column} INTEGER")
+        if missing:
+            self._conn.execute(_ANOMALIES)
+            self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
     def rounds(self) -> list[RoundRecord]:
-        rows = self._query(f"SELECT {', '.join(_ROUND_COLS)} FROM rounds ORDER BY round_idx")
+        have = self._round_columns()
+        cols = [c if c in have else f"NULL AS {c}" for c in _ROUND_COLS]
+        rows = self._query(f"SELECT {', '.join(cols)} FROM rounds ORDER BY round_idx")
         return [RoundRecord(*row) for row in rows]
 
     def client_rounds(self, round_idx: int | None = None) -> list[ClientRecord]:
