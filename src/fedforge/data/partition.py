@@ -17,6 +17,7 @@ from fedforge.errors import PartitionError
 from fedforge.rng import numpy_rng
 
 _MAX_DIRICHLET_TRIES = 1000
+_HOPELESS_AFTER, _HOPELESS_SHORT = 10, 25  # draws, mean clients short per draw
 
 
 @dataclass(frozen=True, eq=False)
@@ -119,7 +120,17 @@ def dirichlet(
     _check_counts(labels.size, num_clients, min_size)
     class_members = [np.flatnonzero(labels == c) for c in np.unique(labels)]
     owner = np.empty(labels.size, dtype=np.int64)
-    for _ in range(_MAX_DIRICHLET_TRIES):
+    short = 0  # clients below min_size, summed over the failed draws
+    for tries in range(_MAX_DIRICHLET_TRIES):
+        if tries == _HOPELESS_AFTER and short / tries > _HOPELESS_SHORT:
+            # The short clients per draw are near Poisson: at a mean above 25, no draw
+            # of the remaining ones succeeds but with probability ~1000 e^-25 < 1e-7.
+            raise PartitionError(
+                f"dirichlet partition with alpha = {alpha} leaves on average "
+                f"{short / tries:.0f} of the {num_clients} clients with fewer than "
+                f"min_size = {min_size} samples per draw ({tries} draws): it cannot "
+                "succeed; raise alpha, lower min_size or use fewer clients"
+            )
         for members in class_members:
             props = rng.dirichlet(np.full(num_clients, alpha))
             cuts = np.round(np.cumsum(props) * members.size).astype(np.int64)
@@ -130,6 +141,7 @@ def dirichlet(
         if sizes.min() >= min_size:
             order = np.argsort(owner, kind="stable")  # by client, indices ascending
             return _split_by_sizes(order, sizes)
+        short += int((sizes < min_size).sum())
     raise PartitionError(
         f"dirichlet partition with alpha = {alpha} left some of the {num_clients} clients "
         f"with fewer than min_size = {min_size} samples in {_MAX_DIRICHLET_TRIES} draws; "
