@@ -75,6 +75,54 @@ def test_new_client_starts_from_global_batchnorm() -> None:
     assert torch.equal(store.gather([1])[0], torch.tensor([8.0, 7.0], dtype=F64))
     assert torch.equal(bn.start(1, glob), torch.tensor([1.0, 8.0, 7.0, 4.0], dtype=F64))
     assert torch.equal(bn.start(2, glob), glob)
+    for bad in (float("nan"), float("inf")):  # diverged training: the client keeps its own
+        bn.keep(1, torch.tensor([0.0, bad, 1.0, 0.0], dtype=F64))
+        bn.keep(2, torch.tensor([0.0, 1.0, bad, 0.0], dtype=F64))
+    assert torch.equal(store.gather([1])[0], torch.tensor([8.0, 7.0], dtype=F64))
+    assert not store.has(2)
+
+
+def test_a_diverged_round_leaves_every_client_able_to_train(make_data: MakeData) -> None:
+    """Round 0 at lr 1000 diverges everywhere (every update refused); round 1 at lr
+    0.1 must train as FedAvg does, not start from a NaN batch norm forever."""
+    data = make_data([60] * 4, dtype=torch.float32)
+    cfg = _cfg(num_clients=4, client_fraction=1.0, rounds=2, dtype="float32")
+    cfg = override(cfg, {"batch_size": 10, "lr": 1000.0, "lr_decay": 1e-4})
+    res = run(cfg, data, store=False)
+    assert sorted(c for r, c, _ in res.rejected if r == 0) == [0, 1, 2, 3]
+    assert not [c for r, c, _ in res.rejected if r == 1]
+    assert torch.isfinite(torch.tensor(res.rounds[1].train_loss))
+
+
+def test_the_finished_run_saves_each_clients_batch_norm(
+    data: FederatedData, tmp_path: Path
+) -> None:
+    """``final_params.pt`` holds each client's own entries: rebuilt with
+    ``client_params``, a client's model is the one its last round trained."""
+    from fedforge.algorithms.fedbn import client_params
+
+    exp = build(_cfg(rounds=3, runs_dir=str(tmp_path)), data)
+    res = run(exp.cfg, data)
+    assert res.run_dir is not None
+    final = torch.load(res.run_dir / "final_params.pt")
+    personal = final["personal"]
+    seen = personal["client_ids"].tolist()
+    assert seen == sorted(seen) and 0 < len(seen) <= 5
+    mask = local_mask(exp.spec)
+    assert torch.equal(personal["mask"], mask)
+    # replay independently: every round's state through the same loop, in memory
+    replay = build(exp.cfg, data)
+    state = LoopState.fresh(replay)
+    for r in range(3):
+        run_round(replay, state, r, Progress(1, "t", enabled=False))
+    store = replay.algorithm.personal.store  # type: ignore[union-attr]
+    assert store.written() == seen
+    for k in range(5):
+        want = state.params.clone()
+        if store.has(k):
+            want[mask] = store.gather([k])[0]
+        assert torch.equal(client_params(final, k), want)
+    assert torch.equal(final["params"], res.params)
 
 
 def test_local_training_updates_running_statistics_in_the_vector(data: FederatedData) -> None:

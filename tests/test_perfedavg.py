@@ -288,6 +288,15 @@ def test_local_epochs_is_one_meta_round() -> None:
         ({"personal_eval": {"steps": 1}}, "personal_eval.steps"),  # needs eval_clients
         ({"eval_clients": True, "personal_eval": {"steps": -1}}, "personal_eval.steps"),
         ({"eval_clients": True, "personal_eval": {"lr": 0}}, "personal_eval.lr"),
+        (  # null takes alpha = 0: personalisation steps of size 0
+            {
+                "algorithm": "perfedavg",
+                "perfedavg": {"alpha": 0},
+                "eval_clients": True,
+                "personal_eval": {"steps": 3},
+            },
+            "personal_eval.lr",
+        ),
         ({"algorithm": "perfedavg", "local": {"momentum": 0.9}}, "local.momentum"),
         ({"algorithm": "perfedavg", "stragglers": {"fraction": 0.5}}, "stragglers.fraction"),
         ({"algorithm": "perfedavg", "model": "cnn_bn"}, "model"),
@@ -297,3 +306,13 @@ def test_local_epochs_is_one_meta_round() -> None:
 def test_config_errors_name_the_field(extra: dict[str, Any], field: str) -> None:
     with pytest.raises(ConfigError, match=f"'{field}'"):
         _cfg(**extra)
+
+
+def test_the_start_line_shows_the_steps_a_perfedavg_run_takes() -> None:
+    """Per-FedAvg's steps are alpha and beta (null beta: the run's lr), not lr."""
+    from fedforge.config.personal import step_sizes
+
+    pfa = _cfg(algorithm="perfedavg", lr=0.1, perfedavg={"alpha": 0.03, "beta": 0.02, "steps": 4})
+    assert step_sizes(pfa) == "alpha=0.03 beta=0.02 steps=4"
+    assert step_sizes(_cfg(algorithm="perfedavg", lr=0.1)).startswith("alpha=0.01 beta=0.1 ")
+    assert step_sizes(_cfg(lr=0.1)) == "lr=0.1"

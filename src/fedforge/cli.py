@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fedforge import config as config_mod
+from fedforge.config.personal import step_sizes
 from fedforge.errors import ConfigError, FedforgeError, StopNow
 
 if TYPE_CHECKING:
@@ -118,7 +119,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     print(
         f"fedforge: {cfg.algorithm} {cfg.model} on {cfg.dataset}, {cfg.num_clients} clients "
         f"({cfg.partition.kind}), C={cfg.client_fraction} E={cfg.local_epochs} "
-        f"B={cfg.batch_size or 'all'} lr={cfg.lr}, up to {cfg.rounds} rounds",
+        f"B={cfg.batch_size or 'all'} {step_sizes(cfg)}, up to {cfg.rounds} rounds",
         flush=True,
     )
     result = run(cfg, progress=not args.quiet)

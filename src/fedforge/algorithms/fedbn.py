@@ -64,8 +64,32 @@ class LocalBatchNorm:
         return out
 
     def keep(self, client_id: int, params: torch.Tensor) -> None:
-        """Store the client's batch-norm entries after training."""
-        self.store.scatter([client_id], params[self.mask].unsqueeze(0))
+        """Store the client's batch-norm entries after training, unless training
+        diverged (a non-finite entry): the client then keeps what it had, as the
+        server keeps the global model when it refuses the update."""
+        entries = params[self.mask]
+        if bool(torch.isfinite(entries).all()):
+            self.store.scatter([client_id], entries.unsqueeze(0))
+
+    def final(self) -> dict[str, torch.Tensor]:
+        """Every client's entries as saved with a finished run (``final_params.pt``,
+        key ``personal``): the local mask, the ids of the clients seen, their rows."""
+        ids = self.store.written()
+        rows = self.store.gather(ids) if ids else torch.empty(0, self.store.size)
+        return {"mask": self.mask, "client_ids": torch.tensor(ids, dtype=torch.int64), "rows": rows}
+
+
+def client_params(final: dict[str, object], client_id: int) -> torch.Tensor:
+    """A client's own model from a finished FedBN run's ``final_params.pt`` (loaded
+    with ``torch.load``): the global vector with the client's batch-norm entries,
+    or the global ones for a client never sampled."""
+    params, personal = final["params"], final["personal"]
+    assert isinstance(params, torch.Tensor) and isinstance(personal, dict)
+    out = params.clone()
+    hits = (personal["client_ids"] == client_id).nonzero().flatten()
+    if len(hits):
+        out[personal["mask"]] = personal["rows"][int(hits[0])].to(out.dtype)
+    return out
 
 
 def fedbn(

@@ -95,7 +95,8 @@ class PersonalEntries(Protocol):
     (FedBN's batch norm). ``start`` puts the client's own values over the global
     vector (a client seen for the first time starts from the global ones), ``keep``
     stores them after training; the client sends zeros in their place and the
-    server never moves them in the global vector."""
+    server never moves them in the global vector. ``final`` is what a finished run
+    saves of them beside the global vector."""
 
     mask: torch.Tensor  # [P] bool: the personal entries
     tables: dict[str, ClientStateStore]  # its per-client tables, saved by checkpoints
@@ -103,6 +104,8 @@ class PersonalEntries(Protocol):
     def start(self, client_id: int, params: torch.Tensor) -> torch.Tensor: ...
 
     def keep(self, client_id: int, params: torch.Tensor) -> None: ...
+
+    def final(self) -> dict[str, torch.Tensor]: ...
 
 
 class ServerTerms(Protocol):

@@ -77,6 +77,13 @@ def validate_personal(cfg: Config) -> None:
             ("local.weight_decay", loc.weight_decay, loc.weight_decay == 0.0, why.format(0)),
             ("local.grad_clip", loc.grad_clip, loc.grad_clip is None, why.format("null")),
             (
+                "personal_eval.lr",
+                pev.lr,
+                pev.lr is not None or pev.steps == 0 or pfa.alpha > 0.0,
+                "must be a number > 0 when perfedavg.alpha = 0 (null takes alpha: "
+                "personalisation steps of size 0 would change nothing)",
+            ),
+            (
                 "stragglers.fraction",
                 cfg.stragglers.fraction,
                 cfg.stragglers.fraction == 0.0,
@@ -101,3 +108,13 @@ def validate_personal(cfg: Config) -> None:
     for name, value, ok, allowed in checks:
         if not ok:
             raise invalid(name, value, allowed)
+
+
+def step_sizes(cfg: Config) -> str:
+    """The local step sizes a run uses, as the CLI and ``fedforge show`` print them:
+    ``lr=...``, or Per-FedAvg's inner and outer steps and its meta-steps."""
+    if cfg.algorithm != "perfedavg":
+        return f"lr={cfg.lr}"
+    pfa = cfg.perfedavg
+    beta = cfg.lr if pfa.beta is None else pfa.beta
+    return f"alpha={pfa.alpha} beta={beta} steps={pfa.steps}"

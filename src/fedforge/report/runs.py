@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from fedforge.clienteval import summarize_accuracies
+from fedforge.config.personal import step_sizes
 from fedforge.report.progress import format_bytes
 from fedforge.store.runstore import RunInfo, RunStore
 
@@ -47,7 +48,7 @@ def format_run_summary(store: RunStore) -> str:
         f"created   {info.created}",
         f"config    {cfg.algorithm} {cfg.model} on {cfg.dataset}, {cfg.num_clients} clients, "
         f"{part.kind} partition" + (f" ({detail})" if detail else ""),
-        f"          C={cfg.client_fraction} E={cfg.local_epochs} B={batch} lr={cfg.lr} "
+        f"          C={cfg.client_fraction} E={cfg.local_epochs} B={batch} {step_sizes(cfg)} "
         f"seed={cfg.seed} engine={cfg.engine} dtype={cfg.dtype}",
         f"rounds    {len(rounds)} of {cfg.rounds}",
     ]

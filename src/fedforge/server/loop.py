@@ -169,7 +169,11 @@ def _settle(exp: Experiment, run_store: RunStore, result: RunResult, next_round:
         run_store.finish(result.summary, status="failed")
     else:
         tmp = run_store.path / "final_params.pt.tmp"
-        torch.save({"params": result.params, "names": exp.spec.names}, tmp)
+        final: dict[str, Any] = {"params": result.params, "names": exp.spec.names}
+        personal = exp.algorithm.personal
+        if personal is not None:  # FedBN: each client's model is its own batch norm
+            final["personal"] = personal.final()
+        torch.save(final, tmp)
         tmp.replace(run_store.path / "final_params.pt")
         run_store.finish(result.summary)
 
