@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterator, Sequence
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -394,3 +395,47 @@ def test_a_gathered_round_holds_each_update_once_in_arrival_order() -> None:
     gathering.add(Upload(9, torch.zeros(2), 1, 0.0, 8))
     with pytest.raises(RuntimeError, match="more uploads than the 3 tasks"):
         gathering.add(Upload(4, torch.zeros(2), 1, 0.0, 8))
+
+
+def _synthetic(tmp: Path, **extra: Any) -> Any:
+    base = {
+        "dataset": "synthetic", "model": "logreg", "num_clients": 10, "client_fraction": 1.0,
+        "rounds": 1, "target_accuracy": None, "dtype": "float64", "engine": "serial",
+        "runs_dir": str(tmp), "batch_size": 10, "lr": 0.01, "checkpoint_every": 0,
+        "robust.norm_gate": 3.5, "robust.attack": "scaled", "robust.attack_fraction": 0.2,
+        "robust.attack_scale": 50.0,
+    }  # fmt: skip
+    return override(Config(), {**base, **extra})
+
+
+@pytest.mark.parametrize("min_clients", [1, 10])
+def test_diagnostics_are_of_the_updates_the_aggregator_took(
+    tmp_path: Path, min_clients: int
+) -> None:
+    """Two scaled attackers refused by the norm gate are not in the round's figures
+    (they made the max norm ~20 and the ratio ~60); a round skipped for too few
+    clients took no update. Recomputed from the accepted clients' rows."""
+    res = run(_synthetic(tmp_path, **{"robust.min_clients": min_clients}))
+    assert len({c for _, c, _ in res.rejected}) == 2
+    assert res.run_dir is not None
+    with RunStore.open(res.run_dir) as store:
+        ((_, clients, cosine, median, top, ratio),) = store.read_rows("diagnostics")
+        norms = [c.update_norm for c in store.client_rounds(0)]
+    if min_clients == 10:  # 8 left: skipped
+        assert norms == [] and (clients, cosine, median, top) == (0, None, None, None)
+        return
+    assert clients == len(norms) == 8
+    assert top == pytest.approx(max(norms)) and median == pytest.approx(np.median(norms))
+    assert ratio == pytest.approx(max(norms) / np.median(norms)) and ratio < 5
+
+
+def test_loss_gaps_are_recorded_without_the_update_figures(tmp_path: Path) -> None:
+    cfg = _synthetic(tmp_path, **{"diagnostics.updates": False, "diagnostics.loss_gap": True})
+    res = run(cfg)
+    assert res.run_dir is not None
+    with RunStore.open(res.run_dir) as store:
+        assert store.read_rows("diagnostics") == []
+        gaps = store.read_rows("client_gaps")
+        used = {c.client_id: c.train_loss for c in store.client_rounds(0)}
+    assert {c: local for _, c, local, _, _ in gaps} == used and len(used) == 8
+    assert all(g == pytest.approx(glob - local) for _, _, local, glob, g in gaps)

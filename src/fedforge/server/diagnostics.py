@@ -1,7 +1,9 @@
 """Drift diagnostics (seed 002, section 3), logged every round, and the per-client
 evaluation rows of an evaluation round (``fedforge.clienteval``).
 
-Per round, over the accepted updates d_1..d_K the server decoded:
+Per round, over the accepted updates d_1..d_K the server decoded (those the
+aggregator took: after the checks and the cohort stages, e.g. a norm gate, and
+none in a round skipped for too few):
 
 - the mean pairwise cosine similarity. With u_i = d_i / ||d_i|| and s = sum u_i,
   ||s||^2 = sum_i ||u_i||^2 + sum_{i != j} u_i . u_j = K + sum_{i != j} cos_ij, so
@@ -58,11 +60,16 @@ def mean_pairwise_cosine(updates: torch.Tensor) -> float | None:
 class RoundDiagnostics:
     """One round's figures, fed one accepted update at a time."""
 
-    def __init__(self, size: int) -> None:
-        self.direction_sum = torch.zeros(size, dtype=torch.float64)  # s = sum of u_i
+    def __init__(self, size: int, updates: bool = True, loss_gap: bool = False) -> None:
+        self.size, self.updates, self.loss_gap = size, updates, loss_gap
+        self.global_loss: dict[int, float] = {}
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget the updates added so far (the round accepted none of them)."""
+        self.direction_sum = torch.zeros(self.size, dtype=torch.float64)  # s = sum of u_i
         self.directions = 0
         self.norms: list[float] = []
-        self.global_loss: dict[int, float] = {}
         self.train_loss: dict[int, float] = {}
 
     def before(self, exp: Experiment, client_ids: Sequence[int], params: torch.Tensor) -> None:
@@ -98,9 +105,11 @@ class RoundDiagnostics:
         median = float(np.median(norms)) if len(norms) else None
         top = float(norms.max()) if len(norms) else None
         ratio = top / median if median and top is not None else None
-        out: dict[str, list[tuple[Any, ...]]] = {
-            "diagnostics": [(round_idx, len(norms), self.mean_cosine, median, top, ratio)]
-        }
+        out: dict[str, list[tuple[Any, ...]]] = {}
+        if self.updates:
+            out["diagnostics"] = [(round_idx, len(norms), self.mean_cosine, median, top, ratio)]
+        if not self.loss_gap:
+            return out
         gaps = []
         for c, local in sorted(self.train_loss.items()):
             glob = self.global_loss.get(c)
@@ -133,9 +142,9 @@ def start_round(
     """The round's diagnostics (None when off or under secure aggregation), with the
     global model's loss on the cohort's data taken before the clients train."""
     cfg = exp.cfg.diagnostics
-    if not cfg.updates or secure:
+    if not (cfg.updates or cfg.loss_gap) or secure:
         return None
-    diag = RoundDiagnostics(exp.spec.size)
+    diag = RoundDiagnostics(exp.spec.size, cfg.updates, cfg.loss_gap)
     if cfg.loss_gap:
         diag.before(exp, client_ids, params)
     return diag
@@ -154,7 +163,8 @@ def end_round(
         return
     outputs.update(diag.rows(round_idx))
     cfg = exp.cfg.diagnostics
-    diag.warn(state, bar, round_idx, cfg.low_cosine, cfg.low_cosine_rounds)
+    if cfg.updates:
+        diag.warn(state, bar, round_idx, cfg.low_cosine, cfg.low_cosine_rounds)
 
 
 def evaluation_rows(

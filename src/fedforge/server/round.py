@@ -148,11 +148,13 @@ def _gathered_aggregate(
     round_idx: int,
     bar: Progress,
     faulty: int = 0,
+    diag: diagnostics.RoundDiagnostics | None = None,
 ) -> tuple[torch.Tensor | None, set[int]]:
     """Cohort stages, then the aggregator, over the accepted uploads as one
     ``[K, P]`` tensor; returns the aggregate (None if nothing is left) and the
     ids of the clients it used. ``faulty`` uploads were refused as malformed or
-    non-finite: Krum and Bulyan count them among their f (``discount_faulty``)."""
+    non-finite: Krum and Bulyan count them among their f (``discount_faulty``).
+    ``diag`` gets the updates the aggregator took."""
     uploads = gathering.uploads
     if not uploads:
         return None, set()
@@ -185,6 +187,10 @@ def _gathered_aggregate(
     except AggregationError as exc:  # e.g. Krum left with fewer than 2f + 3 updates
         _skip(state, bar, round_idx, str(exc))
         return None, set()
+    if diag is not None:
+        losses = {u.client_id: u.train_loss for u in uploads}
+        for c, row in zip(cohort.client_ids, cohort.updates, strict=True):
+            diag.add(c, row, losses[c])
     return aggregate, set(cohort.client_ids)
 
 
@@ -313,7 +319,7 @@ def run_round(
             continue
         sent_up += 1
         up.delta = pipeline.run_upload(up.delta, StageContext(round_idx, cfg.seed, up.client_id))
-        if diag is not None:
+        if diag is not None and acc is not None:  # streaming: accepted as it comes
             diag.add(up.client_id, up.delta, up.train_loss)
         extras[up.client_id] = up.extras
         clients[up.client_id] = ClientRecord(
@@ -342,8 +348,10 @@ def run_round(
         if why is not None:
             aggregate, clients = None, {}
             _skip(state, bar, round_idx, why)
+            if diag is not None:
+                diag.clear()
     else:
-        aggregate, used = _gathered_aggregate(exp, gathering, state, round_idx, bar, faulty)
+        aggregate, used = _gathered_aggregate(exp, gathering, state, round_idx, bar, faulty, diag)
         clients = {c: r for c, r in clients.items() if c in used}
     diagnostics.end_round(exp, diag, state.diagnostics, state.outputs, bar, round_idx)
     if secure is not None:  # the server sees only masked updates and their sum
