@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterator, Sequence
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
