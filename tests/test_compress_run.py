@@ -18,6 +18,7 @@ from conftest import RunStopped
 from fedforge.client import ClientTask, ClientUpload
 from fedforge.config import from_dict, override
 from fedforge.engines import Engine
+from fedforge.errors import ConfigError
 from fedforge.experiment import FederatedData, build
 from fedforge.report.progress import Progress
 from fedforge.server.loop import resume, run
@@ -256,6 +257,29 @@ def test_dense_ratios_count_the_messages_that_travelled(
         assert sum(used) < sum(r.cohort_size for r in res.rounds)
     assert 0.995 < res.summary["uplink_ratio"] < 1.0  # the wire headers
     assert 0.995 < res.summary["downlink_ratio"] < 1.0
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"aggregation_weights": "uniform"},  # would weight the edges, not the clients
+        {"privacy": {"dp": "central", "clip_norm": 1.0, "noise_multiplier": 0.1}},
+    ],
+    ids=["uniform-weights", "central-dp"],
+)
+def test_groups_refuse_what_the_edges_cannot_compute(
+    data: FederatedData, extra: dict[str, Any]
+) -> None:
+    with pytest.raises(ConfigError, match="communication.groups = 2"):
+        build(_cfg({"groups": 2}, **extra), data)
+
+
+def test_evaluation_rounds_follow_eval_every_across_upload_periods(data: FederatedData) -> None:
+    """Periods of 3, eval_every 2: every period's model holds a round due for
+    evaluation (2, 4, 6, 8, 10, 12 in 1-based rounds), so every period end is
+    evaluated, not only those whose last round is even (the 6th and the last)."""
+    res = run(_cfg({"upload_every": 3}, rounds=12, eval_every=2), data=data, store=False)
+    assert [r.round_idx for r in res.rounds if r.test_accuracy is not None] == [2, 5, 8, 11]
 
 
 def test_upload_every_2_trains_locally_and_uploads_once(data: FederatedData) -> None:

@@ -31,6 +31,18 @@ def test_fedadam_with_bias_correction_is_torch_adam() -> None:
         assert torch.allclose(x, ref.detach(), atol=1e-14, rtol=0)
 
 
+def test_fedyogi_with_bias_correction_first_step_by_hand() -> None:
+    """From v = 0: v_1 = (1 - b2) d^2 and m_1 = (1 - b1) d; corrected, both are
+    d^2 and d, so the first step is lr d / (|d| + tau), as Adam's. (Only m was
+    corrected: a step ~10x larger, lr sign(d) / sqrt(1 - b2).)"""
+    d = torch.tensor([0.1, -0.05, 0.2], dtype=torch.float64)
+    want = 0.01 * d / (d.abs() + 1e-3)
+    for kind in ("yogi", "adam"):
+        opt = ServerAdaptive(kind, lr=0.01, beta1=0.9, beta2=0.99, tau=1e-3, bias_correction=True)
+        step = opt.step(torch.zeros(3, dtype=torch.float64), d)
+        assert torch.allclose(step, want, rtol=1e-12, atol=0), kind
+
+
 def test_paper_form_by_hand() -> None:
     """Two steps of FedAdam, FedAdagrad and FedYogi on a scalar, worked by hand
     with v_{-1} = tau^2 and no bias correction."""
@@ -94,6 +106,15 @@ def test_from_config_and_validation() -> None:
     assert isinstance(from_config(Config()), ServerSGD)
     with pytest.raises(ConfigError, match="server_optimizer.beta2"):
         Config(server_optimizer=ServerOptimizerConfig(beta2=1.0))
+    ignored = [  # a field the chosen kind would ignore, set away from its default
+        ({"kind": "adam", "momentum": 0.9}, "server_optimizer.momentum"),
+        ({"kind": "sgd", "beta1": 0.5}, "server_optimizer.beta1"),
+        ({"kind": "sgd", "tau": 0.1}, "server_optimizer.tau"),
+        ({"kind": "sgd", "bias_correction": True}, "server_optimizer.bias_correction"),
+    ]
+    for fields, name in ignored:
+        with pytest.raises(ConfigError, match=name.replace(".", r"\.")):
+            Config(server_optimizer=ServerOptimizerConfig(**fields))  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="server_optimizer.kind"):
         from fedforge.config import override
 

@@ -100,3 +100,16 @@ def check_pipeline(cfg: Config, pipeline: Pipeline) -> None:
             f"'{pipeline.aggregator.name}' and {len(pipeline.cohort)} cohort stage(s). "
             "Set communication.groups = 0 or robust.aggregator = mean without gates"
         )
+    groups = cfg.communication.groups
+    if groups and cfg.aggregation_weights != "num_examples":
+        raise ConfigError(
+            f"communication.groups = {groups} needs aggregation_weights = 'num_examples' "
+            f"(each edge averages its clients by examples; '{cfg.aggregation_weights}' "
+            "would be applied to the edges, not the clients)"
+        )
+    if groups and cfg.privacy.dp == "central":
+        raise ConfigError(
+            f"communication.groups = {groups} cannot be combined with privacy.dp = 'central' "
+            "(its mean counts each client's clipped update; the edges would send their "
+            "means, each counted as one client)"
+        )

@@ -281,6 +281,7 @@ def _validate(cfg: Config) -> None:
             cfg.server_optimizer.tau > 0,
             "must be > 0",
         ),
+        *_unused_optimizer_fields(cfg.server_optimizer),
         ("partition.alpha", cfg.partition.alpha, cfg.partition.alpha > 0.0, "must be > 0"),
         ("partition.sigma", cfg.partition.sigma, cfg.partition.sigma >= 0.0, "must be >= 0"),
         (
@@ -294,6 +295,25 @@ def _validate(cfg: Config) -> None:
         if not ok:
             raise invalid(name, value, allowed)
     _validate_robust(cfg.robust)
+
+
+def _unused_optimizer_fields(so: ServerOptimizerConfig) -> list[tuple[str, Any, bool, str]]:
+    """Checks that refuse a field the chosen optimizer would ignore, when it is set
+    away from its default (momentum for the adaptive kinds; the moments for sgd)."""
+    default = ServerOptimizerConfig()
+    if so.kind != "sgd":
+        why = f"is used by kind 'sgd' only; kind '{so.kind}' ignores it: leave it at 0"
+        return [("server_optimizer.momentum", so.momentum, so.momentum == 0.0, why)]
+    why = "is used by the adaptive kinds (adagrad, adam, yogi); kind 'sgd' ignores it"
+    return [
+        (
+            f"server_optimizer.{name}",
+            getattr(so, name),
+            getattr(so, name) == getattr(default, name),
+            why,
+        )
+        for name in ("beta1", "beta2", "tau", "bias_correction")
+    ]
 
 
 def _validate_robust(r: RobustConfig) -> None:

@@ -10,8 +10,9 @@ FedAdam and FedYogi keep first and second moments of the aggregated delta:
     v_t = v_{t-1} - (1 - b2) D_t^2 sign(v_{t-1} - D_t^2)    (Yogi)
     x_{t+1} = x_t + lr m_t / (sqrt(v_t) + tau)
 
-with v_{-1} = tau^2 as in the paper. ``bias_correction=True`` divides m and v
-by (1 - b^t) and starts v at 0, which is torch.optim.Adam's update. Runs on
+with v_{-1} = tau^2 as in the paper. ``bias_correction=True`` starts v at 0 and
+divides m by (1 - b1^t) and, for Adam and Yogi, v by (1 - b2^t), which is
+torch.optim.Adam's update (Adagrad's v is a plain sum: not divided). Runs on
 the server; trusts the aggregate it is given.
 """
 
@@ -111,7 +112,7 @@ class ServerAdaptive:
         m_hat, v_hat = m, v
         if self.bias_correction:
             m_hat = m / (1 - self.beta1**self._t)
-            if self.kind == "adam":
+            if self.kind != "adagrad":  # Adam and Yogi decay v by b2: from 0, biased
                 v_hat = v / (1 - self.beta2**self._t)
         return params + self.lr * m_hat / (v_hat.sqrt() + self.tau)
 

@@ -379,7 +379,8 @@ def run_round(
     elif not state.skipped or state.skipped[-1][0] != round_idx:
         _skip(state, bar, round_idx, "no valid update")
     test_acc = test_loss = None
-    if (round_idx + 1) % cfg.eval_every == 0 or round_idx == cfg.rounds - 1:
+    every = cfg.eval_every  # a period's model is new at its end: due if any round of it was
+    if (round_idx + 1) // every > start // every or round_idx == cfg.rounds - 1:
         data = exp.data
         ev = evaluate(
             exp.model, exp.spec, state.params, data.test_x, data.test_y, cfg.eval_batch_size
