@@ -21,7 +21,7 @@ from fedforge.cli import main
 from fedforge.config import Config, load
 from fedforge.errors import DataError
 from fedforge.experiment import FederatedData
-from fedforge.store import RunStore
+from fedforge.store import RunStore, list_runs
 
 MakeData = Callable[..., FederatedData]
 
@@ -192,7 +192,7 @@ def test_run_in_process_on_tiny_data(
     runs = tmp_path / "runs"
     assert main(["run", "-c", str(tiny_config), "--runs-dir", str(runs), "-q"]) == 0
     out, err = capsys.readouterr()
-    assert "fedforge: fedavg 2nn on mnist, 4 clients (iid), C=0.5" in out
+    assert "fedforge: fedavg 2nn on mnist, 4 clients (iid partition), C=0.5" in out
     assert "rounds done      2" in out
     (run_dir,) = runs.iterdir()
     assert str(run_dir) in out
@@ -344,6 +344,27 @@ def test_a_stopped_sweep_exits_with_the_signal(
     argv = ["sweep", str(tiny_config), "--set", "rounds=3", "--grid", "lr=0.1,0.2"]
     assert main([*argv, "--runs-dir", str(runs), "-q"]) == 143
     assert "(stopped)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", ["sweep", "compare-iid"])
+def test_a_signal_in_a_points_last_round_stops_after_that_point(
+    tiny_config: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    signalled: Callable[[int], None],
+    command: str,
+) -> None:
+    """Round 1 is the last: the point finishes (nothing to resume), but the sweep
+    or comparison must not go on to the next run (it did, and exited 0)."""
+    signalled(1)
+    runs = tmp_path / "runs"
+    more = ["--grid", "lr=0.1,0.2"] if command == "sweep" else ["--set", "partition.kind=shards"]
+    argv = [command, str(tiny_config), "--set", "rounds=2", *more]
+    assert main([*argv, "--runs-dir", str(runs), "-q"]) == 143
+    (only,) = list_runs(runs)
+    assert only.status == "finished" and only.rounds_done == 2
+    if command == "compare-iid":
+        assert "the configured run did not start: stopped by SIGTERM" in capsys.readouterr().out
 
 
 def test_runs_and_show_name_what_is_wrong(

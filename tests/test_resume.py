@@ -454,3 +454,36 @@ def test_a_run_killed_before_its_first_checkpoint_resumes_from_the_start(
     assert [r.test_loss for r in got.rounds] == [r.test_loss for r in want.rounds]
     with RunStore.open(run_dir) as store:
         assert len(store.rounds()) == 4 and store.status == "finished"
+
+
+def test_resume_refuses_a_run_that_finished_while_it_was_building(
+    make_data: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The status is read again once the lock is held: a resume started while the
+    run was live, whose build outlasted the run, must not rewind the finished run."""
+    from fedforge.server import loop
+    from fedforge.store import CheckpointError
+
+    data = make_data([7, 12, 5, 9], dtype=torch.float64)
+    base = {
+        "model": "2nn", "num_clients": 4, "client_fraction": 0.5, "batch_size": 4,
+        "rounds": 2, "target_accuracy": None, "dtype": "float64",
+        "runs_dir": str(tmp_path),
+    }  # fmt: skip
+    done = run(from_dict(base), data)
+    assert done.run_dir is not None
+    with RunStore.open(done.run_dir) as store:
+        summary = store.summary()
+        store.finish({}, status="running")  # as if still live when resume looked
+    real_build = loop.build
+
+    def slow_build(cfg: Any, data: Any = None) -> Any:
+        with RunStore.open(done.run_dir) as other:  # meanwhile, the live run ends
+            other.finish(summary or {})
+        return real_build(cfg, data)
+
+    monkeypatch.setattr(loop, "build", slow_build)
+    with pytest.raises(CheckpointError, match="is finished"):
+        resume(done.run_dir, data=data)
+    with RunStore.open(done.run_dir) as store:
+        assert store.status == "finished" and len(store.rounds()) == 2

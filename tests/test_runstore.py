@@ -151,6 +151,19 @@ def test_open_rejects_non_runs(tmp_path: Path) -> None:
         RunStore.open(other)
 
 
+def test_a_newer_store_says_so_and_a_renamed_run_lists_by_its_directory(tmp_path: Path) -> None:
+    (path,) = _make_runs(tmp_path, ["alpha"])
+    renamed = path.with_name(path.name.replace("alpha", "beta"))
+    path.rename(renamed)
+    (info,) = list_runs(tmp_path)
+    assert info.run_id == renamed.name  # what `show` and `resume` take
+    conn = sqlite3.connect(renamed / "store.sqlite")
+    conn.execute("PRAGMA user_version = 9")
+    conn.close()
+    with pytest.raises(StoreError, match=r"newer fedforge \(schema version 9; this one reads 1"):
+        RunStore.open(renamed)
+
+
 def _make_runs(root: Path, names: list[str]) -> list[Path]:
     paths = []
     for name in names:
@@ -214,6 +227,6 @@ def test_format_run_summary(tmp_path: Path) -> None:
         assert "target" not in text
         store.finish({"rounds_to_target": 3, "wall_seconds": 3725.0}, status="failed")
         text = format_run_summary(store)
-        assert "[failed]" in text and "reached in 3 rounds" in text and "1h 02m 05s" in text
+        assert "[failed]" in text and "reached in 3.0 rounds" in text and "1h 02m 05s" in text
         with pytest.raises(StoreError, match="allowed"):
             store.finish({}, status="done")

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from fedforge.cli import main
-from fedforge.config import from_dict
+from fedforge.config import describe_split, from_dict
 from fedforge.errors import ConfigError
 from fedforge.store import list_runs
 from fedforge.sweep import PointResult, grid_points, iid_config, knee, parse_grid
@@ -56,6 +56,38 @@ def test_knee_by_hand() -> None:
     assert knee(rows) == 2
     assert knee(rows[:2]) is None
     assert knee([_point(1, 0.5), _point(2, 0.6), _point(3, 0.7)]) is None  # a straight line
+    # no trade-off: the same bytes (or the same accuracy) everywhere has no knee
+    assert knee([_point(5, 0.5), _point(5, 0.9), _point(5, 0.7)]) is None
+    assert knee([_point(1, 0.9), _point(2, 0.9), _point(3, 0.9)]) is None
+
+
+def test_grid_points_that_resolve_to_one_run_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump({**TINY, "runs_dir": str(tmp_path / "runs")}))
+    argv = ["sweep", str(path), "--grid", "algorithm=fedsgd", "--grid", "local_epochs=1,5"]
+    assert main([*argv, "-q"]) == 2  # fedsgd forces E = 1: two labels, one run
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_rerun_reuses_points_however_runs_dir_is_spelled_and_skips_unreadable_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_thread: None
+) -> None:
+    import sqlite3
+
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(TINY))
+    argv = ["sweep", str(path), "--grid", "lr=0.01", "-q"]
+    for spelling in ("s", "s/", str(tmp_path / "s"), "./s"):
+        assert main([*argv, "--runs-dir", spelling]) == 0
+    (run,) = list_runs(tmp_path / "s")
+    # a same-named run whose config this version refuses: not this job, not a blocker
+    conn = sqlite3.connect(run.path / "store.sqlite")
+    conn.execute("UPDATE runs SET config_json = ?", ('{"lr": -1, "name": "tiny-lr=0.01"}',))
+    conn.commit()
+    conn.close()
+    assert main([*argv, "--runs-dir", "s"]) == 0
+    assert len(list_runs(tmp_path / "s")) == 2
 
 
 def test_sweep_two_points_end_to_end_and_resumable(
@@ -89,6 +121,8 @@ def test_compare_iid(tmp_path: Path, capsys: pytest.CaptureFixture[str], one_thr
     assert names == ["tiny", "tiny-iid"]
     cfg = from_dict(TINY)
     assert iid_config(cfg).synthetic.iid
+    assert describe_split(cfg) == "Synthetic(1.0, 1.0) users"  # not "iid": no partition
+    assert describe_split(iid_config(cfg)) == "Synthetic-IID users"
     mnist = from_dict({**TINY, "dataset": "mnist", "partition": {"kind": "shards"}})
     assert iid_config(mnist).partition.kind == "iid"
     with pytest.raises(ConfigError, match="already 'iid'"):

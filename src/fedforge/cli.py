@@ -118,7 +118,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     print(
         f"fedforge: {cfg.algorithm} {cfg.model} on {cfg.dataset}, {cfg.num_clients} clients "
-        f"({cfg.partition.kind}), C={cfg.client_fraction} E={cfg.local_epochs} "
+        f"({config_mod.describe_split(cfg)}), C={cfg.client_fraction} E={cfg.local_epochs} "
         f"B={cfg.batch_size or 'all'} {step_sizes(cfg)}, up to {cfg.rounds} rounds",
         flush=True,
     )
@@ -174,7 +174,7 @@ def _cmd_compare_iid(args: argparse.Namespace) -> int:
 
     iid, own = compare_iid(_resolve_config(args), progress=not args.quiet)
     print(format_compare(iid, own))
-    return _stopped_status((iid.stopped, own.stopped))
+    return _stopped_status((iid.stopped, own.stopped if own is not None else None))
 
 
 def _stopped_status(stopped: Iterable[str | None]) -> int:

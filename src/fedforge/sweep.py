@@ -46,7 +46,7 @@ class PointResult:
     best_accuracy: float | None
     rounds_to_target: float | None
     total_bytes: int
-    stopped: str | None = None  # the signal that stopped the point (e.g. 'SIGINT')
+    stopped: str | None = None  # a signal that came during the point (e.g. 'SIGINT')
 
 
 def parse_grid(items: Sequence[str]) -> list[tuple[str, list[Any]]]:
@@ -78,12 +78,15 @@ def point_config(cfg: Config, point: dict[str, Any]) -> Config:
 
 
 def _same(a: Config, b: Config) -> bool:
-    """The same job, wherever its data is read from."""
-    return override(a, {"data_dir": None}) == override(b, {"data_dir": None})
+    """The same job, wherever its data is read from, however its runs directory is
+    spelled (the run was found in it)."""
+    where = {"data_dir": None, "runs_dir": "runs"}
+    return override(a, where) == override(b, where)
 
 
 def _existing(cfg: Config) -> tuple[Path | None, str | None]:
     """The newest run of ``cfg`` in its runs_dir, and its status."""
+    from fedforge.errors import StoreError
     from fedforge.store import RunStore, list_runs
 
     runs_dir = Path(cfg.runs_dir)
@@ -93,7 +96,11 @@ def _existing(cfg: Config) -> tuple[Path | None, str | None]:
         if info.name != cfg.name or info.status == "unreadable":
             continue
         with RunStore.open(info.path) as store:
-            if _same(store.config(), cfg):
+            try:
+                stored = store.config()
+            except StoreError:  # e.g. written by a version with other fields: not this job
+                continue
+            if _same(stored, cfg):
                 return info.path, info.status
     return None, None
 
@@ -136,7 +143,7 @@ def run_point(
         result = run(cfg, data=data, progress=progress)
     assert result.run_dir is not None
     status = "failed" if result.stopped else "finished"
-    return _result(point, result.run_dir, status, result.stopped)
+    return _result(point, result.run_dir, status, result.stopped or result.signalled)
 
 
 def run_sweep(
@@ -147,18 +154,36 @@ def run_sweep(
     echo: Callable[[str], None] | None = None,
 ) -> list[PointResult]:
     """Every point of ``grid`` in sequence (``data_fn``: the data of a point's
-    config, None to load it); stops early when a point was stopped by a signal."""
+    config, None to load it); stops after a point a signal came to (stopped, or
+    finished in the round it came)."""
     points = grid_points(grid)
     configs = [point_config(cfg, p) for p in points]  # every point validated up front
+    _refuse_repeats(points, configs)
     results = []
     for k, (point, pcfg) in enumerate(zip(points, configs, strict=True)):
         if echo is not None:
             echo(f"sweep: point {k + 1}/{len(points)}: {pcfg.name}")
         res = run_point(pcfg, point, data_fn(pcfg) if data_fn else None, progress)
         results.append(res)
-        if res.status == "failed":
+        if res.stopped is not None:
             break
     return results
+
+
+def _refuse_repeats(points: Sequence[dict[str, Any]], configs: Sequence[Config]) -> None:
+    """Two points that resolve to the same run (a config forcing a field, e.g.
+    fedsgd's E = 1 and B = all) would run it twice under labels that never ran."""
+    seen: list[tuple[Config, dict[str, Any]]] = []
+    for point, pcfg in zip(points, configs, strict=True):
+        key = override(pcfg, {"name": "point"})  # the names differ; nothing else may
+        twin = next((p for c, p in seen if c == key), None)
+        if twin is not None:
+            raise ConfigError(
+                f"grid points {twin} and {point} are the same run once the config is "
+                "resolved (e.g. algorithm fedsgd forces local_epochs = 1 and batch_size = "
+                "null, perfedavg local_epochs = 1); sweep such values separately"
+            )
+        seen.append((key, point))
 
 
 def knee(results: Sequence[PointResult]) -> int | None:
@@ -172,7 +197,9 @@ def knee(results: Sequence[PointResult]) -> int | None:
         return None
     accs = [a for _, a, _ in pts]
     b0, a0, b1, a1 = pts[0][0], pts[0][1], pts[-1][0], pts[-1][1]
-    span_b, span_a = (b1 - b0) or 1, (max(accs) - min(accs)) or 1.0
+    if b1 == b0 or max(accs) == min(accs):  # no trade-off to find a knee in
+        return None
+    span_b, span_a = b1 - b0, max(accs) - min(accs)
     best, where = 0.0, None
     for b, a, i in pts[1:-1]:
         x, y = (b - b0) / span_b, (a - a0) / span_a
@@ -227,21 +254,29 @@ def iid_config(cfg: Config) -> Config:
 
 def compare_iid(
     cfg: Config, data_fn: DataFn | None = None, progress: bool = False
-) -> tuple[PointResult, PointResult]:
-    """(IID, configured) runs of ``cfg``, each reused or resumed like a sweep point."""
+) -> tuple[PointResult, PointResult | None]:
+    """(IID, configured) runs of ``cfg``, each reused or resumed like a sweep point;
+    the configured one is None when a signal came during the IID run."""
     iid = iid_config(cfg)
     first = run_point(iid, {"split": "iid"}, data_fn(iid) if data_fn else None, progress)
+    if first.stopped is not None:
+        return first, None
     own = run_point(cfg, {"split": "configured"}, data_fn(cfg) if data_fn else None, progress)
     return first, own
 
 
-def format_compare(iid: PointResult, own: PointResult) -> str:
-    """The two runs and the accuracy gap (IID minus configured)."""
+def format_compare(iid: PointResult, own: PointResult | None) -> str:
+    """The two runs and the accuracy gap (IID minus configured); no gap when either
+    was stopped, or the configured one never ran."""
 
     def gap(a: float | None, b: float | None) -> str:
         return "-" if a is None or b is None else f"{a - b:+.4f}"
 
+    if own is None:
+        return f"{format_sweep([iid])}\nthe configured run did not start: stopped by {iid.stopped}"
     table = format_sweep([iid, own])
+    if "failed" in (iid.status, own.status):
+        return f"{table}\nno gap: a run was stopped before its end"
     return (
         f"{table}\n"
         f"gap (iid - configured): final {gap(iid.final_accuracy, own.final_accuracy)}, "

@@ -26,9 +26,11 @@ from fedforge.config.schema import (
     ServerOptimizerConfig,
     ServerOptimizerKind,
     UplinkCodec,
+    describe_split,
 )
 
 __all__ = [
+    "describe_split",
     "AggregatorName",
     "Algorithm",
     "AttackName",

@@ -204,6 +204,20 @@ class Config:
         validate_noniid(self)
 
 
+def describe_split(cfg: Config) -> str:
+    """How the run's data is spread over clients, as the CLI and ``show`` print it."""
+    if cfg.dataset == "synthetic":  # its users are its clients: no partition
+        syn = cfg.synthetic
+        return "Synthetic-IID users" if syn.iid else f"Synthetic({syn.alpha}, {syn.beta}) users"
+    part = cfg.partition
+    detail = {
+        "shards": f"{part.shards_per_client} shards/client",
+        "dirichlet": f"alpha={part.alpha}",
+        "quantity": f"sigma={part.sigma}",
+    }.get(part.kind)
+    return f"{part.kind} partition" + (f" ({detail})" if detail else "")
+
+
 def _validate(cfg: Config) -> None:
     checks: list[tuple[str, Any, bool, str]] = [
         ("num_clients", cfg.num_clients, cfg.num_clients >= 1, "must be an integer >= 1"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from fedforge.clienteval import summarize_accuracies
+from fedforge.config import describe_split
 from fedforge.config.personal import step_sizes
 from fedforge.report.progress import format_bytes
 from fedforge.store.runstore import RunInfo, RunStore
@@ -35,19 +36,13 @@ def format_run_summary(store: RunStore) -> str:
     """The text printed by ``fedforge show RUN``."""
     info, cfg, rounds = store.info(), store.config(), store.rounds()
     summary = store.summary() or {}
-    part = cfg.partition
-    detail = {
-        "shards": f"{part.shards_per_client} shards/client",
-        "dirichlet": f"alpha={part.alpha}",
-        "quantity": f"sigma={part.sigma}",
-    }.get(part.kind)
     batch = "all" if cfg.batch_size is None else cfg.batch_size
     lines = [
         f"run       {info.run_id}  [{info.status}]",
         f"path      {store.path}",
         f"created   {info.created}",
         f"config    {cfg.algorithm} {cfg.model} on {cfg.dataset}, {cfg.num_clients} clients, "
-        f"{part.kind} partition" + (f" ({detail})" if detail else ""),
+        f"{describe_split(cfg)}",
         f"          C={cfg.client_fraction} E={cfg.local_epochs} B={batch} {step_sizes(cfg)} "
         f"seed={cfg.seed} engine={cfg.engine} dtype={cfg.dtype}",
         f"rounds    {len(rounds)} of {cfg.rounds}",
@@ -61,14 +56,17 @@ def format_run_summary(store: RunStore) -> str:
         if best and last
         else "accuracy  not evaluated"
     )
-    if "rounds_to_target" in summary:
+    target = summary.get("target_accuracy", cfg.target_accuracy)
+    if "rounds_to_target" in summary and isinstance(target, int | float):
         reached = summary["rounds_to_target"]
-        target = summary.get("target_accuracy", cfg.target_accuracy)
-        result = "not reached" if reached is None else f"reached in {reached} rounds"
+        ok = isinstance(reached, int | float)
+        result = f"reached in {reached:.1f} rounds" if ok else "not reached"
         lines.append(f"target    {target}: {result}")
     up, down = sum(r.bytes_up for r in rounds), sum(r.bytes_down for r in rounds)
     lines.append(f"bytes     up {format_bytes(up)}, down {format_bytes(down)}")
-    wall = summary.get("wall_seconds", sum(r.seconds for r in rounds))
+    wall = summary.get("wall_seconds")
+    if not isinstance(wall, int | float):  # an unfinished run's (or a damaged summary's)
+        wall = sum(r.seconds for r in rounds)
     lines.append(f"wall time {_fmt_seconds(float(wall))}")
     lines.extend(noniid_lines(store))
     if info.status == "failed" and summary.get("error"):

@@ -62,6 +62,9 @@ class RunResult:
     rejected: list[tuple[int, int, str]] = field(default_factory=list)  # round, client, why
     skipped: list[tuple[int, str]] = field(default_factory=list)  # round, why
     stopped: str | None = None  # the signal that stopped the run early (e.g. 'SIGTERM')
+    # a signal that came during the round that ended the run anyway (its last, or
+    # the one reaching the target): the run is finished, a sweep stops after it
+    signalled: str | None = None
 
 
 def run(
@@ -95,10 +98,13 @@ def resume(
     run_store = RunStore.open(run_dir)
     lock = RunLock(run_store.path)
     try:
+        finished = f"run '{run_store.path}' is finished; there is nothing to resume"
         if run_store.status == "finished":
-            raise CheckpointError(f"run '{run_store.path}' is finished; there is nothing to resume")
+            raise CheckpointError(finished)
         exp = build(run_store.config(), data)
         lock.acquire()  # refuses while another process still writes the run
+        if run_store.status == "finished":  # it was running, and ended while we built
+            raise CheckpointError(finished)
         if list_checkpoints(run_store.path):
             tables = client_tables(exp)  # EF residuals, SCAFFOLD controls
             ckpt = load_latest(run_store.path, tables)
@@ -291,6 +297,7 @@ def _rounds(
         rejected=state.rejected,
         skipped=state.skipped,
         stopped=stopped,
+        signalled=stop.name if stopped is None and stop.signum is not None else None,
     )
 
 

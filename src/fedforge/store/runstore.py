@@ -165,11 +165,17 @@ class RunStore:
             ok = version in READABLE_VERSIONS and count == 1
             problem = "" if ok else "unexpected content"
             problem += f" (schema version {version}, {count} run rows)" if problem else ""
+            if isinstance(version, int) and version > max(READABLE_VERSIONS):
+                problem = (
+                    f"written by a newer fedforge (schema version {version}; this one "
+                    f"reads {', '.join(map(str, READABLE_VERSIONS))})"
+                )
         except sqlite3.Error as exc:
             problem = str(exc)
         if problem:
             conn.close()
-            raise StoreError(f"run store '{path / DB_NAME}' is corrupt or not a run: {problem}")
+            what = "unreadable" if problem.startswith("written by") else "corrupt or not a run"
+            raise StoreError(f"run store '{path / DB_NAME}' is {what}: {problem}")
         return cls(path, conn)
 
     def close(self) -> None:
@@ -321,12 +327,14 @@ class RunStore:
 
     def info(self) -> RunInfo:
         """The run's line in ``fedforge runs``."""
-        run_id, name, created, status, config_json = self._query(
-            "SELECT id, name, created, status, config_json FROM runs"
+        name, created, status, config_json = self._query(
+            "SELECT name, created, status, config_json FROM runs"
         )[0]
         done, best = self._query("SELECT COUNT(*), MAX(test_accuracy) FROM rounds")[0]
         planned = self._json("config_json", config_json).get("rounds")
-        return RunInfo(run_id, name, self._path, created, status, done, planned, best)
+        # the directory's name, which `show` and `resume` take (a copied or renamed
+        # run keeps its first id in the database)
+        return RunInfo(self._path.name, name, self._path, created, status, done, planned, best)
 
     def config(self) -> Config:
         """The run's config, rebuilt from the database."""
