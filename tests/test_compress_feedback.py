@@ -71,6 +71,21 @@ def test_error_feedback_sends_what_was_dropped_next_time() -> None:
     assert torch.equal(store.gather([0])[0], torch.zeros(4, dtype=F64))
 
 
+def test_a_diverged_update_keeps_the_old_residual() -> None:
+    """A NaN or inf delta (local training blew up; the server refuses it) must not
+    become the residual: it would poison every later update of the client."""
+    store = MemoryStateStore(1, 4, F64)
+    ef = ErrorFeedback(TopK(0.25), store)
+    ef.encode(torch.tensor([4.0, -3.0, 2.0, 1.0], dtype=F64), CodecContext(0, 0, 0))
+    kept = store.gather([0])[0].clone()
+    assert torch.equal(kept, torch.tensor([0.0, -3.0, 2.0, 1.0], dtype=F64))
+    for bad in (float("nan"), float("inf")):
+        ef.encode(torch.tensor([1.0, bad, 0.0, 0.0], dtype=F64), CodecContext(0, 1, 0))
+        assert torch.equal(store.gather([0])[0], kept)
+    tensors, meta = ef.encode(torch.zeros(4, dtype=F64), CodecContext(0, 2, 0))
+    assert torch.isfinite(ef.decode(tensors, meta, 4, F64, CodecContext(0, 2, 0))).all()
+
+
 def test_clip_bounds_the_norm_and_keeps_small_deltas() -> None:
     clip = Clip(2.0)
     ctx = StageContext(0, 0, 1)

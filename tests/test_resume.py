@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -42,6 +43,7 @@ from fedforge.store import (
     read_metrics,
     save_checkpoint,
 )
+from fedforge.store import checkpoint as checkpoint_module
 from fedforge.store.client_state import load_rows, save_rows
 
 # A tiny real job: 3 clients of 100 MNIST examples a round, 2 steps each, float64.
@@ -107,6 +109,57 @@ def test_memmap_store_is_sparse_and_lazy(tmp_path: Path) -> None:
     store.close()
 
 
+@pytest.mark.parametrize("failure", ["enospc", "short"])
+def test_a_full_disk_is_a_store_error_not_a_sigbus(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: str
+) -> None:
+    """Rows are written with pwrite: a full disk raises (through the mapping it was
+    a SIGBUS that killed the process, the run left 'running')."""
+    import errno
+
+    store = MemmapStateStore(10, 1000, tmp_path / "state", torch.float32)
+    store.scatter([1], torch.ones(1, 1000))
+
+    def full(fd: int, data: bytes, offset: int) -> int:
+        if failure == "short":
+            return len(data) // 2
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", full)
+    with pytest.raises(StoreError, match=r"client 3's state .*(No space|disk full)"):
+        store.scatter([3], torch.ones(1, 1000))
+    assert store.written() == [1]  # the failed row is not taken as written
+
+
+def test_working_tables_are_removed_with_their_store_and_their_process(tmp_path: Path) -> None:
+    import gc
+    import tempfile
+
+    from fedforge.store.client_state import working_dir
+
+    where = working_dir("test")
+    store = make_state_store(10, 101, torch.float32, where, 4000, remove_dir=True)
+    store.scatter([3], torch.ones(1, 101))
+    assert where.is_dir() and where.name.startswith(f"fedforge-state-{os.getpid()}-test-")
+    del store
+    gc.collect()
+    assert not where.exists()
+    # a killed run's table (its process is gone) goes at the next table's creation
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    orphan = Path(tempfile.gettempdir()) / f"fedforge-state-{gone.stdout.strip()}-fedbn-abc123"
+    orphan.mkdir()
+    (orphan / "client_state.f32.memmap").write_bytes(b"x")
+    live = Path(tempfile.gettempdir()) / f"fedforge-state-{os.getpid()}-fedbn-abc123"
+    live.mkdir()
+    try:
+        working_dir("test")
+        assert not orphan.exists() and live.is_dir()
+    finally:
+        shutil.rmtree(live, ignore_errors=True)
+        shutil.rmtree(orphan, ignore_errors=True)
+
+
 def test_make_state_store_picks_by_budget(tmp_path: Path) -> None:
     small = make_state_store(10, 100, torch.float32, tmp_path, memory_budget_bytes=4000)
     big = make_state_store(10, 101, torch.float32, tmp_path, memory_budget_bytes=4000)
@@ -168,13 +221,28 @@ def test_checkpoint_round_trip_and_keep_two(tmp_path: Path) -> None:
     assert not any(p.name.startswith(".") for p in (tmp_path / "checkpoints").iterdir())
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate", "no-meta"])
+@pytest.mark.parametrize(
+    "damage", ["flip", "truncate", "no-meta", "meta-ids", "meta-ids-unchecked", "meta-ids-repeat"]
+)
 def test_bad_latest_checkpoint_falls_back(tmp_path: Path, damage: str) -> None:
+    """Any damage, including to the row ids that live only in meta.json (7 -> 6
+    gave client 7's state to client 6, with every file's checksum intact)."""
+    table = MemoryStateStore(9, 4, torch.float32)
+    table.scatter([2, 7], torch.arange(8, dtype=torch.float32).reshape(2, 4))
     for r in (2, 4):
-        save_checkpoint(tmp_path, _ckpt(r))
+        save_checkpoint(tmp_path, _ckpt(r), table)
     latest = tmp_path / "checkpoints" / "round-000004"
     tensors = latest / "state.safetensors"
-    if damage == "flip":
+    if damage.startswith("meta-ids"):
+        meta = json.loads((latest / "meta.json").read_text())
+        meta["client_state"]["residual"]["ids"] = [2, 6] if damage != "meta-ids-repeat" else [2, 2]
+        if damage != "meta-ids":  # the digest recomputed (or an older checkpoint): the ids
+            meta["meta_sha256"] = checkpoint_module._meta_digest(meta)  # are checked too
+            if damage == "meta-ids-unchecked":
+                meta["client_state"]["residual"]["ids"] = [2, 9]  # past num_clients
+                del meta["meta_sha256"]
+        (latest / "meta.json").write_text(json.dumps(meta))
+    elif damage == "flip":
         data = bytearray(tensors.read_bytes())
         data[-5] ^= 0x01
         tensors.write_bytes(bytes(data))
@@ -183,12 +251,14 @@ def test_bad_latest_checkpoint_falls_back(tmp_path: Path, damage: str) -> None:
     else:
         (latest / "meta.json").unlink()
     messages: list[str] = []
-    got = load_latest(tmp_path, warn_fn=messages.append)
+    restored = MemoryStateStore(9, 4, torch.float32)
+    got = load_latest(tmp_path, restored, warn_fn=messages.append)
     assert got.next_round == 2 and torch.equal(got.params, _ckpt(2).params)
+    assert restored.written() == [2, 7] and torch.equal(restored.gather([7]), table.gather([7]))
     assert len(messages) == 1 and "\n" not in messages[0]
     assert "round-000004" in messages[0] and "using round-000002" in messages[0]
-    with pytest.raises(CheckpointError):
-        load_checkpoint(latest)
+    with pytest.raises(StoreError):
+        load_checkpoint(latest, MemoryStateStore(9, 4, torch.float32))
 
 
 def test_no_good_checkpoint_is_a_clear_error(tmp_path: Path) -> None:

@@ -26,9 +26,10 @@ from fedforge.engines.serial import SerialEngine
 from fedforge.errors import ConfigError
 from fedforge.experiment import FederatedData, build
 from fedforge.pipeline import Pipeline
+from fedforge.report.progress import Progress
 from fedforge.server.loop import _stalled, run
 from fedforge.server.optimizers import ServerSGD
-from fedforge.server.round import Gathering, Upload
+from fedforge.server.round import Gathering, Upload, run_round
 from fedforge.server.state import LoopState
 from fedforge.stages.validate import NormGate, robust_z
 from fedforge.store import AnomalyRecord, RunStore
@@ -406,6 +407,36 @@ def _synthetic(tmp: Path, **extra: Any) -> Any:
         "robust.attack_scale": 50.0,
     }  # fmt: skip
     return override(Config(), {**base, **extra})
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "table"),
+    [("scaffold", "control"), ("fedavg", "residual"), ("fedbn", "batchnorm")],
+)
+@pytest.mark.parametrize("engine", ["serial", "vectorized"])
+def test_a_withheld_update_leaves_the_clients_state_alone(
+    make_data: MakeData, algorithm: str, table: str, engine: str
+) -> None:
+    """The gate decides before the client keeps anything: a withheld client's
+    SCAFFOLD control, error-feedback residual or FedBN batch norm is unchanged
+    (c stopped being the mean of the c_k when its new c_k was kept unsent)."""
+    from fedforge.experiment import client_tables
+
+    data = make_data([10, 12, 14, 9])
+    extra: dict[str, Any] = {"algorithm": algorithm, "engine": engine}
+    if algorithm == "fedavg":
+        extra["communication"] = {"uplink": "topk", "fraction": 0.1, "error_feedback": True}
+    if algorithm == "fedbn":
+        extra["model"] = "cnn_bn"
+    cfg = override(tiny(4, client_gate=True, holdout_fraction=0.3, rounds=1), extra)
+    exp = build(cfg, data)
+    gate = exp.robust.gate if exp.robust else None
+    assert gate is not None
+    gate.check = lambda model, spec, loss, c, *_: "no" if c in (1, 2) else None  # type: ignore
+    state = LoopState.fresh(exp)
+    run_round(exp, state, 0, Progress(1, "t", enabled=False))
+    assert sorted(c for _, c, _ in state.rejected) == [1, 2]
+    assert client_tables(exp)[table].written() == [0, 3]
 
 
 @pytest.mark.parametrize("min_clients", [1, 10])

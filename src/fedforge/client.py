@@ -180,10 +180,40 @@ class ClientRuntime:
             result = local_sgd(
                 model, spec, start, x, y, plan, alg.loss_fn, gen, alg.grad_hook, state
             )
-        if alg.personal is not None:
-            alg.personal.keep(task.client_id, result.params)
+        return self.conclude(task, start, result, x, y, extras)
+
+    def conclude(
+        self,
+        task: ClientTask,
+        start: torch.Tensor,
+        result: LocalResult,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        extras: Mapping[str, torch.Tensor],
+    ) -> bytes:
+        """After local training: the gate first (a withheld update leaves every
+        per-client table as it was: FedBN's batch norm, SCAFFOLD's c_k, the
+        error-feedback residual), then the client's own state, then the message."""
+        note = self.withheld(task, start, result)
+        if note is not None:
+            return note
+        if self.algorithm.personal is not None:
+            self.algorithm.personal.keep(task.client_id, result.params)
         sent = self.end(task, start, result, x, y, extras)
         return self.finish(task, start, result, len(y), sent)
+
+    def withheld(self, task: ClientTask, start: torch.Tensor, result: LocalResult) -> bytes | None:
+        """The note sent instead of an update the client's gate withholds, or None."""
+        if self.gate is None:
+            return None
+        why = self.gate.check(
+            self.model, self.spec, self.algorithm.loss_fn, task.client_id, start, result.params
+        )
+        if why is None:
+            return None
+        return wire.encode(
+            {}, {"client_id": task.client_id, "round_idx": task.round_idx, "withheld": why}
+        )
 
     def start_params(self, payload: bytes) -> torch.Tensor:
         """The global parameters the payload carries, as this client decodes them."""
@@ -222,14 +252,6 @@ class ClientRuntime:
         """The client stages after local training, then the encoded update (with the
         algorithm's extra tensors ``sent``, e.g. SCAFFOLD's delta c_k, beside the delta)."""
         ctx = StageContext(task.round_idx, task.seed, task.client_id)
-        if self.gate is not None:
-            why = self.gate.check(
-                self.model, self.spec, self.algorithm.loss_fn, task.client_id, start, result.params
-            )
-            if why is not None:  # no delta leaves the client, only the reason
-                return wire.encode(
-                    {}, {"client_id": task.client_id, "round_idx": task.round_idx, "withheld": why}
-                )
         delta = result.params - start
         if self.algorithm.personal is not None:  # personal entries never leave the client
             delta = delta.masked_fill(self.algorithm.personal.mask, 0.0)

@@ -15,11 +15,7 @@ streaming (linear) aggregator without cohort stages.
 
 from __future__ import annotations
 
-import os
-import secrets
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -34,7 +30,7 @@ from fedforge.stages.codec import Codec, Dense
 from fedforge.stages.feedback import ErrorFeedback
 from fedforge.stages.quantize import CAST_DTYPES, Cast, Quantize
 from fedforge.stages.sparsify import RandomK, TopK
-from fedforge.store.client_state import ClientStateStore, make_state_store
+from fedforge.store.client_state import ClientStateStore, make_state_store, working_dir
 
 
 @dataclass(frozen=True)
@@ -66,13 +62,6 @@ def make_codec(name: str, com: CommunicationConfig, spec: ParamSpec) -> Codec:
     raise ConfigError(f"unknown codec {name!r}")
 
 
-def _state_dir() -> Path:
-    """Where a residual table too large for memory is memory-mapped (a working
-    file only: checkpoints hold the rows)."""
-    tag = f"fedforge-client-state-{os.getpid()}-{secrets.token_hex(3)}"
-    return Path(tempfile.gettempdir()) / tag
-
-
 def assemble(
     cfg: Config, spec: ParamSpec, dtype: torch.dtype, partition: Partition, labels: torch.Tensor
 ) -> CommunicationParts:
@@ -81,7 +70,8 @@ def assemble(
     uplink = make_codec(com.uplink, com, spec)
     store = None
     if com.error_feedback:
-        store = make_state_store(cfg.num_clients, spec.size, dtype, directory=_state_dir())
+        where = working_dir("residual")  # a working file only: checkpoints hold the rows
+        store = make_state_store(cfg.num_clients, spec.size, dtype, where, remove_dir=True)
         uplink = ErrorFeedback(uplink, store)
     downlink = None if com.downlink == "dense" else make_codec(com.downlink, com, spec)
     stages: tuple[Stage, ...] = () if com.clip_norm is None else (Clip(com.clip_norm),)

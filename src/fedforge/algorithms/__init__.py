@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import os
-import secrets
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -21,7 +17,7 @@ from fedforge.algorithms.scaffold import scaffold
 from fedforge.config import Config
 from fedforge.errors import ConfigError
 from fedforge.params import ParamSpec
-from fedforge.store.client_state import make_state_store
+from fedforge.store.client_state import make_state_store, working_dir
 
 
 def from_config(
@@ -79,8 +75,8 @@ def _bundle(
     if cfg.algorithm == "scaffold":
         if size is None or dtype is None:
             raise ValueError("SCAFFOLD needs the model's size and dtype for its client controls")
-        tag = f"fedforge-scaffold-{os.getpid()}-{secrets.token_hex(3)}"
-        store = make_state_store(cfg.num_clients, size, dtype, Path(tempfile.gettempdir()) / tag)
+        where = working_dir("scaffold")
+        store = make_state_store(cfg.num_clients, size, dtype, where, remove_dir=True)
         option = cfg.scaffold.option
         return scaffold(e, b, lr, store, option, decay, dropping, mom, wd, clip)
     if cfg.algorithm == "fedbn":
@@ -92,9 +88,8 @@ def _bundle(
                 f"algorithm 'fedbn' needs a model with batch norm; model {cfg.model!r} has "
                 "none (use model: cnn_bn)"
             )
-        tag = f"fedforge-fedbn-{os.getpid()}-{secrets.token_hex(3)}"
-        path = Path(tempfile.gettempdir()) / tag
-        store = make_state_store(cfg.num_clients, int(mask.sum()), dtype, path)
+        where = working_dir("fedbn")
+        store = make_state_store(cfg.num_clients, int(mask.sum()), dtype, where, remove_dir=True)
         return fedbn(e, b, lr, mask, store, decay, dropping, mom, wd, clip)
     return fedavg(e, b, lr, decay, dropping, mom, wd, clip)
 

@@ -53,6 +53,7 @@ from fedforge.client import ClientTask, ClientUpload
 from fedforge.engines.serial import SerialEngine
 from fedforge.engines.vectorized import VectorizedEngine
 from fedforge.errors import EngineError
+from fedforge.orphans import sweep_orphans
 
 Inner = SerialEngine | VectorizedEngine
 
@@ -60,7 +61,7 @@ Inner = SerialEngine | VectorizedEngine
 _INNER: Inner | None = None
 _PAYLOAD: tuple[str, bytes] | None = None  # (path, bytes) of the round a worker last read
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-_PAYLOAD_PREFIX = "fedforge-payload-"  # then the server's pid: see _sweep_orphans
+_PAYLOAD_PREFIX = "fedforge-payload-"  # then the server's pid: see orphans.py
 
 
 def usable_cores() -> int:
@@ -84,26 +85,6 @@ def _kill_all(processes: Iterable[BaseProcess]) -> None:
             process.kill()
     for process in processes:
         process.join()
-
-
-def _sweep_orphans(folder: Path) -> None:
-    """Delete the payload files of server processes that no longer exist: a server
-    killed mid-round (SIGKILL) never reaches the ``finally`` that unlinks its file,
-    which would otherwise stay in shared memory until the machine restarts."""
-    for path in folder.glob(f"{_PAYLOAD_PREFIX}*-*"):
-        owner = path.name[len(_PAYLOAD_PREFIX) :].split("-", 1)[0]
-        if owner.isdigit() and not _alive(int(owner)):
-            path.unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def _worker_init(server_pid: int) -> None:
@@ -173,7 +154,7 @@ class PoolEngine:
         pool = self._start()
         shm = Path("/dev/shm")
         folder = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
-        _sweep_orphans(folder)
+        sweep_orphans(folder, _PAYLOAD_PREFIX)  # the files of servers killed mid-round
         fd, path = tempfile.mkstemp(prefix=f"{_PAYLOAD_PREFIX}{os.getpid()}-", dir=folder)
         try:
             with os.fdopen(fd, "wb") as f:

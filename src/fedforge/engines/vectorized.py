@@ -258,12 +258,10 @@ class VectorizedEngine:
                 [t.plan.local_epochs for t in chunk],
                 fused,
             )
-            sent = [
-                rt.end(task, start, result, x, y, extras)
+            messages = [
+                rt.conclude(task, start, result, x, y, extras)
                 for task, result, x, y in zip(chunk, results, xs, ys, strict=True)
             ]
             per_client = (time.perf_counter() - t0) / len(chunk)
-            for task, result, y, more in zip(chunk, results, ys, sent, strict=True):
-                yield ClientUpload(
-                    task.client_id, rt.finish(task, start, result, len(y), more), per_client
-                )
+            for task, data in zip(chunk, messages, strict=True):
+                yield ClientUpload(task.client_id, data, per_client)

@@ -45,7 +45,11 @@ class ErrorFeedback:
         v = delta + self.store.gather([cid])[0].to(delta.dtype)
         tensors, meta = self.codec.encode(v, ctx)
         sent = self.codec.decode(tensors, meta, v.numel(), v.dtype, ctx)
-        self.store.scatter([cid], (v - sent).unsqueeze(0))
+        residual = v - sent
+        if bool(torch.isfinite(residual).all()):
+            self.store.scatter([cid], residual.unsqueeze(0))
+        # else: a local run that blew up keeps its old residual. Its update is
+        # refused by the server; a NaN residual would poison every later round.
         return tensors, meta
 
     def decode(

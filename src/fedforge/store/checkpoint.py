@@ -168,6 +168,7 @@ def save_checkpoint(
                 "size": table.size,
                 "dtype": str(table.dtype).removeprefix("torch."),
             }
+        meta[_META_SHA] = _meta_digest(meta)  # the ids of the rows live only here
         _write(tmp / META_NAME, json.dumps(meta).encode())
         _fsync_dir(tmp)
         old = root / f".old-{final.name}-{os.getpid()}"
@@ -199,6 +200,27 @@ def _prune(root: Path, newest: int, keep: int) -> None:
             kept += 1
 
 
+_META_SHA = "meta_sha256"
+
+
+def _meta_digest(meta: dict[str, Any]) -> str:
+    """The sha256 of ``meta`` without its own digest, in a canonical JSON form."""
+    body = {k: v for k, v in meta.items() if k != _META_SHA}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def _check_ids(name: str, ids: Any, num_clients: int) -> list[int]:
+    """A table's row ids as saved: strictly increasing client ids below ``num_clients``."""
+    ok = isinstance(ids, list) and all(isinstance(c, int) and not isinstance(c, bool) for c in ids)
+    ok = ok and all(0 <= c < num_clients for c in ids) and ids == sorted(set(ids))
+    if not ok:
+        raise CheckpointError(
+            f"its client state '{name}' lists row ids that are not increasing client ids "
+            f"in [0, {num_clients})"
+        )
+    return list(ids)
+
+
 def _verified(path: Path, entry: Any) -> bytes | None:
     """Checks size and sha256 of a file against its meta entry; returns its bytes
     when small enough to hold (the tensors), else None after streaming the hash."""
@@ -228,6 +250,8 @@ def load_checkpoint(path: Path | str, client_state: ClientTables = None) -> Chec
         meta = json.loads((path / META_NAME).read_text())
         if not isinstance(meta, dict) or meta.get("format") != FORMAT:
             raise CheckpointError(f"{META_NAME} is not a format-{FORMAT} checkpoint")
+        if _META_SHA in meta and meta[_META_SHA] != _meta_digest(meta):  # older: none
+            raise CheckpointError(f"{META_NAME} fails its sha256 check")
         files = meta.get("files") or {}
         blob = _verified(path / TENSORS_NAME, files.get(TENSORS_NAME))
         tensors = st_load(blob or b"")
@@ -251,13 +275,16 @@ def load_checkpoint(path: Path | str, client_state: ClientTables = None) -> Chec
         )
     for name, table in tables.items():
         got = info[name] if info is not None else {}
+        if not isinstance(got, dict) or not {"num_clients", "size", "ids"} <= set(got):
+            raise CheckpointError(f"its client state '{name}' lacks num_clients, size or ids")
         shape = (table.num_clients, table.size)
         if (got["num_clients"], got["size"]) != shape:
             raise CheckpointError(
                 f"its client state '{name}' is {got['num_clients']} x {got['size']}; the "
                 f"run's is {shape[0]} x {shape[1]}"
             )
-        load_rows(table, path / table_file(name), got["ids"])
+        ids = _check_ids(name, got["ids"], table.num_clients)
+        load_rows(table, path / table_file(name), ids)
     optimizer = {
         k.removeprefix(_OPTIMIZER): v for k, v in tensors.items() if k.startswith(_OPTIMIZER)
     }
@@ -300,7 +327,7 @@ def load_latest(
     for path in found:
         try:
             ckpt = load_checkpoint(path, client_state)
-        except CheckpointError as exc:
+        except StoreError as exc:  # CheckpointError, or rows the tables refused
             problems.append(f"{path.name}: {exc}")
             continue
         if problems:

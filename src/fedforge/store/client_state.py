@@ -23,6 +23,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import secrets
+import tempfile
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
@@ -31,6 +34,7 @@ import numpy as np
 import torch
 
 from fedforge.errors import StoreError
+from fedforge.orphans import remove_if_owner, sweep_orphans
 
 DEFAULT_MEMORY_BUDGET = 1 << 30  # 1 GiB
 MEMMAP_NAME = "client_state.f{bits}.memmap"
@@ -127,9 +131,13 @@ class MemoryStateStore(_Rows):
 
 
 class MemmapStateStore(_Rows):
-    """Rows in a numpy memmap on disk. The file is created on the first write with
-    ``truncate`` (sparse: no blocks until a row is written); a mask in memory says
-    which rows were written, so unwritten rows are never read from the file."""
+    """Rows in a file on disk, read through a numpy memmap. The file is created on
+    the first write with ``truncate`` (sparse: no blocks until a row is written); a
+    mask in memory says which rows were written, so unwritten rows are never read.
+    Rows are written with ``pwrite``, not through the mapping: a full disk then
+    fails the write with a StoreError (through the mapping it is a SIGBUS, which
+    kills the process). ``remove_dir``: the directory is this store's working
+    space, deleted when the store is collected or the process exits."""
 
     def __init__(
         self,
@@ -138,6 +146,7 @@ class MemmapStateStore(_Rows):
         directory: Path | str,
         dtype: torch.dtype = torch.float32,
         init: torch.Tensor | None = None,
+        remove_dir: bool = False,
     ) -> None:
         self.num_clients, self.size, self.dtype = num_clients, size, dtype
         self._init = _init_vector(size, dtype, init)
@@ -146,6 +155,9 @@ class MemmapStateStore(_Rows):
         self.path = Path(directory) / MEMMAP_NAME.format(bits=bits)
         self._written = np.zeros(num_clients, dtype=bool)
         self._map: np.memmap | None = None
+        self._fd: int | None = None
+        if remove_dir:
+            weakref.finalize(self, remove_if_owner, Path(directory), os.getpid())
 
     def _open(self) -> np.memmap:
         if self._map is None:
@@ -155,8 +167,10 @@ class MemmapStateStore(_Rows):
                 with open(self.path, "wb") as f:  # a fresh file: old contents are not state
                     f.truncate(nbytes)
                 self._map = np.memmap(
-                    self.path, dtype=self._np_dtype, mode="r+", shape=(self.num_clients, self.size)
+                    self.path, dtype=self._np_dtype, mode="r", shape=(self.num_clients, self.size)
                 )
+                self._fd = os.open(self.path, os.O_RDWR)
+                weakref.finalize(self, os.close, self._fd)
             except OSError as exc:
                 raise StoreError(f"cannot create client state file '{self.path}': {exc}") from None
         return self._map
@@ -175,9 +189,22 @@ class MemmapStateStore(_Rows):
         ids = self._ids(client_ids)
         self._check_values(ids, values)
         rows = values.detach().to(self.dtype).cpu().numpy()
-        table = self._open()
+        self._open()
+        assert self._fd is not None
+        row_bytes = self.size * self._np_dtype.itemsize
         for i, c in enumerate(ids):
-            table[c] = rows[i]
+            data = np.ascontiguousarray(rows[i]).tobytes()
+            try:
+                done = os.pwrite(self._fd, data, c * row_bytes)
+            except OSError as exc:
+                raise StoreError(
+                    f"cannot write client {c}'s state to '{self.path}': {exc}"
+                ) from None
+            if done != len(data):  # a short write: the disk filled up
+                raise StoreError(
+                    f"cannot write client {c}'s state to '{self.path}': {done} of "
+                    f"{len(data)} bytes written (disk full?)"
+                )
             self._written[c] = True
 
     def has(self, client_id: int) -> bool:
@@ -190,14 +217,13 @@ class MemmapStateStore(_Rows):
         self._written[:] = False
 
     def flush(self) -> None:
-        if self._map is not None:
-            self._map.flush()
+        if self._fd is not None:
+            os.fsync(self._fd)
 
     def close(self) -> None:
         """Flush and unmap (the file stays; a new store recreates it)."""
-        if self._map is not None:
-            self._map.flush()
-            self._map = None
+        self.flush()
+        self._map = None
 
 
 def make_state_store(
@@ -207,9 +233,11 @@ def make_state_store(
     directory: Path | str | None = None,
     memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET,
     init: torch.Tensor | None = None,
+    remove_dir: bool = False,
 ) -> ClientStateStore:
     """In memory when the full table (``num_clients * size * itemsize`` bytes) fits
-    ``memory_budget_bytes``, else memory-mapped in ``directory``."""
+    ``memory_budget_bytes``, else memory-mapped in ``directory`` (deleted with the
+    store when ``remove_dir``)."""
     if num_clients < 1 or size < 1:
         raise StoreError(f"client state shape ({num_clients}, {size}) must be positive")
     itemsize = torch.empty(0, dtype=dtype).element_size()
@@ -222,7 +250,19 @@ def make_state_store(
             f"memory budget of {memory_budget_bytes} B and no directory was given for the "
             "memory-mapped file"
         )
-    return MemmapStateStore(num_clients, size, directory, dtype, init)
+    return MemmapStateStore(num_clients, size, directory, dtype, init, remove_dir)
+
+
+_WORKING_PREFIX = "fedforge-state-"  # then the pid: see fedforge/orphans.py
+
+
+def working_dir(kind: str) -> Path:
+    """A fresh directory name in the temp folder for this process's ``kind`` of
+    table (``fedforge-state-<pid>-<kind>-<hex>``); first, the tables of processes
+    that no longer exist (runs killed with SIGKILL) are deleted."""
+    root = Path(tempfile.gettempdir())
+    sweep_orphans(root, _WORKING_PREFIX)
+    return root / f"{_WORKING_PREFIX}{os.getpid()}-{kind}-{secrets.token_hex(3)}"
 
 
 # ----------------------------------------------------------------------------- checkpoints
