@@ -61,6 +61,20 @@ def test_knee_by_hand() -> None:
     assert knee([_point(1, 0.9), _point(2, 0.9), _point(3, 0.9)]) is None
 
 
+def test_a_point_refused_at_build_still_prints_the_finished_points(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], one_thread: None
+) -> None:
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump({**TINY, "runs_dir": str(tmp_path / "runs")}))
+    argv = ["sweep", str(path), "--set", "robust.aggregator=median"]
+    argv += ["--grid", "communication.groups=0,2", "-q"]
+    assert main(argv) == 2  # groups need the streaming mean: refused when the point builds
+    captured = capsys.readouterr()
+    table = captured.out[captured.out.index("communication.groups  ROUNDS") :]
+    assert "BEST ACC" in table and len(table.strip().splitlines()) == 2  # the finished point
+    assert "communication.groups = 2" in captured.err
+
+
 def test_grid_points_that_resolve_to_one_run_are_refused(tmp_path: Path) -> None:
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump({**TINY, "runs_dir": str(tmp_path / "runs")}))

@@ -161,10 +161,16 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
-    from fedforge.sweep import format_sweep, parse_grid, run_sweep
+    from fedforge.sweep import PointResult, format_sweep, parse_grid, run_sweep
 
     grid = parse_grid(args.grid)
-    results = run_sweep(_resolve_config(args), grid, progress=not args.quiet, echo=print)
+    results: list[PointResult] = []
+    try:
+        run_sweep(_resolve_config(args), grid, progress=not args.quiet, echo=print, into=results)
+    except FedforgeError:  # e.g. a point the build refuses: the finished ones first
+        if results:
+            print(format_sweep(results))
+        raise
     print(format_sweep(results))
     return _stopped_status(r.stopped for r in results)
 

@@ -152,14 +152,16 @@ def run_sweep(
     data_fn: DataFn | None = None,
     progress: bool = False,
     echo: Callable[[str], None] | None = None,
+    into: list[PointResult] | None = None,
 ) -> list[PointResult]:
     """Every point of ``grid`` in sequence (``data_fn``: the data of a point's
     config, None to load it); stops after a point a signal came to (stopped, or
-    finished in the round it came)."""
+    finished in the round it came). Each result is appended to ``into`` as it
+    comes, so a caller still has the finished points when a later one fails."""
     points = grid_points(grid)
     configs = [point_config(cfg, p) for p in points]  # every point validated up front
     _refuse_repeats(points, configs)
-    results = []
+    results = into if into is not None else []
     for k, (point, pcfg) in enumerate(zip(points, configs, strict=True)):
         if echo is not None:
             echo(f"sweep: point {k + 1}/{len(points)}: {pcfg.name}")
