@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -162,6 +163,23 @@ def test_a_newer_store_says_so_and_a_renamed_run_lists_by_its_directory(tmp_path
     conn.close()
     with pytest.raises(StoreError, match=r"newer fedforge \(schema version 9; this one reads 1"):
         RunStore.open(renamed)
+
+
+def test_a_read_only_run_lists_and_shows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store this process may not write (an archive, another user's run) opens
+    read-only; it was called 'unreadable', because WAL mode is a write."""
+    with RunStore.create(tmp_path, Config(name="kept")) as store:
+        store.record_round(_round(0, 0.7), _clients(0))
+        store.finish({"wall_seconds": 2.0})
+        path = store.path
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if mode & os.W_OK else real(p, mode))
+    (info,) = list_runs(tmp_path)
+    assert (info.status, info.rounds_done, info.best_accuracy) == ("finished", 1, 0.7)
+    with RunStore.open(path) as store:
+        assert "best 0.7000" in format_run_summary(store)
+        with pytest.raises(StoreError):
+            store.record_round(_round(1), [])
 
 
 def _make_runs(root: Path, names: list[str]) -> list[Path]:

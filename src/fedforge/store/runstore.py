@@ -92,15 +92,24 @@ _INSERT_ROUND = (
 _INSERT_CLIENT = f"INSERT INTO client_rounds VALUES ({', '.join('?' * len(_CLIENT_COLS))})"
 
 
+def _writable(db: Path) -> bool:
+    """Whether this process may write the database and its folder (its WAL files)."""
+    return os.access(db, os.W_OK) and os.access(db.parent, os.W_OK | os.X_OK)
+
+
 def _connect(db: Path, create: bool = False) -> sqlite3.Connection:
-    """Autocommit connection (transactions are explicit); never creates a file by accident."""
-    mode = "rwc" if create else "rw"
+    """Autocommit connection (transactions are explicit); never creates a file by
+    accident. A store this process may not write (a read-only copy, an archive) is
+    opened read-only and immutable: it can be listed and shown, not resumed."""
+    read_only = not create and db.is_file() and not _writable(db)
+    mode = "ro&immutable=1" if read_only else ("rwc" if create else "rw")
     try:
         uri = f"{db.resolve().as_uri()}?mode={mode}"
         conn = sqlite3.connect(uri, uri=True, isolation_level=None)
         conn.execute("PRAGMA busy_timeout = 5000")
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("PRAGMA synchronous = FULL")
+        if not read_only:
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = FULL")
     except sqlite3.Error as exc:
         raise StoreError(f"run store '{db}' is corrupt or unreadable: {exc}") from None
     return conn
