@@ -97,19 +97,31 @@ def _writable(db: Path) -> bool:
     return os.access(db, os.W_OK) and os.access(db.parent, os.W_OK | os.X_OK)
 
 
+def _connect_read_only(db: Path) -> sqlite3.Connection:
+    """Read-only, with the WAL's committed rounds when SQLite can read it without
+    writing; else immutable (the main file alone, which a clean close left whole)."""
+    base = db.resolve().as_uri()
+    try:
+        conn = sqlite3.connect(f"{base}?mode=ro", uri=True, isolation_level=None)
+        conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+        return conn
+    except sqlite3.Error:
+        return sqlite3.connect(f"{base}?mode=ro&immutable=1", uri=True, isolation_level=None)
+
+
 def _connect(db: Path, create: bool = False) -> sqlite3.Connection:
     """Autocommit connection (transactions are explicit); never creates a file by
     accident. A store this process may not write (a read-only copy, an archive) is
     opened read-only and immutable: it can be listed and shown, not resumed."""
     read_only = not create and db.is_file() and not _writable(db)
-    mode = "ro&immutable=1" if read_only else ("rwc" if create else "rw")
     try:
-        uri = f"{db.resolve().as_uri()}?mode={mode}"
+        if read_only:
+            return _connect_read_only(db)
+        uri = f"{db.resolve().as_uri()}?mode={'rwc' if create else 'rw'}"
         conn = sqlite3.connect(uri, uri=True, isolation_level=None)
         conn.execute("PRAGMA busy_timeout = 5000")
-        if not read_only:
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("PRAGMA synchronous = FULL")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = FULL")
     except sqlite3.Error as exc:
         raise StoreError(f"run store '{db}' is corrupt or unreadable: {exc}") from None
     return conn
