@@ -164,6 +164,32 @@ def test_fedsgd_is_one_gradient_step_on_the_union(
     assert result.rejected == []
 
 
+@pytest.mark.parametrize("engine", ["serial", "vectorized"])
+def test_fedsgd_honours_weight_decay_and_clipping(make_data: MakeData, engine: str) -> None:
+    """By hand: each client's step is lr (clip(g_k) + wd w0), clip scaling g_k to
+    norm <= 0.05 as torch.nn.utils.clip_grad_norm_ does; the server averages by
+    n_k. (FedSGD ignored both knobs.)"""
+    from fedforge.config import LocalConfig
+
+    sizes = [3, 7, 12]
+    data = make_data(sizes)
+    lr, wd, clip = 0.3, 0.5, 0.05
+    local = LocalConfig(weight_decay=wd, grad_clip=clip)
+    cfg = tiny_cfg(len(sizes), algorithm="fedsgd", lr=lr, local=local, engine=engine)
+    result = run(cfg, data=data, progress=False, store=False)
+    w0 = initial_vector(cfg)
+    steps = []
+    for k in range(len(sizes)):
+        net = reference_net(w0)
+        x, y = data.client_data(k)
+        grads = torch.autograd.grad(nn.functional.cross_entropy(net(x), y), list(net.parameters()))
+        g = torch.cat([t.reshape(-1) for t in grads])
+        g = g * min(1.0, clip / (float(g.norm()) + 1e-6))  # torch's clip_grad_norm_
+        steps.append(lr * (g + wd * w0))
+    expected = w0 - sum(n / sum(sizes) * s for n, s in zip(sizes, steps, strict=True))
+    assert_close(result.params, expected, 1e-12)
+
+
 # ----------------------------------------------------------------------------- FedAvg
 
 

@@ -82,6 +82,25 @@ def test_fused_only_for_plain_fp_sgd(plan: LocalPlan, hook: object, state: objec
     assert fused_layers(MnistCNN(), plan, hook, state) == ()
 
 
+def test_nchw_convolutions_take_the_ordinary_step() -> None:
+    """With channels_last off, a convolution saves a view of the flat vector for
+    its backward, and the fused in-place step broke it ("modified by an inplace
+    operation"); the ordinary step then runs, and trains."""
+    from fedforge.models.layout import set_channels_last
+
+    model = build_model("cnn", 1, torch.float64)
+    set_channels_last(model, False)
+    assert fused_layers(model, _plan(), None, None) == ()
+    spec = ParamSpec.of(model)
+    start = spec.flatten(model, torch.float64)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(10, 1, 28, 28, generator=gen, dtype=torch.float64)
+    y = torch.randint(0, 10, (10,), generator=gen)
+    seed = torch.Generator().manual_seed(2)
+    result = local_sgd(model, spec, start, x, y, _plan(), cross_entropy, seed)
+    assert (result.params - start).abs().max() > 1e-3
+
+
 def test_fused_only_for_known_architectures() -> None:
     assert fused_layers(MnistCNN(), _plan(), None, None) == ("fc1", "fc2")
     assert fused_layers(build_model("2nn", 0), _plan(), None, None) == ()  # fc1 sees raw input

@@ -19,11 +19,13 @@ from fedforge.engines.vectorized import (
     VectorizedEngine,
     _step_indices,
     chunk_size,
+    client_bytes,
     unsupported_reason,
 )
 from fedforge.experiment import FederatedData, build, make_engine
 from fedforge.params import ParamSpec
 from fedforge.server.loop import run
+from fedforge.transport import wire
 
 
 def synthetic_data(num_clients: int, sizes: str, seed: int = 0) -> FederatedData:
@@ -114,6 +116,49 @@ def test_chunk_size_respects_budget() -> None:
     assert chunk_size(1000, 50, 10, 4, budget=240_000, limit=64) == 10
     assert chunk_size(1000, 50, 10, 4, budget=1, limit=64) == 1
     assert chunk_size(1000, 50, 10, 4, budget=10**12, limit=64) == 64
+
+
+def test_chunks_are_sized_by_their_widest_client_and_their_data() -> None:
+    """Full batch, a small client first: the chunk was sized on it, then every
+    client padded to the largest (2x a 2 GiB budget on MNIST FedSGD). Now each
+    client added costs as much as the widest so far, plus its data; an empty
+    client first no longer crashes the sizing."""
+    from fedforge.client import ClientTask
+
+    sizes = [0, 2, 3, 40, 2, 2]
+    gen = torch.Generator().manual_seed(0)
+    xs = [torch.randn(n, 1, 28, 28, generator=gen, dtype=torch.float64) for n in sizes]
+    ys = [torch.zeros(n, dtype=torch.int64) for n in sizes]
+    model = nn.Sequential(nn.Flatten(), nn.Linear(784, 10)).double()
+    spec = ParamSpec.of(model)
+    alg = fedavg(local_epochs=1, batch_size=None, lr=0.1)
+    runtime = ClientRuntime(model, spec, alg, lambda c: (xs[c], ys[c]))
+    act = 784 + 784 + 10  # the input, its flattened view, the logits
+
+    def cost(count: int, width: int, clients: range) -> int:
+        data = sum(2 * (xs[c].numel() * 8 + ys[c].numel() * 8) for c in clients)
+        return count * client_bytes(spec.size, act, width, 8) + data
+
+    budget = cost(3, 3, range(3))  # three clients as wide as 3 fit, not a fourth of 40
+    engine = VectorizedEngine(runtime, memory_budget=budget)
+    tasks = [ClientTask(c, 0, alg.plan(0), 1) for c in range(len(sizes))]
+    chunks, lo = [], 0
+    while lo < len(tasks):
+        got = engine._take_chunk(tasks, lo)
+        chunks.append([len(y) for _, y in got])
+        lo += len(got)
+    assert chunks == [[0, 2, 3], [40], [2, 2]]
+    assert cost(2, 40, range(3, 5)) > budget  # a small client after the large one waits
+    serial = [
+        wire.decode(u.data) for u in SerialEngine(runtime).run_cohort(tasks, _payload(spec, model))
+    ]
+    vector = [wire.decode(u.data) for u in engine.run_cohort(tasks, _payload(spec, model))]
+    for a, b in zip(serial, vector, strict=True):
+        assert torch.allclose(a.tensors["delta"], b.tensors["delta"], rtol=0, atol=1e-12)
+
+
+def _payload(spec: ParamSpec, model: nn.Module) -> bytes:
+    return wire.encode({"params": spec.flatten(model, torch.float64)})
 
 
 def test_batch_norm_model_falls_back_to_serial_with_reason() -> None:

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from fedforge.algorithms.base import LocalPlan
+from fedforge.models.layout import Conv2d
 from fedforge.models.mnist import MnistCNN
 
 # Architectures whose fully connected layers may take the fused step, by name
@@ -102,6 +103,11 @@ def fused_layers(model: nn.Module, plan: LocalPlan, hook: object, state: object)
     none, the ordinary step)."""
     layers = FUSED_LAYERS.get(type(model), ())
     if not layers or hook is not None or state or not plan.plain or plan.precision != "fp32":
+        return ()
+    if any(isinstance(m, Conv2d) and not m.channels_last for m in model.modules()):
+        # NCHW convolutions save views of the flat vector for their backward; the
+        # in-place step of a fused layer would change that vector under them
+        # (channels_last saves a copy: models/layout.py)
         return ()
     return layers
 

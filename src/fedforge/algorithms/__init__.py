@@ -51,7 +51,8 @@ def _bundle(
     cfg: Config, size: int | None, dtype: torch.dtype | None, spec: ParamSpec | None
 ) -> Algorithm:
     if cfg.algorithm == "fedsgd":
-        return fedsgd(cfg.lr, cfg.lr_decay)
+        loc = cfg.local  # one step: momentum has no effect, decay and clipping do
+        return fedsgd(cfg.lr, cfg.lr_decay, loc.momentum, loc.weight_decay, loc.grad_clip)
     if cfg.algorithm == "perfedavg":
         pfa = cfg.perfedavg
         beta = pfa.beta if pfa.beta is not None else cfg.lr

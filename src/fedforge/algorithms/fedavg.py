@@ -57,7 +57,14 @@ def fedavg(
     return Algorithm("fedavg", plan, cross_entropy, drop_stragglers=drop_stragglers)
 
 
-def fedsgd(lr: float, lr_decay: float = 1.0) -> Algorithm:
-    """FedSGD: every client takes one gradient step on all its data."""
-    plan = _DecayedPlan(1, None, lr, lr_decay)
+def fedsgd(
+    lr: float,
+    lr_decay: float = 1.0,
+    momentum: float = 0.0,
+    weight_decay: float = 0.0,
+    grad_clip: float | None = None,
+) -> Algorithm:
+    """FedSGD: every client takes one gradient step on all its data (FedAvg with
+    E = 1, B = infinity, the same local knobs)."""
+    plan = _DecayedPlan(1, None, lr, lr_decay, momentum, weight_decay, grad_clip)
     return Algorithm("fedsgd", plan, cross_entropy)

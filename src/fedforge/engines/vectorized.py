@@ -71,13 +71,25 @@ def activation_floats(model: nn.Module, sample: torch.Tensor) -> int:
     return total + sample.numel()
 
 
+def client_bytes(num_params: int, act_floats: int, batch: int, itemsize: int) -> int:
+    """One client's share of a chunk's working memory: parameters, gradients and
+    optimizer state, and activations of a ``batch`` (~4x for the backward)."""
+    return itemsize * (4 * num_params + 4 * act_floats * batch)
+
+
 def chunk_size(
     num_params: int, act_floats: int, batch: int, itemsize: int, budget: int, limit: int
 ) -> int:
     """Clients per chunk so that parameters, gradients and activations of the
     chunk fit in ``budget`` bytes (activations counted ~4x for the backward)."""
-    per_client = itemsize * (4 * num_params + 4 * act_floats * batch)
+    per_client = client_bytes(num_params, act_floats, batch, itemsize)
     return max(1, min(limit, budget // per_client))
+
+
+def _data_bytes(pair: tuple[torch.Tensor, torch.Tensor]) -> int:
+    """A client's data as the chunk holds it: its own copy and the concatenation."""
+    x, y = pair
+    return 2 * (x.numel() * x.element_size() + y.numel() * y.element_size())
 
 
 def _step_indices(
@@ -204,20 +216,33 @@ class VectorizedEngine:
         self.memory_budget = memory_budget
         self.max_chunk = max_chunk
         self._act_floats: int | None = None
+        self._next: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # loaded, not yet run
 
-    def _chunk(self, sample: torch.Tensor, plan: LocalPlan, largest: int) -> int:
-        if self._act_floats is None:
-            self._act_floats = activation_floats(self.model, sample)
-        batch = largest if plan.batch_size is None else min(plan.batch_size, largest)
-        itemsize = sample.element_size()
-        return chunk_size(
-            self.runtime.spec.size,
-            self._act_floats,
-            batch,
-            itemsize,
-            self.memory_budget,
-            self.max_chunk,
-        )
+    def _take_chunk(
+        self, tasks: Sequence[ClientTask], lo: int
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The data of the next chunk, from ``tasks[lo]``: clients are added while
+        the chunk's memory fits the budget. Every client in it is padded to the
+        widest batch (the largest client, with full batches), so each new client
+        costs as much as the widest so far; its data counts too. At least one."""
+        rt, widest, held = self.runtime, 1, 0
+        pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        while lo + len(pairs) < len(tasks) and len(pairs) < self.max_chunk:
+            task = tasks[lo + len(pairs)]
+            pair = self._next.pop(task.client_id, None) or rt.data_fn(task.client_id)
+            x, n = pair[0], len(pair[1])
+            if self._act_floats is None:  # the shape of one example (a client may have none)
+                self._act_floats = activation_floats(self.model, x.new_zeros(x.shape[1:]))
+            b = task.plan.batch_size
+            width = max(widest, n if b is None else min(b, n))
+            per = client_bytes(rt.spec.size, self._act_floats, width, x.element_size())
+            cost = (len(pairs) + 1) * per + held + _data_bytes(pair)
+            if pairs and cost > self.memory_budget:
+                self._next[task.client_id] = pair  # the next chunk starts with it
+                break
+            pairs.append(pair)
+            widest, held = width, held + _data_bytes(pair)
+        return pairs
 
     def run_phase(self, phase: str, messages: Mapping[int, bytes]) -> dict[int, bytes]:
         """Protocol phases are cheap and per client: plain function calls."""
@@ -228,15 +253,13 @@ class VectorizedEngine:
             return
         rt = self.runtime
         start, extras = rt.start_and_extras(payload)
+        self._next.clear()
         lo = 0
         while lo < len(tasks):
             t0 = time.perf_counter()
-            first = rt.data_fn(tasks[lo].client_id)
-            # Sized on the chunk's first client (a full batch is as wide as it).
-            size = self._chunk(first[0][0], tasks[lo].plan, len(first[1]))
-            chunk = tasks[lo : lo + size]
+            pairs = self._take_chunk(tasks, lo)
+            chunk = tasks[lo : lo + len(pairs)]
             lo += len(chunk)
-            pairs = [first] + [rt.data_fn(t.client_id) for t in chunk[1:]]
             xs, ys = [p[0] for p in pairs], [p[1] for p in pairs]
             gens = [minibatch_generator(t) for t in chunk]
             alg = rt.algorithm
