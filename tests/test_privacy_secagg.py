@@ -71,6 +71,59 @@ def test_too_few_survivors_end_the_round_with_a_reason() -> None:
     assert result.total is None and "fewer than t = 4" in (result.reason or "")
 
 
+def _keyed_clients(n: int, t: int, fp: FixedPoint) -> dict[int, SecAggClient]:
+    """n clients through key sharing and share routing, every one in U2."""
+    cls = {i: SecAggClient(i, 0, t, fp) for i in range(n)}
+    keys = {i: c.advertise() for i, c in cls.items()}
+    sent = {i: c.share_keys(keys) for i, c in cls.items()}
+    for j, c in cls.items():
+        c.receive({i: sent[i][j] for i in cls if i != j}, list(range(n)))
+    return cls
+
+
+def test_a_client_answers_unmask_once_and_only_for_a_true_u3() -> None:
+    """Bonawitz et al. round 4: U3 within U2 (the server listed made-up ids: t of
+    them beside a victim got the victim's b shares and everyone's mask-key
+    shares), at least t, itself in it; and one answer (asked twice, a client
+    gave a b share and then a mask-key share of the same client)."""
+    fp = FixedPoint(16, 20)
+    cls = _keyed_clients(5, 4, fp)
+    with pytest.raises(ValueError, match="U3"):
+        cls[1].unmask([0, 1, 90, 91, 92])  # made-up ids
+    with pytest.raises(ValueError, match="U3"):
+        cls[1].unmask([0, 2, 3, 4])  # without the client itself
+    with pytest.raises(ValueError, match="threshold"):
+        cls[1].unmask([0, 1, 2])
+    kinds = cls[1].unmask([1, 2, 3, 4])
+    assert kinds[0][0] == "s" and kinds[2][0] == "b"
+    with pytest.raises(ValueError, match="already answered"):
+        cls[1].unmask([0, 1, 2, 3, 4])
+
+
+def test_a_threshold_just_above_half_still_needs_a_majority() -> None:
+    from fedforge.stages.secagg_graph import min_survivors
+
+    for n in (2, 4, 6, 10):  # ceil(0.5000000001 n - 1e-9) was n / 2
+        assert min_survivors(0.5000000001, n) == n // 2 + 1
+    assert min_survivors(0.66, 10) == 7 and min_survivors(1.0, 3) == 3
+
+
+@pytest.mark.parametrize("bits", [63, 64, 20])
+def test_fixed_point_round_trips_at_every_modulus(bits: int) -> None:
+    """k = 63 overflowed int64 (1 << 63) and crashed the first round's decode."""
+    fp = FixedPoint(10, bits)
+    x = np.array([-3.5, -(2.0**-10), 0.0, 2.0**-10, 7.25, -(2.0 ** min(bits - 12, 40))])
+    total = (fp.encode(x) + fp.encode(x)) & fp.mask  # a sum of two inputs, mod 2^k
+    assert np.array_equal(fp.decode(total), 2 * x)
+
+
+def test_secure_sum_needs_its_round() -> None:
+    fp = FixedPoint(16, modulus_bits(1.0, 4, 16))
+    sim = Simulated(_inputs(4, 10, 0), 3, 3, fp)
+    with pytest.raises(ValueError, match="needs the round"):
+        secure_sum(list(range(4)), 10, 3, fp, lambda *a: sim(*a), {"unmask": {0}})
+
+
 def test_a_masked_update_alone_reveals_nothing_without_t_shares() -> None:
     fp = FixedPoint(16, modulus_bits(1.0, 4, 16))
     xs = _inputs(4, 2000, 3)
@@ -83,7 +136,7 @@ def test_a_masked_update_alone_reveals_nothing_without_t_shares() -> None:
             ys[c] = out  # type: ignore[assignment]
         return out
 
-    secure_sum(list(range(4)), 2000, 3, fp, spy)
+    secure_sum(list(range(4)), 2000, 3, fp, spy, round_idx=0)
     y0 = fp.decode(ys[0])  # what the server holds of client 0 without unmasking
     assert np.corrcoef(y0, xs[0])[0, 1] ** 2 < 0.01
     # a client's own share (one point, fewer than t) is not its self-mask seed

@@ -22,7 +22,7 @@ from fedforge.server.loop import run
 from fedforge.stages import secagg
 from fedforge.stages.secagg import PHASES, FixedPoint, Simulated, modulus_bits, secure_sum
 from fedforge.stages.secagg_codec import SecAggCodec, advertise_message
-from fedforge.stages.secagg_graph import complete_graph, harary, random_harary
+from fedforge.stages.secagg_graph import MaskGraph, complete_graph, harary, random_harary
 
 
 # ------------------------------------------------------------------ the graph
@@ -148,7 +148,7 @@ def test_each_masked_input_uses_exactly_k_pairwise_masks(
         return out
 
     monkeypatch.setattr(secagg, "keystream", counted)
-    result = secure_sum(list(range(n)), 50, g.t, fp, spy, None, g)
+    result = secure_sum(list(range(n)), 50, g.t, fp, spy, None, g, round_idx=0)
     assert result.total is not None
     degree = k or n - 1
     for c in range(n):  # the self mask PRG(b) and one PRG(s_ij) a neighbour
@@ -189,6 +189,30 @@ def test_a_neighbourhood_with_too_few_survivors_ends_the_round() -> None:
         f"secure aggregation: client {first} has 3 of its 5 neighbourhood (itself "
         "included) left after 'masked_input', fewer than t = 4"
     )
+
+
+def test_survivors_that_fall_apart_end_the_round_before_unmasking() -> None:
+    """Ring of 9, k = 2 (t = 2 of each closed neighbourhood of 3): clients 1 and 4
+    drop before masked input; every neighbourhood keeps t, but {2, 3} has no mask
+    with the rest, so the unmasking shares would hand the server x_2 + x_3 (and
+    the rest's sum) apart. The round ends instead, with the reason."""
+    ring = harary(9, 2)
+    g = MaskGraph({p: frozenset(ring[p]) for p in range(9)}, 2)
+    assert g.split([0, 2, 3, 5, 6, 7, 8]) is not None and g.split(range(9)) is None
+    assert g.split([0, 1, 2, 3, 5, 6, 7, 8]) is None  # a path: one group
+    assert complete_graph(range(5), 3).split([0, 4]) is None
+    fp = FixedPoint(16, modulus_bits(1.0, 9, 16))
+    xs = _inputs(9, 20, 1)
+    asked: list[str] = []
+    sim = Simulated(xs, 0, g.t, fp, g)
+
+    def call(phase: str, c: int, msg: Any) -> Any:
+        asked.append(phase)
+        return sim(phase, c, msg)
+
+    result = secure_sum(list(range(9)), 20, 2, fp, call, {"masked_input": {1, 4}}, g, 0)
+    assert result.total is None and "fall apart into groups" in (result.reason or "")
+    assert "unmask" not in asked  # no share left any client
 
 
 # ------------------------------------------------------------- config, runs

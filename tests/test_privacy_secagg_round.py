@@ -378,3 +378,33 @@ def test_bytes_down_are_what_reached_the_clients(
     assert engines[0].trained == (6 if phase == "unmask" else 4)
     assert got.rounds[0].float32_down == 4 * size * engines[0].trained
     assert got.rounds[0].float32_up == 4 * size * engines[0].uploads
+
+
+def test_a_cohort_of_one_is_not_summed_in_the_clear(data: FederatedData) -> None:
+    got = _run(data, SECAGG, client_fraction=0.17, rounds=1)  # round(0.17 x 6) = 1
+    assert got.rounds[0].cohort_size == 1
+    assert [why for _, why in got.skipped] == [
+        "secure aggregation: 1 client(s) in the round; it needs at least 2"
+    ]
+    assert torch.equal(got.params, build(from_dict(BASE), data).initial_params)
+
+
+def test_a_diverged_client_drops_out_instead_of_summing_as_zero(
+    data: FederatedData, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A NaN update became INT64_MIN in fixed point, 0 after the mask: summed as
+    a zero update, its client still in the mean's denominator. It now sends no
+    masked input: a dropout, refused by name, and the mean is over the others."""
+    from fedforge.stages.secagg_codec import SecAggCodec
+
+    real = SecAggCodec.encode
+
+    def diverged(self: SecAggCodec, delta: torch.Tensor, ctx: Any = None) -> Any:
+        return real(self, delta * float("nan") if ctx.client_id == 2 else delta, ctx)
+
+    monkeypatch.setattr(SecAggCodec, "encode", diverged)
+    got = _run(data, SECAGG, rounds=1)
+    assert [(c, why) for _, c, why in got.rejected] == [
+        (2, "secure aggregation: no masked input: the update is not finite")
+    ]
+    assert not got.skipped and torch.isfinite(got.params).all()

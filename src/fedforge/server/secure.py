@@ -120,6 +120,9 @@ def secure_round(
         return out
 
     ids = [task.client_id for task in tasks]
+    if len(ids) < 2:  # the "sum" of one client is its update
+        out.reason = f"secure aggregation: {len(ids)} client(s) in the round; it needs at least 2"
+        return finish()
     if t > len(ids):  # distributed DP: fewer clients than its noise is calibrated to
         out.reason = (
             f"secure aggregation: {len(ids)} client(s) in the round, fewer than t = {t} "
@@ -174,6 +177,9 @@ def secure_round(
     u3 = sorted(masked)
     if stop := end("masked_input", u3, u2):
         return stop
+    if split := graph.split(u3):  # SecAgg+: groups would be unmasked one by one
+        out.reason, out.clients = split, {}
+        return finish()
     replies = send(
         "unmask",
         {c: sc.unmask_message(round_idx, graph.within(c, u3)) for c in alive("unmask", u3)},

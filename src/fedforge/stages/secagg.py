@@ -87,10 +87,8 @@ class FixedPoint:
 
     def decode(self, total: np.ndarray) -> np.ndarray:
         v = (total & self.mask).astype(np.uint64)
-        signed = v.astype(np.int64)
-        if self.bits < 64:
-            half = np.uint64(1 << (self.bits - 1))
-            signed = np.where(v >= half, signed - np.int64(1 << self.bits), signed)
+        shift = np.uint64(64 - self.bits)  # sign-extend bit k - 1 (any k up to 64)
+        signed = (v << shift).view(np.int64) >> shift.astype(np.int64)
         return signed.astype(np.float64) / 2.0**self.frac_bits
 
 
@@ -166,6 +164,7 @@ class SecAggClient:
         self.keys: dict[int, tuple[bytes, bytes]] = {}
         self.inbox: dict[int, bytes] = {}
         self.u2: list[int] = []
+        self.answered = False  # the unmask request is answered once
 
     def advertise(self) -> tuple[bytes, bytes]:
         return self.c_sk.public_key().public_bytes_raw(), self.s_sk.public_key().public_bytes_raw()
@@ -224,10 +223,22 @@ class SecAggClient:
 
     def unmask(self, u3: Sequence[int]) -> dict[int, tuple[str, int]]:
         """For each other client of U2: its b share if it sent a masked input
-        (in U3), else its mask-key share, never both."""
-        if len(u3) < self.t:
-            raise ValueError(f"only {len(u3)} masked inputs; threshold is {self.t}")
+        (in U3), else its mask-key share, never both: answered once a round, and
+        only for a U3 of at least t clients that shared keys with this one
+        (Bonawitz et al., round 4), itself among them. A server that listed
+        made-up ids, or asked twice with two lists, would otherwise get both
+        secrets of a client and its update in the clear."""
+        if self.answered:
+            raise ValueError(f"client {self.id} already answered this round's unmask request")
         alive = set(u3)
+        if not alive <= set(self.u2) or self.id not in alive:
+            raise ValueError(
+                f"U3 is not a set of clients that shared keys with client {self.id}, "
+                "itself included"
+            )
+        if len(alive) < self.t:
+            raise ValueError(f"only {len(alive)} masked inputs; threshold is {self.t}")
+        self.answered = True
         out: dict[int, tuple[str, int]] = {self.id: ("b", self.own[0])}
         for j in self.u2:
             if j == self.id:
@@ -272,10 +283,12 @@ def secure_sum(
     call: Call,
     drops: Mapping[str, set[int]] | None = None,
     graph: MaskGraph | None = None,
+    round_idx: int | None = None,
 ) -> SecAggResult:
     """The server's four phases. ``call`` reaches a client (None: it dropped);
     ``drops`` simulates clients that stop answering before a phase; ``graph`` is
-    SecAgg+'s (None: the complete graph with t = ``threshold``)."""
+    SecAgg+'s (None: the complete graph with t = ``threshold``); ``round_idx``:
+    the round (default: the call's, as :class:`Simulated` carries it)."""
     drops = drops or {}
     graph = graph or complete_graph(clients, threshold)
 
@@ -306,10 +319,13 @@ def secure_sum(
     if end := short("masked_input", masked, u2):
         return end
     u3 = sorted(masked)
+    if why := graph.split(u3):
+        return SecAggResult(None, why, [])
     replies = ask("unmask", u3, lambda c: graph.within(c, u3))
     if end := short("unmask", replies, u2):
         return end
-    total, why = unmask_sum(masked, replies, keys, u2, graph, fp, fp_round(call), size)
+    r = fp_round(call) if round_idx is None else round_idx
+    total, why = unmask_sum(masked, replies, keys, u2, graph, fp, r, size)
     return SecAggResult(total, why, u3 if total is not None else [])
 
 
@@ -364,8 +380,12 @@ def unmask_sum(
 
 
 def fp_round(call: Call) -> int:
-    """The round a ``call`` belongs to (a bound attribute; 0 by default)."""
-    return int(getattr(call, "round_idx", 0))
+    """The round a ``call`` belongs to (its ``round_idx``): the pairwise masks are
+    derived from it, so a wrong round would unmask garbage."""
+    round_idx = getattr(call, "round_idx", None)
+    if not isinstance(round_idx, int):
+        raise ValueError("secure_sum needs the round: pass round_idx, or a call that has one")
+    return round_idx
 
 
 class Simulated:

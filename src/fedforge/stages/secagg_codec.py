@@ -342,6 +342,8 @@ class SecAggCodec:
         if ctx is None or ctx.client_id is None:
             raise ValueError("secure aggregation encodes a client's update and needs its context")
         cl = self._session(ctx.client_id, ctx.round_idx)
+        if not bool(torch.isfinite(delta).all()):  # diverged: drop out, send no input
+            return {}, {"codec": self.name, "withheld": "the update is not finite"}
         w = self.mean.weight(self.num_examples[ctx.client_id])
         x = (delta.to(torch.float64) * w).clamp(-self.bound, self.bound).numpy()
         y = cl.masked_input(x)
@@ -363,6 +365,8 @@ class SecAggCodec:
     ) -> np.ndarray:
         """The masked vector of an update as uint64 words below 2^k (sent packed,
         k bits a word)."""
+        if "withheld" in meta:  # the client dropped out instead (e.g. a diverged run)
+            raise UploadError(f"secure aggregation: no masked input: {meta['withheld']!s:.100}")
         expect_codec(meta, self.name, tensors, {"masked"})
         got = (meta.get("bits"), meta.get("frac_bits"))
         if got != (self.fp.bits, self.fp.frac_bits):

@@ -28,8 +28,10 @@ from fedforge.rng import numpy_rng
 
 
 def min_survivors(threshold: float, n: int) -> int:
-    """t for ``n`` share holders: ceil(threshold n), at least 1."""
-    return max(1, math.ceil(threshold * n - 1e-9))
+    """t for ``n`` share holders: ceil(threshold n), and more than n / 2 (so two
+    disjoint sets of holders cannot both rebuild a secret, whatever the rounding
+    of a threshold just above 0.5)."""
+    return max(n // 2 + 1, math.ceil(threshold * n - 1e-9))
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,29 @@ class MaskGraph:
                 f"fewer than t = {threshold}"
             )
         return self.short(alive, whose, phase)
+
+    def split(self, survivors: Collection[int]) -> str | None:
+        """Why the round must end before unmasking: the survivors (U3) fall apart
+        into groups with no mask between them, so the unmasking shares would give
+        the server each group's sum, not only the total (SecAgg+ with dropouts;
+        the complete graph never splits). None when they are connected."""
+        left = set(survivors)
+        if not left:
+            return None
+        seen, todo = set(), [min(left)]
+        while todo:
+            c = todo.pop()
+            if c in seen:
+                continue
+            seen.add(c)
+            todo.extend((self.adjacency[c] & left) - seen)
+        if len(seen) == len(left):
+            return None
+        return (
+            f"secure aggregation: the {len(left)} clients that sent masked inputs fall "
+            f"apart into groups with no mask between them (one of {len(seen)}): unmasking "
+            "would reveal each group's sum"
+        )
 
     def short(self, alive: Collection[int], whose: Iterable[int], phase: str) -> str | None:
         """Why the round must end after ``phase``: a client of ``whose`` with fewer
