@@ -82,10 +82,14 @@ def test_dp_mean_caps_weights_and_uses_a_fixed_denominator() -> None:
 def test_adaptive_clip_moves_towards_the_quantile() -> None:
     gen = torch.Generator().manual_seed(0)
     # all 10 unclipped: b = 1 > gamma = 0.5, so C shrinks by about exp(-0.2 * 0.5)
-    c = next_clip_norm(1.0, 10, 10.0, 1e-9, 0.5, 0.2, gen)
+    c = next_clip_norm(1.0, 10, 10, 10.0, 1e-9, 0.5, 0.2, gen)
     assert c == pytest.approx(math.exp(-0.1))
-    c = next_clip_norm(1.0, 0, 10.0, 1e-9, 0.5, 0.2, gen)
+    c = next_clip_norm(1.0, 0, 10, 10.0, 1e-9, 0.5, 0.2, gen)
     assert c == pytest.approx(math.exp(0.1))
+    # Poisson: 12 clients came where 10 were expected, 6 of them unclipped. The
+    # centred count (6 - 12/2) / 10 + 1/2 = 0.5 is the target: C stays; the plain
+    # count (6 / 10 = 0.6) would shrink it, and moves by 1 (not 1/2) per client.
+    assert next_clip_norm(1.0, 6, 12, 10.0, 1e-9, 0.5, 0.2, gen) == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize(
@@ -115,9 +119,24 @@ def test_local_epsilon_and_calibration() -> None:
     ref = rdp.RdpAccountant(RDP_ORDERS)
     ref.compose(dpa.GaussianDpEvent(3.0 / 2), 4)  # any two inputs: sensitivity 2C
     assert local_epsilon(3.0, 4, 1e-5) == pytest.approx(ref.get_epsilon(1e-5))
-    z = calibrate_noise(2.0, 1e-5, 50, 0.02, num_clients=5000)
+    z = calibrate_noise(2.0, 1e-5, 50, 0.02, num_clients=5000, sampling="poisson")
     eps = Accountant(z, 5000, 100, 1e-5, "rdp", "poisson").epsilon(50)
     assert eps <= 2.0 and eps > 1.95
+    # by default as a run samples: a fixed cohort (replace-one), so more noise
+    fixed = calibrate_noise(2.0, 1e-5, 50, 0.02, num_clients=5000)
+    eps = Accountant(fixed, 5000, 100, 1e-5, "rdp", "fixed").epsilon(50)
+    assert eps <= 2.0 and eps > 1.95 and fixed > 1.5 * z
+
+
+def test_poisson_is_accounted_at_the_client_fraction_itself() -> None:
+    """C N = 1.9 clients: the sampler takes each client with probability C = 0.1;
+    the accountant took q = floor(1.9) / 19 (epsilon 1.99 against 3.75 after 43
+    rounds; the run passed its target at round 9). Against dp-accounting at q."""
+    acc = Accountant(1.0, 19, 1, 1e-3, "rdp", "poisson", rate=0.1)
+    ref = rdp.RdpAccountant(RDP_ORDERS)
+    ref.compose(dpa.PoissonSampledDpEvent(0.1, dpa.GaussianDpEvent(1.0)), 43)
+    assert acc.epsilon(43) == pytest.approx(ref.get_epsilon(1e-3), rel=1e-9)
+    assert acc.epsilon(43) > 3.5
 
 
 def _gaussian_epsilon(s: float, delta: float) -> float:
@@ -192,3 +211,39 @@ def test_central_dp_run_equals_clipped_mean_plus_noise(
         from fedforge.experiment import build
 
         build(from_dict({**BASE, "privacy": priv, "robust": {"aggregator": "median"}}), data)
+
+
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [  # SCAFFOLD's control deltas are the raw update rescaled, sent in the clear
+        ({"algorithm": "scaffold", "privacy": {"dp": "central"}}, "control_delta beside"),
+        ({"algorithm": "scaffold", "privacy": {"dp": "local"}}, "control_delta beside"),
+        # a lossy codec after the clip: the server's sum may exceed the clip norm
+        ({"privacy": {"dp": "central"}, "communication": {"uplink": "int2"}}, "'int2' cannot"),
+        (
+            {"privacy": {"dp": "central"}, "communication": {"uplink": "topk", "fraction": 0.1}},
+            "'topk' cannot",
+        ),
+        ({"privacy": {"dp": "local", "noise_multiplier": 0}}, "no noise gives no privacy"),
+        ({"privacy": {"dp": "central", "delta": 0.5}}, r"'privacy.delta' = 0.5.*below 1 / num"),
+    ],
+)
+def test_privacy_refuses_what_would_break_its_guarantee(
+    make_data: MakeData, extra: dict[str, Any], match: str
+) -> None:
+    from fedforge.experiment import build
+
+    data = make_data([30, 20, 40, 30, 25, 35])
+    with pytest.raises(ConfigError, match=match):
+        build(from_dict({**BASE, **extra}), data)
+
+
+def test_a_poisson_run_accounts_at_its_client_fraction(make_data: MakeData) -> None:
+    from fedforge.experiment import build
+
+    data = make_data([5] * 19)
+    cfg = {**BASE, "num_clients": 19, "client_fraction": 0.1}
+    exp = build(from_dict({**cfg, "privacy": {"dp": "central", "sampling": "poisson"}}), data)
+    assert exp.privacy is not None and exp.privacy.accountant is not None
+    want = Accountant(1.0, 19, 1, 19**-1.1, "rdp", "poisson", rate=0.1).epsilon(5)
+    assert exp.privacy.epsilon(5) == pytest.approx(want, rel=1e-12)

@@ -66,14 +66,22 @@ def accounted_multiplier(noise_multiplier: float, replace_one: bool) -> float:
 
 
 def round_event(
-    noise_multiplier: float, sampling: Sampling, num_clients: int, cohort: int
+    noise_multiplier: float,
+    sampling: Sampling,
+    num_clients: int,
+    cohort: int,
+    rate: float | None = None,
 ) -> dpa.DpEvent:
-    """The DP event of one round: the Gaussian mechanism on a sampled cohort."""
+    """The DP event of one round: the Gaussian mechanism on a sampled cohort, of
+    m = ``cohort`` clients (fixed) or each client with probability ``rate``
+    (Poisson; default m / N). The rate is the sampler's q = C itself: C N need
+    not be whole (q = floor(C N) / N under-reported epsilon)."""
     gauss = _dpa().GaussianDpEvent(accounted_multiplier(noise_multiplier, sampling == "fixed"))
+    if sampling == "poisson":
+        q = cohort / num_clients if rate is None else rate
+        return gauss if q >= 1 else _dpa().PoissonSampledDpEvent(q, gauss)
     if cohort >= num_clients:
         return gauss
-    if sampling == "poisson":
-        return _dpa().PoissonSampledDpEvent(cohort / num_clients, gauss)
     return _dpa().SampledWithoutReplacementDpEvent(num_clients, cohort, gauss)
 
 
@@ -102,9 +110,12 @@ class Accountant:
     delta: float
     kind: AccountantKind = "rdp"
     sampling: Sampling = "fixed"
+    rate: float | None = None  # Poisson: q (the client fraction); None: cohort / N
 
     def event(self, rounds: int) -> dpa.DpEvent:
-        one = round_event(self.noise_multiplier, self.sampling, self.num_clients, self.cohort)
+        one = round_event(
+            self.noise_multiplier, self.sampling, self.num_clients, self.cohort, self.rate
+        )
         return _dpa().SelfComposedDpEvent(one, rounds)
 
     def epsilon(self, rounds: int) -> float:
@@ -156,20 +167,26 @@ def calibrate_noise(
     sampling_rate: float,
     num_clients: int | None = None,
     kind: AccountantKind = "rdp",
-    sampling: Sampling = "poisson",
+    sampling: Sampling = "fixed",
 ) -> float:
     """The smallest noise multiplier whose ``rounds`` rounds at ``sampling_rate``
-    spend at most ``epsilon`` at ``delta`` (bisection of dp-accounting)."""
+    spend at most ``epsilon`` at ``delta`` (bisection of dp-accounting).
+    ``sampling`` as the run's ``privacy.sampling`` (default ``fixed``, as a run's:
+    a cohort of max(1, floor(rate N)) of ``num_clients``, 10^6 if not given);
+    ``poisson``: each client with probability ``sampling_rate``."""
     if not (epsilon > 0 and 0 < delta < 1 and rounds >= 1 and 0 < sampling_rate <= 1):
         raise ConfigError(
             f"calibrate_noise needs epsilon > 0, 0 < delta < 1, rounds >= 1 and a sampling "
             f"rate in (0, 1]; got {epsilon}, {delta}, {rounds}, {sampling_rate}"
         )
+    from fedforge.server.sampling import cohort_size
+
     n = num_clients if num_clients is not None else 10**6
-    cohort = max(1, round(sampling_rate * n))
+    cohort = cohort_size(n, sampling_rate)  # what a run's fixed-size sampler takes
 
     def event(z: float) -> dpa.DpEvent:
-        return _dpa().SelfComposedDpEvent(round_event(z, sampling, n, cohort), rounds)
+        one = round_event(z, sampling, n, cohort, sampling_rate)
+        return _dpa().SelfComposedDpEvent(one, rounds)
 
     return float(
         _dpa().calibrate_dp_mechanism(

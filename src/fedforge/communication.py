@@ -90,6 +90,14 @@ def check_pipeline(cfg: Config, pipeline: Pipeline) -> None:
             f"'{pipeline.aggregator.name}' and {len(pipeline.cohort)} cohort stage(s). "
             "Set communication.groups = 0 or robust.aggregator = mean without gates"
         )
+    uplink = cfg.communication.uplink
+    if cfg.privacy.dp == "central" and uplink != "dense":
+        raise ConfigError(
+            f"communication.uplink = '{uplink}' cannot be combined with privacy.dp = 'central': "
+            "the codec runs after the clip, and what the server sums may then exceed the clip "
+            "norm the noise is calibrated to (int2 measured 1.8x); use 'dense', or dp = 'local' "
+            "(noise before the codec)"
+        )
     groups = cfg.communication.groups
     if groups and cfg.aggregation_weights != "num_examples":
         raise ConfigError(

@@ -74,15 +74,18 @@ class PrivacyParts:
         the clients whose updates were aggregated."""
         if self.board is None:
             return
+        clients = list(clients)
         bits = sum(self.board.unclipped.pop((round_idx, c), 0) for c in clients)
         for key in [k for k in self.board.unclipped if k[0] <= round_idx]:
             del self.board.unclipped[key]  # refused or dropped clients' bits
         self.board.norms.pop(round_idx, None)
         p = self.cfg.privacy
         gen = torch_generator(self.cfg.seed, "clip_count", round_idx)
+        counted = list(clients)
         state["clip_norm"] = next_clip_norm(
             float(state["clip_norm"]),
             bits,
+            len(counted),
             self.expected_cohort,
             self.count_std,
             p.target_quantile,
@@ -187,6 +190,13 @@ class PrivacyParts:
 def assemble(cfg: Config, num_examples: list[int]) -> PrivacyParts:
     """The privacy parts of ``cfg``; raises ConfigError on impossible combinations."""
     p = cfg.privacy
+    if (p.dp != "none" or p.tiers.enabled) and delta_of(p, cfg.num_clients) >= 1 / cfg.num_clients:
+        raise invalid_field(
+            "privacy.delta",
+            p.delta,
+            f"must be below 1 / num_clients = {1 / cfg.num_clients:.3g} (a delta of 1/N "
+            "allows publishing one client's data outright), or null (1 / num_clients**1.1)",
+        )
     m = cohort_size(cfg.num_clients, cfg.client_fraction)
     q = cfg.client_fraction if p.sampling == "poisson" else m / cfg.num_clients
     expected = q * cfg.num_clients
@@ -241,6 +251,7 @@ def assemble(cfg: Config, num_examples: list[int]) -> PrivacyParts:
         delta_of(p, cfg.num_clients),
         p.accountant,
         p.sampling,
+        q if p.sampling == "poisson" else None,
     )
     parts.board = board
     _check_budget(parts)
@@ -312,14 +323,27 @@ def _secagg(parts: PrivacyParts, cfg: Config, m: int, num_examples: list[int]) -
 
 
 def check_algorithm(cfg: Config, algorithm: Algorithm) -> None:
-    """Refuse secure aggregation with an algorithm whose updates carry tensors
-    beside the delta: they would travel unmasked (SCAFFOLD's control variates)."""
+    """Refuse privacy with an algorithm whose updates carry tensors beside the
+    delta (SCAFFOLD's control deltas): they are neither masked, clipped nor noised,
+    and each is the client's raw update rescaled."""
     server = algorithm.server
-    if cfg.privacy.secagg and server is not None and server.update_tensors:
+    p = cfg.privacy
+    if server is None or not server.update_tensors:
+        return
+    what = (
+        "privacy.secagg"
+        if p.secagg
+        else (
+            f"privacy.dp = '{p.dp}'"
+            if p.dp != "none"
+            else ("privacy.tiers" if p.tiers.enabled else None)
+        )
+    )
+    if what is not None:
         raise ConfigError(
-            f"privacy.secagg: algorithm '{algorithm.name}' sends "
-            f"{', '.join(server.update_tensors)} beside each delta, unmasked: the server "
-            "would see every client's own tensors; use fedavg or fedprox"
+            f"{what}: algorithm '{algorithm.name}' sends {', '.join(server.update_tensors)} "
+            "beside each delta, unmasked, unclipped and without noise (the client's raw update, "
+            "rescaled): the server would see it; use fedavg or fedprox"
         )
 
 

@@ -169,7 +169,7 @@ def validate_privacy(p: PrivacyConfig) -> None:
     for name, value, ok, allowed in checks:
         if not ok:
             raise invalid_field(f"privacy.{name}", value, allowed)
-    if p.dp in ("central", "distributed") and p.noise_multiplier == 0:
+    if p.dp in ("central", "distributed", "local") and p.noise_multiplier == 0:
         raise ConfigError(
             f"config field 'privacy.noise_multiplier' = 0.0 is invalid with dp = '{p.dp}': "
             "no noise gives no privacy; use dp = 'none'"

@@ -181,13 +181,19 @@ def update_noise_multiplier(noise_multiplier: float, count_std: float) -> float:
 def next_clip_norm(
     clip_norm: float,
     unclipped: int,
+    counted: int,
     expected_cohort: float,
     count_std: float,
     target_quantile: float,
     clip_lr: float,
     gen: torch.Generator,
 ) -> float:
-    """C <- C exp(-eta (b - gamma)), b the noisy fraction of unclipped deltas."""
+    """C <- C exp(-eta (b - gamma)), b the noisy fraction of unclipped deltas.
+    The released count is centred, sum over the ``counted`` clients of (b_i - 1/2)
+    plus N(0, sigma_b^2), as Andrew et al. (and TF-Privacy's quantile query)
+    release it: one client more or less moves it by 1/2, the sensitivity their
+    noise split assumes (the plain count moves by 1 under Poisson sampling);
+    b = that / E[cohort] + 1/2. A fixed cohort gives the plain count's value."""
     noise = float(torch.randn((), generator=gen, dtype=torch.float64)) * count_std
-    b = (unclipped + noise) / expected_cohort
+    b = (unclipped - counted / 2 + noise) / expected_cohort + 0.5
     return clip_norm * math.exp(-clip_lr * (b - target_quantile))
