@@ -247,3 +247,28 @@ def test_a_poisson_run_accounts_at_its_client_fraction(make_data: MakeData) -> N
     assert exp.privacy is not None and exp.privacy.accountant is not None
     want = Accountant(1.0, 19, 1, 19**-1.1, "rdp", "poisson", rate=0.1).epsilon(5)
     assert exp.privacy.epsilon(5) == pytest.approx(want, rel=1e-12)
+
+
+@pytest.mark.parametrize("dp", ["central", "local"])
+def test_upload_periods_spend_one_release_each(make_data: MakeData, dp: str) -> None:
+    """upload_every = 5 over 10 rounds: two noised releases, not ten (central
+    reported 10.49 where 2 releases cost 3.00); local DP counts each period's
+    cohort once, sampled at the period's first round."""
+    from fedforge.experiment import build
+    from fedforge.server.sampling import sample_cohort
+
+    data = make_data([30, 20, 40, 30, 25, 35])
+    cfg = {**BASE, "rounds": 10, "communication": {"upload_every": 5}}
+    exp = build(from_dict({**cfg, "privacy": {"dp": dp}}), data)
+    assert exp.privacy is not None
+    assert exp.privacy.releases(10) == [0, 5] and exp.privacy.releases(4) == []
+    delta = 6**-1.1
+    if dp == "central":
+        assert exp.privacy.epsilon(10) == Accountant(1.0, 6, 3, delta).epsilon(2)
+        return
+    counts: dict[int, int] = {}
+    for start in (0, 5):
+        for c in sample_cohort(6, 0.5, 0, start):
+            counts[c] = counts.get(c, 0) + 1
+    want = {c: local_epsilon(1.0, k, delta) for c, k in counts.items()}
+    assert exp.privacy.local_epsilons(10) == dict(sorted(want.items()))

@@ -26,6 +26,7 @@ from fedforge.config.privacy import delta_of
 from fedforge.errors import ConfigError, invalid_field
 from fedforge.pipeline import Stage
 from fedforge.rng import torch_generator
+from fedforge.server.periods import upload_period
 from fedforge.server.sampling import cohort_size
 from fedforge.stages.clip import Clip, ClipBoard
 from fedforge.stages.dp import (
@@ -94,11 +95,21 @@ class PrivacyParts:
         )
 
     # ------------------------------------------------------------- reporting
+    def releases(self, rounds: int) -> list[int]:
+        """The noised releases among the first ``rounds`` rounds, by the first round
+        of their period: every round, or with ``upload_every`` = k one a period
+        (its cohort sampled at the period's first round, its upload at the last)."""
+        cfg = self.cfg
+        k = cfg.communication.upload_every
+        horizon = max(rounds, cfg.rounds)  # past the run's end: whole periods
+        ends = (upload_period(r, k, horizon) for r in range(rounds))
+        return [start for r, (start, end) in enumerate(ends) if r == end]
+
     def epsilon(self, rounds: int) -> float | None:
-        """Central DP: epsilon after ``rounds`` rounds; local DP: the largest
-        client epsilon; None without DP."""
+        """Central DP: epsilon after ``rounds`` rounds (their releases); local DP:
+        the largest client epsilon; None without DP."""
         if self.accountant is not None:
-            return self.accountant.epsilon(rounds)
+            return self.accountant.epsilon(len(self.releases(rounds)))
         if self.cfg.privacy.dp == "local" or self.high_tier is not None:
             eps = self.local_epsilons(rounds)
             return max(eps.values()) if eps else 0.0
@@ -110,13 +121,13 @@ class PrivacyParts:
 
     def local_epsilons(self, rounds: int) -> dict[int, float]:
         """Local DP: each client's epsilon after ``rounds`` rounds (from the cohorts
-        it was sampled into: an upper bound on its uploads); under tiers, each
-        high-tier client's."""
+        it was sampled into, one a release: an upper bound on its uploads); under
+        tiers, each high-tier client's."""
         from fedforge.server.sampling import sample_cohort
 
         cfg, p = self.cfg, self.cfg.privacy
         counts: dict[int, int] = {}
-        for t in range(rounds):
+        for t in self.releases(rounds):
             poisson = p.sampling == "poisson"
             for c in sample_cohort(cfg.num_clients, cfg.client_fraction, cfg.seed, t, poisson):
                 if self.high_tier is None or c in self.high_tier:
@@ -349,8 +360,10 @@ def check_algorithm(cfg: Config, algorithm: Algorithm) -> None:
 
 def _check_budget(parts: PrivacyParts) -> None:
     """Refuse to start when even one round would exceed ``target_epsilon``."""
-    target = parts.cfg.privacy.target_epsilon
-    first = parts.epsilon(1)
+    cfg = parts.cfg
+    target = cfg.privacy.target_epsilon
+    first_upload = upload_period(0, cfg.communication.upload_every, cfg.rounds)[1]
+    first = parts.epsilon(first_upload + 1)
     if target is not None and first is not None and first > target:
         raise ConfigError(
             f"privacy.target_epsilon = {target} is spent by the first round already "
