@@ -272,3 +272,23 @@ def test_upload_periods_spend_one_release_each(make_data: MakeData, dp: str) -> 
             counts[c] = counts.get(c, 0) + 1
     want = {c: local_epsilon(1.0, k, delta) for c, k in counts.items()}
     assert exp.privacy.local_epsilons(10) == dict(sorted(want.items()))
+
+
+@pytest.mark.parametrize(
+    ("priv", "hidden"),
+    [({"dp": "local"}, True), ({"dp": "central"}, False)],
+)
+def test_a_server_that_must_not_see_updates_gets_no_training_loss(
+    make_data: MakeData, tmp_path: Path, priv: dict[str, Any], hidden: bool
+) -> None:
+    """Under local DP the exact training loss travelled in clear beside the
+    noised update (and was stored per client); the server of central DP is
+    trusted with the updates, and still gets it."""
+    data = make_data([30, 20, 40, 30, 25, 35])
+    res = run(from_dict({**BASE, "rounds": 1, "runs_dir": str(tmp_path), "privacy": priv}), data)
+    assert res.run_dir is not None
+    with RunStore.open(res.run_dir) as store:
+        losses = [c.train_loss for c in store.client_rounds(0)]
+        assert len(losses) == 3
+        assert all(loss is None for loss in losses) == hidden
+        assert (store.rounds()[0].train_loss is None) == hidden

@@ -152,8 +152,10 @@ class ClientRuntime:
         tamper_fn: TamperFn | None = None,
         downlink: Codec | None = None,
         reporter: Reporter | None = None,
+        report_loss: bool = True,
     ) -> None:
         self.model = model
+        self.report_loss = report_loss  # False: the server is not to see it (privacy.py)
         self.spec = spec
         self.algorithm = algorithm
         self.data_fn = data_fn
@@ -269,7 +271,9 @@ class ClientRuntime:
             "num_examples": n,
             # a diverged client still uploads (the server refuses its non-finite
             # delta); strict JSON has no NaN, so its loss travels as null
-            "train_loss": result.train_loss if math.isfinite(result.train_loss) else None,
+            "train_loss": result.train_loss
+            if self.report_loss and math.isfinite(result.train_loss)
+            else None,
             "steps": result.steps,
         }
         if self.reporter is not None:  # fedforge.reports: quality or class weights

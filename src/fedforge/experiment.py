@@ -179,6 +179,7 @@ def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
         tamper_fn=robust.tamper_fn,
         downlink=comm.downlink,
         reporter=reporter,
+        report_loss=not privacy.hides_updates(cfg),
     )
     engine, note = make_engine(cfg.engine, runtime, cfg.workers, _side_state(comm, priv))
     note = "; ".join(n for n in (note, precision_note(cfg.precision)) if n) or None

@@ -333,6 +333,15 @@ def _secagg(parts: PrivacyParts, cfg: Config, m: int, num_examples: list[int]) -
         parts.secagg_mean = SecAggMean(cap)
 
 
+def hides_updates(cfg: Config) -> bool:
+    """Whether the server must not see a client's own numbers: local DP (noised
+    on the client), secure aggregation, distributed DP and the tiers. Its
+    training loss is then not reported either (a function of its data, exact);
+    its example count still travels (the weights need it)."""
+    p = cfg.privacy
+    return p.dp in ("local", "distributed") or p.secagg or p.tiers.enabled
+
+
 def check_algorithm(cfg: Config, algorithm: Algorithm) -> None:
     """Refuse privacy with an algorithm whose updates carry tensors beside the
     delta (SCAFFOLD's control deltas): they are neither masked, clipped nor noised,
