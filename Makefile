@@ -8,7 +8,7 @@ DATA_ENV := $(if $(wildcard $(SHARED_DATA)/mnist),FEDFORGE_DATA=$(SHARED_DATA),)
 CONFIG ?= configs/default.yaml
 ARGS ?=
 
-.PHONY: run test test-slow lint typecheck bench venv clean
+.PHONY: run test test-slow lint typecheck venv clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

@@ -333,3 +333,12 @@ def test_resume_with_error_feedback_is_bit_exact(
     with RunStore.open(stopped.run_dir) as got, RunStore.open(reference.run_dir) as want:
         assert [r.bytes_up for r in got.rounds()] == [r.bytes_up for r in want.rounds()]
         assert [r.test_loss for r in got.rounds()] == [r.test_loss for r in want.rounds()]
+
+
+def test_the_summary_says_more_bytes_when_the_run_sends_more_than_float32() -> None:
+    from fedforge.server.summary import format_summary
+
+    base = {"rounds_done": 1, "bytes_up": 8, "bytes_down": 8, "paper_bytes": 8}
+    base |= {"wall_seconds": 1.0, "target_accuracy": None}
+    text = format_summary({**base, "uplink_ratio": 0.5, "downlink_ratio": 4.0})
+    assert "vs float32       2.00x more bytes up, 4.00x fewer bytes down" in text

@@ -154,6 +154,12 @@ def test_unknown_field_from_yaml_and_override(tmp_path: Path) -> None:
         ({"server_lr": -1}, "server_lr"),
         ({"dtype": "float16"}, "dtype"),
         ({"name": "a/b"}, "name"),
+        ({"runs_dir": ""}, "runs_dir"),  # wrote runs into the current folder
+        ({"runs_dir": "  "}, "runs_dir"),
+        ({"mu": 0.5}, "mu"),  # fedavg would ignore it
+        ({"target_accuracy": "all"}, "target_accuracy"),  # 'all' is null for batch_size only
+        ({"server_optimizer": {"kind": "adagrad", "beta2": 0.5}}, "server_optimizer.beta2"),
+        ({"server_optimizer": {"kind": "adam", "momentum": 0.9}}, "server_optimizer.momentum"),
     ],
 )
 def test_bad_value_names_the_field(data: dict[str, Any], field: str) -> None:

@@ -557,3 +557,43 @@ def test_resume_refuses_a_run_that_finished_while_it_was_building(
         resume(done.run_dir, data=data)
     with RunStore.open(done.run_dir) as store:
         assert store.status == "finished" and len(store.rounds()) == 2
+
+
+def test_a_run_whose_every_checkpoint_is_damaged_starts_again_from_round_0(
+    make_data: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """As a run killed before its first checkpoint does (it could not be resumed
+    at all: 'no usable checkpoint'); the result is the uninterrupted run's."""
+    from tests.conftest import wrap_engine
+
+    data = make_data([7, 12, 5, 9], dtype=torch.float64)
+    base = {
+        "model": "2nn", "num_clients": 4, "client_fraction": 0.5, "batch_size": 4,
+        "rounds": 4, "target_accuracy": None, "dtype": "float64", "checkpoint_every": 2,
+        "communication": {"uplink": "topk", "fraction": 0.1, "error_feedback": True},
+    }  # fmt: skip
+    want = run(from_dict({**base, "runs_dir": str(tmp_path / "a")}), data)
+
+    class Crash:
+        name = "crash"
+
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def run_cohort(self, tasks: Any, payload: bytes) -> Any:
+            if tasks[0].round_idx == 3:
+                raise MemoryError("killed (test)")
+            return self.inner.run_cohort(tasks, payload)
+
+    with monkeypatch.context() as patch:
+        wrap_engine(patch, Crash)
+        with pytest.raises(MemoryError):
+            run(from_dict({**base, "runs_dir": str(tmp_path / "b")}), data)
+    (run_dir,) = (tmp_path / "b").iterdir()
+    (only,) = list_checkpoints(run_dir)
+    (only / "state.safetensors").write_bytes(b"junk")
+    capsys.readouterr()
+    got = resume(run_dir, data=data)
+    assert "starting again from round 0" in capsys.readouterr().err
+    assert torch.equal(got.params, want.params)
+    assert [r.test_loss for r in got.rounds] == [r.test_loss for r in want.rounds]

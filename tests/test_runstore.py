@@ -248,3 +248,11 @@ def test_format_run_summary(tmp_path: Path) -> None:
         assert "[failed]" in text and "reached in 3.0 rounds" in text and "1h 02m 05s" in text
         with pytest.raises(StoreError, match="allowed"):
             store.finish({}, status="done")
+
+
+def test_show_says_why_a_finished_run_stopped_early(tmp_path: Path) -> None:
+    with RunStore.create(tmp_path, Config(name="stall", rounds=6)) as store:
+        store.record_round(_round(0, 0.1), [])
+        store.finish({"stall_stop": "stopped after 2 skipped rounds in a row (...)"})
+        text = format_run_summary(store)
+    assert "[finished]" in text and "stopped   stopped after 2 skipped rounds" in text

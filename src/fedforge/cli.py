@@ -9,6 +9,7 @@ A run stopped by SIGINT/SIGTERM checkpoints, says how to resume, and exits with
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from collections.abc import Iterable, Sequence
@@ -211,6 +212,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("fedforge: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # e.g. `fedforge show RUN | head -1`: the reader left
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

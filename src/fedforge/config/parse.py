@@ -31,9 +31,8 @@ def _coerce(name: str, value: Any, tp: Any) -> Any:
         return value
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
-        is_null = value is None or (
-            isinstance(value, str) and value.lower() in ("null", "none", "all")
-        )
+        nulls = ("null", "none", "all") if name == "batch_size" else ("null", "none")
+        is_null = value is None or (isinstance(value, str) and value.lower() in nulls)
         if is_null and type(None) in args:
             return None
         errors: list[ConfigError] = []

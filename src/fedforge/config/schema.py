@@ -265,6 +265,15 @@ def _validate(cfg: Config) -> None:
             "must be an integer >= 0 (0 turns periodic checkpoints off)",
         ),
         ("name", cfg.name, bool(cfg.name) and "/" not in cfg.name, "must be non-empty, no '/'"),
+        ("runs_dir", cfg.runs_dir, bool(cfg.runs_dir.strip()), "must be a non-empty path"),
+        (
+            "mu",
+            cfg.mu,
+            cfg.algorithm == "fedprox"
+            or cfg.mu in (0.0, Config.__dataclass_fields__["mu"].default),
+            f"is FedProx's proximal coefficient; algorithm '{cfg.algorithm}' ignores it "
+            "(0 or the default only)",
+        ),
         (
             "partition.shards_per_client",
             cfg.partition.shards_per_client,
@@ -315,19 +324,21 @@ def _unused_optimizer_fields(so: ServerOptimizerConfig) -> list[tuple[str, Any, 
     """Checks that refuse a field the chosen optimizer would ignore, when it is set
     away from its default (momentum for the adaptive kinds; the moments for sgd)."""
     default = ServerOptimizerConfig()
-    if so.kind != "sgd":
-        why = f"is used by kind 'sgd' only; kind '{so.kind}' ignores it: leave it at 0"
-        return [("server_optimizer.momentum", so.momentum, so.momentum == 0.0, why)]
-    why = "is used by the adaptive kinds (adagrad, adam, yogi); kind 'sgd' ignores it"
-    return [
-        (
-            f"server_optimizer.{name}",
-            getattr(so, name),
-            getattr(so, name) == getattr(default, name),
-            why,
-        )
-        for name in ("beta1", "beta2", "tau", "bias_correction")
-    ]
+    used = {  # the fields each kind reads, besides server_lr
+        "sgd": ("momentum",),
+        "adagrad": ("beta1", "tau", "bias_correction"),
+        "adam": ("beta1", "beta2", "tau", "bias_correction"),
+        "yogi": ("beta1", "beta2", "tau", "bias_correction"),
+    }
+    checks = []
+    for name in ("momentum", "beta1", "beta2", "tau", "bias_correction"):
+        if name in used[so.kind]:
+            continue
+        users = ", ".join(k for k, fields in used.items() if name in fields)
+        why = f"is used by kind {users} only; kind '{so.kind}' ignores it"
+        value = getattr(so, name)
+        checks.append((f"server_optimizer.{name}", value, value == getattr(default, name), why))
+    return checks
 
 
 def _validate_robust(r: RobustConfig) -> None:

@@ -71,6 +71,9 @@ def format_run_summary(store: RunStore) -> str:
     lines.extend(noniid_lines(store))
     if info.status == "failed" and summary.get("error"):
         lines.append(f"stopped   {summary['error']}")
+    for why in ("stall_stop", "privacy_stop"):  # a finished run that ended early
+        if isinstance(summary.get(why), str):
+            lines.append(f"stopped   {summary[why]}")
     return "\n".join(lines)
 
 

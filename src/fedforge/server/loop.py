@@ -14,6 +14,7 @@ SIGINT or SIGTERM arrives (the run is then marked stopped and can be resumed).
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,8 +79,7 @@ def run(
     partition = _summary(exp)
     if progress:
         print(f"partition: {partition.format()}", flush=True)
-        if exp.note:
-            print(exp.note, flush=True)
+    _say_note(exp)
     if not store:
         return _drive(exp, None, None, LoopState.fresh(exp), partition, progress)
     run_store = RunStore.create(cfg.runs_dir, cfg)
@@ -105,13 +105,18 @@ def resume(
         lock.acquire()  # refuses while another process still writes the run
         if run_store.status == "finished":  # it was running, and ended while we built
             raise CheckpointError(finished)
+        state = LoopState.fresh(exp)  # round 0's state is the seed's
         if list_checkpoints(run_store.path):
             tables = client_tables(exp)  # EF residuals, SCAFFOLD controls
-            ckpt = load_latest(run_store.path, tables)
-            state = LoopState.from_checkpoint(exp, ckpt, run_store.rounds(), tables)
-            load_aggregator_state(exp.pipeline.aggregator, ckpt)
-        else:
-            state = LoopState.fresh(exp)
+            try:
+                ckpt = load_latest(run_store.path, tables)
+            except CheckpointError as exc:  # every checkpoint damaged: from the start
+                for table in tables.values():
+                    table.clear()  # rows a half-loaded checkpoint left
+                print(f"fedforge: {exc}; starting again from round 0", file=sys.stderr)
+            else:
+                state = LoopState.from_checkpoint(exp, ckpt, run_store.rounds(), tables)
+                load_aggregator_state(exp.pipeline.aggregator, ckpt)
         run_store.rewind(state.next_round)
     except BaseException:
         lock.release()
@@ -121,9 +126,15 @@ def resume(
     if progress:
         first = " (no checkpoint yet: from the start)" if state.next_round == 0 else ""
         print(f"resuming {run_store.path.name} at round {state.next_round}{first}", flush=True)
-        if exp.note:
-            print(exp.note, flush=True)
+    _say_note(exp)
     return _drive(exp, run_store, lock, state, partition, progress)
+
+
+def _say_note(exp: Experiment) -> None:
+    """What the run does differently from its config (an engine or worker count
+    that cannot run, bf16 emulated): on stderr, with or without the progress bar."""
+    if exp.note:
+        print(f"fedforge: {exp.note}", file=sys.stderr, flush=True)
 
 
 def _drive(

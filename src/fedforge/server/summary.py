@@ -73,10 +73,7 @@ def format_summary(summary: dict[str, Any]) -> str:
     ]
     ratio_up, ratio_down = summary.get("uplink_ratio"), summary.get("downlink_ratio")
     if ratio_up is not None and ratio_down is not None:
-        lines.insert(
-            2,
-            f"vs float32       {ratio_up:.2f}x fewer bytes up, {ratio_down:.2f}x fewer down",
-        )
+        lines.insert(2, f"vs float32       {_times(ratio_up)} up, {_times(ratio_down)} down")
     to_target = summary.get("bytes_to_target")
     if to_target is not None:
         lines.insert(
@@ -114,3 +111,10 @@ def _privacy_lines(summary: dict[str, Any]) -> list[str]:
         f"{spent}{more}",
         f"privacy tier     low, {low['clients']} clients: {low['applied']}",
     ]
+
+
+def _times(ratio: float) -> str:
+    """A dense-float32-over-real ratio in words: 4.00x fewer bytes, or 2.00x more."""
+    if ratio >= 1:
+        return f"{ratio:.2f}x fewer bytes"
+    return f"{1 / ratio:.2f}x more bytes"
