@@ -19,6 +19,7 @@ from fedforge.client import ClientRuntime
 from fedforge.clienteval import split_holdout
 from fedforge.communication import CommunicationParts
 from fedforge.config import Config
+from fedforge.config.schema import ignored_fields
 from fedforge.data import Partition, load_mnist, make_partition, noise, shift, synthetic
 from fedforge.data.mnist import NUM_CLASSES
 from fedforge.engines import Engine
@@ -182,7 +183,8 @@ def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
         report_loss=not privacy.hides_updates(cfg),
     )
     engine, note = make_engine(cfg.engine, runtime, cfg.workers, _side_state(comm, priv))
-    note = "; ".join(n for n in (note, precision_note(cfg.precision)) if n) or None
+    ignored = "; ".join(ignored_fields(cfg))
+    note = "; ".join(n for n in (note, precision_note(cfg.precision), ignored) if n) or None
     params = spec.flatten(model, dtype)
     return Experiment(
         cfg, data, model, spec, algorithm, pipeline, engine, params, note, robust, comm, priv
