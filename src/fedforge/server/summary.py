@@ -115,6 +115,8 @@ def _privacy_lines(summary: dict[str, Any]) -> list[str]:
 
 def _times(ratio: float) -> str:
     """A dense-float32-over-real ratio in words: 4.00x fewer bytes, or 2.00x more."""
-    if ratio >= 1:
+    if f"{ratio:.2f}" == "1.00" or f"{1 / ratio:.2f}" == "1.00":
+        return "as many bytes"  # dense float32 (the headers aside)
+    if ratio > 1:
         return f"{ratio:.2f}x fewer bytes"
     return f"{1 / ratio:.2f}x more bytes"
