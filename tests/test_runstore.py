@@ -130,9 +130,16 @@ def test_killed_writer_leaves_committed_rounds(tmp_path: Path) -> None:
         assert len(store.client_rounds()) == 2
         assert store.status == "running"
         store.record_round(_round(2), _clients(2))  # a resumed run can carry on writing
-    (info,) = list_runs(tmp_path)
-    assert (info.status, info.rounds_done, info.rounds_planned) == ("running", 3, 10)
+    (info,) = list_runs(tmp_path)  # 'running' in the store, but no process holds it
+    assert (info.status, info.rounds_done, info.rounds_planned) == ("died", 3, 10)
     assert info.best_accuracy == pytest.approx(0.81)
+    from fedforge.server.state import RunLock
+
+    lock = RunLock(path).acquire()  # a live writer
+    try:
+        assert list_runs(tmp_path)[0].status == "running"
+    finally:
+        lock.release()
 
 
 def test_open_rejects_non_runs(tmp_path: Path) -> None:
@@ -201,7 +208,7 @@ def test_list_runs_skips_non_runs_and_marks_corrupt(tmp_path: Path) -> None:
     runs = list_runs(tmp_path)
     assert {r.path for r in runs} == {*paths, broken}
     status = {r.name: r.status for r in runs}
-    assert status == {"alpha": "running", "beta": "running", "broken": "unreadable"}
+    assert status == {"alpha": "died", "beta": "died", "broken": "unreadable"}  # no writer
     table = format_run_table(runs)
     assert table.splitlines()[0].split()[:3] == ["RUN", "STATUS", "ROUNDS"]
     assert paths[0].name in table and "unreadable" in table

@@ -60,7 +60,7 @@ class RunInfo:
     name: str  # the config name
     path: Path
     created: str
-    status: str  # 'running', 'finished', 'failed', or 'unreadable'
+    status: str  # 'running', 'finished', 'failed', 'died' (running, no writer), 'unreadable'
     rounds_done: int
     rounds_planned: int | None
     best_accuracy: float | None

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import fcntl
+import os
 from pathlib import Path
 
 from fedforge.errors import StoreError
@@ -17,10 +20,29 @@ def _config_name(path: Path) -> str:
 def _run_info(path: Path) -> RunInfo:
     try:
         with RunStore.open(path) as store:
-            return store.info()
+            info = store.info()
     except (StoreError, ValueError, AttributeError):
         name = _config_name(path) or path.name
         return RunInfo(path.name, name, path, "", "unreadable", 0, None, None)
+    if info.status == "running" and not _written_now(path):  # killed: SIGKILL, OOM
+        return dataclasses.replace(info, status="died")
+    return info
+
+
+def _written_now(path: Path) -> bool:
+    """Whether a process holds the run's lock (``server/state.py``'s RunLock; the
+    kernel drops it when that process dies, however)."""
+    try:
+        fd = os.open(path / "lock", os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing drops a lock this look took
+    return False
 
 
 def list_runs(runs_dir: Path | str) -> list[RunInfo]:
