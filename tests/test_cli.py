@@ -182,13 +182,10 @@ def test_missing_data_exits_2_offline(
 def test_a_quiet_run_still_says_what_it_does_differently(
     tiny_config: Path,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
-    make_data: MakeData,
+    signalled: Callable[[int], None],
 ) -> None:
     """-q drops the progress bar, not the one-line notes (they were hidden too)."""
-    data = make_data([5, 6, 7, 8], dtype=torch.float32)
-    monkeypatch.setattr(fedforge.experiment, "load_federated_data", lambda cfg: data)
     argv = ["run", "-c", str(tiny_config), "--runs-dir", str(tmp_path), "-q"]
     assert main([*argv, "--set", "algorithm=scaffold", "--set", "workers=2"]) == 0
     assert "workers: 2 cannot be used" in capsys.readouterr().err

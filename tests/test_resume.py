@@ -500,19 +500,8 @@ def test_a_run_killed_before_its_first_checkpoint_resumes_from_the_start(
     }  # fmt: skip
     want = run(from_dict({**base, "runs_dir": str(tmp_path / "a")}), data)
 
-    class Crash:
-        name = "crash"
-
-        def __init__(self, inner: Any) -> None:
-            self.inner = inner
-
-        def run_cohort(self, tasks: Any, payload: bytes) -> Any:
-            if tasks[0].round_idx == 2:
-                raise MemoryError("killed (test)")
-            return self.inner.run_cohort(tasks, payload)
-
     with monkeypatch.context() as patch:
-        wrap_engine(patch, Crash)
+        wrap_engine(patch, _crash_in_round(2))
         with pytest.raises(MemoryError):
             run(from_dict({**base, "runs_dir": str(tmp_path / "b")}), data)
     (run_dir,) = (tmp_path / "b").iterdir()
@@ -574,19 +563,8 @@ def test_a_run_whose_every_checkpoint_is_damaged_starts_again_from_round_0(
     }  # fmt: skip
     want = run(from_dict({**base, "runs_dir": str(tmp_path / "a")}), data)
 
-    class Crash:
-        name = "crash"
-
-        def __init__(self, inner: Any) -> None:
-            self.inner = inner
-
-        def run_cohort(self, tasks: Any, payload: bytes) -> Any:
-            if tasks[0].round_idx == 3:
-                raise MemoryError("killed (test)")
-            return self.inner.run_cohort(tasks, payload)
-
     with monkeypatch.context() as patch:
-        wrap_engine(patch, Crash)
+        wrap_engine(patch, _crash_in_round(3))
         with pytest.raises(MemoryError):
             run(from_dict({**base, "runs_dir": str(tmp_path / "b")}), data)
     (run_dir,) = (tmp_path / "b").iterdir()
@@ -597,3 +575,20 @@ def test_a_run_whose_every_checkpoint_is_damaged_starts_again_from_round_0(
     assert "starting again from round 0" in capsys.readouterr().err
     assert torch.equal(got.params, want.params)
     assert [r.test_loss for r in got.rounds] == [r.test_loss for r in want.rounds]
+
+
+def _crash_in_round(round_idx: int) -> Any:
+    """An engine wrapper that dies (as if killed) when round ``round_idx`` starts."""
+
+    class Crash:
+        name = "crash"
+
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def run_cohort(self, tasks: Any, payload: bytes) -> Any:
+            if tasks[0].round_idx == round_idx:
+                raise MemoryError("killed (test)")
+            return self.inner.run_cohort(tasks, payload)
+
+    return Crash
