@@ -77,7 +77,10 @@ def cells() -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {"float32": {}, "float32_2nn": {}}
     for name, com in LOSSY.items():
         out[name] = com
-        out[f"{name}_ef"] = {**com, "error_feedback": True}
+        # error feedback needs a contractive compressor: 2-bit stochastic rounding
+        # loses more than its input, so its EF cell rounds to nearest (refused else)
+        nearest = {"rounding": "nearest"} if com["uplink"] == "int2" else {}
+        out[f"{name}_ef"] = {**com, **nearest, "error_feedback": True}
     out["every2"] = {"upload_every": 2}
     return out
 

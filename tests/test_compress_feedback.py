@@ -86,6 +86,36 @@ def test_a_diverged_update_keeps_the_old_residual() -> None:
     assert torch.isfinite(ef.decode(tensors, meta, 4, F64, CodecContext(0, 2, 0))).all()
 
 
+def test_error_feedback_needs_a_compressor_that_loses_less_than_its_input() -> None:
+    """Stochastic sign with s = max|x| and stochastic 2 bits lose more than x in
+    expectation (by hand: sign's E||C(x) - x||^2 = sum (s^2 - x_i^2)), so the
+    residual grows without bound; nearest rounding (Karimireddy et al.'s scaled
+    sign) loses less than x, and the residual stays bounded."""
+    d = torch.randn(4096, generator=torch.Generator().manual_seed(0), dtype=F64) / 64
+    s = float(d.abs().max())
+    ratio = float((s**2 - d**2).sum() / (d**2).sum())
+    assert ratio > 1  # the expected loss, larger than the input
+    for uplink in ("sign", "int2"):
+        from_dict(
+            {"communication": {"uplink": uplink, "error_feedback": True, "rounding": "nearest"}}
+        )
+    store = MemoryStateStore(1, d.numel(), F64)
+    ef = ErrorFeedback(Quantize(1, False, 1024), store)  # the nearest (scaled) sign
+    for r in range(30):
+        ef.encode(d, CodecContext(0, r, 0))
+    assert float(store.gather([0])[0].norm()) < 5 * float(d.norm())
+
+
+def test_error_feedback_keeps_its_residual_when_the_scale_is_not_finite() -> None:
+    """A diverged update's int8 scale is NaN: decoding it on the client raised and
+    ended the whole run; now the message goes (the server refuses it), the
+    residual stays."""
+    store = MemoryStateStore(1, 8, F64)
+    ef = ErrorFeedback(Quantize(8, True, 1024), store)
+    tensors, meta = ef.encode(torch.full((8,), float("nan"), dtype=F64), CodecContext(0, 0, 0))
+    assert not store.has(0) and tensors
+
+
 def test_clip_bounds_the_norm_and_keeps_small_deltas() -> None:
     clip = Clip(2.0)
     ctx = StageContext(0, 0, 1)
@@ -118,6 +148,8 @@ def test_communication_config_defaults_and_errors() -> None:
         ({"clip_norm": -1}, "'communication.clip_norm' = -1"),
         ({"chunk_size": 0}, "'communication.chunk_size' = 0"),
         ({"uplnk": "int8"}, "did you mean 'communication.uplink'"),
+        ({"uplink": "sign", "error_feedback": True}, "needs rounding: nearest"),
+        ({"uplink": "int2", "error_feedback": True}, "needs rounding: nearest"),
     ]
     for section, message in bad:
         with pytest.raises(ConfigError, match=message):

@@ -427,6 +427,16 @@ def _validate_communication(cfg: Config) -> None:
             "needs a lossy uplink codec (dense drops nothing); allowed with: "
             "float16, bfloat16, int8, int4, int2, sign, topk, randk",
         ),
+        (
+            "error_feedback",
+            com.error_feedback,
+            not com.error_feedback
+            or com.rounding == "nearest"
+            or com.uplink not in ("sign", "int2"),
+            f"with uplink '{com.uplink}' needs rounding: nearest (stochastic {com.uplink} "
+            "loses more than its input, ||C(x) - x|| > ||x||, and the residual grows without "
+            "bound: measured x2 a round; Karimireddy et al.'s scaled sign is the nearest one)",
+        ),
     ]
     for name, value, ok, allowed in checks:
         if not ok:

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from fedforge.errors import UploadError
 from fedforge.stages.codec import Codec, CodecContext
 from fedforge.store.client_state import ClientStateStore
 
@@ -44,7 +45,10 @@ class ErrorFeedback:
         cid = ctx.client_id
         v = delta + self.store.gather([cid])[0].to(delta.dtype)
         tensors, meta = self.codec.encode(v, ctx)
-        sent = self.codec.decode(tensors, meta, v.numel(), v.dtype, ctx)
+        try:
+            sent = self.codec.decode(tensors, meta, v.numel(), v.dtype, ctx)
+        except UploadError:  # e.g. a NaN scale of a diverged update: the server
+            return tensors, meta  # refuses the message; the residual stays as it was
         residual = v - sent
         if bool(torch.isfinite(residual).all()):
             self.store.scatter([cid], residual.unsqueeze(0))
