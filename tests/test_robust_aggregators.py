@@ -226,3 +226,19 @@ def test_min_updates_and_flags() -> None:
         for row in u:
             acc.add(row, 1.0)
         assert torch.equal(acc.result(), a.aggregate(u, ones(k)))
+
+
+def test_distances_hold_when_updates_share_a_large_part() -> None:
+    """Rows alike up to 1e-3 around a common part of norm ~130 (late rounds, or
+    ALIE inside the honest spread): ||a||^2 + ||b||^2 - 2 a.b in float32 lost
+    the distances to rounding (Krum then picked at random, attackers included).
+    Against the distances of the differences, in float64."""
+    from fedforge.aggregators.common import squared_distances
+
+    gen = torch.Generator().manual_seed(1)
+    common = torch.randn(20_000, generator=gen, dtype=torch.float64)
+    rows = common + 1e-3 * torch.randn(11, 20_000, generator=gen, dtype=torch.float64)
+    want = torch.cdist(rows, rows) ** 2
+    got = squared_distances(rows.float()).double()
+    off = ~torch.eye(11, dtype=torch.bool)
+    assert torch.allclose(got[off], want[off], rtol=1e-3, atol=0)
