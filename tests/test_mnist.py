@@ -54,6 +54,8 @@ def test_parse_idx_big_endian_types() -> None:
         (b"\x00\x00\x08\x01\x00\x00\x00\x03\x05\x06", "size mismatch"),
         (b"\x00\x00\x08\x01\x00\x00\x00\x01\x05\x06", "size mismatch"),
         (b"\x00\x00\x08\x02\x00\x00", "header"),
+        # dims 65536^4: the int64 element count wrapped to 0 and reshape raised ValueError
+        (b"\x00\x00\x08\x04" + b"\x00\x01\x00\x00" * 4, "size mismatch"),
     ],
 )
 def test_parse_idx_rejects_bad_bytes(raw: bytes, words: str) -> None:
@@ -166,6 +168,10 @@ def test_download_verifies_content_and_falls_back(
     monkeypatch.setattr(mnist.urllib.request, "urlopen", serve)
     dest = mnist.download(tmp_path / "dl", mirrors=mirrors, retries=1)
     assert sorted(os.listdir(dest)) == sorted(fake)
+    umask = os.umask(0)
+    os.umask(umask)
+    for name in fake:  # readable by others under the umask (mkstemp's 0600 was kept)
+        assert (dest / name).stat().st_mode & 0o777 == 0o666 & ~umask
     for name, raw in fake.items():
         assert gzip.decompress((dest / name).read_bytes()) == raw
     # Only a bad mirror: every try fails the checksum.
@@ -275,3 +281,28 @@ def test_real_mnist(tmp_path: Path) -> None:
     elapsed = time.perf_counter() - start
     assert torch.equal(again.test_x, data.test_x)
     assert elapsed < 1.5, f"cached load took {elapsed:.2f} s (target < 0.5 s)"
+
+
+def test_a_mirror_that_drips_is_left_for_the_next(
+    fake: dict[str, bytes], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each read within the socket timeout, the file never complete: the next
+    mirror is tried once the whole-file deadline passes (it took hours)."""
+    clock = [0.0]
+    monkeypatch.setattr(mnist.time, "monotonic", lambda: clock[0])
+
+    class Drip(io.BytesIO):
+        def read(self, size: int = -1) -> bytes:
+            clock[0] += 60.0  # a minute a chunk
+            if clock[0] > 100 * 3600:  # not left after 100 hours: fail, do not hang
+                raise AssertionError("the download never gave the mirror up")
+            return b"\x1f"
+
+    def serve(url: str, timeout: float) -> io.BytesIO:
+        if url.startswith("http://slow"):
+            return Drip()
+        return io.BytesIO(gzip.compress(fake[url.rsplit("/", 1)[1]]))
+
+    monkeypatch.setattr(mnist.urllib.request, "urlopen", serve)
+    dest = mnist.download(tmp_path / "dl", mirrors=("http://slow.example/", "http://ok.example/"))
+    assert sorted(os.listdir(dest)) == sorted(fake)

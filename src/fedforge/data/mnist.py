@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import http.client
+import math
 import os
 import tempfile
 import time
@@ -90,7 +91,7 @@ def parse_idx(raw: bytes) -> torch.Tensor:
         raise DataError(f"IDX header needs {header} bytes for {ndim} dims, file has {len(raw)}")
     dims = tuple(int(d) for d in np.frombuffer(raw, dtype=">u4", count=ndim, offset=4))
     dtype = np.dtype(_IDX_DTYPES[code])
-    count = int(np.prod(dims, dtype=np.int64)) if ndim else 1
+    count = math.prod(dims)  # Python ints: no int64 wrap-around for absurd headers
     expected = header + count * dtype.itemsize
     if len(raw) != expected:
         raise DataError(
@@ -130,6 +131,17 @@ def _gz_content_md5(path: Path) -> str:
     return digest.hexdigest()
 
 
+_FILE_SECONDS = 600  # a whole file from one mirror (train-images is 9.9 MB)
+
+
+def _readable(path: Path) -> None:
+    """The mode a plain file gets under the umask (mkstemp's is 0600: a shared data
+    folder or cache would be readable by its writer only)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
 def _fetch(name: str, md5: str, target: Path, mirrors: Sequence[str], timeout: float) -> str:
     """One pass over the mirrors; returns '' on success, else the last error text."""
     error = "no mirrors given"
@@ -138,13 +150,17 @@ def _fetch(name: str, md5: str, target: Path, mirrors: Sequence[str], timeout: f
         fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{name}.", suffix=".part")
         tmp = Path(tmp_name)
         try:
+            deadline = time.monotonic() + _FILE_SECONDS
             with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as resp:
-                for chunk in iter(lambda: resp.read(1 << 20), b""):
+                for chunk in iter(lambda: resp.read(1 << 16), b""):
                     out.write(chunk)
+                    if time.monotonic() > deadline:  # a mirror that drips: try the next
+                        raise TimeoutError(f"no complete file within {_FILE_SECONDS} s")
             got = _gz_content_md5(tmp)
             if got != md5:
                 error = f"{url}: content md5 {got} != expected {md5}"
                 continue
+            _readable(tmp)
             os.replace(tmp, target)
             return ""
         except _NET_ERRORS as exc:
@@ -282,6 +298,7 @@ def _save_cache(path: Path, arrays: dict[str, torch.Tensor]) -> None:
         os.close(fd)
         tmp = Path(tmp_name)
         torch.save({**arrays, "crc32": _crc(arrays)}, tmp)
+        _readable(tmp)
         os.replace(tmp, path)
         tmp = None
     except (OSError, RuntimeError) as exc:  # torch.save: RuntimeError on a short write
