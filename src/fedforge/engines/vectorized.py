@@ -281,10 +281,8 @@ class VectorizedEngine:
                 [t.plan.local_epochs for t in chunk],
                 fused,
             )
-            messages = [
-                rt.conclude(task, start, result, x, y, extras)
-                for task, result, x, y in zip(chunk, results, xs, ys, strict=True)
-            ]
             per_client = (time.perf_counter() - t0) / len(chunk)
-            for task, data in zip(chunk, messages, strict=True):
+            for task, result, x, y in zip(chunk, results, xs, ys, strict=True):
+                # one encoded message alive at a time (the server takes each in turn)
+                data = rt.conclude(task, start, result, x, y, extras)
                 yield ClientUpload(task.client_id, data, per_client)
