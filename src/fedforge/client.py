@@ -199,9 +199,14 @@ class ClientRuntime:
         note = self.withheld(task, start, result)
         if note is not None:
             return note
-        if self.algorithm.personal is not None:
-            self.algorithm.personal.keep(task.client_id, result.params)
-        sent = self.end(task, start, result, x, y, extras)
+        alg = self.algorithm
+        if alg.personal is not None:
+            alg.personal.keep(task.client_id, result.params)
+        sent: dict[str, torch.Tensor] = {}
+        if alg.client is not None:  # its client half: SCAFFOLD's new c_k, delta c_k
+            grad_fn = full_gradient(self.model, self.spec, alg.loss_fn)
+            job = ClientJob(task.client_id, start, result, x, y, task.plan.lr, extras, grad_fn)
+            sent = alg.client.end(job)
         return self.finish(task, start, result, len(y), sent)
 
     def withheld(self, task: ClientTask, start: torch.Tensor, result: LocalResult) -> bytes | None:
@@ -226,22 +231,6 @@ class ClientRuntime:
         dtype = next(iter(self.model.parameters())).dtype  # the run's dtype
         msg = wire.decode(payload)
         return _payload_params(msg, self.downlink, self.spec.size, dtype), _extras(msg.tensors)
-
-    def end(
-        self,
-        task: ClientTask,
-        start: torch.Tensor,
-        result: LocalResult,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        extras: Mapping[str, torch.Tensor],
-    ) -> dict[str, torch.Tensor]:
-        """The algorithm's client half after training (SCAFFOLD: new c_k, delta c_k)."""
-        if self.algorithm.client is None:
-            return {}
-        grad_fn = full_gradient(self.model, self.spec, self.algorithm.loss_fn)
-        job = ClientJob(task.client_id, start, result, x, y, task.plan.lr, extras, grad_fn)
-        return self.algorithm.client.end(job)
 
     def finish(
         self,
