@@ -30,101 +30,26 @@ from typing import Any
 
 from fedforge.config import Config, dump, from_dict, to_dict
 from fedforge.errors import ConfigError, StoreError
+from fedforge.store.database import (
+    ANOMALIES,
+    CLIENT_COLS,
+    DB_NAME,
+    FLOAT32_COLS,
+    INSERT_CLIENT,
+    INSERT_ROUND,
+    PRIVACY,
+    READABLE_VERSIONS,
+    ROUND_COLS,
+    ROUND_TABLES,
+    SCHEMA,
+    SCHEMA_VERSION,
+    connect,
+)
 from fedforge.store.records import AnomalyRecord, ClientRecord, RoundRecord, RunInfo
 
-# 2 added ``anomalies``, 3 the rounds' ``float32_up``/``float32_down``: an older
-# store gains them on its first write, and reads them as NULL until then.
-SCHEMA_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
 STATUSES = ("running", "finished", "failed")
-DB_NAME, CONFIG_NAME, METRICS_NAME = "store.sqlite", "config.yaml", "metrics.jsonl"
+CONFIG_NAME, METRICS_NAME = "config.yaml", "metrics.jsonl"
 _RUN_DIR = re.compile(r"^(\d{8}-\d{6})-(.+)-([0-9a-f]{6})$")
-
-_SCHEMA = """
-CREATE TABLE runs (id TEXT PRIMARY KEY, name TEXT NOT NULL, created TEXT NOT NULL,
-    status TEXT NOT NULL CHECK (status IN ('running', 'finished', 'failed')),
-    config_json TEXT NOT NULL, summary_json TEXT);
-CREATE TABLE rounds (round_idx INTEGER PRIMARY KEY, cohort_size INTEGER NOT NULL,
-    train_loss REAL, test_accuracy REAL, test_loss REAL, bytes_up INTEGER NOT NULL,
-    bytes_down INTEGER NOT NULL, paper_bytes INTEGER NOT NULL, lr REAL NOT NULL,
-    seconds REAL NOT NULL, created REAL NOT NULL, float32_up INTEGER, float32_down INTEGER);
-CREATE TABLE client_rounds (round_idx INTEGER NOT NULL, client_id INTEGER NOT NULL,
-    num_examples INTEGER NOT NULL, train_loss REAL, update_norm REAL, bytes_up INTEGER NOT NULL,
-    bytes_down INTEGER NOT NULL, PRIMARY KEY (round_idx, client_id));
-"""
-# Every refused update (client id and reason) and every skipped round (client_id
-# NULL): a client's anomaly history. IF NOT EXISTS: version-1 stores gain it.
-_ANOMALIES = """CREATE TABLE IF NOT EXISTS anomalies (round_idx INTEGER NOT NULL,
-    client_id INTEGER, reason TEXT NOT NULL)"""
-# Privacy spent after each round (DP runs): epsilon at delta, and the round's clip norm.
-_PRIVACY = """CREATE TABLE IF NOT EXISTS privacy (round_idx INTEGER PRIMARY KEY,
-    epsilon REAL, delta REAL NOT NULL, clip_norm REAL)"""
-# Per-round rows of the non-IID toolkit (issue 4), each table created on its first
-# write (IF NOT EXISTS: older stores gain them): per-client evaluation on held-out
-# slices (of the global model, and after personalisation steps), per-class test
-# accuracy, update diagnostics, per-client loss gaps.
-ROUND_TABLES: dict[str, str] = {
-    "client_eval": """CREATE TABLE IF NOT EXISTS client_eval (round_idx INTEGER NOT NULL,
-        client_id INTEGER NOT NULL, accuracy REAL, loss REAL, num_examples INTEGER NOT NULL,
-        PRIMARY KEY (round_idx, client_id))""",
-    "personal_eval": """CREATE TABLE IF NOT EXISTS personal_eval (round_idx INTEGER NOT NULL,
-        client_id INTEGER NOT NULL, accuracy REAL, loss REAL, num_examples INTEGER NOT NULL,
-        PRIMARY KEY (round_idx, client_id))""",
-    "class_accuracy": """CREATE TABLE IF NOT EXISTS class_accuracy (round_idx INTEGER NOT NULL,
-        class_idx INTEGER NOT NULL, accuracy REAL, num_examples INTEGER NOT NULL,
-        PRIMARY KEY (round_idx, class_idx))""",
-    "diagnostics": """CREATE TABLE IF NOT EXISTS diagnostics (round_idx INTEGER PRIMARY KEY,
-        clients INTEGER NOT NULL, mean_cosine REAL, norm_median REAL, norm_max REAL,
-        norm_ratio REAL)""",
-    "client_gaps": """CREATE TABLE IF NOT EXISTS client_gaps (round_idx INTEGER NOT NULL,
-        client_id INTEGER NOT NULL, train_loss REAL, global_loss REAL, gap REAL,
-        PRIMARY KEY (round_idx, client_id))""",
-}
-
-
-_ROUND_COLS = [f.name for f in dataclasses.fields(RoundRecord)]
-_FLOAT32_COLS = ("float32_up", "float32_down")  # version 3
-_CLIENT_COLS = [f.name for f in dataclasses.fields(ClientRecord)]
-_INSERT_ROUND = (
-    f"INSERT OR REPLACE INTO rounds ({', '.join(_ROUND_COLS)}) "
-    f"VALUES ({', '.join('?' * len(_ROUND_COLS))})"
-)
-_INSERT_CLIENT = f"INSERT INTO client_rounds VALUES ({', '.join('?' * len(_CLIENT_COLS))})"
-
-
-def _writable(db: Path) -> bool:
-    """Whether this process may write the database and its folder (its WAL files)."""
-    return os.access(db, os.W_OK) and os.access(db.parent, os.W_OK | os.X_OK)
-
-
-def _connect_read_only(db: Path) -> sqlite3.Connection:
-    """Read-only, with the WAL's committed rounds when SQLite can read it without
-    writing; else immutable (the main file alone, which a clean close left whole)."""
-    base = db.resolve().as_uri()
-    try:
-        conn = sqlite3.connect(f"{base}?mode=ro", uri=True, isolation_level=None)
-        conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
-        return conn
-    except sqlite3.Error:
-        return sqlite3.connect(f"{base}?mode=ro&immutable=1", uri=True, isolation_level=None)
-
-
-def _connect(db: Path, create: bool = False) -> sqlite3.Connection:
-    """Autocommit connection (transactions are explicit); never creates a file by
-    accident. A store this process may not write (a read-only copy, an archive) is
-    opened read-only and immutable: it can be listed and shown, not resumed."""
-    read_only = not create and db.is_file() and not _writable(db)
-    try:
-        if read_only:
-            return _connect_read_only(db)
-        uri = f"{db.resolve().as_uri()}?mode={'rwc' if create else 'rw'}"
-        conn = sqlite3.connect(uri, uri=True, isolation_level=None)
-        conn.execute("PRAGMA busy_timeout = 5000")
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("PRAGMA synchronous = FULL")
-    except sqlite3.Error as exc:
-        raise StoreError(f"run store '{db}' is corrupt or unreadable: {exc}") from None
-    return conn
 
 
 def _is_run_dir(path: Path) -> bool:
@@ -151,10 +76,10 @@ class RunStore:
             (path / METRICS_NAME).touch()
         except OSError as exc:
             raise StoreError(f"cannot create run directory '{path}': {exc}") from None
-        conn = _connect(path / DB_NAME, create=True)
+        conn = connect(path / DB_NAME, create=True)
         try:
             conn.executescript(
-                f"BEGIN IMMEDIATE; {_SCHEMA} {_ANOMALIES}; PRAGMA user_version = {SCHEMA_VERSION};"
+                f"BEGIN IMMEDIATE; {SCHEMA} {ANOMALIES}; PRAGMA user_version = {SCHEMA_VERSION};"
             )
             conn.execute(
                 "INSERT INTO runs VALUES (?, ?, ?, 'running', ?, NULL)",
@@ -179,7 +104,7 @@ class RunStore:
             raise StoreError(f"run directory '{path}' does not exist")
         if not (path / DB_NAME).is_file():
             raise StoreError(f"'{path}' is not a run directory: it has no {DB_NAME}")
-        conn = _connect(path / DB_NAME)
+        conn = connect(path / DB_NAME)
         try:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             count = conn.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
@@ -232,10 +157,10 @@ class RunStore:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
                 self._upgrade()
-                self._conn.execute(_INSERT_ROUND, dataclasses.astuple(round_row))
+                self._conn.execute(INSERT_ROUND, dataclasses.astuple(round_row))
                 self._conn.execute("DELETE FROM client_rounds WHERE round_idx = ?", (idx,))
-                self._conn.executemany(_INSERT_CLIENT, [dataclasses.astuple(c) for c in clients])
-                self._conn.execute(_ANOMALIES)
+                self._conn.executemany(INSERT_CLIENT, [dataclasses.astuple(c) for c in clients])
+                self._conn.execute(ANOMALIES)
                 self._conn.execute("DELETE FROM anomalies WHERE round_idx = ?", (idx,))
                 self._conn.executemany(
                     "INSERT INTO anomalies VALUES (?, ?, ?)",
@@ -267,7 +192,7 @@ class RunStore:
         eps = epsilon if math.isfinite(epsilon) else None
         try:
             with self._conn:
-                self._conn.execute(_PRIVACY)
+                self._conn.execute(PRIVACY)
                 self._conn.execute(
                     "INSERT OR REPLACE INTO privacy VALUES (?, ?, ?, ?)",
                     (round_idx, eps, delta, clip_norm),
@@ -291,9 +216,9 @@ class RunStore:
             try:
                 self._conn.execute("DELETE FROM rounds WHERE round_idx >= ?", (next_round,))
                 self._conn.execute("DELETE FROM client_rounds WHERE round_idx >= ?", (next_round,))
-                self._conn.execute(_ANOMALIES)
+                self._conn.execute(ANOMALIES)
                 self._conn.execute("DELETE FROM anomalies WHERE round_idx >= ?", (next_round,))
-                self._conn.execute(_PRIVACY)
+                self._conn.execute(PRIVACY)
                 self._conn.execute("DELETE FROM privacy WHERE round_idx >= ?", (next_round,))
                 for table, ddl in ROUND_TABLES.items():
                     self._conn.execute(ddl)
@@ -414,21 +339,21 @@ class RunStore:
     def _upgrade(self) -> None:
         """Inside a write transaction: give an older store version 3's columns."""
         have = self._round_columns()
-        missing = [c for c in _FLOAT32_COLS if c not in have]
+        missing = [c for c in FLOAT32_COLS if c not in have]
         for column in missing:
             self._conn.execute(f"ALTER TABLE rounds ADD COLUMN {column} INTEGER")
         if missing:
-            self._conn.execute(_ANOMALIES)
+            self._conn.execute(ANOMALIES)
             self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def rounds(self) -> list[RoundRecord]:
         have = self._round_columns()
-        cols = [c if c in have else f"NULL AS {c}" for c in _ROUND_COLS]
+        cols = [c if c in have else f"NULL AS {c}" for c in ROUND_COLS]
         rows = self._query(f"SELECT {', '.join(cols)} FROM rounds ORDER BY round_idx")
         return [RoundRecord(*row) for row in rows]
 
     def client_rounds(self, round_idx: int | None = None) -> list[ClientRecord]:
-        sql = f"SELECT {', '.join(_CLIENT_COLS)} FROM client_rounds"
+        sql = f"SELECT {', '.join(CLIENT_COLS)} FROM client_rounds"
         args: tuple[Any, ...] = ()
         if round_idx is not None:
             sql, args = sql + " WHERE round_idx = ?", (round_idx,)

@@ -1,0 +1,106 @@
+"""A run's SQLite file: its schema and versions, the column lists the run store
+writes, and how the file is opened (WAL, synchronous writes; read-only and, if
+need be, immutable for a store this process may not write). The run store
+(``runstore.py``) is the one user; it keeps the meaning of the rows."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sqlite3
+from pathlib import Path
+
+from fedforge.errors import StoreError
+from fedforge.store.records import ClientRecord, RoundRecord
+
+# 2 added ``anomalies``, 3 the rounds' ``float32_up``/``float32_down``: an older
+# store gains them on its first write, and reads them as NULL until then.
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
+DB_NAME = "store.sqlite"
+
+SCHEMA = """
+CREATE TABLE runs (id TEXT PRIMARY KEY, name TEXT NOT NULL, created TEXT NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('running', 'finished', 'failed')),
+    config_json TEXT NOT NULL, summary_json TEXT);
+CREATE TABLE rounds (round_idx INTEGER PRIMARY KEY, cohort_size INTEGER NOT NULL,
+    train_loss REAL, test_accuracy REAL, test_loss REAL, bytes_up INTEGER NOT NULL,
+    bytes_down INTEGER NOT NULL, paper_bytes INTEGER NOT NULL, lr REAL NOT NULL,
+    seconds REAL NOT NULL, created REAL NOT NULL, float32_up INTEGER, float32_down INTEGER);
+CREATE TABLE client_rounds (round_idx INTEGER NOT NULL, client_id INTEGER NOT NULL,
+    num_examples INTEGER NOT NULL, train_loss REAL, update_norm REAL, bytes_up INTEGER NOT NULL,
+    bytes_down INTEGER NOT NULL, PRIMARY KEY (round_idx, client_id));
+"""
+# Every refused update (client id and reason) and every skipped round (client_id
+# NULL): a client's anomaly history. IF NOT EXISTS: version-1 stores gain it.
+ANOMALIES = """CREATE TABLE IF NOT EXISTS anomalies (round_idx INTEGER NOT NULL,
+    client_id INTEGER, reason TEXT NOT NULL)"""
+# Privacy spent after each round (DP runs): epsilon at delta, and the round's clip norm.
+PRIVACY = """CREATE TABLE IF NOT EXISTS privacy (round_idx INTEGER PRIMARY KEY,
+    epsilon REAL, delta REAL NOT NULL, clip_norm REAL)"""
+# Per-round rows of the non-IID toolkit (issue 4), each table created on its first
+# write (IF NOT EXISTS: older stores gain them): per-client evaluation on held-out
+# slices (of the global model, and after personalisation steps), per-class test
+# accuracy, update diagnostics, per-client loss gaps.
+ROUND_TABLES: dict[str, str] = {
+    "client_eval": """CREATE TABLE IF NOT EXISTS client_eval (round_idx INTEGER NOT NULL,
+        client_id INTEGER NOT NULL, accuracy REAL, loss REAL, num_examples INTEGER NOT NULL,
+        PRIMARY KEY (round_idx, client_id))""",
+    "personal_eval": """CREATE TABLE IF NOT EXISTS personal_eval (round_idx INTEGER NOT NULL,
+        client_id INTEGER NOT NULL, accuracy REAL, loss REAL, num_examples INTEGER NOT NULL,
+        PRIMARY KEY (round_idx, client_id))""",
+    "class_accuracy": """CREATE TABLE IF NOT EXISTS class_accuracy (round_idx INTEGER NOT NULL,
+        class_idx INTEGER NOT NULL, accuracy REAL, num_examples INTEGER NOT NULL,
+        PRIMARY KEY (round_idx, class_idx))""",
+    "diagnostics": """CREATE TABLE IF NOT EXISTS diagnostics (round_idx INTEGER PRIMARY KEY,
+        clients INTEGER NOT NULL, mean_cosine REAL, norm_median REAL, norm_max REAL,
+        norm_ratio REAL)""",
+    "client_gaps": """CREATE TABLE IF NOT EXISTS client_gaps (round_idx INTEGER NOT NULL,
+        client_id INTEGER NOT NULL, train_loss REAL, global_loss REAL, gap REAL,
+        PRIMARY KEY (round_idx, client_id))""",
+}
+
+
+ROUND_COLS = [f.name for f in dataclasses.fields(RoundRecord)]
+FLOAT32_COLS = ("float32_up", "float32_down")  # version 3
+CLIENT_COLS = [f.name for f in dataclasses.fields(ClientRecord)]
+INSERT_ROUND = (
+    f"INSERT OR REPLACE INTO rounds ({', '.join(ROUND_COLS)}) "
+    f"VALUES ({', '.join('?' * len(ROUND_COLS))})"
+)
+INSERT_CLIENT = f"INSERT INTO client_rounds VALUES ({', '.join('?' * len(CLIENT_COLS))})"
+
+
+def _writable(db: Path) -> bool:
+    """Whether this process may write the database and its folder (its WAL files)."""
+    return os.access(db, os.W_OK) and os.access(db.parent, os.W_OK | os.X_OK)
+
+
+def _connect_read_only(db: Path) -> sqlite3.Connection:
+    """Read-only, with the WAL's committed rounds when SQLite can read it without
+    writing; else immutable (the main file alone, which a clean close left whole)."""
+    base = db.resolve().as_uri()
+    try:
+        conn = sqlite3.connect(f"{base}?mode=ro", uri=True, isolation_level=None)
+        conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+        return conn
+    except sqlite3.Error:
+        return sqlite3.connect(f"{base}?mode=ro&immutable=1", uri=True, isolation_level=None)
+
+
+def connect(db: Path, create: bool = False) -> sqlite3.Connection:
+    """Autocommit connection (transactions are explicit); never creates a file by
+    accident. A store this process may not write (a read-only copy, an archive) is
+    opened read-only and immutable: it can be listed and shown, not resumed."""
+    read_only = not create and db.is_file() and not _writable(db)
+    try:
+        if read_only:
+            return _connect_read_only(db)
+        uri = f"{db.resolve().as_uri()}?mode={'rwc' if create else 'rw'}"
+        conn = sqlite3.connect(uri, uri=True, isolation_level=None)
+        conn.execute("PRAGMA busy_timeout = 5000")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = FULL")
+    except sqlite3.Error as exc:
+        raise StoreError(f"run store '{db}' is corrupt or unreadable: {exc}") from None
+    return conn
