@@ -105,18 +105,7 @@ def resume(
         lock.acquire()  # refuses while another process still writes the run
         if run_store.status == "finished":  # it was running, and ended while we built
             raise CheckpointError(finished)
-        state = LoopState.fresh(exp)  # round 0's state is the seed's
-        if list_checkpoints(run_store.path):
-            tables = client_tables(exp)  # EF residuals, SCAFFOLD controls
-            try:
-                ckpt = load_latest(run_store.path, tables)
-            except CheckpointError as exc:  # every checkpoint damaged: from the start
-                for table in tables.values():
-                    table.clear()  # rows a half-loaded checkpoint left
-                print(f"fedforge: {exc}; starting again from round 0", file=sys.stderr)
-            else:
-                state = LoopState.from_checkpoint(exp, ckpt, run_store.rounds(), tables)
-                load_aggregator_state(exp.pipeline.aggregator, ckpt)
+        state = _resumed_state(exp, run_store)
         run_store.rewind(state.next_round)
     except BaseException:
         lock.release()
@@ -128,6 +117,24 @@ def resume(
         print(f"resuming {run_store.path.name} at round {state.next_round}{first}", flush=True)
     _say_note(exp)
     return _drive(exp, run_store, lock, state, partition, progress)
+
+
+def _resumed_state(exp: Experiment, run_store: RunStore) -> LoopState:
+    """The newest good checkpoint's state; round 0's (the seed's) when there is no
+    checkpoint or every one is damaged."""
+    if not list_checkpoints(run_store.path):
+        return LoopState.fresh(exp)
+    tables = client_tables(exp)  # EF residuals, SCAFFOLD controls
+    try:
+        ckpt = load_latest(run_store.path, tables)
+    except CheckpointError as exc:  # every checkpoint damaged: from the start
+        for table in tables.values():
+            table.clear()  # rows a half-loaded checkpoint left
+        print(f"fedforge: {exc}; starting again from round 0", file=sys.stderr)
+        return LoopState.fresh(exp)
+    state = LoopState.from_checkpoint(exp, ckpt, run_store.rounds(), tables)
+    load_aggregator_state(exp.pipeline.aggregator, ckpt)
+    return state
 
 
 def _say_note(exp: Experiment) -> None:
