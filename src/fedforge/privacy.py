@@ -350,15 +350,12 @@ def check_algorithm(cfg: Config, algorithm: Algorithm) -> None:
     p = cfg.privacy
     if server is None or not server.update_tensors:
         return
-    what = (
-        "privacy.secagg"
-        if p.secagg
-        else (
-            f"privacy.dp = '{p.dp}'"
-            if p.dp != "none"
-            else ("privacy.tiers" if p.tiers.enabled else None)
-        )
-    )
+    named = {
+        "privacy.secagg": p.secagg,
+        f"privacy.dp = '{p.dp}'": p.dp != "none",
+        "privacy.tiers": p.tiers.enabled,
+    }
+    what = next((name for name, on in named.items() if on), None)
     if what is not None:
         raise ConfigError(
             f"{what}: algorithm '{algorithm.name}' sends {', '.join(server.update_tensors)} "

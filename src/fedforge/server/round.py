@@ -300,7 +300,6 @@ def run_round(
     gathering = Gathering(len(tasks))
     clients: dict[int, ClientRecord] = {}
     bytes_up = 0
-    sent_up = 0  # update messages that arrived (a withheld notice carries none)
     secure = exp.privacy.secagg if exp.privacy is not None else None  # secure aggregation
     payload_down = len(payload) * (len(cohort) + hops)  # the model to every client, edge
     phase_down = 0  # secure aggregation: its messages and the payload, to whom they went
@@ -314,10 +313,8 @@ def run_round(
             up = check_update(exp, upload.client_id, round_idx, upload.data)
         except UploadError as exc:
             faulty += not isinstance(exc, Withheld)
-            sent_up += not isinstance(exc, Withheld)
             _reject(state, bar, round_idx, upload.client_id, str(exc))
             continue
-        sent_up += 1
         up.delta = pipeline.run_upload(up.delta, StageContext(round_idx, cfg.seed, up.client_id))
         if diag is not None and acc is not None:  # streaming: accepted as it comes
             diag.add(up.client_id, up.delta, up.train_loss)
@@ -337,7 +334,9 @@ def run_round(
             acc.add(up.delta, float(up.num_examples))
         else:
             gathering.add(up)
-    float32_up = dense.up * sent_up
+    # update messages that arrived: the refused as faulty, and the decoded (a
+    # withheld note carries no update)
+    float32_up = dense.up * (faulty + len(clients))
     float32_down = dense.down * (len(cohort) + hops)
     if edges is not None and acc is not None:
         bytes_up += edges.forward(acc, round_idx)
