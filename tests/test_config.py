@@ -274,3 +274,23 @@ def test_fields_a_run_does_not_read_are_named_not_refused() -> None:
         "server_optimizer.momentum = 0.9 is ignored by kind 'adagrad'",
         "server_optimizer.beta2 = 0.5 is ignored by kind 'adagrad'",
     ]
+
+
+def test_scaffold_option_ii_with_momentum_is_named() -> None:
+    """Option II's control variate is the displacement over steps * lr, the mean
+    corrected gradient only under plain SGD: momentum or weight decay is noted."""
+    from fedforge.config.noniid import LocalConfig, ScaffoldConfig
+    from fedforge.config.schema import ignored_fields
+
+    plain = Config(algorithm="scaffold")
+    assert ignored_fields(plain) == []
+    heavy = Config(algorithm="scaffold", local=LocalConfig(momentum=0.9))
+    (note,) = ignored_fields(heavy)
+    assert "option 'II'" in note and "local.momentum = 0.9" in note
+    option_i = Config(
+        algorithm="scaffold",
+        local=LocalConfig(weight_decay=0.1),
+        scaffold=ScaffoldConfig(option="I"),
+    )
+    assert ignored_fields(option_i) == []
+    assert ignored_fields(Config(local=LocalConfig(momentum=0.9))) == []

@@ -312,8 +312,9 @@ def _validate(cfg: Config) -> None:
 
 
 def ignored_fields(cfg: Config) -> list[str]:
-    """Fields set away from their default that this run does not read: FedProx's
-    mu under another algorithm, a server optimizer's field its kind ignores. Not
+    """Fields set away from their default that this run does not read (FedProx's
+    mu under another algorithm, a server optimizer's field its kind ignores) or
+    reads against its algorithm's assumption (SCAFFOLD option II's plain SGD). Not
     refused (a sweep over the algorithm or the kind keeps one setting for the
     points that read it); the run says so in one line."""
     out = []
@@ -330,6 +331,18 @@ def ignored_fields(cfg: Config) -> list[str]:
         value = getattr(so, name)
         if name not in used[so.kind] and value != getattr(default, name):
             out.append(f"server_optimizer.{name} = {value} is ignored by kind '{so.kind}'")
+    loc = cfg.local
+    if (
+        cfg.algorithm == "scaffold"
+        and cfg.scaffold.option == "II"
+        and (loc.momentum or loc.weight_decay)
+    ):
+        out.append(
+            "scaffold.option 'II' estimates the client's corrected gradient as its "
+            "displacement / (steps * lr), which assumes plain local SGD: with "
+            f"local.momentum = {loc.momentum}, local.weight_decay = {loc.weight_decay} "
+            "the control variates carry them too (option 'I' does not)"
+        )
     return out
 
 
