@@ -81,6 +81,23 @@ def test_flatten_matches_concatenated_parameters() -> None:
     assert torch.equal(vec[start : start + 200], model.fc2.bias.detach())
 
 
+def test_flatten_keeps_the_modules_dtype_unless_told() -> None:
+    model = nn.Linear(3, 2).double()
+    with torch.no_grad():
+        model.weight.fill_(1 / 3)
+    vec = ParamSpec.of(model).flatten(model)
+    assert vec.dtype == torch.float64 and vec[0].item() == 1 / 3
+    assert ParamSpec.of(model).flatten(model, torch.float32).dtype == torch.float32
+
+
+def test_batch_norm_with_a_cumulative_average_is_refused() -> None:
+    """momentum=None averages over num_batches_tracked, an integer counter the flat
+    vector does not carry: every client would share (and corrupt) one counter."""
+    with pytest.raises(ValueError, match="batch norm '1' has momentum=None"):
+        ParamSpec.of(nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4, momentum=None)))
+    assert ParamSpec.of(nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))).size == 24
+
+
 def test_load_into_then_flatten_round_trip() -> None:
     model = MnistMLP().double()
     spec = ParamSpec.of(model)

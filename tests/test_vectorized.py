@@ -102,6 +102,42 @@ def test_full_batch_uneven_clients_match_serial() -> None:
     assert torch.isfinite(agg).all()
 
 
+@pytest.mark.parametrize("batch_size", [None, 3])
+@pytest.mark.parametrize("momentum", [0.0, 0.9])  # fused batched path, vmap path
+def test_a_client_without_examples_takes_no_step_on_either_engine(
+    batch_size: int | None, momentum: float
+) -> None:
+    """Zero examples: no minibatch, so no step (weight decay would still move the
+    model on an empty batch), a loss of 0 and steps 0, on both engines."""
+    from fedforge.client import ClientTask, minibatches
+
+    assert minibatches(0, batch_size, torch.Generator()) == []
+    data = synthetic_data(3, "iid", seed=2)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(784, 10)).double()
+    spec = ParamSpec.of(model)
+    alg = fedavg(2, batch_size, lr=0.1, momentum=momentum, weight_decay=momentum / 9)
+
+    def data_fn(client: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = data.client_data(client)
+        return (x[:0], y[:0]) if client == 1 else (x, y)
+
+    runtime = ClientRuntime(model, spec, alg, data_fn)
+    payload = wire.encode({"params": spec.flatten(model, torch.float64)})
+    for clients in ([0, 1, 2], [1]):  # a chunk with only the empty client too
+        tasks = [ClientTask(c, 0, alg.plan(0), 11) for c in clients]
+        for engine in (SerialEngine(runtime), VectorizedEngine(runtime)):
+            ups = {
+                t.client_id: wire.decode(u.data)
+                for t, u in zip(tasks, engine.run_cohort(tasks, payload))
+            }
+            empty = ups[1]
+            assert empty.meta["steps"] == 0 and empty.meta["train_loss"] == 0.0
+            assert torch.count_nonzero(empty.tensors["delta"]) == 0
+            if 0 in ups:
+                assert ups[0].meta["steps"] > 0
+
+
 def test_step_indices_pad_and_mask() -> None:
     """Hand example: client 0 has batches [0,1],[2]; client 1 has [1]. Padding
     points at the zero row (index 9) and is masked."""

@@ -60,7 +60,10 @@ def minibatches(
     num_examples: int, batch_size: int | None, gen: torch.Generator
 ) -> list[torch.Tensor]:
     """One epoch's minibatch indices: a permutation from ``gen`` cut into batches of
-    ``batch_size`` (the last one may be smaller); ``None`` means one full batch."""
+    ``batch_size`` (the last one may be smaller); ``None`` means one full batch.
+    No examples, no batch (an empty one would still take a weight-decay step)."""
+    if num_examples == 0:
+        return []
     perm = torch.randperm(num_examples, generator=gen)
     size = num_examples if batch_size is None else batch_size
     return list(perm.split(size))

@@ -54,6 +54,13 @@ class ParamSpec:
     def of(module: nn.Module, include_buffers: bool = False) -> ParamSpec:
         """The spec of ``module``: its parameters in ``named_parameters`` order, then
         (if asked) its floating-point buffers."""
+        for prefix, sub in module.named_modules():
+            if isinstance(sub, nn.modules.batchnorm._BatchNorm) and sub.momentum is None:
+                raise ValueError(
+                    f"batch norm '{prefix}' has momentum=None (a cumulative average over "
+                    "num_batches_tracked, a counter the flat vector does not carry per "
+                    "client); give it a float momentum, e.g. 0.1"
+                )
         norm_names = {
             f"{prefix}.{n}" if prefix else n
             for prefix, sub in module.named_modules()
@@ -82,10 +89,13 @@ class ParamSpec:
     def names(self) -> tuple[str, ...]:
         return tuple(e.name for e in self.entries)
 
-    def flatten(self, module: nn.Module, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """A new flat vector holding ``module``'s current values."""
+    def flatten(self, module: nn.Module, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """A new flat vector holding ``module``'s current values, in ``dtype``
+        (default: the module's first parameter's)."""
         tensors: dict[str, torch.Tensor] = dict(module.named_parameters())
         tensors.update(dict(module.named_buffers()))
+        if dtype is None:
+            dtype = tensors[self.entries[0].name].dtype if self.entries else torch.float32
         out = torch.empty(self.size, dtype=dtype)
         for e in self.entries:
             out[e.slice].copy_(tensors[e.name].detach().reshape(-1))

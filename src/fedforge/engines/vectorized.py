@@ -99,7 +99,7 @@ def _step_indices(
     of real samples. Padding (short batches, finished schedules) points at an
     all-zero row and is masked out."""
     steps = max(len(s) for s in schedules)
-    width = max(len(b) for s in schedules for b in s)
+    width = max((len(b) for s in schedules for b in s), default=1)
     index = torch.full((steps, len(schedules), width), pad_row, dtype=torch.int64)
     mask = torch.zeros((steps, len(schedules), width), dtype=torch.bool)
     for k, (batches, offset) in enumerate(zip(schedules, offsets, strict=True)):
