@@ -158,6 +158,8 @@ def test_unknown_field_from_yaml_and_override(tmp_path: Path) -> None:
         ({"runs_dir": ""}, "runs_dir"),  # wrote runs into the current folder
         ({"runs_dir": "  "}, "runs_dir"),
         ({"target_accuracy": "all"}, "target_accuracy"),  # 'all' is null for batch_size only
+        ({"robust": {"attack": "alie", "alie_z": float("nan")}}, "robust.alie_z"),
+        ({"robust": {"attack": "scaled", "attack_scale": float("inf")}}, "robust.attack_scale"),
     ],
 )
 def test_bad_value_names_the_field(data: dict[str, Any], field: str) -> None:

@@ -115,3 +115,20 @@ def test_collusion_without_attackers_or_honest_clients_changes_nothing() -> None
     for attackers in (frozenset({9}), frozenset(range(6))):
         out, _ = Collusion("ipm", attackers).apply(c, ctx(None))
         assert torch.equal(out.updates, c.updates)
+
+
+def test_collusion_over_a_lossy_uplink_sends_what_the_codec_carries() -> None:
+    """Top-k of 2 entries: the attacker's crafted row reaches the server as its
+    two largest entries only, as a real message over that channel would."""
+    from fedforge.stages.sparsify import TopK
+
+    c = _cohort()
+    out, _ = Collusion("ipm", frozenset({0}), epsilon=0.5, codec=TopK(0.5)).apply(c, ctx(None))
+    row = -0.5 * c.updates[1:].mean(dim=0)
+    keep = row.abs().argsort(descending=True)[:2]
+    expected = torch.zeros(4, dtype=F64)
+    expected[keep] = row[keep]
+    assert torch.equal(out.updates[0], expected)
+    assert torch.equal(out.updates[1:], c.updates[1:])
+    dense, _ = Collusion("ipm", frozenset({0}), epsilon=0.5, codec=Dense()).apply(c, ctx(None))
+    assert torch.equal(dense.updates[0], row)  # a lossless codec changes nothing

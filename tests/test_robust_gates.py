@@ -470,3 +470,59 @@ def test_loss_gaps_are_recorded_without_the_update_figures(tmp_path: Path) -> No
         used = {c.client_id: c.train_loss for c in store.client_rounds(0)}
     assert {c: local for _, c, local, _, _ in gaps} == used and len(used) == 8
     assert all(g == pytest.approx(glob - local) for _, _, local, glob, g in gaps)
+
+
+def test_colluders_are_named_and_stored_with_the_row_the_server_took(
+    make_data: MakeData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """IPM over top-k: the row the median gets for each attacker is -eps times
+    the honest rows' mean cut to its k largest entries (what the channel
+    carries), and the stored norm is that row's; the summary names the attackers."""
+    cfg = tiny(6, tmp=tmp_path, rounds=1, attack="ipm", attack_fraction=0.34, aggregator="median")
+    cfg = override(cfg, {"communication.uplink": "topk", "communication.fraction": 0.01})
+    attackers = attacker_ids(6, 0.34, cfg.seed)
+    assert len(attackers) == 2
+    seen: list[torch.Tensor] = []
+    median = agg.Median.aggregate
+
+    def spy(self: agg.Median, updates: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        seen.append(updates.clone())
+        return median(self, updates, weights)
+
+    monkeypatch.setattr(agg.Median, "aggregate", spy)
+    result = run(cfg, data=make_data([10, 12, 14, 9, 11, 13]), progress=False)
+    assert result.summary["attackers"] == sorted(attackers)
+    (rows,) = seen
+    bad = torch.tensor([c in attackers for c in range(6)])
+    k = int(torch.count_nonzero(rows[0 if not bad[0] else 1]))
+    crafted = -0.5 * rows[~bad].mean(dim=0)
+    keep = crafted.abs().argsort(descending=True)[:k]
+    expected = torch.zeros_like(crafted)
+    expected[keep] = crafted[keep]
+    for i in bad.nonzero().flatten().tolist():
+        assert torch.equal(rows[i], expected)
+    assert result.run_dir is not None
+    with RunStore.open(result.run_dir) as store:
+        stored = {c.client_id: c.update_norm for c in store.client_rounds(0)}
+    assert stored == {c: float(rows[c].norm()) for c in range(6)}
+
+
+def test_uint8_attack_is_refused_under_secure_aggregation(make_data: MakeData) -> None:
+    cfg = override(tiny(4, attack="uint8", attack_fraction=0.25), {"privacy.secagg": True})
+    with pytest.raises(ConfigError, match="robust.attack 'uint8'.*privacy.secagg"):
+        build(cfg, make_data([5] * 4))
+
+
+def test_the_client_gate_does_not_hold_back_an_attacker(make_data: MakeData) -> None:
+    """A Byzantine client sends whatever its held-out loss says: the gate's check
+    passes for attackers and judges the others as before."""
+    exp = build(
+        tiny(4, client_gate=True, attack="sign_flip", attack_fraction=0.5), make_data([10] * 4)
+    )
+    gate = exp.robust.gate if exp.robust else None
+    assert gate is not None and exp.robust is not None
+    start = exp.initial_params
+    noisy = start + 5 * torch.randn(start.shape, generator=torch.Generator().manual_seed(0))
+    for c in range(4):
+        why = gate.check(exp.model, exp.spec, exp.algorithm.loss_fn, c, start, noisy)
+        assert (why is None) == (c in exp.robust.attackers), c

@@ -39,6 +39,7 @@ from fedforge.client import TamperFn
 from fedforge.errors import ConfigError
 from fedforge.pipeline import CohortUpdates, StageContext, Where
 from fedforge.rng import numpy_rng, torch_generator
+from fedforge.stages.codec import Codec, CodecContext
 
 DeltaKind = Literal["sign_flip", "scaled", "gaussian", "nan_inf"]
 CollusionKind = Literal["alie", "ipm"]
@@ -130,7 +131,10 @@ def alie_z(n: int, f: int) -> float:
 
 class Collusion:
     """Simulation only: the colluding attackers' rows of the cohort, rewritten from
-    the honest rows' statistics before any cohort validation. Never refuses."""
+    the honest rows' statistics before any cohort validation. Never refuses. With a
+    lossy uplink ``codec`` each attacker's row goes through it (encoded as that
+    attacker, then decoded), so the server gets only what the channel can carry:
+    at most k entries over top-k, signs over sign."""
 
     where: Where = "server_cohort"
 
@@ -140,9 +144,11 @@ class Collusion:
         attackers: frozenset[int],
         z: float | None = None,
         epsilon: float = 0.5,
+        codec: Codec | None = None,
     ) -> None:
         self.name = f"attack:{kind}"
         self.kind, self.attackers, self.z, self.epsilon = kind, attackers, z, epsilon
+        self.codec = codec if codec is not None and codec.lossy else None
 
     def apply(
         self, cohort: CohortUpdates, ctx: StageContext
@@ -159,6 +165,11 @@ class Collusion:
             row = -self.epsilon * mean
         updates = cohort.updates.clone()
         updates[bad] = row
+        if self.codec is not None:
+            for i in bad.nonzero().flatten().tolist():
+                where = CodecContext(ctx.seed, ctx.round_idx, cohort.client_ids[i])
+                tensors, meta = self.codec.encode(row, where)
+                updates[i] = self.codec.decode(tensors, meta, row.numel(), row.dtype, where)
         return (
             CohortUpdates(list(cohort.client_ids), updates, cohort.weights, cohort.reports),
             [],

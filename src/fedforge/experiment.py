@@ -155,8 +155,8 @@ def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
     model = build_model(cfg.model, cfg.seed, dtype, cfg.dataset)
     spec = ParamSpec.of(model, include_buffers=True)  # batch-norm statistics travel too
     algorithm = algorithms.from_config(cfg, spec.size, dtype, spec)
-    robust = assemble(cfg, data.client_data)
     comm = communication.assemble(cfg, spec, dtype, data.partition, data.train_y)
+    robust = assemble(cfg, data.client_data, comm.uplink)
     reporter, weigh = reports.assemble(cfg, robust.data_fn, NUM_CLASSES)  # quality, class
     sizes = [data.num_examples(c) for c in range(cfg.num_clients)]
     priv = privacy.assemble(cfg, sizes)

@@ -26,6 +26,8 @@ from fedforge.data.mnist import NUM_CLASSES
 from fedforge.errors import ConfigError
 from fedforge.pipeline import RULES, CohortStage, Pipeline, Stage
 from fedforge.server.sampling import cohort_size
+from fedforge.stages.codec import Codec
+from fedforge.stages.feedback import ErrorFeedback
 from fedforge.stages.validate import ClientGate, NormGate
 
 
@@ -84,9 +86,16 @@ def _check_cohort(cfg: Config, aggregator: agg.Aggregator) -> None:
         )
 
 
-def assemble(cfg: Config, data_fn: ClientDataFn) -> RobustParts:
-    """The robustness parts of ``cfg``; raises ConfigError on impossible combinations."""
+def assemble(cfg: Config, data_fn: ClientDataFn, uplink: Codec | None = None) -> RobustParts:
+    """The robustness parts of ``cfg``; raises ConfigError on impossible combinations.
+    ``uplink``: the update codec, which colluding attackers' rows go through too."""
     r = cfg.robust
+    if r.attack == "uint8" and cfg.privacy.secagg:
+        raise ConfigError(
+            "robust.attack 'uint8' (float tensors sent as raw bytes) cannot be simulated "
+            "with privacy.secagg: a masked update is integer words, so the attack would "
+            "change nothing; use 'nan_inf' or 'scaled' there"
+        )
     aggregator = make_aggregator(r)
     _check_cohort(cfg, aggregator)
     attackers = attacker_ids(cfg.num_clients, r.attack_fraction, cfg.seed)
@@ -100,10 +109,14 @@ def assemble(cfg: Config, data_fn: ClientDataFn) -> RobustParts:
     elif r.attack == "uint8":
         tamper = uint8_tamper(attackers)
     elif r.attack in ("alie", "ipm"):
-        cohort = (Collusion(r.attack, attackers, r.alie_z, r.ipm_epsilon),)
+        if isinstance(uplink, ErrorFeedback):  # the attacker keeps no residual
+            uplink = uplink.codec
+        cohort = (Collusion(r.attack, attackers, r.alie_z, r.ipm_epsilon, uplink),)
     if r.norm_gate is not None:
         cohort = (*cohort, NormGate(r.norm_gate))
-    gate = ClientGate(data_fn, r.holdout_fraction, cfg.seed) if r.client_gate else None
+    gate = None
+    if r.client_gate:  # a Byzantine client does not gate itself
+        gate = ClientGate(data_fn, r.holdout_fraction, cfg.seed, exempt=attackers)
     train_fn = gate.train_data if gate is not None else data_fn
     return RobustParts(aggregator, client, cohort, train_fn, gate, tamper, attackers)
 

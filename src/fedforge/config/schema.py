@@ -8,6 +8,7 @@ the client's whole data set in one batch).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -378,6 +379,13 @@ def _validate_robust(r: RobustConfig) -> None:
             "must be in [0, 1]",
         ),
         ("attack_std", r.attack_std, r.attack_std > 0, "must be > 0"),
+        ("attack_scale", r.attack_scale, math.isfinite(r.attack_scale), "must be a finite number"),
+        (
+            "alie_z",
+            r.alie_z,
+            r.alie_z is None or math.isfinite(r.alie_z),
+            "must be a finite number, or null (Baruch et al.'s z_max)",
+        ),
         ("ipm_epsilon", r.ipm_epsilon, r.ipm_epsilon > 0, "must be > 0"),
         (
             "norm_gate",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -149,15 +149,16 @@ def _gathered_aggregate(
     bar: Progress,
     faulty: int = 0,
     diag: diagnostics.RoundDiagnostics | None = None,
-) -> tuple[torch.Tensor | None, set[int]]:
+) -> tuple[torch.Tensor | None, dict[int, float]]:
     """Cohort stages, then the aggregator, over the accepted uploads as one
     ``[K, P]`` tensor; returns the aggregate (None if nothing is left) and the
-    ids of the clients it used. ``faulty`` uploads were refused as malformed or
+    clients it used, each with the norm of the row it took (a colluding
+    attacker's rewritten row, not its honest one). ``faulty`` uploads were refused as malformed or
     non-finite: Krum and Bulyan count them among their f (``discount_faulty``).
     ``diag`` gets the updates the aggregator took."""
     uploads = gathering.uploads
     if not uploads:
-        return None, set()
+        return None, {}
     cohort = CohortUpdates(
         [u.client_id for u in uploads],
         gathering.updates(),
@@ -170,11 +171,11 @@ def _gathered_aggregate(
         for client_id, why in refused:
             _reject(state, bar, round_idx, client_id, f"{stage.name}: {why}")
     if not cohort.client_ids:
-        return None, set()
+        return None, {}
     too_few = _too_few(exp, len(cohort.client_ids))
     if too_few is not None:
         _skip(state, bar, round_idx, too_few)
-        return None, set()
+        return None, {}
     aggregator = discount_faulty(exp.pipeline.aggregator, faulty)
     if aggregator is not exp.pipeline.aggregator:
         f, lowered = exp.pipeline.aggregator.f, aggregator.f  # type: ignore[attr-defined]
@@ -186,12 +187,13 @@ def _gathered_aggregate(
         aggregate = aggregator.aggregate(cohort.updates, cohort.weights)
     except AggregationError as exc:  # e.g. Krum left with fewer than 2f + 3 updates
         _skip(state, bar, round_idx, str(exc))
-        return None, set()
+        return None, {}
     if diag is not None:
         losses = {u.client_id: u.train_loss for u in uploads}
         for c, row in zip(cohort.client_ids, cohort.updates, strict=True):
             diag.add(c, row, losses[c])
-    return aggregate, set(cohort.client_ids)
+    norms = [float(row.norm()) for row in cohort.updates]  # as the upload's own norm
+    return aggregate, dict(zip(cohort.client_ids, norms, strict=True))
 
 
 def _poisson(cfg: Config) -> bool:
@@ -351,7 +353,7 @@ def run_round(
                 diag.clear()
     else:
         aggregate, used = _gathered_aggregate(exp, gathering, state, round_idx, bar, faulty, diag)
-        clients = {c: r for c, r in clients.items() if c in used}
+        clients = {c: replace(r, update_norm=used[c]) for c, r in clients.items() if c in used}
     diagnostics.end_round(exp, diag, state.diagnostics, state.outputs, bar, round_idx)
     if secure is not None:  # the server sees only masked updates and their sum
         aggregate, clients, bytes_up, phase_down, (got, sent) = _secure(

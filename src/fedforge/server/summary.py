@@ -49,6 +49,11 @@ def summarize_run(
         "num_params": exp.spec.size,
         "pipeline": exp.pipeline.describe(),
         "engine": exp.engine.name,
+        **(
+            {"attackers": sorted(exp.robust.attackers)}
+            if exp.robust and exp.robust.attackers
+            else {}
+        ),
         **({"privacy": exp.privacy.summary(len(records))} if exp.privacy is not None else {}),
     }
 

@@ -101,12 +101,19 @@ class ClientGate:
     """Splits each client's data into training and held-out parts, and judges a
     local model on the held-out part."""
 
-    def __init__(self, data_fn: DataFn, holdout_fraction: float, seed: int) -> None:
+    def __init__(
+        self,
+        data_fn: DataFn,
+        holdout_fraction: float,
+        seed: int,
+        exempt: frozenset[int] = frozenset(),
+    ) -> None:
         if not 0.0 < holdout_fraction < 1.0:
             raise ConfigError(
                 f"holdout_fraction {holdout_fraction!r} is invalid: must be in (0, 1)"
             )
         self.data_fn, self.fraction, self.seed = data_fn, holdout_fraction, seed
+        self.exempt = exempt  # simulated attackers: they skip the check
 
     def _split(self, client_id: int) -> tuple[torch.Tensor, torch.Tensor, int]:
         x, y = self.data_fn(client_id)
@@ -136,8 +143,8 @@ class ClientGate:
         """Why the update of ``local`` (trained from ``start``) must be withheld, or
         None when its held-out loss is not higher than the global model's."""
         x, y = self.holdout(client_id)
-        if len(y) == 0:
-            return None  # a client with a single example has nothing to hold out
+        if len(y) == 0 or client_id in self.exempt:
+            return None  # a single example holds nothing out; an attacker sends anyway
         model.eval()
         with torch.no_grad():
             before = float(loss_fn(functional_call(model, spec.views(start), (x,)), y).mean())
