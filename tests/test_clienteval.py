@@ -150,7 +150,7 @@ def test_low_cosine_warns_once_after_the_streak() -> None:
         for k, row in enumerate(rows):
             diag.add(k, row, 0.0)
         diag.warn(state, bar, r, 0.3, 3)  # type: ignore[arg-type]
-    assert len(bar.lines) == 1 and bar.lines[0].startswith("round 5: warning")
+    assert len(bar.lines) == 1 and bar.lines[0].startswith("round 6: warning")  # round_idx 5
 
 
 # ------------------------------------------------------------------ end to end
@@ -192,8 +192,8 @@ def test_run_records_client_eval_classes_and_diagnostics(
             assert glob == pytest.approx(ev.loss) and local == client_rows[c].train_loss
             assert gap == pytest.approx(glob - local)
         text = format_run_summary(store)
-    assert "clients   round 2: mean" in text and "Jain" in text and "worst" in text
-    assert "classes   round 2:" in text and "drift     round 2: mean cosine" in text
+    assert "clients   round 3: mean" in text and "Jain" in text and "worst" in text
+    assert "classes   round 3:" in text and "drift     round 3: mean cosine" in text
     assert "loss gap" in text
 
 

@@ -155,6 +155,9 @@ def test_unknown_field_from_yaml_and_override(tmp_path: Path) -> None:
         ({"server_lr": -1}, "server_lr"),
         ({"dtype": "float16"}, "dtype"),
         ({"name": "a/b"}, "name"),
+        ({"name": "a\x00b"}, "name"),  # a NUL byte: a traceback at mkdir
+        ({"name": "a\nb"}, "name"),  # a folder a run table splits in two
+        ({"name": "x" * 201}, "name"),  # failed at mkdir, after loading the data
         ({"runs_dir": ""}, "runs_dir"),  # wrote runs into the current folder
         ({"runs_dir": "  "}, "runs_dir"),
         ({"target_accuracy": "all"}, "target_accuracy"),  # 'all' is null for batch_size only
@@ -265,14 +268,14 @@ def test_there_are_shipped_configs() -> None:
 def test_fields_a_run_does_not_read_are_named_not_refused() -> None:
     """A sweep over the algorithm or the optimizer kind keeps one setting for the
     points that read it: the others run, and say what they ignore."""
-    from fedforge.config.schema import ignored_fields
+    from fedforge.config.schema import config_notes
 
-    assert ignored_fields(Config()) == []
-    assert ignored_fields(Config(algorithm="fedprox", mu=0.5)) == []
+    assert config_notes(Config()) == []
+    assert config_notes(Config(algorithm="fedprox", mu=0.5)) == []
     mu = ["mu = 0.5 (FedProx's) is ignored by algorithm 'fedavg'"]
-    assert ignored_fields(Config(mu=0.5)) == mu
+    assert config_notes(Config(mu=0.5)) == mu
     so = ServerOptimizerConfig(kind="adagrad", beta2=0.5, momentum=0.9)
-    assert ignored_fields(Config(server_optimizer=so)) == [
+    assert config_notes(Config(server_optimizer=so)) == [
         "server_optimizer.momentum = 0.9 is ignored by kind 'adagrad'",
         "server_optimizer.beta2 = 0.5 is ignored by kind 'adagrad'",
     ]
@@ -282,17 +285,45 @@ def test_scaffold_option_ii_with_momentum_is_named() -> None:
     """Option II's control variate is the displacement over steps * lr, the mean
     corrected gradient only under plain SGD: momentum or weight decay is noted."""
     from fedforge.config.noniid import LocalConfig, ScaffoldConfig
-    from fedforge.config.schema import ignored_fields
+    from fedforge.config.schema import config_notes
 
     plain = Config(algorithm="scaffold")
-    assert ignored_fields(plain) == []
+    assert config_notes(plain) == []
     heavy = Config(algorithm="scaffold", local=LocalConfig(momentum=0.9))
-    (note,) = ignored_fields(heavy)
+    (note,) = config_notes(heavy)
     assert "option 'II'" in note and "local.momentum = 0.9" in note
     option_i = Config(
         algorithm="scaffold",
         local=LocalConfig(weight_decay=0.1),
         scaffold=ScaffoldConfig(option="I"),
     )
-    assert ignored_fields(option_i) == []
-    assert ignored_fields(Config(local=LocalConfig(momentum=0.9))) == []
+    assert config_notes(option_i) == []
+    assert config_notes(Config(local=LocalConfig(momentum=0.9))) == []
+
+
+def test_a_huge_bad_value_is_quoted_short(tmp_path: Path) -> None:
+    """Eight levels of YAML aliases make a 10^8-item list of a 400-byte file:
+    the error quotes its start, it does not print gigabytes."""
+    nest = "name: [&a0 [x, x, x, x, x, x, x, x, x, x]"
+    nest += "".join(f", &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 8)) + "]\n"
+    with pytest.raises(ConfigError) as exc:
+        load(write(tmp_path, nest))
+    message = str(exc.value)
+    assert message.startswith("config field 'name' = [['x', 'x'") and len(message) < 300
+
+
+def test_yaml_merge_keys_are_read(tmp_path: Path) -> None:
+    """``<<: *base`` merges a mapping; the keys beside it override it, and a key
+    twice in the mapping itself is still refused."""
+    partition = "partition: {<<: {alpha: 0.3, kind: dirichlet}, alpha: 0.7}\n"
+    cfg = load(write(tmp_path, "lr: 0.2\n" + partition))
+    assert cfg.partition.alpha == 0.7 and cfg.partition.kind == "dirichlet"
+    with pytest.raises(ConfigError, match="given twice"):
+        load(write(tmp_path, "partition: {<<: {kind: iid}, alpha: 0.7, alpha: 0.5}\n"))
+
+
+def test_fedbn_says_what_its_global_accuracy_measures() -> None:
+    from fedforge.config.schema import config_notes
+
+    (note,) = config_notes(Config(algorithm="fedbn", model="cnn_bn"))
+    assert note.startswith("fedbn: the global test accuracy") and "eval_clients" in note

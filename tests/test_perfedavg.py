@@ -252,7 +252,7 @@ def test_end_to_end_run_records_personal_evaluation(tmp_path: Path, data: Federa
         text = format_run_summary(store)
     finally:
         store.close()
-    assert "personal  round 1: mean" in text and "clients   round 1: mean" in text
+    assert "personal  round 2: mean" in text and "clients   round 2: mean" in text
 
 
 def test_vectorized_falls_back_with_the_reason(data: FederatedData) -> None:

@@ -183,12 +183,23 @@ def test_target_epsilon_refuses_to_start_then_stops(
     priv = {"dp": "central", "noise_multiplier": 3.0, "delta": 1e-3, "target_epsilon": 0.1}
     with pytest.raises(ConfigError, match="first round"):
         run(from_dict({**BASE, "privacy": priv}), data, store=False)
-    cfg = from_dict({**BASE, "runs_dir": str(tmp_path), "privacy": {**priv, "target_epsilon": 3.0}})
+    budget = {**priv, "target_epsilon": 3.0}
+    cfg = from_dict({**BASE, "runs_dir": str(tmp_path), "eval_every": 5, "privacy": budget})
     acc = Accountant(3.0, 6, 3, 1e-3)  # epsilon 1.7, 2.7, 3.6 after rounds 1, 2, 3
     allowed = max(t for t in range(4) if acc.epsilon(t) <= 3.0)
     result = run(cfg, data)
     assert len(result.rounds) == allowed < 3
     assert "privacy budget" in result.summary["privacy_stop"]
+    # the model the run ends with is evaluated, though no eval_every round came
+    assert [r.test_accuracy is not None for r in result.rounds] == [False] * (allowed - 1) + [True]
+    from fedforge.models import build_model
+    from fedforge.params import ParamSpec
+
+    model = build_model("2nn", 0, torch.float64)
+    ParamSpec.of(model).load_into(model, result.params)
+    with torch.no_grad():
+        right = (model(data.test_x).argmax(dim=1) == data.test_y).double().mean().item()
+    assert result.summary["final_accuracy"] == pytest.approx(right, abs=1e-12)
     with RunStore.open(result.run_dir or "") as store:
         rows = store.privacy()
     assert [r[1] for r in rows] == pytest.approx([acc.epsilon(t + 1) for t in range(allowed)])

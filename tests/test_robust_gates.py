@@ -27,10 +27,11 @@ from fedforge.errors import ConfigError
 from fedforge.experiment import FederatedData, build
 from fedforge.pipeline import Pipeline
 from fedforge.report.progress import Progress
-from fedforge.server.loop import _stalled, run
+from fedforge.server.loop import run
 from fedforge.server.optimizers import ServerSGD
 from fedforge.server.round import Gathering, Upload, run_round
 from fedforge.server.state import LoopState
+from fedforge.server.stops import stalled as _stalled
 from fedforge.stages.validate import NormGate, robust_z
 from fedforge.store import AnomalyRecord, RunStore
 from fedforge.store.runstore import ClientRecord, RoundRecord
@@ -323,6 +324,9 @@ def test_a_run_whose_every_round_is_skipped_stops_after_max_skipped_rounds(
     assert len(endless.rounds) == 12 and "stall_stop" not in endless.summary
     last = run(override(cfg, {"rounds": 3}), data=data, store=False)  # the stall ends the run
     assert "3 skipped rounds in a row" in last.summary["stall_stop"]
+    rare = run(override(cfg, {"eval_every": 10}), data=data, store=False)  # evaluated at its end
+    assert [r.test_accuracy is not None for r in rare.rounds] == [False, False, True]
+    assert rare.summary["final_accuracy"] == result.rounds[2].test_accuracy is not None
     periods = override(cfg, {"communication.upload_every": 2})  # uploads at rounds 1, 3, 5
     result = run(periods, data=data, progress=False, store=False)
     assert [r for r, _ in result.skipped] == [1, 3, 5] and len(result.rounds) == 6
@@ -359,7 +363,7 @@ def test_only_consecutive_skipped_rounds_stop_a_run() -> None:
     assert _stalled(_limit(3), state) is None
     state.skipped.append((5, "e"))
     state.next_round = 6
-    assert "since round 3" in str(_stalled(_limit(3), state))
+    assert "since round 4" in str(_stalled(_limit(3), state))  # round_idx 3, counted from 1
     state.next_round = 7  # round 6 moved the model
     assert _stalled(_limit(3), state) is None
     assert _stalled(_limit(0), state) is None
@@ -374,7 +378,7 @@ def test_with_upload_periods_only_upload_rounds_count() -> None:
     assert _stalled(_limit(3, 2), state) is None
     state.skipped.append((5, "c"))
     state.next_round = 6
-    assert "since round 1" in str(_stalled(_limit(3, 2), state))
+    assert "since round 2" in str(_stalled(_limit(3, 2), state))
     state.next_round = 8  # round 7 uploaded and moved the model
     assert _stalled(_limit(3, 2), state) is None
 
@@ -526,3 +530,35 @@ def test_the_client_gate_does_not_hold_back_an_attacker(make_data: MakeData) -> 
     for c in range(4):
         why = gate.check(exp.model, exp.spec, exp.algorithm.loss_fn, c, start, noisy)
         assert (why is None) == (c in exp.robust.attackers), c
+
+
+def test_a_client_without_a_loss_leaves_the_rounds_loss_to_the_others(
+    make_data: MakeData, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Client 1 reports no loss (null: its local loss was not finite): the round's
+    loss is the example-weighted mean of the others', not NaN."""
+    from dataclasses import replace
+
+    from fedforge.transport import wire
+
+    honest = SerialEngine.run_cohort
+
+    def cohort(
+        self: SerialEngine, tasks: Sequence[ClientTask], payload: bytes
+    ) -> Iterator[ClientUpload]:
+        for up in honest(self, tasks, payload):
+            if up.client_id == 1:
+                msg = wire.decode(up.data)
+                up = replace(up, data=wire.encode(msg.tensors, {**msg.meta, "train_loss": None}))
+            yield up
+
+    data = make_data([10, 20, 30])
+    monkeypatch.setattr(SerialEngine, "run_cohort", cohort)
+    result = run(tiny(3, rounds=1), data=data, progress=False, store=False)
+    monkeypatch.setattr(SerialEngine, "run_cohort", honest)
+    clean = run(tiny(3, rounds=1, tmp=tmp_path), data=data, progress=False)
+    assert torch.equal(result.params, clean.params)  # the update itself still counted
+    with RunStore.open(clean.run_dir or "") as store:
+        losses = {c.client_id: c.train_loss for c in store.client_rounds(0)}
+    expected = (10 * losses[0] + 30 * losses[2]) / 40
+    assert result.rounds[0].train_loss == pytest.approx(expected, rel=1e-12)

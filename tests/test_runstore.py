@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
 import sqlite3
 import subprocess
@@ -215,6 +217,20 @@ def test_list_runs_skips_non_runs_and_marks_corrupt(tmp_path: Path) -> None:
     assert format_run_table([]) == "no runs"
 
 
+def test_a_store_with_damaged_schema_bytes_is_a_store_error(tmp_path: Path) -> None:
+    """A bad disk or copy: SQLite's message quotes the damaged schema text, which
+    is not UTF-8, and Python raised UnicodeDecodeError out of show and resume."""
+    (path,) = _make_runs(tmp_path, ["damaged"])
+    db = path / "store.sqlite"
+    data = db.read_bytes()
+    at = data.index(b"CREATE TABLE")
+    db.write_bytes(data[:at] + b"CREATE TA\xb3LE" + data[at + 12 :])
+    with pytest.raises(StoreError, match="corrupt or unreadable"):
+        RunStore.open(path)
+    (run,) = list_runs(tmp_path)
+    assert run.status == "unreadable"
+
+
 def test_resolve_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     a, b, c = _make_runs(tmp_path, ["mnist-iid", "mnist-noniid", "shakespeare"])
     assert resolve_run(tmp_path, a) == a
@@ -237,6 +253,17 @@ def test_resolve_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert resolve_run("elsewhere", a.name) == Path(a.name)
 
 
+def test_a_nan_train_loss_reads_back_as_nan(tmp_path: Path) -> None:
+    """SQLite stores NaN as NULL: a resumed run's earlier rounds must read as the
+    uninterrupted run had them (NaN: a local round, a skipped one), not None."""
+    with RunStore.create(tmp_path, Config(name="nan")) as store:
+        store.record_round(dataclasses.replace(_round(0, None), train_loss=math.nan), [])
+        store.record_round(_round(1, 0.5), _clients(1))
+        first, second = store.rounds()
+    assert math.isnan(first.train_loss) and first.test_accuracy is None
+    assert second.train_loss == _round(1, 0.5).train_loss
+
+
 def test_format_run_summary(tmp_path: Path) -> None:
     cfg = Config(name="show", rounds=20, batch_size=None, client_fraction=0.1)
     with RunStore.create(tmp_path, cfg) as store:
@@ -246,9 +273,11 @@ def test_format_run_summary(tmp_path: Path) -> None:
         store.record_round(_round(3, 0.93), _clients(3))
         text = format_run_summary(store)
         assert "4 of 20" in text and "B=all" in text and "C=0.1" in text
-        assert "best 0.9500 (round 2)" in text and "final 0.9300 (round 3)" in text
+        assert "best 0.9500 (round 3)" in text and "final 0.9300 (round 4)" in text  # from 1
         assert "up 3.9 KiB, down 7.8 KiB" in text
         assert "0m 06s" in text  # the sum of round seconds
+        # 'running' in the store, and no process holds its lock: it died
+        assert "[died]" in text and f"resume with: fedforge resume {store.path}" in text
         assert "target" not in text
         store.finish({"rounds_to_target": 3, "wall_seconds": 3725.0}, status="failed")
         text = format_run_summary(store)

@@ -120,6 +120,17 @@ def test_sweep_two_points_end_to_end_and_resumable(
     # again: both points are finished, nothing runs
     assert main(argv) == 0
     assert len(list_runs(tmp_path / "runs")) == 2
+    # a point killed before its first checkpoint (checkpoint_every 0): resumed
+    # from round 0 in its own folder, not left 'died' beside a new run
+    import sqlite3
+
+    killed = next(r for r in runs if r.name == "tiny-lr=0.05").path
+    with sqlite3.connect(killed / "store.sqlite") as conn:
+        conn.execute("UPDATE runs SET status = 'running', summary_json = NULL")
+    assert [r.status for r in list_runs(tmp_path / "runs") if r.path == killed] == ["died"]
+    assert main(argv) == 0
+    after = list_runs(tmp_path / "runs")
+    assert len(after) == 2 and all(r.status == "finished" for r in after)
     # a third point runs alone
     assert main(["sweep", str(path), "--grid", "lr=0.01,0.05,0.1", "-q"]) == 0
     assert len(list_runs(tmp_path / "runs")) == 3

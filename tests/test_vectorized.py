@@ -129,7 +129,7 @@ def test_a_client_without_examples_takes_no_step_on_either_engine(
         for engine in (SerialEngine(runtime), VectorizedEngine(runtime)):
             ups = {
                 t.client_id: wire.decode(u.data)
-                for t, u in zip(tasks, engine.run_cohort(tasks, payload))
+                for t, u in zip(tasks, engine.run_cohort(tasks, payload), strict=True)
             }
             empty = ups[1]
             assert empty.meta["steps"] == 0 and empty.meta["train_loss"] == 0.0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import reprlib
 import signal
 
 
@@ -13,9 +14,22 @@ class ConfigError(FedforgeError):
     """A configuration value is missing, of the wrong type or out of range."""
 
 
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = 80
+_SHORT.maxlist = _SHORT.maxdict = _SHORT.maxtuple = _SHORT.maxset = 6
+_SHORT.maxlevel = 3
+
+
+def shown(value: object) -> str:
+    """``repr(value)`` cut short: a message quotes a bad value, never a whole file
+    (a few YAML aliases can nest a list into gigabytes of text)."""
+    text = _SHORT.repr(value)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
 def invalid_field(name: str, value: object, allowed: str) -> ConfigError:
     """The error for config field ``name`` holding ``value``: says what is allowed."""
-    return ConfigError(f"config field '{name}' = {value!r} is invalid: {allowed}")
+    return ConfigError(f"config field '{name}' = {shown(value)} is invalid: {allowed}")
 
 
 class DataError(FedforgeError):

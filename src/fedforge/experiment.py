@@ -19,11 +19,11 @@ from fedforge.client import ClientRuntime
 from fedforge.clienteval import split_holdout
 from fedforge.communication import CommunicationParts
 from fedforge.config import Config
-from fedforge.config.schema import ignored_fields
+from fedforge.config.schema import config_notes
 from fedforge.data import Partition, load_mnist, make_partition, noise, shift, synthetic
 from fedforge.data.mnist import NUM_CLASSES
 from fedforge.engines import Engine
-from fedforge.engines.pool import PoolEngine, resolve_workers
+from fedforge.engines.pool import PoolEngine, resolve_workers, usable_cores
 from fedforge.engines.serial import SerialEngine
 from fedforge.engines.vectorized import VectorizedEngine, unsupported_reason
 from fedforge.errors import ConfigError
@@ -183,7 +183,7 @@ def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
         report_loss=not privacy.hides_updates(cfg),
     )
     engine, note = make_engine(cfg.engine, runtime, cfg.workers, _side_state(comm, priv))
-    ignored = "; ".join(ignored_fields(cfg))
+    ignored = "; ".join(config_notes(cfg))
     note = "; ".join(n for n in (note, precision_note(cfg.precision), ignored) if n) or None
     params = spec.flatten(model, dtype)
     return Experiment(
@@ -273,7 +273,10 @@ def make_engine(
             engine = VectorizedEngine(runtime)
         else:
             notes.append(f"engine: vectorized cannot run this model ({reason}); serial")
-    count = resolve_workers(workers)
+    count, cores = resolve_workers(workers), usable_cores()
+    if count > cores:  # one torch thread each: more processes would only share the cores
+        notes.append(f"workers: {count} lowered to {cores}, the cores this process may use")
+        count = cores
     if count < 2:
         return engine, "; ".join(notes) or None
     alg = runtime.algorithm

@@ -132,12 +132,11 @@ def run_point(
 ) -> PointResult:
     """Run one point, or reuse its finished run, or resume its stopped one."""
     from fedforge.server.loop import resume, run
-    from fedforge.store import list_checkpoints
 
     path, status = _existing(cfg)
     if path is not None and status == "finished":
         return _result(point, path, "reused")
-    if path is not None and list_checkpoints(path):
+    if path is not None:  # stopped or killed, with a checkpoint or before its first
         result = resume(path, data=data, progress=progress)
     else:
         result = run(cfg, data=data, progress=progress)

@@ -16,7 +16,7 @@ from typing import Any, Literal
 import yaml
 
 from fedforge.config.schema import Config, invalid
-from fedforge.errors import ConfigError
+from fedforge.errors import ConfigError, shown
 
 _FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
@@ -145,7 +145,7 @@ def load(path: str | Path) -> Config:
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
-        raise ConfigError(f"config file '{path}' must hold a mapping of fields, not {data!r}")
+        raise ConfigError(f"config file '{path}' must hold a mapping of fields, not {shown(data)}")
     return from_dict(data)
 
 
@@ -156,6 +156,8 @@ class _StrictLoader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # ``<<: *defaults``: merged (and overridden) by PyYAML itself
             key = self.construct_object(key_node, deep=deep)
             if isinstance(key, typing.Hashable) and key in seen:
                 raise yaml.constructor.ConstructorError(

@@ -265,7 +265,12 @@ def _validate(cfg: Config) -> None:
             cfg.checkpoint_every >= 0,
             "must be an integer >= 0 (0 turns periodic checkpoints off)",
         ),
-        ("name", cfg.name, bool(cfg.name) and "/" not in cfg.name, "must be non-empty, no '/'"),
+        (
+            "name",
+            cfg.name,
+            _run_name_ok(cfg.name),
+            "must be 1-200 printable characters without '/' or '\\' (it names the run's folder)",
+        ),
         ("runs_dir", cfg.runs_dir, bool(cfg.runs_dir.strip()), "must be a non-empty path"),
         (
             "partition.shards_per_client",
@@ -312,12 +317,19 @@ def _validate(cfg: Config) -> None:
     _validate_robust(cfg.robust)
 
 
-def ignored_fields(cfg: Config) -> list[str]:
-    """Fields set away from their default that this run does not read (FedProx's
-    mu under another algorithm, a server optimizer's field its kind ignores) or
-    reads against its algorithm's assumption (SCAFFOLD option II's plain SGD). Not
-    refused (a sweep over the algorithm or the kind keeps one setting for the
-    points that read it); the run says so in one line."""
+def _run_name_ok(name: str) -> bool:
+    """A run's name goes into its folder's name (after a 23-character date and id,
+    within the usual 255-byte limit) and into one-line tables."""
+    return 0 < len(name.encode()) <= 200 and name.isprintable() and not set(name) & {"/", "\\"}
+
+
+def config_notes(cfg: Config) -> list[str]:
+    """What a run says of its config in its note: fields set away from their
+    default that it does not read (FedProx's mu under another algorithm, a server
+    optimizer's field its kind ignores), fields read against their algorithm's
+    assumption (SCAFFOLD option II's plain SGD), and what FedBN's global accuracy
+    measures. Not refused (a sweep over the algorithm or the kind keeps one
+    setting for the points that read it)."""
     out = []
     if cfg.algorithm != "fedprox" and cfg.mu not in (0.0, Config().mu):
         out.append(f"mu = {cfg.mu} (FedProx's) is ignored by algorithm '{cfg.algorithm}'")
@@ -343,6 +355,12 @@ def ignored_fields(cfg: Config) -> list[str]:
             "displacement / (steps * lr), which assumes plain local SGD: with "
             f"local.momentum = {loc.momentum}, local.weight_decay = {loc.weight_decay} "
             "the control variates carry them too (option 'I' does not)"
+        )
+    if cfg.algorithm == "fedbn":
+        out.append(
+            "fedbn: the global test accuracy (and target_accuracy) is of the shared layers "
+            "with the initial batch norm, a model no client uses; each client's own "
+            "model is evaluated with eval_clients"
         )
     return out
 

@@ -9,6 +9,7 @@ from fedforge.clienteval import summarize_accuracies
 from fedforge.config import describe_split
 from fedforge.config.personal import step_sizes
 from fedforge.report.progress import format_bytes
+from fedforge.store.runs_dir import live_status
 from fedforge.store.runstore import RunInfo, RunStore
 
 
@@ -35,10 +36,11 @@ def format_run_table(runs: list[RunInfo]) -> str:
 def format_run_summary(store: RunStore) -> str:
     """The text printed by ``fedforge show RUN``."""
     info, cfg, rounds = store.info(), store.config(), store.rounds()
+    status = live_status(store.path, info.status)
     summary = store.summary() or {}
     batch = "all" if cfg.batch_size is None else cfg.batch_size
     lines = [
-        f"run       {info.run_id}  [{info.status}]",
+        f"run       {info.run_id}  [{status}]",
         f"path      {store.path}",
         f"created   {info.created}",
         f"config    {cfg.algorithm} {cfg.model} on {cfg.dataset}, {cfg.num_clients} clients, "
@@ -51,8 +53,8 @@ def format_run_summary(store: RunStore) -> str:
     best = max(evaluated, key=lambda r: r.test_accuracy or 0.0, default=None)
     last = evaluated[-1] if evaluated else None
     lines.append(
-        f"accuracy  best {best.test_accuracy:.4f} (round {best.round_idx}), "
-        f"final {last.test_accuracy:.4f} (round {last.round_idx})"
+        f"accuracy  best {best.test_accuracy:.4f} (round {best.round_idx + 1}), "
+        f"final {last.test_accuracy:.4f} (round {last.round_idx + 1})"
         if best and last
         else "accuracy  not evaluated"
     )
@@ -71,6 +73,10 @@ def format_run_summary(store: RunStore) -> str:
     lines.extend(noniid_lines(store))
     if info.status == "failed" and summary.get("error"):
         lines.append(f"stopped   {summary['error']}")
+    if status == "died":
+        lines.append(
+            f"stopped   killed (no process holds it); resume with: fedforge resume {store.path}"
+        )
     for why in ("stall_stop", "privacy_stop"):  # a finished run that ended early
         if isinstance(summary.get(why), str):
             lines.append(f"stopped   {summary[why]}")
@@ -78,8 +84,10 @@ def format_run_summary(store: RunStore) -> str:
 
 
 def _last(rows: list[tuple[Any, ...]]) -> tuple[int, list[tuple[Any, ...]]]:
+    """The rows of the last stored round, and that round counted from 1 (rows
+    carry round_idx, from 0)."""
     last = max(r[0] for r in rows)
-    return last, [r for r in rows if r[0] == last]
+    return last + 1, [r for r in rows if r[0] == last]
 
 
 def _mean(values: list[Any]) -> float | None:

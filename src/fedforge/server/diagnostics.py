@@ -131,7 +131,7 @@ class RoundDiagnostics:
         if streak >= rounds and not state.get("warned", False):
             state["warned"] = True
             bar.write(
-                f"round {round_idx}: warning: the mean pairwise cosine of the cohort's updates "
+                f"round {round_idx + 1}: warning: the mean pairwise cosine of the cohort's updates "
                 f"has been below {low} for {streak} rounds (now {cos:.3f}): clients drift apart"
             )
 

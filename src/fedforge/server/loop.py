@@ -29,7 +29,6 @@ from fedforge.engines import close_engine
 from fedforge.errors import StopNow
 from fedforge.experiment import Experiment, FederatedData, build, client_tables
 from fedforge.report.progress import Progress
-from fedforge.server.periods import upload_period
 from fedforge.server.round import run_round
 from fedforge.server.state import (
     LoopState,
@@ -38,6 +37,7 @@ from fedforge.server.state import (
     aggregator_state,
     load_aggregator_state,
 )
+from fedforge.server.stops import over_budget, stalled
 from fedforge.server.summary import format_summary, summarize_run
 from fedforge.store import (
     AnomalyRecord,
@@ -114,7 +114,7 @@ def resume(
     partition = _summary(exp)
     if progress:
         first = " (no checkpoint yet: from the start)" if state.next_round == 0 else ""
-        print(f"resuming {run_store.path.name} at round {state.next_round}{first}", flush=True)
+        print(f"resuming {run_store.path.name} at round {state.next_round + 1}{first}", flush=True)
     _say_note(exp)
     return _drive(exp, run_store, lock, state, partition, progress)
 
@@ -187,7 +187,7 @@ def _settle(exp: Experiment, run_store: RunStore, result: RunResult, next_round:
     result.summary["run_dir"] = str(run_store.path)
     if result.stopped:
         result.summary["error"] = (
-            f"stopped by {result.stopped} before round {next_round}; "
+            f"stopped by {result.stopped} before round {next_round + 1}; "
             f"resume with: fedforge resume {run_store.path}"
         )
         run_store.finish(result.summary, status="failed")
@@ -226,32 +226,6 @@ def _write_partition(path: Path, summary: PartitionSummary) -> None:
     tmp.replace(path)
 
 
-def _stalled(cfg: Config, state: LoopState) -> str | None:
-    """Why the run stops when its last ``robust.max_skipped_rounds`` upload rounds
-    were all skipped (the global model unchanged: e.g. every update non-finite
-    after a divergence), None otherwise or when the limit is 0. Upload rounds are
-    every round, or each period's last with ``upload_every`` > 1 (the rounds before
-    it only train locally and are never skipped)."""
-    limit = cfg.robust.max_skipped_rounds
-    if limit <= 0:
-        return None
-    skipped = {r for r, _ in state.skipped}
-    every = cfg.communication.upload_every
-    recent: list[int] = []
-    for r in range(state.next_round - 1, -1, -1):
-        if upload_period(r, every, cfg.rounds)[1] != r:
-            continue  # a local round of a period
-        if r not in skipped:
-            return None
-        recent.append(r)
-        if len(recent) == limit:
-            return (
-                f"stopped after {limit} skipped rounds in a row (robust.max_skipped_rounds; "
-                f"the global model unchanged since round {r}): {state.skipped[-1][1]}"
-            )
-    return None
-
-
 def _rounds(
     exp: Experiment, state: LoopState, run_store: RunStore | None, show: bool, stop: StopSignals
 ) -> RunResult:
@@ -262,7 +236,7 @@ def _rounds(
     budget_stop: str | None = None
     stall_stop: str | None = None
     while state.next_round < cfg.rounds:
-        budget_stop = _over_budget(exp, state.next_round)
+        budget_stop = over_budget(exp, state.next_round)
         if budget_stop is not None:  # the next round would spend more than target_epsilon
             bar.write(f"fedforge: {budget_stop}")
             break
@@ -284,7 +258,7 @@ def _rounds(
         evaluated = record.test_accuracy is not None
         if target is not None and evaluated and max(state.eval_accuracy) >= target:
             break
-        stall_stop = _stalled(cfg, state)  # also in the last round: the summary says so
+        stall_stop = stalled(cfg, state)  # also in the last round: the summary says so
         if stall_stop is not None:
             bar.write(f"fedforge: {stall_stop}")
             break
@@ -297,7 +271,7 @@ def _rounds(
             ckpt.aggregator_state = aggregator_state(exp.pipeline.aggregator)
             save_checkpoint(run_store.path, ckpt, state.client_state)
         if stop.signum is not None:
-            bar.write(f"fedforge: checkpoint written before round {state.next_round}; stopping")
+            bar.write(f"fedforge: checkpoint written before round {state.next_round + 1}; stopping")
             stopped = stop.name
             break
     bar.close()
@@ -316,20 +290,6 @@ def _rounds(
         skipped=state.skipped,
         stopped=stopped,
         signalled=stop.name if stopped is None and stop.signum is not None else None,
-    )
-
-
-def _over_budget(exp: Experiment, next_round: int) -> str | None:
-    """Why round ``next_round`` must not run: it would take epsilon past the target."""
-    target = exp.cfg.privacy.target_epsilon
-    if target is None or exp.privacy is None:
-        return None
-    eps = exp.privacy.epsilon(next_round + 1)
-    if eps is None or eps <= target:
-        return None
-    return (
-        f"privacy budget: round {next_round} would take epsilon to {eps:.3f} > "
-        f"privacy.target_epsilon = {target} (delta {exp.privacy.delta:.3g}); stopped"
     )
 
 

@@ -10,6 +10,7 @@ tensor for the cohort stages and the aggregator.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -32,6 +33,7 @@ from fedforge.server.labels import read_labels
 from fedforge.server.periods import period_plan, upload_period
 from fedforge.server.sampling import sample_cohort
 from fedforge.server.state import LoopState
+from fedforge.server.stops import ends_run
 from fedforge.server.stragglers import cohort_tasks
 from fedforge.stages.codec import CodecContext
 from fedforge.store import ClientRecord, RoundRecord
@@ -126,12 +128,12 @@ def _check_extras(exp: Experiment, extras: dict[str, torch.Tensor]) -> dict[str,
 
 def _reject(state: LoopState, bar: Progress, round_idx: int, client_id: int, why: str) -> None:
     state.rejected.append((round_idx, client_id, why))
-    bar.write(f"round {round_idx}: update of client {client_id} rejected: {why}")
+    bar.write(f"round {round_idx + 1}: update of client {client_id} rejected: {why}")
 
 
 def _skip(state: LoopState, bar: Progress, round_idx: int, why: str) -> None:
     state.skipped.append((round_idx, why))
-    bar.write(f"round {round_idx}: skipped, the global model is unchanged: {why}")
+    bar.write(f"round {round_idx + 1}: skipped, the global model is unchanged: {why}")
 
 
 def _too_few(exp: Experiment, accepted: int) -> str | None:
@@ -180,7 +182,7 @@ def _gathered_aggregate(
     if aggregator is not exp.pipeline.aggregator:
         f, lowered = exp.pipeline.aggregator.f, aggregator.f  # type: ignore[attr-defined]
         bar.write(
-            f"round {round_idx}: {aggregator.name}: f = {f} lowered to {lowered}: "
+            f"round {round_idx + 1}: {aggregator.name}: f = {f} lowered to {lowered}: "
             f"{faulty} refused upload(s) were faulty"
         )
     try:
@@ -381,7 +383,7 @@ def run_round(
         _skip(state, bar, round_idx, "no valid update")
     test_acc = test_loss = None
     every = cfg.eval_every  # a period's model is new at its end: due if any round of it was
-    if (round_idx + 1) // every > start // every or round_idx == cfg.rounds - 1:
+    if (round_idx + 1) // every > start // every or ends_run(exp, state, round_idx):
         data = exp.data
         ev = evaluate(
             exp.model, exp.spec, state.params, data.test_x, data.test_y, cfg.eval_batch_size
@@ -392,11 +394,14 @@ def run_round(
         if cfg.eval_clients:  # each client's held-out slice, per-class test accuracy
             state.outputs.update(diagnostics.evaluation_rows(exp, state.params, round_idx))
     records = list(clients.values())
-    seen = sum(c.num_examples for c in records)
+    # weighted by examples, over the clients that reported a finite loss (none
+    # under privacy modes that hide it: NaN)
+    reported = [c for c in records if math.isfinite(c.train_loss)]
+    seen = sum(c.num_examples for c in reported)
     record = RoundRecord(
         round_idx=round_idx,
         cohort_size=len(cohort),
-        train_loss=sum(c.train_loss * c.num_examples for c in records) / seen
+        train_loss=sum(c.train_loss * c.num_examples for c in reported) / seen
         if seen
         else float("nan"),
         test_accuracy=test_acc,

@@ -60,6 +60,10 @@ ROUND_TABLES: dict[str, str] = {
         PRIMARY KEY (round_idx, client_id))""",
 }
 
+# What a damaged file raises: SQLite's errors, and Python's failure to decode an
+# error message that quotes the damaged bytes (a UnicodeDecodeError).
+DB_ERRORS = (sqlite3.Error, UnicodeDecodeError)
+
 
 ROUND_COLS = [f.name for f in dataclasses.fields(RoundRecord)]
 FLOAT32_COLS = ("float32_up", "float32_down")  # version 3
@@ -84,7 +88,7 @@ def _connect_read_only(db: Path) -> sqlite3.Connection:
         conn = sqlite3.connect(f"{base}?mode=ro", uri=True, isolation_level=None)
         conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
         return conn
-    except sqlite3.Error:
+    except DB_ERRORS:
         return sqlite3.connect(f"{base}?mode=ro&immutable=1", uri=True, isolation_level=None)
 
 
@@ -101,6 +105,6 @@ def connect(db: Path, create: bool = False) -> sqlite3.Connection:
         conn.execute("PRAGMA busy_timeout = 5000")
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = FULL")
-    except sqlite3.Error as exc:
+    except DB_ERRORS as exc:
         raise StoreError(f"run store '{db}' is corrupt or unreadable: {exc}") from None
     return conn

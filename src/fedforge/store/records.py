@@ -8,9 +8,10 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class RoundRecord:
-    """One row of ``rounds``; ``created`` (unix time) is set when recorded. A NaN loss
-    reads back as None (SQLite stores NaN as NULL). ``paper_bytes`` is McMahan et
-    al.'s estimate, 2 |w| K 4, for every sampled client; ``float32_up`` and
+    """One row of ``rounds``; ``created`` (unix time) is set when recorded. A NaN
+    train loss reads back as NaN, a test loss or accuracy not evaluated as None.
+    ``paper_bytes`` is McMahan et al.'s estimate, 2 |w| K 4, for every sampled
+    client; ``float32_up`` and
     ``float32_down`` are what the messages that really travelled each way would
     cost as dense float32 (None in stores written before they existed)."""
 

@@ -24,9 +24,13 @@ def _run_info(path: Path) -> RunInfo:
     except (StoreError, ValueError, AttributeError):
         name = _config_name(path) or path.name
         return RunInfo(path.name, name, path, "", "unreadable", 0, None, None)
-    if info.status == "running" and not _written_now(path):  # killed: SIGKILL, OOM
-        return dataclasses.replace(info, status="died")
-    return info
+    return dataclasses.replace(info, status=live_status(path, info.status))
+
+
+def live_status(path: Path, status: str) -> str:
+    """The stored ``status``, or 'died' for a 'running' run no process holds
+    (killed: SIGKILL, out of memory)."""
+    return "died" if status == "running" and not _written_now(path) else status
 
 
 def _written_now(path: Path) -> bool:

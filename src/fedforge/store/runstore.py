@@ -33,6 +33,7 @@ from fedforge.errors import ConfigError, StoreError
 from fedforge.store.database import (
     ANOMALIES,
     CLIENT_COLS,
+    DB_ERRORS,
     DB_NAME,
     FLOAT32_COLS,
     INSERT_CLIENT,
@@ -54,6 +55,10 @@ _RUN_DIR = re.compile(r"^(\d{8}-\d{6})-(.+)-([0-9a-f]{6})$")
 
 def _is_run_dir(path: Path) -> bool:
     return path.is_dir() and (path / DB_NAME).is_file()
+
+
+def _nan(value: float | None) -> float:
+    return math.nan if value is None else value
 
 
 class RunStore:
@@ -91,7 +96,7 @@ class RunStore:
                 ),
             )
             conn.execute("COMMIT")
-        except sqlite3.Error as exc:
+        except DB_ERRORS as exc:
             conn.close()
             raise StoreError(f"cannot initialise run store in '{path}': {exc}") from None
         return cls(path, conn)
@@ -116,7 +121,7 @@ class RunStore:
                     f"written by a newer fedforge (schema version {version}; this one "
                     f"reads {', '.join(map(str, READABLE_VERSIONS))})"
                 )
-        except sqlite3.Error as exc:
+        except DB_ERRORS as exc:
             problem = str(exc)
         if problem:
             conn.close()
@@ -171,7 +176,7 @@ class RunStore:
                 if self._conn.in_transaction:
                     self._conn.execute("ROLLBACK")
                 raise
-        except sqlite3.Error as exc:
+        except DB_ERRORS as exc:
             raise StoreError(f"cannot record round {idx} in '{self._path}': {exc}") from None
         line = {**dataclasses.asdict(round_row), "clients": len(clients)}
         line = {
@@ -197,7 +202,7 @@ class RunStore:
                     "INSERT OR REPLACE INTO privacy VALUES (?, ?, ?, ?)",
                     (round_idx, eps, delta, clip_norm),
                 )
-        except sqlite3.Error as exc:
+        except DB_ERRORS as exc:
             raise StoreError(f"cannot record privacy of round {round_idx}: {exc}") from None
 
     def privacy(self) -> list[tuple[int, float | None, float, float | None]]:
@@ -229,7 +234,7 @@ class RunStore:
                 if self._conn.in_transaction:
                     self._conn.execute("ROLLBACK")
                 raise
-        except sqlite3.Error as exc:
+        except DB_ERRORS as exc:
             raise StoreError(f"cannot rewind '{self._path}' to round {next_round}: {exc}") from None
         stream = self._path / METRICS_NAME
         kept = [line for line in read_metrics(stream) if line["round_idx"] < next_round]
@@ -268,7 +273,7 @@ class RunStore:
     def _query(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
         try:
             return self._conn.execute(sql, args).fetchall()
-        except sqlite3.Error as exc:
+        except DB_ERRORS as exc:
             raise StoreError(f"cannot read run store '{self._path}': {exc}") from None
 
     def info(self) -> RunInfo:
@@ -320,7 +325,7 @@ class RunStore:
                 if clean:
                     marks = ", ".join("?" * len(clean[0]))
                     self._conn.executemany(f"INSERT INTO {table} VALUES ({marks})", clean)
-        except sqlite3.Error as exc:
+        except DB_ERRORS as exc:
             raise StoreError(f"cannot record {table} of round {round_idx}: {exc}") from None
 
     def read_rows(self, table: str, round_idx: int | None = None) -> list[tuple[Any, ...]]:
@@ -350,7 +355,9 @@ class RunStore:
         have = self._round_columns()
         cols = [c if c in have else f"NULL AS {c}" for c in ROUND_COLS]
         rows = self._query(f"SELECT {', '.join(cols)} FROM rounds ORDER BY round_idx")
-        return [RoundRecord(*row) for row in rows]
+        # SQLite stores a NaN as NULL: the round's train loss was NaN (no client
+        # reported one), and reads back as NaN, as the run that recorded it had it
+        return [RoundRecord(row[0], row[1], _nan(row[2]), *row[3:]) for row in rows]
 
     def client_rounds(self, round_idx: int | None = None) -> list[ClientRecord]:
         sql = f"SELECT {', '.join(CLIENT_COLS)} FROM client_rounds"
