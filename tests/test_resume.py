@@ -24,9 +24,9 @@ import pytest
 import torch
 import yaml
 
-from fedforge.config import Config, from_dict
+from fedforge.config import Config, from_dict, override
 from fedforge.errors import ConfigError, FedforgeError, StoreError
-from fedforge.experiment import FederatedData, load_federated_data
+from fedforge.experiment import FederatedData, build, load_federated_data
 from fedforge.report.runs import format_run_summary
 from fedforge.server.loop import resume, run
 from fedforge.server.state import RunLock, StopSignals
@@ -592,3 +592,41 @@ def _crash_in_round(round_idx: int) -> Any:
             return self.inner.run_cohort(tasks, payload)
 
     return Crash
+
+
+def test_resume_with_other_data_or_model_is_refused_and_loses_nothing(
+    make_data: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Other data (or another model) made every checkpoint look damaged: the run
+    started again from round 0 on that data, over the old one. It is refused."""
+    from tests.conftest import wrap_engine
+
+    from fedforge.store import RunStore
+
+    data = make_data([7, 12, 5, 9], dtype=torch.float64)
+    base = {
+        "model": "2nn", "num_clients": 4, "client_fraction": 0.5, "batch_size": 4,
+        "rounds": 4, "target_accuracy": None, "dtype": "float64", "checkpoint_every": 1,
+        "algorithm": "scaffold", "runs_dir": str(tmp_path),
+    }  # fmt: skip
+    with monkeypatch.context() as patch:
+        wrap_engine(patch, _crash_in_round(3))
+        with pytest.raises(MemoryError):
+            run(from_dict(base), data)
+    (run_dir,) = tmp_path.iterdir()
+    before = sorted(p.name for p in list_checkpoints(run_dir))
+    other = make_data([7, 12, 5, 9], dtype=torch.float64, seed=5)
+    with pytest.raises(StoreError, match="trained on other data"):
+        resume(run_dir, data=other)
+    with RunStore.open(run_dir) as store:
+        assert len(store.rounds()) == 3 and store.status == "failed"  # the crash
+    assert sorted(p.name for p in list_checkpoints(run_dir)) == before
+    monkeypatch.setattr(
+        "fedforge.server.loop.build",
+        lambda c, d=None: build(override(c, {"model": "logreg"}), d),
+    )
+    with pytest.raises(StoreError, match="model of 199210 parameters; this build has 7850"):
+        resume(run_dir, data=data)
+    monkeypatch.undo()
+    got = resume(run_dir, data=data)  # the right data: it goes on
+    assert len(got.rounds) == 4

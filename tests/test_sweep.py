@@ -153,3 +153,20 @@ def test_compare_iid(tmp_path: Path, capsys: pytest.CaptureFixture[str], one_thr
     with pytest.raises(ConfigError, match="already 'iid'"):
         iid_config(from_dict({**TINY, "dataset": "mnist"}))
     assert main(["compare-iid", str(path), "-q", "--set", "synthetic.iid=true"]) == 2
+
+
+def test_a_point_over_other_data_is_not_reused(tmp_path: Path, one_thread: None) -> None:
+    """The same config over data passed by the caller that changed since: another
+    job, run again, not the old result shown for the new data."""
+    from fedforge.experiment import load_federated_data
+    from fedforge.sweep import run_sweep
+
+    cfg = from_dict({**TINY, "runs_dir": str(tmp_path)})
+    data = load_federated_data(cfg)
+    grid = [("lr", [0.01])]
+    (first,) = run_sweep(cfg, grid, data_fn=lambda c: data)
+    (again,) = run_sweep(cfg, grid, data_fn=lambda c: data)
+    assert (first.status, again.status) == ("finished", "reused")
+    other = load_federated_data(from_dict({**TINY, "seed": 3}))
+    (fresh,) = run_sweep(cfg, grid, data_fn=lambda c: other)
+    assert fresh.status == "finished" and fresh.run_dir != first.run_dir

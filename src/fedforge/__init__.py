@@ -16,10 +16,12 @@ if "torch" not in sys.modules:  # fedforge starts the process's torch: typically
 from fedforge.aggregators import WeightedMean
 from fedforge.algorithms import Algorithm, LocalPlan, fedavg, fedsgd
 from fedforge.config import Config, PartitionConfig, load, override
+from fedforge.data.partition import Partition
 from fedforge.errors import ConfigError, DataError, FedforgeError, UploadError
 from fedforge.experiment import FederatedData, build, load_federated_data
 from fedforge.params import ParamSpec
-from fedforge.server.loop import RunResult, run
+from fedforge.server.loop import RunResult, resume, run
+from fedforge.store import RunStore
 
 __version__ = "0.1.0"
 
@@ -32,8 +34,10 @@ __all__ = [
     "FedforgeError",
     "LocalPlan",
     "ParamSpec",
+    "Partition",
     "PartitionConfig",
     "RunResult",
+    "RunStore",
     "UploadError",
     "WeightedMean",
     "build",
@@ -42,5 +46,6 @@ __all__ = [
     "load",
     "load_federated_data",
     "override",
+    "resume",
     "run",
 ]

@@ -34,6 +34,7 @@ from fedforge.precision import precision_note
 from fedforge.privacy import PrivacyParts
 from fedforge.rng import numpy_rng
 from fedforge.robust import RobustParts, assemble
+from fedforge.store.build_record import data_fingerprint
 from fedforge.store.checkpoint import RESIDUAL
 from fedforge.store.client_state import ClientStateStore
 
@@ -66,6 +67,11 @@ class FederatedData:
 
     def num_examples(self, client_id: int) -> int:
         return len(self.partition.client_indices[client_id])
+
+
+def fingerprint_of(data: FederatedData) -> str:
+    """The fingerprint a run records of the data it was given or loaded."""
+    return data_fingerprint(data.train_x, data.train_y, data.test_x, data.test_y, data.partition)
 
 
 def load_federated_data(cfg: Config) -> FederatedData:
@@ -118,6 +124,7 @@ class Experiment:
     robust: RobustParts | None = None  # aggregator, attackers and gates of cfg.robust
     comm: CommunicationParts | None = None  # codecs, residuals, groups of cfg.communication
     privacy: PrivacyParts | None = None  # DP stages, accountant, secure aggregation
+    data_fingerprint: str = ""  # of the data as given or loaded (store/build_record.py)
 
 
 def shift_data(cfg: Config, data: FederatedData) -> FederatedData:
@@ -147,7 +154,9 @@ def shift_data(cfg: Config, data: FederatedData) -> FederatedData:
 def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
     """Assemble a run from its config (``data`` may be given to reuse a load)."""
     keep_large_blocks()  # glibc: reuse freed activation buffers (fedforge.allocator)
-    data = shift_data(cfg, data if data is not None else load_federated_data(cfg))
+    data = data if data is not None else load_federated_data(cfg)
+    fingerprint = fingerprint_of(data)
+    data = shift_data(cfg, data)
     if cfg.eval_clients and data.holdout is None:  # carve each client's held-out slice
         keep, held = split_holdout(data.partition, cfg.eval_holdout, cfg.seed)
         data = dataclasses.replace(data, partition=keep, holdout=held)
@@ -187,7 +196,19 @@ def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
     note = "; ".join(n for n in (note, precision_note(cfg.precision), ignored) if n) or None
     params = spec.flatten(model, dtype)
     return Experiment(
-        cfg, data, model, spec, algorithm, pipeline, engine, params, note, robust, comm, priv
+        cfg,
+        data,
+        model,
+        spec,
+        algorithm,
+        pipeline,
+        engine,
+        params,
+        note,
+        robust,
+        comm,
+        priv,
+        fingerprint,
     )
 
 

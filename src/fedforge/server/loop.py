@@ -48,6 +48,7 @@ from fedforge.store import (
     load_latest,
     save_checkpoint,
 )
+from fedforge.store.build_record import check_build, write_build
 
 __all__ = ["RunResult", "format_summary", "resume", "run"]
 
@@ -84,6 +85,7 @@ def run(
         return _drive(exp, None, None, LoopState.fresh(exp), partition, progress)
     run_store = RunStore.create(cfg.runs_dir, cfg)
     _write_partition(run_store.path / "partition.json", partition)
+    write_build(run_store.path, exp.spec.size, exp.data_fingerprint)
     lock = RunLock(run_store.path).acquire()
     return _drive(exp, run_store, lock, LoopState.fresh(exp), partition, progress)
 
@@ -102,6 +104,7 @@ def resume(
         if run_store.status == "finished":
             raise CheckpointError(finished)
         exp = build(run_store.config(), data)
+        check_build(run_store.path, exp.spec.size, exp.data_fingerprint)  # not damage
         lock.acquire()  # refuses while another process still writes the run
         if run_store.status == "finished":  # it was running, and ended while we built
             raise CheckpointError(finished)

@@ -1,0 +1,89 @@
+"""What a run was built from, beside its store (``build.json``): the flat model's
+length and a fingerprint of the data it trained on. Resume compares them with
+what it rebuilt, so that a run resumed with other data or another model is
+refused instead of its checkpoints being taken for damaged (and the run started
+again from round 0 on the wrong data). A sweep compares them before reusing a
+point: the same config over other data is another job."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedforge.data.partition import Partition
+from fedforge.errors import StoreError
+
+BUILD_NAME = "build.json"
+_SAMPLES = 4096  # feature values hashed per tensor, evenly spaced
+
+
+def _feed(h: Any, t: torch.Tensor, sample: bool) -> None:
+    h.update(f"{tuple(t.shape)}{t.dtype};".encode())
+    flat = t.detach().reshape(-1)
+    if sample and flat.numel() > _SAMPLES:
+        flat = flat[:: flat.numel() // _SAMPLES]
+    h.update(flat.contiguous().cpu().numpy().tobytes())
+
+
+def data_fingerprint(
+    train_x: torch.Tensor,
+    train_y: torch.Tensor,
+    test_x: torch.Tensor,
+    test_y: torch.Tensor,
+    partition: Partition,
+) -> str:
+    """Shapes, dtypes and labels in full, the client split in full, and features
+    at 4,096 evenly spaced places per tensor (cheap for MNIST's 47M values: a
+    different data set, scaling or split shows; one changed pixel may not)."""
+    h = hashlib.blake2b(digest_size=12)
+    for t, sample in ((train_x, True), (train_y, False), (test_x, True), (test_y, False)):
+        _feed(h, t, sample)
+    for idx in partition.client_indices:
+        h.update(len(idx).to_bytes(8, "little"))
+        h.update(np.ascontiguousarray(idx, dtype=np.int64).tobytes())
+    return h.hexdigest()
+
+
+def write_build(run_dir: Path, num_params: int, fingerprint: str) -> None:
+    path = run_dir / BUILD_NAME
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"num_params": num_params, "data_fingerprint": fingerprint}))
+    tmp.replace(path)
+
+
+def read_build(run_dir: Path) -> dict[str, Any] | None:
+    """The run's record, or None for a run written before it existed (or without it)."""
+    try:
+        record = json.loads((run_dir / BUILD_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def check_build(run_dir: Path, num_params: int, fingerprint: str) -> None:
+    """Refuse to continue ``run_dir`` with a model of another length or other data."""
+    record = read_build(run_dir)
+    if record is None:
+        return
+    if record.get("num_params") != num_params:
+        raise StoreError(
+            f"run '{run_dir}' trained a model of {record.get('num_params')} parameters; this "
+            f"build has {num_params}: resume it with the model and data it started with"
+        )
+    if record.get("data_fingerprint") != fingerprint:
+        raise StoreError(
+            f"run '{run_dir}' trained on other data (fingerprint "
+            f"{record.get('data_fingerprint')}, this data's {fingerprint}): resume it with the "
+            "data it started with (fedforge.resume(path, data=...) for data passed to run())"
+        )
+
+
+def same_build(run_dir: Path, fingerprint: str) -> bool:
+    """Whether ``run_dir`` trained on data of this fingerprint (True when unknown)."""
+    record = read_build(run_dir)
+    return record is None or record.get("data_fingerprint") == fingerprint
