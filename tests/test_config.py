@@ -327,3 +327,13 @@ def test_fedbn_says_what_its_global_accuracy_measures() -> None:
 
     (note,) = config_notes(Config(algorithm="fedbn", model="cnn_bn"))
     assert note.startswith("fedbn: the global test accuracy") and "eval_clients" in note
+
+
+def test_synthetic_iid_names_the_alpha_and_beta_it_ignores() -> None:
+    from fedforge.config.noniid import SyntheticConfig
+    from fedforge.config.schema import config_notes
+
+    base = {"dataset": "synthetic", "model": "logreg"}
+    assert config_notes(Config(**base, synthetic=SyntheticConfig(iid=True))) == []  # type: ignore[arg-type]
+    notes = config_notes(Config(**base, synthetic=SyntheticConfig(beta=0.5, iid=True)))  # type: ignore[arg-type]
+    assert notes == ["synthetic.beta = 0.5 is ignored by synthetic.iid"]

@@ -45,6 +45,21 @@ def test_iid_variant_shares_one_model_and_feature_law() -> None:
     assert freq.std(axis=0).mean() < freq_skew.std(axis=0).mean()
 
 
+def test_iid_features_are_n_0_sigma_whatever_alpha_and_beta() -> None:
+    """compare-iid keeps a config's alpha and beta (1, 1): its IID control had
+    each user's features shifted by B_k ~ N(0, beta), majority labels at 0.72."""
+    users = generate(1.0, 1.0, True, 30, np.random.default_rng(4))
+    pooled = np.concatenate(users.xs)
+    means = np.stack([x.mean(axis=0) for x in users.xs])
+    sizes = users.sizes[:, None]
+    # each user's mean of feature j is N(0, Sigma_jj / n_k): standardised, N(0, 1)
+    z = means * np.sqrt(sizes / feature_variances())
+    assert abs(z.mean()) < 0.1 and 0.85 < z.std() < 1.15
+    np.testing.assert_allclose(pooled.var(axis=0), feature_variances(), rtol=0.1)
+    same = generate(0.0, 0.0, True, 30, np.random.default_rng(4))
+    assert users.sizes.tolist() == same.sizes.tolist()
+
+
 def test_split_and_config_loading() -> None:
     users = generate(1.0, 1.0, False, 5, np.random.default_rng(2))
     train, test = train_test_split(users, 0.1, np.random.default_rng(3))

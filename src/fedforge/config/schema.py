@@ -356,6 +356,11 @@ def config_notes(cfg: Config) -> list[str]:
             f"local.momentum = {loc.momentum}, local.weight_decay = {loc.weight_decay} "
             "the control variates carry them too (option 'I' does not)"
         )
+    syn, syn_default = cfg.synthetic, SyntheticConfig()
+    if cfg.dataset == "synthetic" and syn.iid:
+        for name in ("alpha", "beta"):
+            if getattr(syn, name) != getattr(syn_default, name):
+                out.append(f"synthetic.{name} = {getattr(syn, name)} is ignored by synthetic.iid")
     if cfg.algorithm == "fedbn":
         out.append(
             "fedbn: the global test accuracy (and target_accuracy) is of the shared layers "

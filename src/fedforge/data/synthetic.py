@@ -10,9 +10,10 @@ generator (``data/synthetic_*/generate_niid.py`` in litian96/FedProx):
   x ~ N(v_k, Sigma) with Sigma diagonal, Sigma_jj = j^-1.2 (j = 1..60);
 - label y = argmax softmax(W_k^T x + b_k) (the official code takes the argmax;
   the paper writes y = argmax(softmax(W x + b)));
-- Synthetic-IID (``iid``): one W, b ~ N(0, 1) for every user and v_k = B_k 1
-  (the official IID data is generated with alpha = beta = 0, so v_k = 0: pass
-  ``alpha = beta = 0`` for it);
+- Synthetic-IID (``iid``): one W, b ~ N(0, 1) for every user and x ~ N(0,
+  Sigma) for every user (v_k = 0, as the official IID data has): alpha and beta
+  play no part (their draws are still taken, so the sizes stay those of the
+  non-IID data of the same seed);
 - each user's samples are shuffled and split 90% train / 10% test.
 
 alpha and beta are standard deviations. Differences from the official script:
@@ -68,9 +69,7 @@ def generate(
     std_x = np.sqrt(feature_variances(dimension))
     mean_x = np.zeros((num_clients, dimension))
     for k in range(num_clients):
-        if iid:
-            mean_x[k] = np.ones(dimension) * shift[k]
-        else:
+        if not iid:  # IID: every user's features are N(0, Sigma)
             mean_x[k] = rng.normal(shift[k], 1, dimension)
     if iid:
         w_global = rng.normal(0, 1, (dimension, num_classes))
