@@ -78,6 +78,21 @@ def test_stage_weights_give_the_hand_mean() -> None:
     assert torch.allclose(WeightedMean().aggregate(out.updates, out.weights), want)
 
 
+def test_weight_cap_bounds_what_a_claimed_size_earns() -> None:
+    """A client claiming 2^53 examples took all the weight of both rules; with
+    weight_cap = 20 it counts 20 examples (its class counts scaled alike)."""
+    liar = 2**53
+    quality = [ClientReport(10, val_loss=0.0), ClientReport(liar, val_loss=0.0)]
+    assert ReportWeights("quality", cap=20).weights(quality) == pytest.approx([5.0, 10.0])
+    assert ReportWeights("quality").weights(quality)[1] > 1e15  # uncapped
+    counts = [(10, 10), (liar // 2, liar // 2)]
+    reports = [ClientReport(sum(c), label_counts=c) for c in counts]
+    # capped counts (10, 10) and (10, 10): N_c = 20 each, each client 10/20 + 10/20
+    assert ReportWeights("class", cap=20).weights(reports) == pytest.approx([1.0, 1.0])
+    uncapped = ReportWeights("class").weights(reports)
+    assert uncapped[1] / uncapped[0] > 1e14
+
+
 def test_weights_stage_must_come_after_the_gates() -> None:
     with pytest.raises(ConfigError, match="last cohort stage"):
         Pipeline(WeightedMean(), cohort=(ReportWeights("class"), NormGate(3.5)))

@@ -22,7 +22,9 @@ finite number >= 0, counts that are not C integers >= 0 summing to
 sets the cohort's weights from the accepted clients' reports. Both rules need the
 whole cohort (the softmax over its losses, its class totals N_c), so the server
 gathers the cohort instead of keeping a running sum. Like ``num_examples`` the
-reports are self-declared: a client that lies about them gains weight.
+reports are self-declared: a client that lies about them gains weight. With
+``weight_cap`` a client counts at most that many examples (its class counts
+scaled down alike); a made-up low loss or a class no one else holds still gains.
 """
 
 from __future__ import annotations
@@ -146,10 +148,10 @@ class ReportWeights:
 
     where: Where = "server_cohort"
 
-    def __init__(self, rule: str, temperature: float = 1.0) -> None:
+    def __init__(self, rule: str, temperature: float = 1.0, cap: int | None = None) -> None:
         if rule not in REPORTED:
             raise ValueError(f"no report weights for aggregation weights {rule!r}")
-        self.rule, self.temperature = rule, temperature
+        self.rule, self.temperature, self.cap = rule, temperature, cap
         self.name = f"weights:{rule}"
 
     def weights(self, reports: list[ClientReport]) -> list[float]:
@@ -158,13 +160,20 @@ class ReportWeights:
             losses = [r.val_loss for r in reports]
             if any(v is None for v in losses):
                 raise ValueError("quality weights need every client's val_loss")
-            sizes = [float(r.num_examples) for r in reports]
+            sizes = [float(self._capped(r.num_examples)) for r in reports]
             known = [float(v) for v in losses if v is not None]
             return quality_weights(sizes, known, self.temperature)
         counts = [r.label_counts for r in reports]
         if any(c is None for c in counts):
             raise ValueError("class weights need every client's label_counts")
-        return class_weights([c for c in counts if c is not None])
+        rows = [c for c in counts if c is not None]
+        # a client counts at most ``cap`` examples: its counts scaled down alike
+        scale = [self._capped(sum(c)) / sum(c) if sum(c) else 1.0 for c in rows]
+        return class_weights([[n * s for n in c] for c, s in zip(rows, scale, strict=True)])
+
+    def _capped(self, n: int) -> int:
+        """``n`` self-declared examples, at most ``cap`` of them counted."""
+        return n if self.cap is None else min(n, self.cap)
 
     def apply(
         self, cohort: CohortUpdates, ctx: StageContext
@@ -183,7 +192,7 @@ def assemble(
     if rule not in REPORTED:
         return None, ()
     reporter = Reporter(data_fn, rule, num_classes, cfg.quality_holdout, cfg.seed)
-    return reporter, (ReportWeights(rule, cfg.quality_temperature),)
+    return reporter, (ReportWeights(rule, cfg.quality_temperature, cfg.weight_cap),)
 
 
 def _weights_last(p: Pipeline) -> str | None:

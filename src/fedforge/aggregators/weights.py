@@ -118,7 +118,7 @@ def quality_weights(
     return [float(n) * q for n, q in zip(num_examples, factors, strict=True)]
 
 
-def class_weights(label_counts: Sequence[Sequence[int]]) -> list[float]:
+def class_weights(label_counts: Sequence[Sequence[float]]) -> list[float]:
     """w_k = sum_c n_kc / N_c over the classes the cohort holds (N_c > 0)."""
     if not label_counts:
         return []
