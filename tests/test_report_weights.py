@@ -236,7 +236,7 @@ def test_config_refusals() -> None:
 
 def test_refused_beside_robust_rules_and_dp(make_data: MakeData) -> None:
     data = make_data(SIZES, dtype=F64)
-    with pytest.raises(ConfigError, match="ignores num_examples"):
+    with pytest.raises(ConfigError, match="weighs updates its own way"):
         build(
             from_dict({**BASE, "aggregation_weights": "class", "robust": {"aggregator": "median"}}),
             data,

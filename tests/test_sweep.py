@@ -58,6 +58,8 @@ def test_knee_by_hand() -> None:
     assert knee([_point(1, 0.5), _point(2, 0.6), _point(3, 0.7)]) is None  # a straight line
     # no trade-off: the same bytes (or the same accuracy) everywhere has no knee
     assert knee([_point(5, 0.5), _point(5, 0.9), _point(5, 0.7)]) is None
+    noise = [_point(946_760, 0.5), _point(946_763, 0.9), _point(946_767, 0.7)]
+    assert knee(noise) is None  # 7 bytes of header digits apart: no trade-off
     assert knee([_point(1, 0.9), _point(2, 0.9), _point(3, 0.9)]) is None
 
 

@@ -69,7 +69,7 @@ def test_config_refusals_and_run(make_data: MakeData, one_thread: None) -> None:
     with pytest.raises(ConfigError, match="weight_cap"):
         from_dict({**BASE, "aggregation_weights": "capped"})
     data = make_data([5, 9, 30, 2], dtype=F64)
-    with pytest.raises(ConfigError, match="ignores num_examples"):
+    with pytest.raises(ConfigError, match="weighs updates its own way"):
         build(
             from_dict(
                 {**BASE, "aggregation_weights": "uniform", "robust": {"aggregator": "median"}}

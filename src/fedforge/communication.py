@@ -83,7 +83,14 @@ def assemble(
 
 def check_pipeline(cfg: Config, pipeline: Pipeline) -> None:
     """Refuse combinations the round cannot run."""
-    if cfg.communication.groups and not pipeline.streams:
+    groups = cfg.communication.groups
+    if groups and cfg.aggregation_weights != "num_examples":
+        raise ConfigError(
+            f"communication.groups = {groups} needs aggregation_weights = 'num_examples' "
+            f"(each edge averages its clients by examples; '{cfg.aggregation_weights}' "
+            "would be applied to the edges, not the clients)"
+        )
+    if groups and not pipeline.streams:
         raise ConfigError(
             f"communication.groups = {cfg.communication.groups} (hierarchical aggregation) "
             f"needs the weighted mean without cohort stages; the pipeline has aggregator "
@@ -97,13 +104,6 @@ def check_pipeline(cfg: Config, pipeline: Pipeline) -> None:
             "the codec runs after the clip, and what the server sums may then exceed the clip "
             "norm the noise is calibrated to (int2 measured 1.8x); use 'dense', or dp = 'local' "
             "(noise before the codec)"
-        )
-    groups = cfg.communication.groups
-    if groups and cfg.aggregation_weights != "num_examples":
-        raise ConfigError(
-            f"communication.groups = {groups} needs aggregation_weights = 'num_examples' "
-            f"(each edge averages its clients by examples; '{cfg.aggregation_weights}' "
-            "would be applied to the edges, not the clients)"
         )
     if groups and cfg.privacy.dp == "central":
         raise ConfigError(

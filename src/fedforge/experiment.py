@@ -21,6 +21,7 @@ from fedforge.communication import CommunicationParts
 from fedforge.config import Config
 from fedforge.config.schema import config_notes
 from fedforge.data import Partition, load_mnist, make_partition, noise, shift, synthetic
+from fedforge.data.given import check_given
 from fedforge.data.mnist import NUM_CLASSES
 from fedforge.engines import Engine
 from fedforge.engines.pool import PoolEngine, resolve_workers, usable_cores
@@ -154,6 +155,7 @@ def shift_data(cfg: Config, data: FederatedData) -> FederatedData:
 def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
     """Assemble a run from its config (``data`` may be given to reuse a load)."""
     keep_large_blocks()  # glibc: reuse freed activation buffers (fedforge.allocator)
+    given = data is not None
     data = data if data is not None else load_federated_data(cfg)
     fingerprint = fingerprint_of(data)
     data = shift_data(cfg, data)
@@ -162,6 +164,8 @@ def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
         data = dataclasses.replace(data, partition=keep, holdout=held)
     dtype = DTYPES[cfg.dtype]
     model = build_model(cfg.model, cfg.seed, dtype, cfg.dataset)
+    if given:
+        check_given(data, cfg.num_clients, dtype, model, cfg.model)
     spec = ParamSpec.of(model, include_buffers=True)  # batch-norm statistics travel too
     algorithm = algorithms.from_config(cfg, spec.size, dtype, spec)
     comm = communication.assemble(cfg, spec, dtype, data.partition, data.train_y)
@@ -226,8 +230,8 @@ def _weighted(cfg: Config, priv: PrivacyParts, robust: Aggregator) -> Aggregator
         )
     if not isinstance(robust, WeightedMean):
         raise ConfigError(
-            f"aggregation_weights = {rule!r} needs the weighted mean; robust.aggregator "
-            f"{cfg.robust.aggregator!r} ignores num_examples"
+            f"aggregation_weights = {rule!r} needs robust.aggregator = 'mean' (the plain "
+            f"weighted mean); {cfg.robust.aggregator!r} weighs updates its own way"
         )
     if rule == "quality" or rule == "class":  # weights from the cohort's reports: reports.py
         return robust

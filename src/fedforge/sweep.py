@@ -11,7 +11,8 @@ where it was by running the same command again.
 The knee (marked ``*``): over the points sorted by total bytes, the one farthest
 above the chord from the cheapest to the most expensive point on the (bytes,
 best accuracy) plane, both axes scaled to [0, 1] -- where more bytes stop buying
-accuracy. None with fewer than three points.
+accuracy. None with fewer than three points, or when the bytes differ by 1% or
+less (no trade-off) or the accuracies not at all.
 
 ``fedforge compare-iid CONFIG`` runs the config on an IID split (``partition.kind:
 iid``; ``synthetic.iid: true`` for the Synthetic data set) and on its own split,
@@ -202,7 +203,9 @@ def knee(results: Sequence[PointResult]) -> int | None:
         return None
     accs = [a for _, a, _ in pts]
     b0, a0, b1, a1 = pts[0][0], pts[0][1], pts[-1][0], pts[-1][1]
-    if b1 == b0 or max(accs) == min(accs):  # no trade-off to find a knee in
+    # no trade-off to find a knee in: the bytes differ by less than 1% (e.g. only
+    # the header digits of the loss), or the accuracies not at all
+    if b1 - b0 <= 0.01 * b1 or max(accs) == min(accs):
         return None
     span_b, span_a = b1 - b0, max(accs) - min(accs)
     best, where = 0.0, None

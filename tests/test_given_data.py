@@ -1,0 +1,49 @@
+"""Data handed to run(cfg, data=...) that the run cannot train on is refused in
+one line naming what is wrong, not by a shape or dtype error in round 1."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+import fedforge as ff
+from fedforge.errors import DataError
+
+GEN = torch.Generator().manual_seed(0)
+X, Y = torch.randn(600, 1, 28, 28, generator=GEN), torch.randint(0, 10, (600,), generator=GEN)
+CLIENTS = ff.Partition(tuple(torch.arange(500).reshape(5, 100).numpy()))
+
+
+def _data(
+    x: torch.Tensor = X, y: torch.Tensor = Y, clients: ff.Partition = CLIENTS
+) -> ff.FederatedData:
+    return ff.FederatedData(x[:500], y[:500], x[500:], y[500:], clients)
+
+
+CASES: dict[str, tuple[Callable[[], ff.FederatedData], str]] = {
+    "float64 features": (lambda: _data(x=X.double()), "train_x is torch.float64"),
+    "float labels": (lambda: _data(y=Y.float()), "train_y must be int64 class ids"),
+    "fewer clients": (
+        lambda: _data(clients=ff.Partition(CLIENTS.client_indices[:4])),
+        "the partition has 4 clients; the config's num_clients is 5",
+    ),
+    "rows out of range": (
+        lambda: ff.FederatedData(X[:400], Y[:400], X[500:], Y[500:], CLIENTS),
+        "client 4's indices leave 0..399",
+    ),
+    "wrong image size": (
+        lambda: _data(x=X[:, :, :14]),
+        "features of shape (1, 14, 28) do not fit model '2nn'",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_unusable_data_is_refused_before_training(case: str) -> None:
+    make, why = CASES[case]
+    cfg = ff.override(ff.Config(), {"model": "2nn", "num_clients": 5, "rounds": 1})
+    with pytest.raises(DataError, match=why.replace("(", r"\(").replace(")", r"\)")):
+        ff.build(cfg, make())
+    assert ff.build(cfg, _data()).spec.size == 199_210  # the right data builds
