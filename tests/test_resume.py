@@ -109,6 +109,41 @@ def test_memmap_store_is_sparse_and_lazy(tmp_path: Path) -> None:
     store.close()
 
 
+def test_reading_every_row_once_keeps_the_process_small(tmp_path: Path) -> None:
+    """A checkpoint reads every written row: through a mapping they all stayed in
+    the process's resident memory (2 GB after one checkpoint of a 2 GB table)."""
+    n, p = 300, 250_000  # 300 MB written
+    store = MemmapStateStore(n, p, tmp_path / "state", torch.float32)
+    for c in range(n):
+        store.scatter([c], torch.full((1, p), float(c)))
+    rss0 = _rss_bytes()
+    total = 0.0
+    for c in range(n):
+        total += float(store.gather([c])[0, -1])
+    assert total == sum(range(n))
+    assert _rss_bytes() - rss0 < 40 * 2**20  # a mapping: about 300 MB
+    ids, _ = save_rows(store, tmp_path / "rows.bin")
+    assert ids == list(range(n)) and _rss_bytes() - rss0 < 120 * 2**20
+
+
+def test_a_closed_store_refuses_use_and_ids_are_checked_alike(tmp_path: Path) -> None:
+    """close() left a store that read its rows as zeros (and a scatter recreated
+    the file empty); has() wrapped -1 to the last client on one backend only."""
+    mem = MemoryStateStore(4, 3)
+    disk = MemmapStateStore(4, 3, tmp_path / "state", torch.float32)
+    for store in (mem, disk):
+        store.scatter([3], torch.ones(1, 3))
+        assert store.has(3) and not store.has(0)
+        for bad in (-1, 4):
+            with pytest.raises(StoreError, match="out of range"):
+                store.has(bad)
+        with pytest.raises(StoreError, match="must be integers"):
+            store.gather([1.7])  # type: ignore[list-item]
+    disk.close()
+    with pytest.raises(StoreError, match="was closed"):
+        disk.gather([3])
+
+
 @pytest.mark.parametrize("failure", ["enospc", "short"])
 def test_a_full_disk_is_a_store_error_not_a_sigbus(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: str
@@ -219,6 +254,58 @@ def test_checkpoint_round_trip_and_keep_two(tmp_path: Path) -> None:
     save_checkpoint(tmp_path, _ckpt(4), state)
     assert [p.name for p in list_checkpoints(tmp_path)] == ["round-000004"]
     assert not any(p.name.startswith(".") for p in (tmp_path / "checkpoints").iterdir())
+
+
+def test_at_most_keep_checkpoints_are_on_disk_while_one_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each checkpoint holds every written row (66 GB at the issue's scale): the
+    oldest went only after the new one was in, three copies at the peak."""
+    state = MemoryStateStore(9, 4, torch.float32)
+    state.scatter([1], torch.ones(1, 4))
+    seen: list[list[str]] = []
+    real = checkpoint_module.save_rows
+
+    def spy(store: Any, path: Path) -> Any:
+        seen.append([p.name for p in list_checkpoints(tmp_path)])
+        return real(store, path)
+
+    monkeypatch.setattr(checkpoint_module, "save_rows", spy)
+    for r in (2, 4, 6, 8):
+        save_checkpoint(tmp_path, _ckpt(r), state)
+    assert seen == [[], ["round-000002"], ["round-000004"], ["round-000006"]]
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["round-000008", "round-000006"]
+
+
+def test_a_checkpoint_that_cannot_be_written_does_not_end_the_run(
+    make_data: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """A full disk at a periodic checkpoint: the run goes on (the older checkpoint
+    is whole) and ends as an uninterrupted run does."""
+    from fedforge.server import loop
+    from fedforge.store import CheckpointError as StoreCheckpointError
+
+    data = make_data([7, 12, 5, 9], dtype=torch.float64)
+    base = {
+        "model": "2nn", "num_clients": 4, "client_fraction": 0.5, "batch_size": 4,
+        "rounds": 4, "target_accuracy": None, "dtype": "float64", "checkpoint_every": 1,
+    }  # fmt: skip
+    want = run(from_dict({**base, "runs_dir": str(tmp_path / "a")}), data)
+    real = loop.save_checkpoint
+
+    def full_at_round_2(run_dir: Path, ckpt: Any, tables: Any) -> Any:
+        if ckpt.next_round == 2:
+            raise StoreCheckpointError(f"cannot write checkpoint '{run_dir}': No space left")
+        return real(run_dir, ckpt, tables)
+
+    monkeypatch.setattr(loop, "save_checkpoint", full_at_round_2)
+    capsys.readouterr()
+    got = run(from_dict({**base, "runs_dir": str(tmp_path / "b")}), data)
+    said = capsys.readouterr()
+    assert "No space left; a resume starts from the checkpoint before; the run goes on" in (
+        said.out + said.err
+    )
+    assert torch.equal(got.params, want.params) and len(got.rounds) == 4
 
 
 @pytest.mark.parametrize(

@@ -269,12 +269,18 @@ def _rounds(
             break
         every = cfg.checkpoint_every
         due = stop.signum is not None or (every > 0 and state.next_round % every == 0)
+        failed = None
         if due and run_store is not None:
             ckpt = state.checkpoint(time.perf_counter() - start)
             ckpt.aggregator_state = aggregator_state(exp.pipeline.aggregator)
-            save_checkpoint(run_store.path, ckpt, state.client_state)
+            try:
+                save_checkpoint(run_store.path, ckpt, state.client_state)
+            except CheckpointError as exc:  # e.g. a full disk: the older ones are whole
+                failed = f"{exc}; a resume starts from the checkpoint before"
+                bar.write(f"fedforge: {failed}" + ("" if stop.signum else "; the run goes on"))
         if stop.signum is not None:
-            bar.write(f"fedforge: checkpoint written before round {state.next_round + 1}; stopping")
+            done = "no checkpoint written" if failed else "checkpoint written"
+            bar.write(f"fedforge: {done} before round {state.next_round + 1}; stopping")
             stopped = stop.name
             break
     bar.close()

@@ -127,9 +127,13 @@ def save_checkpoint(
     keep: int = KEEP,
 ) -> Path:
     """Write ``ckpt`` (and the rows of each per-client table) atomically; keep the
-    newest ``keep``."""
+    newest ``keep``. The older ones beyond ``keep - 1`` go first: at most ``keep``
+    copies of the client state are on disk while the new one is written (each
+    holds every row ever written: gigabytes at scale)."""
     tables = _tables(client_state)
     root = Path(run_dir) / CHECKPOINTS_DIR
+    if root.is_dir():  # from the round before this one, the newest keep - 1
+        _prune(root, ckpt.next_round - 1, max(keep - 1, 1))
     final = root / checkpoint_name(ckpt.next_round)
     tmp = root / f".tmp-{final.name}-{os.getpid()}"
     tensors = {"params": ckpt.params.detach().contiguous().clone()}
