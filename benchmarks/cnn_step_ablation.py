@@ -9,7 +9,7 @@ in three variants, interleaved in blocks, ratios paired within a block:
   pool_first    pooling before the ReLU (models/mnist.py; same numbers),
   fused         also the fully connected layers' step inside their backward
                 (fused_sgd.py): what runs now.
-Last line: RESULT with samples/s of each and the two paired ratios.
+Last line: RESULT with samples/s of each and the three paired ratios.
 """
 
 from __future__ import annotations

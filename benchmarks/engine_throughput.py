@@ -20,7 +20,10 @@ B=10) and for the 2NN and the CNN, samples/second of:
 The CNN runs channels_last everywhere (the fastest fp32 layout here). Every
 figure is measured once per block, blocks repeated (interleaved), and ratios
 are paired within a block: this machine's speed drifts by up to a third over
-tens of minutes. "engine" is what ``engine: auto`` with ``workers: 0`` runs.
+tens of minutes. "engine" is what ``engine: auto`` with ``workers: 0`` runs:
+for the CNN that is the serial engine over 2 workers, not the vectorised one,
+so the RESULT keys ``vec_vs_central_kb_cnn`` and ``vec_vs_serial_cnn`` (the
+issue's names) measure the engine a run takes, whichever it is.
 
 Then: startup (from the launch of a fresh process to the end of its first 10k
 evaluation, as ``fedforge run`` starts, by phase, median of 3), the default job's wall time
@@ -28,7 +31,8 @@ to 99% (``configs/default.yaml``) and its rounds in fp32 and bf16 (with
 ``--job-seeds config,1,2``, at several seeds: the rounds ratio is then a mean of
 the per-seed ratios), and a
 scaling table (2NN, 1,000 clients of 60 samples, cohorts 10/100/1000: seconds
-per round over 5 rounds after a warm-up round, peak RSS of a fresh process).
+per round over rounds 2-5 of 6: the first is a warm-up, the last evaluates;
+peak RSS of a fresh process).
 Last line: RESULT with the headline ratios.
 """
 
@@ -262,7 +266,8 @@ def default_job(precision: str, seed: int | None = None) -> dict[str, float]:
 def scaling_point(cohort: int, engine: str, workers: int, rounds: int = 6) -> dict[str, float]:
     """A 2NN federation of 1,000 clients of 60 samples with a cohort of ``cohort``
     clients in a fresh subprocess (its own peak RSS); seconds per round over the
-    rounds after the first (warm-up: vmap tracing, worker start)."""
+    rounds between the first (warm-up: vmap tracing, worker start) and the last
+    (it evaluates)."""
     code = (
         "import json,time,resource;from fedforge import config as c;"
         "from fedforge.server.loop import run;"
