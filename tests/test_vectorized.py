@@ -220,7 +220,7 @@ def test_auto_engine_picks_the_faster_engine_that_can_run(
     (measured faster there), serial for convolutions, batch norm and FedBN."""
     cfg = config_mod.Config(
         model=model, algorithm=algorithm, num_clients=6, target_accuracy=None,
-        dataset="synthetic" if model == "logreg" else "mnist",
+        dataset="synthetic" if model == "logreg" else "mnist", dtype="float64",
     )  # fmt: skip
     assert cfg.engine == "auto"
     data = synthetic_data(6, "iid") if model != "logreg" else None
