@@ -303,3 +303,20 @@ def test_a_server_that_must_not_see_updates_gets_no_training_loss(
         assert len(losses) == 3
         assert all(loss is None for loss in losses) == hidden
         assert math.isnan(store.rounds()[0].train_loss) == hidden
+
+
+def test_a_budget_stop_with_upload_periods_ends_on_an_evaluated_upload(
+    make_data: MakeData, one_thread: None
+) -> None:
+    """Releases happen at a period's last round: the loop checked the budget
+    round by round, ran the next period's local rounds for nothing, and the
+    round that ended the run was never evaluated."""
+    data = make_data([30, 20, 40, 30, 25, 35])
+    priv = {"dp": "central", "noise_multiplier": 3.0, "delta": 1e-3, "target_epsilon": 3.0}
+    changes = {"communication": {"upload_every": 2}, "eval_every": 100, "rounds": 10}
+    result = run(from_dict({**BASE, **changes, "privacy": priv}), data, store=False)
+    acc = Accountant(3.0, 6, 3, 1e-3)  # a release a period: 1.7, 2.7, 3.6 after 1, 2, 3
+    periods = max(t for t in range(6) if acc.epsilon(t) <= 3.0)
+    assert len(result.rounds) == 2 * periods  # whole periods, no wasted local rounds
+    assert [r.test_accuracy is not None for r in result.rounds][-1]
+    assert "privacy budget: round 6 would take epsilon" in result.summary["privacy_stop"]

@@ -39,15 +39,19 @@ def stalled(cfg: Config, state: LoopState, last_round: int | None = None) -> str
 
 
 def over_budget(exp: Experiment, next_round: int) -> str | None:
-    """Why round ``next_round`` must not run: it would take epsilon past the target."""
+    """Why round ``next_round`` must not run: its upload period would take epsilon
+    past the target (a release happens at a period's last round, so a period
+    that cannot upload is not started: its local rounds would be wasted)."""
     target = exp.cfg.privacy.target_epsilon
     if target is None or exp.privacy is None:
         return None
-    eps = exp.privacy.epsilon(next_round + 1)
+    cfg = exp.cfg
+    upload = upload_period(next_round, cfg.communication.upload_every, cfg.rounds)[1]
+    eps = exp.privacy.epsilon(upload + 1)
     if eps is None or eps <= target:
         return None
     return (
-        f"privacy budget: round {next_round + 1} would take epsilon to {eps:.3f} > "
+        f"privacy budget: round {upload + 1} would take epsilon to {eps:.3f} > "
         f"privacy.target_epsilon = {target} (delta {exp.privacy.delta:.3g}); stopped"
     )
 
