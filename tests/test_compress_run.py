@@ -157,7 +157,7 @@ def _plus(name: str) -> Any:
         ({}, {}, _meta(train_loss=10**400), "train_loss"),
         ({}, {}, _meta(train_loss=True), "train_loss"),
         ({}, {}, _meta(train_loss="0.1"), "train_loss"),
-        ({}, {}, _meta(client_id=99), "labelled client 99"),
+        ({}, {}, _meta(client_id=99), "labelled client_id 99"),
         ({}, {}, _meta(codec="int8"), "wrong header"),  # dense never named itself
         ({}, {}, _plus("junk"), "unexpected tensors junk"),
         ({"uplink": "int8"}, {}, _plus("junk"), "unexpected tensors junk"),

@@ -155,17 +155,16 @@ def shift_data(cfg: Config, data: FederatedData) -> FederatedData:
 def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
     """Assemble a run from its config (``data`` may be given to reuse a load)."""
     keep_large_blocks()  # glibc: reuse freed activation buffers (fedforge.allocator)
-    given = data is not None
+    dtype = DTYPES[cfg.dtype]
+    model = build_model(cfg.model, cfg.seed, dtype, cfg.dataset)
+    if data is not None:  # the caller's: checked before anything reads it
+        check_given(data, cfg.num_clients, dtype, model, cfg.model, NUM_CLASSES)
     data = data if data is not None else load_federated_data(cfg)
     fingerprint = fingerprint_of(data)
     data = shift_data(cfg, data)
     if cfg.eval_clients and data.holdout is None:  # carve each client's held-out slice
         keep, held = split_holdout(data.partition, cfg.eval_holdout, cfg.seed)
         data = dataclasses.replace(data, partition=keep, holdout=held)
-    dtype = DTYPES[cfg.dtype]
-    model = build_model(cfg.model, cfg.seed, dtype, cfg.dataset)
-    if given:
-        check_given(data, cfg.num_clients, dtype, model, cfg.model)
     spec = ParamSpec.of(model, include_buffers=True)  # batch-norm statistics travel too
     algorithm = algorithms.from_config(cfg, spec.size, dtype, spec)
     comm = communication.assemble(cfg, spec, dtype, data.partition, data.train_y)

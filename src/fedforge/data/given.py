@@ -1,7 +1,7 @@
 """Checks of a data set a caller hands to ``run(cfg, data=...)`` (one loaded from
-the config is right by construction): what is wrong is said in one line, naming
-the tensor and what the config and model need, instead of a shape or dtype
-error from deep inside the first round."""
+the config is right by construction), before anything reads it: what is wrong
+is said in one line, naming the tensor and what the config and model need,
+instead of a shape, type or index error from deep inside the first round."""
 
 from __future__ import annotations
 
@@ -18,11 +18,18 @@ if TYPE_CHECKING:
 
 
 def check_given(
-    data: FederatedData, num_clients: int, dtype: torch.dtype, model: nn.Module, name: str
+    data: FederatedData,
+    num_clients: int,
+    dtype: torch.dtype,
+    model: nn.Module,
+    name: str,
+    num_classes: int,
 ) -> None:
     """Refuse ``data`` that the run of ``num_clients`` clients in ``dtype`` on
-    ``model`` (the config's ``name``) cannot train on; returns when it can."""
+    ``model`` (the config's ``name``, ``num_classes`` outputs) cannot train on."""
     for what, x, y in (("train", data.train_x, data.train_y), ("test", data.test_x, data.test_y)):
+        if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
+            raise DataError(f"{what}_x and {what}_y must be torch tensors")
         if x.dtype != dtype:
             raise DataError(f"{what}_x is {x.dtype}; the config's dtype needs {dtype}")
         if y.dtype != torch.int64 or y.dim() != 1 or len(y) != len(x):
@@ -30,6 +37,8 @@ def check_given(
                 f"{what}_y must be int64 class ids, one per row of {what}_x ({len(x)}); got "
                 f"{y.dtype} of shape {tuple(y.shape)}"
             )
+    if len(data.test_y) == 0:
+        raise DataError("the test set is empty: the run evaluates on it")
     got = data.partition.num_clients
     if got != num_clients:
         raise DataError(
@@ -37,15 +46,27 @@ def check_given(
         )
     rows = len(data.train_y)
     for k, idx in enumerate(data.partition.client_indices):
+        if np.ndim(idx) != 1:
+            raise DataError(f"client {k}'s indices have shape {np.shape(idx)}; one row each (1-D)")
         if len(idx) and (int(np.min(idx)) < 0 or int(np.max(idx)) >= rows):
             raise DataError(f"client {k}'s indices leave 0..{rows - 1}, the rows of train_x")
-    if len(data.test_x):
-        try:
-            with torch.no_grad():
-                model.eval()(data.test_x[:1])
-        except RuntimeError as exc:
-            shape = tuple(data.test_x.shape[1:])
-            first = str(exc).splitlines()[0]
-            raise DataError(
-                f"features of shape {shape} do not fit model '{name}': {first}"
-            ) from None
+    for what, x in (("train_x", data.train_x), ("test_x", data.test_x)):
+        _fits(model, x[:2], what, name, num_classes)
+
+
+def _fits(model: nn.Module, x: torch.Tensor, what: str, name: str, num_classes: int) -> None:
+    """Two rows (a batch of one may pass for an unbatched sample) through the model."""
+    shape = tuple(x.shape[1:])
+    try:
+        with torch.no_grad():
+            out = model.eval()(x)
+    except (RuntimeError, IndexError, ValueError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise DataError(
+            f"{what} rows of shape {shape} do not fit model '{name}': {first}"
+        ) from None
+    if tuple(out.shape) != (len(x), num_classes):
+        raise DataError(
+            f"{what} rows of shape {shape} give model '{name}' outputs of shape "
+            f"{tuple(out.shape)}; expected ({len(x)}, {num_classes})"
+        )

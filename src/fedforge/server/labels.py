@@ -20,8 +20,9 @@ def read_labels(meta: Mapping[str, Any], client_id: int, round_idx: int) -> tupl
     own loss was not finite)."""
     if meta.get("client_id") != client_id or meta.get("round_idx") != round_idx:
         raise UploadError(
-            f"update is labelled client {meta.get('client_id')!r:.40} round "
-            f"{meta.get('round_idx')!r:.40}; expected client {client_id} round {round_idx}"
+            f"update is labelled client_id {meta.get('client_id')!r:.40} round_idx "
+            f"{meta.get('round_idx')!r:.40}; expected client_id {client_id} round_idx "
+            f"{round_idx} (round {round_idx + 1})"
         )
     n = meta.get("num_examples")
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_EXAMPLES:

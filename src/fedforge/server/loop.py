@@ -133,7 +133,7 @@ def _resumed_state(exp: Experiment, run_store: RunStore) -> LoopState:
     except CheckpointError as exc:  # every checkpoint damaged: from the start
         for table in tables.values():
             table.clear()  # rows a half-loaded checkpoint left
-        print(f"fedforge: {exc}; starting again from round 0", file=sys.stderr)
+        print(f"fedforge: {exc}; starting again from round 1", file=sys.stderr)
         return LoopState.fresh(exp)
     state = LoopState.from_checkpoint(exp, ckpt, run_store.rounds(), tables)
     load_aggregator_state(exp.pipeline.aggregator, ckpt)

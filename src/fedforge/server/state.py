@@ -101,8 +101,8 @@ class LoopState:
         records = [r for r in stored if r.round_idx < ckpt.next_round]
         if [r.round_idx for r in records] != list(range(ckpt.next_round)):
             raise CheckpointError(
-                f"the run store lacks rounds before round {ckpt.next_round} of checkpoint "
-                f"{ckpt.path}; it holds rounds {[r.round_idx for r in records]}"
+                f"the run store lacks some of the {ckpt.next_round} rounds before checkpoint "
+                f"{ckpt.path}; it holds rounds {[r.round_idx + 1 for r in records]}"
             )
         optimizer = optimizers.from_config(exp.cfg)
         optimizer.load_state_dict(ckpt.optimizer_state)

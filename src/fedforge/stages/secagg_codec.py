@@ -330,7 +330,7 @@ class SecAggCodec:
         cl = self.sessions.get(client_id)
         if cl is None or cl.round != round_idx:
             raise UploadError(
-                f"secure aggregation: client {client_id} has no keys for round {round_idx}"
+                f"secure aggregation: client {client_id} has no keys for round {round_idx + 1}"
             )
         return cl
 

@@ -127,13 +127,14 @@ def save_checkpoint(
     keep: int = KEEP,
 ) -> Path:
     """Write ``ckpt`` (and the rows of each per-client table) atomically; keep the
-    newest ``keep``. The older ones beyond ``keep - 1`` go first: at most ``keep``
-    copies of the client state are on disk while the new one is written (each
-    holds every row ever written: gigabytes at scale)."""
+    newest ``keep``. The older ones beyond ``keep - 1`` go first: at most
+    ``max(keep, 2)`` copies of the client state are on disk while the new one is
+    written (each holds every row ever written: gigabytes at scale), and a
+    failed write leaves the newest before it whole."""
     tables = _tables(client_state)
     root = Path(run_dir) / CHECKPOINTS_DIR
-    if root.is_dir():  # from the round before this one, the newest keep - 1
-        _prune(root, ckpt.next_round - 1, max(keep - 1, 1))
+    if root.is_dir():  # the newest keep - 1 up to this round (its own, if rewritten)
+        _prune(root, ckpt.next_round, max(keep - 1, 1))
     final = root / checkpoint_name(ckpt.next_round)
     tmp = root / f".tmp-{final.name}-{os.getpid()}"
     tensors = {"params": ckpt.params.detach().contiguous().clone()}

@@ -342,7 +342,7 @@ def load_rows(store: ClientStateStore, path: Path, ids: Sequence[int]) -> None:
     with open(path, "rb") as f:
         for start in range(0, len(ids), per_chunk):
             chunk = list(ids[start : start + per_chunk])
-            raw = f.read(len(chunk) * row_bytes)
+            raw = bytearray(f.read(len(chunk) * row_bytes))  # writable: torch wants it
             rows = np.frombuffer(raw, dtype=np_dtype).reshape(len(chunk), store.size)
             native = rows.astype(np_dtype.newbyteorder("="), copy=False)  # a view here
             store.scatter(chunk, torch.from_numpy(native))

@@ -154,7 +154,7 @@ class RunStore:
         ]
         stray += [a.client_id for a in anomalies if a.round_idx != round_row.round_idx]
         if stray:
-            raise StoreError(f"clients {stray} are not from round {round_row.round_idx}")
+            raise StoreError(f"clients {stray} are not from round {round_row.round_idx + 1}")
         if round_row.created is None:
             round_row = dataclasses.replace(round_row, created=time.time())
         idx = round_row.round_idx
@@ -177,7 +177,7 @@ class RunStore:
                     self._conn.execute("ROLLBACK")
                 raise
         except DB_ERRORS as exc:
-            raise StoreError(f"cannot record round {idx} in '{self._path}': {exc}") from None
+            raise StoreError(f"cannot record round {idx + 1} in '{self._path}': {exc}") from None
         line = {**dataclasses.asdict(round_row), "clients": len(clients)}
         line = {
             k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in line.items()
@@ -188,7 +188,9 @@ class RunStore:
                 stream.flush()
                 os.fsync(stream.fileno())
         except OSError as exc:
-            raise StoreError(f"round {idx} is stored but {METRICS_NAME} failed: {exc}") from None
+            raise StoreError(
+                f"round {idx + 1} is stored but {METRICS_NAME} failed: {exc}"
+            ) from None
 
     def record_privacy(
         self, round_idx: int, epsilon: float, delta: float, clip_norm: float | None
@@ -203,7 +205,7 @@ class RunStore:
                     (round_idx, eps, delta, clip_norm),
                 )
         except DB_ERRORS as exc:
-            raise StoreError(f"cannot record privacy of round {round_idx}: {exc}") from None
+            raise StoreError(f"cannot record privacy of round {round_idx + 1}: {exc}") from None
 
     def privacy(self) -> list[tuple[int, float | None, float, float | None]]:
         """(round, epsilon, delta, clip norm) per recorded round."""
@@ -235,7 +237,9 @@ class RunStore:
                     self._conn.execute("ROLLBACK")
                 raise
         except DB_ERRORS as exc:
-            raise StoreError(f"cannot rewind '{self._path}' to round {next_round}: {exc}") from None
+            raise StoreError(
+                f"cannot rewind '{self._path}' to before round {next_round + 1}: {exc}"
+            ) from None
         stream = self._path / METRICS_NAME
         kept = [line for line in read_metrics(stream) if line["round_idx"] < next_round]
         tmp = stream.with_suffix(".jsonl.tmp")
@@ -326,7 +330,7 @@ class RunStore:
                     marks = ", ".join("?" * len(clean[0]))
                     self._conn.executemany(f"INSERT INTO {table} VALUES ({marks})", clean)
         except DB_ERRORS as exc:
-            raise StoreError(f"cannot record {table} of round {round_idx}: {exc}") from None
+            raise StoreError(f"cannot record {table} of round {round_idx + 1}: {exc}") from None
 
     def read_rows(self, table: str, round_idx: int | None = None) -> list[tuple[Any, ...]]:
         """The rows of ``table`` (one of ``ROUND_TABLES``), in key order; [] when absent."""
