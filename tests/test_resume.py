@@ -717,3 +717,33 @@ def test_resume_with_other_data_or_model_is_refused_and_loses_nothing(
     monkeypatch.undo()
     got = resume(run_dir, data=data)  # the right data: it goes on
     assert len(got.rounds) == 4
+
+
+def test_a_run_from_before_build_json_resumes_unless_its_data_changed_since(
+    make_data: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An older store has no build.json: it resumes (and gets one), except a
+    Synthetic-IID run with beta != 0, whose data this version draws otherwise."""
+    from tests.conftest import wrap_engine
+
+    from fedforge.store.build_record import BUILD_NAME
+
+    def crashed(cfg: dict[str, Any], data: Any) -> Path:
+        with monkeypatch.context() as patch:
+            wrap_engine(patch, _crash_in_round(2))
+            with pytest.raises(MemoryError):
+                run(from_dict(cfg), data)
+        (run_dir,) = Path(cfg["runs_dir"]).iterdir()
+        (run_dir / BUILD_NAME).unlink()  # as a store written before it existed
+        return run_dir
+
+    base = {"num_clients": 4, "client_fraction": 0.5, "batch_size": 4, "rounds": 3,
+            "target_accuracy": None, "dtype": "float64", "checkpoint_every": 1}  # fmt: skip
+    data = make_data([7, 12, 5, 9], dtype=torch.float64)
+    old = crashed({**base, "model": "2nn", "runs_dir": str(tmp_path / "a")}, data)
+    assert len(resume(old, data=data).rounds) == 3
+    assert (old / BUILD_NAME).is_file()
+    synthetic = {**base, "dataset": "synthetic", "model": "logreg", "synthetic": {"iid": True}}
+    iid = crashed({**synthetic, "runs_dir": str(tmp_path / "b")}, None)
+    with pytest.raises(StoreError, match="Synthetic-IID data was drawn before"):
+        resume(iid)

@@ -132,13 +132,15 @@ def run_point(
     cfg: Config, point: dict[str, Any], data: FederatedData | None, progress: bool
 ) -> PointResult:
     """Run one point, or reuse its finished run, or resume its stopped one."""
-    from fedforge.experiment import fingerprint_of
+    from fedforge.experiment import fingerprint_of, load_federated_data
     from fedforge.server.loop import resume, run
     from fedforge.store.build_record import same_build
 
     path, status = _existing(cfg)
-    if path is not None and data is not None and not same_build(path, fingerprint_of(data)):
-        path = None  # the same config over other data: another job
+    if path is not None:  # the same config over other data is another job
+        data = data if data is not None else load_federated_data(cfg)
+        if not same_build(path, fingerprint_of(data), cfg):
+            path = None
     if path is not None and status == "finished":
         return _result(point, path, "reused")
     if path is not None:  # stopped or killed, with a checkpoint or before its first

@@ -104,7 +104,7 @@ def resume(
         if run_store.status == "finished":
             raise CheckpointError(finished)
         exp = build(run_store.config(), data)
-        check_build(run_store.path, exp.spec.size, exp.data_fingerprint)  # not damage
+        check_build(run_store.path, exp.spec.size, exp.data_fingerprint, exp.cfg)  # not damage
         lock.acquire()  # refuses while another process still writes the run
         if run_store.status == "finished":  # it was running, and ended while we built
             raise CheckpointError(finished)

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedforge.config import Config
 from fedforge.data.partition import Partition
 from fedforge.errors import StoreError
 
@@ -65,10 +66,28 @@ def read_build(run_dir: Path) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
-def check_build(run_dir: Path, num_params: int, fingerprint: str) -> None:
-    """Refuse to continue ``run_dir`` with a model of another length or other data."""
+def _legacy_change(cfg: Config) -> str | None:
+    """Why a run written before ``build.json`` existed trained on data this version
+    no longer makes from its config (None: the same data)."""
+    syn = cfg.synthetic
+    if cfg.dataset == "synthetic" and syn.iid and syn.beta != 0:
+        return (
+            "its Synthetic-IID data was drawn before fedforge gave every user features "
+            f"N(0, Sigma) (it shifted them by synthetic.beta = {syn.beta})"
+        )
+    return None
+
+
+def check_build(run_dir: Path, num_params: int, fingerprint: str, cfg: Config) -> None:
+    """Refuse to continue ``run_dir`` with a model of another length or other data.
+    A run from before ``build.json`` is taken as it is (and gets one) unless its
+    config's data changed since."""
     record = read_build(run_dir)
     if record is None:
+        change = _legacy_change(cfg)
+        if change is not None:
+            raise StoreError(f"run '{run_dir}' cannot be resumed: {change}; run it again")
+        write_build(run_dir, num_params, fingerprint)
         return
     if record.get("num_params") != num_params:
         raise StoreError(
@@ -83,7 +102,10 @@ def check_build(run_dir: Path, num_params: int, fingerprint: str) -> None:
         )
 
 
-def same_build(run_dir: Path, fingerprint: str) -> bool:
-    """Whether ``run_dir`` trained on data of this fingerprint (True when unknown)."""
+def same_build(run_dir: Path, fingerprint: str, cfg: Config) -> bool:
+    """Whether ``run_dir`` trained on data of this fingerprint (for a run from
+    before ``build.json``: whether its config still makes the same data)."""
     record = read_build(run_dir)
-    return record is None or record.get("data_fingerprint") == fingerprint
+    if record is None:
+        return _legacy_change(cfg) is None
+    return record.get("data_fingerprint") == fingerprint
