@@ -309,8 +309,9 @@ def test_downlink_codec_and_clip_run(data: FederatedData) -> None:
 
 def test_vectorized_engine_matches_serial_with_error_feedback(data: FederatedData) -> None:
     com = {"uplink": "topk", "fraction": 0.01, "error_feedback": True}
-    serial = run(_cfg(com), data=data, store=False)
+    serial = run(_cfg(com, engine="serial"), data=data, store=False)  # auto: vectorised
     vec = run(_cfg(com, engine="vectorized"), data=data, store=False)
+    assert serial.summary["engine"] == "serial" and vec.summary["engine"] == "vectorized"
     assert torch.allclose(vec.params, serial.params, rtol=0, atol=1e-9)
 
 

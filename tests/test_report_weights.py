@@ -251,8 +251,9 @@ def test_refused_beside_robust_rules_and_dp(make_data: MakeData) -> None:
 def test_vectorized_engine_equals_serial(make_data: MakeData, one_thread: None) -> None:
     data = make_data([12, 7, 20, 9], dtype=F64)
     cfg = {**BASE, "rounds": 2, "aggregation_weights": "quality"}
-    serial = loop.run(from_dict(cfg), data=data, store=False)
+    serial = loop.run(from_dict({**cfg, "engine": "serial"}), data=data, store=False)
     vector = loop.run(from_dict({**cfg, "engine": "vectorized"}), data=data, store=False)
+    assert serial.summary["engine"] == "serial" and vector.summary["engine"] == "vectorized"
     assert torch.allclose(serial.params, vector.params, atol=1e-9, rtol=0)
 
 
