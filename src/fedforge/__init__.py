@@ -19,6 +19,7 @@ from fedforge.config import Config, PartitionConfig, load, override
 from fedforge.data.partition import Partition
 from fedforge.errors import ConfigError, DataError, FedforgeError, UploadError
 from fedforge.experiment import FederatedData, build, load_federated_data
+from fedforge.models import register_model
 from fedforge.params import ParamSpec
 from fedforge.server.loop import RunResult, resume, run
 from fedforge.store import RunStore
@@ -46,6 +47,7 @@ __all__ = [
     "load",
     "load_federated_data",
     "override",
+    "register_model",
     "resume",
     "run",
 ]

@@ -21,14 +21,14 @@ from fedforge.communication import CommunicationParts
 from fedforge.config import Config
 from fedforge.config.schema import config_notes
 from fedforge.data import Partition, load_mnist, make_partition, noise, shift, synthetic
-from fedforge.data.given import check_given
+from fedforge.data.given import check_fits, check_given
 from fedforge.data.mnist import NUM_CLASSES
 from fedforge.engines import Engine
 from fedforge.engines.pool import PoolEngine, resolve_workers, usable_cores
 from fedforge.engines.serial import SerialEngine
 from fedforge.engines.vectorized import VectorizedEngine, unsupported_reason
 from fedforge.errors import ConfigError
-from fedforge.models import build_model
+from fedforge.models import BUILT_IN, build_model
 from fedforge.params import ParamSpec
 from fedforge.pipeline import Pipeline
 from fedforge.precision import precision_note
@@ -159,7 +159,10 @@ def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
     model = build_model(cfg.model, cfg.seed, dtype, cfg.dataset)
     if data is not None:  # the caller's: checked before anything reads it
         check_given(data, cfg.num_clients, dtype, model, cfg.model, NUM_CLASSES)
-    data = data if data is not None else load_federated_data(cfg)
+    else:
+        data = load_federated_data(cfg)
+        if cfg.model not in BUILT_IN:  # a registered model on a configured data set
+            check_fits(data, model, cfg.model, NUM_CLASSES)
     fingerprint = fingerprint_of(data)
     data = shift_data(cfg, data)
     if cfg.eval_clients and data.holdout is None:  # carve each client's held-out slice

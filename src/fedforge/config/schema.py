@@ -23,6 +23,7 @@ from fedforge.config.noniid import (
 from fedforge.config.personal import PerFedAvgConfig, PersonalEvalConfig, validate_personal
 from fedforge.config.privacy import PrivacyConfig, validate_privacy
 from fedforge.errors import invalid_field as invalid
+from fedforge.models import MODELS
 
 WeightRule = Literal["num_examples", "uniform", "sqrt", "capped", "quality", "class"]
 PartitionKind = Literal["iid", "shards", "dirichlet", "quantity"]
@@ -30,7 +31,7 @@ PartitionKind = Literal["iid", "shards", "dirichlet", "quantity"]
 FeatureDomain = Literal["none", "rotation", "invert", "contrast", "blur", "noise", "scale"]
 LabelNoiseRule = Literal["symmetric", "pair"]
 Algorithm = Literal["fedavg", "fedsgd", "fedprox", "scaffold", "fedbn", "perfedavg"]
-ModelName = Literal["cnn", "cnn_bn", "2nn", "logreg"]
+ModelName = str  # a built-in model or one given to fedforge.register_model
 Dataset = Literal["mnist", "synthetic"]
 Engine = Literal["auto", "serial", "vectorized"]
 DType = Literal["float32", "float64"]
@@ -236,6 +237,13 @@ def _validate(cfg: Config) -> None:
             "must be an integer >= 1, or null/'all' for the whole client data set",
         ),
         ("lr", cfg.lr, cfg.lr > 0.0, "must be a number > 0"),
+        (
+            "model",
+            cfg.model,
+            cfg.model in MODELS,
+            f"must be one of {', '.join(MODELS)}, or a name given to fedforge.register_model "
+            "(in this process, before the config is read: a resume too)",
+        ),
         ("workers", cfg.workers, cfg.workers >= 0, "must be an integer >= 0 (0: one per core)"),
         (
             "precision",

@@ -50,6 +50,12 @@ def check_given(
             raise DataError(f"client {k}'s indices have shape {np.shape(idx)}; one row each (1-D)")
         if len(idx) and (int(np.min(idx)) < 0 or int(np.max(idx)) >= rows):
             raise DataError(f"client {k}'s indices leave 0..{rows - 1}, the rows of train_x")
+    check_fits(data, model, name, num_classes)
+
+
+def check_fits(data: FederatedData, model: nn.Module, name: str, num_classes: int) -> None:
+    """Refuse features that ``model`` cannot take (also a registered model's on a
+    data set the config loads)."""
     for what, x in (("train_x", data.train_x), ("test_x", data.test_x)):
         _fits(model, x[:2], what, name, num_classes)
 
