@@ -50,8 +50,12 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     resume = sub.add_parser("resume", help="continue a stopped run from its last checkpoint")
-    resume.add_argument("run", help="run directory, its name, or a unique part of it")
-    resume.add_argument("--runs-dir", default="runs")
+    resume.add_argument(
+        "run",
+        help="run directory, its folder name, a unique prefix or suffix of that, "
+        "or a prefix of its config name",
+    )
+    resume.add_argument("--runs-dir", default="runs", help="where to look (default: runs)")
     resume.add_argument("--data-dir", help="where the data sets are (else the run's own setting)")
     resume.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
 
@@ -59,8 +63,12 @@ def _parser() -> argparse.ArgumentParser:
     runs.add_argument("--runs-dir", default="runs")
 
     show = sub.add_parser("show", help="print the summary of one run")
-    show.add_argument("run", help="run directory, its name, or a unique part of it")
-    show.add_argument("--runs-dir", default="runs")
+    show.add_argument(
+        "run",
+        help="run directory, its folder name, a unique prefix or suffix of that, "
+        "or a prefix of its config name",
+    )
+    show.add_argument("--runs-dir", default="runs", help="where to look (default: runs)")
 
     sweep = sub.add_parser("sweep", help="run a grid of configs in sequence (resumable), one table")
     sweep.add_argument("config", type=Path, help="YAML config file")
