@@ -89,7 +89,7 @@ def test_failure_mid_round_leaves_nothing_of_it(tmp_path: Path) -> None:
     with RunStore.create(tmp_path, Config(name="t")) as store:
         store.record_round(_round(0, 0.4), _clients(0))
         # the round row goes in, then the second client row violates the primary key
-        with pytest.raises(StoreError, match="round 1"):
+        with pytest.raises(StoreError, match="cannot record round 2"):
             store.record_round(_round(1), _clients(1, (5, 5)))
         assert [r.round_idx for r in store.rounds()] == [0]
         assert all(c.round_idx == 0 for c in store.client_rounds())
