@@ -102,7 +102,7 @@ def test_failure_mid_round_leaves_nothing_of_it(tmp_path: Path) -> None:
         # only committed rounds reach the metrics stream, and the store still works
         store.record_round(_round(1), _clients(1))
         assert len((store.path / "metrics.jsonl").read_text().splitlines()) == 2
-        with pytest.raises(StoreError, match="not from round 2"):
+        with pytest.raises(StoreError, match="not from round 3"):
             store.record_round(_round(2), _clients(1))
 
 
