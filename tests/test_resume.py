@@ -63,6 +63,13 @@ TINY = {
 # ----------------------------------------------------------------------------- (d) state
 
 
+# a small float64 federation many tests here run (4 clients of [7, 12, 5, 9])
+SMALL: dict[str, Any] = {
+    "model": "2nn", "num_clients": 4, "client_fraction": 0.5, "batch_size": 4,
+    "rounds": 4, "target_accuracy": None, "dtype": "float64",
+}  # fmt: skip
+
+
 def test_memory_store_gather_scatter_and_init() -> None:
     init = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
     store = MemoryStateStore(5, 3, torch.float64, init)
@@ -286,10 +293,7 @@ def test_a_checkpoint_that_cannot_be_written_does_not_end_the_run(
     from fedforge.store import CheckpointError as StoreCheckpointError
 
     data = make_data([7, 12, 5, 9], dtype=torch.float64)
-    base = {
-        "model": "2nn", "num_clients": 4, "client_fraction": 0.5, "batch_size": 4,
-        "rounds": 4, "target_accuracy": None, "dtype": "float64", "checkpoint_every": 1,
-    }  # fmt: skip
+    base = {**SMALL, "checkpoint_every": 1}
     want = run(from_dict({**base, "runs_dir": str(tmp_path / "a")}), data)
     real = loop.save_checkpoint
 
@@ -581,10 +585,7 @@ def test_a_run_killed_before_its_first_checkpoint_resumes_from_the_start(
     from tests.conftest import wrap_engine
 
     data = make_data([7, 12, 5, 9], dtype=torch.float64)
-    base = {
-        "model": "2nn", "num_clients": 4, "client_fraction": 0.5, "batch_size": 4,
-        "rounds": 4, "target_accuracy": None, "dtype": "float64", "checkpoint_every": 10,
-    }  # fmt: skip
+    base = {**SMALL, "checkpoint_every": 10}
     want = run(from_dict({**base, "runs_dir": str(tmp_path / "a")}), data)
 
     with monkeypatch.context() as patch:
@@ -611,11 +612,7 @@ def test_resume_refuses_a_run_that_finished_while_it_was_building(
     from fedforge.store import CheckpointError
 
     data = make_data([7, 12, 5, 9], dtype=torch.float64)
-    base = {
-        "model": "2nn", "num_clients": 4, "client_fraction": 0.5, "batch_size": 4,
-        "rounds": 2, "target_accuracy": None, "dtype": "float64",
-        "runs_dir": str(tmp_path),
-    }  # fmt: skip
+    base = {**SMALL, "rounds": 2, "runs_dir": str(tmp_path)}
     done = run(from_dict(base), data)
     assert done.run_dir is not None
     with RunStore.open(done.run_dir) as store:
@@ -644,10 +641,10 @@ def test_a_run_whose_every_checkpoint_is_damaged_starts_again_from_round_0(
 
     data = make_data([7, 12, 5, 9], dtype=torch.float64)
     base = {
-        "model": "2nn", "num_clients": 4, "client_fraction": 0.5, "batch_size": 4,
-        "rounds": 4, "target_accuracy": None, "dtype": "float64", "checkpoint_every": 2,
+        **SMALL,
+        "checkpoint_every": 2,
         "communication": {"uplink": "topk", "fraction": 0.1, "error_feedback": True},
-    }  # fmt: skip
+    }
     want = run(from_dict({**base, "runs_dir": str(tmp_path / "a")}), data)
 
     with monkeypatch.context() as patch:
@@ -691,11 +688,7 @@ def test_resume_with_other_data_or_model_is_refused_and_loses_nothing(
     from fedforge.store import RunStore
 
     data = make_data([7, 12, 5, 9], dtype=torch.float64)
-    base = {
-        "model": "2nn", "num_clients": 4, "client_fraction": 0.5, "batch_size": 4,
-        "rounds": 4, "target_accuracy": None, "dtype": "float64", "checkpoint_every": 1,
-        "algorithm": "scaffold", "runs_dir": str(tmp_path),
-    }  # fmt: skip
+    base = {**SMALL, "checkpoint_every": 1, "algorithm": "scaffold", "runs_dir": str(tmp_path)}
     with monkeypatch.context() as patch:
         wrap_engine(patch, _crash_in_round(3))
         with pytest.raises(MemoryError):
