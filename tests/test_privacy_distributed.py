@@ -118,6 +118,19 @@ def test_distributed_epsilon_equals_dp_accountings_central_gaussian(
     central = build(from_dict({**cfg, "privacy": {**cfg["privacy"], "dp": "central"}}), data)
     assert central.privacy is not None
     assert exp.privacy.epsilon(3) == central.privacy.epsilon(3)
+    # against the server, which drew the cohorts: no amplification; the worst
+    # client's participations compose a Gaussian of multiplier Z / 2
+    from fedforge.server.sampling import sample_cohort
+
+    count = [0] * 6
+    for t in range(3):
+        for c in sample_cohort(6, 0.5, 0, t, sampling == "poisson"):
+            count[c] += 1
+    server = rdp.RdpAccountant(RDP_ORDERS)
+    server.compose(dpa.GaussianDpEvent(Z / 2), max(count))
+    vs_server = exp.privacy.summary(3)["epsilon_vs_server"]
+    assert vs_server == pytest.approx(server.get_epsilon(1e-3), rel=1e-6)
+    assert vs_server > exp.privacy.epsilon(3)  # sampling amplified only the other figure
     # the pipeline: the clients noise, the server adds nothing
     assert "clip -> distributed_dp -> encode:secagg" in exp.pipeline.describe()
     assert "central_dp" not in exp.pipeline.describe()

@@ -92,6 +92,18 @@ def test_adaptive_clip_moves_towards_the_quantile() -> None:
     assert next_clip_norm(1.0, 6, 12, 10.0, 1e-9, 0.5, 0.2, gen) == pytest.approx(1.0)
 
 
+def test_the_count_noise_needs_more_than_half_the_noise_multiplier() -> None:
+    """z_delta = (z^-2 - (2 sigma_b)^-2)^-1/2 exists for sigma_b > z / 2 (the
+    message said 1 / (2 z): 0.005 for z = 100, where the bound is 50)."""
+    from fedforge.stages.dp import update_noise_multiplier
+
+    with pytest.raises(ValueError, match="need clip_count_std > z / 2 = 50"):
+        update_noise_multiplier(100.0, 1.0)
+    assert update_noise_multiplier(100.0, 51.0) == pytest.approx((1e-4 - 102.0**-2) ** -0.5)
+    with pytest.raises(ValueError):
+        update_noise_multiplier(100.0, 50.0)  # exactly z / 2: no budget left
+
+
 @pytest.mark.parametrize(
     "sampling,kind", [("fixed", "rdp"), ("poisson", "rdp"), ("poisson", "pld")]
 )
@@ -320,3 +332,27 @@ def test_a_budget_stop_with_upload_periods_ends_on_an_evaluated_upload(
     assert len(result.rounds) == 2 * periods  # whole periods, no wasted local rounds
     assert [r.test_accuracy is not None for r in result.rounds][-1]
     assert "privacy budget: round 6 would take epsilon" in result.summary["privacy_stop"]
+
+
+def test_the_privacy_table_holds_the_clip_norm_each_round_used(
+    make_data: MakeData, one_thread: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Adaptive clipping: the stored clip norm was read after the round had set
+    the next one, a round ahead (round 0 showed round 1's)."""
+    from fedforge.privacy import PrivacyParts
+
+    used: dict[int, float] = {}
+    begin = PrivacyParts.begin_round
+
+    def spy(self: PrivacyParts, state: dict[str, Any], round_idx: int) -> None:
+        used[round_idx] = float(state["clip_norm"])
+        begin(self, state, round_idx)
+
+    monkeypatch.setattr(PrivacyParts, "begin_round", spy)
+    data = make_data([30, 20, 40, 30, 25, 35])
+    priv = {"dp": "central", "noise_multiplier": 0.5, "clip_norm": 0.3, "adaptive_clip": True,
+            "clip_count_std": 1.0}  # fmt: skip
+    result = run(from_dict({**BASE, "runs_dir": str(tmp_path), "privacy": priv}), data)
+    with RunStore.open(result.run_dir or "") as store:
+        stored = {r[0]: r[3] for r in store.privacy()}
+    assert stored == used and stored[0] == 0.3 and len(set(stored.values())) == 3

@@ -154,13 +154,23 @@ def test_dropouts_equal_the_plain_run_over_the_survivors(
     assert float((plain.params - masked.params).abs().max()) <= _bound(2, 6, 6.0)
 
 
-def test_too_few_survivors_skip_the_round_and_keep_the_model(data: FederatedData) -> None:
+def test_too_few_survivors_skip_the_round_and_keep_the_model(
+    data: FederatedData, monkeypatch: pytest.MonkeyPatch
+) -> None:
     before = build(from_dict({**BASE, "privacy": {**DP, **SECAGG}}), data).initial_params
+    trained: list[int] = []
+
+    def counting(round_idx: int, ids: list[int]) -> set[int]:
+        trained.extend(ids)
+        return set(ids)
+
+    wrap_engine(monkeypatch, lambda engine: _Filter(engine, counting))
     result = _run(data, {**SECAGG, "secagg_drop_masked_input": 0.5})  # 3 left, t = 4
     assert torch.equal(result.params, before)
     assert [r for r, _ in result.skipped] == [0, 1]
     assert all("fewer than t = 4" in why for _, why in result.skipped)
     assert all(r.bytes_up > 0 for r in result.rounds)  # the phases before still cost bytes
+    assert trained == []  # too few to sum before the model went out: nobody trained
 
 
 def test_phase_messages_are_counted_per_client(data: FederatedData, tmp_path: Path) -> None:

@@ -122,7 +122,9 @@ class PrivacyParts:
     def local_epsilons(self, rounds: int) -> dict[int, float]:
         """Local DP: each client's epsilon after ``rounds`` rounds (from the cohorts
         it was sampled into, one a release: an upper bound on its uploads); under
-        tiers, each high-tier client's."""
+        tiers, each high-tier client's; under distributed DP, each client's against
+        the server (the noise on the sum is a local mechanism's, z C, and the
+        server knows the cohort)."""
         from fedforge.server.sampling import sample_cohort
 
         cfg, p = self.cfg, self.cfg.privacy
@@ -160,11 +162,16 @@ class PrivacyParts:
             out["local_epsilon"] = {str(c): e for c, e in eps.items()}
         if p.dp == "distributed" and self.secagg is not None:
             n_min = self.secagg.min_survivors
+            server = self.local_epsilons(rounds)  # the server drew the cohorts
             out.update(
                 min_survivors=n_min,
                 client_noise_std=p.noise_multiplier * p.clip_norm / n_min**0.5,
-                accounting="central Gaussian, same noise multiplier: exact with n_min "
-                "inputs in a sum, conservative with more",
+                epsilon_vs_server=max(server.values()) if server else 0.0,
+                accounting="epsilon: central Gaussian, same noise multiplier, against "
+                "those who see the models (sampling amplifies; exact with n_min inputs in "
+                "a sum, conservative with more); epsilon_vs_server: against the server, "
+                "which knows whom it sampled (no amplification: the worst client's "
+                "participations composed); clients colluding with it remove their shares",
             )
         return out
 

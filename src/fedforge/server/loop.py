@@ -243,6 +243,7 @@ def _rounds(
         if budget_stop is not None:  # the next round would spend more than target_epsilon
             bar.write(f"fedforge: {budget_stop}")
             break
+        clip = state.privacy.get("clip_norm", cfg.privacy.clip_norm)  # this round's
         record, clients = run_round(exp, state, state.next_round, bar)
         state.records.append(record)
         state.total_bytes += record.bytes_up + record.bytes_down
@@ -254,7 +255,6 @@ def _rounds(
         state.outputs = {}
         epsilon = exp.privacy.epsilon(state.next_round) if exp.privacy is not None else None
         if run_store is not None and epsilon is not None and exp.privacy is not None:
-            clip = state.privacy.get("clip_norm", cfg.privacy.clip_norm)
             run_store.record_privacy(record.round_idx, epsilon, exp.privacy.delta, clip)
         bar.update(record.test_accuracy, record.test_loss, state.total_bytes, epsilon)
         target = cfg.target_accuracy

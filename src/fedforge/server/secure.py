@@ -149,6 +149,8 @@ def secure_round(
         return stop
     routed = route(shares)
     live = alive("masked_input", u2)
+    if stop := end("masked_input", live, u2):  # too few to train for: none does
+        return stop
     send(
         "masked_input",
         {c: sc.masked_input_message(round_idx, routed[c], graph.within(c, u2)) for c in live},

@@ -104,11 +104,14 @@ def _privacy_lines(summary: dict[str, Any]) -> list[str]:
     tiers = priv.get("tiers")
     if tiers is None:
         how = priv["dp"]
-        if how == "distributed":  # accounted as central DP
+        server = ""
+        if how == "distributed":  # accounted as central DP; and against the server
             how += (
                 f" (n_min {priv['min_survivors']}, client noise std {priv['client_noise_std']:.3g})"
             )
-        return [f"privacy          dp {how}: epsilon {priv['epsilon']:.3f} {spent}{more}"]
+            server = f", {priv['epsilon_vs_server']:.3f} against the server"
+        eps = f"epsilon {priv['epsilon']:.3f}{server}"
+        return [f"privacy          dp {how}: {eps} {spent}{more}"]
     high, low = tiers["high"], tiers["low"]
     return [
         f"privacy tier     high, {high['clients']} clients: {high['applied']}; local epsilon "

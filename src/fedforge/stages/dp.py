@@ -173,7 +173,7 @@ def update_noise_multiplier(noise_multiplier: float, count_std: float) -> float:
     if rest <= 0:
         raise ValueError(
             f"clip_count_std = {count_std} is too small for noise_multiplier = "
-            f"{noise_multiplier}: need clip_count_std > 1 / (2 z) = {1 / (2 * noise_multiplier)}"
+            f"{noise_multiplier}: need clip_count_std > z / 2 = {noise_multiplier / 2:g}"
         )
     return rest**-0.5
 
