@@ -337,3 +337,15 @@ def test_synthetic_iid_names_the_alpha_and_beta_it_ignores() -> None:
     assert config_notes(Config(**base, synthetic=SyntheticConfig(iid=True))) == []  # type: ignore[arg-type]
     notes = config_notes(Config(**base, synthetic=SyntheticConfig(beta=0.5, iid=True)))  # type: ignore[arg-type]
     assert notes == ["synthetic.beta = 0.5 is ignored by synthetic.iid"]
+
+
+def test_privacy_settings_without_dp_are_named() -> None:
+    from fedforge.config.schema import config_notes
+
+    notes = config_notes(from_dict({"privacy": {"noise_multiplier": 2.0, "delta": 1e-6}}))
+    assert notes == [
+        "privacy.noise_multiplier = 2.0 is ignored with privacy.dp 'none'",
+        "privacy.delta = 1e-06 is ignored with privacy.dp 'none'",
+    ]
+    tiers = {"tiers": {"high_fraction": 0.5}, "secagg": True, "noise_multiplier": 2.0}
+    assert config_notes(from_dict({"privacy": tiers})) == []  # tiers noise the high tier

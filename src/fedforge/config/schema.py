@@ -369,6 +369,12 @@ def config_notes(cfg: Config) -> list[str]:
         for name in ("alpha", "beta"):
             if getattr(syn, name) != getattr(syn_default, name):
                 out.append(f"synthetic.{name} = {getattr(syn, name)} is ignored by synthetic.iid")
+    p, p_default = cfg.privacy, PrivacyConfig()
+    tiers = p.tiers.high_fraction > 0 or bool(p.tiers.high_clients)
+    if p.dp == "none" and not tiers:  # the noise, its accounting and its budget
+        for name in ("noise_multiplier", "accountant", "delta", "target_epsilon", "adaptive_clip"):
+            if getattr(p, name) != getattr(p_default, name):
+                out.append(f"privacy.{name} = {getattr(p, name)} is ignored with privacy.dp 'none'")
     if cfg.algorithm == "fedbn":
         out.append(
             "fedbn: the global test accuracy (and target_accuracy) is of the shared layers "

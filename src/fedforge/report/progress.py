@@ -18,7 +18,10 @@ def format_bytes(n: float) -> str:
 
 
 class Progress:
-    """tqdm over the planned rounds; ``update`` once per finished round."""
+    """One line per run, updated once per finished round: on a terminal a tqdm bar
+    redrawn in place, elsewhere (a file, a pipe) a plain line per round. Notes and
+    warnings (``write``) go to the same stream, stderr by default, above the bar;
+    stdout keeps what a run returns (its summary, tables)."""
 
     def __init__(
         self,
@@ -28,18 +31,21 @@ class Progress:
         stream: TextIO | None = None,
         initial: int = 0,  # rounds already done (a resumed run)
     ):
+        self._stream = stream or sys.stderr
+        self._name = desc
+        self._total = total_rounds
+        self._done = initial
+        self._lines = enabled and not _is_terminal(self._stream)  # plain lines
         self._bar = tqdm(
             total=total_rounds,
             initial=initial,
             desc=desc,
             unit="round",
-            disable=not enabled,
-            file=stream or sys.stderr,
+            disable=not enabled or self._lines,
+            file=self._stream,
             dynamic_ncols=True,
             bar_format="{desc} |{bar:16}| [{elapsed}<{remaining}]",
         )
-        self._name = desc
-        self._total = total_rounds
 
     def update(
         self,
@@ -49,18 +55,32 @@ class Progress:
         epsilon: float | None = None,  # privacy spent so far (DP runs)
     ) -> None:
         acc = "-" if accuracy is None else f"{100 * accuracy:.2f}%"
-        eps = "" if epsilon is None else f" eps {epsilon:.3g}"
+        eps = "" if epsilon is None else f" eps {epsilon:.3f}"
         los = "-" if loss is None else f"{loss:.4f}"
-        done = self._bar.n + 1
-        self._bar.set_description_str(
-            f"{self._name} round {done}/{self._total} acc {acc} loss {los} "
-            f"bytes {format_bytes(total_bytes)}{eps}",
-            refresh=False,
+        self._done += 1
+        # the figures first: a narrow terminal cuts the run's name, not them
+        text = (
+            f"round {self._done}/{self._total} acc {acc} loss {los} "
+            f"bytes up+down {format_bytes(total_bytes)}{eps}  {self._name}"
         )
+        if self._lines:
+            print(text, file=self._stream, flush=True)
+            return
+        self._bar.set_description_str(text, refresh=False)
         self._bar.update(1)
 
     def write(self, text: str) -> None:
-        self._bar.write(text)
+        if self._bar.disable:
+            print(text, file=self._stream, flush=True)
+        else:
+            self._bar.write(text, file=self._stream)
 
     def close(self) -> None:
         self._bar.close()
+
+
+def _is_terminal(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # a closed or stand-in stream
+        return False

@@ -8,6 +8,7 @@ from typing import Any
 from fedforge.clienteval import summarize_accuracies
 from fedforge.config import describe_split
 from fedforge.config.personal import step_sizes
+from fedforge.report.facts import run_facts
 from fedforge.report.progress import format_bytes
 from fedforge.store.runs_dir import live_status
 from fedforge.store.runstore import RunInfo, RunStore
@@ -71,15 +72,21 @@ def format_run_summary(store: RunStore) -> str:
         wall = sum(r.seconds for r in rounds)
     lines.append(f"wall time {_fmt_seconds(float(wall))}")
     lines.extend(noniid_lines(store))
+    lines += [f"{label:<9} {text}" for label, text in run_facts(summary)]
+    anomalies = store.anomalies()
+    refused = {a.client_id for a in anomalies if a.client_id is not None}
+    skipped = sum(a.client_id is None for a in anomalies)
+    if anomalies:
+        lines.append(
+            f"anomalies {len(anomalies) - skipped} updates refused ({len(refused)} clients), "
+            f"{skipped} rounds skipped (the anomalies table says why)"
+        )
     if info.status == "failed" and summary.get("error"):
         lines.append(f"stopped   {summary['error']}")
     if status == "died":
         lines.append(
             f"stopped   killed (no process holds it); resume with: fedforge resume {store.path}"
         )
-    for why in ("stall_stop", "privacy_stop"):  # a finished run that ended early
-        if isinstance(summary.get(why), str):
-            lines.append(f"stopped   {summary[why]}")
     return "\n".join(lines)
 
 
@@ -118,7 +125,8 @@ def noniid_lines(store: RunStore) -> list[str]:
     if diag:
         at, rows = _last(diag)
         _, _, cos, median, top, ratio = rows[0]
-        avg = _mean([r[2] for r in diag])
+        cosines = [r[2] for r in diag if r[2] is not None]  # a skipped round has none
+        avg = _mean(cosines)
         cos_text = "-" if cos is None else f"{cos:.3f}"
         avg_text = "-" if avg is None else f"{avg:.3f}"
         norms = (
@@ -127,7 +135,7 @@ def noniid_lines(store: RunStore) -> list[str]:
             else "update norms -"
         )
         lines.append(
-            f"drift     round {at}: mean cosine {cos_text} (mean over {len(diag)} rounds "
+            f"drift     round {at}: mean cosine {cos_text} (mean over {len(cosines)} rounds "
             f"{avg_text}), {norms}"
         )
     gaps = store.read_rows("client_gaps")

@@ -7,6 +7,7 @@ from typing import Any
 
 from fedforge.experiment import Experiment
 from fedforge.metrics import bytes_at, rounds_to_target
+from fedforge.report.facts import run_facts
 from fedforge.report.progress import format_bytes
 from fedforge.store import RoundRecord
 
@@ -74,57 +75,15 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"bytes up / down  {format_bytes(summary['bytes_up'])} / "
         f"{format_bytes(summary['bytes_down'])} "
         f"(paper estimate 2|w|Kb: {format_bytes(summary['paper_bytes'])})",
-        f"wall time        {summary['wall_seconds']:.1f} s",
     ]
-    ratio_up, ratio_down = summary.get("uplink_ratio"), summary.get("downlink_ratio")
-    if ratio_up is not None and ratio_down is not None:
-        lines.insert(2, f"vs float32       {_times(ratio_up)} up, {_times(ratio_down)} down")
     to_target = summary.get("bytes_to_target")
     if to_target is not None:
-        lines.insert(
-            2,
+        lines.append(
             f"bytes to target  {format_bytes(to_target)} "
-            f"(up {format_bytes(summary['bytes_up_to_target'])})",
+            f"(up {format_bytes(summary['bytes_up_to_target'])})"
         )
-    lines.extend(_privacy_lines(summary))
+    lines.append(f"wall time        {summary['wall_seconds']:.1f} s")
+    lines += [f"{label:<17}{text}" for label, text in run_facts(summary)]
     if summary.get("run_dir"):
         lines.append(f"run files        {summary['run_dir']}")
     return "\n".join(lines)
-
-
-def _privacy_lines(summary: dict[str, Any]) -> list[str]:
-    """What DP ran and what it spent; under tiers, one line a tier."""
-    priv = summary.get("privacy") or {}
-    if priv.get("epsilon") is None:
-        return []
-    stop = summary.get("privacy_stop")
-    more = f"; {stop}" if stop else ""
-    spent = f"at delta {priv['delta']:.3g} ({priv['accountant']}, noise multiplier "
-    spent += f"{priv['noise_multiplier']})"
-    tiers = priv.get("tiers")
-    if tiers is None:
-        how = priv["dp"]
-        server = ""
-        if how == "distributed":  # accounted as central DP; and against the server
-            how += (
-                f" (n_min {priv['min_survivors']}, client noise std {priv['client_noise_std']:.3g})"
-            )
-            server = f", {priv['epsilon_vs_server']:.3f} against the server"
-        eps = f"epsilon {priv['epsilon']:.3f}{server}"
-        return [f"privacy          dp {how}: {eps} {spent}{more}"]
-    high, low = tiers["high"], tiers["low"]
-    return [
-        f"privacy tier     high, {high['clients']} clients: {high['applied']}; local epsilon "
-        f"max {high['local_epsilon_max']:.3f}, median {high['local_epsilon_median']:.3f} "
-        f"{spent}{more}",
-        f"privacy tier     low, {low['clients']} clients: {low['applied']}",
-    ]
-
-
-def _times(ratio: float) -> str:
-    """A dense-float32-over-real ratio in words: 4.00x fewer bytes, or 2.00x more."""
-    if f"{ratio:.2f}" == "1.00" or f"{1 / ratio:.2f}" == "1.00":
-        return "as many bytes"  # dense float32 (the headers aside)
-    if ratio > 1:
-        return f"{ratio:.2f}x fewer bytes"
-    return f"{1 / ratio:.2f}x more bytes"
