@@ -255,3 +255,61 @@ def test_a_killed_servers_payload_file_is_swept(make_data: MakeData, one_thread:
     finally:
         stale.unlink(missing_ok=True)
         live.unlink(missing_ok=True)
+
+
+def test_two_pools_started_before_either_forks_train_their_own_clients(
+    make_data: MakeData, one_thread: None
+) -> None:
+    """The inner engine sat in a module global until the first submit forked the
+    workers: a second pool started meanwhile (another thread) made the first
+    pool's workers train the second run's data."""
+    from fedforge.client import ClientTask
+    from fedforge.engines import close_engine
+    from fedforge.transport import wire
+
+    a, b = make_data(SIZES, seed=1), make_data(SIZES, seed=2)
+    exp_a, exp_b = build(_cfg(workers=2), a), build(_cfg(workers=2), b)
+    pool_a, pool_b = exp_a.engine, exp_b.engine
+    assert isinstance(pool_a, PoolEngine) and isinstance(pool_b, PoolEngine)
+    pool_a._start(), pool_b._start()  # neither has forked yet
+    tasks = [ClientTask(c, 0, exp_a.algorithm.plan(0), 7) for c in range(3)]
+    payload = wire.encode({"params": exp_a.initial_params})
+    try:
+        pooled = {u.client_id: u.data for u in pool_a.run_cohort(tasks, payload)}
+    finally:
+        close_engine(pool_a), close_engine(pool_b)
+    alone = {u.client_id: u.data for u in pool_a.inner.run_cohort(tasks, payload)}
+    assert pooled == alone
+
+
+def test_a_full_dev_shm_puts_the_payload_in_the_temp_folder(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A container's 64 MB /dev/shm raised ENOSPC out of the run, with a traceback."""
+    import errno
+    import os
+    import tempfile
+
+    from fedforge.engines import pool
+
+    real = os.fdopen
+    calls: list[int] = []
+
+    def full_first(fd: int, *args: object, **kw: object) -> object:
+        calls.append(fd)
+        if len(calls) == 1:
+            os.close(fd)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, *args, **kw)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(pool.os, "fdopen", full_first)
+    path = pool._write_payload(b"model")
+    try:
+        assert os.path.dirname(path) == tempfile.gettempdir()
+        with open(path, "rb") as f:
+            assert f.read() == b"model"
+    finally:
+        os.unlink(path)
+    assert not [
+        p for p in os.listdir("/dev/shm") if p.startswith(f"fedforge-payload-{os.getpid()}")
+    ]

@@ -87,7 +87,9 @@ def _kill_all(processes: Iterable[BaseProcess]) -> None:
         process.join()
 
 
-def _worker_init(server_pid: int) -> None:
+def _worker_init(server_pid: int, inner: Inner) -> None:
+    global _INNER
+    _INNER = inner  # handed over by the fork itself: its own executor's, never pickled
     torch.set_num_threads(1)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -119,6 +121,32 @@ def _run_chunk(job: tuple[str, list[ClientTask]]) -> list[tuple[int, bytes, floa
     return [(u.client_id, u.data, u.seconds) for u in uploads]
 
 
+def _write_payload(payload: bytes) -> str:
+    """The round's payload in a file the workers read: in /dev/shm (memory) when
+    it takes it, else in the temp folder (a small or full /dev/shm, e.g. a
+    container's 64 MB, raised ENOSPC out of the run)."""
+    shm = Path("/dev/shm")
+    folders = [Path(tempfile.gettempdir())]
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        folders.insert(0, shm)
+    for k, folder in enumerate(folders):
+        sweep_orphans(folder, _PAYLOAD_PREFIX)  # the files of servers killed mid-round
+        fd, path = tempfile.mkstemp(prefix=f"{_PAYLOAD_PREFIX}{os.getpid()}-", dir=folder)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(payload)
+            return path
+        except OSError as exc:
+            os.unlink(path)
+            if k == len(folders) - 1:
+                raise EngineError(
+                    f"cannot write the round's model ({len(payload)} bytes) for the worker "
+                    f"processes in {', '.join(map(str, folders))}: {exc}; free space there, or "
+                    "set workers: 1"
+                ) from None
+    raise AssertionError("unreachable")
+
+
 class PoolEngine:
     """``inner`` (serial or vectorised) run in ``workers`` forked one-thread processes."""
 
@@ -131,12 +159,13 @@ class PoolEngine:
         self._pool: ProcessPoolExecutor | None = None
 
     def _start(self) -> ProcessPoolExecutor:
-        global _INNER
         if self._pool is None:
-            _INNER = self.inner
+            # the inner engine rides with the executor's initializer: a module global
+            # set here could be replaced by another pool's start (another thread)
+            # before the first submit forks the workers
             ctx = multiprocessing.get_context("fork")
             self._pool = ProcessPoolExecutor(
-                self.workers, ctx, initializer=_worker_init, initargs=(os.getpid(),)
+                self.workers, ctx, initializer=_worker_init, initargs=(os.getpid(), self.inner)
             )
         return self._pool
 
@@ -152,13 +181,8 @@ class PoolEngine:
         if not tasks:
             return
         pool = self._start()
-        shm = Path("/dev/shm")
-        folder = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
-        sweep_orphans(folder, _PAYLOAD_PREFIX)  # the files of servers killed mid-round
-        fd, path = tempfile.mkstemp(prefix=f"{_PAYLOAD_PREFIX}{os.getpid()}-", dir=folder)
+        path = _write_payload(payload)
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(payload)
             jobs = [(path, chunk) for chunk in self._chunks(tasks)]
             try:
                 for results in pool.map(_run_chunk, jobs):
@@ -183,11 +207,13 @@ class PoolEngine:
         if pool is None:
             return
         live = getattr(pool, "_processes", None) or {}  # the dict the executor updates
+        manager = getattr(pool, "_executor_manager_thread", None)  # shutdown drops it
         processes = dict(live)
         pool.shutdown(wait=False, cancel_futures=True)
         processes.update(live)
         _kill_all(processes.values())
-        pool.shutdown(wait=True)  # the executor's own thread, which reaps what is left
+        if manager is not None:
+            manager.join(timeout=10)  # it reaps the workers and closes its pipes
         _kill_all({**processes, **live}.values())  # any it started meanwhile
 
     def __del__(self) -> None:
