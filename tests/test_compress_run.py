@@ -342,7 +342,9 @@ def test_the_summary_says_more_bytes_when_the_run_sends_more_than_float32() -> N
     base = {"rounds_done": 1, "bytes_up": 8, "bytes_down": 8, "paper_bytes": 8}
     base |= {"wall_seconds": 1.0, "target_accuracy": None}
     text = format_summary({**base, "uplink_ratio": 0.5, "downlink_ratio": 4.0})
-    assert "vs float32       2.00x more bytes up, 4.00x fewer bytes down" in text
+    assert "compress         vs float32: 2.00x more bytes up, 4.00x fewer bytes down" in text
 
     even = format_summary({**base, "uplink_ratio": 0.998, "downlink_ratio": 1.001})
-    assert "vs float32       as many bytes up, as many bytes down" in even  # the headers aside
+    assert (
+        "compress         vs float32: as many bytes up, as many bytes down" in even
+    )  # the headers aside

@@ -28,6 +28,17 @@ class TinyCNN(nn.Module):
         return self.fc(h.flatten(start_dim=-3))
 
 
+class Renamed(TinyCNN):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.last = self.conv, self.fc
+        del self.conv, self.fc
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.max_pool2d(torch.relu(self.first(x)), 2)
+        return self.last(h.flatten(start_dim=-3))
+
+
 @pytest.fixture
 def registered() -> Iterator[None]:
     ff.register_model("tiny_cnn", TinyCNN)
@@ -68,7 +79,15 @@ def test_a_registered_model_resumes_exactly(
     stopped = run_stopped(ff.config.from_dict({**BASE, "runs_dir": str(tmp_path / "b")}), data, 1)
     assert stopped.stopped == "SIGTERM"
     MODELS.pop("tiny_cnn")  # a new process: nothing registered
-    with pytest.raises(ff.FedforgeError, match="'tiny_cnn' is invalid.*register_model"):
+    with pytest.raises(ConfigError, match="model 'tiny_cnn' is unknown.*register_model"):
+        ff.resume(stopped.run_dir, data=data)
+    from fedforge.report.runs import format_run_summary
+    from fedforge.store import RunStore
+
+    with RunStore.open(stopped.run_dir) as store:  # show needs no registry
+        assert "tiny_cnn" in format_run_summary(store)
+    ff.register_model("tiny_cnn", Renamed)  # the same shapes under other names
+    with pytest.raises(ff.FedforgeError, match="a model of another layout"):
         ff.resume(stopped.run_dir, data=data)
     ff.register_model("tiny_cnn", TinyCNN)
     got = ff.resume(stopped.run_dir, data=data)
@@ -83,8 +102,8 @@ def test_registered_models_on_the_synthetic_data_and_the_refusals(
     assert result.params.numel() == 610
     with pytest.raises(DataError, match="train_x rows of shape \\(60,\\) do not fit model"):
         ff.build(ff.config.from_dict({**synthetic, "model": "tiny_cnn"}))
-    with pytest.raises(ConfigError, match="'model' = 'resnet' is invalid.*register_model"):
-        ff.config.from_dict({"model": "resnet"})
+    with pytest.raises(ConfigError, match="model 'resnet' is unknown.*register_model"):
+        ff.build(ff.config.from_dict({**synthetic, "model": "resnet"}))
     with pytest.raises(ConfigError, match="cannot be registered"):
         ff.register_model("cnn", TinyCNN)
     ff.register_model("broken", lambda: "not a module")  # type: ignore[arg-type,return-value]
@@ -93,3 +112,19 @@ def test_registered_models_on_the_synthetic_data_and_the_refusals(
             ff.build(ff.config.from_dict({**synthetic, "model": "broken"}))
     finally:
         MODELS.pop("broken")
+
+
+def test_per_fedavg_refuses_running_statistics_not_every_norm(one_thread: None) -> None:
+    """Layer norm keeps no running statistics: Per-FedAvg takes it; batch norm's
+    statistics would move three times a step: refused (layer norm was too)."""
+    synthetic = {"dataset": "synthetic", "num_clients": 4, "rounds": 1, "target_accuracy": None,
+                 "algorithm": "perfedavg"}  # fmt: skip
+    ff.register_model("ln60", lambda: nn.Sequential(nn.LayerNorm(60), nn.Linear(60, 10)))
+    ff.register_model("bn60", lambda: nn.Sequential(nn.BatchNorm1d(60), nn.Linear(60, 10)))
+    try:
+        result = ff.run(ff.config.from_dict({**synthetic, "model": "ln60"}), store=False)
+        assert len(result.rounds) == 1
+        with pytest.raises(ConfigError, match="batch norm's running statistics"):
+            ff.build(ff.config.from_dict({**synthetic, "model": "bn60"}))
+    finally:
+        MODELS.pop("ln60"), MODELS.pop("bn60")

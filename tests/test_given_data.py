@@ -51,6 +51,16 @@ CASES: dict[str, tuple[Callable[[], ff.FederatedData], str]] = {
         lambda: _data(x=X.reshape(600, 28, 28)),
         "train_x rows of shape (28, 28) do not fit model '2nn'",
     ),
+    "test labels out of range": (
+        lambda: ff.FederatedData(X[:500], Y[:500], X[500:], Y[500:] - 1, CLIENTS),
+        "test_y holds classes -1..8; allowed: 0..9",
+    ),
+    "a client without examples": (
+        lambda: _data(
+            clients=ff.Partition((*CLIENTS.client_indices[:4], CLIENTS.client_indices[4][:0]))
+        ),
+        "client 4 has no examples",
+    ),
     "no test set": (
         lambda: ff.FederatedData(X[:500], Y[:500], X[:0], Y[:0], CLIENTS),
         "the test set is empty",

@@ -328,4 +328,5 @@ def test_tiers_noise_the_high_tier_only_and_report_per_tier(
     assert s["epsilon"] == pytest.approx(eps)
     assert "no DP noise" in s["tiers"]["low"]["applied"]
     text = format_summary(result.summary)
-    assert "privacy tier     high, 2 clients" in text and "privacy tier     low, 4" in text
+    assert "privacy          tier high, 2 clients" in text
+    assert "privacy          tier low, 4" in text

@@ -70,6 +70,13 @@ class FederatedData:
         return len(self.partition.client_indices[client_id])
 
 
+def _tracks_statistics(model: nn.Module) -> bool:
+    return any(
+        isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats
+        for m in model.modules()
+    )
+
+
 def fingerprint_of(data: FederatedData) -> str:
     """The fingerprint a run records of the data it was given or loaded."""
     return data_fingerprint(data.train_x, data.train_y, data.test_x, data.test_y, data.partition)
@@ -157,6 +164,12 @@ def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
     keep_large_blocks()  # glibc: reuse freed activation buffers (fedforge.allocator)
     dtype = DTYPES[cfg.dtype]
     model = build_model(cfg.model, cfg.seed, dtype, cfg.dataset)
+    if cfg.algorithm == "perfedavg" and _tracks_statistics(model):  # e.g. a registered one
+        raise ConfigError(
+            f"algorithm 'perfedavg' needs a model without batch norm's running statistics; "
+            f"model {cfg.model!r} has some (the three forward passes of a step would move "
+            "them three times)"
+        )
     if data is not None:  # the caller's: checked before anything reads it
         check_given(data, cfg.num_clients, dtype, model, cfg.model, NUM_CLASSES)
     else:

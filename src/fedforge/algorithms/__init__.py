@@ -54,11 +54,6 @@ def _bundle(
         loc = cfg.local  # one step: momentum has no effect, decay and clipping do
         return fedsgd(cfg.lr, cfg.lr_decay, loc.momentum, loc.weight_decay, loc.grad_clip)
     if cfg.algorithm == "perfedavg":
-        if spec is not None and bool(local_mask(spec).any()):  # e.g. a registered model
-            raise ConfigError(
-                f"algorithm 'perfedavg' needs a model without batch norm; model {cfg.model!r} "
-                "has some (its three forward passes a step would move the statistics thrice)"
-            )
         pfa = cfg.perfedavg
         beta = pfa.beta if pfa.beta is not None else cfg.lr
         return perfedavg(

@@ -37,6 +37,11 @@ def check_given(
                 f"{what}_y must be int64 class ids, one per row of {what}_x ({len(x)}); got "
                 f"{y.dtype} of shape {tuple(y.shape)}"
             )
+        if len(y) and (int(y.min()) < 0 or int(y.max()) >= num_classes):
+            raise DataError(
+                f"{what}_y holds classes {int(y.min())}..{int(y.max())}; allowed: "
+                f"0..{num_classes - 1}"
+            )
     if len(data.test_y) == 0:
         raise DataError("the test set is empty: the run evaluates on it")
     got = data.partition.num_clients
@@ -48,7 +53,9 @@ def check_given(
     for k, idx in enumerate(data.partition.client_indices):
         if np.ndim(idx) != 1:
             raise DataError(f"client {k}'s indices have shape {np.shape(idx)}; one row each (1-D)")
-        if len(idx) and (int(np.min(idx)) < 0 or int(np.max(idx)) >= rows):
+        if len(idx) == 0:
+            raise DataError(f"client {k} has no examples: every client needs at least one")
+        if int(np.min(idx)) < 0 or int(np.max(idx)) >= rows:
             raise DataError(f"client {k}'s indices leave 0..{rows - 1}, the rows of train_x")
     check_fits(data, model, name, num_classes)
 
@@ -66,11 +73,13 @@ def _fits(model: nn.Module, x: torch.Tensor, what: str, name: str, num_classes: 
     try:
         with torch.no_grad():
             out = model.eval()(x)
-    except (RuntimeError, IndexError, ValueError) as exc:
+    except Exception as exc:  # a caller's model may raise anything on a bad shape
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise DataError(
             f"{what} rows of shape {shape} do not fit model '{name}': {first}"
         ) from None
+    if not isinstance(out, torch.Tensor):
+        raise DataError(f"model '{name}' returns {type(out).__name__}; it must return logits")
     if tuple(out.shape) != (len(x), num_classes):
         raise DataError(
             f"{what} rows of shape {shape} give model '{name}' outputs of shape "

@@ -57,7 +57,7 @@ from fedforge.orphans import sweep_orphans
 
 Inner = SerialEngine | VectorizedEngine
 
-# The inner engine, set in the server process just before the fork; each worker's copy.
+# In a worker: the inner engine, handed over by the executor's initializer at the fork.
 _INNER: Inner | None = None
 _PAYLOAD: tuple[str, bytes] | None = None  # (path, bytes) of the round a worker last read
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -131,13 +131,15 @@ def _write_payload(payload: bytes) -> str:
         folders.insert(0, shm)
     for k, folder in enumerate(folders):
         sweep_orphans(folder, _PAYLOAD_PREFIX)  # the files of servers killed mid-round
-        fd, path = tempfile.mkstemp(prefix=f"{_PAYLOAD_PREFIX}{os.getpid()}-", dir=folder)
+        path = None
         try:
+            fd, path = tempfile.mkstemp(prefix=f"{_PAYLOAD_PREFIX}{os.getpid()}-", dir=folder)
             with os.fdopen(fd, "wb") as f:
                 f.write(payload)
             return path
-        except OSError as exc:
-            os.unlink(path)
+        except OSError as exc:  # out of space, or of inodes
+            if path is not None:
+                os.unlink(path)
             if k == len(folders) - 1:
                 raise EngineError(
                     f"cannot write the round's model ({len(payload)} bytes) for the worker "

@@ -1,7 +1,8 @@
 """The facts of a finished run that its end-of-run lines and ``fedforge show``
 both print, from its summary alone: what ran (pipeline, engine), compression
 against float32, the simulated attackers, privacy spent, why it stopped early.
-Each is a (label, text) pair; the caller pads the label to its own column."""
+Each is a (label, text) pair, labels of at most 9 characters; the caller pads
+them to its own column."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ def run_facts(summary: dict[str, Any]) -> list[Fact]:
         facts.append(("pipeline", f"{summary['pipeline']}{engine}"))
     up, down = summary.get("uplink_ratio"), summary.get("downlink_ratio")
     if up is not None and down is not None:
-        facts.append(("vs float32", f"{times(up)} up, {times(down)} down"))
+        facts.append(("compress", f"vs float32: {times(up)} up, {times(down)} down"))
     attackers = summary.get("attackers") or []
     if attackers:
         shown = ", ".join(map(str, attackers[:12])) + (", ..." if len(attackers) > 12 else "")
@@ -50,11 +51,11 @@ def privacy_facts(summary: dict[str, Any]) -> list[Fact]:
     high, low = tiers["high"], tiers["low"]
     return [
         (
-            "privacy tier",
-            f"high, {high['clients']} clients: {high['applied']}; local epsilon max "
+            "privacy",
+            f"tier high, {high['clients']} clients: {high['applied']}; local epsilon max "
             f"{high['local_epsilon_max']:.3f}, median {high['local_epsilon_median']:.3f} {spent}",
         ),
-        ("privacy tier", f"low, {low['clients']} clients: {low['applied']}"),
+        ("privacy", f"tier low, {low['clients']} clients: {low['applied']}"),
     ]
 
 

@@ -85,7 +85,7 @@ def run(
         return _drive(exp, None, None, LoopState.fresh(exp), partition, progress)
     run_store = RunStore.create(cfg.runs_dir, cfg)
     _write_partition(run_store.path / "partition.json", partition)
-    write_build(run_store.path, exp.spec.size, exp.data_fingerprint)
+    write_build(run_store.path, exp.spec, exp.data_fingerprint)
     lock = RunLock(run_store.path).acquire()
     return _drive(exp, run_store, lock, LoopState.fresh(exp), partition, progress)
 
@@ -104,7 +104,7 @@ def resume(
         if run_store.status == "finished":
             raise CheckpointError(finished)
         exp = build(run_store.config(), data)
-        check_build(run_store.path, exp.spec.size, exp.data_fingerprint, exp.cfg)  # not damage
+        check_build(run_store.path, exp.spec, exp.data_fingerprint, exp.cfg)  # not damage
         lock.acquire()  # refuses while another process still writes the run
         if run_store.status == "finished":  # it was running, and ended while we built
             raise CheckpointError(finished)

@@ -18,6 +18,7 @@ import torch
 from fedforge.config import Config
 from fedforge.data.partition import Partition
 from fedforge.errors import StoreError
+from fedforge.params import ParamSpec
 
 BUILD_NAME = "build.json"
 _SAMPLES = 4096  # feature values hashed per tensor, evenly spaced
@@ -50,10 +51,18 @@ def data_fingerprint(
     return h.hexdigest()
 
 
-def write_build(run_dir: Path, num_params: int, fingerprint: str) -> None:
+def model_layout(spec: ParamSpec) -> str:
+    """A digest of the flat vector's layout (each tensor's name, shape and kind):
+    another model under a registered name shows, even of the same size."""
+    text = ";".join(f"{e.name}:{e.shape}:{e.kind}" for e in spec.entries)
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+def write_build(run_dir: Path, spec: ParamSpec, fingerprint: str) -> None:
     path = run_dir / BUILD_NAME
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"num_params": num_params, "data_fingerprint": fingerprint}))
+    record = {"num_params": spec.size, "model_layout": model_layout(spec)}
+    tmp.write_text(json.dumps({**record, "data_fingerprint": fingerprint}))
     tmp.replace(path)
 
 
@@ -78,7 +87,7 @@ def _legacy_change(cfg: Config) -> str | None:
     return None
 
 
-def check_build(run_dir: Path, num_params: int, fingerprint: str, cfg: Config) -> None:
+def check_build(run_dir: Path, spec: ParamSpec, fingerprint: str, cfg: Config) -> None:
     """Refuse to continue ``run_dir`` with a model of another length or other data.
     A run from before ``build.json`` is taken as it is (and gets one) unless its
     config's data changed since."""
@@ -87,12 +96,17 @@ def check_build(run_dir: Path, num_params: int, fingerprint: str, cfg: Config) -
         change = _legacy_change(cfg)
         if change is not None:
             raise StoreError(f"run '{run_dir}' cannot be resumed: {change}; run it again")
-        write_build(run_dir, num_params, fingerprint)
+        write_build(run_dir, spec, fingerprint)
         return
-    if record.get("num_params") != num_params:
+    if record.get("num_params") != spec.size:
         raise StoreError(
             f"run '{run_dir}' trained a model of {record.get('num_params')} parameters; this "
-            f"build has {num_params}: resume it with the model and data it started with"
+            f"build has {spec.size}: resume it with the model and data it started with"
+        )
+    if record.get("model_layout", model_layout(spec)) != model_layout(spec):
+        raise StoreError(
+            f"run '{run_dir}' trained a model of another layout (tensors' names or shapes) "
+            f"under the name '{cfg.model}': resume it with the model it started with"
         )
     if record.get("data_fingerprint") != fingerprint:
         raise StoreError(
