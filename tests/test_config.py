@@ -268,7 +268,7 @@ def test_there_are_shipped_configs() -> None:
 def test_fields_a_run_does_not_read_are_named_not_refused() -> None:
     """A sweep over the algorithm or the optimizer kind keeps one setting for the
     points that read it: the others run, and say what they ignore."""
-    from fedforge.config.schema import config_notes
+    from fedforge.config.notes import config_notes
 
     assert config_notes(Config()) == []
     assert config_notes(Config(algorithm="fedprox", mu=0.5)) == []
@@ -285,7 +285,7 @@ def test_scaffold_option_ii_with_momentum_is_named() -> None:
     """Option II's control variate is the displacement over steps * lr, the mean
     corrected gradient only under plain SGD: momentum or weight decay is noted."""
     from fedforge.config.noniid import LocalConfig, ScaffoldConfig
-    from fedforge.config.schema import config_notes
+    from fedforge.config.notes import config_notes
 
     plain = Config(algorithm="scaffold")
     assert config_notes(plain) == []
@@ -323,7 +323,7 @@ def test_yaml_merge_keys_are_read(tmp_path: Path) -> None:
 
 
 def test_fedbn_says_what_its_global_accuracy_measures() -> None:
-    from fedforge.config.schema import config_notes
+    from fedforge.config.notes import config_notes
 
     (note,) = config_notes(Config(algorithm="fedbn", model="cnn_bn"))
     assert note.startswith("fedbn: the global test accuracy") and "eval_clients" in note
@@ -331,7 +331,7 @@ def test_fedbn_says_what_its_global_accuracy_measures() -> None:
 
 def test_synthetic_iid_names_the_alpha_and_beta_it_ignores() -> None:
     from fedforge.config.noniid import SyntheticConfig
-    from fedforge.config.schema import config_notes
+    from fedforge.config.notes import config_notes
 
     base = {"dataset": "synthetic", "model": "logreg"}
     assert config_notes(Config(**base, synthetic=SyntheticConfig(iid=True))) == []  # type: ignore[arg-type]
@@ -340,7 +340,7 @@ def test_synthetic_iid_names_the_alpha_and_beta_it_ignores() -> None:
 
 
 def test_privacy_settings_without_dp_are_named() -> None:
-    from fedforge.config.schema import config_notes
+    from fedforge.config.notes import config_notes
 
     notes = config_notes(from_dict({"privacy": {"noise_multiplier": 2.0, "delta": 1e-6}}))
     assert notes == [

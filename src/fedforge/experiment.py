@@ -19,7 +19,7 @@ from fedforge.client import ClientRuntime
 from fedforge.clienteval import split_holdout
 from fedforge.communication import CommunicationParts
 from fedforge.config import Config
-from fedforge.config.schema import config_notes
+from fedforge.config.notes import config_notes
 from fedforge.data import Partition, load_mnist, make_partition, noise, shift, synthetic
 from fedforge.data.given import check_fits, check_given
 from fedforge.data.mnist import NUM_CLASSES

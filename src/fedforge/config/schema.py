@@ -331,59 +331,6 @@ def _run_name_ok(name: str) -> bool:
     return 0 < len(name.encode()) <= 200 and name.isprintable() and not set(name) & {"/", "\\"}
 
 
-def config_notes(cfg: Config) -> list[str]:
-    """What a run says of its config in its note: fields set away from their
-    default that it does not read (FedProx's mu under another algorithm, a server
-    optimizer's field its kind ignores), fields read against their algorithm's
-    assumption (SCAFFOLD option II's plain SGD), and what FedBN's global accuracy
-    measures. Not refused (a sweep over the algorithm or the kind keeps one
-    setting for the points that read it)."""
-    out = []
-    if cfg.algorithm != "fedprox" and cfg.mu not in (0.0, Config().mu):
-        out.append(f"mu = {cfg.mu} (FedProx's) is ignored by algorithm '{cfg.algorithm}'")
-    so, default = cfg.server_optimizer, ServerOptimizerConfig()
-    used = {  # the fields each kind reads, besides server_lr
-        "sgd": ("momentum",),
-        "adagrad": ("beta1", "tau", "bias_correction"),
-        "adam": ("beta1", "beta2", "tau", "bias_correction"),
-        "yogi": ("beta1", "beta2", "tau", "bias_correction"),
-    }
-    for name in ("momentum", "beta1", "beta2", "tau", "bias_correction"):
-        value = getattr(so, name)
-        if name not in used[so.kind] and value != getattr(default, name):
-            out.append(f"server_optimizer.{name} = {value} is ignored by kind '{so.kind}'")
-    loc = cfg.local
-    if (
-        cfg.algorithm == "scaffold"
-        and cfg.scaffold.option == "II"
-        and (loc.momentum or loc.weight_decay)
-    ):
-        out.append(
-            "scaffold.option 'II' estimates the client's corrected gradient as its "
-            "displacement / (steps * lr), which assumes plain local SGD: with "
-            f"local.momentum = {loc.momentum}, local.weight_decay = {loc.weight_decay} "
-            "the control variates carry them too (option 'I' does not)"
-        )
-    syn, syn_default = cfg.synthetic, SyntheticConfig()
-    if cfg.dataset == "synthetic" and syn.iid:
-        for name in ("alpha", "beta"):
-            if getattr(syn, name) != getattr(syn_default, name):
-                out.append(f"synthetic.{name} = {getattr(syn, name)} is ignored by synthetic.iid")
-    p, p_default = cfg.privacy, PrivacyConfig()
-    tiers = p.tiers.high_fraction > 0 or bool(p.tiers.high_clients)
-    if p.dp == "none" and not tiers:  # the noise, its accounting and its budget
-        for name in ("noise_multiplier", "accountant", "delta", "target_epsilon", "adaptive_clip"):
-            if getattr(p, name) != getattr(p_default, name):
-                out.append(f"privacy.{name} = {getattr(p, name)} is ignored with privacy.dp 'none'")
-    if cfg.algorithm == "fedbn":
-        out.append(
-            "fedbn: the global test accuracy (and target_accuracy) is of the shared layers "
-            "with the initial batch norm, a model no client uses; each client's own "
-            "model is evaluated with eval_clients"
-        )
-    return out
-
-
 def _validate_robust(r: RobustConfig) -> None:
     checks: list[tuple[str, Any, bool, str]] = [
         ("byzantine", r.byzantine, r.byzantine >= 0, "must be an integer >= 0"),
