@@ -349,3 +349,11 @@ def test_privacy_settings_without_dp_are_named() -> None:
     ]
     tiers = {"tiers": {"high_fraction": 0.5}, "secagg": True, "noise_multiplier": 2.0}
     assert config_notes(from_dict({"privacy": tiers})) == []  # tiers noise the high tier
+
+
+def test_a_weight_cap_no_rule_reads_is_named() -> None:
+    from fedforge.config.notes import config_notes
+
+    (note,) = config_notes(from_dict({"weight_cap": 50}))
+    assert note.startswith("weight_cap = 50 is ignored by aggregation_weights 'num_examples'")
+    assert config_notes(from_dict({"weight_cap": 50, "aggregation_weights": "quality"})) == []

@@ -119,7 +119,7 @@ def test_resume_with_workers_is_exact(
 
 
 def test_a_dead_worker_ends_the_round_with_an_error_not_a_hang(
-    make_data: MakeData, monkeypatch: pytest.MonkeyPatch, one_thread: None
+    make_data: MakeData, monkeypatch: pytest.MonkeyPatch, one_thread: None, tmp_path: Path
 ) -> None:
     """A worker killed mid-round (SIGKILL, out of memory) raises EngineError
     naming what happened; the engine's other workers are stopped."""
@@ -150,6 +150,16 @@ def test_a_dead_worker_ends_the_round_with_an_error_not_a_hang(
     with pytest.raises(EngineError, match="worker process died"):
         run(cfg, make_data(SIZES, dtype=torch.float32), store=False)
     assert _no_children_left() == []
+    stored = config_mod.override(cfg, {"runs_dir": str(tmp_path)})
+    with pytest.raises(EngineError):
+        run(stored, make_data(SIZES, dtype=torch.float32))
+    from fedforge.store import RunStore, list_runs
+
+    (info,) = list_runs(tmp_path)
+    with RunStore.open(info.path) as store:  # the store says what, and how to go on
+        why = (store.summary() or {})["error"]
+    assert why.startswith("run stopped: EngineError: a worker process died")
+    assert why.endswith(f"resume with: fedforge resume {info.path}")
 
 
 _KILLED_SERVER = """

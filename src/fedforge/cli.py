@@ -123,12 +123,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
         args.runs_dir = args.runs_dir or "runs"
         return _cmd_resume(args)
     cfg = _resolve_config(args)
+    from fedforge.report.progress import count
     from fedforge.server.loop import run
 
     print(
         f"fedforge: {cfg.algorithm} {cfg.model} on {cfg.dataset}, {cfg.num_clients} clients "
         f"({config_mod.describe_split(cfg)}), C={cfg.client_fraction} E={cfg.local_epochs} "
-        f"B={cfg.batch_size or 'all'} {step_sizes(cfg)}, up to {cfg.rounds} rounds",
+        f"B={cfg.batch_size or 'all'} {step_sizes(cfg)}, up to {count(cfg.rounds, 'round')}",
         flush=True,
     )
     result = run(cfg, progress=not args.quiet)

@@ -55,6 +55,11 @@ def config_notes(cfg: Config) -> list[str]:
         for name in ("noise_multiplier", "accountant", "delta", "target_epsilon", "adaptive_clip"):
             if getattr(p, name) != getattr(p_default, name):
                 out.append(f"privacy.{name} = {getattr(p, name)} is ignored with privacy.dp 'none'")
+    if cfg.weight_cap is not None and cfg.aggregation_weights not in ("capped", "quality", "class"):
+        out.append(
+            f"weight_cap = {cfg.weight_cap} is ignored by aggregation_weights "
+            f"'{cfg.aggregation_weights}' (central DP's cap is privacy.weight_cap)"
+        )
     if cfg.algorithm == "fedbn":
         out.append(
             "fedbn: the global test accuracy (and target_accuracy) is of the shared layers "

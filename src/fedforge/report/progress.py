@@ -17,6 +17,11 @@ def format_bytes(n: float) -> str:
     return f"{n:.1f} TiB"  # pragma: no cover - unreachable
 
 
+def count(n: int, noun: str) -> str:
+    """``n`` and the noun, plural but for 1: 1 round, 2 rounds."""
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 class Progress:
     """One line per run, updated once per finished round: on a terminal a tqdm bar
     redrawn in place, elsewhere (a file, a pipe) a plain line per round. Notes and

@@ -9,7 +9,7 @@ from fedforge.clienteval import summarize_accuracies
 from fedforge.config import describe_split
 from fedforge.config.personal import step_sizes
 from fedforge.report.facts import run_facts
-from fedforge.report.progress import format_bytes
+from fedforge.report.progress import count, format_bytes
 from fedforge.store.runs_dir import live_status
 from fedforge.store.runstore import RunInfo, RunStore
 
@@ -135,8 +135,8 @@ def noniid_lines(store: RunStore) -> list[str]:
             else "update norms -"
         )
         lines.append(
-            f"drift     round {at}: mean cosine {cos_text} (mean over {len(cosines)} rounds "
-            f"{avg_text}), {norms}"
+            f"drift     round {at}: mean cosine {cos_text} (mean over "
+            f"{count(len(cosines), 'round')} {avg_text}), {norms}"
         )
     gaps = store.read_rows("client_gaps")
     if gaps:

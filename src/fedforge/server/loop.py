@@ -175,7 +175,9 @@ def _drive(
             why = str(exc)
         else:
             kind = "interrupted" if isinstance(exc, KeyboardInterrupt) else type(exc).__name__
-            why = f"run stopped: {kind}"
+            said = str(exc).splitlines()[0][:300] if str(exc) else ""
+            why = f"run stopped: {kind}" + (f": {said}" if said else "")
+            why += f"; resume with: fedforge resume {run_store.path}"
         run_store.finish({"error": why}, status="failed")
         raise
     finally:
