@@ -582,17 +582,12 @@ def test_a_run_killed_before_its_first_checkpoint_resumes_from_the_start(
     """Round 0's state is the seed's: a run that died before its first checkpoint
     (here in round 2 of 4, checkpoints every 10) is resumed from round 0, in its own
     directory, to the uninterrupted run's parameters and rounds."""
-    from tests.conftest import wrap_engine
 
     data = make_data([7, 12, 5, 9], dtype=torch.float64)
     base = {**SMALL, "checkpoint_every": 10}
     want = run(from_dict({**base, "runs_dir": str(tmp_path / "a")}), data)
 
-    with monkeypatch.context() as patch:
-        wrap_engine(patch, _crash_in_round(2))
-        with pytest.raises(MemoryError):
-            run(from_dict({**base, "runs_dir": str(tmp_path / "b")}), data)
-    (run_dir,) = (tmp_path / "b").iterdir()
+    run_dir = _crashed_run(monkeypatch, {**base, "runs_dir": str(tmp_path / "b")}, data, 2)
     assert list_checkpoints(run_dir) == []
     with RunStore.open(run_dir) as store:
         assert len(store.rounds()) == 2 and store.status == "failed"
@@ -637,7 +632,6 @@ def test_a_run_whose_every_checkpoint_is_damaged_starts_again_from_round_0(
 ) -> None:
     """As a run killed before its first checkpoint does (it could not be resumed
     at all: 'no usable checkpoint'); the result is the uninterrupted run's."""
-    from tests.conftest import wrap_engine
 
     data = make_data([7, 12, 5, 9], dtype=torch.float64)
     base = {
@@ -647,11 +641,7 @@ def test_a_run_whose_every_checkpoint_is_damaged_starts_again_from_round_0(
     }
     want = run(from_dict({**base, "runs_dir": str(tmp_path / "a")}), data)
 
-    with monkeypatch.context() as patch:
-        wrap_engine(patch, _crash_in_round(3))
-        with pytest.raises(MemoryError):
-            run(from_dict({**base, "runs_dir": str(tmp_path / "b")}), data)
-    (run_dir,) = (tmp_path / "b").iterdir()
+    run_dir = _crashed_run(monkeypatch, {**base, "runs_dir": str(tmp_path / "b")}, data, 3)
     (only,) = list_checkpoints(run_dir)
     (only / "state.safetensors").write_bytes(b"junk")
     capsys.readouterr()
@@ -678,22 +668,32 @@ def _crash_in_round(round_idx: int) -> Any:
     return Crash
 
 
+def _crashed_run(
+    monkeypatch: pytest.MonkeyPatch, cfg: dict[str, Any], data: Any, round_idx: int
+) -> Path:
+    """The directory of ``cfg``'s run (alone in its runs_dir), killed as round
+    ``round_idx`` starts."""
+    from tests.conftest import wrap_engine
+
+    with monkeypatch.context() as patch:
+        wrap_engine(patch, _crash_in_round(round_idx))
+        with pytest.raises(MemoryError):
+            run(from_dict(cfg), data)
+    (run_dir,) = Path(cfg["runs_dir"]).iterdir()
+    return run_dir
+
+
 def test_resume_with_other_data_or_model_is_refused_and_loses_nothing(
     make_data: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Other data (or another model) made every checkpoint look damaged: the run
     started again from round 0 on that data, over the old one. It is refused."""
-    from tests.conftest import wrap_engine
 
     from fedforge.store import RunStore
 
     data = make_data([7, 12, 5, 9], dtype=torch.float64)
     base = {**SMALL, "checkpoint_every": 1, "algorithm": "scaffold", "runs_dir": str(tmp_path)}
-    with monkeypatch.context() as patch:
-        wrap_engine(patch, _crash_in_round(3))
-        with pytest.raises(MemoryError):
-            run(from_dict(base), data)
-    (run_dir,) = tmp_path.iterdir()
+    run_dir = _crashed_run(monkeypatch, base, data, 3)
     before = sorted(p.name for p in list_checkpoints(run_dir))
     other = make_data([7, 12, 5, 9], dtype=torch.float64, seed=5)
     with pytest.raises(StoreError, match="trained on other data"):
@@ -717,16 +717,11 @@ def test_a_run_from_before_build_json_resumes_unless_its_data_changed_since(
 ) -> None:
     """An older store has no build.json: it resumes (and gets one), except a
     Synthetic-IID run with beta != 0, whose data this version draws otherwise."""
-    from tests.conftest import wrap_engine
 
     from fedforge.store.build_record import BUILD_NAME
 
     def crashed(cfg: dict[str, Any], data: Any) -> Path:
-        with monkeypatch.context() as patch:
-            wrap_engine(patch, _crash_in_round(2))
-            with pytest.raises(MemoryError):
-                run(from_dict(cfg), data)
-        (run_dir,) = Path(cfg["runs_dir"]).iterdir()
+        run_dir = _crashed_run(monkeypatch, cfg, data, 2)
         (run_dir / BUILD_NAME).unlink()  # as a store written before it existed
         return run_dir
 

@@ -328,7 +328,7 @@ def run_round(
             up.client_id,
             up.num_examples,
             up.train_loss,
-            float(up.delta.norm()),
+            float(up.delta.norm()) if acc is not None else math.nan,  # gathered: after stages
             up.nbytes,
             len(payload),
         )
