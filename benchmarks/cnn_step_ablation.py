@@ -1,15 +1,18 @@
-"""What each change to the CNN's local step buys, side by side (one thread).
+"""The CNN's written-out step against autograd's, side by side (one thread).
 
     python benchmarks/cnn_step_ablation.py [--blocks 7] [--clients 2]
 
 The serial engine trains the same clients (MNIST, 100 IID clients, E=1, B=10)
-in three variants, interleaved in blocks, ratios paired within a block:
-  paper_order   ReLU then pooling, the optimizer's step after the backward
-                (fedforge before session 6),
-  pool_first    pooling before the ReLU (models/mnist.py; same numbers),
-  fused         also the fully connected layers' step inside their backward
-                (fused_sgd.py): what runs now.
-Last line: RESULT with samples/s of each and the three paired ratios.
+in four variants, interleaved in blocks, ratios paired within a block:
+  autograd_fp32   the model through ``functional_call`` and autograd, then one
+                  ``_foreach_add_`` step (client.local_sgd's general path),
+  written_fp32    the step written out (cnn_step.py): what the CNN runs now,
+  autograd_bf16, written_bf16   the same under ``precision: bf16`` (autocast
+                  for the autograd path).
+Both paths compute the same parameters (bit for bit here, tests/test_cnn_step.py).
+Last line: RESULT with samples/s of each and the paired ratios.
+(Until session 10 this script compared the pooling order and the fully
+connected layers' step inside an autograd backward: commit f09c69d.)
 """
 
 from __future__ import annotations
@@ -20,35 +23,22 @@ import sys
 from collections.abc import Callable
 
 import torch
-from torch import nn
 
 from engine_throughput import engine_runner
+from fedforge import cnn_step
 from fedforge import config as config_mod
-from fedforge import fused_sgd
 from fedforge.experiment import load_federated_data
-from fedforge.models.mnist import MnistCNN
 
 
-def paper_order(self: MnistCNN, x: torch.Tensor) -> torch.Tensor:
-    """McMahan's CNN as written: ReLU, then 2x2 max pooling."""
-    x = nn.functional.max_pool2d(torch.relu(self.conv1(x)), 2)
-    x = nn.functional.max_pool2d(torch.relu(self.conv2(x)), 2)
-    out: torch.Tensor = self.fc2(torch.relu(self.fc1(x.flatten(start_dim=1))))
-    return out
-
-
-def variant(once: Callable[[], float], pool_first: bool, fused: bool) -> float:
-    """Samples/s of one round's cohort with the two changes switched as asked."""
-    forward, layers = MnistCNN.forward, dict(fused_sgd.FUSED_LAYERS)
-    if not pool_first:
-        MnistCNN.forward = paper_order  # type: ignore[method-assign]
-    if not fused:
-        fused_sgd.FUSED_LAYERS.clear()
+def variant(once: Callable[[], float], written: bool) -> float:
+    """Samples/s of one round's cohort, with or without the written-out step."""
+    applies = cnn_step.applies
+    if not written:
+        cnn_step.applies = lambda *args: False  # type: ignore[assignment]
     try:
         return once()
     finally:
-        MnistCNN.forward = forward  # type: ignore[method-assign]
-        fused_sgd.FUSED_LAYERS.update(layers)
+        cnn_step.applies = applies  # type: ignore[assignment]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,26 +51,35 @@ def main(argv: list[str] | None = None) -> int:
         model="cnn", num_clients=100, client_fraction=args.clients / 100, local_epochs=1,
         batch_size=10, target_accuracy=None, engine="serial", workers=1,
     )  # fmt: skip
-    _exp, once = engine_runner(cfg, load_federated_data(cfg))
-    variants = {"paper_order": (False, False), "pool_first": (True, False), "fused": (True, True)}
+    data = load_federated_data(cfg)
+    runs = {
+        p: engine_runner(config_mod.override(cfg, {"precision": p}), data)[1]
+        for p in ("fp32", "bf16")
+    }
+    variants = {
+        f"{path}_{precision}": (runs[precision], path == "written")
+        for precision in ("fp32", "bf16")
+        for path in ("autograd", "written")
+    }
     rates: dict[str, list[float]] = {name: [] for name in variants}
-    for switches in variants.values():  # warm-up
-        variant(once, *switches)
+    for once, written in variants.values():  # warm-up
+        variant(once, written)
     for _ in range(args.blocks):
-        for name, switches in variants.items():
-            rates[name].append(variant(once, *switches))
+        for name, (once, written) in variants.items():
+            rates[name].append(variant(once, written))
 
     def paired(a: str, b: str) -> float:
         return statistics.median(x / y for x, y in zip(rates[a], rates[b], strict=True))
 
     for name, r in rates.items():
-        print(f"{name:<12} {statistics.median(r):8.0f} samples/s (median of {args.blocks})")
+        print(f"{name:<14} {statistics.median(r):8.0f} samples/s (median of {args.blocks})")
     print(
         "RESULT "
         + " ".join(f"{name}={statistics.median(r):.0f}" for name, r in rates.items())
-        + f" pool_first_vs_paper={paired('pool_first', 'paper_order'):.3f}"
-        + f" fused_vs_pool_first={paired('fused', 'pool_first'):.3f}"
-        + f" fused_vs_paper={paired('fused', 'paper_order'):.3f}"
+        + f" written_vs_autograd_fp32={paired('written_fp32', 'autograd_fp32'):.3f}"
+        + f" written_vs_autograd_bf16={paired('written_bf16', 'autograd_bf16'):.3f}"
+        + f" bf16_vs_fp32_written={paired('written_bf16', 'written_fp32'):.3f}"
+        + f" bf16_vs_fp32_autograd={paired('autograd_bf16', 'autograd_fp32'):.3f}"
     )
     return 0
 

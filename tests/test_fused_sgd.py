@@ -1,117 +1,68 @@
-"""SGD folded into the backward pass of fully connected layers (fused_sgd.py):
-the step is W - lr G^T X computed by hand, the input gradient is autograd's,
-and whole local runs equal the unfused step in float64."""
+"""A fully connected layer's backward with its SGD step (fused_sgd.linear_step):
+the input gradient with the weights before the step and W - lr G^T X, computed
+by hand in float64, on each of its three kernels."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 
 from fedforge import fused_sgd
-from fedforge.algorithms.base import LocalPlan, cross_entropy
-from fedforge.client import local_sgd
-from fedforge.fused_sgd import fused_layers, sgd_in_backward
-from fedforge.models import MnistCNN, build_model
-from fedforge.params import ParamSpec
+from fedforge.fused_sgd import linear_step
 
 
-def test_linear_step_and_input_gradient_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(fused_sgd, "BLOCK_FLOATS", 6)  # 2 rows a block: 3 blocks
+def _layer(out: int, inp: int, rows: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
     gen = torch.Generator().manual_seed(0)
-    layer = nn.Linear(3, 5).double()
-    w0, b0 = layer.weight.detach().clone(), layer.bias.detach().clone()
-    x = torch.randn(4, 3, generator=gen, dtype=torch.float64, requires_grad=True)
-    target = torch.randn(4, 5, generator=gen, dtype=torch.float64)
-    model = nn.Sequential(layer)
-    for p in layer.parameters():
-        p.requires_grad_(False)
-    with sgd_in_backward(model, ("0",), lr=0.1):
-        out = model(x)
-        ((out - target) ** 2).sum().backward()
-    g = 2 * (x.detach() @ w0.t() + b0 - target)  # d loss / d out, by hand
-    torch.testing.assert_close(x.grad, g @ w0, rtol=0, atol=1e-12)  # with W before the step
-    torch.testing.assert_close(layer.weight, w0 - 0.1 * g.t() @ x.detach(), rtol=0, atol=1e-12)
-    torch.testing.assert_close(layer.bias, b0 - 0.1 * g.sum(dim=0), rtol=0, atol=1e-12)
-    assert type(layer) is nn.Linear and "lr" not in vars(layer)  # restored
+    w = torch.randn(out, inp, generator=gen, dtype=torch.float64)
+    b = torch.randn(out, generator=gen, dtype=torch.float64)
+    x = torch.randn(rows, inp, generator=gen, dtype=torch.float64)
+    g = torch.randn(rows, out, generator=gen, dtype=torch.float64)
+    return tuple(t.to(dtype) for t in (w, b, x, g))
 
 
-def _plan(**kw: object) -> LocalPlan:
-    base = {"local_epochs": 2, "batch_size": 4, "lr": 0.05}
-    return LocalPlan(**{**base, **kw})  # type: ignore[arg-type]
+def _by_hand(w: torch.Tensor, b: torch.Tensor, x: torch.Tensor, g: torch.Tensor, lr: float):  # type: ignore[no-untyped-def]
+    w, b, x, g = (t.double() for t in (w, b, x, g))
+    return g @ w, w - lr * g.t() @ x, b - lr * g.sum(dim=0)
 
 
-def test_cnn_local_sgd_equals_the_unfused_step(monkeypatch: pytest.MonkeyPatch) -> None:
-    model = build_model("cnn", 1, torch.float64)
-    spec = ParamSpec.of(model)
-    start = spec.flatten(model, torch.float64)
-    gen = torch.Generator().manual_seed(1)
-    x = torch.randn(10, 1, 28, 28, generator=gen, dtype=torch.float64)
-    y = torch.randint(0, 10, (10,), generator=gen)
-    plan = _plan()
-    assert fused_layers(model, plan, None, None) == ("fc1", "fc2")
-
-    def train() -> torch.Tensor:
-        result = local_sgd(
-            model, spec, start, x, y, plan, cross_entropy, torch.Generator().manual_seed(2)
-        )
-        assert result.steps == 6
-        return result.params
-
-    fused = train()
-    monkeypatch.setattr(fused_sgd, "FUSED_LAYERS", {})
-    unfused = train()
-    assert (unfused - start).abs().max() > 1e-3  # it trained
-    moved_fc = spec.views(unfused - start)["fc1.weight"].abs().max()
-    assert moved_fc > 1e-4  # and the fused layers moved
-    torch.testing.assert_close(fused, unfused, rtol=0, atol=1e-12)
+def test_blocked_step_by_hand_in_float64(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fused_sgd, "BLOCK_FLOATS", 6)  # 2 rows a block: 3 blocks
+    w, b, x, g = _layer(5, 3, 4, torch.float64)
+    grad_in, w_new, b_new = _by_hand(w, b, x, g, 0.1)
+    out = linear_step(x, g, w, b, 0.1, True)
+    torch.testing.assert_close(out, grad_in, rtol=0, atol=1e-12)  # with W before the step
+    torch.testing.assert_close(w, w_new, rtol=0, atol=1e-12)
+    torch.testing.assert_close(b, b_new, rtol=0, atol=1e-12)
+    assert linear_step(x, g, w, b, 0.1, False) is None  # no input gradient asked
 
 
-@pytest.mark.parametrize(
-    ("plan", "hook", "state"),
-    [
-        (_plan(momentum=0.9), None, None),
-        (_plan(weight_decay=1e-4), None, None),
-        (_plan(grad_clip=1.0), None, None),
-        (_plan(precision="bf16"), None, None),
-        (_plan(), object(), None),  # an algorithm's gradient hook (FedProx, SCAFFOLD)
-        (_plan(), None, {"c": torch.zeros(1)}),
-    ],
-)
-def test_fused_only_for_plain_fp_sgd(plan: LocalPlan, hook: object, state: object) -> None:
-    assert fused_layers(MnistCNN(), plan, hook, state) == ()
+@pytest.mark.parametrize("onednn", [True, False])
+def test_float32_step_of_a_large_layer(monkeypatch: pytest.MonkeyPatch, onednn: bool) -> None:
+    """McMahan's fc1 at B = 10: oneDNN's input gradient (where torch has it) or
+    the blocked BLAS products, both equal to the float64 result to float32 rounding."""
+    monkeypatch.setattr(fused_sgd, "_ONEDNN", onednn and fused_sgd._ONEDNN)
+    w, b, x, g = _layer(512, 3136, 10, torch.float32)
+    grad_in, w_new, b_new = _by_hand(w, b, x, g, 0.05)
+    out = linear_step(x, g, w, b, 0.05, True)
+    assert out is not None and out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), grad_in, rtol=1e-5, atol=1e-3)  # sums of 512
+    torch.testing.assert_close(w.double(), w_new, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(b.double(), b_new, rtol=1e-6, atol=1e-6)
 
 
-def test_nchw_convolutions_take_the_ordinary_step() -> None:
-    """With channels_last off, a convolution saves a view of the flat vector for
-    its backward, and the fused in-place step broke it ("modified by an inplace
-    operation"); the ordinary step then runs, and trains."""
-    from fedforge.models.layout import set_channels_last
-
-    model = build_model("cnn", 1, torch.float64)
-    set_channels_last(model, False)
-    assert fused_layers(model, _plan(), None, None) == ()
-    spec = ParamSpec.of(model)
-    start = spec.flatten(model, torch.float64)
-    gen = torch.Generator().manual_seed(1)
-    x = torch.randn(10, 1, 28, 28, generator=gen, dtype=torch.float64)
-    y = torch.randint(0, 10, (10,), generator=gen)
-    seed = torch.Generator().manual_seed(2)
-    result = local_sgd(model, spec, start, x, y, _plan(), cross_entropy, seed)
-    assert (result.params - start).abs().max() > 1e-3
-
-
-def test_fused_only_for_known_architectures() -> None:
-    assert fused_layers(MnistCNN(), _plan(), None, None) == ("fc1", "fc2")
-    assert fused_layers(build_model("2nn", 0), _plan(), None, None) == ()  # fc1 sees raw input
-
-
-def test_a_layer_without_input_gradient_is_refused_and_restored() -> None:
-    model = nn.Sequential(nn.Linear(3, 2))
-    refused = pytest.raises(RuntimeError, match="2-D input carrying a gradient")
-    with refused, sgd_in_backward(model, ("0",), lr=0.1):
-        model(torch.randn(4, 3))
-    assert type(model[0]) is nn.Linear and "lr" not in vars(model[0])
-    conv = nn.Sequential(nn.Conv2d(1, 1, 1))
-    with pytest.raises(TypeError, match="plain nn.Linear"), sgd_in_backward(conv, ("0",), 0.1):
-        pass
+def test_bf16_step_updates_the_master_and_refreshes_the_copy() -> None:
+    """``precision: bf16``: products on the bf16 copy (as autocast's), the step on
+    the fp32 weights with the bf16 weight gradient, the copy their rounding after."""
+    w, b, x, g = _layer(300, 700, 10, torch.float32)  # 300 rows: 2 blocks
+    half, x16, g16 = w.to(torch.bfloat16), x.to(torch.bfloat16), g.to(torch.bfloat16)
+    w0, b0, half0 = w.clone(), b.clone(), half.clone()
+    out = linear_step(x16, g16, w, b, 0.05, True, half)
+    assert out is not None and out.dtype == torch.bfloat16
+    want_in = g16.double() @ half0.double()
+    torch.testing.assert_close(out.double(), want_in, rtol=2**-7, atol=1e-2)
+    grad_w = (g16.double().t() @ x16.double()).to(torch.bfloat16).double()  # bf16 product
+    torch.testing.assert_close(w.double(), w0.double() - 0.05 * grad_w, rtol=0, atol=1e-6)
+    grad_b = g16.double().sum(0).to(torch.bfloat16).double()  # summed in bf16
+    torch.testing.assert_close(b.double(), b0.double() - 0.05 * grad_b, atol=1e-6, rtol=0)
+    assert torch.equal(half, w.to(torch.bfloat16))  # refreshed: what a cast would give
+    assert not torch.equal(half, half0)

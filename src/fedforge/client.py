@@ -16,9 +16,9 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from fedforge import cnn_step
 from fedforge.algorithms.base import Algorithm, LocalPlan, LossFn
 from fedforge.algorithms.local import ClientJob, GradHook, LocalStep, full_gradient
-from fedforge.fused_sgd import fused_layers, sgd_in_backward
 from fedforge.params import ParamSpec
 from fedforge.pipeline import Stage, StageContext
 from fedforge.precision import forward_context
@@ -84,22 +84,25 @@ def local_sgd(
     """``plan.local_epochs`` epochs of minibatch SGD from ``start``.
 
     ``model`` only gives the architecture: its own tensors are never read or
-    written; the parameters live in one flat vector updated in place. Plain SGD
-    without a ``hook`` takes the fast path (one ``_foreach_add_``); otherwise each
+    written; the parameters live in one flat vector updated in place. McMahan's
+    CNN under plain SGD takes its written-out step (cnn_step.py: the same
+    arithmetic without autograd). Plain SGD without a ``hook`` takes the fast
+    path (one ``_foreach_add_``); otherwise each
     step is :class:`~fedforge.algorithms.local.LocalStep` on ``[1, ...]`` views,
     the very code the vectorised engine runs on ``[K, ...]`` (``state``: the
     client's ``[1, P]`` tensors prepared by the algorithm, e.g. SCAFFOLD's c - c_k).
     """
     params = start.clone()
+    if cnn_step.applies(model, plan, loss_fn, hook, state, params.dtype):
+        total, seen, steps = cnn_step.cnn_sgd(
+            spec.views(params), x, y, plan, lambda: minibatches(len(y), plan.batch_size, gen)
+        )
+        return LocalResult(params, total / max(seen, 1), steps)
     # Leaf tensors that are views of the flat vector: in-place steps on them
     # update ``params`` directly, and autograd gives one gradient per tensor.
     # Buffers (batch-norm running statistics) are views too, without gradient: the
-    # forward pass updates them in place, straight into the flat vector. Fully
-    # connected layers that step themselves in backward (fused_sgd.py) take no
-    # gradient either.
-    fused = fused_layers(model, plan, hook, state)
-    stepped = {f"{layer}.{p}" for layer in fused for p in ("weight", "bias")}
-    train = {e.name for e in spec.entries if e.trainable and e.name not in stepped}
+    # forward pass updates them in place, straight into the flat vector.
+    train = {e.name for e in spec.entries if e.trainable}
     leaves = {
         k: v.detach().requires_grad_(True) if k in train else v.detach()
         for k, v in spec.views(params).items()
@@ -115,21 +118,20 @@ def local_sgd(
     total_loss = 0.0
     seen = 0
     steps = 0
-    with sgd_in_backward(model, fused, plan.lr):
-        for _ in range(plan.local_epochs):
-            for idx in minibatches(len(y), plan.batch_size, gen):
-                with forward_context(plan.precision):
-                    logits = functional_call(model, leaves, (x[idx],))
-                loss = loss_fn(logits.to(params.dtype), y[idx]).mean()
-                grads = torch.autograd.grad(loss, tensors)
-                if step is not None:
-                    step([g.unsqueeze(0) for g in grads])
-                else:
-                    with torch.no_grad():
-                        torch._foreach_add_(tensors, grads, alpha=-plan.lr)
-                total_loss += loss.detach().item() * len(idx)
-                seen += len(idx)
-                steps += 1
+    for _ in range(plan.local_epochs):
+        for idx in minibatches(len(y), plan.batch_size, gen):
+            with forward_context(plan.precision):
+                logits = functional_call(model, leaves, (x[idx],))
+            loss = loss_fn(logits.to(params.dtype), y[idx]).mean()
+            grads = torch.autograd.grad(loss, tensors)
+            if step is not None:
+                step([g.unsqueeze(0) for g in grads])
+            else:
+                with torch.no_grad():
+                    torch._foreach_add_(tensors, grads, alpha=-plan.lr)
+            total_loss += loss.detach().item() * len(idx)
+            seen += len(idx)
+            steps += 1
     return LocalResult(params, total_loss / max(seen, 1), steps)
 
 
