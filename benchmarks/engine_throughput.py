@@ -16,7 +16,9 @@ B=10) and for the 2NN and the CNN, samples/second of:
                 the better of one multi-threaded process and one process per core,
   serial, vectorized            the engines in one process (threads = cores),
   serial_w, vectorized_w        the same spread over one worker per core,
-  bf16_w        (CNN) serial_w with ``precision: bf16``.
+  bf16_w        (CNN) serial_w with ``precision: bf16``,
+  central_kb_bf16  (CNN) central_kb under bf16 autocast: what bf16 gives this
+                work on this CPU when the batch is K*B (central_bf16_vs_fp32).
 The CNN runs channels_last everywhere (the fastest fp32 layout here). Every
 figure is measured once per block, blocks repeated (interleaved), and ratios
 are paired within a block: this machine's speed drifts by up to a third over
@@ -59,6 +61,7 @@ from fedforge.engines import close_engine
 from fedforge.engines.pool import usable_cores
 from fedforge.experiment import Experiment, build, load_federated_data
 from fedforge.models import build_model
+from fedforge.precision import forward_context, native_bf16
 from fedforge.server.sampling import sample_cohort
 from fedforge.transport import wire
 
@@ -66,9 +69,12 @@ ROOT = Path(__file__).resolve().parent.parent
 CL = torch.channels_last
 
 
-def central(model_name: str, x: torch.Tensor, y: torch.Tensor, batch: int) -> float:
+def central(
+    model_name: str, x: torch.Tensor, y: torch.Tensor, batch: int, precision: str = "fp32"
+) -> float:
     """Seconds for one epoch of plain PyTorch SGD over (x, y) at ``batch``, in the
-    fastest fp32 layout (channels_last for the CNN)."""
+    fastest fp32 layout (channels_last for the CNN); ``bf16``: forward passes under
+    bf16 autocast."""
     model = build_model(model_name, 0)
     if model_name == "cnn":
         model = model.to(memory_format=CL)
@@ -78,7 +84,9 @@ def central(model_name: str, x: torch.Tensor, y: torch.Tensor, batch: int) -> fl
     t0 = time.perf_counter()
     for idx in perm.split(batch):
         opt.zero_grad(set_to_none=True)
-        cross_entropy(model(x[idx]), y[idx]).mean().backward()
+        with forward_context(precision):
+            logits = model(x[idx])
+        cross_entropy(logits.float(), y[idx]).mean().backward()
         opt.step()
     return time.perf_counter() - t0
 
@@ -96,13 +104,20 @@ class CentralProcesses:
         self.procs = procs
 
     def __call__(
-        self, name: str, x: torch.Tensor, y: torch.Tensor, batch: int, split: bool = True
+        self,
+        name: str,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        batch: int,
+        split: bool = True,
+        precision: str = "fp32",
     ) -> float:
         """``split``: ``batch`` is the global batch, cut over the processes (data
         parallelism); otherwise every process trains at ``batch`` on its share."""
         each = max(1, batch // self.procs) if split else batch
         shares = [
-            (name, x[part :: self.procs], y[part :: self.procs], each) for part in range(self.procs)
+            (name, x[part :: self.procs], y[part :: self.procs], each, precision)
+            for part in range(self.procs)
         ]
         # Each process times its own epoch; the slowest one is the wall time
         # (handing the shares over is not part of the training).
@@ -147,8 +162,13 @@ def measure_model(model_name: str, blocks: int, cores: int) -> dict[str, float]:
         "serial_w": {"engine": "serial", "workers": cores},
         "vectorized_w": {"engine": "vectorized", "workers": cores},
     }
+    bf16_runs: dict[str, Callable[[], float]] = {}
     if model_name == "cnn":
         engines["bf16_w"] = {"engine": "serial", "workers": cores, "precision": "bf16"}
+        bf16_runs = {  # the machine's bf16 at batch K*B: what bf16 can give this work
+            "central_kb_bf16_1p": lambda: n / central(model_name, x, y, 10 * k, "bf16"),
+            "central_kb_bf16_mp": lambda: n / mp(model_name, x, y, 10 * k, precision="bf16"),
+        }
     built = {name: engine_runner(config_mod.override(cfg, o), data) for name, o in engines.items()}
     runs: dict[str, Callable[[], float]] = {
         "central_b": lambda: n / central(model_name, x, y, 10),
@@ -157,6 +177,7 @@ def measure_model(model_name: str, blocks: int, cores: int) -> dict[str, float]:
         "central_kb_1p": lambda: n / central(model_name, x, y, 10 * k),
         "central_kb_mp": lambda: n / mp(model_name, x, y, 10 * k),
         **{name: once for name, (_exp, once) in built.items()},
+        **bf16_runs,
     }
     try:
         for fn in runs.values():  # warm-up: allocator, vmap tracing, worker start
@@ -192,6 +213,12 @@ def measure_model(model_name: str, blocks: int, cores: int) -> dict[str, float]:
     out["engine_vs_central_b_each"] = paired("engine", "central_b_each")
     if "bf16_w" in rates:
         out["bf16_vs_fp32"] = paired("bf16_w", "serial_w")
+        rates["central_kb_bf16"] = [
+            max(a, b)
+            for a, b in zip(rates["central_kb_bf16_1p"], rates["central_kb_bf16_mp"], strict=True)
+        ]
+        out["central_kb_bf16"] = statistics.median(rates["central_kb_bf16"])
+        out["central_bf16_vs_fp32"] = paired("central_kb_bf16", "central_kb")
     out["eval_s"] = eval_s
     return out
 
@@ -300,17 +327,19 @@ def main(argv: list[str] | None = None) -> int:
     cores = usable_cores()
     torch.set_num_threads(cores)
     blocks = 1 if args.quick else args.blocks
-    print(f"cores {cores}; torch {torch.__version__}; {torch.backends.cpu.get_cpu_capability()}")
+    native = "native bf16" if native_bf16() else "no native bf16 (no AMX or AVX512-BF16)"
+    capability = torch.backends.cpu.get_cpu_capability()
+    print(f"cores {cores}; torch {torch.__version__}; {capability}; {native}")
     results = {m: measure_model(m, blocks, cores) for m in args.models.split(",") if m}
     cols = ["central_b", "central_b_mp", "central_b_each", "central_kb", "serial",
-            "vectorized", "serial_w", "vectorized_w", "bf16_w"]  # fmt: skip
+            "vectorized", "serial_w", "vectorized_w", "bf16_w", "central_kb_bf16"]  # fmt: skip
     print("samples/s, median of blocks")
     print(f"{'model':<6}" + "".join(f"{c:>15}" for c in cols))
     for m, r in results.items():
         print(f"{m:<6}" + "".join(f"{r.get(c, float('nan')):>15.0f}" for c in cols))
     ratios = ["engine_vs_central_kb", "engine_vs_serial", "vectorized_vs_serial",
               "serial_w_vs_central_b_mp", "per_client_ceiling", "engine_vs_central_b_each",
-              "bf16_vs_fp32", "eval_s"]  # fmt: skip
+              "bf16_vs_fp32", "central_bf16_vs_fp32", "eval_s"]  # fmt: skip
     print(f"{'model':<6}" + "".join(f"{c:>26}" for c in ratios))
     for m, r in results.items():
         print(f"{m:<6}" + "".join(f"{r.get(c, float('nan')):>26.2f}" for c in ratios))
@@ -321,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         fields.append(f"vec_vs_serial_{m}={r['engine_vs_serial']:.2f}")
     if "cnn" in results:
         fields.append(f"bf16_vs_fp32_cnn={results['cnn']['bf16_vs_fp32']:.2f}")
+        fields.append(f"central_bf16_vs_fp32_cnn={results['cnn']['central_bf16_vs_fp32']:.2f}")
     if not (args.quick or args.no_startup):
         up = startup_seconds()
         print(

@@ -15,9 +15,11 @@ plain SGD, so both agree to 1e-12 in float64 (tests/test_cnn_step.py) and the
 engines' float64 equivalence holds through it.
 
 ``precision: bf16`` computes what autocast would (precision.py): convolutions,
-pooling and the fully connected products in bf16 on bf16 copies of the fp32
-weights, the loss in fp32, each gradient cast to fp32 by the master weights'
-step; without autocast's per-operator dispatch and casts of gradients.
+pooling, the fully connected layers' forward and input gradients in bf16, on
+bf16 copies of the fp32 weights, the loss in fp32, each gradient cast to fp32
+by the master weights' step; except that the fully connected layers' weight
+gradients are fp32 products of their bf16 operands (fused_sgd.py), which
+autocast rounds to bf16. Without autocast's per-operator dispatch and casts.
 
 It applies to plain SGD (no momentum, weight decay, clipping, hook or client
 state), the cross-entropy loss, fp32 or float64 parameters, and an unmodified
@@ -56,7 +58,13 @@ def applies(
     if plan.precision == "bf16" and dtype != torch.float32:
         return False
     convs = [m for m in model.modules() if isinstance(m, Conv2d)]
-    return len(convs) == 2 and all(m.channels_last and m.padding == (2, 2) for m in convs)
+    return len(convs) == 2 and all(m.channels_last and _as_built(m) for m in convs)
+
+
+def _as_built(conv: Conv2d) -> bool:
+    """The convolution is the one ``MnistCNN`` builds (the kernels below assume it)."""
+    shape = (conv.kernel_size, conv.stride, conv.padding, conv.dilation, conv.groups)
+    return shape == ((5, 5), (1, 1), (2, 2), (1, 1), 1) and conv.bias is not None
 
 
 class _Conv:
@@ -116,7 +124,7 @@ def cnn_sgd(
     fc2 = (views["fc2.weight"], views["fc2.bias"])
     dtype = fc2[0].dtype
     # bf16 copies of the fully connected weights, kept equal to the rounding of
-    # the fp32 weights by every step (linear_step): what autocast casts anew each time.
+    # the fp32 weights by every step (linear_step): autocast casts anew each time.
     fc1_half = None if half is None else fc1[0].to(half)
     fc2_half = None if half is None else fc2[0].to(half)
     total, seen, steps = 0.0, 0, 0
