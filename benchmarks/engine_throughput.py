@@ -334,9 +334,9 @@ def main(argv: list[str] | None = None) -> int:
     cols = ["central_b", "central_b_mp", "central_b_each", "central_kb", "serial",
             "vectorized", "serial_w", "vectorized_w", "bf16_w", "central_kb_bf16"]  # fmt: skip
     print("samples/s, median of blocks")
-    print(f"{'model':<6}" + "".join(f"{c:>15}" for c in cols))
+    print(f"{'model':<6}" + "".join(f"{c:>16}" for c in cols))
     for m, r in results.items():
-        print(f"{m:<6}" + "".join(f"{r.get(c, float('nan')):>15.0f}" for c in cols))
+        print(f"{m:<6}" + "".join(f"{r.get(c, float('nan')):>16.0f}" for c in cols))
     ratios = ["engine_vs_central_kb", "engine_vs_serial", "vectorized_vs_serial",
               "serial_w_vs_central_b_mp", "per_client_ceiling", "engine_vs_central_b_each",
               "bf16_vs_fp32", "central_bf16_vs_fp32", "eval_s"]  # fmt: skip

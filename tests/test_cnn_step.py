@@ -10,9 +10,9 @@ from torch import nn
 
 from fedforge import cnn_step
 from fedforge.algorithms.base import LocalPlan, cross_entropy
-from fedforge.client import LocalResult, local_sgd
+from fedforge.client import LocalResult, local_sgd, minibatches
 from fedforge.models import MnistCNN, build_model
-from fedforge.models.layout import set_channels_last
+from fedforge.models.layout import CHANNELS_LAST, Conv2d, set_channels_last
 from fedforge.params import ParamSpec
 
 
@@ -61,13 +61,13 @@ def test_written_step_equals_autograd(
     assert written.train_loss == pytest.approx(autograd.train_loss, abs=max(atol, 1e-6))
 
 
-def test_bf16_step_is_autocasts_but_for_the_fc_weight_gradients(
+def test_bf16_step_is_autocasts_but_for_the_fc_gradients(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """One full-batch step under bf16: the convolutions take autocast's step bit
     for bit (their gradients flow back through the same bf16 products); the fully
-    connected layers' differ by the bf16 rounding of their weight gradient,
-    which autocast does and the written-out step does not (lr |G| 2^-8)."""
+    connected layers' differ by the bf16 rounding of their weight and bias
+    gradients, which autocast does and the written-out step does not (lr |G| 2^-8)."""
     plan = _plan(precision="bf16", local_epochs=1, batch_size=None)
     written, start = _train(torch.float32, plan, True, monkeypatch)
     autograd, _ = _train(torch.float32, plan, False, monkeypatch)
@@ -84,6 +84,63 @@ def test_bf16_step_is_autocasts_but_for_the_fc_weight_gradients(
     assert written.train_loss == pytest.approx(autograd.train_loss, abs=1e-6)  # one forward
 
 
+class _Linear16(torch.autograd.Function):
+    """``x W^T + b`` in bf16 on fp32 weights, whose weight and bias gradients are
+    fp32 products of the bf16 operands: the bf16 semantics cnn_step documents."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):  # type: ignore[no-untyped-def]
+        half = weight.to(torch.bfloat16)
+        ctx.save_for_backward(x, half)
+        return torch.addmm(bias.to(torch.bfloat16), x, half.t())
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def]
+        x, half = ctx.saved_tensors
+        return grad @ half, grad.float().t() @ x.float(), grad.float().sum(dim=0)
+
+
+def _bf16_reference(
+    start: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, plan: LocalPlan
+) -> dict[str, torch.Tensor]:
+    """Local SGD under that semantics through autograd, layer by layer."""
+    p = {k: v.clone().requires_grad_(True) for k, v in start.items()}
+    gen = torch.Generator().manual_seed(2)
+    bf = torch.bfloat16
+    for _ in range(plan.local_epochs):
+        for idx in minibatches(len(y), plan.batch_size, gen):
+            a = x[idx].to(memory_format=CHANNELS_LAST).to(bf)  # the model's layout
+            for conv in ("conv1", "conv2"):
+                w = p[f"{conv}.weight"].to(memory_format=CHANNELS_LAST).to(bf)
+                a = nn.functional.conv2d(a, w, p[f"{conv}.bias"].to(bf), padding=2)
+                a = torch.relu(nn.functional.max_pool2d(a, 2))
+            h = torch.relu(_Linear16.apply(a.flatten(1), p["fc1.weight"], p["fc1.bias"]))
+            logits = _Linear16.apply(h, p["fc2.weight"], p["fc2.bias"])
+            loss = nn.functional.cross_entropy(logits.float(), y[idx])
+            grads = torch.autograd.grad(loss, list(p.values()))
+            with torch.no_grad():
+                for v, g in zip(p.values(), grads, strict=True):
+                    v.add_(g.float(), alpha=-plan.lr)
+    return {k: v.detach() for k, v in p.items()}
+
+
+def test_bf16_steps_equal_a_reference_through_autograd(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eight bf16 steps (a short last batch) against the reference above: the
+    copies the written-out step keeps must follow every step."""
+    plan = _plan(precision="bf16")
+    written, start = _train(torch.float32, plan, True, monkeypatch)
+    spec = ParamSpec.of(MnistCNN())
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(14, 1, 28, 28, generator=gen)
+    y = torch.randint(0, 10, (14,), generator=gen)  # the data _train draws
+    want = _bf16_reference(spec.views(start), x, y, plan)
+    assert written.steps == 8
+    for name, got in spec.views(written.params).items():
+        moved = (want[name] - spec.views(start)[name]).abs().max().item()
+        assert moved > 1e-3, name
+        assert (got - want[name]).abs().max().item() <= 1e-5, name
+
+
 class _OtherCNN(MnistCNN):
     pass
 
@@ -97,6 +154,24 @@ def _nchw() -> nn.Module:
 def _strided() -> nn.Module:
     model = MnistCNN()
     model.conv2.stride = (2, 2)
+    return model
+
+
+def _reflect() -> nn.Module:
+    model = MnistCNN()
+    model.conv2.padding_mode = "reflect"
+    return model
+
+
+def _hooked() -> nn.Module:
+    model = MnistCNN()
+    model.conv1.register_forward_pre_hook(lambda module, args: (args[0] * 0,))
+    return model
+
+
+def _no_bias() -> nn.Module:
+    model = MnistCNN()
+    model.conv2 = Conv2d(32, 64, kernel_size=5, padding=2, bias=False)
     return model
 
 
@@ -118,6 +193,9 @@ def _other_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         (_OtherCNN(), _plan(), cross_entropy, None, None, torch.float32),  # may change forward
         (_nchw(), _plan(), cross_entropy, None, None, torch.float32),  # the vectorised engine's
         (_strided(), _plan(), cross_entropy, None, None, torch.float32),  # changed in place
+        (_reflect(), _plan(), cross_entropy, None, None, torch.float32),
+        (_hooked(), _plan(), cross_entropy, None, None, torch.float32),
+        (_no_bias(), _plan(), cross_entropy, None, None, torch.float32),
         (build_model("2nn", 0), _plan(), cross_entropy, None, None, torch.float32),
     ],
 )
@@ -134,3 +212,24 @@ def test_autograd_wherever_the_written_step_would_differ(
 def test_applies_to_plain_sgd(precision: str, dtype: torch.dtype) -> None:
     plan = _plan(precision=precision)
     assert cnn_step.applies(MnistCNN(), plan, cross_entropy, None, None, dtype)
+
+
+def test_mean_over_the_batch_as_local_sgd_takes_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loss is each example's, then their mean over the batch: a label -100
+    (cross-entropy's ignore_index) counts as a zero loss, not as no example."""
+    model = build_model("cnn", 1, torch.float64)
+    spec = ParamSpec.of(model)
+    start = spec.flatten(model, torch.float64)
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(6, 1, 28, 28, generator=gen, dtype=torch.float64)
+    y = torch.tensor([3, -100, 1, -100, 7, 0])
+    plan = _plan(local_epochs=1, batch_size=None)
+    out = {}
+    for written in (True, False):
+        with monkeypatch.context() as m:
+            if not written:
+                m.setattr(cnn_step, "applies", lambda *args: False)
+            seed = torch.Generator().manual_seed(2)
+            out[written] = local_sgd(model, spec, start, x, y, plan, cross_entropy, seed)
+    assert out[True].train_loss == pytest.approx(out[False].train_loss, abs=1e-12)
+    torch.testing.assert_close(out[True].params, out[False].params, rtol=0, atol=1e-12)

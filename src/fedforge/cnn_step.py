@@ -18,12 +18,13 @@ engines' float64 equivalence holds through it.
 pooling, the fully connected layers' forward and input gradients in bf16, on
 bf16 copies of the fp32 weights, the loss in fp32, each gradient cast to fp32
 by the master weights' step; except that the fully connected layers' weight
-gradients are fp32 products of their bf16 operands (fused_sgd.py), which
-autocast rounds to bf16. Without autocast's per-operator dispatch and casts.
+and bias gradients are computed in fp32 from their bf16 operands (fused_sgd.py),
+where autocast rounds them to bf16. Without autocast's per-operator dispatch
+and casts.
 
 It applies to plain SGD (no momentum, weight decay, clipping, hook or client
 state), the cross-entropy loss, fp32 or float64 parameters, and an unmodified
-``MnistCNN`` computed channels_last: :func:`applies` decides.
+``MnistCNN`` (no module hooks) computed channels_last: :func:`applies` decides.
 """
 
 from __future__ import annotations
@@ -57,14 +58,22 @@ def applies(
         return False
     if plan.precision == "bf16" and dtype != torch.float32:
         return False
+    if any(_hooked(m) for m in model.modules()):  # a hook may change what it computes
+        return False
     convs = [m for m in model.modules() if isinstance(m, Conv2d)]
     return len(convs) == 2 and all(m.channels_last and _as_built(m) for m in convs)
+
+
+def _hooked(module: nn.Module) -> bool:
+    hooks = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+    return any(getattr(module, h, None) for h in hooks)
 
 
 def _as_built(conv: Conv2d) -> bool:
     """The convolution is the one ``MnistCNN`` builds (the kernels below assume it)."""
     shape = (conv.kernel_size, conv.stride, conv.padding, conv.dilation, conv.groups)
-    return shape == ((5, 5), (1, 1), (2, 2), (1, 1), 1) and conv.bias is not None
+    built = shape == ((5, 5), (1, 1), (2, 2), (1, 1), 1) and conv.padding_mode == "zeros"
+    return built and conv.bias is not None
 
 
 class _Conv:
@@ -138,10 +147,12 @@ def cnn_sgd(
             f = r2.flatten(start_dim=1)
             h = _linear(f, *fc1, fc1_half).relu_()
             logits = _linear(h, *fc2, fc2_half)
+            # The loss of each example, then their mean, as client.local_sgd takes
+            # it (a label -100 counts as a zero loss there, not as no example).
             log_p = torch.log_softmax(logits.to(dtype), dim=1)
-            loss, weight = aten.nll_loss_forward(log_p, y, None, 1, -100)
-            one = torch.ones((), dtype=dtype)
-            grad = aten.nll_loss_backward(one, log_p, y, None, 1, -100, weight)
+            losses, weight = aten.nll_loss_forward(log_p, y, None, 0, -100)
+            mean = torch.full_like(losses, 1.0 / len(y))
+            grad = aten.nll_loss_backward(mean, log_p, y, None, 0, -100, weight)
             grad = aten._log_softmax_backward_data(grad, log_p, 1, dtype).to(h.dtype)
             grad = linear_step(h, grad, *fc2, lr, True, fc2_half)
             grad = linear_step(f, aten.threshold_backward(grad, h, 0), *fc1, lr, True, fc1_half)
@@ -153,7 +164,7 @@ def cnn_sgd(
             grad = conv2.backward_step(_pool_backward(grad, a2, i2), r1, w2, lr, True)
             grad = _pool_backward(aten.threshold_backward(grad, r1, 0), a1, i1)
             conv1.backward_step(grad, x, w1, lr, False)
-            total += loss.item() * len(idx)
+            total += losses.mean().item() * len(idx)
             seen += len(idx)
             steps += 1
     return total, seen, steps

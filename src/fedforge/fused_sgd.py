@@ -52,10 +52,11 @@ def linear_step(
 
     ``half``: a bf16 copy of ``weight`` (``precision: bf16``) that the forward
     used. The input gradient is a bf16 product on it, as autocast's; the weight
-    gradient is an fp32 product of the bf16 ``x`` and ``grad`` (exact
-    conversions of B rows), added into the fp32 ``weight`` (autocast would round
-    it to bf16 first, and write and read it once more); then the copy is
-    refreshed, so the next forward need not cast the layer again."""
+    and bias gradients are computed in fp32 from the bf16 ``x`` and ``grad``
+    (exact conversions of B rows) and added into the fp32 ``weight`` and ``bias``
+    (autocast would round them to bf16 first, and write and read the weight
+    gradient once more); then the copy is refreshed, so the next forward need
+    not cast the layer again."""
     if half is not None:
         grad_input = torch.mm(grad, half) if want_input else None
         x, grad = x.to(weight.dtype), grad.to(weight.dtype)
