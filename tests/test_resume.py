@@ -529,6 +529,7 @@ def test_sigterm_checkpoints_and_resume_finishes_identically(
     assert not (run_dir / "final_params.pt").exists()
     with RunStore.open(run_dir) as store:
         assert "resume with: fedforge resume" in format_run_summary(store)
+        assert store.info().status == "stopped" and "[stopped]" in format_run_summary(store)
     holder = RunLock(run_dir).acquire()  # as if the killed writer were still alive
     try:
         with pytest.raises(StoreError, match="another process"):

@@ -286,6 +286,31 @@ def test_format_run_summary(tmp_path: Path) -> None:
             store.finish({}, status="done")
 
 
+@pytest.mark.parametrize(
+    ("summary", "shown"),
+    [
+        (
+            {"stopped": "SIGTERM", "error": "stopped by SIGTERM before round 4; resume with: x"},
+            "stopped",
+        ),
+        ({"error": "stopped by SIGINT before round 2; resume with: x"}, "stopped"),  # older store
+        ({"error": "run stopped: interrupted; resume with: x"}, "failed"),  # a second signal
+        ({"error": "run stopped: EngineError: worker 1 died; resume with: x"}, "failed"),
+    ],
+)
+def test_a_clean_signal_stop_is_shown_stopped_not_failed(
+    tmp_path: Path, summary: dict[str, str], shown: str
+) -> None:
+    with RunStore.create(tmp_path, Config(name="sig", rounds=6)) as store:
+        store.record_round(_round(0, 0.91), _clients(0))
+        store.finish(summary, status="failed")
+        assert store.status == "failed"  # what the database holds
+        assert store.info().status == shown
+        assert f"[{shown}]" in format_run_summary(store)
+        assert f"stopped   {summary['error']}" in format_run_summary(store)
+        assert format_run_table([store.info()]).splitlines()[1].split()[1] == shown
+
+
 def test_show_says_why_a_finished_run_stopped_early(tmp_path: Path) -> None:
     with RunStore.create(tmp_path, Config(name="stall", rounds=6)) as store:
         store.record_round(_round(0, 0.1), [])

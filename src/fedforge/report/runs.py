@@ -81,7 +81,7 @@ def format_run_summary(store: RunStore) -> str:
             f"anomalies {len(anomalies) - skipped} updates refused ({len(refused)} clients), "
             f"{skipped} rounds skipped (the anomalies table says why)"
         )
-    if info.status == "failed" and summary.get("error"):
+    if info.status in ("failed", "stopped") and summary.get("error"):
         lines.append(f"stopped   {summary['error']}")
     if status == "died":
         lines.append(

@@ -191,6 +191,7 @@ def _settle(exp: Experiment, run_store: RunStore, result: RunResult, next_round:
     result.run_dir = run_store.path
     result.summary["run_dir"] = str(run_store.path)
     if result.stopped:
+        result.summary["stopped"] = result.stopped  # a signal: `runs` shows it stopped
         result.summary["error"] = (
             f"stopped by {result.stopped} before round {next_round + 1}; "
             f"resume with: fedforge resume {run_store.path}"

@@ -282,9 +282,11 @@ class RunStore:
 
     def info(self) -> RunInfo:
         """The run's line in ``fedforge runs``."""
-        name, created, status, config_json = self._query(
-            "SELECT name, created, status, config_json FROM runs"
+        name, created, status, config_json, summary_json = self._query(
+            "SELECT name, created, status, config_json, summary_json FROM runs"
         )[0]
+        if status == "failed" and _signal_stop(summary_json):
+            status = "stopped"  # cleanly, by a signal, after a checkpoint: not a failure
         done, best = self._query("SELECT COUNT(*), MAX(test_accuracy) FROM rounds")[0]
         planned = self._json("config_json", config_json).get("rounds")
         # the directory's name, which `show` and `resume` take (a copied or renamed
@@ -412,3 +414,18 @@ def read_metrics(path: Path | str) -> list[dict[str, Any]]:
         if isinstance(line, dict) and isinstance(line.get("round_idx"), int):
             by_round[line["round_idx"]] = line
     return [by_round[k] for k in sorted(by_round)]
+
+
+def _signal_stop(summary_json: str | None) -> bool:
+    """True if a stored summary is that of a run a signal stopped cleanly (the
+    summary says which signal; stores from before session 11 say it in the error)."""
+    try:
+        summary = json.loads(summary_json) if summary_json else {}
+    except ValueError:
+        return False
+    if not isinstance(summary, dict):
+        return False
+    error = summary.get("error")
+    return bool(summary.get("stopped")) or (
+        isinstance(error, str) and error.startswith("stopped by SIG")
+    )
