@@ -71,7 +71,8 @@ from fedforge.server.loop import run
 def kib(field):
     return int(re.search(field + r':\\s+(\\d+)', open('/proc/self/status').read()).group(1))
 cfg = c.Config(model='2nn', num_clients=1000, client_fraction={cohort / 1000}, batch_size=10,
-               rounds={rounds}, target_accuracy=None, eval_every={rounds}, engine='vectorized', workers=1,
+               rounds={rounds}, target_accuracy=None, eval_every={rounds}, engine='vectorized',
+               workers=1,
                data_dir={str(mnist_dir)!r}, robust=c.RobustConfig(aggregator={aggregator!r}))
 data = load_federated_data(cfg)
 with open('/proc/self/clear_refs', 'w') as f:
