@@ -60,13 +60,14 @@ def linear_step(
     if half is not None:
         grad_input = torch.mm(grad, half) if want_input else None
         x, grad = x.to(weight.dtype), grad.to(weight.dtype)
+        weight.addmm_(grad.t(), x, alpha=-lr)  # one rank-B product into the weights
     elif _ONEDNN and weight.dtype == torch.float32 and weight.numel() >= BLOCK_FLOATS:
         # oneDNN's inner product computes G W at 10 rows about twice as fast as
         # the BLAS product (measured here, docs/results.md)
         grad_input = _inner_product(grad, weight.t()) if want_input else None
-    else:
-        return _blocked_step(x, grad, weight, bias, lr, want_input)
-    weight.addmm_(grad.t(), x, alpha=-lr)  # one rank-B product into the weights
+        weight.addmm_(grad.t(), x, alpha=-lr)
+    else:  # float64, small layers
+        grad_input = _blocked_step(x, grad, weight, lr, want_input)
     bias.add_(grad.sum(dim=0), alpha=-lr)
     if half is not None:
         half.copy_(weight)
@@ -74,14 +75,9 @@ def linear_step(
 
 
 def _blocked_step(
-    x: torch.Tensor,
-    grad: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor,
-    lr: float,
-    want_input: bool,
+    x: torch.Tensor, grad: torch.Tensor, weight: torch.Tensor, lr: float, want_input: bool
 ) -> torch.Tensor | None:
-    """:func:`linear_step` with BLAS products (float64, small layers), walking the
+    """The input gradient and the weights' step with BLAS products, walking the
     weights in row blocks that stay in L2 between the two products reading them."""
     grad_input = x.new_zeros(x.shape) if want_input else None
     rows = max(1, BLOCK_FLOATS // weight.shape[1])
@@ -90,5 +86,4 @@ def _blocked_step(
         if grad_input is not None:
             grad_input.addmm_(g, w)  # with the weights before the step
         w.addmm_(g.t(), x, alpha=-lr)
-    bias.add_(grad.sum(dim=0), alpha=-lr)
     return grad_input
