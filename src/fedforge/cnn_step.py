@@ -7,7 +7,7 @@ written by the backward and read again by the step. Here the forward and the
 backward are the ATen kernels autograd would call for
 :class:`~fedforge.models.mnist.MnistCNN` (convolution, max pooling with its
 indices, ReLU, addmm, log-softmax and NLL, and their backward functions), in
-the same order on the same layouts, and every parameter takes its step as soon
+the same order, and every parameter takes its step as soon
 as its gradient is known: the fully connected layers inside the pass that reads
 their weights (:func:`fedforge.fused_sgd.linear_step`), the convolutions right
 after their backward. The arithmetic is :func:`fedforge.client.local_sgd`'s for
@@ -150,9 +150,9 @@ def cnn_sgd(
             # The loss of each example, then their mean, as client.local_sgd takes
             # it (a label -100 counts as a zero loss there, not as no example).
             log_p = torch.log_softmax(logits.to(dtype), dim=1)
-            losses, weight = aten.nll_loss_forward(log_p, y, None, 0, -100)
+            losses, total_weight = aten.nll_loss_forward(log_p, y, None, 0, -100)
             mean = torch.full_like(losses, 1.0 / len(y))
-            grad = aten.nll_loss_backward(mean, log_p, y, None, 0, -100, weight)
+            grad = aten.nll_loss_backward(mean, log_p, y, None, 0, -100, total_weight)
             grad = aten._log_softmax_backward_data(grad, log_p, 1, dtype).to(h.dtype)
             grad = linear_step(h, grad, *fc2, lr, True, fc2_half)
             grad = linear_step(f, aten.threshold_backward(grad, h, 0), *fc1, lr, True, fc1_half)
