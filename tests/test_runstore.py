@@ -186,7 +186,7 @@ def test_a_read_only_run_lists_and_shows(tmp_path: Path, monkeypatch: pytest.Mon
     (info,) = list_runs(tmp_path)
     assert (info.status, info.rounds_done, info.best_accuracy) == ("finished", 1, 0.7)
     with RunStore.open(path) as store:
-        assert "best 0.7000" in format_run_summary(store)
+        assert "best 70.00%" in format_run_summary(store)
         with pytest.raises(StoreError):
             store.record_round(_round(1), [])
 
@@ -273,7 +273,7 @@ def test_format_run_summary(tmp_path: Path) -> None:
         store.record_round(_round(3, 0.93), _clients(3))
         text = format_run_summary(store)
         assert "4 of 20" in text and "B=all" in text and "C=0.1" in text
-        assert "best 0.9500 (round 3)" in text and "final 0.9300 (round 4)" in text  # from 1
+        assert "best 95.00% (round 3)" in text and "final 93.00% (round 4)" in text  # from 1
         assert "up 3.9 KiB, down 7.8 KiB" in text
         assert "0m 06s" in text  # the sum of round seconds
         # 'running' in the store, and no process holds its lock: it died

@@ -225,7 +225,7 @@ def _fmt(value: float | None, spec: str) -> str:
 
 def format_sweep(results: Sequence[PointResult]) -> str:
     """One table: a row per point, the knee marked with ``*``."""
-    from fedforge.report.progress import format_bytes
+    from fedforge.report.progress import format_bytes, percent
 
     if not results:
         return "no points"
@@ -238,8 +238,8 @@ def format_sweep(results: Sequence[PointResult]) -> str:
             [
                 *(str(r.point[k]) for k in keys),
                 str(r.rounds),
-                _fmt(r.final_accuracy, ".4f"),
-                _fmt(r.best_accuracy, ".4f"),
+                percent(r.final_accuracy),
+                percent(r.best_accuracy),
                 _fmt(r.rounds_to_target, ".1f"),
                 format_bytes(r.total_bytes),
                 r.run_dir.name if r.run_dir else "-",

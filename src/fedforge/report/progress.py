@@ -17,6 +17,11 @@ def format_bytes(n: float) -> str:
     return f"{n:.1f} TiB"  # pragma: no cover - unreachable
 
 
+def percent(accuracy: float | None) -> str:
+    """An accuracy (a fraction) as every screen shows it, e.g. ``95.12%``; ``-``: none."""
+    return "-" if accuracy is None else f"{100 * accuracy:.2f}%"
+
+
 def count(n: int, noun: str) -> str:
     """``n`` and the noun, plural but for 1: 1 round, 2 rounds."""
     return f"{n} {noun}" + ("" if n == 1 else "s")
@@ -59,7 +64,7 @@ class Progress:
         total_bytes: int,
         epsilon: float | None = None,  # privacy spent so far (DP runs)
     ) -> None:
-        acc = "-" if accuracy is None else f"{100 * accuracy:.2f}%"
+        acc = percent(accuracy)
         eps = "" if epsilon is None else f" eps {epsilon:.3f}"
         los = "-" if loss is None else f"{loss:.4f}"
         self._done += 1

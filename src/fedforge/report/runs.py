@@ -9,7 +9,7 @@ from fedforge.clienteval import summarize_accuracies
 from fedforge.config import describe_split
 from fedforge.config.personal import step_sizes
 from fedforge.report.facts import run_facts
-from fedforge.report.progress import count, format_bytes
+from fedforge.report.progress import count, format_bytes, percent
 from fedforge.store.runs_dir import live_status
 from fedforge.store.runstore import RunInfo, RunStore
 
@@ -27,7 +27,7 @@ def format_run_table(runs: list[RunInfo]) -> str:
     rows = [("RUN", "STATUS", "ROUNDS", "BEST ACC", "CREATED")]
     for r in runs:
         done = f"{r.rounds_done}/{r.rounds_planned or '?'}"
-        best = "-" if r.best_accuracy is None else f"{r.best_accuracy:.4f}"
+        best = percent(r.best_accuracy)
         rows.append((r.run_id, r.status, done, best, r.created))
     widths = [max(len(row[i]) for row in rows) for i in range(5)]
     lines = ("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows)
@@ -54,8 +54,8 @@ def format_run_summary(store: RunStore) -> str:
     best = max(evaluated, key=lambda r: r.test_accuracy or 0.0, default=None)
     last = evaluated[-1] if evaluated else None
     lines.append(
-        f"accuracy  best {best.test_accuracy:.4f} (round {best.round_idx + 1}), "
-        f"final {last.test_accuracy:.4f} (round {last.round_idx + 1})"
+        f"accuracy  best {percent(best.test_accuracy)} (round {best.round_idx + 1}), "
+        f"final {percent(last.test_accuracy)} (round {last.round_idx + 1})"
         if best and last
         else "accuracy  not evaluated"
     )

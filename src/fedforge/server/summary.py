@@ -8,7 +8,7 @@ from typing import Any
 from fedforge.experiment import Experiment
 from fedforge.metrics import bytes_at, rounds_to_target
 from fedforge.report.facts import run_facts
-from fedforge.report.progress import format_bytes
+from fedforge.report.progress import format_bytes, percent
 from fedforge.store import RoundRecord
 
 
@@ -69,7 +69,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         else ("target not reached" if target is not None else "no target")
     )
     best = summary.get("best_accuracy")
-    best_txt = "-" if best is None else f"{100 * best:.2f}%"
+    best_txt = percent(best)
     lines = [
         f"rounds done      {summary['rounds_done']} ({reached}); best accuracy {best_txt}",
         f"bytes up / down  {format_bytes(summary['bytes_up'])} / "
