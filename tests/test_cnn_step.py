@@ -21,15 +21,25 @@ def _plan(**kw: object) -> LocalPlan:
     return LocalPlan(**{**base, **kw})  # type: ignore[arg-type]
 
 
+def _data(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(14, 1, 28, 28, generator=gen, dtype=dtype)  # 14 = 3 x 4 + 2: a short batch
+    return x, torch.randint(0, 10, (14,), generator=gen)
+
+
 def _train(
-    dtype: torch.dtype, plan: LocalPlan, written: bool, monkeypatch: pytest.MonkeyPatch
+    dtype: torch.dtype,
+    plan: LocalPlan,
+    written: bool,
+    monkeypatch: pytest.MonkeyPatch,
+    data: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[LocalResult, torch.Tensor]:
+    """Local SGD of a fresh CNN on ``data`` (default :func:`_data`), through the
+    written-out step or, with ``written`` False, through autograd."""
     model = build_model("cnn", 1, dtype)
     spec = ParamSpec.of(model)
     start = spec.flatten(model, dtype)
-    gen = torch.Generator().manual_seed(1)
-    x = torch.randn(14, 1, 28, 28, generator=gen, dtype=dtype)  # 14 = 3 x 4 + 2: a short batch
-    y = torch.randint(0, 10, (14,), generator=gen)
+    x, y = data if data is not None else _data(dtype)
     with monkeypatch.context() as m:
         if not written:
             m.setattr(cnn_step, "applies", lambda *args: False)
@@ -130,10 +140,7 @@ def test_bf16_steps_equal_a_reference_through_autograd(monkeypatch: pytest.Monke
     plan = _plan(precision="bf16")
     written, start = _train(torch.float32, plan, True, monkeypatch)
     spec = ParamSpec.of(MnistCNN())
-    gen = torch.Generator().manual_seed(1)
-    x = torch.randn(14, 1, 28, 28, generator=gen)
-    y = torch.randint(0, 10, (14,), generator=gen)  # the data _train draws
-    want = _bf16_reference(spec.views(start), x, y, plan)
+    want = _bf16_reference(spec.views(start), *_data(torch.float32), plan)
     assert written.steps == 8
     for name, got in spec.views(written.params).items():
         moved = (want[name] - spec.views(start)[name]).abs().max().item()
@@ -217,19 +224,11 @@ def test_applies_to_plain_sgd(precision: str, dtype: torch.dtype) -> None:
 def test_mean_over_the_batch_as_local_sgd_takes_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """The loss is each example's, then their mean over the batch: a label -100
     (cross-entropy's ignore_index) counts as a zero loss, not as no example."""
-    model = build_model("cnn", 1, torch.float64)
-    spec = ParamSpec.of(model)
-    start = spec.flatten(model, torch.float64)
     gen = torch.Generator().manual_seed(3)
-    x = torch.randn(6, 1, 28, 28, generator=gen, dtype=torch.float64)
-    y = torch.tensor([3, -100, 1, -100, 7, 0])
+    data = (torch.randn(6, 1, 28, 28, generator=gen, dtype=torch.float64),
+            torch.tensor([3, -100, 1, -100, 7, 0]))  # fmt: skip
     plan = _plan(local_epochs=1, batch_size=None)
-    out = {}
-    for written in (True, False):
-        with monkeypatch.context() as m:
-            if not written:
-                m.setattr(cnn_step, "applies", lambda *args: False)
-            seed = torch.Generator().manual_seed(2)
-            out[written] = local_sgd(model, spec, start, x, y, plan, cross_entropy, seed)
-    assert out[True].train_loss == pytest.approx(out[False].train_loss, abs=1e-12)
-    torch.testing.assert_close(out[True].params, out[False].params, rtol=0, atol=1e-12)
+    written, _ = _train(torch.float64, plan, True, monkeypatch, data)
+    autograd, _ = _train(torch.float64, plan, False, monkeypatch, data)
+    assert written.train_loss == pytest.approx(autograd.train_loss, abs=1e-12)
+    torch.testing.assert_close(written.params, autograd.params, rtol=0, atol=1e-12)
