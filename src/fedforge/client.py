@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from fedforge import cnn_step
+from fedforge import cnn_step, rows
 from fedforge.algorithms.base import Algorithm, LocalPlan, LossFn
 from fedforge.algorithms.local import ClientJob, GradHook, LocalStep, full_gradient
 from fedforge.params import ParamSpec
@@ -121,8 +121,8 @@ def local_sgd(
     for _ in range(plan.local_epochs):
         for idx in minibatches(len(y), plan.batch_size, gen):
             with forward_context(plan.precision):
-                logits = functional_call(model, leaves, (x[idx],))
-            loss = loss_fn(logits.to(params.dtype), y[idx]).mean()
+                logits = functional_call(model, leaves, (rows.take(x, idx),))
+            loss = loss_fn(logits.to(params.dtype), rows.take(y, idx)).mean()
             grads = torch.autograd.grad(loss, tensors)
             if step is not None:
                 step([g.unsqueeze(0) for g in grads])

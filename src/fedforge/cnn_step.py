@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import nn
 
+from fedforge import rows
 from fedforge.algorithms.base import LocalPlan, LossFn, cross_entropy
 from fedforge.fused_sgd import linear_step
 from fedforge.models.layout import CHANNELS_LAST, Conv2d
@@ -139,8 +140,8 @@ def cnn_sgd(
     total, seen, steps = 0.0, 0, 0
     for _ in range(plan.local_epochs):
         for idx in batches():
-            y = y_all[idx]
-            a1, x, w1 = conv1.forward(x_all[idx].to(memory_format=CHANNELS_LAST))
+            y = rows.take(y_all, idx)
+            a1, x, w1 = conv1.forward(rows.take(x_all, idx).to(memory_format=CHANNELS_LAST))
             r1, i1 = _pool_relu(a1)
             a2, _, w2 = conv2.forward(r1)
             r2, i2 = _pool_relu(a2)

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedforge import algorithms, communication, privacy, reports
+from fedforge import algorithms, communication, privacy, reports, rows
 from fedforge.aggregators import Aggregator, WeightedMean
 from fedforge.aggregators.weights import Reweighted
 from fedforge.algorithms.base import Algorithm
@@ -57,14 +57,14 @@ class FederatedData:
 
     def client_data(self, client_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         idx = torch.tensor(self.partition.client_indices[client_id])
-        return self.train_x[idx], self.train_y[idx]
+        return rows.take(self.train_x, idx), rows.take(self.train_y, idx)
 
     def holdout_data(self, client_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The client's held-out slice (empty without ``eval_clients``)."""
         if self.holdout is None:
             return self.train_x[:0], self.train_y[:0]
         idx = torch.tensor(self.holdout.client_indices[client_id], dtype=torch.int64)
-        return self.train_x[idx], self.train_y[idx]
+        return rows.take(self.train_x, idx), rows.take(self.train_y, idx)
 
     def num_examples(self, client_id: int) -> int:
         return len(self.partition.client_indices[client_id])

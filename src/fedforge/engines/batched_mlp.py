@@ -138,6 +138,9 @@ def batched_mlp_sgd(
         corr_w = [corr[f"{name}.weight"] for name in layers]
         corr_b = [corr[f"{name}.bias"] for name in layers]
     x_flat = x_all.reshape(x_all.shape[0], -1)
+    # Each step's rows, client by client: the live clients' rows are a prefix.
+    flat_index = index.reshape(index.shape[0], -1)
+    width = index.shape[2]
     # Per-step constants, made once for the chunk instead of once a step (at
     # B = 10 a step's products are small and every extra op shows): the scale
     # of d(mean loss)/dz (1/n_k on a client's real rows, 0 on padding), the
@@ -157,7 +160,7 @@ def batched_mlp_sgd(
             wts, bcols = [w.transpose(1, 2) for w in ws], [b.unsqueeze(1) for b in bs]
             cws, cbs = [c[:a] for c in corr_w], [c[:a] for c in corr_b]
             a_views = a
-        h = x_flat[index[step, :a]]  # [a, W, in]
+        h = x_flat.index_select(0, flat_index[step, : a * width]).view(a, width, -1)
         inputs = []
         for i in range(last + 1):
             inputs.append(h)
@@ -184,7 +187,7 @@ def batched_mlp_sgd(
                 grad = torch.ops.aten.threshold_backward(below, inputs[i], 0.0)
     loss_sum = -(picked.to(torch.float64) * mask).sum(dim=(0, 2))  # real rows only
     back = torch.argsort(order)
-    return params[back], loss_sum[back]
+    return params.index_select(0, back), loss_sum[back]
 
 
 def results(
