@@ -301,3 +301,38 @@ def test_fused_path_runs_fedprox_and_scaffold_terms_like_serial(
     )
     assert (plain.params - serial.params).abs().max() > 1e-6  # the terms matter here
     torch.testing.assert_close(vector.params, serial.params, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_fused_path_leaves_start_alone_and_each_client_to_itself(k: int) -> None:
+    """A chunk of one client trains copies of the global weights, never ``start``
+    itself (a [1, ...] view made contiguous is the same tensor), and each client's
+    result does not depend on the others in its chunk."""
+    from fedforge.engines.batched_mlp import batched_mlp_sgd
+    from fedforge.models import build_model
+
+    model = build_model("2nn", 0).double()
+    spec = ParamSpec.of(model)
+    start = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    before = start.clone()
+    gen = torch.Generator().manual_seed(0)
+    x_all = torch.rand(3 * 8 + 1, 1, 28, 28, generator=gen, dtype=torch.float64)
+    x_all[-1] = 0.0  # the padding row
+    y_all = torch.randint(0, 10, (3 * 8 + 1,), generator=gen)
+    index = torch.stack([torch.randperm(8, generator=gen).view(2, 4) + 8 * c for c in range(3)], 1)
+    mask = torch.ones(index.shape, dtype=torch.bool)
+    mask[1, 0, 2:] = False  # client 0's second batch is short
+    index[1, 0, 2:] = len(y_all) - 1
+    layers = ["fc1", "fc2", "fc3"]
+    together, loss = batched_mlp_sgd(
+        layers, spec, start, x_all, y_all, index[:, :k], mask[:, :k], 0.1
+    )
+    assert torch.equal(start, before)
+    for c in range(k):
+        alone, loss_c = batched_mlp_sgd(
+            layers, spec, start, x_all, y_all, index[:, c : c + 1], mask[:, c : c + 1], 0.1
+        )
+        torch.testing.assert_close(together[c], alone[0], rtol=0, atol=1e-12)
+        assert float(loss[c]) == pytest.approx(float(loss_c[0]), abs=1e-12)
+        assert (alone[0] - start).abs().max() > 1e-4  # it trained
+    assert torch.equal(start, before)

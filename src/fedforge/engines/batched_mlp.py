@@ -123,13 +123,15 @@ def batched_mlp_sgd(
     order = torch.argsort(mask.any(dim=2).sum(dim=0), descending=True, stable=True)
     index, mask = index[:, order], mask[:, order]
     live = mask.any(dim=2).sum(dim=1).tolist()  # [S]: clients still training
-    params = start.expand(k, -1).clone()
-    views = spec.views(params)
-    weights = [views[f"{name}.weight"] for name in layers]  # [K, out, in], in place
-    biases = [views[f"{name}.bias"] for name in layers]  # [K, out]
     anchor = spec.views(start.unsqueeze(0))  # W_t, [1, ...]
     w0 = [anchor[f"{name}.weight"] for name in layers]
     b0 = [anchor[f"{name}.bias"] for name in layers]
+    # The clients' weights, one contiguous [K, out, in] tensor a layer (updated in
+    # place): an in-place batched product into views of the [K, P] parameters
+    # (batch stride P) goes through a temporary, ~1.4x the update's time here.
+    # (repeat, not expand().contiguous(): for K = 1 that would be start itself.)
+    weights = [w.repeat(k, 1, 1) for w in w0]
+    biases = [b.repeat(k, 1) for b in b0]  # [K, out]
     shrink = 1.0 - lr * terms.mu
     corr_w: list[torch.Tensor] = []
     corr_b: list[torch.Tensor] = []
@@ -186,8 +188,12 @@ def batched_mlp_sgd(
             if below is not None:  # through the ReLU of layer i - 1, as autograd does
                 grad = torch.ops.aten.threshold_backward(below, inputs[i], 0.0)
     loss_sum = -(picked.to(torch.float64) * mask).sum(dim=(0, 2))  # real rows only
-    back = torch.argsort(order)
-    return params.index_select(0, back), loss_sum[back]
+    params = start.expand(k, -1).clone()  # in the callers' order: row order[j] is w[j]
+    views = spec.views(params)
+    for name, w, b in zip(layers, weights, biases, strict=True):
+        views[f"{name}.weight"].index_copy_(0, order, w)
+        views[f"{name}.bias"].index_copy_(0, order, b)
+    return params, loss_sum[torch.argsort(order)]
 
 
 def results(
