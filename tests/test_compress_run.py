@@ -327,7 +327,7 @@ def test_resume_with_error_feedback_is_bit_exact(
     stopped = run_stopped(override(cfg, {"runs_dir": str(tmp_path / "b")}), data, 4)
     assert stopped.stopped == "SIGTERM" and stopped.run_dir is not None
     newest = list_checkpoints(stopped.run_dir)[0]
-    assert newest.name == "round-000005" and (newest / "client_state.bin").is_file()
+    assert newest.name == "round-000005" and any(newest.glob("client_state.r*.bin"))
     resumed = resume(stopped.run_dir, data=data)
     assert resumed.stopped is None and len(resumed.rounds) == 7
     assert torch.equal(resumed.params, reference.params)

@@ -228,7 +228,7 @@ def test_resume_with_fedbn_is_bit_exact(
     stopped = run_stopped(override(cfg, {"runs_dir": str(tmp_path / "b")}), data, 3)
     assert stopped.stopped == "SIGTERM" and stopped.run_dir is not None
     newest = list_checkpoints(stopped.run_dir)[0]
-    assert (newest / "client_state.batchnorm.bin").is_file()
+    assert any(newest.glob("client_state.batchnorm.r*.bin"))
     resumed = resume(stopped.run_dir, data=data)
     assert resumed.stopped is None and len(resumed.rounds) == 6
     assert torch.equal(resumed.params, reference.params)

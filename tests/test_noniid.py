@@ -239,7 +239,7 @@ def test_resume_with_scaffold_is_bit_exact(
     assert stopped.stopped == "SIGTERM" and stopped.run_dir is not None
     newest = list_checkpoints(stopped.run_dir)[0]
     assert newest.name == "round-000004"
-    assert (newest / "client_state.control.bin").is_file()
+    assert any(newest.glob("client_state.control.r*.bin"))
     resumed = resume(stopped.run_dir, data=data)
     assert resumed.stopped is None and len(resumed.rounds) == 6
     assert torch.equal(resumed.params, reference.params)

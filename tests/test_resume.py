@@ -44,6 +44,7 @@ from fedforge.store import (
     save_checkpoint,
 )
 from fedforge.store import checkpoint as checkpoint_module
+from fedforge.store import segments as segments_module
 from fedforge.store.client_state import load_rows, save_rows
 
 # A tiny real job: 3 clients of 100 MNIST examples a round, 2 steps each, float64.
@@ -266,19 +267,19 @@ def test_checkpoint_round_trip_and_keep_two(tmp_path: Path) -> None:
 def test_at_most_keep_checkpoints_are_on_disk_while_one_is_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Each checkpoint holds every written row (66 GB at the issue's scale): the
-    oldest went only after the new one was in, three copies at the peak."""
+    """A full rewrite of a table holds every written row (66 GB at the issue's
+    scale): the oldest went before the new one was written, two at the peak."""
     state = MemoryStateStore(9, 4, torch.float32)
-    state.scatter([1], torch.ones(1, 4))
     seen: list[list[str]] = []
-    real = checkpoint_module.save_rows
+    real = segments_module.save_rows
 
-    def spy(store: Any, path: Path) -> Any:
+    def spy(store: Any, path: Path, ids: Any = None) -> Any:
         seen.append([p.name for p in list_checkpoints(tmp_path)])
-        return real(store, path)
+        return real(store, path, ids)
 
-    monkeypatch.setattr(checkpoint_module, "save_rows", spy)
+    monkeypatch.setattr(segments_module, "save_rows", spy)
     for r in (2, 4, 6, 8):
+        state.scatter([r], torch.ones(1, 4))  # a row changed: each writes a segment
         save_checkpoint(tmp_path, _ckpt(r), state)
     assert seen == [[], ["round-000002"], ["round-000004"], ["round-000006"]]
     assert [p.name for p in list_checkpoints(tmp_path)] == ["round-000008", "round-000006"]
@@ -326,11 +327,12 @@ def test_bad_latest_checkpoint_falls_back(tmp_path: Path, damage: str) -> None:
     tensors = latest / "state.safetensors"
     if damage.startswith("meta-ids"):
         meta = json.loads((latest / "meta.json").read_text())
-        meta["client_state"]["residual"]["ids"] = [2, 6] if damage != "meta-ids-repeat" else [2, 2]
+        segment = meta["client_state"]["residual"]["segments"][0]
+        segment["ids"] = [2, 6] if damage != "meta-ids-repeat" else [2, 2]
         if damage != "meta-ids":  # the digest recomputed (or an older checkpoint): the ids
             meta["meta_sha256"] = checkpoint_module._meta_digest(meta)  # are checked too
             if damage == "meta-ids-unchecked":
-                meta["client_state"]["residual"]["ids"] = [2, 9]  # past num_clients
+                segment["ids"] = [2, 9]  # past num_clients
                 del meta["meta_sha256"]
         (latest / "meta.json").write_text(json.dumps(meta))
     elif damage == "flip":

@@ -5,13 +5,17 @@
 - ``state.safetensors``: global ``params``, ``optimizer/<name>`` for each server
   optimizer state tensor, ``torch_rng_state``;
 - ``algorithm/<name>`` in the same file: an algorithm's server state (SCAFFOLD's c);
-- one file per named per-client table the run keeps: ``client_state.bin`` for
-  error-feedback residuals (``residual``), ``client_state.<name>.bin`` for the
-  others (SCAFFOLD's ``control``): the written rows, packed (see
-  :func:`fedforge.store.client_state.save_rows`);
+- for each named per-client table the run keeps, its written rows as a chain
+  of segment files (store/segments.py): ``client_state.r<round>.bin`` for
+  error-feedback residuals (``residual``), ``client_state.<name>.r<round>.bin``
+  for the others (SCAFFOLD's ``control``), each the rows that changed before
+  that round's checkpoint, the older ones hard links to the previous
+  checkpoint's files;
 - ``meta.json``: format, ``next_round``, the loop's plain state (evaluation
-  history, byte totals, rejected updates, wall time) and the sha256 and size of
-  each file above. Written last: a checkpoint without it does not exist.
+  history, byte totals, rejected updates, wall time), each table's segments with
+  their row ids, and the sha256 and size of each file above. Written last: a
+  checkpoint without it does not exist. Format 1 (one ``client_state*.bin`` of
+  every row a table, before session 12) still loads.
 
 A checkpoint is written into a temporary directory, every file fsynced, then
 renamed into place (and the parent directory fsynced), so a kill at any point
@@ -44,9 +48,11 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from fedforge.errors import StoreError
-from fedforge.store.client_state import ClientStateStore, load_rows, rows_sha256, save_rows
+from fedforge.store.client_state import ClientStateStore, rows_sha256
+from fedforge.store.segments import Segment, committed, parse_chain, read_table, write_table
 
-FORMAT = 1
+FORMAT = 2
+READABLE = (1, 2)
 KEEP = 2
 CHECKPOINTS_DIR = "checkpoints"
 TENSORS_NAME, CLIENT_STATE_NAME, META_NAME = "state.safetensors", "client_state.bin", "meta.json"
@@ -128,8 +134,8 @@ def save_checkpoint(
 ) -> Path:
     """Write ``ckpt`` (and the rows of each per-client table) atomically; keep the
     newest ``keep``. The older ones beyond ``keep - 1`` go first: at most
-    ``max(keep, 2)`` copies of the client state are on disk while the new one is
-    written (each holds every row ever written: gigabytes at scale), and a
+    ``max(keep, 2)`` checkpoints are on disk while the new one is written (a full
+    rewrite of a table holds every row ever written: gigabytes at scale), and a
     failed write leaves the newest before it whole."""
     tables = _tables(client_state)
     root = Path(run_dir) / CHECKPOINTS_DIR
@@ -162,13 +168,13 @@ def save_checkpoint(
         _write(tmp / TENSORS_NAME, blob)
         if tables:
             meta["client_state"] = {}
+        chains: dict[str, list[Segment]] = {}
         for name, table in tables.items():
-            file = table_file(name)
-            ids, digest = save_rows(table, tmp / file)
-            size = (tmp / file).stat().st_size
-            meta["files"][file] = {"bytes": size, "sha256": digest}
+            chains[name] = write_table(table, table_file(name), tmp, ckpt.next_round)
+            for seg in chains[name]:
+                meta["files"][seg.file] = {"bytes": seg.bytes, "sha256": seg.sha256}
             meta["client_state"][name] = {
-                "ids": ids,
+                "segments": [{"file": seg.file, "ids": seg.ids} for seg in chains[name]],
                 "num_clients": table.num_clients,
                 "size": table.size,
                 "dtype": str(table.dtype).removeprefix("torch."),
@@ -185,6 +191,8 @@ def save_checkpoint(
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointError(f"cannot write checkpoint '{final}': {exc}") from None
+    for name, table in tables.items():  # the next checkpoint builds on this one
+        committed(table, final, chains[name])
     _prune(root, ckpt.next_round, keep)
     ckpt.path = final
     return final
@@ -214,18 +222,6 @@ def _meta_digest(meta: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
-def _check_ids(name: str, ids: Any, num_clients: int) -> list[int]:
-    """A table's row ids as saved: strictly increasing client ids below ``num_clients``."""
-    ok = isinstance(ids, list) and all(isinstance(c, int) and not isinstance(c, bool) for c in ids)
-    ok = ok and all(0 <= c < num_clients for c in ids) and ids == sorted(set(ids))
-    if not ok:
-        raise CheckpointError(
-            f"its client state '{name}' lists row ids that are not increasing client ids "
-            f"in [0, {num_clients})"
-        )
-    return list(ids)
-
-
 def _verified(path: Path, entry: Any) -> bytes | None:
     """Checks size and sha256 of a file against its meta entry; returns its bytes
     when small enough to hold (the tensors), else None after streaming the hash."""
@@ -253,8 +249,10 @@ def load_checkpoint(path: Path | str, client_state: ClientTables = None) -> Chec
     tables = _tables(client_state)
     try:
         meta = json.loads((path / META_NAME).read_text())
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-            raise CheckpointError(f"{META_NAME} is not a format-{FORMAT} checkpoint")
+        if not isinstance(meta, dict) or meta.get("format") not in READABLE:
+            raise CheckpointError(
+                f"{META_NAME} is not a checkpoint of format {' or '.join(map(str, READABLE))}"
+            )
         if _META_SHA in meta and meta[_META_SHA] != _meta_digest(meta):  # older: none
             raise CheckpointError(f"{META_NAME} fails its sha256 check")
         files = meta.get("files") or {}
@@ -263,11 +261,20 @@ def load_checkpoint(path: Path | str, client_state: ClientTables = None) -> Chec
         info = meta.get("client_state")
         if isinstance(info, dict) and "ids" in info:  # written before tables had names
             info = {RESIDUAL: info}
-        for name in info or {}:
-            _verified(path / table_file(name), files.get(table_file(name)))
+        chains: dict[str, list[Segment]] = {}
+        for name, entry in (info or {}).items():
+            if not isinstance(entry, dict):
+                raise CheckpointError(f"its client state '{name}' is not a table entry")
+            chains[name] = parse_chain(name, entry, files, table_file(name))
+            for seg in chains[name]:
+                _verified(path / seg.file, files.get(seg.file))
         next_round = int(meta["next_round"])
     except FileNotFoundError:
         raise CheckpointError(f"{META_NAME} is missing") from None
+    except CheckpointError:
+        raise
+    except StoreError as exc:  # a table's entry in meta.json
+        raise CheckpointError(str(exc)) from None
     except (ValueError, KeyError, TypeError, SafetensorError, OSError) as exc:
         raise CheckpointError(f"unreadable ({type(exc).__name__}: {exc})") from None
     if info is None and tables:
@@ -280,16 +287,18 @@ def load_checkpoint(path: Path | str, client_state: ClientTables = None) -> Chec
         )
     for name, table in tables.items():
         got = info[name] if info is not None else {}
-        if not isinstance(got, dict) or not {"num_clients", "size", "ids"} <= set(got):
-            raise CheckpointError(f"its client state '{name}' lacks num_clients, size or ids")
+        if not isinstance(got, dict) or not {"num_clients", "size"} <= set(got):
+            raise CheckpointError(f"its client state '{name}' lacks num_clients or size")
         shape = (table.num_clients, table.size)
         if (got["num_clients"], got["size"]) != shape:
             raise CheckpointError(
                 f"its client state '{name}' is {got['num_clients']} x {got['size']}; the "
                 f"run's is {shape[0]} x {shape[1]}"
             )
-        ids = _check_ids(name, got["ids"], table.num_clients)
-        load_rows(table, path / table_file(name), ids)
+    for name, table in tables.items():  # every check passed: now the rows
+        read_table(table, path, chains[name])
+    for name, table in tables.items():
+        committed(table, path, chains[name])
     optimizer = {
         k.removeprefix(_OPTIMIZER): v for k, v in tensors.items() if k.startswith(_OPTIMIZER)
     }

@@ -17,7 +17,9 @@ Two backends with the same behaviour:
 
 :func:`make_state_store` picks memory when ``N * P * itemsize`` fits the budget.
 Checkpoints write only the rows that were written (:func:`save_rows`,
-:func:`load_rows`), packed and checksummed, whatever the backend.
+:func:`load_rows`), packed and checksummed, whatever the backend; each table
+counts the rows scattered since the last checkpoint (:meth:`_Rows.changed`), so
+a checkpoint can write only those (store/segments.py).
 Runs on the server (in simulation) and trusts its callers.
 """
 
@@ -61,6 +63,10 @@ class ClientStateStore(Protocol):
 
     def clear(self) -> None: ...
 
+    def changed(self) -> list[int] | None: ...
+
+    def mark_checkpointed(self) -> None: ...
+
 
 def _init_vector(size: int, dtype: torch.dtype, init: torch.Tensor | None) -> torch.Tensor:
     if init is None:
@@ -71,11 +77,27 @@ def _init_vector(size: int, dtype: torch.dtype, init: torch.Tensor | None) -> to
 
 
 class _Rows:
-    """Shape and id checks shared by the backends."""
+    """Shape and id checks, and change tracking, shared by the backends."""
 
     num_clients: int
     size: int
     dtype: torch.dtype
+    # rows scattered since the last checkpoint saved or loaded; None: no such
+    # checkpoint (a new or cleared table), so the next one writes every row
+    _changed: set[int] | None = None
+
+    def changed(self) -> list[int] | None:
+        """The rows scattered since :meth:`mark_checkpointed`, in id order; None
+        when the table was never checkpointed or was cleared since."""
+        return None if self._changed is None else sorted(self._changed)
+
+    def mark_checkpointed(self) -> None:
+        """A checkpoint now holds every row as it is: changes count from here."""
+        self._changed = set()
+
+    def _note_changed(self, ids: list[int]) -> None:
+        if self._changed is not None:
+            self._changed.update(ids)
 
     def _ids(self, client_ids: Sequence[int]) -> list[int]:
         try:  # an int, numpy or torch integer; a float id is a caller's bug
@@ -125,6 +147,7 @@ class MemoryStateStore(_Rows):
         self._check_values(ids, values)
         for i, c in enumerate(ids):
             self._rows[c] = values[i].detach().to(self.dtype).clone()
+        self._note_changed(ids)
 
     def has(self, client_id: int) -> bool:
         return self._ids([client_id])[0] in self._rows
@@ -134,6 +157,7 @@ class MemoryStateStore(_Rows):
 
     def clear(self) -> None:
         self._rows.clear()
+        self._changed = None
 
 
 class MemmapStateStore(_Rows):
@@ -225,6 +249,7 @@ class MemmapStateStore(_Rows):
                     f"{len(data)} bytes written (disk full?)"
                 )
             self._written[c] = True
+            self._note_changed([c])
 
     def has(self, client_id: int) -> bool:
         return bool(self._written[self._ids([client_id])[0]])
@@ -234,6 +259,7 @@ class MemmapStateStore(_Rows):
 
     def clear(self) -> None:
         self._written[:] = False
+        self._changed = None
 
     def flush(self) -> None:
         if self._fd is not None:
@@ -291,10 +317,13 @@ def working_dir(kind: str) -> Path:
 # ----------------------------------------------------------------------------- checkpoints
 
 
-def save_rows(store: ClientStateStore, path: Path) -> tuple[list[int], str]:
-    """Write the written rows, packed in id order as raw little-endian numbers, to
-    ``path`` (streamed in chunks: memory stays O(chunk)); return ids and sha256."""
-    ids = store.written()
+def save_rows(
+    store: ClientStateStore, path: Path, ids: Sequence[int] | None = None
+) -> tuple[list[int], str]:
+    """Write rows ``ids`` (default: every written row), packed in id order as raw
+    little-endian numbers, to ``path`` (streamed in chunks: memory stays
+    O(chunk)); return the ids and the file's sha256."""
+    ids = store.written() if ids is None else sorted(ids)
     digest = hashlib.sha256()
     rows = _chunk_rows(store)
     with open(path, "wb") as f:
@@ -328,8 +357,9 @@ def rows_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def load_rows(store: ClientStateStore, path: Path, ids: Sequence[int]) -> None:
-    """Clear ``store`` and scatter the rows of ``path`` (from :func:`save_rows`) back."""
+def load_rows(store: ClientStateStore, path: Path, ids: Sequence[int], clear: bool = True) -> None:
+    """Scatter the rows of ``path`` (from :func:`save_rows`) back into ``store``,
+    cleared first unless ``clear`` is False (a later segment of a chain)."""
     np_dtype = torch.empty(0, dtype=store.dtype).numpy().dtype.newbyteorder("<")
     row_bytes = store.size * np_dtype.itemsize
     if path.stat().st_size != len(ids) * row_bytes:
@@ -337,7 +367,8 @@ def load_rows(store: ClientStateStore, path: Path, ids: Sequence[int]) -> None:
             f"client state file '{path}' holds {path.stat().st_size} bytes; expected "
             f"{len(ids)} rows of {row_bytes}"
         )
-    store.clear()
+    if clear:
+        store.clear()
     per_chunk = _chunk_rows(store)
     with open(path, "rb") as f:
         for start in range(0, len(ids), per_chunk):
