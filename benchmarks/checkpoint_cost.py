@@ -44,13 +44,15 @@ def _disk_bytes(root: Path) -> int:
     return sum(seen.values())
 
 
-def _written_bytes(path: Path, before: set[int]) -> int:
-    """Bytes of the files of checkpoint ``path`` that are new (inodes not in ``before``)."""
-    return sum(p.stat().st_size for p in path.iterdir() if p.stat().st_ino not in before)
+def _written_bytes(path: Path, before: set[str]) -> int:
+    """Bytes of the files of checkpoint ``path`` that the previous one did not
+    have (segments are named by the round that wrote them; inodes are reused)."""
+    return sum(p.stat().st_size for p in path.iterdir() if p.name not in before)
 
 
-def _inodes(root: Path) -> set[int]:
-    return {os.stat(Path(d) / f).st_ino for d, _s, fs in os.walk(root) for f in fs}
+def _newest_files(root: Path) -> set[str]:
+    found = sorted((root / "checkpoints").glob("round-*")) if root.exists() else []
+    return {p.name for p in found[-1].iterdir()} if found else set()
 
 
 def main() -> None:
@@ -90,7 +92,7 @@ def main() -> None:
                 if mode == "full":
                     segments._CHAINS.pop(tables[mode], None)  # as before: every row
                 root = work / f"run-{mode}"
-                before = _inodes(root) if root.exists() else set()
+                before = _newest_files(root)
                 t0 = time.perf_counter()
                 path = save_checkpoint(root, Checkpoint(c + 1, torch.zeros(3)), tables[mode])
                 if c:
