@@ -62,6 +62,36 @@ def test_vectorized_workers_equal_serial_float64(make_data: MakeData, one_thread
     torch.testing.assert_close(pooled.params, serial.params, rtol=0, atol=1e-9)
 
 
+def test_vectorized_jobs_are_capped_in_bytes_and_compute_the_same(
+    make_data: MakeData, monkeypatch: pytest.MonkeyPatch, one_thread: None
+) -> None:
+    """A vectorised worker's chunk is cut into jobs of at most JOB_BYTES of dense
+    updates (one message back each, at most two a worker in flight): here 2
+    clients a job (2NN: 199,210 float64 = 1.6 MB a client), 3 jobs for the
+    6-client cohort; the same parameters as one job a worker."""
+    from fedforge.engines import pool
+
+    data = make_data(SIZES)
+    cfg = _cfg(engine="vectorized", workers=2, client_fraction=1.0)
+    whole = run(cfg, data, store=False)
+    sizes: list[int] = []
+    real = PoolEngine._chunks
+
+    def spy(self: PoolEngine, tasks: object) -> list[list[object]]:
+        out = real(self, tasks)  # type: ignore[arg-type]
+        sizes.extend(len(c) for c in out)
+        return out  # type: ignore[return-value]
+
+    monkeypatch.setattr(pool, "JOB_BYTES", 2 * 199_210 * 8)
+    monkeypatch.setattr(PoolEngine, "_chunks", spy)
+    capped = run(cfg, data, store=False)
+    assert sizes[:3] == [2, 2, 2]
+    torch.testing.assert_close(capped.params, whole.params, rtol=0, atol=1e-12)
+    assert [r.train_loss for r in capped.rounds] == pytest.approx(
+        [r.train_loss for r in whole.rounds], abs=1e-12
+    )
+
+
 @pytest.mark.parametrize(
     ("extra", "why"),
     [

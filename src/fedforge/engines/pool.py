@@ -41,9 +41,11 @@ import multiprocessing
 import os
 import signal
 import tempfile
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from itertools import islice
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
@@ -62,6 +64,7 @@ _INNER: Inner | None = None
 _PAYLOAD: tuple[str, bytes] | None = None  # (path, bytes) of the round a worker last read
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _PAYLOAD_PREFIX = "fedforge-payload-"  # then the server's pid: see orphans.py
+JOB_BYTES = 64 << 20  # a vectorised job's dense updates at most (one message back)
 
 
 def usable_cores() -> int:
@@ -173,10 +176,15 @@ class PoolEngine:
 
     def _chunks(self, tasks: Sequence[ClientTask]) -> list[list[ClientTask]]:
         """Serial inner engine: one client per job (the pool balances uneven
-        clients); vectorised: one contiguous chunk per worker (wide vmaps)."""
+        clients); vectorised: one contiguous chunk per worker (wide vmaps), cut
+        into jobs of at most :data:`JOB_BYTES` of dense updates (a job's uploads
+        come back in one message)."""
         if isinstance(self.inner, SerialEngine):
             return [[t] for t in tasks]
-        size = -(-len(tasks) // self.workers)
+        runtime = self.inner.runtime
+        itemsize = next(iter(runtime.model.parameters())).element_size()
+        cap = max(1, JOB_BYTES // (runtime.spec.size * itemsize))
+        size = min(-(-len(tasks) // self.workers), cap)
         return [list(tasks[i : i + size]) for i in range(0, len(tasks), size)]
 
     def run_cohort(self, tasks: Sequence[ClientTask], payload: bytes) -> Iterator[ClientUpload]:
@@ -184,10 +192,17 @@ class PoolEngine:
             return
         pool = self._start()
         path = _write_payload(payload)
+        jobs = iter([(path, chunk) for chunk in self._chunks(tasks)])
+        pending: deque[Future[list[tuple[int, bytes, float]]]] = deque()
         try:
-            jobs = [(path, chunk) for chunk in self._chunks(tasks)]
             try:
-                for results in pool.map(_run_chunk, jobs):
+                # at most two jobs a worker in flight: the uploads of finished jobs
+                # wait for the server, in memory, only that far ahead
+                for job in islice(jobs, 2 * self.workers):
+                    pending.append(pool.submit(_run_chunk, job))
+                while pending:
+                    results = pending.popleft().result()
+                    pending.extend(pool.submit(_run_chunk, job) for job in islice(jobs, 1))
                     for client_id, data, seconds in results:
                         yield ClientUpload(client_id, data, seconds)
             except BrokenProcessPool:
@@ -197,6 +212,8 @@ class PoolEngine:
                     "the round is lost, resume the run from its last checkpoint"
                 ) from None
         finally:
+            for future in pending:  # the server stopped reading (an error): drop the rest
+                future.cancel()
             os.unlink(path)
 
     def run_phase(self, phase: str, messages: Mapping[int, bytes]) -> dict[int, bytes]:
