@@ -241,3 +241,33 @@ def test_cnn_pools_before_relu_with_the_same_values_and_gradients(dtype: torch.d
         assert torch.equal(a, b)
     # The all-negative windows exist: some pooled pre-activations are <= 0.
     assert bool((nn.functional.max_pool2d(model.conv1(x), 2) <= 0).any())
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_all_finite_agrees_with_isfinite_everywhere(threads: int, dtype: torch.dtype) -> None:
+    """A NaN or an infinity at the start, the middle (a thread's boundary) or the
+    end of a long vector, alone or mixed; and finite extremes near the dtype's max."""
+    from fedforge.params import all_finite
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        n = 199_210
+        gen = torch.Generator().manual_seed(0)
+        base = torch.randn(n, generator=gen).to(dtype)
+        cases = [base, base[:0], torch.full((5,), torch.finfo(dtype).max, dtype=dtype)]
+        cases.append(torch.tensor([torch.finfo(dtype).max, -torch.finfo(dtype).max], dtype=dtype))
+        for bad in (float("nan"), float("inf"), -float("inf")):
+            for pos in (0, n // 2 - 1, n // 2, n - 1):
+                t = base.clone()
+                t[pos] = bad
+                cases.append(t)
+        mixed = base.clone()
+        mixed[3], mixed[-3] = float("inf"), -float("inf")
+        cases.append(mixed)
+        for t in cases:
+            assert all_finite(t) == bool(torch.isfinite(t).all()), t[:3]
+        assert all_finite(torch.arange(4))  # integers are finite
+    finally:
+        torch.set_num_threads(before)

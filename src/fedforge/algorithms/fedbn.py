@@ -30,7 +30,7 @@ import torch
 
 from fedforge.algorithms.base import Algorithm, cross_entropy
 from fedforge.algorithms.fedavg import _DecayedPlan
-from fedforge.params import ParamKind, ParamSpec
+from fedforge.params import ParamKind, ParamSpec, all_finite
 from fedforge.store.client_state import ClientStateStore
 
 BATCHNORM = "batchnorm"  # the per-client table's name
@@ -68,7 +68,7 @@ class LocalBatchNorm:
         diverged (a non-finite entry): the client then keeps what it had, as the
         server keeps the global model when it refuses the update."""
         entries = params[self.mask]
-        if bool(torch.isfinite(entries).all()):
+        if all_finite(entries):
             self.store.scatter([client_id], entries.unsqueeze(0))
 
     def final(self) -> dict[str, torch.Tensor]:

@@ -34,6 +34,7 @@ import torch
 from fedforge.algorithms.base import Algorithm, cross_entropy
 from fedforge.algorithms.fedavg import _DecayedPlan
 from fedforge.algorithms.local import ClientJob, StepContext
+from fedforge.params import all_finite
 from fedforge.store.client_state import ClientStateStore
 
 Option = Literal["I", "II"]
@@ -75,7 +76,7 @@ class ScaffoldClient:
             c = _server_control(job.extras, job.start)
             steps = max(job.result.steps, 1)
             new = ck - c + (job.start - job.result.params) / (steps * job.lr)
-        if bool(torch.isfinite(new).all()):
+        if all_finite(new):
             self.store.scatter([job.client_id], new.unsqueeze(0))
         # else: a local run that blew up keeps its old control. Its update (non-
         # finite) is refused by the server; storing the control would poison

@@ -24,6 +24,7 @@ from fedforge.data.mnist import NUM_CLASSES
 from fedforge.errors import AggregationError, UploadError, Withheld
 from fedforge.evaluate import evaluate
 from fedforge.experiment import Experiment
+from fedforge.params import all_finite
 from fedforge.pipeline import CohortUpdates, StageContext
 from fedforge.report.progress import Progress
 from fedforge.reports import ClientReport, read_report
@@ -95,7 +96,7 @@ def check_update(exp: Experiment, client_id: int, round_idx: int, data: bytes) -
             f"decoded delta has shape {tuple(delta.shape)} and dtype {delta.dtype}; "
             f"expected ({exp.spec.size},) {dtype}"
         )
-    if not torch.isfinite(delta).all():
+    if not all_finite(delta):
         raise UploadError("delta holds non-finite values (NaN or inf)")
     n, train_loss = read_labels(msg.meta, client_id, round_idx)
     report = read_report(msg.meta, exp.cfg.aggregation_weights, n, NUM_CLASSES)
@@ -121,7 +122,7 @@ def _check_extras(exp: Experiment, extras: dict[str, torch.Tensor]) -> dict[str,
         if t is None or tuple(t.shape) != (size,) or t.dtype != dtype:
             got = "nothing" if t is None else f"{tuple(t.shape)} {t.dtype}"
             raise UploadError(f"'{name}' must be ({size},) {dtype}; the update carries {got}")
-        if not torch.isfinite(t).all():
+        if not all_finite(t):
             raise UploadError(f"'{name}' holds non-finite values (NaN or inf)")
     return {name: extras[name] for name in server.update_tensors}
 
@@ -367,7 +368,7 @@ def run_round(
     if aggregate is not None:
         ctx = StageContext(round_idx, cfg.seed, state=state.privacy)  # e.g. central DP noise
         aggregate = pipeline.run_aggregate(aggregate, ctx)
-        if not bool(torch.isfinite(aggregate).all()):  # finite updates, too large to sum
+        if not all_finite(aggregate):  # finite updates, too large to sum
             aggregate, clients = None, {}
             _skip(state, bar, round_idx, f"the aggregate overflowed {params.dtype} (inf or NaN)")
     if aggregate is not None:

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from fedforge.errors import UploadError
+from fedforge.params import all_finite
 from fedforge.stages.codec import Codec, CodecContext
 from fedforge.store.client_state import ClientStateStore
 
@@ -50,7 +51,7 @@ class ErrorFeedback:
         except UploadError:  # e.g. a NaN scale of a diverged update: the server
             return tensors, meta  # refuses the message; the residual stays as it was
         residual = v - sent
-        if bool(torch.isfinite(residual).all()):
+        if all_finite(residual):
             self.store.scatter([cid], residual.unsqueeze(0))
         # else: a local run that blew up keeps its old residual. Its update is
         # refused by the server; a NaN residual would poison every later round.

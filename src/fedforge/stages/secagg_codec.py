@@ -28,6 +28,7 @@ import torch
 
 from fedforge.aggregators.mean import Accumulator
 from fedforge.errors import ConfigError, UploadError
+from fedforge.params import all_finite
 from fedforge.stages import shamir
 from fedforge.stages.codec import CodecContext, expect_codec, expect_tensor
 from fedforge.stages.secagg import (
@@ -342,7 +343,7 @@ class SecAggCodec:
         if ctx is None or ctx.client_id is None:
             raise ValueError("secure aggregation encodes a client's update and needs its context")
         cl = self._session(ctx.client_id, ctx.round_idx)
-        if not bool(torch.isfinite(delta).all()):  # diverged: drop out, send no input
+        if not all_finite(delta):  # diverged: drop out, send no input
             return {}, {"codec": self.name, "withheld": "the update is not finite"}
         w = self.mean.weight(self.num_examples[ctx.client_id])
         x = (delta.to(torch.float64) * w).clamp(-self.bound, self.bound).numpy()
