@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -129,10 +130,18 @@ def test_dead_rows_and_long_chains_are_rewritten_in_full(
     }
 
 
+def _table(backend: str, where: Path) -> MemoryStateStore | MemmapStateStore:
+    if backend == "memory":
+        return MemoryStateStore(9, 4, torch.float32)
+    return MemmapStateStore(9, 4, where / "work", torch.float32)
+
+
+@pytest.mark.parametrize("fault", ["fsync", "rename"])
+@pytest.mark.parametrize("backend", ["memory", "file"])
 def test_a_cleared_table_or_a_failed_checkpoint_is_never_built_on(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str, fault: str
 ) -> None:
-    table = MemoryStateStore(9, 4, torch.float32)
+    table = _table(backend, tmp_path)
     table.scatter(*_rows((1, 1.0)))
     save_checkpoint(tmp_path, _ckpt(2), table)
     table.clear()  # a rewind: the old rows are no longer the table's
@@ -144,15 +153,17 @@ def test_a_cleared_table_or_a_failed_checkpoint_is_never_built_on(
     # a checkpoint that fails after its segment was written leaves the changes
     # pending: the next one writes them again
     table.scatter(*_rows((3, 3.0)))
-    real = checkpoint_module._fsync_dir
 
-    def full_disk(path: Path) -> None:
+    def full_disk(*args: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(checkpoint_module, "_fsync_dir", full_disk)
-    with pytest.raises(CheckpointError, match="No space left"):
-        save_checkpoint(tmp_path, _ckpt(6), table)
-    monkeypatch.setattr(checkpoint_module, "_fsync_dir", real)
+    with monkeypatch.context() as m:
+        if fault == "fsync":  # the temporary directory written, not yet in place
+            m.setattr(checkpoint_module, "_fsync_dir", full_disk)
+        else:
+            m.setattr(Path, "rename", full_disk)
+        with pytest.raises(CheckpointError, match="No space left"):
+            save_checkpoint(tmp_path, _ckpt(6), table)
     table.scatter(*_rows((4, 4.0)))
     newest = save_checkpoint(tmp_path, _ckpt(8), table)
     assert [s["ids"] for s in _chain(newest)] == [[2], [3, 4]]
@@ -216,3 +227,111 @@ def test_a_segment_name_in_meta_cannot_leave_the_checkpoint(tmp_path: Path) -> N
     (path / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(CheckpointError, match="names a segment file '../../elsewhere.bin'"):
         load_checkpoint(path, MemoryStateStore(9, 4, torch.float32))
+
+
+def test_the_same_round_checkpointed_again_holds_the_right_rows(tmp_path: Path) -> None:
+    """A resumed run writes a round it has a checkpoint of: the new segment would
+    take the name of that checkpoint's own, so the table is written in full."""
+    table = MemoryStateStore(9, 4, torch.float32)
+    table.scatter(*_rows((1, 1.0), (2, 2.0)))
+    save_checkpoint(tmp_path, _ckpt(2), table)
+    table.scatter(*_rows((3, 3.0)))
+    save_checkpoint(tmp_path, _ckpt(4), table)
+    table.scatter(*_rows((5, 5.0)))
+    again = save_checkpoint(tmp_path, _ckpt(4), table)
+    assert [s["ids"] for s in _chain(again)] == [[1, 2, 3, 5]]
+    assert _snapshot(_restored(again)) == {1: [1.0] * 4, 2: [2.0] * 4, 3: [3.0] * 4, 5: [5.0] * 4}
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "replace"])
+def test_a_previous_segment_changed_on_disk_is_not_linked(tmp_path: Path, damage: str) -> None:
+    """The next checkpoint writes the table in full instead of linking a file that
+    is not as it was saved (a flipped byte, same size: its modification time;
+    a truncation: its size; a copy put in its place: its inode)."""
+    table = MemoryStateStore(9, 4, torch.float32)
+    table.scatter(*_rows((1, 1.0), (2, 2.0)))
+    first = save_checkpoint(tmp_path, _ckpt(2), table)
+    segment = first / "client_state.r000002.bin"
+    data = bytearray(segment.read_bytes())
+    if damage == "flip":
+        data[3] ^= 0x01
+        time.sleep(0.01)  # a later modification time than the save's
+        segment.write_bytes(bytes(data))
+    elif damage == "truncate":
+        segment.write_bytes(bytes(data[:-4]))
+    else:
+        copy = first / "copy"
+        copy.write_bytes(bytes(data))
+        copy.replace(segment)
+    table.scatter(*_rows((3, 3.0)))
+    newest = save_checkpoint(tmp_path, _ckpt(4), table)
+    assert [s["ids"] for s in _chain(newest)] == [[1, 2, 3]]
+    assert _snapshot(_restored(newest)) == {1: [1.0] * 4, 2: [2.0] * 4, 3: [3.0] * 4}
+
+
+def test_a_link_that_fails_part_way_leaves_no_stray_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    table = MemoryStateStore(9, 4, torch.float32)
+    for r in (2, 4):
+        table.scatter(*_rows((r, float(r))))
+        save_checkpoint(tmp_path, _ckpt(r), table)
+    real = os.link
+    calls: list[object] = []
+
+    def second_fails(src: object, dst: object) -> None:
+        calls.append(src)
+        if len(calls) == 2:
+            raise OSError(31, "Too many links")
+        real(src, dst)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(segments_module.os, "link", second_fails)
+    table.scatter(*_rows((6, 6.0)))
+    newest = save_checkpoint(tmp_path, _ckpt(6), table)
+    assert len(calls) == 2
+    assert [s["ids"] for s in _chain(newest)] == [[2, 4, 6]]  # written in full
+    listed = {s["file"] for s in _chain(newest)} | {"meta.json", "state.safetensors"}
+    assert {p.name for p in newest.iterdir()} == listed
+
+
+def test_an_unchanged_table_is_still_rewritten_every_max_segments(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No rows change, so the chain never grows; its oldest file is still shared
+    by at most MAX_SEGMENTS checkpoints in a row."""
+    monkeypatch.setattr(segments_module, "MAX_SEGMENTS", 3)
+    table = MemoryStateStore(9, 4, torch.float32)
+    table.scatter(*_rows((1, 1.0)))
+    files = [_chain(save_checkpoint(tmp_path, _ckpt(r), table))[0]["file"] for r in range(1, 8)]
+    assert files == [f"client_state.r{r:06d}.bin" for r in (1, 1, 1, 4, 4, 4, 7)]
+
+
+def test_a_fallback_resume_keeps_the_checkpoint_it_resumed_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Round 4's checkpoint damaged, the run resumed from round 2's and reached
+    round 4 again: writing it must not delete round 2's first (the only good one
+    if this write fails; its segments are what the new one links)."""
+    table = MemoryStateStore(9, 4, torch.float32)
+    table.scatter(*_rows((1, 1.0)))
+    save_checkpoint(tmp_path, _ckpt(2), table)
+    table.scatter(*_rows((2, 2.0)))
+    damaged = save_checkpoint(tmp_path, _ckpt(4), table)
+    (damaged / "state.safetensors").write_bytes(b"junk")
+    resumed = MemoryStateStore(9, 4, torch.float32)
+    assert load_latest(tmp_path, resumed, lambda _: None).next_round == 2
+    resumed.scatter(*_rows((2, 2.0)))  # rounds 2 and 3 again
+
+    def full_disk(path: Path) -> None:
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(checkpoint_module, "_fsync_dir", full_disk)
+        with pytest.raises(CheckpointError):
+            save_checkpoint(tmp_path, _ckpt(4), resumed)
+    after = MemoryStateStore(9, 4, torch.float32)
+    assert load_latest(tmp_path, after, lambda _: None).next_round == 2
+    assert _snapshot(after) == {1: [1.0] * 4}
+    newest = save_checkpoint(tmp_path, _ckpt(4), resumed)  # the disk freed: it links
+    assert [s["ids"] for s in _chain(newest)] == [[1], [2]]
+    assert _snapshot(_restored(newest)) == {1: [1.0] * 4, 2: [2.0] * 4}

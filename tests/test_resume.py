@@ -331,9 +331,10 @@ def test_bad_latest_checkpoint_falls_back(tmp_path: Path, damage: str) -> None:
         segment["ids"] = [2, 6] if damage != "meta-ids-repeat" else [2, 2]
         if damage != "meta-ids":  # the digest recomputed (or an older checkpoint): the ids
             meta["meta_sha256"] = checkpoint_module._meta_digest(meta)  # are checked too
-            if damage == "meta-ids-unchecked":
+            if damage == "meta-ids-unchecked":  # format 1 could have no digest
                 segment["ids"] = [2, 9]  # past num_clients
                 del meta["meta_sha256"]
+                meta["format"] = 1
         (latest / "meta.json").write_text(json.dumps(meta))
     elif damage == "flip":
         data = bytearray(tensors.read_bytes())

@@ -49,7 +49,7 @@ from safetensors.torch import save as st_save
 
 from fedforge.errors import StoreError
 from fedforge.store.client_state import ClientStateStore, rows_sha256
-from fedforge.store.segments import Segment, committed, parse_chain, read_table, write_table
+from fedforge.store.segments import Chain, committed, parse_chain, read_table, write_table
 
 FORMAT = 2
 READABLE = (1, 2)
@@ -135,12 +135,13 @@ def save_checkpoint(
     """Write ``ckpt`` (and the rows of each per-client table) atomically; keep the
     newest ``keep``. The older ones beyond ``keep - 1`` go first: at most
     ``max(keep, 2)`` checkpoints are on disk while the new one is written (a full
-    rewrite of a table holds every row ever written: gigabytes at scale), and a
-    failed write leaves the newest before it whole."""
+    rewrite of a table holds every row ever written: gigabytes at scale), one
+    more when this round's own is written again, and a failed write leaves the
+    ones before it whole."""
     tables = _tables(client_state)
     root = Path(run_dir) / CHECKPOINTS_DIR
-    if root.is_dir():  # the newest keep - 1 up to this round (its own, if rewritten)
-        _prune(root, ckpt.next_round, max(keep - 1, 1))
+    if root.is_dir():  # the newest keep - 1 before this round, and this round's own
+        _prune(root, ckpt.next_round, max(keep - 1, 1), before=True)
     final = root / checkpoint_name(ckpt.next_round)
     tmp = root / f".tmp-{final.name}-{os.getpid()}"
     tensors = {"params": ckpt.params.detach().contiguous().clone()}
@@ -168,13 +169,14 @@ def save_checkpoint(
         _write(tmp / TENSORS_NAME, blob)
         if tables:
             meta["client_state"] = {}
-        chains: dict[str, list[Segment]] = {}
+        chains: dict[str, Chain] = {}
         for name, table in tables.items():
             chains[name] = write_table(table, table_file(name), tmp, ckpt.next_round)
-            for seg in chains[name]:
+            for seg in chains[name].segments:
                 meta["files"][seg.file] = {"bytes": seg.bytes, "sha256": seg.sha256}
             meta["client_state"][name] = {
-                "segments": [{"file": seg.file, "ids": seg.ids} for seg in chains[name]],
+                "segments": [{"file": s.file, "ids": s.ids} for s in chains[name].segments],
+                "age": chains[name].age,
                 "num_clients": table.num_clients,
                 "size": table.size,
                 "dtype": str(table.dtype).removeprefix("torch."),
@@ -198,16 +200,24 @@ def save_checkpoint(
     return final
 
 
-def _prune(root: Path, newest: int, keep: int) -> None:
+def _prune(root: Path, newest: int, keep: int, before: bool = False) -> None:
     """Drop leftovers of interrupted writes, checkpoints past ``newest`` (an abandoned
-    future after a resume) and all but the newest ``keep``."""
+    future after a resume) and all but the newest ``keep``. ``before`` (round
+    ``newest`` is about to be written): ``newest``'s own, if any, stays beside the
+    ``keep`` older ones until the new one replaces it. A resume that fell back
+    from a damaged checkpoint writes that round again, and must not delete the
+    one it resumed from first (it may be the only good one left if the write
+    fails, and its segments are what the new one links)."""
     for p in root.iterdir():
         if p.name.startswith((".tmp-", ".old-")):
             shutil.rmtree(p, ignore_errors=True)
     kept = 0
     for p in list_checkpoints(root.parent):
         m = _NAME.match(p.name)
-        if m is None or int(m.group(1)) > newest or kept >= keep:
+        r = -1 if m is None else int(m.group(1))
+        if before and r == newest:
+            continue
+        if m is None or r > newest or kept >= keep:
             shutil.rmtree(p, ignore_errors=True)
         else:
             kept += 1
@@ -253,20 +263,22 @@ def load_checkpoint(path: Path | str, client_state: ClientTables = None) -> Chec
             raise CheckpointError(
                 f"{META_NAME} is not a checkpoint of format {' or '.join(map(str, READABLE))}"
             )
-        if _META_SHA in meta and meta[_META_SHA] != _meta_digest(meta):  # older: none
+        if _META_SHA in meta and meta[_META_SHA] != _meta_digest(meta):
             raise CheckpointError(f"{META_NAME} fails its sha256 check")
+        if _META_SHA not in meta and meta["format"] != 1:  # only early format 1 had none
+            raise CheckpointError(f"{META_NAME} has no sha256 of its own")
         files = meta.get("files") or {}
         blob = _verified(path / TENSORS_NAME, files.get(TENSORS_NAME))
         tensors = st_load(blob or b"")
         info = meta.get("client_state")
         if isinstance(info, dict) and "ids" in info:  # written before tables had names
             info = {RESIDUAL: info}
-        chains: dict[str, list[Segment]] = {}
+        chains: dict[str, Chain] = {}
         for name, entry in (info or {}).items():
             if not isinstance(entry, dict):
                 raise CheckpointError(f"its client state '{name}' is not a table entry")
             chains[name] = parse_chain(name, entry, files, table_file(name))
-            for seg in chains[name]:
+            for seg in chains[name].segments:
                 _verified(path / seg.file, files.get(seg.file))
         next_round = int(meta["next_round"])
     except FileNotFoundError:
@@ -294,6 +306,11 @@ def load_checkpoint(path: Path | str, client_state: ClientTables = None) -> Chec
             raise CheckpointError(
                 f"its client state '{name}' is {got['num_clients']} x {got['size']}; the "
                 f"run's is {shape[0]} x {shape[1]}"
+            )
+        dtype = str(table.dtype).removeprefix("torch.")
+        if got.get("dtype", dtype) != dtype:
+            raise CheckpointError(
+                f"its client state '{name}' holds {got['dtype']} numbers; the run's are {dtype}"
             )
     for name, table in tables.items():  # every check passed: now the rows
         read_table(table, path, chains[name])

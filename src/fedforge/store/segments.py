@@ -13,14 +13,18 @@ writes 100 rows, not every row written so far (66 GB).
 
 The chain is written again in full, one segment of every written row, when
 there is no previous checkpoint to build on (a new or cleared table, the
-previous directory gone, or a file system without hard links), when it would
-hold more than :data:`MAX_SEGMENTS` files, or more than :data:`DEAD_FACTOR`
-times the rows it has live (rows rewritten since leave dead copies behind).
+previous directory gone, or a file system without hard links), when a previous
+segment's file is not as it was saved or loaded (replaced, resized or written
+since: its device, inode, size and modification time are compared), every
+:data:`MAX_SEGMENTS` checkpoints, and when the chain would hold more than
+:data:`DEAD_FACTOR` times the rows it has live (rows rewritten since leave dead
+copies behind).
 
-A segment is shared by the checkpoints that link it: damage to its bytes shows
-in each of them (the checksums catch it, and the run starts over from the last
-checkpoint without that segment, or from round 1). A full rewrite ends the
-sharing, at most every :data:`MAX_SEGMENTS` checkpoints.
+A segment is shared by the checkpoints that link it: damage that leaves its
+file's times alone (a disk's own) shows in each of them (the checksums catch
+it at load, and the run starts over from the last checkpoint without that
+segment, or from round 1). A full rewrite ends the sharing, at least every
+:data:`MAX_SEGMENTS` checkpoints.
 """
 
 from __future__ import annotations
@@ -50,14 +54,27 @@ class Segment:
     sha256: str
 
 
+Stamp = tuple[int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns of a segment
+
+
 @dataclass(frozen=True)
-class _Chain:
-    source: Path  # the checkpoint directory the segments were saved in or loaded from
+class Chain:
+    """A table's segments in one checkpoint, and how many checkpoints have linked
+    its oldest one since it was written in full (``age``)."""
+
     segments: list[Segment]
+    age: int = 0
+
+
+@dataclass(frozen=True)
+class _Saved:
+    source: Path  # the checkpoint directory the chain was saved in or loaded from
+    chain: Chain
+    stamps: dict[str, Stamp]  # each segment's file as it was then
 
 
 # The chain each table's rows were last checkpointed as, in this process.
-_CHAINS: weakref.WeakKeyDictionary[ClientStateStore, _Chain] = weakref.WeakKeyDictionary()
+_CHAINS: weakref.WeakKeyDictionary[ClientStateStore, _Saved] = weakref.WeakKeyDictionary()
 
 
 def segment_file(table_file: str, next_round: int) -> str:
@@ -65,63 +82,77 @@ def segment_file(table_file: str, next_round: int) -> str:
     return f"{table_file.removesuffix('.bin')}.r{next_round:06d}.bin"
 
 
+def _stamp(path: Path) -> Stamp:
+    st = path.stat()
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 def write_table(
     table: ClientStateStore, table_file: str, directory: Path, next_round: int
-) -> list[Segment]:
+) -> Chain:
     """The chain of ``table`` in the checkpoint being written in ``directory``
     (a temporary directory beside the checkpoints): the previous checkpoint's
     segments linked in and one new segment of the changed rows, or one segment of
     every written row."""
     new = segment_file(table_file, next_round)
-    kept = _linked(table, directory, new)
-    if kept is None:
-        kept, ids = [], table.written()
+    previous = _linked(table, directory, new)
+    if previous is None:
+        kept, ids, age = [], table.written(), 0
     else:
-        ids = table.changed() or []
+        kept, ids, age = previous.segments, table.changed() or [], previous.age + 1
     if not ids:
-        return kept
+        return Chain(kept, age)
     ids, digest = save_rows(table, directory / new, ids)
-    return [*kept, Segment(new, ids, (directory / new).stat().st_size, digest)]
+    return Chain([*kept, Segment(new, ids, (directory / new).stat().st_size, digest)], age)
 
 
-def _linked(table: ClientStateStore, directory: Path, new: str) -> list[Segment] | None:
-    """The previous chain's segments, hard-linked into ``directory``; None when it
-    is to be written in full instead."""
-    chain, changed = _CHAINS.get(table), table.changed()
-    if chain is None or changed is None:
+def _linked(table: ClientStateStore, directory: Path, new: str) -> Chain | None:
+    """The previous chain, its segments hard-linked into ``directory``; None when
+    the table is to be written in full instead."""
+    saved, changed = _CHAINS.get(table), table.changed()
+    if saved is None or changed is None:
         return None
-    if chain.source.parent.resolve() != directory.parent.resolve():  # another run's
+    if saved.source.parent != directory.parent.resolve():  # another run's checkpoints
         return None
-    segments = chain.segments
-    held = sum(len(s.ids) for s in segments) + len(changed)
-    if len(segments) + 1 > MAX_SEGMENTS or held > DEAD_FACTOR * max(len(table.written()), 1):
+    chain = saved.chain
+    held = sum(len(s.ids) for s in chain.segments) + len(changed)
+    if chain.age + 1 >= MAX_SEGMENTS or held > DEAD_FACTOR * max(len(table.written()), 1):
         return None
-    if any(s.file == new for s in segments):  # the same round checkpointed again
+    if any(s.file == new for s in chain.segments):  # the same round checkpointed again
         return None
+    sources = [saved.source / s.file for s in chain.segments]
+    try:  # each file as it was saved or loaded: not replaced, resized or written since
+        if any(_stamp(f) != saved.stamps.get(f.name) for f in sources):
+            return None
+    except OSError:  # gone
+        return None
+    made: list[Path] = []
     try:
-        for s in segments:
-            source = chain.source / s.file
-            if source.stat().st_size != s.bytes:
-                return None
-            os.link(source, directory / s.file)
-    except OSError:  # gone, or no hard links here: written in full (links made are
-        return None  # overwritten or left in the temporary directory, removed with it)
-    return list(segments)
+        for f in sources:
+            os.link(f, directory / f.name)
+            made.append(directory / f.name)
+    except OSError:  # no hard links here: written in full, without the links made
+        for link in made:
+            link.unlink(missing_ok=True)
+        return None
+    return chain
 
 
-def committed(table: ClientStateStore, directory: Path, segments: list[Segment]) -> None:
-    """``table`` is now checkpointed as ``segments`` in ``directory`` (saved, or
-    loaded): the next checkpoint builds on them."""
+def committed(table: ClientStateStore, directory: Path, chain: Chain) -> None:
+    """``table`` is now checkpointed as ``chain`` in ``directory`` (saved, or
+    loaded): the next checkpoint builds on it, if its files are still as now."""
+    directory = directory.resolve()
+    stamps = {s.file: _stamp(directory / s.file) for s in chain.segments}
     table.mark_checkpointed()
-    _CHAINS[table] = _Chain(directory, list(segments))
+    _CHAINS[table] = _Saved(directory, chain, stamps)
 
 
 def parse_chain(
     name: str, entry: Mapping[str, Any], files: Mapping[str, Any], legacy_file: str
-) -> list[Segment]:
-    """The segments a checkpoint's ``meta.json`` lists for table ``name``, with
-    the size and sha256 its ``files`` give each. ``legacy_file``: the one file of
-    a format-1 checkpoint (``ids`` beside the table's shape)."""
+) -> Chain:
+    """The chain a checkpoint's ``meta.json`` lists for table ``name``, each
+    segment with the size and sha256 its ``files`` give. ``legacy_file``: the one
+    file of a format-1 checkpoint (``ids`` beside the table's shape)."""
     if not isinstance(entry.get("num_clients"), int):
         raise StoreError(f"its client state '{name}' lacks num_clients")
     if "segments" in entry:
@@ -139,7 +170,10 @@ def parse_chain(
         if not isinstance(known, dict):
             raise StoreError(f"{file}: no size and checksum in meta.json")
         out.append(Segment(file, _check_ids(name, ids, entry), known["bytes"], known["sha256"]))
-    return out
+    age = entry.get("age", max(len(out) - 1, 0))
+    if not isinstance(age, int) or isinstance(age, bool) or age < 0:
+        raise StoreError(f"its client state '{name}' has an age {age!r}; expected a count")
+    return Chain(out, age)
 
 
 def _check_ids(name: str, ids: Any, entry: Mapping[str, Any]) -> list[int]:
@@ -156,9 +190,9 @@ def _check_ids(name: str, ids: Any, entry: Mapping[str, Any]) -> list[int]:
     return list(ids)
 
 
-def read_table(table: ClientStateStore, directory: Path, segments: list[Segment]) -> None:
+def read_table(table: ClientStateStore, directory: Path, chain: Chain) -> None:
     """Clear ``table`` and scatter its chain back, oldest segment first (files
     already verified)."""
     table.clear()
-    for s in segments:
+    for s in chain.segments:
         load_rows(table, directory / s.file, s.ids, clear=False)
