@@ -244,7 +244,9 @@ def test_cnn_pools_before_relu_with_the_same_values_and_gradients(dtype: torch.d
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.complex64]
+)
 def test_all_finite_agrees_with_isfinite_everywhere(threads: int, dtype: torch.dtype) -> None:
     """A NaN or an infinity at the start, the middle (a thread's boundary) or the
     end of a long vector, alone or mixed; and finite extremes near the dtype's max."""
@@ -256,8 +258,9 @@ def test_all_finite_agrees_with_isfinite_everywhere(threads: int, dtype: torch.d
         n = 199_210
         gen = torch.Generator().manual_seed(0)
         base = torch.randn(n, generator=gen).to(dtype)
-        cases = [base, base[:0], torch.full((5,), torch.finfo(dtype).max, dtype=dtype)]
-        cases.append(torch.tensor([torch.finfo(dtype).max, -torch.finfo(dtype).max], dtype=dtype))
+        big = torch.finfo(dtype).max
+        cases = [base, base[:0], torch.full((5,), big, dtype=dtype)]
+        cases.append(torch.tensor([big, -big], dtype=dtype))
         for bad in (float("nan"), float("inf"), -float("inf")):
             for pos in (0, n // 2 - 1, n // 2, n - 1):
                 t = base.clone()
@@ -266,8 +269,15 @@ def test_all_finite_agrees_with_isfinite_everywhere(threads: int, dtype: torch.d
         mixed = base.clone()
         mixed[3], mixed[-3] = float("inf"), -float("inf")
         cases.append(mixed)
+        if dtype.is_complex:  # the imaginary parts too
+            for bad in (float("nan"), float("inf")):
+                t = base.clone()
+                t[n // 2] = complex(1.0, bad)
+                cases.append(t)
         for t in cases:
             assert all_finite(t) == bool(torch.isfinite(t).all()), t[:3]
+        with_grad = base.clone().requires_grad_(True)
+        assert all_finite(with_grad)
         assert all_finite(torch.arange(4))  # integers are finite
     finally:
         torch.set_num_threads(before)

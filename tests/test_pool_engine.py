@@ -92,6 +92,40 @@ def test_vectorized_jobs_are_capped_in_bytes_and_compute_the_same(
     )
 
 
+def test_at_most_two_jobs_a_worker_are_in_flight(
+    make_data: MakeData, monkeypatch: pytest.MonkeyPatch, one_thread: None
+) -> None:
+    """Jobs of one client each (6): four submitted before the first upload is
+    read, then one more for each job taken, in cohort order."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from fedforge.client import ClientTask
+    from fedforge.engines import pool
+    from fedforge.transport import wire
+
+    monkeypatch.setattr(pool, "JOB_BYTES", 1)
+    exp = build(_cfg(engine="vectorized", workers=2, client_fraction=1.0), make_data(SIZES))
+    submitted: list[object] = []
+    real = ProcessPoolExecutor.submit
+
+    def counting(self: ProcessPoolExecutor, fn: object, *args: object) -> object:
+        submitted.append(args)
+        return real(self, fn, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ProcessPoolExecutor, "submit", counting)
+    tasks = [ClientTask(c, 0, exp.algorithm.plan(0), 0) for c in range(len(SIZES))]
+    payload = wire.encode({"params": exp.initial_params})
+    try:
+        uploads = exp.engine.run_cohort(tasks, payload)
+        first = next(uploads)
+        assert len(submitted) == 5  # 2 x 2 workers, and the next as the first was taken
+        rest = list(uploads)
+        assert len(submitted) == 6
+        assert [u.client_id for u in [first, *rest]] == list(range(len(SIZES)))
+    finally:
+        exp.engine.close()
+
+
 @pytest.mark.parametrize(
     ("extra", "why"),
     [

@@ -321,8 +321,10 @@ def test_fused_path_leaves_start_alone_and_each_client_to_itself(k: int) -> None
     y_all = torch.randint(0, 10, (3 * 8 + 1,), generator=gen)
     index = torch.stack([torch.randperm(8, generator=gen).view(2, 4) + 8 * c for c in range(3)], 1)
     mask = torch.ones(index.shape, dtype=torch.bool)
-    mask[1, 0, 2:] = False  # client 0's second batch is short
-    index[1, 0, 2:] = len(y_all) - 1
+    mask[1, 1, 2:] = False  # client 1's second batch is short
+    index[1, 1, 2:] = len(y_all) - 1
+    mask[1, 0] = False  # client 0 takes one step: the chunk trains it last
+    index[1, 0] = len(y_all) - 1
     layers = ["fc1", "fc2", "fc3"]
     together, loss = batched_mlp_sgd(
         layers, spec, start, x_all, y_all, index[:, :k], mask[:, :k], 0.1
@@ -336,3 +338,9 @@ def test_fused_path_leaves_start_alone_and_each_client_to_itself(k: int) -> None
         assert float(loss[c]) == pytest.approx(float(loss_c[0]), abs=1e-12)
         assert (alone[0] - start).abs().max() > 1e-4  # it trained
     assert torch.equal(start, before)
+    # a chunk whose clients have no example at all: no step, start as it was
+    none, zero = batched_mlp_sgd(
+        layers, spec, start, x_all, y_all, index[:0, :k], mask[:0, :k], 0.1
+    )
+    assert none.shape == (k, spec.size) and all(torch.equal(r, start) for r in none)
+    assert zero.tolist() == [0.0] * k

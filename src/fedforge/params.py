@@ -134,8 +134,12 @@ def all_finite(t: torch.Tensor) -> bool:
     """Whether every number of ``t`` is finite (no NaN, no +-inf): its minimum and
     maximum are, since both propagate a NaN. One pass, against the four of
     ``torch.isfinite(t).all()`` (composite here: 0.40 ms against 0.02 ms for the
-    2NN's 199,210 floats, one thread); the same answer for every float dtype."""
-    if t.numel() == 0 or not t.is_floating_point():
+    2NN's 199,210 floats, one thread); the same answer for every float and
+    complex dtype (integers are finite)."""
+    t = t.detach()
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    if t.numel() == 0 or not t.dtype.is_floating_point:
         return True
     lo, hi = torch.aminmax(t)
     return math.isfinite(float(lo)) and math.isfinite(float(hi))

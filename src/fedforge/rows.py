@@ -13,7 +13,8 @@ import torch
 
 
 def take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``x[index]`` for an integer ``index`` of any shape: a new tensor of shape
-    ``index.shape + x.shape[1:]``."""
+    """``x[index]`` for a tensor ``index`` of non-negative integers (int64 or
+    int32) of any shape: a new, contiguous tensor of shape ``index.shape +
+    x.shape[1:]``. Not for masks, negative indices or lists."""
     flat = index.reshape(-1)
     return x.index_select(0, flat).view(*index.shape, *x.shape[1:])

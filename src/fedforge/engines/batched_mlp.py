@@ -141,8 +141,8 @@ def batched_mlp_sgd(
         corr_b = [corr[f"{name}.bias"] for name in layers]
     x_flat = x_all.reshape(x_all.shape[0], -1)
     # Each step's rows, client by client: the live clients' rows are a prefix.
-    flat_index = index.reshape(index.shape[0], -1)
     width = index.shape[2]
+    flat_index = index.reshape(index.shape[0], k * width)  # (no -1: a chunk may have no step)
     # Per-step constants, made once for the chunk instead of once a step (at
     # B = 10 a step's products are small and every extra op shows): the scale
     # of d(mean loss)/dz (1/n_k on a client's real rows, 0 on padding), the
@@ -162,7 +162,8 @@ def batched_mlp_sgd(
             wts, bcols = [w.transpose(1, 2) for w in ws], [b.unsqueeze(1) for b in bs]
             cws, cbs = [c[:a] for c in corr_w], [c[:a] for c in corr_b]
             a_views = a
-        h = x_flat.index_select(0, flat_index[step, : a * width]).view(a, width, -1)
+        rows = flat_index[step, : a * width]
+        h = x_flat.index_select(0, rows).view(a, width, x_flat.shape[1])  # [a, W, in]
         inputs = []
         for i in range(last + 1):
             inputs.append(h)

@@ -182,7 +182,8 @@ class PoolEngine:
         if isinstance(self.inner, SerialEngine):
             return [[t] for t in tasks]
         runtime = self.inner.runtime
-        itemsize = next(iter(runtime.model.parameters())).element_size()
+        first = next(iter(runtime.model.parameters()), None)
+        itemsize = 4 if first is None else first.element_size()
         cap = max(1, JOB_BYTES // (runtime.spec.size * itemsize))
         size = min(-(-len(tasks) // self.workers), cap)
         return [list(tasks[i : i + size]) for i in range(0, len(tasks), size)]
@@ -191,8 +192,9 @@ class PoolEngine:
         if not tasks:
             return
         pool = self._start()
+        chunks = self._chunks(tasks)
         path = _write_payload(payload)
-        jobs = iter([(path, chunk) for chunk in self._chunks(tasks)])
+        jobs = iter([(path, chunk) for chunk in chunks])
         pending: deque[Future[list[tuple[int, bytes, float]]]] = deque()
         try:
             try:
