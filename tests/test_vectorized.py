@@ -4,6 +4,8 @@ to 1e-9, for both McMahan models, IID and quantity-skewed (uneven) clients."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -344,3 +346,21 @@ def test_fused_path_leaves_start_alone_and_each_client_to_itself(k: int) -> None
     )
     assert none.shape == (k, spec.size) and all(torch.equal(r, start) for r in none)
     assert zero.tolist() == [0.0] * k
+
+
+def test_fused_chunks_hold_what_stays_in_cache(one_thread: None) -> None:
+    """The perceptron path takes 8 2NN clients a chunk on one thread (6.5 MB of
+    their 796,840-byte weights); the vmap path (momentum) is not limited."""
+    from fedforge.engines import vectorized
+
+    cfg = config_mod.Config(model="2nn", num_clients=6, engine="vectorized", dtype="float32")
+    data = synthetic_data(6, "iid")
+    data = dataclasses.replace(data, train_x=data.train_x.float(), test_x=data.test_x.float())
+    exp = build(cfg, data)
+    engine = exp.engine
+    assert isinstance(engine, VectorizedEngine)
+    plan = exp.algorithm.plan(0)
+    assert exp.spec.size * 4 == 796_840
+    assert engine._fused_limit(plan) == vectorized.FUSED_CACHE_BYTES // 796_840 == 8
+    momentum = dataclasses.replace(plan, momentum=0.9)
+    assert engine._fused_limit(momentum) == engine.max_chunk
