@@ -231,11 +231,21 @@ class ClientRuntime:
         """The global parameters the payload carries, as this client decodes them."""
         return self.start_and_extras(payload)[0]
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The run's dtype: its model's."""
+        return next(iter(self.model.parameters())).dtype
+
+    @property
+    def vector_bytes(self) -> int:
+        """Bytes of one parameter vector (a client's weights, a dense update)."""
+        return self.spec.size * self.dtype.itemsize
+
     def start_and_extras(self, payload: bytes) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The global parameters and the algorithm's extra payload tensors (SCAFFOLD's c)."""
-        dtype = next(iter(self.model.parameters())).dtype  # the run's dtype
         msg = wire.decode(payload)
-        return _payload_params(msg, self.downlink, self.spec.size, dtype), _extras(msg.tensors)
+        params = _payload_params(msg, self.downlink, self.spec.size, self.dtype)
+        return params, _extras(msg.tensors)
 
     def finish(
         self,

@@ -181,10 +181,7 @@ class PoolEngine:
         come back in one message)."""
         if isinstance(self.inner, SerialEngine):
             return [[t] for t in tasks]
-        runtime = self.inner.runtime
-        first = next(iter(runtime.model.parameters()), None)
-        itemsize = 4 if first is None else first.element_size()
-        cap = max(1, JOB_BYTES // (runtime.spec.size * itemsize))
+        cap = max(1, JOB_BYTES // self.inner.runtime.vector_bytes)
         size = min(-(-len(tasks) // self.workers), cap)
         return [list(tasks[i : i + size]) for i in range(0, len(tasks), size)]
 

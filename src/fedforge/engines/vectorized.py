@@ -258,8 +258,7 @@ class VectorizedEngine:
         fused = mlp_layers(self.model) is not None and alg.loss_fn is cross_entropy
         if not (fused and plan.plain and plan.precision == "fp32"):
             return self.max_chunk
-        itemsize = next(iter(self.model.parameters())).element_size()
-        per_client = self.runtime.spec.size * itemsize
+        per_client = self.runtime.vector_bytes
         return max(1, FUSED_CACHE_BYTES * torch.get_num_threads() // per_client)
 
     def run_phase(self, phase: str, messages: Mapping[int, bytes]) -> dict[int, bytes]:
