@@ -13,6 +13,7 @@ from tests.conftest import MakeData
 
 from conftest import RunStopped
 from fedforge import config as config_mod
+from fedforge.engines import close_engine
 from fedforge.engines.pool import PoolEngine, resolve_workers, usable_cores
 from fedforge.errors import ConfigError
 from fedforge.experiment import build
@@ -149,6 +150,30 @@ def test_workers_zero_means_one_per_core() -> None:
     assert resolve_workers(3) == 3
     with pytest.raises(ConfigError, match="workers.*-1.*integer >= 0"):
         _cfg(workers=-1)
+
+
+def test_workers_zero_keeps_the_fused_path_in_one_process(make_data: MakeData) -> None:
+    """``workers: 0``: the vectorised engine's fused perceptron path runs in this
+    process (measured faster, results.md); its vmap path, the serial engine and
+    an explicit count take the workers."""
+    cores = usable_cores()
+    if cores < 2:
+        pytest.skip("one usable core: no workers either way")
+    data = make_data(SIZES)
+    momentum = {"momentum": 0.9}
+    cases = [
+        ({"engine": "vectorized", "workers": 0}, "vectorized"),
+        ({"engine": "auto", "workers": 0}, "vectorized"),
+        ({"engine": "vectorized", "workers": 0, "local": momentum}, f"vectorizedx{cores}"),
+        ({"engine": "serial", "workers": 0}, f"serialx{cores}"),
+        ({"engine": "vectorized", "workers": 2}, "vectorizedx2"),
+    ]
+    for extra, name in cases:
+        exp = build(_cfg(**extra), data)
+        try:
+            assert exp.engine.name == name, extra
+        finally:
+            close_engine(exp.engine)
 
 
 def test_more_workers_than_cores_are_lowered_to_the_cores(

@@ -23,7 +23,7 @@ from fedforge.config.notes import config_notes
 from fedforge.data import Partition, load_mnist, make_partition, noise, shift, synthetic
 from fedforge.data.given import check_fits, check_given
 from fedforge.data.mnist import NUM_CLASSES
-from fedforge.engines import Engine
+from fedforge.engines import Engine, batched_mlp
 from fedforge.engines.pool import PoolEngine, resolve_workers, usable_cores
 from fedforge.engines.serial import SerialEngine
 from fedforge.engines.vectorized import VectorizedEngine, unsupported_reason
@@ -291,6 +291,17 @@ def auto_vectorize(runtime: ClientRuntime) -> bool:
     return unsupported_reason(model) is None and alg.personal is None and alg.local_train is None
 
 
+def _fused_in_one_process(engine: Engine, runtime: ClientRuntime) -> bool:
+    """``workers: 0`` keeps the vectorised engine's fused perceptron path in this
+    process, its cores as torch threads: measured faster than one process a core
+    (2NN, 600-sample clients: 94k against 83k samples/s; 60-sample clients, a
+    cohort of 100: 52k against 30k), no update crossing a pipe. The vmap path
+    (momentum, other models) still takes the workers (20k against 23k)."""
+    if not isinstance(engine, VectorizedEngine):
+        return False
+    return batched_mlp.applies(engine.model, runtime.algorithm, runtime.algorithm.plan(0), None)
+
+
 def make_engine(
     name: str, runtime: ClientRuntime, workers: int = 1, side_state: str | None = None
 ) -> tuple[Engine, str | None]:
@@ -317,7 +328,7 @@ def make_engine(
     if count > cores:  # one torch thread each: more processes would only share the cores
         notes.append(f"workers: {count} lowered to {cores}, the cores this process may use")
         count = cores
-    if count < 2:
+    if count < 2 or (workers == 0 and _fused_in_one_process(engine, runtime)):
         return engine, "; ".join(notes) or None
     alg = runtime.algorithm
     keeps = alg.client is not None or alg.personal is not None or side_state is not None
