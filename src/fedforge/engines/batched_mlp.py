@@ -81,6 +81,16 @@ def fused_terms(hook: object, state: Mapping[str, torch.Tensor] | None) -> Terms
     return None
 
 
+def fits(model: nn.Module, algorithm: Algorithm, plan: LocalPlan) -> bool:
+    """The model, loss and plan the fused path computes (its algorithm terms aside)."""
+    return (
+        mlp_layers(model) is not None
+        and algorithm.loss_fn is cross_entropy
+        and plan.plain
+        and plan.precision == "fp32"
+    )
+
+
 def applies(
     model: nn.Module,
     algorithm: Algorithm,
@@ -88,13 +98,7 @@ def applies(
     state: Mapping[str, torch.Tensor] | None,
 ) -> bool:
     """True when the fused path computes exactly what local SGD would."""
-    return (
-        mlp_layers(model) is not None
-        and algorithm.loss_fn is cross_entropy
-        and fused_terms(algorithm.grad_hook, state) is not None
-        and plan.plain
-        and plan.precision == "fp32"
-    )
+    return fits(model, algorithm, plan) and fused_terms(algorithm.grad_hook, state) is not None
 
 
 def batched_mlp_sgd(

@@ -21,7 +21,7 @@ from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 from torch.nn.utils.rnn import pad_sequence
 
-from fedforge.algorithms.base import LocalPlan, LossFn, cross_entropy
+from fedforge.algorithms.base import LocalPlan, LossFn
 from fedforge.algorithms.local import GradHook, LocalStep
 from fedforge.client import (
     ClientRuntime,
@@ -31,7 +31,7 @@ from fedforge.client import (
     minibatch_generator,
     minibatches,
 )
-from fedforge.engines.batched_mlp import applies, batched_mlp_sgd, fused_terms, mlp_layers
+from fedforge.engines.batched_mlp import applies, batched_mlp_sgd, fits, fused_terms, mlp_layers
 from fedforge.engines.batched_mlp import results as mlp_results
 from fedforge.models.layout import set_channels_last
 from fedforge.params import ParamSpec
@@ -254,9 +254,7 @@ class VectorizedEngine:
         """Clients per chunk on the fused perceptron path: as many as keep their
         weights in cache, :data:`FUSED_CACHE_BYTES` a thread (each step streams
         every client's weights twice); no limit on the vmap path."""
-        alg = self.runtime.algorithm
-        fused = mlp_layers(self.model) is not None and alg.loss_fn is cross_entropy
-        if not (fused and plan.plain and plan.precision == "fp32"):
+        if not fits(self.model, self.runtime.algorithm, plan):
             return self.max_chunk
         per_client = self.runtime.vector_bytes
         return max(1, FUSED_CACHE_BYTES * torch.get_num_threads() // per_client)

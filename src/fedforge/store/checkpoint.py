@@ -74,6 +74,11 @@ def _tables(client_state: ClientTables) -> dict[str, ClientStateStore]:
     return {RESIDUAL: client_state}
 
 
+def _dtype_name(table: ClientStateStore) -> str:
+    """A table's dtype as meta.json records it (``float32``)."""
+    return str(table.dtype).removeprefix("torch.")
+
+
 def table_file(name: str) -> str:
     """The checkpoint file of the per-client table ``name``."""
     return CLIENT_STATE_NAME if name == RESIDUAL else f"client_state.{name}.bin"
@@ -179,7 +184,7 @@ def save_checkpoint(
                 "age": chains[name].age,
                 "num_clients": table.num_clients,
                 "size": table.size,
-                "dtype": str(table.dtype).removeprefix("torch."),
+                "dtype": _dtype_name(table),
             }
         meta[_META_SHA] = _meta_digest(meta)  # the ids of the rows live only here
         _write(tmp / META_NAME, json.dumps(meta).encode())
@@ -307,7 +312,7 @@ def load_checkpoint(path: Path | str, client_state: ClientTables = None) -> Chec
                 f"its client state '{name}' is {got['num_clients']} x {got['size']}; the "
                 f"run's is {shape[0]} x {shape[1]}"
             )
-        dtype = str(table.dtype).removeprefix("torch.")
+        dtype = _dtype_name(table)
         if got.get("dtype", dtype) != dtype:
             raise CheckpointError(
                 f"its client state '{name}' holds {got['dtype']} numbers; the run's are {dtype}"
