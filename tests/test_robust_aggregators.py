@@ -242,3 +242,58 @@ def test_distances_hold_when_updates_share_a_large_part() -> None:
     got = squared_distances(rows.float()).double()
     off = ~torch.eye(11, dtype=torch.bool)
     assert torch.allclose(got[off], want[off], rtol=1e-3, atol=0)
+
+
+@pytest.mark.parametrize("scale", [10.0, 1e6, 1e30])
+def test_distances_and_krum_hold_in_float32_with_one_update_far_out(scale: float) -> None:
+    """As above, plus one attacker sending ``scale`` times the common part (10:
+    the ``scaled`` attack's default; 1e30: still finite in float32). Centring on
+    the mean dragged the centre to the attacker (the honest distances were off
+    by up to 1.7x at 10) and at 1e30 the float32 products overflowed: Krum then
+    picked the attacker. Against float64 differences of the same float32 rows."""
+    from fedforge.aggregators.common import squared_distances
+
+    gen = torch.Generator().manual_seed(2)
+    common = torch.randn(20_000, generator=gen)
+    honest = common + 1e-3 * torch.randn(10, 20_000, generator=gen)
+    rows = torch.cat([(scale * common)[None], honest]).float()
+    exact = torch.cdist(rows.double(), rows.double()) ** 2
+    got = squared_distances(rows)
+    assert got.dtype == F64
+    off = ~torch.eye(10, dtype=torch.bool)
+    assert torch.allclose(got[1:, 1:][off], exact[1:, 1:][off], rtol=1e-4, atol=0)
+    assert bool((got[0, 1:] > 1e3 * got[1:, 1:].max()).all())
+    # Krum (f = 1) against the plain-Python reference on the same values
+    pick = _krum_reference(rows.double().tolist(), 1, list(range(11)))
+    assert pick != 0
+    assert torch.equal(Krum(1).aggregate(rows, torch.ones(11)), rows[pick])
+
+
+def test_distances_are_exactly_symmetric_so_ties_go_to_the_lower_row() -> None:
+    """Bulyan's last picks score each of a mutually nearest pair by the same
+    distance: an exact tie, which must go to the lower row. A Gram product's two
+    triangles differed in the last bits (d[3, 6] - d[6, 3] = 2.3e-13 here, found
+    by a random search), and the pick went to row 6."""
+    from fedforge.aggregators.common import squared_distances
+
+    u = t(
+        [
+            [100.18726521513533, -158.49082815366748, 10.81830913275207, -16.64442301943276],
+            [-1.2863274036074979, -0.8762072955832613, 0.4156017553495371, -0.6719734068702858],
+            [0.570035292894286, -0.47863275313859494, 0.2788165189036586, -0.617598412755633],
+            [0.7947359068526352, -0.43565355769854547, -1.2181479480305453, 0.2831608229913853],
+            [1.0044784958219735, -0.6759633895371264, -0.106333314340281, -0.359773409481337],
+            [0.9663961970973078, -0.6694799162004839, -0.8246930840590586, -0.7053283095670259],
+            [0.8060368251734269, -0.18456585754553803, 0.8758848891955331, -0.21616544500229978],
+        ]
+    )
+    d = squared_distances(u)
+    assert torch.equal(d, d.T)
+    assert Bulyan(1).select(u).tolist() == [4, 2, 5, 3, 1]
+    expected = torch.tensor(_bulyan_reference(u.tolist(), 1), dtype=F64)
+    assert torch.allclose(Bulyan(1).aggregate(u, ones(7)), expected, rtol=0, atol=1e-12)
+    gen = torch.Generator().manual_seed(3)
+    for k in (3, 8, 31):
+        r = torch.randn(k, 1000, generator=gen)
+        d = squared_distances(r)
+        assert torch.equal(d, d.T)
