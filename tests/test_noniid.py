@@ -117,6 +117,8 @@ def test_scaffold_control_update_by_hand(option: str, new_ck: float) -> None:
     payload = encode_payload(torch.zeros(1, dtype=F64), 0, extras={"control": c})
     msg = wire.decode(runtime.run(ClientTask(1, 0, alg.plan(0), 0), payload))
     torch.testing.assert_close(msg.tensors["delta"], torch.tensor([0.675], dtype=F64))
+    assert alg.client is not None
+    alg.client.commit({1})  # the server used the update: c_k+ is stored
     torch.testing.assert_close(store.gather([1])[0], torch.tensor([new_ck], dtype=F64))
     delta_ck = msg.tensors["alg/control_delta"]
     torch.testing.assert_close(delta_ck, torch.tensor([new_ck - 0.25], dtype=F64))
@@ -269,10 +271,60 @@ def test_scaffold_client_keeps_its_control_when_local_training_blows_up() -> Non
     sent = client.end(job(torch.tensor([float("nan"), 1.0, float("inf")], dtype=F64)))
     assert not torch.isfinite(sent[CONTROL_DELTA]).all()  # travels, and is refused
     assert torch.equal(store.gather([1])[0], torch.tensor([0.5, -0.5, 0.25], dtype=F64))
-    # a finite run moves it as before: c_k+ = c_k - c + (w_t - w) / (K lr)
+    client.commit({1})  # even when the server used the update
+    assert torch.equal(store.gather([1])[0], torch.tensor([0.5, -0.5, 0.25], dtype=F64))
+    # a finite run moves it as before: c_k+ = c_k - c + (w_t - w) / (K lr), once
+    # the server has used the update
     client.end(job(torch.tensor([0.2, 0.0, -0.2], dtype=F64)))
+    client.commit({0})  # not this client's: it keeps its c_k
+    assert torch.equal(store.gather([1])[0], torch.tensor([0.5, -0.5, 0.25], dtype=F64))
+    client.end(job(torch.tensor([0.2, 0.0, -0.2], dtype=F64)))
+    client.commit({1})
     want = torch.tensor([0.5 - 1.0, -0.5, 0.25 + 1.0], dtype=F64)
     torch.testing.assert_close(store.gather([1])[0], want)
+
+
+@pytest.mark.parametrize(
+    "robust",
+    [
+        # a scaled attacker refused by the norm gate in rounds that go on
+        {"norm_gate": 3.0, "attack": "scaled", "attack_fraction": 0.25, "attack_scale": 50.0},
+        # rounds skipped for too few clients, some of them aggregated
+        {"min_clients": 3, "max_skipped_rounds": 0, "client_gate": True},
+    ],
+)
+def test_scaffold_server_control_stays_the_mean_of_the_client_controls(
+    make_data: MakeData, one_thread: None, robust: dict[str, Any]
+) -> None:
+    """Karimireddy et al. 2020, Algorithm 1: c starts at the mean of the c_k (all
+    zero) and moves by (1/N) sum delta c_k over the clients whose c_k moved, so
+    c = (1/N) sum_k c_k after every round. A client whose update the server
+    refused (or whose round it skipped) kept its new c_k while c never saw it:
+    off by 0.06-0.07 here before the fix."""
+    from fedforge.report.progress import Progress
+    from fedforge.server.round import run_round
+    from fedforge.server.state import LoopState
+
+    data = make_data([30, 12, 41, 25, 7, 33, 18, 22], seed=1, dtype=F64)
+    cfg = _cfg(
+        model="logreg", num_clients=8, client_fraction=0.5, rounds=8, algorithm="scaffold",
+        robust=robust,
+    )
+    exp = build(cfg, data)
+    state = LoopState.fresh(exp)
+    store = exp.algorithm.client.store
+    moved = 0
+    for r in range(cfg.rounds):
+        before = store.gather(list(range(8))).clone()
+        record, clients = run_round(exp, state, r, Progress(cfg.rounds, "t", enabled=False))
+        after = store.gather(list(range(8)))
+        changed = {k for k in range(8) if not torch.equal(before[k], after[k])}
+        assert changed <= {c.client_id for c in clients}  # only clients the server used
+        moved += len(changed)
+        mean = after.sum(dim=0) / 8
+        torch.testing.assert_close(state.algorithm_state["control"], mean, rtol=0, atol=1e-15)
+    assert moved > 0  # rounds that moved controls, and rounds that refused or skipped:
+    assert state.rejected if "norm_gate" in robust else state.skipped
 
 
 def _scaffold_by_hand(

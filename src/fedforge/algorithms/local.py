@@ -22,7 +22,7 @@ Runs on the client; trusts its own data and the payload.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -78,8 +78,10 @@ class ClientTerms(Protocol):
 
     ``begin`` turns the payload's extra tensors and the clients' stored state
     into per-client ``[K, P]`` tensors for the hook; ``end`` runs after local
-    training of one client, updates its stored state and returns the extra
-    tensors its update carries (named without the ``alg/`` wire prefix)."""
+    training of one client, computes its new state and returns the extra
+    tensors its update carries (named without the ``alg/`` wire prefix);
+    ``commit`` stores the new state of the clients whose update the server used
+    (the round's others keep theirs: the server never saw their change)."""
 
     tables: dict[str, ClientStateStore]  # its per-client tables, saved by checkpoints
 
@@ -88,6 +90,8 @@ class ClientTerms(Protocol):
     ) -> dict[str, torch.Tensor]: ...
 
     def end(self, job: ClientJob) -> dict[str, torch.Tensor]: ...
+
+    def commit(self, used: Collection[int]) -> None: ...
 
 
 class PersonalEntries(Protocol):

@@ -382,6 +382,8 @@ def run_round(
             server.apply(state.algorithm_state, [extras[c] for c in clients], cfg.num_clients)
     elif not state.skipped or state.skipped[-1][0] != round_idx:
         _skip(state, bar, round_idx, "no valid update")
+    if exp.algorithm.client is not None:  # SCAFFOLD: c_k+ of the used clients only
+        exp.algorithm.client.commit(clients if aggregate is not None else ())
     test_acc = test_loss = None
     every = cfg.eval_every  # a period's model is new at its end: due if any round of it was
     if (round_idx + 1) // every > start // every or ends_run(exp, state, round_idx):
