@@ -215,17 +215,24 @@ def test_labels_take_a_finite_loss_or_null() -> None:
         read_labels({**meta, "num_examples": MAX_EXAMPLES + 1}, 3, 7)
 
 
-def test_hierarchical_aggregation_equals_the_flat_mean(data: FederatedData) -> None:
-    flat = run(_cfg({}), data=data, store=False)
-    tiered = run(_cfg({"groups": 2}), data=data, store=False)
+@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold"])
+def test_hierarchical_aggregation_equals_the_flat_mean(
+    data: FederatedData, algorithm: str
+) -> None:
+    """Edges forward their mean (and SCAFFOLD's summed delta c_k, which the server
+    adds to c: it must reach the server, and its bytes count)."""
+    flat = run(_cfg({}, algorithm=algorithm), data=data, store=False)
+    tiered = run(_cfg({"groups": 2}, algorithm=algorithm), data=data, store=False)
     assert torch.allclose(tiered.params, flat.params, rtol=0, atol=1e-12)
+    tensors = 2 if algorithm == "scaffold" else 1  # the delta, and delta c_k
     for f, t in zip(flat.rounds, tiered.rounds, strict=True):
         groups = t.bytes_down // (f.bytes_down // f.cohort_size) - f.cohort_size
         assert 1 <= groups <= 2  # server -> edge payloads on top of edge -> client
         edge_up = t.bytes_up - f.bytes_up
-        assert groups * 8 * P_2NN <= edge_up < groups * (8 * P_2NN + 300)
+        assert groups * tensors * 8 * P_2NN <= edge_up < groups * (tensors * 8 * P_2NN + 400)
         assert t.paper_bytes == 2 * 4 * P_2NN * (f.cohort_size + groups)
-        assert t.float32_up == t.float32_down == 4 * P_2NN * (f.cohort_size + groups)
+        assert t.float32_up == 4 * P_2NN * tensors * (f.cohort_size + groups)
+        assert t.float32_down == 4 * P_2NN * tensors * (f.cohort_size + groups)
 
 
 @pytest.mark.parametrize(

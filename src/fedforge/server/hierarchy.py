@@ -9,6 +9,9 @@ it its majority label mod G (clients alike in data share an edge). Each edge
 takes the weighted mean of its accepted updates (weights ``num_examples``) and
 sends it dense in the run's dtype with their total weight, so the server's
 weighted mean of edge updates is the flat FedAvg mean (up to float rounding).
+An algorithm's tensors beside the delta (SCAFFOLD's delta c_k, which the server
+sums) are summed by the edge and sent in the same message, so the server moves
+its state by what really reached it.
 The server -> edge -> client payload and the edge -> server updates really
 cross the wire format; both hops are counted. Runs on the edges and the
 server; the server decodes edge messages like any update.
@@ -16,12 +19,13 @@ server; the server decodes edge messages like any update.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
 
 from fedforge.aggregators import Accumulator
+from fedforge.client import EXTRA_PREFIX, split_extras
 from fedforge.data import Partition
 from fedforge.errors import UploadError
 from fedforge.stages.codec import Dense
@@ -51,34 +55,61 @@ class Edges:
         self.dtype = dtype
         self._sums: dict[int, torch.Tensor] = {}
         self._weights: dict[int, float] = {}
+        self._extras: dict[int, dict[str, torch.Tensor]] = {}  # per group: name -> sum
         self.forwarded = 0  # edge-to-server messages sent by ``forward``
+        self.received: list[dict[str, torch.Tensor]] = []  # the edges' sums, as decoded
 
     def groups_of(self, client_ids: Sequence[int]) -> set[int]:
         """The groups the payload must reach for these clients."""
         return {self.group_of[c] for c in client_ids}
 
-    def add(self, client_id: int, delta: torch.Tensor, weight: float) -> None:
+    def add(
+        self,
+        client_id: int,
+        delta: torch.Tensor,
+        weight: float,
+        extras: Mapping[str, torch.Tensor] | None = None,
+    ) -> None:
+        """Add an accepted update (and the algorithm's tensors beside it) to its edge."""
         g = self.group_of[client_id]
         if g not in self._sums:
             self._sums[g] = torch.zeros(self.size, dtype=self.dtype)
             self._weights[g] = 0.0
+            self._extras[g] = {}
         self._sums[g].add_(delta.to(self.dtype), alpha=weight)
         self._weights[g] += weight
+        sums = self._extras[g]
+        for name, t in (extras or {}).items():
+            if name in sums:
+                sums[name].add_(t.to(self.dtype))
+            else:
+                sums[name] = t.to(self.dtype).clone()
 
-    def forward(self, acc: Accumulator, round_idx: int) -> int:
-        """Send each edge's mean to the server (through the wire format) and add
-        it to ``acc`` with the edge's total weight; returns the bytes sent."""
+    def forward(
+        self,
+        acc: Accumulator,
+        round_idx: int,
+        check_extras: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]],
+    ) -> int:
+        """Send each edge's mean (and its sums of the algorithm's tensors) to the
+        server through the wire format; add the mean to ``acc`` with the edge's
+        total weight and keep the sums, as ``check_extras`` accepts them, in
+        ``received``. Returns the bytes sent."""
         self.forwarded = len(self._sums)
+        self.received = []
         sent = 0
         for g in sorted(self._sums):
             weight = self._weights[g]
             mean = self._sums[g] / weight
+            sums = {EXTRA_PREFIX + k: v for k, v in self._extras[g].items()}
             data = wire.encode(
-                {"delta": mean}, {"group": g, "round_idx": round_idx, "weight": weight}
+                {"delta": mean, **sums}, {"group": g, "round_idx": round_idx, "weight": weight}
             )
             sent += len(data)
             msg = wire.decode(data)
-            delta = Dense().decode(msg.tensors, msg.meta, self.size, self.dtype)
+            own, extras = split_extras(msg.tensors)
+            delta = Dense().decode(own, msg.meta, self.size, self.dtype)
+            self.received.append(check_extras(extras))
             w = msg.meta.get("weight")
             if not isinstance(w, int | float) or isinstance(w, bool) or not w > 0:
                 raise UploadError(f"edge {g}: weight {w!r} must be a positive number")

@@ -120,7 +120,7 @@ def _check_extras(exp: Experiment, extras: dict[str, torch.Tensor]) -> dict[str,
     for name in server.update_tensors:
         t = extras.get(name)
         if t is None or tuple(t.shape) != (size,) or t.dtype != dtype:
-            got = "nothing" if t is None else f"{tuple(t.shape)} {t.dtype}"
+            got = "nothing" if t is None else f"{str(tuple(t.shape))[:100]} {t.dtype}"
             raise UploadError(f"'{name}' must be ({size},) {dtype}; the update carries {got}")
         if not all_finite(t):
             raise UploadError(f"'{name}' holds non-finite values (NaN or inf)")
@@ -334,7 +334,7 @@ def run_round(
             len(payload),
         )
         if edges is not None:
-            edges.add(up.client_id, up.delta, float(up.num_examples))
+            edges.add(up.client_id, up.delta, float(up.num_examples), up.extras)
         elif acc is not None:
             acc.add(up.delta, float(up.num_examples))
         else:
@@ -344,8 +344,9 @@ def run_round(
     float32_up = dense.up * (faulty + len(clients))
     float32_down = dense.down * (len(cohort) + hops)
     if edges is not None and acc is not None:
-        bytes_up += edges.forward(acc, round_idx)
-        float32_up += FLOAT32_BYTES * exp.spec.size * edges.forwarded  # each edge's mean
+        bytes_up += edges.forward(acc, round_idx, lambda e: _check_extras(exp, e))
+        # each edge's mean and its sums of the algorithm's tensors: an update's cost
+        float32_up += dense.up * edges.forwarded
     if acc is not None:
         aggregate = acc.result() if acc.count else None
         why = _too_few(exp, len(clients)) if acc.count else None  # clients, not edges
@@ -379,7 +380,8 @@ def run_round(
         if exp.privacy is not None:  # adaptive clipping: the next clip norm
             exp.privacy.end_round(state.privacy, round_idx, clients)
         if server is not None:  # e.g. c += sum of the used clients' delta c_k / N
-            server.apply(state.algorithm_state, [extras[c] for c in clients], cfg.num_clients)
+            got = edges.received if edges is not None else [extras[c] for c in clients]
+            server.apply(state.algorithm_state, got, cfg.num_clients)
     elif not state.skipped or state.skipped[-1][0] != round_idx:
         _skip(state, bar, round_idx, "no valid update")
     if exp.algorithm.client is not None:  # SCAFFOLD: c_k+ of the used clients only
