@@ -355,3 +355,33 @@ def test_the_summary_says_more_bytes_when_the_run_sends_more_than_float32() -> N
     assert (
         "compress         vs float32: as many bytes up, as many bytes down" in even
     )  # the headers aside
+
+
+def test_a_refusal_quotes_a_hostile_shape_briefly(data: FederatedData) -> None:
+    """A forged header with a 100,000-dimension shape of ones (one value, so the
+    body is small) was quoted whole: a 300,000-character reason, printed and kept
+    in every later checkpoint. The reason is cut; the update is still refused."""
+    import json
+    import struct
+
+    from fedforge.errors import UploadError
+    from fedforge.server.round import MAX_REASON, check_update
+
+    exp = build(_cfg({"uplink": "int8"}), data)
+    dims = [1] * 100_000
+    meta = {"codec": "int8", "client_id": 0, "round_idx": 0, "num_examples": 1}
+    tensors = [
+        {"name": "codes", "dtype": "uint8", "shape": dims, "offset": 0, "nbytes": 1},
+        {"name": "scale", "dtype": "float32", "shape": dims, "offset": 1, "nbytes": 4},
+    ]
+    head = json.dumps({"meta": meta, "tensors": tensors}).encode()
+    msg = wire.MAGIC + struct.pack("<I", len(head)) + head + bytes(5)
+    with pytest.raises(UploadError) as caught:
+        check_update(exp, 0, 0, msg)
+    assert len(str(caught.value)) < 400
+    assert "..." in str(caught.value)
+    state = LoopState.fresh(exp)
+    from fedforge.server.round import _reject
+
+    _reject(state, Progress(1, "t", enabled=False), 0, 0, "x" * 10_000)
+    assert len(state.rejected[0][2]) == MAX_REASON

@@ -21,7 +21,7 @@ from fedforge.aggregators import discount_faulty
 from fedforge.client import ClientTask, encode_payload, split_extras
 from fedforge.config import Config
 from fedforge.data.mnist import NUM_CLASSES
-from fedforge.errors import AggregationError, UploadError, Withheld
+from fedforge.errors import AggregationError, UploadError, Withheld, shown
 from fedforge.evaluate import evaluate
 from fedforge.experiment import Experiment
 from fedforge.params import all_finite
@@ -93,7 +93,7 @@ def check_update(exp: Experiment, client_id: int, round_idx: int, data: bytes) -
     delta = exp.pipeline.codec.decode(own, msg.meta, exp.spec.size, dtype, ctx)
     if tuple(delta.shape) != (exp.spec.size,) or delta.dtype != dtype:
         raise UploadError(
-            f"decoded delta has shape {tuple(delta.shape)} and dtype {delta.dtype}; "
+            f"decoded delta has shape {shown(tuple(delta.shape))} and dtype {delta.dtype}; "
             f"expected ({exp.spec.size},) {dtype}"
         )
     if not all_finite(delta):
@@ -120,7 +120,7 @@ def _check_extras(exp: Experiment, extras: dict[str, torch.Tensor]) -> dict[str,
     for name in server.update_tensors:
         t = extras.get(name)
         if t is None or tuple(t.shape) != (size,) or t.dtype != dtype:
-            got = "nothing" if t is None else f"{str(tuple(t.shape))[:100]} {t.dtype}"
+            got = "nothing" if t is None else f"{shown(tuple(t.shape))} {t.dtype}"
             raise UploadError(f"'{name}' must be ({size},) {dtype}; the update carries {got}")
         if not all_finite(t):
             raise UploadError(f"'{name}' holds non-finite values (NaN or inf)")
@@ -128,6 +128,8 @@ def _check_extras(exp: Experiment, extras: dict[str, torch.Tensor]) -> dict[str,
 
 
 def _reject(state: LoopState, bar: Progress, round_idx: int, client_id: int, why: str) -> None:
+    if len(why) > MAX_REASON:  # kept in every later checkpoint: a client cannot fill it
+        why = why[: MAX_REASON - 3] + "..."
     state.rejected.append((round_idx, client_id, why))
     bar.write(f"round {round_idx + 1}: update of client {client_id} rejected: {why}")
 
@@ -203,6 +205,7 @@ def _poisson(cfg: Config) -> bool:
     return cfg.privacy.sampling == "poisson"  # DP-FedAvg: each client with probability C
 
 
+MAX_REASON = 500  # characters of a refusal's reason that are kept
 FLOAT32_BYTES = 4  # paper_bytes: what dense float32 messages would cost (2 |w| K 4)
 
 

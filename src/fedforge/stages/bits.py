@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedforge.errors import UploadError
+from fedforge.errors import UploadError, shown
 
 PACK_BITS = (1, 2, 4, 8)
 VARINT_MAX_BYTES = 5  # values below 2**35: every index of a model below 34 billion parameters
@@ -49,7 +49,7 @@ def unpack(packed: torch.Tensor, bits: int, count: int) -> torch.Tensor:
     padding bits that are not zero."""
     if packed.dtype != torch.uint8 or tuple(packed.shape) != (packed_size(count, bits),):
         raise UploadError(
-            f"packed codes have shape {tuple(packed.shape)} and dtype {packed.dtype}; "
+            f"packed codes have shape {shown(tuple(packed.shape))} and dtype {packed.dtype}; "
             f"{count} codes of {bits} bits need ({packed_size(count, bits)},) torch.uint8"
         )
     if bits == 8:

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import torch
 
-from fedforge.errors import UploadError
+from fedforge.errors import UploadError, shown
 from fedforge.rng import torch_generator
 
 
@@ -92,10 +92,11 @@ def expect_tensor(
     """The tensor ``name`` of an update, refused unless it has ``shape`` and ``dtype``."""
     t = tensors.get(name)
     if t is None:
-        raise UploadError(f"update carries no '{name}' tensor (has: {', '.join(tensors) or '-'})")
+        raise UploadError(f"update carries no '{name}' tensor (has: {shown(list(tensors))})")
     if tuple(t.shape) != shape or t.dtype != dtype:
         raise UploadError(
-            f"'{name}' has shape {tuple(t.shape)} and dtype {t.dtype}; expected {shape} {dtype}"
+            f"'{name}' has shape {shown(tuple(t.shape))} and dtype {t.dtype}; "
+            f"expected {shown(shape)} {dtype}"
         )
     return t
 
