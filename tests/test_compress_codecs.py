@@ -186,6 +186,46 @@ def test_cast_relative_error(name: str, bound: float) -> None:
     assert bool(((got - x).abs() <= bound * x.abs()).all())
 
 
+def _nearest_by_hand(v: float, mantissa: int) -> float:
+    """The value of ``mantissa`` significand bits nearest to ``v`` (ties to the
+    even significand), by exact rational arithmetic: normal range only."""
+    from fractions import Fraction
+
+    exp = math.frexp(v)[1] - mantissa  # v = m 2^exp with m in [2^(p-1), 2^p)
+    m = Fraction(v) / Fraction(2) ** exp
+    lo = math.floor(m)
+    pick = lo + 1 if m - lo > Fraction(1, 2) or (m - lo == Fraction(1, 2) and lo % 2) else lo
+    return float(pick * Fraction(2) ** exp)
+
+
+@pytest.mark.parametrize("name,mantissa", [("float16", 11), ("bfloat16", 8)])
+def test_cast_from_float64_rounds_once_to_nearest(name: str, mantissa: int) -> None:
+    """Torch's float64 -> 16-bit cast goes through float32 and rounds twice: a
+    value just above a 16-bit midpoint came down to the lower neighbour. Against
+    exact rational rounding, at and next to midpoints, and at random."""
+    gen = np.random.default_rng(5)
+    values = []
+    for e in range(-10, 10):
+        for _ in range(20):
+            base = _nearest_by_hand(float(gen.uniform(1, 2)) * 2.0**e, mantissa)
+            mid = base + 2.0 ** (math.frexp(base)[1] - mantissa - 1)  # halfway up
+            values += [mid, mid + 2.0 ** (e - 40), mid - 2.0 ** (e - 40), -mid - 2.0 ** (e - 40)]
+    values += list(gen.standard_normal(500))
+    x = torch.tensor(values, dtype=F64)
+    got = Cast(name).encode(x)[0]["delta"].double().tolist()
+    assert got == [_nearest_by_hand(v, mantissa) for v in values]
+    assert x.to(Cast(name).wire_dtype).double().tolist() != got  # torch's cast: twice
+
+
+def test_sign_scale_of_finite_float32_values_does_not_overflow() -> None:
+    """The mean |x| of 1,024 values of 1e36 is 1e36, which float32 holds; their
+    float32 sum is inf, and the update was refused for a non-finite scale."""
+    x = torch.full((1024,), 1e36, dtype=torch.float32)
+    x[::2] *= -1
+    got = _roundtrip(Quantize(1, stochastic=False, chunk=None, tensor_sizes=[1024]), x, CodecContext(0, 0, 0))
+    assert torch.equal(got, torch.where(x >= 0, 1e36, -1e36).float())
+
+
 # ----------------------------------------------------------------------------- sparsification
 
 

@@ -12,7 +12,8 @@ float16/bfloat16 casting as the cheap baseline.
   2018, "signSGD"). Deterministic: x_hat = s sign(x) with s = mean|x| per segment,
   the scale of EF-signSGD (Karimireddy et al. 2019). Stochastic: s = max|x| and
   P(+s) = (1 + x / s) / 2, which is unbiased.
-- ``float16``/``bfloat16``: round to nearest (Micikevicius et al. 2018).
+- ``float16``/``bfloat16``: round to nearest, ties to even, from float32 and
+  float64 alike (Micikevicius et al. 2018).
 
 On the wire: ``codes`` (uint8, packed ``8 // b`` a byte), ``scale`` (float32, one a
 segment). Runs on both sides; decode trusts nothing: wrong codec header, wrong
@@ -82,8 +83,11 @@ class Quantize:
         lengths, ids = self._segments(x.numel(), x.device)
         mag = x.abs()
         if self.bits == 1 and not self.stochastic:
-            sums = torch.zeros(len(lengths), dtype=x.dtype).index_add_(0, ids, mag)
-            scale = (sums / torch.tensor(lengths, dtype=x.dtype).clamp(min=1)).to(torch.float32)
+            # summed in float64: a float32 sum of |x| overflows for finite updates
+            # whose mean float32 holds (a segment of 1,024 values of 1e36)
+            sums = torch.zeros(len(lengths), dtype=torch.float64).index_add_(0, ids, mag.double())
+            lens = torch.tensor(lengths, dtype=torch.float64).clamp(min=1)
+            scale = (sums / lens).to(torch.float32)
             codes = (x >= 0).to(torch.uint8)
             return {"codes": pack(codes, 1), "scale": scale}, {"codec": self.name}
         smax = torch.zeros(len(lengths), dtype=x.dtype).scatter_reduce_(
@@ -143,6 +147,25 @@ class Quantize:
 CAST_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
+def round_to_nearest(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` rounded to nearest (ties to even) in the 16-bit ``dtype``. Torch casts
+    float64 through float32, rounding twice: 1 + 2^-8 + 2^-40 became 1 in
+    bfloat16, not 1 + 2^-7. So float64 goes to float32 rounded to odd (towards
+    zero, then the last bit set when inexact), which then rounds to nearest
+    correctly in any format with 2 or more fewer significand bits (Boldo and
+    Melquiond 2008)."""
+    if x.dtype != torch.float64:
+        return x.to(dtype)
+    f = x.to(torch.float32)
+    back = f.to(torch.float64)
+    inexact = (back != x) & torch.isfinite(x)
+    away = inexact & (back.abs() > x.abs())  # rounded away from zero: step back
+    f = torch.where(away, torch.nextafter(f, torch.zeros_like(f)), f)
+    bits = f.view(torch.int32)
+    odd = torch.where(inexact, bits | 1, bits)
+    return odd.view(torch.float32).to(dtype)
+
+
 class Cast:
     """The delta in float16 or bfloat16, rounded to nearest: 2 bytes a parameter."""
 
@@ -158,7 +181,7 @@ class Cast:
     def encode(
         self, delta: torch.Tensor, ctx: CodecContext | None = None
     ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        return {"delta": delta.to(self.wire_dtype)}, {"codec": self.name}
+        return {"delta": round_to_nearest(delta, self.wire_dtype)}, {"codec": self.name}
 
     def decode(
         self,
