@@ -248,6 +248,12 @@ def _weighted(cfg: Config, priv: PrivacyParts, robust: Aggregator) -> Aggregator
             f"aggregation_weights = {rule!r} needs robust.aggregator = 'mean' (the plain "
             f"weighted mean); {cfg.robust.aggregator!r} weighs updates its own way"
         )
+    if rule in reports.REPORTED and privacy.hides_updates(cfg):
+        sent = "validation loss" if rule == "quality" else "label counts"
+        raise ConfigError(
+            f"aggregation_weights = {rule!r} sends each client's exact {sent} outside "
+            "the privacy mechanism (local DP, tiers); use num_examples, uniform, sqrt or capped"
+        )
     if rule == "quality" or rule == "class":  # weights from the cohort's reports: reports.py
         return robust
     return Reweighted(robust, rule, cfg.weight_cap)
