@@ -222,7 +222,8 @@ def test_sign_scale_of_finite_float32_values_does_not_overflow() -> None:
     float32 sum is inf, and the update was refused for a non-finite scale."""
     x = torch.full((1024,), 1e36, dtype=torch.float32)
     x[::2] *= -1
-    got = _roundtrip(Quantize(1, stochastic=False, chunk=None, tensor_sizes=[1024]), x, CodecContext(0, 0, 0))
+    sign = Quantize(1, stochastic=False, chunk=None, tensor_sizes=[1024])
+    got = _roundtrip(sign, x, CodecContext(0, 0, 0))
     assert torch.equal(got, torch.where(x >= 0, 1e36, -1e36).float())
 
 

@@ -216,9 +216,7 @@ def test_labels_take_a_finite_loss_or_null() -> None:
 
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "scaffold"])
-def test_hierarchical_aggregation_equals_the_flat_mean(
-    data: FederatedData, algorithm: str
-) -> None:
+def test_hierarchical_aggregation_equals_the_flat_mean(data: FederatedData, algorithm: str) -> None:
     """Edges forward their mean (and SCAFFOLD's summed delta c_k, which the server
     adds to c: it must reach the server, and its bytes count)."""
     flat = run(_cfg({}, algorithm=algorithm), data=data, store=False)

@@ -307,7 +307,11 @@ def test_scaffold_server_control_stays_the_mean_of_the_client_controls(
 
     data = make_data([30, 12, 41, 25, 7, 33, 18, 22], seed=1, dtype=F64)
     cfg = _cfg(
-        model="logreg", num_clients=8, client_fraction=0.5, rounds=8, algorithm="scaffold",
+        model="logreg",
+        num_clients=8,
+        client_fraction=0.5,
+        rounds=8,
+        algorithm="scaffold",
         robust=robust,
     )
     exp = build(cfg, data)

@@ -21,7 +21,7 @@ from tests.test_privacy_secagg_round import BASE  # the same tiny 2NN secure-agg
 
 from fedforge.accountant import RDP_ORDERS
 from fedforge.config import from_dict
-from fedforge.errors import ConfigError, UploadError
+from fedforge.errors import ConfigError
 from fedforge.experiment import FederatedData, build
 from fedforge.pipeline import Pipeline, StageContext
 from fedforge.server import secure
@@ -166,8 +166,10 @@ def test_a_client_refuses_a_threshold_below_n_min(data: FederatedData) -> None:
         msg = codec.phase("advertise", c, sc.advertise_message(0))
         assert msg is not None
         keys[c] = sc.read_keys(msg, 0, c)
-    with pytest.raises(UploadError, match="threshold 3 is below"):
-        codec.phase("share_keys", 0, sc.share_keys_message(0, keys, 3))
+    # it aborts the round (no reply: a dropout to the server) and forgets its keys
+    assert codec.phase("share_keys", 0, sc.share_keys_message(0, keys, 3)) is None
+    assert "threshold 3 is below" in codec.aborted[0]
+    assert 0 not in codec.sessions
 
 
 def test_rounds_with_fewer_clients_than_n_min_are_skipped(data: FederatedData) -> None:

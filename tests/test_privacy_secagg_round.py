@@ -346,6 +346,23 @@ def test_a_garbled_share_skips_the_round_and_keeps_the_model(
     assert all("rebuild no 32-byte secret" in why for _, why in got.skipped)
 
 
+def test_shares_that_do_not_decrypt_make_clients_abort_not_the_run(
+    data: FederatedData, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Client 3 sends zeros for its encrypted shares (right shape): the server
+    cannot check them and routes them. At unmask every other client fails to
+    decrypt its share from 3 (AES-GCM's tag) and, as the paper's honest client,
+    aborts: a dropout. Too few answer, so each round is skipped and the model
+    kept; the run itself went down with cryptography's InvalidTag."""
+    before = build(from_dict({**BASE, "privacy": {**DP, **SECAGG}}), data).initial_params
+    got = _tampered(
+        data, monkeypatch, "share_keys", 3, lambda t: {**t, "ct": torch.zeros_like(t["ct"])}
+    )
+    assert torch.equal(got.params, before)
+    assert [r for r, _ in got.skipped] == [0, 1]
+    assert all("unmask" in why for _, why in got.skipped), got.skipped
+
+
 class _Counting:
     """A serial engine that counts every byte the server sends: the payload once
     per client trained, and each phase message."""

@@ -15,6 +15,12 @@ trust nothing and raise :class:`UploadError`). With ``neighbours`` = k it runs
 SecAgg+ (Bell et al. 2020, ``secagg_graph.py``): the advertise message carries
 the cohort, from which each client derives the round's graph (run seed, round)
 and its neighbourhood; every later message holds only that neighbourhood.
+
+A client that cannot take a phase message (a share that does not decrypt or is
+mislabelled, a threshold below the run's, a malformed message) aborts the round,
+as the paper's honest client does: it answers nothing and forgets its keys, and
+the server sees a dropout. Only the message that precedes its masked update is
+not abortable here (it carries nothing to check before unmasking).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from cryptography.exceptions import InvalidTag
 
 from fedforge.aggregators.mean import Accumulator
 from fedforge.errors import ConfigError, UploadError
@@ -233,6 +240,8 @@ class SecAggCodec:
         self.num_examples = list(num_examples)  # a client knows its own n_k
         self.mean = SecAggMean(weight_cap)
         self.sessions: dict[int, SecAggClient] = {}  # client id -> this round's protocol
+        # client id -> why it last aborted a round (its own note; the server sees a dropout)
+        self.aborted: dict[int, str] = {}
         self._wrap: str | None = None
         try:
             self.fp = FixedPoint(frac_bits, modulus_bits(bound, cohort_max, frac_bits))
@@ -259,7 +268,18 @@ class SecAggCodec:
 
     # ------------------------------------------------------ extra phases (client)
     def phase(self, name: str, client_id: int, data: bytes) -> bytes | None:
-        """One client's answer to a phase message (None: nothing to send back)."""
+        """One client's answer to a phase message (None: nothing to send back,
+        or the client aborted the round: see the module's note)."""
+        if name == "masked_input":
+            return self._answer(name, client_id, data)
+        try:
+            return self._answer(name, client_id, data)
+        except (UploadError, ValueError, InvalidTag) as exc:
+            self.sessions.pop(client_id, None)
+            self.aborted[client_id] = f"{name}: {exc or type(exc).__name__}"
+            return None
+
+    def _answer(self, name: str, client_id: int, data: bytes) -> bytes | None:
         msg = wire.decode(data)
         r = msg.meta.get("round_idx")
         if msg.meta.get("phase") != name or not isinstance(r, int):
