@@ -383,8 +383,8 @@ def run_round(
         if exp.privacy is not None:  # adaptive clipping: the next clip norm
             exp.privacy.end_round(state.privacy, round_idx, clients)
         if server is not None:  # e.g. c += sum of the used clients' delta c_k / N
-            sent = edges.received if edges is not None else [extras[c] for c in clients]
-            server.apply(state.algorithm_state, sent, cfg.num_clients)
+            received = edges.received if edges is not None else [extras[c] for c in clients]
+            server.apply(state.algorithm_state, received, cfg.num_clients)
     elif not state.skipped or state.skipped[-1][0] != round_idx:
         _skip(state, bar, round_idx, "no valid update")
     if exp.algorithm.client is not None:  # SCAFFOLD: c_k+ of the used clients only
