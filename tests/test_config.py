@@ -347,8 +347,12 @@ def test_privacy_settings_without_dp_are_named() -> None:
         "privacy.noise_multiplier = 2.0 is ignored with privacy.dp 'none'",
         "privacy.delta = 1e-06 is ignored with privacy.dp 'none'",
     ]
+    notes = config_notes(from_dict({"privacy": {"secret_noise": True}}))
+    assert notes == ["privacy.secret_noise = True is ignored with privacy.dp 'none'"]
     tiers = {"tiers": {"high_fraction": 0.5}, "secagg": True, "noise_multiplier": 2.0}
-    assert config_notes(from_dict({"privacy": tiers})) == []  # tiers noise the high tier
+    notes = config_notes(from_dict({"privacy": tiers}))  # tiers noise the high tier
+    assert len(notes) == 1 and "derived from the run seed" in notes[0]
+    assert config_notes(from_dict({"privacy": {**tiers, "secret_noise": True}})) == []
 
 
 def test_a_weight_cap_no_rule_reads_is_named() -> None:

@@ -68,6 +68,63 @@ def test_local_noise_has_the_stated_variance_and_differs_per_client() -> None:
     assert not torch.equal(a, b)
 
 
+def test_secret_noise_has_the_stated_variance_and_never_repeats() -> None:
+    vec = torch.zeros(100_000, dtype=torch.float64)
+    for stage, std in (
+        (CentralNoise(1.3, 0.7, 5.0, secret=True), 1.3 * 0.7 / 5.0),
+        (LocalNoise(2.0, 0.5, secret=True), 1.0),
+    ):
+        ctx = StageContext(3, seed=11, client_id=1)
+        a, b = stage.apply(vec, ctx), stage.apply(vec, ctx)
+        _variance_ok(a, std)
+        _variance_ok(b, std)
+        assert not torch.equal(a, b)  # same seed, round and client: not the same noise
+
+
+@pytest.mark.parametrize("secret", [False, True])
+def test_who_knows_the_seed_strips_derived_noise_but_not_secret_noise(
+    make_data: MakeData, one_thread: None, monkeypatch: pytest.MonkeyPatch, secret: bool
+) -> None:
+    """Local DP, the server's view: it knows the run seed, the round and the client,
+    so it can draw derived noise again and subtract it (the clipped update comes
+    back to rounding: why ``secret_noise`` exists); secret noise stays on."""
+    import fedforge.server.round as round_module
+    from fedforge.rng import torch_generator
+    from fedforge.stages.dp import gaussian
+
+    z, clip = 4.0, 0.3
+    data = make_data([30, 20, 40, 30, 25, 35])
+    cfg = from_dict(
+        {
+            "model": "2nn", "num_clients": 6, "client_fraction": 0.5, "rounds": 1,
+            "target_accuracy": None, "dtype": "float64", "seed": 7,
+            "privacy": {"dp": "local", "noise_multiplier": z, "clip_norm": clip,
+                        "secret_noise": secret},
+        }
+    )  # fmt: skip
+    seen: dict[int, torch.Tensor] = {}
+    check = round_module.check_update
+
+    def spy(exp: Any, client_id: int, round_idx: int, data_: bytes) -> Any:
+        up = check(exp, client_id, round_idx, data_)
+        seen[client_id] = up.delta.clone()  # what the server receives
+        return up
+
+    monkeypatch.setattr(round_module, "check_update", spy)
+    run(cfg, data, store=False)
+    noised = dict(seen)
+    monkeypatch.setattr(LocalNoise, "apply", lambda self, vec, ctx: vec)
+    run(cfg, data, store=False)  # the same clients, clipped updates without noise
+    assert sorted(seen) == sorted(noised) and len(seen) == 3
+    for c, d in noised.items():
+        stripped = d - gaussian(d, z * clip, torch_generator(7, "local_dp", 0, c))
+        error = float((stripped - seen[c]).abs().max())
+        if secret:
+            assert error > z * clip  # N(0, 2 (z C)^2) a coordinate, 199,210 of them
+        else:
+            assert error < 1e-12
+
+
 def test_dp_mean_caps_weights_and_uses_a_fixed_denominator() -> None:
     u = torch.tensor([[1.0, 0.0], [0.0, 1.0]], dtype=torch.float64)
     agg = DPMean(4.0, weight_cap=10)

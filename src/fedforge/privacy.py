@@ -25,7 +25,7 @@ from fedforge.config import Config
 from fedforge.config.privacy import delta_of
 from fedforge.errors import ConfigError, invalid_field
 from fedforge.pipeline import Stage
-from fedforge.rng import torch_generator
+from fedforge.rng import noise_generator
 from fedforge.server.periods import upload_period
 from fedforge.server.sampling import cohort_size
 from fedforge.stages.clip import Clip, ClipBoard
@@ -81,7 +81,7 @@ class PrivacyParts:
             del self.board.unclipped[key]  # refused or dropped clients' bits
         self.board.norms.pop(round_idx, None)
         p = self.cfg.privacy
-        gen = torch_generator(self.cfg.seed, "clip_count", round_idx)
+        gen = noise_generator(self.cfg.privacy.secret_noise, self.cfg.seed, "clip_count", round_idx)
         counted = list(clients)
         state["clip_norm"] = next_clip_norm(
             float(state["clip_norm"]),
@@ -235,11 +235,12 @@ def assemble(cfg: Config, num_examples: list[int]) -> PrivacyParts:
     if p.tiers.enabled:  # high: clip + local noise; low: clip; both masked
         t = p.tiers
         parts.high_tier = high_tier(cfg.num_clients, t.high_fraction, t.high_clients, cfg.seed)
-        parts.client_stages = (clip, TieredNoise(p.noise_multiplier, p.clip_norm, parts.high_tier))
+        noise = TieredNoise(p.noise_multiplier, p.clip_norm, parts.high_tier, p.secret_noise)
+        parts.client_stages = (clip, noise)
         _check_budget(parts)
         return parts
     if p.dp == "local":
-        parts.client_stages = (clip, LocalNoise(p.noise_multiplier, p.clip_norm))
+        parts.client_stages = (clip, LocalNoise(p.noise_multiplier, p.clip_norm, p.secret_noise))
         _check_budget(parts)
         return parts
     if cfg.robust.aggregator != "mean":
@@ -258,10 +259,10 @@ def assemble(cfg: Config, num_examples: list[int]) -> PrivacyParts:
     parts.aggregator = DPMean(denominator, cap)
     if p.dp == "distributed":  # the noise is the clients' (secagg is required)
         n_min = parts.secagg.min_survivors if parts.secagg is not None else 1
-        parts.client_stages = (clip, DistributedNoise(z, p.clip_norm, n_min))
+        parts.client_stages = (clip, DistributedNoise(z, p.clip_norm, n_min, p.secret_noise))
     else:
         parts.client_stages = (clip,)
-        parts.aggregate_stages = (CentralNoise(z, p.clip_norm, denominator),)
+        parts.aggregate_stages = (CentralNoise(z, p.clip_norm, denominator, p.secret_noise),)
     parts.accountant = Accountant(
         p.noise_multiplier,
         cfg.num_clients,

@@ -52,9 +52,16 @@ def config_notes(cfg: Config) -> list[str]:
     p, p_default = cfg.privacy, PrivacyConfig()
     tiers = p.tiers.high_fraction > 0 or bool(p.tiers.high_clients)
     if p.dp == "none" and not tiers:  # the noise, its accounting and its budget
-        for name in ("noise_multiplier", "accountant", "delta", "target_epsilon", "adaptive_clip"):
+        names = ("noise_multiplier", "accountant", "delta", "target_epsilon", "adaptive_clip")
+        for name in (*names, "secret_noise"):
             if getattr(p, name) != getattr(p_default, name):
                 out.append(f"privacy.{name} = {getattr(p, name)} is ignored with privacy.dp 'none'")
+    elif not p.secret_noise:
+        out.append(
+            "the privacy noise is derived from the run seed (reproducible): the epsilon "
+            "holds against whoever does not know the seed; privacy.secret_noise = true "
+            "draws it from the OS"
+        )
     if cfg.weight_cap is not None and cfg.aggregation_weights not in ("capped", "quality", "class"):
         out.append(
             f"weight_cap = {cfg.weight_cap} is ignored by aggregation_weights "

@@ -47,6 +47,9 @@ class PrivacyConfig:
     delta: float | None = None  # null: 1 / num_clients**1.1
     accountant: Literal["rdp", "pld"] = "rdp"  # pld needs poisson sampling
     target_epsilon: float | None = None  # stop before a round would spend more
+    # noise seeded from the OS's CSPRNG, not derived from the run seed: whoever knows
+    # the seed cannot subtract it, and the run no longer repeats bit for bit
+    secret_noise: bool = False
     secagg: bool = False  # Bonawitz et al. 2017 secure aggregation of the updates
     secagg_threshold: float = 0.66  # t = ceil(threshold * cohort) shares reconstruct
     secagg_frac_bits: int = 20  # fixed point: x -> round(x 2^f) mod 2^k

@@ -16,7 +16,11 @@ adds noise of std z C / sqrt(n_min) before the secure-aggregation mask
 (``DistributedNoise``, client); the server, trusted with nothing but the sum,
 sees the masked sum of at least n_min such updates, which carries at least the
 central noise z C. Noise comes from derived
-generators (seed, round[, client], purpose): reruns are bit-identical.
+generators (seed, round[, client], purpose): reruns are bit-identical, and
+whoever knows the run's seed can regenerate the noise and subtract it (a review
+recovered local-DP updates to 4e-16 so). With ``secret`` (``privacy.secret_noise``)
+every draw is seeded from the OS's CSPRNG instead: the guarantee then holds
+against a server that knows the seed, and runs do not repeat bit for bit.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import torch
 
 from fedforge.aggregators.mean import Accumulator
 from fedforge.pipeline import StageContext, Where
-from fedforge.rng import torch_generator
+from fedforge.rng import noise_generator
 
 
 def gaussian(like: torch.Tensor, std: float, gen: torch.Generator) -> torch.Tensor:
@@ -45,12 +49,15 @@ class CentralNoise:
     where: Where = "server_aggregate"
     linear = True
 
-    def __init__(self, noise_multiplier: float, clip_norm: float, denominator: float) -> None:
+    def __init__(
+        self, noise_multiplier: float, clip_norm: float, denominator: float, secret: bool = False
+    ) -> None:
         if not (noise_multiplier >= 0 and clip_norm > 0 and denominator > 0):
             raise ValueError("need noise_multiplier >= 0, clip_norm > 0, denominator > 0")
         self.noise_multiplier = noise_multiplier
         self.clip_norm = clip_norm
         self.denominator = denominator
+        self.secret = secret
 
     def std(self, ctx: StageContext) -> float:
         """The noise std on the mean in round ``ctx.round_idx``."""
@@ -58,7 +65,7 @@ class CentralNoise:
         return self.noise_multiplier * clip / self.denominator
 
     def apply(self, vec: torch.Tensor, ctx: StageContext) -> torch.Tensor:
-        gen = torch_generator(ctx.seed, "central_dp", ctx.round_idx)
+        gen = noise_generator(self.secret, ctx.seed, "central_dp", ctx.round_idx)
         return vec + gaussian(vec, self.std(ctx), gen)
 
 
@@ -69,14 +76,15 @@ class LocalNoise:
     where: Where = "client"
     linear = True
 
-    def __init__(self, noise_multiplier: float, clip_norm: float) -> None:
+    def __init__(self, noise_multiplier: float, clip_norm: float, secret: bool = False) -> None:
         if not (noise_multiplier > 0 and clip_norm > 0):
             raise ValueError("local DP needs noise_multiplier > 0 and clip_norm > 0")
         self.noise_multiplier = noise_multiplier
         self.clip_norm = clip_norm
+        self.secret = secret
 
     def apply(self, vec: torch.Tensor, ctx: StageContext) -> torch.Tensor:
-        gen = torch_generator(ctx.seed, "local_dp", ctx.round_idx, ctx.client_id or 0)
+        gen = noise_generator(self.secret, ctx.seed, "local_dp", ctx.round_idx, ctx.client_id or 0)
         return vec + gaussian(vec, self.noise_multiplier * self.clip_norm, gen)
 
 
@@ -92,12 +100,15 @@ class DistributedNoise:
     where: Where = "client"
     linear = True
 
-    def __init__(self, noise_multiplier: float, clip_norm: float, min_survivors: int) -> None:
+    def __init__(
+        self, noise_multiplier: float, clip_norm: float, min_survivors: int, secret: bool = False
+    ) -> None:
         if not (noise_multiplier > 0 and clip_norm > 0 and min_survivors >= 1):
             raise ValueError("need noise_multiplier > 0, clip_norm > 0, min_survivors >= 1")
         self.noise_multiplier = noise_multiplier
         self.clip_norm = clip_norm
         self.min_survivors = min_survivors
+        self.secret = secret
 
     @property
     def std(self) -> float:
@@ -105,7 +116,8 @@ class DistributedNoise:
         return self.noise_multiplier * self.clip_norm / math.sqrt(self.min_survivors)
 
     def apply(self, vec: torch.Tensor, ctx: StageContext) -> torch.Tensor:
-        gen = torch_generator(ctx.seed, "distributed_dp", ctx.round_idx, ctx.client_id or 0)
+        who = ctx.client_id or 0
+        gen = noise_generator(self.secret, ctx.seed, "distributed_dp", ctx.round_idx, who)
         return vec + gaussian(vec, self.std, gen)
 
 

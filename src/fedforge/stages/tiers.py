@@ -19,7 +19,7 @@ import torch
 
 from fedforge.errors import invalid_field
 from fedforge.pipeline import StageContext, Where
-from fedforge.rng import numpy_rng, torch_generator
+from fedforge.rng import noise_generator, numpy_rng
 from fedforge.stages.dp import gaussian
 
 TIERS = ("high", "low")
@@ -57,16 +57,23 @@ class TieredNoise:
     where: Where = "client"
     linear = True
 
-    def __init__(self, noise_multiplier: float, clip_norm: float, high: Collection[int]) -> None:
+    def __init__(
+        self,
+        noise_multiplier: float,
+        clip_norm: float,
+        high: Collection[int],
+        secret: bool = False,
+    ) -> None:
         if not (noise_multiplier > 0 and clip_norm > 0):
             raise ValueError("tiered local DP needs noise_multiplier > 0 and clip_norm > 0")
         self.noise_multiplier = noise_multiplier
         self.clip_norm = clip_norm
         self.high = frozenset(high)
+        self.secret = secret  # see stages/dp.py
 
     def apply(self, vec: torch.Tensor, ctx: StageContext) -> torch.Tensor:
         client = ctx.client_id or 0
         if client not in self.high:
             return vec
-        gen = torch_generator(ctx.seed, "local_dp", ctx.round_idx, client)
+        gen = noise_generator(self.secret, ctx.seed, "local_dp", ctx.round_idx, client)
         return vec + gaussian(vec, self.noise_multiplier * self.clip_norm, gen)
