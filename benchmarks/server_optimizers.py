@@ -17,6 +17,8 @@ final accuracy the table gives the mean over the last 10 evaluations ("last-10")
 Full mode: 500 rounds, target 0.97, the whole grid; each run is recorded under
 benchmarks/results/server_optimizers and a rerun of the same command reuses or
 resumes it. ``--quick``: 25 rounds, target 0.85, the middle grid point only.
+``--partition hsu``: the same alpha in Hsu et al.'s form (each client's class mix
+drawn; Reddi et al.'s split), much more skewed than the default by-class split.
 
 Last line: ``RESULT fedadam_over_fedavg_rounds=<FedAvg rounds / FedAdam's best
 rounds> fedyogi_over_fedavg_rounds=...`` (above 1: fewer rounds than FedAvg; nan
@@ -58,6 +60,7 @@ GRID: dict[str, tuple[dict[str, Any], tuple[float, ...]]] = {
     "fedyogi": ({"kind": "yogi"}, (0.001, 0.00316, 0.01)),
 }
 ADAPTIVE = {"beta1": 0.9, "beta2": 0.99, "tau": 1e-3}
+PARTITION_SUFFIX = {"dirichlet": "", "hsu": "-hsu"}  # record names (the first runs had none)
 
 
 def config(arm: str, server_lr: float, seed: int, args: Any) -> Config:
@@ -65,11 +68,11 @@ def config(arm: str, server_lr: float, seed: int, args: Any) -> Config:
     optimizer = {**section, **(ADAPTIVE if section["kind"] != "sgd" else {})}
     return from_dict(
         {
-            "name": f"server-opt-{arm}-lr{server_lr:g}-s{seed}",
+            "name": f"server-opt-{arm}-lr{server_lr:g}-s{seed}{PARTITION_SUFFIX[args.partition]}",
             "seed": seed,
             "model": "2nn",
             "num_clients": 100,
-            "partition": {"kind": "dirichlet", "alpha": 0.1},
+            "partition": {"kind": args.partition, "alpha": 0.1},
             "client_fraction": 0.1,
             "local_epochs": 1,
             "batch_size": 10,
@@ -103,6 +106,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="25 rounds, one server lr an arm")
     parser.add_argument("--seeds", type=int, default=1)
+    parser.add_argument(
+        "--partition",
+        choices=("dirichlet", "hsu"),
+        default="dirichlet",
+        help="Dirichlet(0.1) by class (NIID-Bench) or by client (Hsu et al., Reddi et al.)",
+    )
     add_workers(parser)
     args = parser.parse_args()
     args.rounds, target = (25, 0.85) if args.quick else (500, 0.97)
@@ -110,7 +119,7 @@ def main() -> None:
     torch.set_num_threads(1)
     shared = config("fedavg", 1.0, 0, args)
     arms = {f"{a} lr={lr:g}": config(a, lr, 0, args) for a in GRID for lr in grid(a, args.quick)}
-    print_settings(f"Dirichlet(0.1) MNIST, 2NN; target {target}", shared, arms)
+    print_settings(f"{args.partition} Dirichlet(0.1) MNIST, 2NN; target {target}", shared, arms)
     rows: list[tuple[int, str, float, dict[str, Any]]] = []
     width = max(len(GRID[a][1]) for a in GRID)
     for seed in range(args.seeds):

@@ -10,6 +10,7 @@ from fedforge.config import PartitionConfig
 from fedforge.data.partition import (
     Partition,
     dirichlet,
+    hsu,
     iid,
     make_partition,
     quantity_skew,
@@ -19,7 +20,7 @@ from fedforge.data.partition import (
 from fedforge.errors import PartitionError
 
 MNIST_LIKE = np.repeat(np.arange(10), 6000)  # 60000 labels, 6000 per class
-KINDS = ("iid", "shards", "dirichlet", "quantity")
+KINDS = ("iid", "shards", "dirichlet", "hsu", "quantity")
 
 
 def assert_exact_cover(part: Partition, num_samples: int) -> None:
@@ -116,6 +117,51 @@ def test_dirichlet_min_size_and_skew() -> None:
     skewed = summarize(part, MNIST_LIKE, 10).heterogeneity
     flat = dirichlet(MNIST_LIKE, 50, 1000.0, np.random.default_rng(0))
     assert summarize(flat, MNIST_LIKE, 10).heterogeneity < 0.1 < 0.5 < skewed
+
+
+def _shares(part: Partition, labels: np.ndarray, clients: slice) -> np.ndarray:
+    """Each client's share of each class, [clients, classes]."""
+    counts = np.stack([np.bincount(labels[i], minlength=10) for i in part.client_indices])
+    return (counts / counts.sum(axis=1, keepdims=True))[clients]
+
+
+@pytest.mark.parametrize("alpha", [0.3, 1.0, 5.0])
+def test_hsu_mixes_follow_their_dirichlet(alpha: float) -> None:
+    """Hsu et al.: q_k ~ Dir(alpha p), so a client's share of class c is Beta(alpha
+    p_c, alpha (1 - p_c)): mean p_c = 0.1 and variance p_c (1 - p_c) / (alpha + 1)
+    (balanced classes). Over the first 100 of 300 clients, before any class runs
+    low. Equal sizes; every sample once."""
+    labels = np.repeat(np.arange(10), 3000)
+    rng = np.random.default_rng(1)
+    part = hsu(labels, 300, alpha, rng)
+    assert set(part.sizes().tolist()) == {100}
+    assert_exact_cover(part, labels.size)
+    shares = _shares(part, labels, slice(0, 100))
+    want = 0.1 * 0.9 / (alpha + 1)
+    assert abs(shares.mean() - 0.1) < 1e-12  # each row sums to 1 over 10 classes
+    assert abs(shares.var() / want - 1) < 0.15, (shares.var(), want)
+    assert abs(shares[:, 3].mean() - 0.1) < 4 * np.sqrt(want / 100)
+
+
+def test_hsu_skews_more_than_dirichlet_at_the_same_alpha_and_handles_tiny_alpha() -> None:
+    """The two Dirichlet splits at alpha = 1, 100 clients of MNIST-sized classes: a
+    client's class share has variance 0.045 (Hsu) against ~0.008 (by class). At
+    alpha 1e-300 (alpha p underflows) each client holds one class, and uneven
+    class sizes still cover every sample once."""
+    labels = np.repeat(np.arange(10), 6000)
+    by_client = _shares(hsu(labels, 100, 1.0, np.random.default_rng(2)), labels, slice(0, 50))
+    by_class = _shares(dirichlet(labels, 100, 1.0, np.random.default_rng(2)), labels, slice(0, 100))
+    assert 0.035 < by_client.var() < 0.055 and by_class.var() < 0.015
+    uneven = np.concatenate([np.repeat(np.arange(10), np.arange(1, 11) * 100)])
+    tiny = hsu(uneven, 50, 1e-300, np.random.default_rng(3))
+    assert_exact_cover(tiny, uneven.size)
+    one_class = [np.unique(uneven[i]).size == 1 for i in tiny.client_indices]
+    assert sum(one_class) >= 25  # a client straddles classes when its class runs out,
+    assert max(np.unique(uneven[i]).size for i in tiny.client_indices) <= 3  # a few only
+    with pytest.raises(PartitionError, match="hsu alpha = 0.0"):
+        hsu(labels, 10, 0.0, np.random.default_rng(0))
+    cfg = PartitionConfig(kind="hsu", alpha=0.5)
+    assert make_partition(cfg, 10, labels, 7).sizes().tolist() == [6000] * 10
 
 
 def test_quantity_sizes() -> None:

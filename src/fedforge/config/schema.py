@@ -25,7 +25,7 @@ from fedforge.config.privacy import PrivacyConfig, validate_privacy
 from fedforge.errors import invalid_field as invalid
 
 WeightRule = Literal["num_examples", "uniform", "sqrt", "capped", "quality", "class"]
-PartitionKind = Literal["iid", "shards", "dirichlet", "quantity"]
+PartitionKind = Literal["iid", "shards", "dirichlet", "hsu", "quantity"]
 # feature-shift domains of data/shift.py and label-noise rules of data/noise.py
 FeatureDomain = Literal["none", "rotation", "invert", "contrast", "blur", "noise", "scale"]
 LabelNoiseRule = Literal["symmetric", "pair"]
@@ -43,7 +43,7 @@ class PartitionConfig:
 
     kind: PartitionKind = "iid"
     shards_per_client: int = 2  # shards: McMahan's 200 shards of 300 = 2 per client
-    alpha: float = 0.5  # dirichlet: label-skew concentration (> 0)
+    alpha: float = 0.5  # dirichlet, hsu: label-skew concentration (> 0)
     sigma: float = 1.0  # quantity: lognormal sigma of client sizes (>= 0)
     min_size: int = 1  # dirichlet/quantity: smallest client allowed
     # FedBN's feature shift: domains dealt over the clients, one each; () = off
@@ -214,6 +214,7 @@ def describe_split(cfg: Config) -> str:
     detail = {
         "shards": f"{part.shards_per_client} shards/client",
         "dirichlet": f"alpha={part.alpha}",
+        "hsu": f"alpha={part.alpha}",
         "quantity": f"sigma={part.sigma}",
     }.get(part.kind)
     return f"{part.kind} partition" + (f" ({detail})" if detail else "")
