@@ -154,6 +154,11 @@ def test_compare_iid(tmp_path: Path, capsys: pytest.CaptureFixture[str], one_thr
     assert iid_config(mnist).partition.kind == "iid"
     with pytest.raises(ConfigError, match="already 'iid'"):
         iid_config(from_dict({**TINY, "dataset": "mnist"}))
+    # feature shift and label noise are heterogeneity too: the control drops them
+    shifted = {"kind": "iid", "feature_shift": ["rotation", "invert"], "label_noise": 0.3}
+    control = iid_config(from_dict({**TINY, "dataset": "mnist", "partition": shifted}))
+    assert control.partition.kind == "iid" and control.partition.feature_shift == ()
+    assert control.partition.label_noise == 0.0
     assert main(["compare-iid", str(path), "-q", "--set", "synthetic.iid=true"]) == 2
 
 

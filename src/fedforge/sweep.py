@@ -252,14 +252,20 @@ def format_sweep(results: Sequence[PointResult]) -> str:
 
 
 def iid_config(cfg: Config) -> Config:
-    """``cfg`` on an IID split of the same data, named ``<name>-iid``."""
+    """``cfg`` on an IID split of the same data, named ``<name>-iid``: the labels
+    split IID, and no feature shift or label noise (every client alike)."""
     if cfg.dataset == "synthetic":
         if cfg.synthetic.iid:
             raise ConfigError("synthetic.iid is already true: there is no split to compare")
         return override(cfg, {"synthetic.iid": True, "name": f"{cfg.name}-iid"})
-    if cfg.partition.kind == "iid":
-        raise ConfigError("partition.kind is already 'iid': there is no split to compare")
-    return override(cfg, {"partition.kind": "iid", "name": f"{cfg.name}-iid"})
+    part = cfg.partition
+    if part.kind == "iid" and not part.feature_shift and not part.label_noise:
+        raise ConfigError(
+            "partition.kind is already 'iid', without feature shift or label noise: "
+            "there is no split to compare"
+        )
+    iid = {"partition.kind": "iid", "partition.feature_shift": [], "partition.label_noise": 0.0}
+    return override(cfg, {**iid, "name": f"{cfg.name}-iid"})
 
 
 def compare_iid(
