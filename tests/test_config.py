@@ -355,6 +355,21 @@ def test_privacy_settings_without_dp_are_named() -> None:
     assert config_notes(from_dict({"privacy": {**tiers, "secret_noise": True}})) == []
 
 
+def test_robust_settings_the_aggregator_does_not_read_are_named() -> None:
+    from fedforge.config.notes import config_notes
+
+    robust = {"aggregator": "median", "byzantine": 2, "trim_fraction": 0.2}
+    assert config_notes(from_dict({"robust": robust})) == [
+        "robust.byzantine = 2 is ignored by robust.aggregator 'median'",
+        "robust.trim_fraction = 0.2 is ignored by robust.aggregator 'median'",
+    ]
+    assert config_notes(from_dict({"robust": {**robust, "aggregator": "trimmed_mean"}})) == [
+        "robust.byzantine = 2 is ignored by robust.aggregator 'trimmed_mean'"
+    ]
+    krum = {"aggregator": "krum", "byzantine": 2}
+    assert config_notes(from_dict({"robust": krum})) == []
+
+
 def test_a_weight_cap_no_rule_reads_is_named() -> None:
     from fedforge.config.notes import config_notes
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from fedforge.config.noniid import SyntheticConfig
 from fedforge.config.privacy import PrivacyConfig
-from fedforge.config.schema import Config, ServerOptimizerConfig
+from fedforge.config.schema import Config, RobustConfig, ServerOptimizerConfig
 
 
 def config_notes(cfg: Config) -> list[str]:
@@ -44,6 +44,7 @@ def config_notes(cfg: Config) -> list[str]:
             f"local.momentum = {loc.momentum}, local.weight_decay = {loc.weight_decay} "
             "the control variates carry them too (option 'I' does not)"
         )
+    out += _robust_notes(cfg)
     syn, syn_default = cfg.synthetic, SyntheticConfig()
     if cfg.dataset == "synthetic" and syn.iid:
         for name in ("alpha", "beta"):
@@ -74,3 +75,27 @@ def config_notes(cfg: Config) -> list[str]:
             "model is evaluated with eval_clients"
         )
     return out
+
+
+# the robust aggregators that read each field (robust.py builds them)
+_ROBUST_READERS = {
+    "byzantine": ("krum", "multi_krum", "bulyan"),
+    "trim_fraction": ("trimmed_mean",),
+    "multi_krum_m": ("multi_krum",),
+    "norm_bound": ("norm_bound", "centred_clip"),
+    "norm_window": ("norm_bound", "centred_clip"),
+    "centred_clip_iterations": ("centred_clip",),
+    "geomed_max_iter": ("geometric_median",),
+    "geomed_tol": ("geometric_median",),
+}
+
+
+def _robust_notes(cfg: Config) -> list[str]:
+    """Robust aggregator settings that the configured aggregator does not read
+    (e.g. robust.byzantine under the median, which assumes no f)."""
+    r, default = cfg.robust, RobustConfig()
+    return [
+        f"robust.{name} = {getattr(r, name)} is ignored by robust.aggregator '{r.aggregator}'"
+        for name, readers in _ROBUST_READERS.items()
+        if r.aggregator not in readers and getattr(r, name) != getattr(default, name)
+    ]
