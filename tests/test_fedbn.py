@@ -276,3 +276,72 @@ def test_client_eval_scores_each_client_with_its_own_batch_norm(make_data: MakeD
     want = _plain_eval(model, exp.spec, params["fedbn"], x, y)
     assert rows["fedbn"][unseen][0] == want[0]
     assert rows["fedbn"][unseen][1] == pytest.approx(want[1], abs=1e-9)
+
+
+def test_fedbn_against_a_plain_module_with_each_clients_batch_norm(
+    make_data: MakeData, one_thread: None
+) -> None:
+    """FedBN (Li et al. 2021) written out on a plain ``nn.Module`` with
+    ``torch.optim.SGD`` and a ``state_dict`` of batch-norm entries per client (no
+    fedforge training code): every sampled client trains from the global shared
+    layers and its own batch norm (the initial one the first time), the server
+    averages the shared layers by examples, each client keeps its batch norm.
+    Four rounds at C = 0.6, float64: shared layers and every client's batch norm."""
+    import copy
+
+    from torch import nn
+
+    from fedforge.rng import torch_generator
+    from fedforge.server.sampling import sample_cohort
+
+    data = make_data([20, 12, 17, 9, 14], seed=2)
+    cfg = from_dict(
+        {**BASE, "model": "cnn_bn", "algorithm": "fedbn", "num_clients": 5,
+         "client_fraction": 0.6, "local_epochs": 1, "batch_size": 8, "lr": 0.05, "rounds": 4}
+    )  # fmt: skip
+    exp = build(cfg, data)
+    state = LoopState.fresh(exp)
+    for r in range(cfg.rounds):
+        run_round(exp, state, r, Progress(cfg.rounds, "t", enabled=False))
+
+    model = build_model("cnn_bn", 0, F64)
+    spec = ParamSpec.of(model, include_buffers=True)
+    spec.load_into(model, exp.initial_params)
+    shared = {k: v.clone() for k, v in model.state_dict().items() if not k.startswith("bn")}
+    initial_bn = {k: v.clone() for k, v in model.state_dict().items() if k.startswith("bn")}
+    own_bn: dict[int, dict[str, torch.Tensor]] = {}
+    for r in range(cfg.rounds):
+        deltas, sizes = [], []
+        for k in sample_cohort(5, 0.6, cfg.seed, r):
+            model.load_state_dict({**shared, **copy.deepcopy(own_bn.get(k, initial_bn))})
+            model.train()
+            idx = list(data.partition.client_indices[k])
+            xs, ys = data.train_x[idx], data.train_y[idx]
+            opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
+            order = torch.randperm(len(ys), generator=torch_generator(cfg.seed, "minibatch", r, k))
+            for b in order.split(8):
+                opt.zero_grad()
+                nn.functional.cross_entropy(model(xs[b]), ys[b]).backward()
+                opt.step()
+            after = model.state_dict()
+            own_bn[k] = {n: v.clone() for n, v in after.items() if n.startswith("bn")}
+            deltas.append({n: after[n] - shared[n] for n in shared})
+            sizes.append(len(ys))
+        total = sum(sizes)
+        shared = {
+            n: shared[n] + sum(s * d[n] for s, d in zip(sizes, deltas, strict=True)) / total
+            for n in shared
+        }
+    ours = spec.views(state.params)
+    for n, v in shared.items():
+        if n in ours:  # parameters and buffers the flat vector holds
+            torch.testing.assert_close(ours[n], v, rtol=0, atol=1e-12)
+    personal = exp.algorithm.personal
+    assert personal is not None and sorted(own_bn) == personal.store.written()
+    for k, entries in own_bn.items():
+        row = torch.zeros(spec.size, dtype=F64)
+        row[personal.mask] = personal.store.gather([k])[0]
+        mine = spec.views(row)
+        for n, v in entries.items():
+            if n in mine:
+                torch.testing.assert_close(mine[n], v, rtol=0, atol=1e-12)
