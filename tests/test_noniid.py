@@ -125,9 +125,10 @@ def test_scaffold_control_update_by_hand(option: str, new_ck: float) -> None:
     # server: c += (|S| / N) mean(delta c_k) = sum(delta c_k) / N, here N = 4
     state = {"control": torch.tensor([0.5], dtype=F64)}
     other = {"control_delta": torch.tensor([1.0], dtype=F64)}
-    ScaffoldServer().apply(state, [{"control_delta": delta_ck}, other], num_clients=4)
+    moved = ScaffoldServer().moved(state, [{"control_delta": delta_ck}, other], num_clients=4)
     want = torch.tensor([0.5 + (new_ck - 0.25 + 1.0) / 4], dtype=F64)
-    torch.testing.assert_close(state["control"], want)
+    torch.testing.assert_close(moved["control"], want)
+    assert state["control"].item() == 0.5  # a new state: the round keeps it if it stands
 
 
 CASES: dict[str, dict[str, Any]] = {
@@ -388,3 +389,83 @@ def test_scaffold_cnn_matches_a_hand_written_scaffold(
     ref = _scaffold_by_hand(data, start, 3, 0.05, 4, cfg.seed)
     assert (ref - start).abs().max().item() > 1e-3  # it trained
     torch.testing.assert_close(ours.params, ref, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("groups", [0, 2])
+def test_scaffold_control_deltas_whose_sum_overflows_skip_the_round(
+    make_data: MakeData, one_thread: None, monkeypatch: pytest.MonkeyPatch, groups: int
+) -> None:
+    """Clients 0 and 1 (one edge under groups = 2) each send a finite delta c_k of
+    1e308: their sum is inf. Flat, c became inf and every later round was
+    skipped for good; with edges, the edge's refused sum ended the run. Now the
+    round is skipped like an overflowing aggregate: c and every c_k stay."""
+    import importlib
+
+    from tests.conftest import TINY_LOGREG
+
+    from fedforge.report.progress import Progress
+    from fedforge.server.round import run_round
+    from fedforge.server.state import LoopState
+
+    scaffold_module = importlib.import_module("fedforge.algorithms.scaffold")
+    end = scaffold_module.ScaffoldClient.end
+    hostile_once: set[int] = set()
+
+    def hostile(self: Any, job: Any) -> dict[str, torch.Tensor]:
+        out = end(self, job)
+        if job.client_id in (0, 1) and job.client_id not in hostile_once:  # the first round
+            hostile_once.add(job.client_id)
+            out = {k: torch.full_like(v, 1e308) for k, v in out.items()}
+        return out
+
+    monkeypatch.setattr(scaffold_module.ScaffoldClient, "end", hostile)
+    cfg = from_dict(
+        {**TINY_LOGREG, "rounds": 2, "algorithm": "scaffold", "communication": {"groups": groups}}
+    )
+    exp = build(cfg, make_data([30, 30, 30, 30], seed=1))
+    state = LoopState.fresh(exp)
+    store = exp.algorithm.client.store
+    run_round(exp, state, 0, Progress(2, "t", enabled=False))
+    assert [r for r, _ in state.skipped] == [0]
+    want = "edge 0: 'control_delta' holds non-finite" if groups else "control overflowed"
+    assert want in state.skipped[0][1]
+    assert torch.equal(state.algorithm_state["control"], torch.zeros_like(exp.initial_params))
+    assert store.written() == []
+    run_round(exp, state, 1, Progress(2, "t", enabled=False))  # the next round stands
+    assert [r for r, _ in state.skipped] == [0]
+    assert bool(torch.isfinite(state.algorithm_state["control"]).all())
+    assert store.written() == [0, 1, 2, 3]
+
+
+def test_the_server_moves_c_by_what_the_edges_forwarded(
+    make_data: MakeData, one_thread: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under groups the server's c moves by the edges' forwarded sums, not by the
+    clients' own tensors (which never left the edges): zero the forwarded sums
+    and c stays zero."""
+    from tests.conftest import TINY_LOGREG
+
+    from fedforge.server.hierarchy import Edges
+
+    forward = Edges.forward
+
+    def zeroed(self: Edges, *args: Any) -> int:
+        sent = forward(self, *args)
+        self.received = [{k: torch.zeros_like(v) for k, v in e.items()} for e in self.received]
+        return sent
+
+    cfg = {**TINY_LOGREG, "rounds": 2, "algorithm": "scaffold", "communication": {"groups": 2}}
+    data = make_data([30, 30, 30, 30], seed=1)
+    exp = build(from_dict(cfg), data)
+    from fedforge.report.progress import Progress
+    from fedforge.server.round import run_round
+    from fedforge.server.state import LoopState
+
+    state = LoopState.fresh(exp)
+    run_round(exp, state, 0, Progress(1, "t", enabled=False))
+    assert float(state.algorithm_state["control"].abs().max()) > 0
+    monkeypatch.setattr(Edges, "forward", zeroed)
+    exp = build(from_dict(cfg), data)
+    state = LoopState.fresh(exp)
+    run_round(exp, state, 0, Progress(1, "t", enabled=False))
+    assert float(state.algorithm_state["control"].abs().max()) == 0

@@ -114,8 +114,9 @@ class PersonalEntries(Protocol):
 
 class ServerTerms(Protocol):
     """The server half: its state (checkpointed), what the payload carries
-    besides the parameters, what each update must carry, and how the state
-    moves once the round's updates are accepted."""
+    besides the parameters, what each update must carry, and the state after a
+    round from the tensors that reached the server with the used updates (a new
+    dict: the round keeps it only when it is finite and the round stands)."""
 
     update_tensors: tuple[str, ...]
 
@@ -123,12 +124,12 @@ class ServerTerms(Protocol):
 
     def payload(self, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]: ...
 
-    def apply(
+    def moved(
         self,
-        state: dict[str, torch.Tensor],
+        state: Mapping[str, torch.Tensor],
         extras: Sequence[Mapping[str, torch.Tensor]],
         num_clients: int,
-    ) -> None: ...
+    ) -> dict[str, torch.Tensor]: ...
 
 
 @dataclass(frozen=True)

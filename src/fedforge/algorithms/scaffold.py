@@ -119,17 +119,17 @@ class ScaffoldServer:
     def payload(self, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {CONTROL: state[CONTROL]}
 
-    def apply(
+    def moved(
         self,
-        state: dict[str, torch.Tensor],
+        state: Mapping[str, torch.Tensor],
         extras: Sequence[Mapping[str, torch.Tensor]],
         num_clients: int,
-    ) -> None:
+    ) -> dict[str, torch.Tensor]:
         if not extras:
-            return
+            return dict(state)
         total = torch.stack([e[CONTROL_DELTA] for e in extras]).sum(dim=0)
         # (|S| / N) * mean over S of delta c_k
-        state[CONTROL] = state[CONTROL] + total.to(state[CONTROL].dtype) / num_clients
+        return {CONTROL: state[CONTROL] + total.to(state[CONTROL].dtype) / num_clients}
 
 
 def scaffold(

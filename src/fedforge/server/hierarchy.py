@@ -58,6 +58,7 @@ class Edges:
         self._extras: dict[int, dict[str, torch.Tensor]] = {}  # per group: name -> sum
         self.forwarded = 0  # edge-to-server messages sent by ``forward``
         self.received: list[dict[str, torch.Tensor]] = []  # the edges' sums, as decoded
+        self.refused: str | None = None  # why the server refused an edge's sums (round skipped)
 
     def groups_of(self, client_ids: Sequence[int]) -> set[int]:
         """The groups the payload must reach for these clients."""
@@ -96,7 +97,7 @@ class Edges:
         total weight and keep the sums, as ``check_extras`` accepts them, in
         ``received``. Returns the bytes sent."""
         self.forwarded = len(self._sums)
-        self.received = []
+        self.received, self.refused = [], None
         sent = 0
         for g in sorted(self._sums):
             weight = self._weights[g]
@@ -109,7 +110,10 @@ class Edges:
             msg = wire.decode(data)
             own, extras = split_extras(msg.tensors)
             delta = Dense().decode(own, msg.meta, self.size, self.dtype)
-            self.received.append(check_extras(extras))
+            try:
+                self.received.append(check_extras(extras))
+            except UploadError as exc:  # e.g. finite control deltas whose sum overflowed
+                self.refused = f"edge {g}: {exc}"
             w = msg.meta.get("weight")
             if not isinstance(w, int | float) or isinstance(w, bool) or not w > 0:
                 raise UploadError(f"edge {g}: weight {w!r} must be a positive number")

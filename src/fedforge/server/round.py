@@ -353,6 +353,8 @@ def run_round(
     if acc is not None:
         aggregate = acc.result() if acc.count else None
         why = _too_few(exp, len(clients)) if acc.count else None  # clients, not edges
+        if why is None and edges is not None and edges.refused is not None:
+            why = edges.refused  # an edge's message the server refused: its clients too
         if why is not None:
             aggregate, clients = None, {}
             _skip(state, bar, round_idx, why)
@@ -375,6 +377,14 @@ def run_round(
         if not all_finite(aggregate):  # finite updates, too large to sum
             aggregate, clients = None, {}
             _skip(state, bar, round_idx, f"the aggregate overflowed {params.dtype} (inf or NaN)")
+    moved = None  # the algorithm's server state after the round (SCAFFOLD's c)
+    if aggregate is not None and server is not None:
+        received = edges.received if edges is not None else [extras[c] for c in clients]
+        moved = server.moved(state.algorithm_state, received, cfg.num_clients)
+        bad = [name for name, t in moved.items() if not all_finite(t)]
+        if bad:  # finite control deltas, too large to sum: c would be inf for good
+            aggregate, clients, moved = None, {}, None
+            _skip(state, bar, round_idx, f"the server's {', '.join(bad)} overflowed (inf or NaN)")
     if aggregate is not None:
         state.params = state.optimizer.step(params, aggregate)
         personal = exp.algorithm.personal
@@ -382,9 +392,8 @@ def run_round(
             state.params = state.params.masked_scatter(personal.mask, params[personal.mask])
         if exp.privacy is not None:  # adaptive clipping: the next clip norm
             exp.privacy.end_round(state.privacy, round_idx, clients)
-        if server is not None:  # e.g. c += sum of the used clients' delta c_k / N
-            received = edges.received if edges is not None else [extras[c] for c in clients]
-            server.apply(state.algorithm_state, received, cfg.num_clients)
+        if moved is not None:  # e.g. c += sum of the used clients' delta c_k / N
+            state.algorithm_state = moved
     elif not state.skipped or state.skipped[-1][0] != round_idx:
         _skip(state, bar, round_idx, "no valid update")
     if exp.algorithm.client is not None:  # SCAFFOLD: c_k+ of the used clients only
