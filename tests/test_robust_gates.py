@@ -562,3 +562,37 @@ def test_a_client_without_a_loss_leaves_the_rounds_loss_to_the_others(
         losses = {c.client_id: c.train_loss for c in store.client_rounds(0)}
     expected = (10 * losses[0] + 30 * losses[2]) / 40
     assert result.rounds[0].train_loss == pytest.approx(expected, rel=1e-12)
+
+
+def test_the_client_gate_under_privacy(make_data: MakeData) -> None:
+    """Withholding is a decision on the client's un-noised held-out loss: refused
+    with DP that distrusts the server (local, distributed, tiers). Under secure
+    aggregation alone a client may withhold, but its note names no loss (the
+    review read 'held-out loss rose from 2.79235 to 200.861' at the server)."""
+    from fedforge.client import ClientTask, LocalResult
+    from fedforge.transport import wire
+
+    data = make_data([10, 12, 14, 9])
+    noise = {"clip_norm": 1.0, "noise_multiplier": 1.0}
+    for priv in (
+        {"dp": "local", **noise},
+        {"dp": "distributed", "secagg": True, **noise},
+        {"secagg": True, "tiers": {"high_fraction": 0.5}, **noise},
+    ):
+        cfg = override(tiny(4, client_gate=True), {"privacy": priv})
+        with pytest.raises(ConfigError, match="client_gate.*un-noised held-out loss"):
+            build(cfg, data)
+    cfg = override(
+        tiny(4, client_gate=True, holdout_fraction=0.3),
+        {"privacy": {"secagg": True}, "communication": {"clip_norm": 1.0}},
+    )
+    exp = build(cfg, data)
+    runtime = exp.engine.runtime  # type: ignore[attr-defined]
+    assert exp.robust is not None and exp.robust.gate is not None
+    exp.robust.gate.check = lambda *_: "held-out loss rose from 2.79 to 200.8"  # type: ignore
+    start = exp.initial_params
+    note = runtime.withheld(
+        ClientTask(1, 0, exp.algorithm.plan(0), 0), start, LocalResult(start, 1.0, 1)
+    )
+    why = wire.decode(note).meta["withheld"]
+    assert "2.79" not in why and "200.8" not in why and "gate" in why

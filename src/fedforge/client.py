@@ -223,6 +223,8 @@ class ClientRuntime:
         )
         if why is None:
             return None
+        if not self.report_loss:  # the server is not to see the client's own numbers
+            why = "its gate (the losses stay on the client)"
         return wire.encode(
             {}, {"client_id": task.client_id, "round_idx": task.round_idx, "withheld": why}
         )

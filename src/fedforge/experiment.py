@@ -189,6 +189,7 @@ def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
     sizes = [data.num_examples(c) for c in range(cfg.num_clients)]
     priv = privacy.assemble(cfg, sizes)
     privacy.check_algorithm(cfg, algorithm)
+    privacy.check_client_gate(cfg)
     pipeline = Pipeline(
         aggregator=_weighted(cfg, priv, robust.aggregator),
         client=(*comm.client_stages, *priv.client_stages, *robust.client_stages),

@@ -341,6 +341,20 @@ def _secagg(parts: PrivacyParts, cfg: Config, m: int, num_examples: list[int]) -
         parts.secagg_mean = SecAggMean(cap)
 
 
+def check_client_gate(cfg: Config) -> None:
+    """Refuse the client's gate under DP: whether a client withholds its update is
+    a decision on its un-noised held-out loss, a release the accountant does not
+    count. (Under secure aggregation alone the withheld note carries no numbers.)"""
+    p = cfg.privacy
+    if cfg.robust.client_gate and (p.dp in ("local", "distributed") or p.tiers.enabled):
+        what = "privacy.tiers" if p.tiers.enabled else f"privacy.dp = '{p.dp}'"
+        raise ConfigError(
+            f"robust.client_gate with {what}: withholding an update is a decision on the "
+            "client's un-noised held-out loss, outside the privacy accounting; "
+            "set robust.client_gate = false"
+        )
+
+
 def hides_updates(cfg: Config) -> bool:
     """Whether the server must not see a client's own numbers: local DP (noised
     on the client), secure aggregation, distributed DP and the tiers. Its
