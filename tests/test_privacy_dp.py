@@ -451,3 +451,45 @@ def test_the_privacy_table_holds_the_clip_norm_each_round_used(
     with RunStore.open(result.run_dir or "") as store:
         stored = {r[0]: r[3] for r in store.privacy()}
     assert stored == used and stored[0] == 0.3 and len(set(stored.values())) == 3
+
+
+@pytest.mark.parametrize(
+    "priv",
+    [
+        {"dp": "central"},
+        {"dp": "distributed", "secagg": True},
+        {"secagg": True, "tiers": {"high_fraction": 0.5}},
+    ],
+    ids=["central", "distributed", "tiers"],
+)
+def test_secret_noise_reaches_every_mechanism(make_data: MakeData, priv: dict[str, Any]) -> None:
+    """Two runs of the same config and seed: bit-identical with derived noise, not
+    with secret noise (each mechanism draws from the OS)."""
+    from tests.conftest import TINY_LOGREG
+
+    data = make_data([30, 30, 30, 30], seed=1)
+    noise = {"clip_norm": 0.5, "noise_multiplier": 1.0, **priv}
+    for secret in (False, True):
+        cfg = from_dict({**TINY_LOGREG, "privacy": {**noise, "secret_noise": secret}})
+        a, b = (run(cfg, data, store=False).params for _ in range(2))
+        assert torch.equal(a, b) != secret
+
+
+def test_adaptive_clipping_counts_with_secret_noise(make_data: MakeData) -> None:
+    """The clipped count's noise (Andrew et al.) is a release too: the next clip norm
+    repeats with derived noise, not with secret noise."""
+    from fedforge.experiment import build
+
+    data = make_data([30, 30, 30, 30], seed=1)
+    for secret in (False, True):
+        priv = {"dp": "central", "adaptive_clip": True, "clip_count_std": 1.0,
+                "secret_noise": secret}  # fmt: skip
+        cfg = {"model": "logreg", "num_clients": 4, "dtype": "float64", "privacy": priv}
+        exp = build(from_dict(cfg), data)
+        assert exp.privacy is not None
+        norms = []
+        for _ in range(2):
+            state: dict[str, Any] = {"clip_norm": 1.0}
+            exp.privacy.end_round(state, 0, [0, 1])
+            norms.append(state["clip_norm"])
+        assert (norms[0] == norms[1]) != secret

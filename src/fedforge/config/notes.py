@@ -59,9 +59,8 @@ def config_notes(cfg: Config) -> list[str]:
                 out.append(f"privacy.{name} = {getattr(p, name)} is ignored with privacy.dp 'none'")
     elif not p.secret_noise:
         out.append(
-            "the privacy noise is derived from the run seed (reproducible): the epsilon "
-            "holds against whoever does not know the seed; privacy.secret_noise = true "
-            "draws it from the OS"
+            "the privacy noise is derived from the run seed (reproducible): whoever knows "
+            "the seed can subtract it; privacy.secret_noise = true draws it from the OS"
         )
     if cfg.weight_cap is not None and cfg.aggregation_weights not in ("capped", "quality", "class"):
         out.append(

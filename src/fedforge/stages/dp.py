@@ -19,8 +19,11 @@ central noise z C. Noise comes from derived
 generators (seed, round[, client], purpose): reruns are bit-identical, and
 whoever knows the run's seed can regenerate the noise and subtract it (a review
 recovered local-DP updates to 4e-16 so). With ``secret`` (``privacy.secret_noise``)
-every draw is seeded from the OS's CSPRNG instead: the guarantee then holds
-against a server that knows the seed, and runs do not repeat bit for bit.
+every draw is seeded from the OS's CSPRNG instead, and runs do not repeat bit
+for bit. The cohorts stay derived from the seed: local DP, the tiers and
+distributed DP's epsilon against the server (which knows whom it sampled) need
+no more; the amplification by sampling in central and distributed DP's epsilon
+against those who see the models assumes they do not know the seed.
 """
 
 from __future__ import annotations
