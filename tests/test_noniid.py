@@ -201,6 +201,10 @@ def test_stragglers_are_deterministic_and_fedavg_drops_fedprox_keeps() -> None:
     assert all(1 <= e <= 19 for e in a.values())
     assert a != straggler_epochs(cohort, 0.5, 20, seed=5, round_idx=3)
     assert straggler_epochs(cohort, 0.0, 20, 5, 2) == {}
+    # the official code: round(K (1 - f)) active. K = 3, f = 0.5: 2 active, 1 slow;
+    # K = 5: round(2.5) = 2 active (half to even), 3 slow; f = 0.9 of 10: 9 slow
+    assert [len(straggler_epochs(cohort[:k], f, 20, 5, 2)) for k, f in
+            ((3, 0.5), (5, 0.5), (10, 0.9), (10, 0.5))] == [1, 3, 9, 5]  # fmt: skip
     cfg = from_dict({**BASE, "seed": 5, "local_epochs": 20, "stragglers": {"fraction": 0.5}})
     plan = LocalPlan(20, 8, 0.1)
     avg = cohort_tasks(cfg, fedprox(20, 8, 0.1, 0.0, drop_stragglers=True), cohort, 2, plan)

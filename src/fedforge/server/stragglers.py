@@ -21,9 +21,11 @@ from fedforge.rng import numpy_rng
 def straggler_epochs(
     cohort: Sequence[int], fraction: float, local_epochs: int, seed: int, round_idx: int
 ) -> dict[int, int]:
-    """The round's stragglers (round(fraction * |cohort|) of the cohort) and the
-    epochs each does, uniform in 1..local_epochs - 1."""
-    count = round(fraction * len(cohort))
+    """The round's stragglers and the epochs each does, uniform in
+    1..local_epochs - 1. The official code keeps round(|cohort| (1 - fraction))
+    clients active (Python's round, half to even), so the stragglers are the rest:
+    at 3 clients and 0.5, 1 straggler (round(1.5) = 2 active), not round(1.5) = 2."""
+    count = len(cohort) - round(len(cohort) * (1 - fraction))
     if count == 0 or local_epochs < 2:
         return {}
     rng = numpy_rng(seed, "stragglers", round_idx)
