@@ -71,6 +71,73 @@ def test_a_registered_model_runs_alike_on_every_engine(
     assert torch.equal(again, start)
 
 
+class FixedScale(nn.Module):
+    """An MLP with a fixed input scale (a buffer) and a frozen first layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("inv_std", torch.full((784,), 0.5))
+        self.fc1 = nn.Linear(784, 16)
+        self.fc1.requires_grad_(False)
+        self.fc2 = nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x.flatten(1) * self.inv_std)))
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_buffers_and_frozen_parameters_never_move_on_any_engine(
+    make_data: MakeData, one_thread: None, momentum: float
+) -> None:
+    """torch.optim.SGD leaves a buffer and a requires_grad=False parameter alone,
+    and so does every engine: the vectorised engine stepped every entry of the
+    flat vector (the buffer drifted from 0.5 to 0.498-0.502 in two rounds, the
+    engines 2e-3 apart), and both engines trained the frozen layer. Against a
+    plain nn.Module + torch.optim.SGD loop for the first round's clients."""
+    from fedforge.rng import torch_generator
+
+    ff.register_model("fixed_scale", FixedScale)
+    try:
+        data = make_data([7, 12, 9, 5], dtype=torch.float64)
+        cfg = {**BASE, "model": "fixed_scale", "client_fraction": 1.0, "rounds": 1,
+               "checkpoint_every": 0, "local": {"momentum": momentum}}  # fmt: skip
+        runs = {
+            e: ff.run(ff.config.from_dict({**cfg, "engine": e}), data=data, store=False)
+            for e in ("serial", "vectorized")
+        }
+        exp = ff.build(ff.config.from_dict(cfg), data)
+    finally:
+        MODELS.pop("fixed_scale", None)
+    assert runs["vectorized"].summary["engine"] == "vectorized"
+    start = exp.spec.views(exp.initial_params)
+    # the plain loop: each client from the start, torch.optim.SGD, the run's batches
+    model = FixedScale().to(torch.float64)
+    deltas, sizes = [], []
+    for k, idx in enumerate(data.partition.client_indices):
+        model.load_state_dict({n: start[n].clone() for n in model.state_dict()})
+        opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.05,
+                              momentum=momentum)  # fmt: skip
+        xs, ys = data.train_x[list(idx)], data.train_y[list(idx)]
+        order = torch.randperm(
+            len(ys),
+            generator=torch_generator(exp.cfg.seed, "minibatch", 0, k),
+        )
+        for b in order.split(4):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(xs[b]), ys[b]).backward()
+            opt.step()
+        deltas.append(torch.cat([model.state_dict()[n].reshape(-1) - start[n].reshape(-1)
+                                 for n in start]))  # fmt: skip
+        sizes.append(len(ys))
+    want = exp.initial_params + sum(n * d for n, d in zip(sizes, deltas, strict=True)) / sum(sizes)
+    for name, r in runs.items():
+        got = exp.spec.views(r.params)
+        assert torch.equal(got["inv_std"], start["inv_std"]), name
+        assert torch.equal(got["fc1.weight"], start["fc1.weight"]), name
+        assert not torch.equal(got["fc2.weight"], start["fc2.weight"]), name
+        torch.testing.assert_close(r.params, want, rtol=0, atol=1e-12)
+
+
 def test_a_registered_model_resumes_exactly(
     registered: None, make_data: MakeData, one_thread: None, tmp_path: Any, run_stopped: RunStopped
 ) -> None:
@@ -128,3 +195,25 @@ def test_per_fedavg_refuses_running_statistics_not_every_norm(one_thread: None) 
             ff.build(ff.config.from_dict({**synthetic, "model": "bn60"}))
     finally:
         MODELS.pop("ln60"), MODELS.pop("bn60")
+
+
+def test_the_fused_paths_leave_a_frozen_built_in_layer_to_autograd() -> None:
+    """The fused perceptron and CNN steps update every weight they know: a model
+    with a frozen layer goes to the vmap or autograd path instead."""
+    from fedforge.algorithms import LocalPlan
+    from fedforge.algorithms.base import cross_entropy
+    from fedforge.cnn_step import applies
+    from fedforge.engines.batched_mlp import mlp_layers
+    from fedforge.models.layout import set_channels_last
+    from fedforge.models.mnist import MnistCNN, MnistMLP
+
+    mlp = MnistMLP()
+    assert mlp_layers(mlp) == ["fc1", "fc2", "fc3"]
+    mlp.fc1.requires_grad_(False)
+    assert mlp_layers(mlp) is None
+    cnn = MnistCNN()
+    set_channels_last(cnn, True)
+    plan = LocalPlan(1, 10, 0.1)
+    assert applies(cnn, plan, cross_entropy, None, None, torch.float32)
+    cnn.fc1.requires_grad_(False)
+    assert not applies(cnn, plan, cross_entropy, None, None, torch.float32)

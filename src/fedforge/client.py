@@ -110,9 +110,9 @@ def local_sgd(
     tensors = [v for k, v in leaves.items() if k in train]
     step: LocalStep | None = None
     if hook is not None or not plan.plain:
-        batched = _trainable(spec, params.unsqueeze(0))
-        anchor = _trainable(spec, start.unsqueeze(0))
-        per_client = {k: _trainable(spec, v) for k, v in (state or {}).items()}
+        batched = trainable_views(spec, params.unsqueeze(0))
+        anchor = trainable_views(spec, start.unsqueeze(0))
+        per_client = {k: trainable_views(spec, v) for k, v in (state or {}).items()}
         step = LocalStep(plan, batched, anchor, per_client, hook)
     model.train()
     total_loss = 0.0
@@ -135,7 +135,7 @@ def local_sgd(
     return LocalResult(params, total_loss / max(seen, 1), steps)
 
 
-def _trainable(spec: ParamSpec, vec: torch.Tensor) -> list[torch.Tensor]:
+def trainable_views(spec: ParamSpec, vec: torch.Tensor) -> list[torch.Tensor]:
     """The named views of ``vec`` for the entries gradients move, in spec order."""
     views = spec.views(vec)
     return [views[e.name] for e in spec.entries if e.trainable]

@@ -61,6 +61,8 @@ def applies(
         return False
     if any(_hooked(m) for m in model.modules()):  # a hook may change what it computes
         return False
+    if not all(p.requires_grad for p in model.parameters()):  # frozen: never moves
+        return False
     convs = [m for m in model.modules() if isinstance(m, Conv2d)]
     return len(convs) == 2 and all(m.channels_last and _as_built(m) for m in convs)
 

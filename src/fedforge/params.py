@@ -28,6 +28,7 @@ class ParamEntry:
     shape: tuple[int, ...]
     offset: int
     kind: ParamKind
+    frozen: bool = False  # a parameter with requires_grad False: it never moves
 
     @property
     def numel(self) -> int:
@@ -40,8 +41,9 @@ class ParamEntry:
     @property
     def trainable(self) -> bool:
         """A parameter that gradients move (buffers such as batch-norm running
-        statistics are updated by the forward pass instead)."""
-        return self.kind != "buffer"
+        statistics are updated by the forward pass instead; a frozen parameter,
+        ``requires_grad`` False, stays as ``torch.optim.SGD`` would leave it)."""
+        return self.kind != "buffer" and not self.frozen
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,7 @@ class ParamSpec:
         offset = 0
         for name, p in module.named_parameters():
             kind: ParamKind = "batchnorm" if name in norm_names else "weight"
-            entries.append(ParamEntry(name, tuple(p.shape), offset, kind))
+            entries.append(ParamEntry(name, tuple(p.shape), offset, kind, not p.requires_grad))
             offset += p.numel()
         if include_buffers:
             for name, b in module.named_buffers():

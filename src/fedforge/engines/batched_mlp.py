@@ -52,7 +52,10 @@ from fedforge.params import ParamSpec
 
 def mlp_layers(model: nn.Module) -> list[str] | None:
     """The names of ``model``'s linear layers in order, ReLU between each pair
-    (None: not such a chain). Known by type, not guessed from the modules."""
+    (None: not such a chain, or a frozen parameter the fused step would move).
+    Known by type, not guessed from the modules."""
+    if not all(p.requires_grad for p in model.parameters()):
+        return None
     if isinstance(model, MnistMLP):
         return ["fc1", "fc2", "fc3"]
     if isinstance(model, LogisticRegression):

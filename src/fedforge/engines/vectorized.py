@@ -30,6 +30,7 @@ from fedforge.client import (
     LocalResult,
     minibatch_generator,
     minibatches,
+    trainable_views,
 )
 from fedforge.engines.batched_mlp import applies, batched_mlp_sgd, fits, fused_terms, mlp_layers
 from fedforge.engines.batched_mlp import results as mlp_results
@@ -161,35 +162,43 @@ def vectorized_local_sgd(
     weights = mask.to(start.dtype)
 
     def masked_loss(
-        p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, m: torch.Tensor
+        p: dict[str, torch.Tensor],
+        fixed: dict[str, torch.Tensor],
+        x: torch.Tensor,
+        y: torch.Tensor,
+        m: torch.Tensor,
     ) -> torch.Tensor:
         with forward_context(plan.precision):
-            logits = functional_call(model, p, (x,))
+            logits = functional_call(model, {**p, **fixed}, (x,))
         per_example = loss_fn(logits.to(start.dtype), y)
         return (per_example * m).sum() / m.sum().clamp(min=1)
 
-    step_fn = vmap(grad_and_value(masked_loss))
+    step_fn = vmap(grad_and_value(masked_loss))  # gradients of the trainable entries
     params = start.expand(len(xs), -1).clone()
     # Per-tensor [K, ...] views of the stacked vector: gradients per tensor (no
     # slice-backward into a [P] zero vector), steps written straight into it.
+    # Buffers and frozen parameters go in undifferentiated and never move.
     views = spec.views(params)
-    tensors = list(views.values())
+    names = [e.name for e in spec.entries if e.trainable]
+    train = {k: views[k] for k in names}
+    fixed = {k: v for k, v in views.items() if k not in train}
+    tensors = list(train.values())
     loss_sum = torch.zeros(len(xs), dtype=torch.float64)
     local: LocalStep | None = None
     if hook is not None or not plan.plain:
-        anchor = list(spec.views(start.unsqueeze(0)).values())
-        rows_of = {k: list(spec.views(v).values()) for k, v in (state or {}).items()}
+        anchor = trainable_views(spec, start.unsqueeze(0))
+        rows_of = {k: trainable_views(spec, v) for k, v in (state or {}).items()}
         local = LocalStep(plan, tensors, anchor, rows_of, hook)
     active = mask.any(dim=2)  # [S, K]: the client still has a real step
     model.train()
     for step in range(index.shape[0]):
         rows = index[step]
-        grads, losses = step_fn(views, x_all[rows], y_all[rows], weights[step])
+        grads, losses = step_fn(train, fixed, x_all[rows], y_all[rows], weights[step])
         if local is not None:
             live = active[step]
-            local([grads[k] for k in views], None if bool(live.all()) else live)
+            local([grads[k] for k in names], None if bool(live.all()) else live)
         else:
-            torch._foreach_add_(tensors, [grads[k] for k in views], alpha=-plan.lr)
+            torch._foreach_add_(tensors, [grads[k] for k in names], alpha=-plan.lr)
         loss_sum += losses.detach().to(torch.float64) * mask[step].sum(dim=1)
     seen = [sum(len(b) for b in s) for s in schedules]
     return [
