@@ -596,3 +596,32 @@ def test_the_client_gate_under_privacy(make_data: MakeData) -> None:
     )
     why = wire.decode(note).meta["withheld"]
     assert "2.79" not in why and "200.8" not in why and "gate" in why
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"robust.client_gate": True, "robust.holdout_fraction": 0.5},
+        {"aggregation_weights": "quality", "quality_holdout": 0.5},
+    ],
+    ids=["client-gate", "quality"],
+)
+def test_the_loss_gap_measures_the_data_clients_train_on(
+    make_data: MakeData, extra: dict[str, Any]
+) -> None:
+    """The global loss of the loss gap is on what the client trains on: half of
+    each client's data is held out here, which the gap read too (2.3004 against
+    2.3235 for one client in the review)."""
+    from fedforge.evaluate import evaluate
+    from fedforge.server.diagnostics import start_round
+
+    data = make_data([20, 30, 40])
+    cfg = override(tiny(3, rounds=1), {**extra, "diagnostics.loss_gap": True})
+    exp = build(cfg, data)
+    diag = start_round(exp, [0, 1, 2], exp.initial_params, False)
+    assert diag is not None
+    for c in range(3):
+        x, y = exp.engine.runtime.data_fn(c)  # type: ignore[attr-defined]
+        assert 0 < len(y) < len(data.client_data(c)[1])
+        want = evaluate(exp.model, exp.spec, exp.initial_params, x, y).loss
+        assert diag.global_loss[c] == pytest.approx(want, rel=1e-12)

@@ -15,7 +15,7 @@ from fedforge.aggregators import Aggregator, WeightedMean
 from fedforge.aggregators.weights import Reweighted
 from fedforge.algorithms.base import Algorithm
 from fedforge.allocator import keep_large_blocks
-from fedforge.client import ClientRuntime
+from fedforge.client import ClientDataFn, ClientRuntime
 from fedforge.clienteval import split_holdout
 from fedforge.communication import CommunicationParts
 from fedforge.config import Config
@@ -133,6 +133,14 @@ class Experiment:
     comm: CommunicationParts | None = None  # codecs, residuals, groups of cfg.communication
     privacy: PrivacyParts | None = None  # DP stages, accountant, secure aggregation
     data_fingerprint: str = ""  # of the data as given or loaded (store/build_record.py)
+    # what each client trains on: its data less the gate's and the quality weights'
+    # held-out slices, an attacker's labels flipped (None: data.client_data)
+    train_data: ClientDataFn | None = None
+
+    def client_train_data(self, client_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The examples client ``client_id`` trains on."""
+        fn = self.train_data or self.data.client_data
+        return fn(client_id)
 
 
 def shift_data(cfg: Config, data: FederatedData) -> FederatedData:
@@ -229,6 +237,7 @@ def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
         comm,
         priv,
         fingerprint,
+        runtime.data_fn,
     )
 
 

@@ -108,7 +108,7 @@ def personal_accuracies(
         exp.model,
         exp.spec,
         exp.algorithm.loss_fn,
-        exp.data.client_data,
+        exp.client_train_data,
         cfg.personal_eval.steps if steps is None else steps,
         personal_lr(cfg) if lr is None else lr,
         cfg.batch_size,

@@ -73,10 +73,11 @@ class RoundDiagnostics:
         self.train_loss: dict[int, float] = {}
 
     def before(self, exp: Experiment, client_ids: Sequence[int], params: torch.Tensor) -> None:
-        """The global model's loss on each cohort client's data, before it trains."""
+        """The global model's loss on each cohort client's training data (what it
+        trains on: less held-out slices), before it trains."""
         personal = exp.algorithm.personal
         for c in client_ids:
-            x, y = exp.data.client_data(c)
+            x, y = exp.client_train_data(c)
             if len(y) == 0:
                 continue
             own = personal.start(c, params) if personal is not None else params
