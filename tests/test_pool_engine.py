@@ -4,6 +4,7 @@ workers computes exactly what the engine it wraps computes in one process."""
 from __future__ import annotations
 
 import multiprocessing
+import tempfile
 import time
 from pathlib import Path
 
@@ -236,9 +237,15 @@ def test_a_dead_worker_ends_the_round_with_an_error_not_a_hang(
 
     monkeypatch.setattr(loop, "build", dying_build)
     cfg = _cfg(dtype="float32", workers=2, client_fraction=1.0, rounds=2)
-    with pytest.raises(EngineError, match="worker process died"):
+    with pytest.raises(
+        EngineError, match=r"worker process died during the round \(pid \d+ by SIGKILL"
+    ):
         run(cfg, make_data(SIZES, dtype=torch.float32), store=False)
     assert _no_children_left() == []
+    payloads = [*Path("/dev/shm").glob(f"fedforge-payload-{server}-*")]
+    assert (
+        payloads == [] and [*Path(tempfile.gettempdir()).glob(f"fedforge-payload-{server}-*")] == []
+    )
     stored = config_mod.override(cfg, {"runs_dir": str(tmp_path)})
     with pytest.raises(EngineError):
         run(stored, make_data(SIZES, dtype=torch.float32))

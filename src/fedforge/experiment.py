@@ -339,7 +339,7 @@ def make_engine(
         if reason is None:
             engine = VectorizedEngine(runtime)
         else:
-            notes.append(f"engine: vectorized cannot run this model ({reason}); serial")
+            notes.append(f"engine: vectorized cannot run this ({reason}); serial")
     count, cores = resolve_workers(workers), usable_cores()
     if count > cores:  # one torch thread each: more processes would only share the cores
         notes.append(f"workers: {count} lowered to {cores}, the cores this process may use")

@@ -90,6 +90,21 @@ def _kill_all(processes: Iterable[BaseProcess]) -> None:
         process.join()
 
 
+def _dead_workers(pool: ProcessPoolExecutor) -> str:
+    """The pool's workers that ended, with how ("pid 123 by SIGKILL")."""
+    ended = []
+    for process in (getattr(pool, "_processes", None) or {}).values():
+        code = process.exitcode
+        if code is None or code == 0:
+            continue
+        try:
+            how = f"by {signal.Signals(-code).name}" if code < 0 else f"with exit code {code}"
+        except ValueError:
+            how = f"with exit code {code}"
+        ended.append(f"pid {process.pid} {how}")
+    return ", ".join(ended) or "its pid unknown"
+
+
 def _worker_init(server_pid: int, inner: Inner) -> None:
     global _INNER
     _INNER = inner  # handed over by the fork itself: its own executor's, never pickled
@@ -205,10 +220,11 @@ class PoolEngine:
                     for client_id, data, seconds in results:
                         yield ClientUpload(client_id, data, seconds)
             except BrokenProcessPool:
+                dead = _dead_workers(pool)
                 self.close()
                 raise EngineError(
-                    "a worker process died during the round (killed, or out of memory); "
-                    "the round is lost, resume the run from its last checkpoint"
+                    f"a worker process died during the round ({dead}: killed, or out of "
+                    "memory); the round is lost, resume the run from its last checkpoint"
                 ) from None
         finally:
             for future in pending:  # the server stopped reading (an error): drop the rest
