@@ -376,3 +376,11 @@ def test_a_weight_cap_no_rule_reads_is_named() -> None:
     (note,) = config_notes(from_dict({"weight_cap": 50}))
     assert note.startswith("weight_cap = 50 is ignored by aggregation_weights 'num_examples'")
     assert config_notes(from_dict({"weight_cap": 50, "aggregation_weights": "quality"})) == []
+
+
+def test_a_number_past_floats_range_is_a_config_error() -> None:
+    """10**400 (an int YAML or --set reads) overflowed float() inside validation:
+    an OverflowError traceback instead of the one-line error."""
+    for name in ("lr", "client_fraction", "target_accuracy"):
+        with pytest.raises(ConfigError, match=f"'{name}' = 1000.*must be a finite number"):
+            from_dict({name: 10**400})

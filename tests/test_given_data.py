@@ -75,3 +75,20 @@ def test_unusable_data_is_refused_before_training(case: str) -> None:
     with pytest.raises(DataError, match=re.escape(why)):
         ff.build(cfg, make())
     assert ff.build(cfg, _data()).spec.size == 199_210  # the right data builds
+
+
+def test_partition_indices_must_be_integers() -> None:
+    """A boolean mask was cast to indices 0 and 1 (every client then trained on
+    rows 0 and 1 with num_examples 500), floats truncated, strings parsed."""
+    import numpy as np
+
+    from fedforge.errors import PartitionError
+
+    mask = np.zeros(500, dtype=bool)
+    mask[100:200] = True
+    for bad, kind in ((mask, "bool"), (np.array([3.9, 7.5]), "float64"), (np.array(["12"]), "<U2")):
+        with pytest.raises(PartitionError, match=f"client 1's indices are {re.escape(kind)}"):
+            ff.Partition((np.arange(3), bad))
+    ok = ff.Partition((np.arange(3), np.flatnonzero(mask), np.array([], dtype=np.int64)))
+    assert ok.sizes().tolist() == [3, 100, 0]
+    assert ff.Partition(([1, 2], [])).sizes().tolist() == [2, 0]  # plain lists, an empty one

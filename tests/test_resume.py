@@ -539,6 +539,17 @@ def test_sigterm_checkpoints_and_resume_finishes_identically(
             resume(run_dir, data=tiny_data)
     finally:
         holder.release()
+    real_open = os.open
+
+    def read_only(path: Any, flags: int, *rest: Any) -> int:
+        if str(path).endswith("/lock"):  # a read-only archive, or another user's run
+            raise OSError(30, "Read-only file system")
+        return real_open(path, flags, *rest)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "open", read_only)
+        with pytest.raises(StoreError, match=r"cannot be written here \(Read-only file system\)"):
+            resume(run_dir, data=tiny_data)  # was an OSError traceback
     result = resume(run_dir, data=tiny_data)
     assert result.stopped is None and len(result.rounds) == TINY["rounds"]
     _assert_identical(run_dir, reference)

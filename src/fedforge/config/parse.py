@@ -72,9 +72,13 @@ def _coerce(name: str, value: Any, tp: Any) -> Any:
             value = float(value)  # YAML 1.1 reads 1e-3 (no dot) as a string
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise invalid(name, value, "must be a number")
-        if not math.isfinite(value):  # YAML's .inf, or 1e400
+        try:
+            number = float(value)  # an int past float's range (10**400) overflows
+        except OverflowError:
+            number = math.inf
+        if not math.isfinite(number):  # YAML's .inf, or 1e400
             raise invalid(name, value, "must be a finite number")
-        return float(value)
+        return number
     if tp is str:
         if isinstance(value, int | float) and not isinstance(value, bool):
             return str(value)  # name: 2024 (YAML reads a number)

@@ -29,8 +29,15 @@ class Partition:
 
     def __post_init__(self) -> None:
         arrays = []
-        for idx in self.client_indices:
-            arr = np.array(idx, dtype=np.int64)  # a private copy, then frozen
+        for client, idx in enumerate(self.client_indices):
+            given = np.asarray(idx)
+            if given.size and not np.issubdtype(given.dtype, np.integer):
+                # a boolean mask or floats would be cast to indices 0/1 or truncated
+                raise PartitionError(
+                    f"client {client}'s indices are {given.dtype}; they must be integer "
+                    "row numbers (np.flatnonzero(mask) turns a boolean mask into them)"
+                )
+            arr = np.array(given, dtype=np.int64)  # a private copy, then frozen
             arr.setflags(write=False)
             arrays.append(arr)
         object.__setattr__(self, "client_indices", tuple(arrays))

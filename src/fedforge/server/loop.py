@@ -104,8 +104,8 @@ def resume(
         if run_store.status == "finished":
             raise CheckpointError(finished)
         exp = build(run_store.config(), data)
+        lock.acquire()  # refuses while another process writes the run, or a read-only one
         check_build(run_store.path, exp.spec, exp.data_fingerprint, exp.cfg)  # not damage
-        lock.acquire()  # refuses while another process still writes the run
         if run_store.status == "finished":  # it was running, and ended while we built
             raise CheckpointError(finished)
         state = _resumed_state(exp, run_store)

@@ -241,8 +241,15 @@ class RunLock:
         self._fd: int | None = None
 
     def acquire(self) -> RunLock:
-        """Take the lock, or raise StoreError when another process holds it."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        """Take the lock, or raise StoreError when another process holds it or
+        the run's folder cannot be written (read-only, another user's)."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise StoreError(
+                f"run '{self.path.parent}' cannot be written here ({exc.strerror}): it can "
+                "be listed and shown, not resumed"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
