@@ -750,3 +750,38 @@ def test_a_run_from_before_build_json_resumes_unless_its_data_changed_since(
     iid = crashed({**synthetic, "runs_dir": str(tmp_path / "b")}, None)
     with pytest.raises(StoreError, match="Synthetic-IID data was drawn before"):
         resume(iid)
+
+
+def test_a_full_disk_at_the_end_fails_the_run_resumably(
+    make_data: Any, one_thread: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The final parameters cannot be written (a full disk): a StoreError naming
+    the file, no half-written file left, the run marked failed with the resume
+    hint; once there is room, resume finishes it as if nothing happened."""
+    from tests.conftest import TINY_LOGREG
+
+    from fedforge.server import loop
+    from fedforge.store import list_runs
+
+    data = make_data([12, 9, 14, 10])
+    cfg = from_dict({**TINY_LOGREG, "rounds": 2, "runs_dir": str(tmp_path / "runs")})
+    reference = run(override(cfg, {"runs_dir": str(tmp_path / "ref")}), data=data)
+    real_save = torch.save
+
+    def full(obj: Any, path: Any, *rest: Any, **kw: Any) -> None:
+        if str(path).endswith("final_params.pt.tmp"):
+            Path(path).write_bytes(b"half")
+            raise OSError(28, "No space left on device")
+        real_save(obj, path, *rest, **kw)
+
+    monkeypatch.setattr(loop.torch, "save", full)
+    with pytest.raises(StoreError, match="cannot write final_params.pt .*No space left"):
+        run(cfg, data=data)
+    monkeypatch.setattr(loop.torch, "save", real_save)
+    (info,) = list_runs(tmp_path / "runs")
+    assert not (info.path / "final_params.pt.tmp").exists()
+    with RunStore.open(info.path) as store:
+        assert store.status == "failed"
+        assert (store.summary() or {})["error"].endswith(f"fedforge resume {info.path}")
+    done = resume(info.path, data=data)
+    assert torch.equal(done.params, reference.params)

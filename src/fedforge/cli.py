@@ -213,7 +213,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return commands[args.command](args)
     except FedforgeError as exc:
-        print(f"fedforge: error: {exc}", file=sys.stderr)
+        notes = "".join(f" {n}" for n in getattr(exc, "__notes__", []))
+        print(f"fedforge: error: {exc}{notes}", file=sys.stderr)
         return EXIT_USER_ERROR
     except StopNow as exc:  # a second signal during a run
         print(f"fedforge: {exc}", file=sys.stderr)

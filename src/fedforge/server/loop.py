@@ -26,7 +26,7 @@ from fedforge.config import Config
 from fedforge.data import PartitionSummary, summarize
 from fedforge.data.mnist import NUM_CLASSES
 from fedforge.engines import close_engine
-from fedforge.errors import StopNow
+from fedforge.errors import StopNow, StoreError
 from fedforge.experiment import Experiment, FederatedData, build, client_tables
 from fedforge.report.progress import Progress
 from fedforge.server.round import run_round
@@ -178,7 +178,10 @@ def _drive(
             said = str(exc).splitlines()[0][:300] if str(exc) else ""
             why = f"run stopped: {kind}" + (f": {said}" if said else "")
             why += f"; resume with: fedforge resume {run_store.path}"
-        run_store.finish({"error": why}, status="failed")
+        try:
+            run_store.finish({"error": why}, status="failed")
+        except Exception as also:  # e.g. the full disk that failed the run: say both
+            exc.add_note(f"(and the run store could not record it: {also})")
         raise
     finally:
         close_engine(exp.engine)
@@ -203,7 +206,11 @@ def _settle(exp: Experiment, run_store: RunStore, result: RunResult, next_round:
         personal = exp.algorithm.personal
         if personal is not None:  # FedBN: each client's model is its own batch norm
             final["personal"] = personal.final()
-        torch.save(final, tmp)
+        try:
+            torch.save(final, tmp)
+        except (OSError, RuntimeError) as exc:  # torch reports a full disk as either
+            tmp.unlink(missing_ok=True)  # no half-written file left behind
+            raise StoreError(f"cannot write {tmp.name[:-4]} in '{run_store.path}': {exc}") from exc
         tmp.replace(run_store.path / "final_params.pt")
         run_store.finish(result.summary)
 
