@@ -384,3 +384,7 @@ def test_a_number_past_floats_range_is_a_config_error() -> None:
     for name in ("lr", "client_fraction", "target_accuracy"):
         with pytest.raises(ConfigError, match=f"'{name}' = 1000.*must be a finite number"):
             from_dict({name: 10**400})
+    # finite, but past float32: round 1 crashed converting it (after the run began)
+    for name in ("lr", "server_lr"):
+        with pytest.raises(ConfigError, match=f"'{name}' = 1e\\+300.*below 3.4e38"):
+            from_dict({name: 1e300})
