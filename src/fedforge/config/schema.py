@@ -26,6 +26,7 @@ from fedforge.errors import invalid_field as invalid
 
 WeightRule = Literal["num_examples", "uniform", "sqrt", "capped", "quality", "class"]
 _FLOAT32_MAX = 3.4028234663852886e38  # a step size float32 runs can hold
+_STEP = "must be a number > 0 (and below 3.4e38)"
 PartitionKind = Literal["iid", "shards", "dirichlet", "hsu", "quantity"]
 # feature-shift domains of data/shift.py and label-noise rules of data/noise.py
 FeatureDomain = Literal["none", "rotation", "invert", "contrast", "blur", "noise", "scale"]
@@ -237,7 +238,7 @@ def _validate(cfg: Config) -> None:
             cfg.batch_size is None or cfg.batch_size >= 1,
             "must be an integer >= 1, or null/'all' for the whole client data set",
         ),
-        ("lr", cfg.lr, 0.0 < cfg.lr < _FLOAT32_MAX, "must be a number > 0 (and below 3.4e38)"),
+        ("lr", cfg.lr, 0.0 < cfg.lr < _FLOAT32_MAX, _STEP),
         (  # which names exist is the registry's, checked when a run is built (a
             # stored config naming a model of the caller's stays readable without it)
             "model",
@@ -254,12 +255,7 @@ def _validate(cfg: Config) -> None:
             f"must be 'fp32' with dtype {cfg.dtype!r} (bf16 keeps float32 master weights)",
         ),
         ("lr_decay", cfg.lr_decay, 0.0 < cfg.lr_decay <= 1.0, "must be in (0, 1]"),
-        (
-            "server_lr",
-            cfg.server_lr,
-            0.0 < cfg.server_lr < _FLOAT32_MAX,
-            "must be a number > 0 (and below 3.4e38)",
-        ),
+        ("server_lr", cfg.server_lr, 0.0 < cfg.server_lr < _FLOAT32_MAX, _STEP),
         ("rounds", cfg.rounds, cfg.rounds >= 1, "must be an integer >= 1"),
         (
             "target_accuracy",
