@@ -386,5 +386,6 @@ def test_a_number_past_floats_range_is_a_config_error() -> None:
             from_dict({name: 10**400})
     # finite, but past float32: round 1 crashed converting it (after the run began)
     for name in ("lr", "server_lr"):
-        with pytest.raises(ConfigError, match=f"'{name}' = 1e\\+300.*below 3.4e38"):
+        with pytest.raises(ConfigError, match=f"'{name}' = 1e\\+300.*below 3.4e38 in a float32"):
             from_dict({name: 1e300})
+        assert getattr(from_dict({name: 1e300, "dtype": "float64"}), name) == 1e300

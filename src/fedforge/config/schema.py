@@ -25,8 +25,8 @@ from fedforge.config.privacy import PrivacyConfig, validate_privacy
 from fedforge.errors import invalid_field as invalid
 
 WeightRule = Literal["num_examples", "uniform", "sqrt", "capped", "quality", "class"]
-_FLOAT32_MAX = 3.4028234663852886e38  # a step size float32 runs can hold
-_STEP = "must be a number > 0 (and below 3.4e38)"
+_STEP = "must be a number > 0 (below 3.4e38 in a float32 run)"
+
 PartitionKind = Literal["iid", "shards", "dirichlet", "hsu", "quantity"]
 # feature-shift domains of data/shift.py and label-noise rules of data/noise.py
 FeatureDomain = Literal["none", "rotation", "invert", "contrast", "blur", "noise", "scale"]
@@ -223,6 +223,7 @@ def describe_split(cfg: Config) -> str:
 
 
 def _validate(cfg: Config) -> None:
+    step_max = 3.4028234663852886e38 if cfg.dtype == "float32" else math.inf  # its largest
     checks: list[tuple[str, Any, bool, str]] = [
         ("num_clients", cfg.num_clients, cfg.num_clients >= 1, "must be an integer >= 1"),
         (
@@ -238,7 +239,7 @@ def _validate(cfg: Config) -> None:
             cfg.batch_size is None or cfg.batch_size >= 1,
             "must be an integer >= 1, or null/'all' for the whole client data set",
         ),
-        ("lr", cfg.lr, 0.0 < cfg.lr < _FLOAT32_MAX, _STEP),
+        ("lr", cfg.lr, 0.0 < cfg.lr < step_max, _STEP),
         (  # which names exist is the registry's, checked when a run is built (a
             # stored config naming a model of the caller's stays readable without it)
             "model",
@@ -255,7 +256,7 @@ def _validate(cfg: Config) -> None:
             f"must be 'fp32' with dtype {cfg.dtype!r} (bf16 keeps float32 master weights)",
         ),
         ("lr_decay", cfg.lr_decay, 0.0 < cfg.lr_decay <= 1.0, "must be in (0, 1]"),
-        ("server_lr", cfg.server_lr, 0.0 < cfg.server_lr < _FLOAT32_MAX, _STEP),
+        ("server_lr", cfg.server_lr, 0.0 < cfg.server_lr < step_max, _STEP),
         ("rounds", cfg.rounds, cfg.rounds >= 1, "must be an integer >= 1"),
         (
             "target_accuracy",
