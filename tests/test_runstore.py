@@ -317,3 +317,23 @@ def test_show_says_why_a_finished_run_stopped_early(tmp_path: Path) -> None:
         store.finish({"stall_stop": "stopped after 2 skipped rounds in a row (...)"})
         text = format_run_summary(store)
     assert "[finished]" in text and "stopped   stopped after 2 skipped rounds" in text
+
+
+@pytest.mark.parametrize("column", ["test_accuracy", "bytes_up"])
+def test_a_hand_damaged_rounds_table_is_one_unreadable_run(tmp_path: Path, column: str) -> None:
+    """SQLite keeps text in a number column: a text accuracy made `fedforge runs`
+    fail for every run, a text byte count made `show` a TypeError traceback."""
+    with RunStore.create(tmp_path, Config(name="good")) as store:
+        store.record_round(_round(0, 0.7), _clients(0))
+    with RunStore.create(tmp_path, Config(name="bad")) as store:
+        store.record_round(_round(0, 0.6), _clients(0))
+        bad = store.path
+    with sqlite3.connect(bad / "store.sqlite") as db:
+        db.execute(f"UPDATE rounds SET {column} = 'abc'")
+    runs = {r.name: r for r in list_runs(tmp_path)}
+    assert runs["good"].best_accuracy == 0.7
+    if column == "test_accuracy":
+        assert runs["bad"].status == "unreadable"
+    assert "good" in format_run_table(list(runs.values()))
+    with RunStore.open(bad) as store, pytest.raises(StoreError, match="damaged rounds table"):
+        format_run_summary(store)

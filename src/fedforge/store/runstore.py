@@ -289,6 +289,8 @@ class RunStore:
             status = "stopped"  # cleanly, by a signal, after a checkpoint: not a failure
         done, best = self._query("SELECT COUNT(*), MAX(test_accuracy) FROM rounds")[0]
         planned = self._json("config_json", config_json).get("rounds")
+        if not _number_or_none(best) or not _number_or_none(planned):  # hand-damaged
+            raise StoreError(f"run store '{self._path}' holds a damaged rounds table or config")
         # the directory's name, which `show` and `resume` take (a copied or renamed
         # run keeps its first id in the database)
         return RunInfo(self._path.name, name, self._path, created, status, done, planned, best)
@@ -361,6 +363,8 @@ class RunStore:
         have = self._round_columns()
         cols = [c if c in have else f"NULL AS {c}" for c in ROUND_COLS]
         rows = self._query(f"SELECT {', '.join(cols)} FROM rounds ORDER BY round_idx")
+        if not all(_number_or_none(v) for row in rows for v in row):  # SQLite takes text
+            raise StoreError(f"run store '{self._path}' holds a damaged rounds table")
         # SQLite stores a NaN as NULL: the round's train loss was NaN (no client
         # reported one), and reads back as NaN, as the run that recorded it had it
         return [RoundRecord(row[0], row[1], _nan(row[2]), *row[3:]) for row in rows]
@@ -429,3 +433,7 @@ def _signal_stop(summary_json: str | None) -> bool:
     return bool(summary.get("stopped")) or (
         isinstance(error, str) and error.startswith("stopped by SIG")
     )
+
+
+def _number_or_none(value: Any) -> bool:
+    return value is None or (isinstance(value, int | float) and not isinstance(value, bool))
