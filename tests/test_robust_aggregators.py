@@ -269,6 +269,22 @@ def test_distances_and_krum_hold_in_float32_with_one_update_far_out(scale: float
     assert torch.equal(Krum(1).aggregate(rows, torch.ones(11)), rows[pick])
 
 
+def test_distances_hold_within_a_cluster_away_from_the_median() -> None:
+    """Two clusters 1000 spreads apart (6 and 5 rows, float32, non-IID-like): the
+    median sits in the first, and the second's distances were lost to float32
+    products (relative error 8, some clamped to 0). Against float64 differences."""
+    from fedforge.aggregators.common import squared_distances
+
+    gen = torch.Generator().manual_seed(0)
+    base = torch.randn(100_000, generator=gen)
+    side = torch.tensor([1.0] * 6 + [-1.0] * 5)[:, None]
+    rows = (side * base * 1000 + torch.randn(11, 100_000, generator=gen)).float()
+    exact = torch.cdist(rows.double(), rows.double()) ** 2
+    got = squared_distances(rows)
+    far = ~torch.eye(5, dtype=torch.bool)
+    assert torch.allclose(got[6:, 6:][far], exact[6:, 6:][far], rtol=1e-5, atol=0)
+
+
 def test_distances_are_exactly_symmetric_so_ties_go_to_the_lower_row() -> None:
     """Bulyan's last picks score each of a mutually nearest pair by the same
     distance: an exact tie, which must go to the lower row. A Gram product's two

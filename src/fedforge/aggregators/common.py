@@ -71,27 +71,29 @@ _DISTANCE_VALUES = 1 << 22  # centred float64 values a block (32 MB; columns = t
 
 def squared_distances(updates: torch.Tensor) -> torch.Tensor:
     """``[K, K]`` squared Euclidean distances in float64, by the Gram matrix of the
-    rows less their coordinate-wise median (distances do not move), one product
-    a column block, summed in float64: O(K^2 P) flops, O(K^2 + K block) memory.
+    rows less their coordinate-wise median (distances do not move), one float64
+    product a column block: O(K^2 P) flops, O(K^2 + K block) memory.
 
     ||a||^2 + ||b||^2 - 2 a.b on raw rows loses the distances when the rows share
     a part much larger than their differences (float32: Krum picked an attacker in
     24 of 200 such cases), and so does centring on the mean when one row is far
     out (a scaled update drags the mean along: the honest rows' distances were
     off by up to 1.7x, and at 1e30 the products overflowed float32 and Krum
-    picked the attacker). The median stays with the honest rows, so their
-    products stay small (in the run's dtype: float64 ones made it 2x slower); a far
-    row's own may overflow, and its distances then read +inf (it is far: NaN
-    from inf - inf too). The Gram matrix is made exactly symmetric (so d[i, j] ==
-    d[j, i] and ties go to the lower row as documented), and the result is
-    clamped at 0."""
+    picked the attacker). The median stays with the honest rows; float64 holds the
+    squares of any float32 value and keeps the distances within a cluster away
+    from the median (float32 products lost them: relative error 8 at two
+    clusters 1000 spreads apart, against 1e-7 in float64; 2.1x faster, not kept).
+    The Gram matrix is made exactly symmetric (so d[i, j] == d[j, i] and ties go
+    to the lower row as documented), NaN (an overflow in a float64 run) reads as
+    +inf, and the result is clamped at 0."""
     k, p = updates.shape
     gram = torch.zeros(k, k, dtype=torch.float64)
     width = max(1, _DISTANCE_VALUES // max(k, 1))
     for lo in range(0, p, width):
         block = updates[:, lo : lo + width]
-        centred = block - sort_columns(block)[k // 2] if k else block
-        gram += (centred @ centred.T).to(torch.float64)
+        centre = sort_columns(block)[k // 2] if k else block.sum(dim=0)
+        centred = block.to(torch.float64) - centre.to(torch.float64)
+        gram += centred @ centred.T
     gram = (gram + gram.T) / 2
     sq = gram.diagonal()
     d = sq[:, None] + sq[None, :] - 2 * gram
