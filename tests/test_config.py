@@ -389,3 +389,9 @@ def test_a_number_past_floats_range_is_a_config_error() -> None:
         with pytest.raises(ConfigError, match=f"'{name}' = 1e\\+300.*below 3.4e38 in a float32"):
             from_dict({name: 1e300})
         assert getattr(from_dict({name: 1e300, "dtype": "float64"}), name) == 1e300
+    # FedProx's mu and weight decay are steps too (lr * mu each step): 1e20 each
+    # was valid alone and crashed round 1 together
+    for field in ({"mu": 1e300}, {"lr": 1e20, "mu": 1e20}, {"local": {"weight_decay": 1e300}}):
+        with pytest.raises(ConfigError, match=r"below 3\.4e38 in a float32 run"):
+            from_dict(field)
+    from_dict({"lr": 1e20, "mu": 1e20, "dtype": "float64"})

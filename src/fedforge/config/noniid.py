@@ -5,6 +5,7 @@ quality weights. Checked with errors that name the field."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -67,10 +68,24 @@ def validate_noniid(cfg: Config) -> None:
     """Check the issue-4 fields of ``cfg`` (and how they combine)."""
     loc, strag, syn, part = cfg.local, cfg.stragglers, cfg.synthetic, cfg.partition
     shift = part.feature_shift
+    # float32 runs step by lr * mu and lr * weight_decay: past its largest value
+    # round 1 failed converting them (3.4e38)
+    top = 3.4028234663852886e38 if cfg.dtype == "float32" else math.inf
     checks: list[tuple[str, Any, bool, str]] = [
-        ("mu", cfg.mu, cfg.mu >= 0.0, "must be a number >= 0 (FedProx's proximal coefficient)"),
+        (
+            "mu",
+            cfg.mu,
+            cfg.mu >= 0.0 and cfg.mu * max(cfg.lr, 1.0) < top,
+            "must be a number >= 0 (FedProx's proximal coefficient; lr * mu below 3.4e38 "
+            "in a float32 run)",
+        ),
         ("local.momentum", loc.momentum, 0.0 <= loc.momentum < 1.0, "must be in [0, 1)"),
-        ("local.weight_decay", loc.weight_decay, loc.weight_decay >= 0.0, "must be >= 0"),
+        (
+            "local.weight_decay",
+            loc.weight_decay,
+            loc.weight_decay >= 0.0 and loc.weight_decay * max(cfg.lr, 1.0) < top,
+            "must be >= 0 (lr * weight_decay below 3.4e38 in a float32 run)",
+        ),
         (
             "local.grad_clip",
             loc.grad_clip,
