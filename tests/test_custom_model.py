@@ -197,6 +197,29 @@ def test_per_fedavg_refuses_running_statistics_not_every_norm(one_thread: None) 
         MODELS.pop("ln60"), MODELS.pop("bn60")
 
 
+@pytest.mark.parametrize(
+    "priv", [{"dp": "central"}, {"dp": "local"}], ids=["central-dp", "local-dp"]
+)
+def test_dp_noise_leaves_frozen_parameters_alone(
+    make_data: MakeData, one_thread: None, priv: dict[str, Any]
+) -> None:
+    """Noise protects what clients can change; it moved a frozen layer by ~1 a
+    round (a random walk). The trainable layer still moves."""
+    ff.register_model("fixed_scale", FixedScale)
+    try:
+        data = make_data([7, 12, 9, 5], dtype=torch.float64)
+        cfg = {**BASE, "model": "fixed_scale", "client_fraction": 1.0, "rounds": 2,
+               "checkpoint_every": 0,
+               "privacy": {**priv, "clip_norm": 1.0, "noise_multiplier": 1.0}}  # fmt: skip
+        result = ff.run(ff.config.from_dict(cfg), data=data, store=False)
+        exp = ff.build(ff.config.from_dict(cfg), data)
+    finally:
+        MODELS.pop("fixed_scale", None)
+    got, start = exp.spec.views(result.params), exp.spec.views(exp.initial_params)
+    assert torch.equal(got["fc1.weight"], start["fc1.weight"])
+    assert not torch.equal(got["fc2.weight"], start["fc2.weight"])
+
+
 def test_the_fused_paths_leave_a_frozen_built_in_layer_to_autograd() -> None:
     """The fused perceptron and CNN steps update every weight they know: a model
     with a frozen layer goes to the vmap or autograd path instead."""

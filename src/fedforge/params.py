@@ -127,6 +127,16 @@ class ParamSpec:
                 out[e.slice] = True
         return out
 
+    def frozen_mask(self) -> torch.Tensor | None:
+        """A boolean ``[P]`` mask of the frozen parameters' entries (None: none)."""
+        if not any(e.frozen for e in self.entries):
+            return None
+        out = torch.zeros(self.size, dtype=torch.bool)
+        for e in self.entries:
+            if e.frozen:
+                out[e.slice] = True
+        return out
+
     def _check(self, vec: torch.Tensor) -> None:
         if vec.shape[-1] != self.size:
             raise ValueError(f"flat vector has {vec.shape[-1]} entries; the spec needs {self.size}")

@@ -390,6 +390,9 @@ def run_round(
         personal = exp.algorithm.personal
         if personal is not None:  # FedBN: the global batch-norm entries never move
             state.params = state.params.masked_scatter(personal.mask, params[personal.mask])
+        frozen = exp.spec.frozen_mask()
+        if frozen is not None:  # DP noise or server momentum would move them: they stay
+            state.params = state.params.masked_scatter(frozen, params[frozen])
         if exp.privacy is not None:  # adaptive clipping: the next clip norm
             exp.privacy.end_round(state.privacy, round_idx, clients)
         if moved is not None:  # e.g. c += sum of the used clients' delta c_k / N
