@@ -384,6 +384,16 @@ def test_a_number_past_floats_range_is_a_config_error() -> None:
     for name in ("lr", "client_fraction", "target_accuracy"):
         with pytest.raises(ConfigError, match=f"'{name}' = 1000.*must be a finite number"):
             from_dict({name: 10**400})
+    # past Python's 4,300 digits even repr() fails: the message says so instead
+    with pytest.raises(ConfigError, match="'lr' = <int of about 5000 digits, too long"):
+        from_dict({"lr": 10**5000})
+
+
+def test_a_yaml_integer_past_pythons_digit_limit_is_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "big.yaml"
+    path.write_text("lr: 1" + "0" * 5000 + "\n")
+    with pytest.raises(ConfigError, match="holds a value YAML cannot read"):
+        load(path)
     # finite, but past float32: round 1 crashed converting it (after the run began)
     for name in ("lr", "server_lr"):
         with pytest.raises(ConfigError, match=f"'{name}' = 1e\\+300.*below 3.4e38 in a float32"):

@@ -23,7 +23,13 @@ _SHORT.maxlevel = 3
 def shown(value: object) -> str:
     """``repr(value)`` cut short: a message quotes a bad value, never a whole file
     (a few YAML aliases can nest a list into gigabytes of text)."""
-    text = _SHORT.repr(value)
+    try:
+        text = _SHORT.repr(value)
+    except ValueError:  # an int past Python's digit limit for str()
+        size = (
+            f" of about {value.bit_length() * 0.30103:.0f} digits" if isinstance(value, int) else ""
+        )
+        text = f"<{type(value).__name__}{size}, too long to print>"
     return text if len(text) <= 200 else text[:197] + "..."
 
 

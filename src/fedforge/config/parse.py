@@ -146,6 +146,8 @@ def load(path: str | Path) -> Config:
         data = yaml.load(text, Loader=_StrictLoader)
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file '{path}' is not valid YAML: {yaml_problem(exc)}") from None
+    except ValueError as exc:  # e.g. an integer of more digits than Python converts
+        raise ConfigError(f"config file '{path}' holds a value YAML cannot read: {exc}") from None
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
@@ -188,7 +190,7 @@ def scalar(text: str) -> Any:
         return ""
     try:
         return yaml.safe_load(text)
-    except yaml.YAMLError:
+    except (yaml.YAMLError, ValueError):  # ValueError: a 5,000-digit integer
         return text.strip()
 
 
