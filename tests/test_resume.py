@@ -785,3 +785,21 @@ def test_a_full_disk_at_the_end_fails_the_run_resumably(
         assert (store.summary() or {})["error"].endswith(f"fedforge resume {info.path}")
     done = resume(info.path, data=data)
     assert torch.equal(done.params, reference.params)
+
+
+def test_the_layout_digest_names_frozen_layers_and_keeps_older_runs() -> None:
+    """A layer frozen (or unfrozen) since the start changes what training does,
+    so the build record's layout shows it; a model without frozen layers keeps
+    the digest runs recorded before the flag existed."""
+    import hashlib
+
+    from fedforge.models.mnist import MnistMLP
+    from fedforge.params import ParamSpec
+    from fedforge.store.build_record import model_layout
+
+    model = MnistMLP()
+    spec = ParamSpec.of(model, include_buffers=True)
+    old = ";".join(f"{e.name}:{e.shape}:{e.kind}" for e in spec.entries)
+    assert model_layout(spec) == hashlib.blake2b(old.encode(), digest_size=8).hexdigest()
+    model.fc1.requires_grad_(False)
+    assert model_layout(ParamSpec.of(model, include_buffers=True)) != model_layout(spec)

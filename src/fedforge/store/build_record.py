@@ -52,9 +52,13 @@ def data_fingerprint(
 
 
 def model_layout(spec: ParamSpec) -> str:
-    """A digest of the flat vector's layout (each tensor's name, shape and kind):
-    another model under a registered name shows, even of the same size."""
-    text = ";".join(f"{e.name}:{e.shape}:{e.kind}" for e in spec.entries)
+    """A digest of the flat vector's layout (each tensor's name, shape and kind,
+    and ``frozen`` for a frozen parameter; runs recorded before there were frozen
+    ones keep their digest): another model under a registered name shows, even
+    of the same size, and so does a layer frozen or unfrozen since the start."""
+    text = ";".join(
+        f"{e.name}:{e.shape}:{e.kind}" + (":frozen" if e.frozen else "") for e in spec.entries
+    )
     return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
