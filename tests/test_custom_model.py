@@ -232,6 +232,14 @@ def test_the_fused_paths_leave_a_frozen_built_in_layer_to_autograd() -> None:
 
     mlp = MnistMLP()
     assert mlp_layers(mlp) == ["fc1", "fc2", "fc3"]
+    frozen = nn.Linear(60, 10).requires_grad_(False)
+    ff.register_model("all_frozen", lambda: frozen)
+    try:
+        synthetic = {"dataset": "synthetic", "num_clients": 4, "model": "all_frozen"}
+        with pytest.raises(ConfigError, match="'all_frozen' has no parameter to train"):
+            ff.build(ff.config.from_dict(synthetic))
+    finally:
+        MODELS.pop("all_frozen", None)
     mlp.fc1.requires_grad_(False)
     assert mlp_layers(mlp) is None
     cnn = MnistCNN()

@@ -190,6 +190,8 @@ def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
         keep, held = split_holdout(data.partition, cfg.eval_holdout, cfg.seed)
         data = dataclasses.replace(data, partition=keep, holdout=held)
     spec = ParamSpec.of(model, include_buffers=True)  # batch-norm statistics travel too
+    if not any(e.trainable for e in spec.entries):
+        raise ConfigError(f"model '{cfg.model}' has no parameter to train (all frozen)")
     algorithm = algorithms.from_config(cfg, spec.size, dtype, spec)
     comm = communication.assemble(cfg, spec, dtype, data.partition, data.train_y)
     robust = assemble(cfg, data.client_data, comm.uplink)
