@@ -64,13 +64,18 @@ class DiagnosticsConfig:
     low_cosine_rounds: int = 3  # ... for this many rounds in a row
 
 
+def step_limit(cfg: Config) -> float:
+    """The largest step-size product a run's dtype holds (float32's: 3.4e38)."""
+    return 3.4028234663852886e38 if cfg.dtype == "float32" else math.inf
+
+
 def validate_noniid(cfg: Config) -> None:
     """Check the issue-4 fields of ``cfg`` (and how they combine)."""
     loc, strag, syn, part = cfg.local, cfg.stragglers, cfg.synthetic, cfg.partition
     shift = part.feature_shift
     # float32 runs step by lr * mu and lr * weight_decay: past its largest value
     # round 1 failed converting them (3.4e38)
-    top = 3.4028234663852886e38 if cfg.dtype == "float32" else math.inf
+    top = step_limit(cfg)
     checks: list[tuple[str, Any, bool, str]] = [
         (
             "mu",

@@ -18,6 +18,7 @@ from fedforge.config.noniid import (
     ScaffoldConfig,
     StragglerConfig,
     SyntheticConfig,
+    step_limit,
     validate_noniid,
 )
 from fedforge.config.personal import PerFedAvgConfig, PersonalEvalConfig, validate_personal
@@ -223,7 +224,7 @@ def describe_split(cfg: Config) -> str:
 
 
 def _validate(cfg: Config) -> None:
-    step_max = 3.4028234663852886e38 if cfg.dtype == "float32" else math.inf  # its largest
+    step_max = step_limit(cfg)
     checks: list[tuple[str, Any, bool, str]] = [
         ("num_clients", cfg.num_clients, cfg.num_clients >= 1, "must be an integer >= 1"),
         (
