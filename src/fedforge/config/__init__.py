@@ -9,10 +9,9 @@ from fedforge.config.noniid import (
 )
 from fedforge.config.parse import dump, from_dict, load, override, parse_override, to_dict
 from fedforge.config.privacy import PrivacyConfig
+from fedforge.config.robust import AggregatorName, AttackName, RobustConfig
 from fedforge.config.schema import (
-    AggregatorName,
     Algorithm,
-    AttackName,
     CommunicationConfig,
     Config,
     Dataset,
@@ -22,7 +21,6 @@ from fedforge.config.schema import (
     ModelName,
     PartitionConfig,
     PartitionKind,
-    RobustConfig,
     ServerOptimizerConfig,
     ServerOptimizerKind,
     UplinkCodec,

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from fedforge.config.noniid import SyntheticConfig
 from fedforge.config.privacy import PrivacyConfig
-from fedforge.config.schema import Config, RobustConfig, ServerOptimizerConfig
+from fedforge.config.robust import RobustConfig
+from fedforge.config.schema import Config, ServerOptimizerConfig
 
 
 def config_notes(cfg: Config) -> list[str]:

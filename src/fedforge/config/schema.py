@@ -8,7 +8,6 @@ the client's whole data set in one batch).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -23,6 +22,7 @@ from fedforge.config.noniid import (
 )
 from fedforge.config.personal import PerFedAvgConfig, PersonalEvalConfig, validate_personal
 from fedforge.config.privacy import PrivacyConfig, validate_privacy
+from fedforge.config.robust import RobustConfig, validate_robust
 from fedforge.errors import invalid_field as invalid
 
 WeightRule = Literal["num_examples", "uniform", "sqrt", "capped", "quality", "class"]
@@ -70,51 +70,6 @@ class ServerOptimizerConfig:
     beta2: float = 0.99
     tau: float = 1e-3  # adaptivity: added to sqrt(v)
     bias_correction: bool = False  # True: torch.optim.Adam's form
-
-
-AggregatorName = Literal[
-    "mean",
-    "median",
-    "trimmed_mean",
-    "krum",
-    "multi_krum",
-    "bulyan",
-    "geometric_median",
-    "norm_bound",
-    "centred_clip",
-]
-AttackName = Literal[
-    "none", "label_flip", "sign_flip", "scaled", "gaussian", "alie", "ipm", "nan_inf", "uint8"
-]
-
-
-@dataclass(frozen=True)
-class RobustConfig:
-    """Byzantine robustness: the aggregator, simulated attackers, and the gates
-    (see fedforge.aggregators, fedforge.attacks, fedforge.stages.validate)."""
-
-    aggregator: AggregatorName = "mean"  # mean: FedAvg's weighted mean
-    byzantine: int = 0  # f assumed by krum, multi_krum, bulyan
-    trim_fraction: float = 0.1  # trimmed_mean: beta, trimmed at each end
-    multi_krum_m: int | None = None  # multi_krum: updates averaged; null = n - f
-    norm_bound: float | None = None  # norm_bound/centred_clip: tau; null = median of recent norms
-    norm_window: int = 5  # rounds of norms behind the adaptive bound
-    centred_clip_iterations: int = 1
-    geomed_max_iter: int = 100  # geometric_median: Weiszfeld steps at most
-    geomed_tol: float = 1e-6  # ... until the objective improves by less (relative)
-    attack: AttackName = "none"  # simulated attack of the attacker clients
-    attack_fraction: float = 0.0  # attackers: round(fraction * num_clients), from the seed
-    attack_scale: float = 10.0  # scaled: the factor
-    attack_std: float = 1.0  # gaussian: the noise std
-    alie_z: float | None = None  # alie: the shift in stds; null = Baruch et al.'s z_max
-    ipm_epsilon: float = 0.5  # ipm: attackers send -epsilon * honest mean
-    norm_gate: float | None = None  # robust z-score above which a norm is refused; null = off
-    min_clients: int = 1  # fewer accepted updates: the round is skipped
-    # this many skipped rounds in a row (the model unchanged, e.g. every update
-    # non-finite after a divergence) stop the run; 0: never
-    max_skipped_rounds: int = 20
-    client_gate: bool = False  # clients withhold updates whose held-out loss rose
-    holdout_fraction: float = 0.1  # client_gate: the held-out slice of each client
 
 
 UplinkCodec = Literal[
@@ -327,84 +282,13 @@ def _validate(cfg: Config) -> None:
     for name, value, ok, allowed in checks:
         if not ok:
             raise invalid(name, value, allowed)
-    _validate_robust(cfg.robust)
+    validate_robust(cfg.robust)
 
 
 def _run_name_ok(name: str) -> bool:
     """A run's name goes into its folder's name (after a 23-character date and id,
     within the usual 255-byte limit) and into one-line tables."""
     return 0 < len(name.encode()) <= 200 and name.isprintable() and not set(name) & {"/", "\\"}
-
-
-def _validate_robust(r: RobustConfig) -> None:
-    checks: list[tuple[str, Any, bool, str]] = [
-        ("byzantine", r.byzantine, r.byzantine >= 0, "must be an integer >= 0"),
-        ("trim_fraction", r.trim_fraction, 0.0 <= r.trim_fraction < 0.5, "must be in [0, 0.5)"),
-        (
-            "multi_krum_m",
-            r.multi_krum_m,
-            r.multi_krum_m is None or r.multi_krum_m >= 1,
-            "must be an integer >= 1, or null (n - f)",
-        ),
-        (
-            "norm_bound",
-            r.norm_bound,
-            r.norm_bound is None or r.norm_bound > 0,
-            "must be > 0, or null (the median of recent norms)",
-        ),
-        ("norm_window", r.norm_window, r.norm_window >= 1, "must be an integer >= 1"),
-        (
-            "centred_clip_iterations",
-            r.centred_clip_iterations,
-            r.centred_clip_iterations >= 1,
-            "must be an integer >= 1",
-        ),
-        ("geomed_max_iter", r.geomed_max_iter, r.geomed_max_iter >= 1, "must be an integer >= 1"),
-        ("geomed_tol", r.geomed_tol, r.geomed_tol > 0, "must be > 0"),
-        (
-            "attack_fraction",
-            r.attack_fraction,
-            0.0 <= r.attack_fraction <= 1.0,
-            "must be in [0, 1]",
-        ),
-        ("attack_std", r.attack_std, r.attack_std > 0, "must be > 0"),
-        ("attack_scale", r.attack_scale, math.isfinite(r.attack_scale), "must be a finite number"),
-        (
-            "alie_z",
-            r.alie_z,
-            r.alie_z is None or math.isfinite(r.alie_z),
-            "must be a finite number, or null (Baruch et al.'s z_max)",
-        ),
-        ("ipm_epsilon", r.ipm_epsilon, r.ipm_epsilon > 0, "must be > 0"),
-        (
-            "norm_gate",
-            r.norm_gate,
-            r.norm_gate is None or r.norm_gate > 0,
-            "must be > 0 (3.5 is Iglewicz and Hoaglin's), or null (off)",
-        ),
-        ("min_clients", r.min_clients, r.min_clients >= 1, "must be an integer >= 1"),
-        (
-            "max_skipped_rounds",
-            r.max_skipped_rounds,
-            r.max_skipped_rounds >= 0,
-            "must be an integer >= 0 (0: never stop on skipped rounds)",
-        ),
-        (
-            "holdout_fraction",
-            r.holdout_fraction,
-            0.0 < r.holdout_fraction < 1.0,
-            "must be in (0, 1)",
-        ),
-        (
-            "attack_fraction",
-            r.attack_fraction,
-            r.attack != "none" or r.attack_fraction == 0.0,
-            "must be 0 when attack is 'none' (name the attack the attackers run)",
-        ),
-    ]
-    for name, value, ok, allowed in checks:
-        if not ok:
-            raise invalid("robust." + name, value, allowed)
 
 
 def _validate_communication(cfg: Config) -> None:
