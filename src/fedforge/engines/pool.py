@@ -90,10 +90,10 @@ def _kill_all(processes: Iterable[BaseProcess]) -> None:
         process.join()
 
 
-def _dead_workers(pool: ProcessPoolExecutor) -> str:
-    """The pool's workers that ended, with how ("pid 123 by SIGKILL")."""
+def _dead_workers(processes: Iterable[BaseProcess]) -> str:
+    """The workers that ended, with how ("pid 123 by SIGKILL")."""
     ended = []
-    for process in (getattr(pool, "_processes", None) or {}).values():
+    for process in processes:
         code = process.exitcode
         if code is None or code == 0:
             continue
@@ -177,6 +177,9 @@ class PoolEngine:
         self.workers = workers
         self.name = f"{inner.name}x{workers}"
         self._pool: ProcessPoolExecutor | None = None
+        # every worker the pool started, by pid: a broken pool may already have
+        # cleared its own record when the round learns that one died
+        self._started: dict[int, BaseProcess] = {}
 
     def _start(self) -> ProcessPoolExecutor:
         if self._pool is None:
@@ -214,13 +217,15 @@ class PoolEngine:
                 # wait for the server, in memory, only that far ahead
                 for job in islice(jobs, 2 * self.workers):
                     pending.append(pool.submit(_run_chunk, job))
+                self._started.update(getattr(pool, "_processes", None) or {})  # forked now
                 while pending:
                     results = pending.popleft().result()
                     pending.extend(pool.submit(_run_chunk, job) for job in islice(jobs, 1))
                     for client_id, data, seconds in results:
                         yield ClientUpload(client_id, data, seconds)
             except BrokenProcessPool:
-                dead = _dead_workers(pool)
+                self._started.update(getattr(pool, "_processes", None) or {})
+                dead = _dead_workers(self._started.values())
                 self.close()
                 raise EngineError(
                     f"a worker process died during the round ({dead}: killed, or out of "
