@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from fedforge import cnn_step
+from fedforge import cnn_step, deferred_sgd
 from fedforge.algorithms.base import LocalPlan, cross_entropy
 from fedforge.client import LocalResult, local_sgd, minibatches
 from fedforge.models import MnistCNN, build_model
@@ -69,6 +69,31 @@ def test_written_step_equals_autograd(
     for name, diff in spec.views(written.params - autograd.params).items():
         assert diff.abs().max().item() <= atol, name  # every layer, the convolutions too
     assert written.train_loss == pytest.approx(autograd.train_loss, abs=max(atol, 1e-6))
+
+
+def test_deferred_fc1_steps_equal_autograd_in_float64(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fc1's deferred weight steps (bf16 runs only) checked in float64, where they
+    must be SGD's to 1e-12: a fold every 2 steps of 4 rows, and a short batch."""
+    monkeypatch.setattr(cnn_step, "DEFERRED", frozenset({torch.float64}))
+    monkeypatch.setattr(deferred_sgd, "FOLD_ROWS", 8)
+    calls = []
+    monkeypatch.setattr(deferred_sgd.DeferredLinear, "fold", _counted(calls))
+    plan = _plan()
+    written, start = _train(torch.float64, plan, True, monkeypatch)
+    autograd, _ = _train(torch.float64, plan, False, monkeypatch)
+    assert len(calls) >= 4  # it deferred and folded
+    assert (autograd.params - start).abs().max().item() > 2e-2
+    assert (written.params - autograd.params).abs().max().item() <= 1e-12
+
+
+def _counted(calls: list[int]):  # type: ignore[no-untyped-def]
+    fold = deferred_sgd.DeferredLinear.fold
+
+    def counted(self: deferred_sgd.DeferredLinear) -> None:
+        calls.append(self.rows)
+        fold(self)
+
+    return counted
 
 
 def test_bf16_step_is_autocasts_but_for_the_fc_gradients(
@@ -136,7 +161,11 @@ def _bf16_reference(
 
 def test_bf16_steps_equal_a_reference_through_autograd(monkeypatch: pytest.MonkeyPatch) -> None:
     """Eight bf16 steps (a short last batch) against the reference above: the
-    copies the written-out step keeps must follow every step."""
+    copies the written-out step keeps must follow every step. fc1's steps are
+    folded in at every step here; deferred, its forward rounds differently (the
+    thin products on the factors, tests/test_deferred_sgd.py), and bf16 training
+    of this toy moves by 1e-3 from a 1e-6 change of its start."""
+    monkeypatch.setattr(deferred_sgd, "FOLD_ROWS", 1)
     plan = _plan(precision="bf16")
     written, start = _train(torch.float32, plan, True, monkeypatch)
     spec = ParamSpec.of(MnistCNN())

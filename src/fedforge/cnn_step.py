@@ -19,8 +19,10 @@ pooling, the fully connected layers' forward and input gradients in bf16, on
 bf16 copies of the fp32 weights, the loss in fp32, each gradient cast to fp32
 by the master weights' step; except that the fully connected layers' weight
 and bias gradients are computed in fp32 from their bf16 operands (fused_sgd.py),
-where autocast rounds them to bf16. Without autocast's per-operator dispatch
-and casts.
+where autocast rounds them to bf16, and that fc1's weight steps are deferred
+(deferred_sgd.py: added in 8 steps at a time, each forward and input gradient
+seeing the earlier ones through bf16 products on their factors). Without
+autocast's per-operator dispatch and casts.
 
 It applies to plain SGD (no momentum, weight decay, clipping, hook or client
 state), the cross-entropy loss, fp32 or float64 parameters, and an unmodified
@@ -36,12 +38,17 @@ from torch import nn
 
 from fedforge import rows
 from fedforge.algorithms.base import LocalPlan, LossFn, cross_entropy
+from fedforge.deferred_sgd import DeferredLinear
 from fedforge.fused_sgd import linear_step
 from fedforge.models.layout import CHANNELS_LAST, Conv2d
 from fedforge.models.mnist import MnistCNN
 
 aten = torch.ops.aten
 _POOL = ([2, 2], [2, 2])  # kernel, stride of the CNN's 2x2 max pooling
+# The products' precisions in which fc1's weight steps are deferred: bf16 only
+# (in fp32 the step is already one product into the weights, linear_step, and
+# deferring measured no faster; tests add float64 to check the arithmetic).
+DEFERRED = frozenset({torch.bfloat16})
 
 
 def applies(
@@ -133,11 +140,14 @@ def cnn_sgd(
     conv1 = _Conv(views["conv1.weight"], views["conv1.bias"], half)
     conv2 = _Conv(views["conv2.weight"], views["conv2.bias"], half)
     fc1 = (views["fc1.weight"], views["fc1.bias"])
+    dtype = fc1[0].dtype
     fc2 = (views["fc2.weight"], views["fc2.bias"])
-    dtype = fc2[0].dtype
-    # bf16 copies of the fully connected weights, kept equal to the rounding of
-    # the fp32 weights by every step (linear_step): autocast casts anew each time.
-    fc1_half = None if half is None else fc1[0].to(half)
+    # Under bf16, fc1's weight steps are deferred (deferred_sgd.py): at B = 10 its
+    # fp32 weights' traffic, not its products, is what a step pays for; fc2 keeps
+    # a bf16 copy of its weights, kept equal to their rounding by every step
+    # (linear_step), where autocast casts anew each time.
+    products = dtype if half is None else half
+    deferred = DeferredLinear(*fc1, lr, products) if products in DEFERRED else None
     fc2_half = None if half is None else fc2[0].to(half)
     total, seen, steps = 0.0, 0, 0
     for _ in range(plan.local_epochs):
@@ -148,7 +158,7 @@ def cnn_sgd(
             a2, _, w2 = conv2.forward(r1)
             r2, i2 = _pool_relu(a2)
             f = r2.flatten(start_dim=1)
-            h = _linear(f, *fc1, fc1_half).relu_()
+            h = (_linear(f, *fc1, None) if deferred is None else deferred.forward(f)).relu_()
             logits = _linear(h, *fc2, fc2_half)
             # The loss of each example, then their mean, as client.local_sgd takes
             # it (a label -100 counts as a zero loss there, not as no example).
@@ -158,7 +168,11 @@ def cnn_sgd(
             grad = aten.nll_loss_backward(mean, log_p, y, None, 0, -100, total_weight)
             grad = aten._log_softmax_backward_data(grad, log_p, 1, dtype).to(h.dtype)
             grad = linear_step(h, grad, *fc2, lr, True, fc2_half)
-            grad = linear_step(f, aten.threshold_backward(grad, h, 0), *fc1, lr, True, fc1_half)
+            grad = aten.threshold_backward(grad, h, 0)
+            if deferred is None:
+                grad = linear_step(f, grad, *fc1, lr, True)
+            else:
+                grad = deferred.backward_step(f, grad, True)
             # The second ReLU's mask from fc1's input (r2's values in the gradient's
             # layout), then pooling's backward in channels_last, as its input:
             # mixed layouts take slow paths in both kernels.
@@ -170,6 +184,8 @@ def cnn_sgd(
             total += losses.mean().item() * len(idx)
             seen += len(idx)
             steps += 1
+    if deferred is not None:
+        deferred.fold()
     return total, seen, steps
 
 

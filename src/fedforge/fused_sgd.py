@@ -12,7 +12,8 @@ is never written. Same maths as ``torch._foreach_add_(params, grads, alpha=-lr)`
 after the backward: the layer's input gradient uses its weights before the step,
 and no other gradient reads them; so it needs plain SGD (no momentum, decay,
 clipping or algorithm hook: they need the whole gradient first). The CNN's
-written-out step (cnn_step.py) calls it for fc1 and fc2.
+written-out step (cnn_step.py) calls it for fc1 and fc2, but for fc1 under
+bf16, whose steps it defers (deferred_sgd.py).
 
 Which kernels, measured here (docs/results.md): in float32 the input gradient
 goes through oneDNN's inner product, about twice as fast as the BLAS product
