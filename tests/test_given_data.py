@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 import torch
 
@@ -61,6 +62,26 @@ CASES: dict[str, tuple[Callable[[], ff.FederatedData], str]] = {
         ),
         "client 4 has no examples",
     ),
+    "overlapping clients": (  # row 150 given to clients 1 and 3
+        lambda: _data(
+            clients=ff.Partition(
+                (
+                    *CLIENTS.client_indices[:3],
+                    np.append(CLIENTS.client_indices[3], 150),
+                    CLIENTS.client_indices[4],
+                )
+            )
+        ),
+        "row 150 of train_x is in clients 1 and 3 (rows held more than once: 1)",
+    ),
+    "a row twice in one client": (
+        lambda: _data(
+            clients=ff.Partition(
+                (*CLIENTS.client_indices[:4], np.append(CLIENTS.client_indices[4], [401, 402]))
+            )
+        ),
+        "row 401 of train_x is in client 4, twice (rows held more than once: 2)",
+    ),
     "no test set": (
         lambda: ff.FederatedData(X[:500], Y[:500], X[:0], Y[:0], CLIENTS),
         "the test set is empty",
@@ -80,8 +101,6 @@ def test_unusable_data_is_refused_before_training(case: str) -> None:
 def test_partition_indices_must_be_integers() -> None:
     """A boolean mask was cast to indices 0 and 1 (every client then trained on
     rows 0 and 1 with num_examples 500), floats truncated, strings parsed."""
-    import numpy as np
-
     from fedforge.errors import PartitionError
 
     mask = np.zeros(500, dtype=bool)

@@ -57,7 +57,31 @@ def check_given(
             raise DataError(f"client {k} has no examples: every client needs at least one")
         if int(np.min(idx)) < 0 or int(np.max(idx)) >= rows:
             raise DataError(f"client {k}'s indices leave 0..{rows - 1}, the rows of train_x")
+    _check_disjoint(data.partition.client_indices, rows)
     check_fits(data, model, name, num_classes)
+
+
+def _check_disjoint(client_indices: list[np.ndarray], rows: int) -> None:
+    """Each row of train_x belongs to one client at most, once: a row held twice
+    is trained on twice a round, and under DP one person's example in two
+    clients' updates is outside what the accountant bounds."""
+    counts = np.bincount(
+        np.concatenate([np.asarray(i, dtype=np.int64) for i in client_indices]), minlength=rows
+    )
+    if counts.max(initial=0) <= 1:
+        return
+    row = int(np.argmax(counts > 1))
+    holders = [k for k, idx in enumerate(client_indices) if np.any(np.asarray(idx) == row)]
+    where = (
+        f"clients {holders[0]} and {holders[1]}"
+        if len(holders) > 1
+        else f"client {holders[0]}, twice"
+    )
+    shared = int((counts > 1).sum())
+    raise DataError(
+        f"row {row} of train_x is in {where} (rows held more than once: {shared}): "
+        "clients' data must not overlap; give each row to one client"
+    )
 
 
 def check_fits(data: FederatedData, model: nn.Module, name: str, num_classes: int) -> None:
