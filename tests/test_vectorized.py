@@ -22,6 +22,7 @@ from fedforge.engines.vectorized import (
     _step_indices,
     chunk_size,
     client_bytes,
+    schedule_bytes,
     unsupported_reason,
 )
 from fedforge.experiment import FederatedData, build, make_engine
@@ -175,7 +176,8 @@ def test_chunks_are_sized_by_their_widest_client_and_their_data() -> None:
 
     def cost(count: int, width: int, clients: range) -> int:
         data = sum(2 * (xs[c].numel() * 8 + ys[c].numel() * 8) for c in clients)
-        return count * client_bytes(spec.size, act, width, 8) + data
+        schedule = 700 + 17 * width  # one full batch: a step's tensor, its slots
+        return count * (client_bytes(spec.size, act, width, 8) + schedule) + data
 
     budget = cost(3, 3, range(3))  # three clients as wide as 3 fit, not a fourth of 40
     engine = VectorizedEngine(runtime, memory_budget=budget)
@@ -193,6 +195,47 @@ def test_chunks_are_sized_by_their_widest_client_and_their_data() -> None:
     vector = [wire.decode(u.data) for u in engine.run_cohort(tasks, _payload(spec, model))]
     for a, b in zip(serial, vector, strict=True):
         assert torch.allclose(a.tensors["delta"], b.tensors["delta"], rtol=0, atol=1e-12)
+
+
+def test_schedule_bytes_by_hand() -> None:
+    assert schedule_bytes(600, 10, 1) == 60 * (700 + 17 * 10)
+    assert schedule_bytes(605, 10, 2) == 2 * 61 * (700 + 17 * 10)  # a short last batch
+    assert schedule_bytes(5, None, 3) == 3 * (700 + 17 * 5)  # one full batch an epoch
+    assert schedule_bytes(4, 10, 1) == 700 + 17 * 4  # a batch no wider than the client
+    assert schedule_bytes(0, 10, 7) == 0
+
+
+def test_chunks_are_cut_by_their_schedules() -> None:
+    """Many local epochs: every client's minibatch schedule is built before its
+    chunk trains, so it counts against the budget like its parameters."""
+    from fedforge.client import ClientTask
+
+    gen = torch.Generator().manual_seed(0)
+    xs = [torch.randn(20, 1, 28, 28, generator=gen, dtype=torch.float64) for _ in range(6)]
+    ys = [torch.zeros(20, dtype=torch.int64) for _ in range(6)]
+    model = nn.Sequential(nn.Flatten(), nn.Linear(784, 10)).double()
+    spec = ParamSpec.of(model)
+    alg = fedavg(local_epochs=500, batch_size=2, lr=0.01)
+    runtime = ClientRuntime(model, spec, alg, lambda c: (xs[c], ys[c]))
+    per = client_bytes(spec.size, 784 + 784 + 10, 2, 8) + schedule_bytes(20, 2, 500)
+    data = 2 * (20 * 784 * 8 + 20 * 8)
+    assert schedule_bytes(20, 2, 500) > 3 * client_bytes(spec.size, 784 + 784 + 10, 2, 8)
+    engine = VectorizedEngine(runtime, memory_budget=3 * (per + data))
+    tasks = [ClientTask(c, 0, alg.plan(0), 1) for c in range(6)]
+    assert len(engine._take_chunk(tasks, 0)) == 3  # 3 fit; without schedules all 6 did
+
+
+def test_a_schedule_past_the_memory_budget_takes_the_serial_engine() -> None:
+    """``local_epochs: 1e9`` grew the vectorised engine's schedule lists until the
+    machine ran out of memory; the serial engine draws an epoch at a time."""
+    model = nn.Sequential(nn.Flatten(), nn.Linear(784, 10))
+    spec = ParamSpec.of(model)
+    for epochs, name in ((10**9, "serial"), (100, "vectorized")):
+        runtime = ClientRuntime(model, spec, fedavg(epochs, 10, 0.1), lambda c: c)
+        engine, note = make_engine("vectorized", runtime, largest_client=600)
+        assert engine.name == name
+        assert (note is not None and "1000000000 local epochs" in note) == (name == "serial")
+        assert make_engine("auto", runtime, largest_client=600)[0].name == name
 
 
 def _payload(spec: ParamSpec, model: nn.Module) -> bytes:

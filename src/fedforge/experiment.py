@@ -26,7 +26,12 @@ from fedforge.data.mnist import NUM_CLASSES
 from fedforge.engines import Engine, batched_mlp
 from fedforge.engines.pool import PoolEngine, resolve_workers, usable_cores
 from fedforge.engines.serial import SerialEngine
-from fedforge.engines.vectorized import VectorizedEngine, unsupported_reason
+from fedforge.engines.vectorized import (
+    DEFAULT_MEMORY_BUDGET,
+    VectorizedEngine,
+    schedule_bytes,
+    unsupported_reason,
+)
 from fedforge.errors import ConfigError
 from fedforge.models import BUILT_IN, build_model
 from fedforge.params import ParamSpec
@@ -221,7 +226,8 @@ def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
         reporter=reporter,
         report_loss=not privacy.hides_updates(cfg),
     )
-    engine, note = make_engine(cfg.engine, runtime, cfg.workers, _side_state(comm, priv))
+    largest = int(max(data.partition.sizes(), default=0))
+    engine, note = make_engine(cfg.engine, runtime, cfg.workers, _side_state(comm, priv), largest)
     ignored = "; ".join(config_notes(cfg))
     note = "; ".join(n for n in (note, precision_note(cfg.precision), ignored) if n) or None
     params = spec.flatten(model, dtype)
@@ -321,19 +327,33 @@ def _fused_in_one_process(engine: Engine, runtime: ClientRuntime) -> bool:
 
 
 def make_engine(
-    name: str, runtime: ClientRuntime, workers: int = 1, side_state: str | None = None
+    name: str,
+    runtime: ClientRuntime,
+    workers: int = 1,
+    side_state: str | None = None,
+    largest_client: int = 0,
 ) -> tuple[Engine, str | None]:
     """The engine a config asks for (spread over ``workers`` processes when there
     are several), or the nearest one that can run, with the reason in one line.
     ``side_state``: what of the run lives in this process besides the runtime's
-    tables (secure aggregation's keys, adaptive clipping's board), if anything."""
+    tables (secure aggregation's keys, adaptive clipping's board), if anything.
+    ``largest_client``: the most examples a client holds."""
     engine: SerialEngine | VectorizedEngine = SerialEngine(runtime)
     notes: list[str] = []
+    plan = runtime.algorithm.plan(0)
+    schedule = schedule_bytes(largest_client, plan.batch_size, plan.local_epochs)
     if name == "auto":
-        if auto_vectorize(runtime):
+        if auto_vectorize(runtime) and schedule <= DEFAULT_MEMORY_BUDGET:
             engine = VectorizedEngine(runtime)
     elif name == "vectorized":
         reason = unsupported_reason(runtime.model)
+        if reason is None and schedule > DEFAULT_MEMORY_BUDGET:  # e.g. local_epochs: 1e9
+            reason = (
+                f"a client's {plan.local_epochs} local epochs of minibatch indices would "
+                f"take {schedule / 2**30:.3g} GiB, more than its memory budget of "
+                f"{DEFAULT_MEMORY_BUDGET / 2**30:.3g} GiB; the serial engine draws them an "
+                "epoch at a time"
+            )
         if reason is None and runtime.algorithm.personal is not None:
             reason = f"algorithm '{runtime.algorithm.name}' keeps entries per client"
         if reason is None and runtime.algorithm.local_train is not None:  # Per-FedAvg

@@ -5,6 +5,7 @@ instead of a shape, type or index error from deep inside the first round."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -61,7 +62,7 @@ def check_given(
     check_fits(data, model, name, num_classes)
 
 
-def _check_disjoint(client_indices: list[np.ndarray], rows: int) -> None:
+def _check_disjoint(client_indices: Sequence[np.ndarray], rows: int) -> None:
     """Each row of train_x belongs to one client at most, once: a row held twice
     is trained on twice a round, and under DP one person's example in two
     clients' updates is outside what the accountant bounds."""

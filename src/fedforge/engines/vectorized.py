@@ -44,6 +44,23 @@ DEFAULT_MEMORY_BUDGET = 2 * 1024**3  # bytes for one chunk's working set
 # 56k samples/s, 12 53k, 20 38k, 64 35k (their weights no longer in cache);
 # two threads: 20 79k, 64 61k.
 FUSED_CACHE_BYTES = 6_500_000
+# A client's minibatch schedule is built whole before its chunk trains: per step
+# a tensor of indices (a view of its epoch's permutation, ~700 bytes with its
+# share of the permutation, measured here at B = 10), then per slot of the
+# padded [steps, K, width] tensors an int64 index and a mask byte, and its row
+# of the temporary padded block.
+SCHEDULE_STEP_BYTES = 700
+SCHEDULE_SLOT_BYTES = 17
+
+
+def schedule_bytes(examples: int, batch: int | None, epochs: int) -> int:
+    """The memory one client's schedule takes in a chunk: ``epochs`` epochs of
+    ``examples`` examples at batch ``batch`` (None: one full batch an epoch)."""
+    if examples == 0:
+        return 0
+    width = examples if batch is None else min(batch, examples)
+    steps = epochs * (1 if batch is None else -(-examples // batch))
+    return steps * (SCHEDULE_STEP_BYTES + SCHEDULE_SLOT_BYTES * width)
 
 
 def unsupported_reason(model: nn.Module) -> str | None:
@@ -237,9 +254,10 @@ class VectorizedEngine:
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The data of the next chunk, from ``tasks[lo]``: clients are added while
         the chunk's memory fits the budget. Every client in it is padded to the
-        widest batch (the largest client, with full batches), so each new client
-        costs as much as the widest so far; its data counts too. At least one."""
-        rt, widest, held = self.runtime, 1, 0
+        widest batch (the largest client, with full batches) and the longest
+        schedule, so each new client costs as much as the widest and longest so
+        far; its data counts too. At least one."""
+        rt, widest, held, longest = self.runtime, 1, 0, 0
         pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
         limit = min(self.max_chunk, self._fused_limit(tasks[lo].plan))
         while lo + len(pairs) < len(tasks) and len(pairs) < limit:
@@ -251,12 +269,14 @@ class VectorizedEngine:
             b = task.plan.batch_size
             width = max(widest, n if b is None else min(b, n))
             per = client_bytes(rt.spec.size, self._act_floats, width, x.element_size())
-            cost = (len(pairs) + 1) * per + held + _data_bytes(pair)
+            # every client's schedule is padded to the longest: costs as much
+            schedule = max(longest, schedule_bytes(n, b, task.plan.local_epochs))
+            cost = (len(pairs) + 1) * (per + schedule) + held + _data_bytes(pair)
             if pairs and cost > self.memory_budget:
                 self._next[task.client_id] = pair  # the next chunk starts with it
                 break
             pairs.append(pair)
-            widest, held = width, held + _data_bytes(pair)
+            widest, held, longest = width, held + _data_bytes(pair), schedule
         return pairs
 
     def _fused_limit(self, plan: LocalPlan) -> int:
