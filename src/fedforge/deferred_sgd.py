@@ -18,9 +18,11 @@ steps, by a product of ``FOLD_ROWS`` rows that runs near the CPU's peak.
 The arithmetic is SGD's: every forward and input gradient sees the weights with
 every earlier step in them (float64: equal to the step-by-step update to
 1e-12, tests/test_deferred_sgd.py). In bf16 the forward and input gradient
-and the thin products on the factors are bf16 products, as autocast's are; the
-weight gradient is an fp32 product of the bf16 factors, added into the fp32
-weights (the semantics of fused_sgd.linear_step under bf16).
+and the thin products on the factors are bf16 products, as autocast's are, the
+deferred steps' term entering the main product's accumulation so that the
+output is rounded once (rounded twice, the forward's error was 1.3x the
+step-by-step update's); the weight gradient is an fp32 product of the bf16
+factors, added into the fp32 weights (fused_sgd.linear_step's semantics).
 """
 
 from __future__ import annotations
@@ -40,7 +42,9 @@ class DeferredLinear:
         self, weight: torch.Tensor, bias: torch.Tensor, lr: float, dtype: torch.dtype
     ) -> None:
         self.weight, self.bias, self.lr, self.dtype = weight, bias, lr, dtype
-        self.copy = weight.to(dtype)  # the weights as of the last fold, in ``dtype``
+        # the weights as of the last fold, in ``dtype`` (a copy even in the
+        # weights' own dtype, so the float64 check covers its refresh)
+        self.copy = weight.to(dtype, copy=True)
         self.rows = 0  # rows of deferred steps
         self.inputs = weight.new_empty((FOLD_ROWS, weight.shape[1]), dtype=dtype)
         self.grads = weight.new_empty((FOLD_ROWS, weight.shape[0]), dtype=dtype)
@@ -50,11 +54,11 @@ class DeferredLinear:
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x W_t^T + b``, ``W_t`` the weights with every step so far."""
-        out = torch.addmm(self.bias.to(self.dtype), x, self.copy.t())
-        if self.rows:
-            inputs, grads = self._factors()
-            out.add_(torch.mm(torch.mm(x, inputs.t()), grads), alpha=-self.lr)
-        return out
+        bias = self.bias.to(self.dtype)
+        if self.rows:  # the deferred steps' term with the bias, then one product on
+            inputs, grads = self._factors()  # it: the output is rounded once
+            bias = torch.addmm(bias, torch.mm(x, inputs.t()), grads, alpha=-self.lr)
+        return torch.addmm(bias, x, self.copy.t())
 
     def backward_step(
         self, x: torch.Tensor, grad: torch.Tensor, want_input: bool
@@ -62,11 +66,12 @@ class DeferredLinear:
         """The backward of :meth:`forward` on input ``x``: the input gradient
         (with the weights before this step, if ``want_input``), then the step."""
         grad_input = None
-        if want_input:
+        if want_input and self.rows:
+            inputs, grads = self._factors()
+            deferred = torch.mm(torch.mm(grad, grads.t()), inputs)
+            grad_input = torch.addmm(deferred, grad, self.copy, alpha=1.0, beta=-self.lr)
+        elif want_input:
             grad_input = torch.mm(grad, self.copy)
-            if self.rows:
-                inputs, grads = self._factors()
-                grad_input.add_(torch.mm(torch.mm(grad, grads.t()), inputs), alpha=-self.lr)
         self.bias.add_(grad.to(self.bias.dtype).sum(dim=0), alpha=-self.lr)
         end = self.rows + len(x)
         if end > len(self.inputs):  # B does not divide FOLD_ROWS, or exceeds it
