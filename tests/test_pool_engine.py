@@ -419,3 +419,36 @@ def test_a_full_dev_shm_puts_the_payload_in_the_temp_folder(
     assert not [
         p for p in os.listdir("/dev/shm") if p.startswith(f"fedforge-payload-{os.getpid()}")
     ]
+
+
+def test_a_dead_worker_is_named_while_another_thread_reaps_it() -> None:
+    """The executor's own thread may reap a SIGKILLed worker: its waitpid takes
+    the status, and ``exitcode`` reads None until that thread stores it (the
+    message said 'its pid unknown' under load). A dead worker's sentinel is
+    ready; the code is waited for. A running worker is not waited for."""
+    import os
+
+    from fedforge.engines.pool import _dead_workers
+
+    read, write = os.pipe()
+    os.close(write)  # a dead process's sentinel: ready
+
+    class Reaped:
+        pid, sentinel, reads = 4242, read, 0
+
+        @property
+        def exitcode(self) -> int | None:
+            self.reads += 1
+            return -9 if self.reads > 3 else None  # stored by the other thread
+
+    alive_read, alive_write = os.pipe()
+
+    class Running:
+        pid, sentinel, exitcode = 4343, alive_read, None
+
+    try:
+        assert _dead_workers([Running(), Reaped()]) == "pid 4242 by SIGKILL"  # type: ignore[list-item]
+        assert _dead_workers([Running()]) == "its pid unknown"  # type: ignore[list-item]
+    finally:
+        for fd in (read, alive_read, alive_write):
+            os.close(fd)

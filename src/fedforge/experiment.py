@@ -226,7 +226,7 @@ def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
         reporter=reporter,
         report_loss=not privacy.hides_updates(cfg),
     )
-    largest = int(max(data.partition.sizes(), default=0))
+    largest = int(data.partition.sizes().max(initial=0))
     engine, note = make_engine(cfg.engine, runtime, cfg.workers, _side_state(comm, priv), largest)
     ignored = "; ".join(config_notes(cfg))
     note = "; ".join(n for n in (note, precision_note(cfg.precision), ignored) if n) or None

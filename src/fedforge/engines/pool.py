@@ -38,9 +38,11 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import multiprocessing
+import multiprocessing.connection
 import os
 import signal
 import tempfile
+import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -90,11 +92,25 @@ def _kill_all(processes: Iterable[BaseProcess]) -> None:
         process.join()
 
 
+def _exit_code(process: BaseProcess, wait: float = 2.0) -> int | None:
+    """``process``'s exit code; None while it runs. A dead worker may be being
+    reaped by the executor's own thread: its ``waitpid`` then takes the status
+    first, and ``exitcode`` reads None until that thread stores it."""
+    deadline = time.monotonic() + wait
+    while True:
+        code = process.exitcode
+        if code is not None or time.monotonic() > deadline:
+            return code
+        if not multiprocessing.connection.wait([process.sentinel], timeout=0):
+            return None  # still running
+        time.sleep(0.005)
+
+
 def _dead_workers(processes: Iterable[BaseProcess]) -> str:
     """The workers that ended, with how ("pid 123 by SIGKILL")."""
     ended = []
     for process in processes:
-        code = process.exitcode
+        code = _exit_code(process)
         if code is None or code == 0:
             continue
         try:
