@@ -42,11 +42,12 @@ import json
 import statistics
 import time
 from pathlib import Path
+from typing import get_args
 
 import torch
 
 from _common import save_record
-from fedforge.config import Config, PartitionConfig, RobustConfig
+from fedforge.config import AggregatorName, Config, PartitionConfig, RobustConfig
 from fedforge.experiment import load_federated_data
 from fedforge.metrics import rounds_to_target
 from fedforge.robust import make_aggregator
@@ -54,17 +55,7 @@ from fedforge.server.loop import run
 
 ROOT = Path(__file__).resolve().parent.parent
 
-AGGREGATORS = [
-    "mean",
-    "median",
-    "trimmed_mean",
-    "krum",
-    "multi_krum",
-    "bulyan",
-    "geometric_median",
-    "norm_bound",
-    "centred_clip",
-]
+AGGREGATORS = list(get_args(AggregatorName))  # every aggregator the config offers
 SIMPLE = ["label_flip", "sign_flip", "scaled", "gaussian", "nan_inf", "uint8"]
 COLLUDING = ["alie", "ipm"]
 FRACTIONS = [0.1, 0.2, 0.3]

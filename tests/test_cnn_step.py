@@ -4,6 +4,8 @@ local training through autograd (client.local_sgd's general path): float64 to
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 from torch import nn
@@ -87,7 +89,8 @@ def test_deferred_fc1_steps_equal_autograd_in_float64(monkeypatch: pytest.Monkey
     assert (written.params - autograd.params).abs().max().item() <= 1e-12
 
 
-def _counted(calls: list[int]):  # type: ignore[no-untyped-def]
+def _counted(calls: list[int]) -> Callable[[deferred_sgd.DeferredLinear], None]:
+    """``DeferredLinear.fold`` recording the rows each call folds."""
     fold = deferred_sgd.DeferredLinear.fold
 
     def counted(self: deferred_sgd.DeferredLinear) -> None:
