@@ -7,7 +7,7 @@ A full benchmark keeps its run stores under ``benchmarks/out/runs/<bench>`` and
 one record per run under ``benchmarks/results/<bench>`` (tracked). Rerunning the
 same command reuses every recorded run whose config is unchanged, and resumes a
 run that was stopped (SIGINT/SIGTERM/killed) from its last checkpoint
-(``fedforge.sweep.run_point``). ``--quick`` runs everything afresh in a temporary
+(``fedforge.server.sweep.run_point``). ``--quick`` runs everything afresh in a temporary
 directory, so a smoke run always exercises the code.
 """
 
@@ -26,11 +26,11 @@ from typing import Any
 import torch
 
 from fedforge.config import Config, from_dict, to_dict
-from fedforge.errors import ConfigError
-from fedforge.experiment import FederatedData
-from fedforge.metrics import rounds_to_target
+from fedforge.core.errors import ConfigError
+from fedforge.data.federated import FederatedData
+from fedforge.evaluation.metrics import rounds_to_target
+from fedforge.server.sweep import run_point
 from fedforge.store import RunStore
-from fedforge.sweep import run_point
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -134,7 +134,7 @@ def run_record(
             rec["status"] = "reused"
             return rec
     t0 = time.perf_counter()
-    point = run_point(cfg, {}, data, progress=False)  # runs, reuses or resumes (fedforge.sweep)
+    point = run_point(cfg, {}, data, progress=False)  # runs, reuses or resumes (server/sweep.py)
     if point.status == "failed" or point.run_dir is None:
         raise SystemExit(f"{cfg.name}: stopped by a signal; rerun the same command to resume")
     rec = _read(point.run_dir, cfg, target)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import fedforge as ff
 from fedforge import config as config_mod
-from fedforge import deferred_sgd
+from fedforge.client import deferred_sgd
 
 VARIANTS = {"deferred": ("bf16", 80), "step_by_step": ("bf16", 1), "fp32": ("fp32", 80)}
 

@@ -25,9 +25,9 @@ from collections.abc import Callable
 import torch
 
 from engine_throughput import engine_runner
-from fedforge import cnn_step
 from fedforge import config as config_mod
-from fedforge.experiment import load_federated_data
+from fedforge.client import cnn_step
+from fedforge.data.federated import load_federated_data
 
 
 def variant(once: Callable[[], float], written: bool) -> float:

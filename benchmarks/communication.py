@@ -45,8 +45,8 @@ import torch
 
 from _common import claim, save_record
 from fedforge.config import Config, from_dict
-from fedforge.experiment import FederatedData, load_federated_data
-from fedforge.metrics import bytes_at, rounds_to_target
+from fedforge.data.federated import FederatedData, load_federated_data
+from fedforge.evaluation.metrics import bytes_at, rounds_to_target
 from fedforge.server.loop import run
 
 ROOT = Path(__file__).resolve().parent.parent

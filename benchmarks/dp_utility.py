@@ -7,7 +7,7 @@ Setting: MNIST, 2NN, IID over N = 1000 clients of 60 examples, fixed-size
 cohorts of m = q N clients, E = 1, B = 10, lr 0.1, server lr 1, every delta
 clipped to C = 0.5, delta = 1e-5 (< 1/N), one seed. For each epsilon in
 {1, 2, 4, 8} the noise multiplier z comes from the calibration helper
-(``fedforge.accountant.calibrate_noise``: the smallest z whose T rounds spend at
+(``fedforge.privacy.accountant.calibrate_noise``: the smallest z whose T rounds spend at
 most epsilon, RDP, fixed-size sampling); epsilon = inf is the same clipped run
 without noise (``communication.clip_norm``). Distributed DP runs the same z with
 secure aggregation: each client adds z C / sqrt(n_min), n_min = ceil(0.66 m),
@@ -44,11 +44,11 @@ from typing import Any
 
 import torch
 
-from fedforge.accountant import calibrate_noise
 from fedforge.config import Config, from_dict
-from fedforge.experiment import load_federated_data
+from fedforge.data.federated import load_federated_data
+from fedforge.privacy.accountant import calibrate_noise
+from fedforge.privacy.secagg_codec import min_survivors
 from fedforge.server.loop import run
-from fedforge.stages.secagg_codec import min_survivors
 
 EPSILONS = (1.0, 2.0, 4.0, 8.0)
 DELTA = 1e-5

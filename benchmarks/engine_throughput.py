@@ -57,15 +57,16 @@ import torch
 
 from fedforge import config as config_mod
 from fedforge.algorithms import cross_entropy
-from fedforge.allocator import keep_large_blocks
-from fedforge.client import ClientTask
+from fedforge.client.runtime import ClientTask
+from fedforge.core import wire
+from fedforge.core.allocator import keep_large_blocks
+from fedforge.core.precision import forward_context, native_bf16
+from fedforge.data.federated import load_federated_data
 from fedforge.engines import close_engine
 from fedforge.engines.pool import usable_cores
-from fedforge.experiment import Experiment, build, load_federated_data
 from fedforge.models import build_model
-from fedforge.precision import forward_context, native_bf16
-from fedforge.server.sampling import sample_cohort
-from fedforge.transport import wire
+from fedforge.selection.sampling import sample_cohort
+from fedforge.server.experiment import Experiment, build
 
 ROOT = Path(__file__).resolve().parent.parent
 CL = torch.channels_last
@@ -238,7 +239,7 @@ def measure_model(model_name: str, blocks: int, cores: int) -> dict[str, float]:
 
 
 def _eval_seconds(exp: Experiment) -> float:
-    from fedforge.evaluate import evaluate
+    from fedforge.evaluation.evaluate import evaluate
 
     data = exp.data
     t0 = time.perf_counter()
@@ -265,8 +266,8 @@ def startup_seconds(repeats: int = 3) -> dict[str, float]:
     ``repeats`` processes."""
     code = (
         "import time;w=time.time();t=time.perf_counter();import json,fedforge;"
-        "from fedforge import config as c;from fedforge.experiment import build;"
-        "from fedforge.evaluate import evaluate;a=time.perf_counter();"
+        "from fedforge import config as c;from fedforge.server.experiment import build;"
+        "from fedforge.evaluation.evaluate import evaluate;a=time.perf_counter();"
         f"cfg=c.load('{ROOT / 'configs' / 'default.yaml'}');e=build(cfg);b=time.perf_counter();"
         "d=e.data;evaluate(e.model,e.spec,e.initial_params,d.test_x,d.test_y,cfg.eval_batch_size);"
         "n=time.perf_counter();print(json.dumps({'ready_at':time.time(),'interpreter_s':w,"

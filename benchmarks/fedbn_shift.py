@@ -49,10 +49,10 @@ from _common import (
     seconds_per_round,
     workers,
 )
-from fedforge.clienteval import summarize_accuracies
 from fedforge.config import Config, from_dict
+from fedforge.data.federated import load_federated_data
 from fedforge.data.shift import assign_domains
-from fedforge.experiment import load_federated_data
+from fedforge.evaluation.clients import summarize_accuracies
 
 DOMAINS = ["rotation", "invert", "contrast", "blur", "noise", "scale"]
 ALGORITHMS = ("fedavg", "fedbn")

@@ -20,7 +20,7 @@ import time
 import torch
 
 from fedforge.config import from_dict
-from fedforge.experiment import load_federated_data
+from fedforge.data.federated import load_federated_data
 from fedforge.server.loop import run
 
 LEVELS = (0.0, 0.5, 0.9)

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from fedforge import config as config_mod
-from fedforge.experiment import load_federated_data
+from fedforge.data.federated import load_federated_data
 from fedforge.server.loop import run
 
 ROOT = Path(__file__).resolve().parent.parent

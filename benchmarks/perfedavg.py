@@ -33,10 +33,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedforge.clienteval import client_accuracies
 from fedforge.config import Config, from_dict
-from fedforge.experiment import build, load_federated_data
-from fedforge.personal import personal_accuracies
+from fedforge.data.federated import load_federated_data
+from fedforge.evaluation.clients import client_accuracies
+from fedforge.evaluation.personal import personal_accuracies
+from fedforge.server.experiment import build
 from fedforge.server.loop import run
 
 LR = 0.05  # FedAvg's lr, Per-FedAvg's alpha and beta, the fine-tuning step

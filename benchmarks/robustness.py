@@ -48,9 +48,9 @@ import torch
 
 from _common import save_record
 from fedforge.config import AggregatorName, Config, PartitionConfig, RobustConfig
-from fedforge.experiment import load_federated_data
-from fedforge.metrics import rounds_to_target
-from fedforge.robust import make_aggregator
+from fedforge.data.federated import load_federated_data
+from fedforge.evaluation.metrics import rounds_to_target
+from fedforge.robust.parts import make_aggregator
 from fedforge.server.loop import run
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,7 +10,7 @@ FedProx with mu = ``--mu`` (0.01), SCAFFOLD option II (c_k from the local steps)
 ``--scaffold-lr`` and ``--option I`` change SCAFFOLD's arm alone (recorded under
 their own names; FedAvg's and FedProx's records are reused).
 Each run stops at its target or after its cap of rounds. Rounds to target are
-read off the best-so-far test-accuracy curve, interpolated (fedforge.metrics).
+read off the best-so-far test-accuracy curve, interpolated (fedforge.evaluation.metrics).
 
 Full mode runs the 2NN (target 0.97, cap 1,000 rounds, evaluated every round)
 and the CNN (target 0.99, cap 700 rounds, evaluated every 5) unless ``--models``
@@ -46,7 +46,7 @@ from _common import (
     workers,
 )
 from fedforge.config import Config, from_dict
-from fedforge.experiment import load_federated_data
+from fedforge.data.federated import load_federated_data
 
 ALGORITHMS = ("fedavg", "fedprox", "scaffold")
 # model: (target, cap of rounds, eval_every) in full mode

@@ -29,8 +29,8 @@ import time
 
 import numpy as np
 
-from fedforge.stages.secagg import FixedPoint, Simulated, modulus_bits, secure_sum
-from fedforge.stages.secagg_graph import random_harary
+from fedforge.privacy.secagg import FixedPoint, Simulated, modulus_bits, secure_sum
+from fedforge.privacy.secagg_graph import random_harary
 
 Cost = tuple[float, float, float, float]  # client s a client, server s, plain s, bytes/float32
 
@@ -114,8 +114,9 @@ def whole_round(
     import torch
 
     from fedforge.config import from_dict
-    from fedforge.experiment import build, load_federated_data
+    from fedforge.data.federated import load_federated_data
     from fedforge.report.progress import Progress
+    from fedforge.server.experiment import build
     from fedforge.server.round import run_round
     from fedforge.server.state import LoopState
 

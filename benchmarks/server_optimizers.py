@@ -10,7 +10,7 @@ momentum 0.9; FedAdagrad, FedAdam and FedYogi use Reddi et al.'s defaults beta1
 server/optimizers.py). Each non-FedAvg arm runs a small server-lr grid, fixed
 before any run (``GRID``), and is scored by its best grid point. Every run goes
 the full number of rounds (no early stop) and is evaluated every round; rounds to
-the target are read off the best-so-far curve, interpolated (fedforge.metrics).
+the target are read off the best-so-far curve, interpolated (fedforge.evaluation.metrics).
 Under Dirichlet(0.1) the accuracy curve swings from round to round, so beside the
 final accuracy the table gives the mean over the last 10 evaluations ("last-10").
 
@@ -49,7 +49,7 @@ from _common import (
     workers,
 )
 from fedforge.config import Config, from_dict
-from fedforge.experiment import load_federated_data
+from fedforge.data.federated import load_federated_data
 
 # arm: (server optimizer section, server lr grid); the middle point is the quick one
 GRID: dict[str, tuple[dict[str, Any], tuple[float, ...]]] = {

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fedforge.data import Partition
-from fedforge.experiment import FederatedData
+from fedforge.data.federated import FederatedData
 
 MakeData = Callable[..., FederatedData]
 

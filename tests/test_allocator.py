@@ -1,4 +1,4 @@
-"""fedforge.allocator: after keep_large_blocks, a freed large block stays in the
+"""fedforge.core.allocator: after keep_large_blocks, a freed large block stays in the
 heap for reuse instead of going back to the kernel (glibc only)."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ libc = ctypes.CDLL("libc.so.6")
 libc.mallinfo2.restype = MallInfo2
 applied = None
 if sys.argv[1] == "tuned":
-    from fedforge.allocator import keep_large_blocks
+    from fedforge.core.allocator import keep_large_blocks
     applied = keep_large_blocks()
 block = torch.empty(100 * 2**20, dtype=torch.uint8)
 block.fill_(1)

@@ -16,11 +16,11 @@ import pytest
 import torch
 
 import fedforge.data.mnist
-import fedforge.experiment
+import fedforge.server.experiment
 from fedforge.cli import main
 from fedforge.config import Config, load
-from fedforge.errors import DataError
-from fedforge.experiment import FederatedData
+from fedforge.core.errors import DataError
+from fedforge.data.federated import FederatedData
 from fedforge.store import RunStore, list_runs
 
 MakeData = Callable[..., FederatedData]
@@ -200,7 +200,7 @@ def test_run_in_process_on_tiny_data(
 ) -> None:
     # The data loader is swapped for four tiny float32 clients: the CLI path is the same.
     data = make_data([5, 6, 7, 8], dtype=torch.float32)
-    monkeypatch.setattr(fedforge.experiment, "load_federated_data", lambda cfg: data)
+    monkeypatch.setattr(fedforge.data.federated, "load_federated_data", lambda cfg: data)
     runs = tmp_path / "runs"
     assert main(["run", "-c", str(tiny_config), "--runs-dir", str(runs), "-q"]) == 0
     out, err = capsys.readouterr()
@@ -274,7 +274,7 @@ def test_start_up_imports_no_cryptography_unless_a_run_masks() -> None:
     command, the experiment builder and the loop does not import it (a fresh
     interpreter); masking runs import it when they build (the secagg tests run them)."""
     code = (
-        "import sys, fedforge.cli, fedforge.experiment, fedforge.server.loop;"
+        "import sys, fedforge.cli, fedforge.server.experiment, fedforge.server.loop;"
         "print('cryptography' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -319,7 +319,7 @@ def signalled(monkeypatch: pytest.MonkeyPatch, make_data: MakeData) -> Callable[
     from tests.conftest import wrap_engine
 
     data = make_data([5, 6, 7, 8], dtype=torch.float32)
-    monkeypatch.setattr(fedforge.experiment, "load_federated_data", lambda cfg: data)
+    monkeypatch.setattr(fedforge.data.federated, "load_federated_data", lambda cfg: data)
 
     def arm(count: int) -> None:
         wrap_engine(monkeypatch, lambda engine: _Signals(engine, count))
@@ -389,7 +389,7 @@ def test_runs_and_show_name_what_is_wrong(
     import sqlite3
 
     data = make_data([5, 6, 7, 8], dtype=torch.float32)
-    monkeypatch.setattr(fedforge.experiment, "load_federated_data", lambda cfg: data)
+    monkeypatch.setattr(fedforge.data.federated, "load_federated_data", lambda cfg: data)
     runs = tmp_path / "runs"
     for name in ("sig", "sig2"):  # 'sig' is a prefix of 'sig2': the exact name wins
         argv = ["run", "-c", str(tiny_config), "--set", f"name={name}", "--set", "rounds=1"]

@@ -13,20 +13,21 @@ import torch
 from tests.conftest import MakeData
 from torch import nn
 
-from fedforge.clienteval import (
+from fedforge.config import from_dict
+from fedforge.core.params import ParamSpec
+from fedforge.data import Partition
+from fedforge.data.federated import FederatedData
+from fedforge.evaluation.clients import (
     jain_index,
     per_class_accuracy,
     split_holdout,
     summarize_accuracies,
 )
-from fedforge.config import from_dict
-from fedforge.data import Partition
-from fedforge.evaluate import evaluate
-from fedforge.experiment import FederatedData, build
-from fedforge.params import ParamSpec
+from fedforge.evaluation.evaluate import evaluate
 from fedforge.report.progress import Progress
 from fedforge.report.runs import format_run_summary
 from fedforge.server.diagnostics import RoundDiagnostics, evaluation_rows, mean_pairwise_cosine
+from fedforge.server.experiment import build
 from fedforge.server.loop import run
 from fedforge.server.round import run_round
 from fedforge.server.state import LoopState

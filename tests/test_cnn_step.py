@@ -10,12 +10,12 @@ import pytest
 import torch
 from torch import nn
 
-from fedforge import cnn_step, deferred_sgd
 from fedforge.algorithms.base import LocalPlan, cross_entropy
-from fedforge.client import LocalResult, local_sgd, minibatches
+from fedforge.client import cnn_step, deferred_sgd
+from fedforge.client.runtime import LocalResult, local_sgd, minibatches
+from fedforge.core.params import ParamSpec
 from fedforge.models import MnistCNN, build_model
 from fedforge.models.layout import CHANNELS_LAST, Conv2d, set_channels_last
-from fedforge.params import ParamSpec
 
 
 def _plan(**kw: object) -> LocalPlan:

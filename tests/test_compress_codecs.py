@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedforge.errors import UploadError
-from fedforge.stages.bits import (
+from fedforge.compression.bits import (
     decode_indices,
     encode_indices,
     pack,
@@ -23,10 +22,11 @@ from fedforge.stages.bits import (
     varint_decode,
     varint_encode,
 )
-from fedforge.stages.codec import Codec, CodecContext
-from fedforge.stages.quantize import Cast, Quantize
-from fedforge.stages.sparsify import RandomK, TopK, count_kept
-from fedforge.transport import wire
+from fedforge.compression.quantize import Cast, Quantize
+from fedforge.compression.sparsify import RandomK, TopK, count_kept
+from fedforge.core import wire
+from fedforge.core.errors import UploadError
+from fedforge.pipeline.codec import Codec, CodecContext
 
 F64 = torch.float64
 

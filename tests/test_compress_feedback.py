@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fedforge.compression.clip import Clip
+from fedforge.compression.feedback import ErrorFeedback
+from fedforge.compression.quantize import Quantize
+from fedforge.compression.sparsify import RandomK, TopK
 from fedforge.config import Config, from_dict
-from fedforge.errors import ConfigError
-from fedforge.pipeline import StageContext
-from fedforge.stages.clip import Clip
-from fedforge.stages.codec import Codec, CodecContext
-from fedforge.stages.feedback import ErrorFeedback
-from fedforge.stages.quantize import Quantize
-from fedforge.stages.sparsify import RandomK, TopK
+from fedforge.core.errors import ConfigError
+from fedforge.pipeline.codec import Codec, CodecContext
+from fedforge.pipeline.pipeline import StageContext
 from fedforge.store import MemoryStateStore
 
 F64 = torch.float64

@@ -15,17 +15,18 @@ import torch
 from tests.conftest import MakeData
 
 from conftest import RunStopped
-from fedforge.client import ClientTask, ClientUpload
+from fedforge.client.runtime import ClientTask, ClientUpload
 from fedforge.config import from_dict, override
+from fedforge.core import wire
+from fedforge.core.errors import ConfigError
+from fedforge.data.federated import FederatedData
 from fedforge.engines import Engine
-from fedforge.errors import ConfigError
-from fedforge.experiment import FederatedData, build
 from fedforge.report.progress import Progress
+from fedforge.server.experiment import build
 from fedforge.server.loop import resume, run
 from fedforge.server.round import run_round
 from fedforge.server.state import LoopState
 from fedforge.store import RunStore, list_checkpoints
-from fedforge.transport import wire
 
 BASE: dict[str, Any] = {
     "model": "2nn",
@@ -120,7 +121,7 @@ def test_malformed_compressed_update_is_refused_and_never_aggregated(
     data: FederatedData, uplink: str, fn: Any, reason: str
 ) -> None:
     cfg = _cfg({"uplink": uplink, "fraction": 0.001})
-    from fedforge.server.sampling import sample_cohort
+    from fedforge.selection.sampling import sample_cohort
 
     victim = sample_cohort(6, 0.5, 0, 0)[1]
     bad = _one_round(cfg, data, victim, fn)
@@ -168,7 +169,7 @@ def _plus(name: str) -> Any:
 def test_a_mislabelled_or_padded_update_is_refused(
     data: FederatedData, com: dict[str, Any], robust: dict[str, Any], fn: Any, reason: str
 ) -> None:
-    from fedforge.server.sampling import sample_cohort
+    from fedforge.selection.sampling import sample_cohort
 
     cfg = _cfg(com, robust=robust)
     victim = sample_cohort(6, 0.5, 0, 0)[1]
@@ -187,7 +188,7 @@ def test_finite_updates_whose_sum_overflows_skip_the_round(data: FederatedData) 
         msg = wire.decode(raw)
         return wire.encode({"delta": torch.full_like(msg.tensors["delta"], 3e38)}, msg.meta)
 
-    from fedforge.server.sampling import sample_cohort
+    from fedforge.selection.sampling import sample_cohort
 
     cfg = _cfg({}, dtype="float32")
     victim = sample_cohort(6, 0.5, 0, 0)[1]
@@ -201,7 +202,7 @@ def test_finite_updates_whose_sum_overflows_skip_the_round(data: FederatedData) 
 
 
 def test_labels_take_a_finite_loss_or_null() -> None:
-    from fedforge.errors import UploadError
+    from fedforge.core.errors import UploadError
     from fedforge.server.labels import MAX_EXAMPLES, read_labels
 
     meta = {"client_id": 3, "round_idx": 7, "num_examples": MAX_EXAMPLES, "train_loss": 2}
@@ -299,7 +300,7 @@ def test_upload_every_2_trains_locally_and_uploads_once(data: FederatedData) -> 
 
 
 def test_upload_period_schedule() -> None:
-    from fedforge.server.periods import upload_period
+    from fedforge.selection.periods import upload_period
 
     assert [upload_period(r, 3, 8) for r in range(8)] == [(0, 2)] * 3 + [(3, 5)] * 3 + [(6, 7)] * 2
     assert [upload_period(r, 1, 3) for r in range(3)] == [(0, 0), (1, 1), (2, 2)]
@@ -362,7 +363,7 @@ def test_a_refusal_quotes_a_hostile_shape_briefly(data: FederatedData) -> None:
     import json
     import struct
 
-    from fedforge.errors import UploadError
+    from fedforge.core.errors import UploadError
     from fedforge.server.round import MAX_REASON, check_update
 
     exp = build(_cfg({"uplink": "int8"}), data)

@@ -22,7 +22,7 @@ from fedforge.config import (
     parse_override,
     to_dict,
 )
-from fedforge.errors import ConfigError
+from fedforge.core.errors import ConfigError
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
 

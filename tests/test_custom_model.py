@@ -13,7 +13,7 @@ from torch import nn
 
 import fedforge as ff
 from conftest import MakeData, RunStopped
-from fedforge.errors import ConfigError, DataError
+from fedforge.core.errors import ConfigError, DataError
 from fedforge.models import MODELS
 
 
@@ -94,7 +94,7 @@ def test_buffers_and_frozen_parameters_never_move_on_any_engine(
     flat vector (the buffer drifted from 0.5 to 0.498-0.502 in two rounds, the
     engines 2e-3 apart), and both engines trained the frozen layer. Against a
     plain nn.Module + torch.optim.SGD loop for the first round's clients."""
-    from fedforge.rng import torch_generator
+    from fedforge.core.rng import torch_generator
 
     ff.register_model("fixed_scale", FixedScale)
     try:
@@ -225,7 +225,7 @@ def test_the_fused_paths_leave_a_frozen_built_in_layer_to_autograd() -> None:
     with a frozen layer goes to the vmap or autograd path instead."""
     from fedforge.algorithms import LocalPlan
     from fedforge.algorithms.base import cross_entropy
-    from fedforge.cnn_step import applies
+    from fedforge.client.cnn_step import applies
     from fedforge.engines.batched_mlp import mlp_layers
     from fedforge.models.layout import set_channels_last
     from fedforge.models.mnist import MnistCNN, MnistMLP

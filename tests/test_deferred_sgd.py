@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedforge import deferred_sgd
-from fedforge.deferred_sgd import DeferredLinear
-from fedforge.fused_sgd import linear_step
+from fedforge.client import deferred_sgd
+from fedforge.client.deferred_sgd import DeferredLinear
+from fedforge.client.fused_sgd import linear_step
 
 LR = 0.1
 

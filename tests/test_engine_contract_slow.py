@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from fedforge import config as config_mod
-from fedforge.experiment import load_federated_data
+from fedforge.data.federated import load_federated_data
 from fedforge.server.loop import run
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
@@ -66,7 +66,7 @@ def _run_growth_mib(
 import json, re, torch
 torch.set_num_threads(1)
 from fedforge import config as c
-from fedforge.experiment import load_federated_data
+from fedforge.data.federated import load_federated_data
 from fedforge.server.loop import run
 def kib(field):
     return int(re.search(field + r':\\s+(\\d+)', open('/proc/self/status').read()).group(1))

@@ -13,7 +13,8 @@ import torch
 
 from conftest import MakeData
 from fedforge import config as config_mod
-from fedforge.experiment import FederatedData, build
+from fedforge.data.federated import FederatedData
+from fedforge.server.experiment import build
 from fedforge.server.loop import run
 
 SIZES = [7, 12, 5, 9, 10, 6, 8, 11]

@@ -14,12 +14,13 @@ import torch
 from tests.conftest import TINY_LOGREG, MakeData
 
 from fedforge.config import from_dict
+from fedforge.core.errors import ConfigError, PartitionError
+from fedforge.core.rng import torch_generator
 from fedforge.data import load_mnist, make_partition, summarize
+from fedforge.data.federated import FederatedData, load_federated_data
 from fedforge.data.mnist import MEAN, STD
 from fedforge.data.shift import DOMAINS, apply_domain, assign_domains, shift_features
-from fedforge.errors import ConfigError, PartitionError
-from fedforge.experiment import FederatedData, build, load_federated_data
-from fedforge.rng import torch_generator
+from fedforge.server.experiment import build
 from fedforge.server.loop import run
 
 F64 = torch.float64

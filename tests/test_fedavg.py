@@ -15,20 +15,20 @@ import pytest
 import torch
 from torch import nn
 
-from fedforge.aggregators import WeightedMean
+from fedforge.aggregation.mean import WeightedMean
 from fedforge.algorithms import LocalPlan
-from fedforge.client import ClientRuntime, ClientTask, ClientUpload, local_sgd, minibatches
+from fedforge.client.runtime import ClientRuntime, ClientTask, ClientUpload, local_sgd, minibatches
 from fedforge.config import Config, PartitionConfig
+from fedforge.core import wire
+from fedforge.core.params import ParamSpec
+from fedforge.core.rng import torch_generator
+from fedforge.data.federated import FederatedData, load_federated_data
 from fedforge.engines.serial import SerialEngine
-from fedforge.experiment import FederatedData, load_federated_data
 from fedforge.models import build_model
-from fedforge.params import ParamSpec
-from fedforge.rng import torch_generator
+from fedforge.selection.sampling import cohort_size, sample_cohort
 from fedforge.server.loop import RunResult, run
 from fedforge.server.optimizers import ServerSGD
-from fedforge.server.sampling import cohort_size, sample_cohort
 from fedforge.store import RunStore
-from fedforge.transport import wire
 
 MakeData = Callable[..., FederatedData]
 F64 = torch.float64

@@ -11,18 +11,19 @@ from tests.conftest import MakeData
 
 from conftest import RunStopped
 from fedforge.algorithms.fedbn import LocalBatchNorm, local_mask
-from fedforge.client import ClientTask, encode_payload, local_sgd, minibatch_generator
+from fedforge.client.runtime import ClientTask, encode_payload, local_sgd, minibatch_generator
 from fedforge.config import from_dict, override
-from fedforge.errors import ConfigError
-from fedforge.experiment import FederatedData, build
+from fedforge.core import wire
+from fedforge.core.errors import ConfigError
+from fedforge.core.params import ParamSpec
+from fedforge.data.federated import FederatedData
 from fedforge.models import build_model
-from fedforge.params import ParamSpec
 from fedforge.report.progress import Progress
+from fedforge.server.experiment import build
 from fedforge.server.loop import resume, run
 from fedforge.server.round import run_round
 from fedforge.server.state import LoopState
 from fedforge.store import MemoryStateStore, RunStore, list_checkpoints
-from fedforge.transport import wire
 
 F64 = torch.float64
 BASE: dict[str, Any] = {
@@ -291,8 +292,8 @@ def test_fedbn_against_a_plain_module_with_each_clients_batch_norm(
 
     from torch import nn
 
-    from fedforge.rng import torch_generator
-    from fedforge.server.sampling import sample_cohort
+    from fedforge.core.rng import torch_generator
+    from fedforge.selection.sampling import sample_cohort
 
     data = make_data([20, 12, 17, 9, 14], seed=2)
     cfg = from_dict(

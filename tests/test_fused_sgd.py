@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedforge import fused_sgd
-from fedforge.fused_sgd import linear_step
+from fedforge.client import fused_sgd
+from fedforge.client.fused_sgd import linear_step
 
 
 def _layer(out: int, inp: int, rows: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import fedforge as ff
-from fedforge.errors import DataError
+from fedforge.core.errors import DataError
 
 GEN = torch.Generator().manual_seed(0)
 X, Y = torch.randn(600, 1, 28, 28, generator=GEN), torch.randint(0, 10, (600,), generator=GEN)
@@ -101,7 +101,7 @@ def test_unusable_data_is_refused_before_training(case: str) -> None:
 def test_partition_indices_must_be_integers() -> None:
     """A boolean mask was cast to indices 0 and 1 (every client then trained on
     rows 0 and 1 with num_examples 500), floats truncated, strings parsed."""
-    from fedforge.errors import PartitionError
+    from fedforge.core.errors import PartitionError
 
     mask = np.zeros(500, dtype=bool)
     mask[100:200] = True

@@ -12,9 +12,9 @@ import torch
 from tests.conftest import TINY_LOGREG, MakeData
 
 from fedforge.config import from_dict
+from fedforge.core.errors import ConfigError, PartitionError
 from fedforge.data.noise import flip_labels, noisy_client_ids, noisy_labels
-from fedforge.errors import ConfigError, PartitionError
-from fedforge.experiment import build
+from fedforge.server.experiment import build
 from fedforge.server.loop import run
 
 

@@ -10,15 +10,15 @@ from tests.conftest import MakeData
 from torch import nn
 
 from fedforge import config as config_mod
-from fedforge import precision
 from fedforge.algorithms import cross_entropy
 from fedforge.algorithms.base import LocalPlan
-from fedforge.client import local_sgd
-from fedforge.errors import ConfigError
-from fedforge.experiment import build
+from fedforge.client.runtime import local_sgd
+from fedforge.core import precision
+from fedforge.core.errors import ConfigError
+from fedforge.core.params import ParamSpec
 from fedforge.models import build_model
 from fedforge.models.layout import Conv2d, set_channels_last
-from fedforge.params import ParamSpec
+from fedforge.server.experiment import build
 
 
 @pytest.mark.parametrize("channels", [1, 8])

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from fedforge.config import Config
-from fedforge.evaluate import EvalResult, evaluate
-from fedforge.experiment import FederatedData
-from fedforge.metrics import best_so_far, rounds_to_target
+from fedforge.core.params import ParamSpec
+from fedforge.data.federated import FederatedData
+from fedforge.evaluation.evaluate import EvalResult, evaluate
+from fedforge.evaluation.metrics import best_so_far, rounds_to_target
 from fedforge.models import build_model
-from fedforge.params import ParamSpec
 from fedforge.server import loop
 from fedforge.server import round as server_round
 

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import torch
 
+from fedforge.core.errors import DataError
 from fedforge.data import mnist
-from fedforge.errors import DataError
 
 
 def idx_bytes(arr: np.ndarray, code: int, be_dtype: str) -> bytes:

@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from fedforge.errors import ConfigError
+from fedforge.core.errors import ConfigError
+from fedforge.core.params import ParamSpec
 from fedforge.models import MnistCNN, MnistMLP, build_model
-from fedforge.params import ParamSpec
 
 # McMahan et al. 2017: 2NN = 784-200-200-10; CNN = conv5x5(1->32), pool, conv5x5(32->64),
 # pool (28 -> 14 -> 7), fc 64*7*7 -> 512, fc 512 -> 10. Weights plus biases, layer by layer.
@@ -250,7 +250,7 @@ def test_cnn_pools_before_relu_with_the_same_values_and_gradients(dtype: torch.d
 def test_all_finite_agrees_with_isfinite_everywhere(threads: int, dtype: torch.dtype) -> None:
     """A NaN or an infinity at the start, the middle (a thread's boundary) or the
     end of a long vector, alone or mixed; and finite extremes near the dtype's max."""
-    from fedforge.params import all_finite
+    from fedforge.core.params import all_finite
 
     before = torch.get_num_threads()
     torch.set_num_threads(threads)

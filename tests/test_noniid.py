@@ -16,17 +16,18 @@ from conftest import RunStopped
 from fedforge.algorithms import LocalPlan, fedprox, scaffold
 from fedforge.algorithms.fedprox import ProximalTerm
 from fedforge.algorithms.scaffold import ScaffoldServer
-from fedforge.client import ClientRuntime, ClientTask, encode_payload, local_sgd
+from fedforge.client.runtime import ClientRuntime, ClientTask, encode_payload, local_sgd
 from fedforge.config import from_dict, override
-from fedforge.errors import ConfigError
-from fedforge.experiment import FederatedData, build
+from fedforge.core import wire
+from fedforge.core.errors import ConfigError
+from fedforge.core.params import ParamSpec
+from fedforge.core.rng import torch_generator
+from fedforge.data.federated import FederatedData
 from fedforge.models.mnist import MnistCNN
-from fedforge.params import ParamSpec
-from fedforge.rng import torch_generator
+from fedforge.server.experiment import build
 from fedforge.server.loop import resume, run
 from fedforge.server.stragglers import cohort_tasks, straggler_epochs
 from fedforge.store import MemoryStateStore, RunStore, list_checkpoints
-from fedforge.transport import wire
 
 F64 = torch.float64
 BASE: dict[str, Any] = {
@@ -260,7 +261,7 @@ def test_scaffold_client_keeps_its_control_when_local_training_blows_up() -> Non
     (its non-finite update is refused by the server anyway)."""
     from fedforge.algorithms.local import ClientJob
     from fedforge.algorithms.scaffold import CONTROL, CONTROL_DELTA, ScaffoldClient
-    from fedforge.client import LocalResult
+    from fedforge.client.runtime import LocalResult
     from fedforge.store.client_state import MemoryStateStore
 
     store = MemoryStateStore(2, 3, F64)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from fedforge.config import PartitionConfig
+from fedforge.core.errors import PartitionError
 from fedforge.data.partition import (
     Partition,
     dirichlet,
@@ -17,7 +18,6 @@ from fedforge.data.partition import (
     shards,
     summarize,
 )
-from fedforge.errors import PartitionError
 
 MNIST_LIKE = np.repeat(np.arange(10), 6000)  # 60000 labels, 6000 per class
 KINDS = ("iid", "shards", "dirichlet", "hsu", "quantity")

@@ -16,14 +16,15 @@ from torch import nn
 
 from fedforge.algorithms.base import LocalPlan, cross_entropy
 from fedforge.algorithms.perfedavg import Gradients, MetaSteps
-from fedforge.clienteval import client_accuracies
 from fedforge.config import from_dict, override
-from fedforge.errors import ConfigError
-from fedforge.experiment import FederatedData, build
-from fedforge.params import ParamSpec
-from fedforge.personal import personal_accuracies, personal_lr
+from fedforge.core.errors import ConfigError
+from fedforge.core.params import ParamSpec
+from fedforge.core.rng import torch_generator
+from fedforge.data.federated import FederatedData
+from fedforge.evaluation.clients import client_accuracies
+from fedforge.evaluation.personal import personal_accuracies, personal_lr
 from fedforge.report.runs import format_run_summary
-from fedforge.rng import torch_generator
+from fedforge.server.experiment import build
 from fedforge.server.loop import run
 from fedforge.store import RunStore
 

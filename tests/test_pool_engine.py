@@ -14,10 +14,10 @@ from tests.conftest import MakeData
 
 from conftest import RunStopped
 from fedforge import config as config_mod
+from fedforge.core.errors import ConfigError
 from fedforge.engines import close_engine
 from fedforge.engines.pool import PoolEngine, resolve_workers, usable_cores
-from fedforge.errors import ConfigError
-from fedforge.experiment import build
+from fedforge.server.experiment import build
 from fedforge.server.loop import resume, run
 
 SIZES = [7, 12, 5, 9, 10, 6]
@@ -101,9 +101,9 @@ def test_at_most_two_jobs_a_worker_are_in_flight(
     read, then one more for each job taken, in cohort order."""
     from concurrent.futures import ProcessPoolExecutor
 
-    from fedforge.client import ClientTask
+    from fedforge.client.runtime import ClientTask
+    from fedforge.core import wire
     from fedforge.engines import pool
-    from fedforge.transport import wire
 
     monkeypatch.setattr(pool, "JOB_BYTES", 1)
     exp = build(_cfg(engine="vectorized", workers=2, client_fraction=1.0), make_data(SIZES))
@@ -182,7 +182,7 @@ def test_more_workers_than_cores_are_lowered_to_the_cores(
 ) -> None:
     """A million workers would fork a million processes: the engine takes the
     usable cores and says so (results do not depend on the worker count)."""
-    import fedforge.experiment as experiment
+    import fedforge.server.experiment as experiment
 
     monkeypatch.setattr(experiment, "usable_cores", lambda: 2)
     exp = build(_cfg(workers=1_000_000), make_data(SIZES))
@@ -216,7 +216,7 @@ def test_a_dead_worker_ends_the_round_with_an_error_not_a_hang(
     import os
     import signal
 
-    from fedforge.errors import EngineError
+    from fedforge.core.errors import EngineError
     from fedforge.server import loop
 
     server = os.getpid()
@@ -369,9 +369,9 @@ def test_two_pools_started_before_either_forks_train_their_own_clients(
     """The inner engine sat in a module global until the first submit forked the
     workers: a second pool started meanwhile (another thread) made the first
     pool's workers train the second run's data."""
-    from fedforge.client import ClientTask
+    from fedforge.client.runtime import ClientTask
+    from fedforge.core import wire
     from fedforge.engines import close_engine
-    from fedforge.transport import wire
 
     a, b = make_data(SIZES, seed=1), make_data(SIZES, seed=2)
     exp_a, exp_b = build(_cfg(workers=2), a), build(_cfg(workers=2), b)

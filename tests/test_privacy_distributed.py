@@ -19,19 +19,20 @@ from dp_accounting import rdp
 from tests.conftest import MakeData
 from tests.test_privacy_secagg_round import BASE  # the same tiny 2NN secure-aggregation run
 
-from fedforge.accountant import RDP_ORDERS
+from fedforge.compression.clip import Clip
 from fedforge.config import from_dict
-from fedforge.errors import ConfigError
-from fedforge.experiment import FederatedData, build
-from fedforge.pipeline import Pipeline, StageContext
+from fedforge.core.errors import ConfigError
+from fedforge.data.federated import FederatedData
+from fedforge.pipeline.pipeline import Pipeline, StageContext
+from fedforge.privacy import secagg_codec as sc
+from fedforge.privacy.accountant import RDP_ORDERS
+from fedforge.privacy.dp import DistributedNoise, DPMean
+from fedforge.privacy.secagg import FixedPoint, SecAggClient, modulus_bits
+from fedforge.privacy.tiers import TieredNoise, high_tier
 from fedforge.server import secure
+from fedforge.server.experiment import build
 from fedforge.server.loop import run
 from fedforge.server.summary import format_summary
-from fedforge.stages import secagg_codec as sc
-from fedforge.stages.clip import Clip
-from fedforge.stages.dp import DistributedNoise, DPMean
-from fedforge.stages.secagg import FixedPoint, SecAggClient, modulus_bits
-from fedforge.stages.tiers import TieredNoise, high_tier
 
 SIZES = [30, 20, 40, 30, 25, 35]
 Z, CLIP = 0.8, 0.5
@@ -120,7 +121,7 @@ def test_distributed_epsilon_equals_dp_accountings_central_gaussian(
     assert exp.privacy.epsilon(3) == central.privacy.epsilon(3)
     # against the server, which drew the cohorts: no amplification; the worst
     # client's participations compose a Gaussian of multiplier Z / 2
-    from fedforge.server.sampling import sample_cohort
+    from fedforge.selection.sampling import sample_cohort
 
     count = [0] * 6
     for t in range(3):
@@ -208,7 +209,7 @@ def test_refusals(
 
 
 def test_the_pipeline_refuses_distributed_noise_without_masking() -> None:
-    import fedforge.privacy  # noqa: F401  (registers the order rules)
+    import fedforge.privacy.parts  # noqa: F401  (registers the order rules)
 
     clip, noise = Clip(1.0), DistributedNoise(1.0, 1.0, 4)
     with pytest.raises(ConfigError, match="without secure aggregation"):

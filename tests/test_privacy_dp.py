@@ -14,18 +14,18 @@ import torch
 from dp_accounting import pld, rdp
 from tests.conftest import MakeData
 
-from fedforge.accountant import (
+from fedforge.config import from_dict
+from fedforge.core.errors import ConfigError
+from fedforge.pipeline.pipeline import StageContext
+from fedforge.privacy.accountant import (
     RDP_INT_ORDERS,
     RDP_ORDERS,
     Accountant,
     calibrate_noise,
     local_epsilon,
 )
-from fedforge.config import from_dict
-from fedforge.errors import ConfigError
-from fedforge.pipeline import StageContext
+from fedforge.privacy.dp import CentralNoise, DPMean, LocalNoise, next_clip_norm
 from fedforge.server.loop import run
-from fedforge.stages.dp import CentralNoise, DPMean, LocalNoise, next_clip_norm
 from fedforge.store import RunStore
 
 BASE: dict[str, Any] = {
@@ -89,8 +89,8 @@ def test_who_knows_the_seed_strips_derived_noise_but_not_secret_noise(
     so it can draw derived noise again and subtract it (the clipped update comes
     back to rounding: why ``secret_noise`` exists); secret noise stays on."""
     import fedforge.server.round as round_module
-    from fedforge.rng import torch_generator
-    from fedforge.stages.dp import gaussian
+    from fedforge.core.rng import torch_generator
+    from fedforge.privacy.dp import gaussian
 
     z, clip = 4.0, 0.3
     data = make_data([30, 20, 40, 30, 25, 35])
@@ -152,7 +152,7 @@ def test_adaptive_clip_moves_towards_the_quantile() -> None:
 def test_the_count_noise_needs_more_than_half_the_noise_multiplier() -> None:
     """z_delta = (z^-2 - (2 sigma_b)^-2)^-1/2 exists for sigma_b > z / 2 (the
     message said 1 / (2 z): 0.005 for z = 100, where the bound is 50)."""
-    from fedforge.stages.dp import update_noise_multiplier
+    from fedforge.privacy.dp import update_noise_multiplier
 
     with pytest.raises(ValueError, match="need clip_count_std > z / 2 = 50"):
         update_noise_multiplier(100.0, 1.0)
@@ -299,8 +299,8 @@ def test_target_epsilon_refuses_to_start_then_stops(
     assert "privacy budget" in result.summary["privacy_stop"]
     # the model the run ends with is evaluated, though no eval_every round came
     assert [r.test_accuracy is not None for r in result.rounds] == [False] * (allowed - 1) + [True]
+    from fedforge.core.params import ParamSpec
     from fedforge.models import build_model
-    from fedforge.params import ParamSpec
 
     model = build_model("2nn", 0, torch.float64)
     ParamSpec.of(model).load_into(model, result.params)
@@ -326,7 +326,7 @@ def test_central_dp_run_equals_clipped_mean_plus_noise(
         Accountant(1.0, 6, 3, 6**-1.1).epsilon(3)
     )
     with pytest.raises(ConfigError, match="robust.aggregator"):
-        from fedforge.experiment import build
+        from fedforge.server.experiment import build
 
         build(from_dict({**BASE, "privacy": priv, "robust": {"aggregator": "median"}}), data)
 
@@ -349,7 +349,7 @@ def test_central_dp_run_equals_clipped_mean_plus_noise(
 def test_privacy_refuses_what_would_break_its_guarantee(
     make_data: MakeData, extra: dict[str, Any], match: str
 ) -> None:
-    from fedforge.experiment import build
+    from fedforge.server.experiment import build
 
     data = make_data([30, 20, 40, 30, 25, 35])
     with pytest.raises(ConfigError, match=match):
@@ -357,7 +357,7 @@ def test_privacy_refuses_what_would_break_its_guarantee(
 
 
 def test_a_poisson_run_accounts_at_its_client_fraction(make_data: MakeData) -> None:
-    from fedforge.experiment import build
+    from fedforge.server.experiment import build
 
     data = make_data([5] * 19)
     cfg = {**BASE, "num_clients": 19, "client_fraction": 0.1}
@@ -372,8 +372,8 @@ def test_upload_periods_spend_one_release_each(make_data: MakeData, dp: str) -> 
     """upload_every = 5 over 10 rounds: two noised releases, not ten (central
     reported 10.49 where 2 releases cost 3.00); local DP counts each period's
     cohort once, sampled at the period's first round."""
-    from fedforge.experiment import build
-    from fedforge.server.sampling import sample_cohort
+    from fedforge.selection.sampling import sample_cohort
+    from fedforge.server.experiment import build
 
     data = make_data([30, 20, 40, 30, 25, 35])
     cfg = {**BASE, "rounds": 10, "communication": {"upload_every": 5}}
@@ -434,7 +434,7 @@ def test_the_privacy_table_holds_the_clip_norm_each_round_used(
 ) -> None:
     """Adaptive clipping: the stored clip norm was read after the round had set
     the next one, a round ahead (round 0 showed round 1's)."""
-    from fedforge.privacy import PrivacyParts
+    from fedforge.privacy.parts import PrivacyParts
 
     used: dict[int, float] = {}
     begin = PrivacyParts.begin_round
@@ -478,7 +478,7 @@ def test_secret_noise_reaches_every_mechanism(make_data: MakeData, priv: dict[st
 def test_adaptive_clipping_counts_with_secret_noise(make_data: MakeData) -> None:
     """The clipped count's noise (Andrew et al.) is a release too: the next clip norm
     repeats with derived noise, not with secret noise."""
-    from fedforge.experiment import build
+    from fedforge.server.experiment import build
 
     data = make_data([30, 30, 30, 30], seed=1)
     for secret in (False, True):

@@ -8,14 +8,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import fedforge.privacy  # noqa: F401  (registers the privacy order rules)
-from fedforge.aggregators import Median, WeightedMean
-from fedforge.errors import ConfigError
-from fedforge.pipeline import Pipeline
-from fedforge.stages import shamir
-from fedforge.stages.clip import Clip
-from fedforge.stages.dp import CentralNoise, DPMean, LocalNoise
-from fedforge.stages.secagg import (
+import fedforge.privacy.parts  # noqa: F401  (registers the privacy order rules)
+from fedforge.aggregation.mean import WeightedMean
+from fedforge.compression.clip import Clip
+from fedforge.core.errors import ConfigError
+from fedforge.pipeline.pipeline import Pipeline
+from fedforge.privacy import shamir
+from fedforge.privacy.dp import CentralNoise, DPMean, LocalNoise
+from fedforge.privacy.secagg import (
     PHASES,
     FixedPoint,
     SecAggClient,
@@ -23,6 +23,7 @@ from fedforge.stages.secagg import (
     modulus_bits,
     secure_sum,
 )
+from fedforge.robust import Median
 
 
 def test_any_t_shares_reconstruct_and_t_minus_1_are_uniform() -> None:
@@ -101,7 +102,7 @@ def test_a_client_answers_unmask_once_and_only_for_a_true_u3() -> None:
 
 
 def test_a_threshold_just_above_half_still_needs_a_majority() -> None:
-    from fedforge.stages.secagg_graph import min_survivors
+    from fedforge.privacy.secagg_graph import min_survivors
 
     for n in (2, 4, 6, 10):  # ceil(0.5000000001 n - 1e-9) was n / 2
         assert min_survivors(0.5000000001, n) == n // 2 + 1
@@ -185,8 +186,8 @@ def _bitwise_pack(words: np.ndarray, bits: int) -> np.ndarray:
 
 @pytest.mark.parametrize("bits", [1, 7, 8, 23, 25, 32, 33, 57, 63, 64])
 def test_masked_words_pack_at_k_bits_and_refuse_padding(bits: int) -> None:
-    from fedforge.errors import UploadError
-    from fedforge.stages.words import pack_words, unpack_words
+    from fedforge.core.errors import UploadError
+    from fedforge.privacy.words import pack_words, unpack_words
 
     rng = np.random.default_rng(bits)
     for n in (1, 3, 8, 9, 1001):

@@ -16,13 +16,14 @@ from tests.conftest import MakeData
 from tests.test_privacy_secagg_round import BASE, DP, SECAGG  # the tiny 2NN secagg run
 
 from fedforge.config import from_dict
-from fedforge.errors import ConfigError, UploadError
-from fedforge.experiment import FederatedData, build
+from fedforge.core.errors import ConfigError, UploadError
+from fedforge.data.federated import FederatedData
+from fedforge.privacy import secagg
+from fedforge.privacy.secagg import PHASES, FixedPoint, Simulated, modulus_bits, secure_sum
+from fedforge.privacy.secagg_codec import SecAggCodec, advertise_message
+from fedforge.privacy.secagg_graph import MaskGraph, complete_graph, harary, random_harary
+from fedforge.server.experiment import build
 from fedforge.server.loop import run
-from fedforge.stages import secagg
-from fedforge.stages.secagg import PHASES, FixedPoint, Simulated, modulus_bits, secure_sum
-from fedforge.stages.secagg_codec import SecAggCodec, advertise_message
-from fedforge.stages.secagg_graph import MaskGraph, complete_graph, harary, random_harary
 
 
 # ------------------------------------------------------------------ the graph

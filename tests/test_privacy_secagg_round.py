@@ -13,18 +13,19 @@ import pytest
 import torch
 from tests.conftest import MakeData, SigtermAt, wrap_engine
 
-from fedforge.client import ClientTask, ClientUpload
+from fedforge.client.runtime import ClientTask, ClientUpload
 from fedforge.config import from_dict, override
+from fedforge.core import wire
+from fedforge.core.errors import ConfigError
+from fedforge.data.federated import FederatedData
 from fedforge.engines import Engine
 from fedforge.engines.serial import SerialEngine
-from fedforge.errors import ConfigError
-from fedforge.experiment import FederatedData, build
+from fedforge.privacy.secagg import CIPHERTEXT_BYTES, KEY_BYTES, SHARE_BYTES
 from fedforge.server import loop
+from fedforge.server.experiment import build
 from fedforge.server.loop import resume, run
 from fedforge.server.secure import dropped
-from fedforge.stages.secagg import CIPHERTEXT_BYTES, KEY_BYTES, SHARE_BYTES
 from fedforge.store import RunStore
-from fedforge.transport import wire
 
 SIZES = [30, 20, 40, 30, 25, 35]
 FRAC_BITS = 30
@@ -422,7 +423,7 @@ def test_a_diverged_client_drops_out_instead_of_summing_as_zero(
     """A NaN update became INT64_MIN in fixed point, 0 after the mask: summed as
     a zero update, its client still in the mean's denominator. It now sends no
     masked input: a dropout, refused by name, and the mean is over the others."""
-    from fedforge.stages.secagg_codec import SecAggCodec
+    from fedforge.privacy.secagg_codec import SecAggCodec
 
     real = SecAggCodec.encode
 

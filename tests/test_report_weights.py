@@ -15,19 +15,20 @@ import torch.nn.functional as F
 from tests.conftest import TINY_LOGREG, MakeData
 from torch.func import functional_call
 
-from fedforge.aggregators import WeightedMean
-from fedforge.aggregators.weights import class_weights, quality_factors, quality_weights
-from fedforge.client import ClientTask, encode_payload
+from fedforge.aggregation.mean import WeightedMean
+from fedforge.aggregation.weights import class_weights, quality_factors, quality_weights
+from fedforge.client.reports import ClientReport, Reporter, ReportWeights, read_report
+from fedforge.client.runtime import ClientTask, encode_payload
 from fedforge.config import from_dict
+from fedforge.core import wire
+from fedforge.core.errors import ConfigError, UploadError
 from fedforge.data import Partition, load_mnist
-from fedforge.errors import ConfigError, UploadError
-from fedforge.experiment import Experiment, FederatedData, build
-from fedforge.pipeline import CohortUpdates, Pipeline, StageContext
-from fedforge.reports import ClientReport, Reporter, ReportWeights, read_report
+from fedforge.data.federated import FederatedData
+from fedforge.pipeline.pipeline import CohortUpdates, Pipeline, StageContext
+from fedforge.robust.gates import NormGate
 from fedforge.server import loop
+from fedforge.server.experiment import Experiment, build
 from fedforge.server.round import check_update
-from fedforge.stages.validate import NormGate
-from fedforge.transport import wire
 
 F64 = torch.float64
 U = torch.tensor([[1.0, 0.0], [0.0, 1.0], [3.0, 3.0]], dtype=F64)
@@ -151,7 +152,7 @@ def test_validation_split(make_data: MakeData) -> None:
 
 
 def _derive(seed: int, *keys: int | str) -> int:
-    from fedforge.rng import derive_seed
+    from fedforge.core.rng import derive_seed
 
     return derive_seed(seed, *keys)
 

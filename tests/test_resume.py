@@ -25,9 +25,10 @@ import torch
 import yaml
 
 from fedforge.config import Config, from_dict, override
-from fedforge.errors import ConfigError, FedforgeError, StoreError
-from fedforge.experiment import FederatedData, build, load_federated_data
+from fedforge.core.errors import ConfigError, FedforgeError, StoreError
+from fedforge.data.federated import FederatedData, load_federated_data
 from fedforge.report.runs import format_run_summary
+from fedforge.server.experiment import build
 from fedforge.server.loop import resume, run
 from fedforge.server.state import RunLock, StopSignals
 from fedforge.store import (
@@ -793,8 +794,8 @@ def test_the_layout_digest_names_frozen_layers_and_keeps_older_runs() -> None:
     the digest runs recorded before the flag existed."""
     import hashlib
 
+    from fedforge.core.params import ParamSpec
     from fedforge.models.mnist import MnistMLP
-    from fedforge.params import ParamSpec
     from fedforge.store.build_record import model_layout
 
     model = MnistMLP()

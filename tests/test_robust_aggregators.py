@@ -10,7 +10,8 @@ import re
 import pytest
 import torch
 
-from fedforge.aggregators import (
+from fedforge.core.errors import AggregationError, ConfigError
+from fedforge.robust import (
     Bulyan,
     CentredClip,
     GeometricMedian,
@@ -22,8 +23,7 @@ from fedforge.aggregators import (
     WeightedMean,
     min_updates,
 )
-from fedforge.aggregators.common import BLOCK_COLUMNS
-from fedforge.errors import AggregationError, ConfigError
+from fedforge.robust.common import BLOCK_COLUMNS
 
 F64 = torch.float64
 
@@ -233,7 +233,7 @@ def test_distances_hold_when_updates_share_a_large_part() -> None:
     ALIE inside the honest spread): ||a||^2 + ||b||^2 - 2 a.b in float32 lost
     the distances to rounding (Krum then picked at random, attackers included).
     Against the distances of the differences, in float64."""
-    from fedforge.aggregators.common import squared_distances
+    from fedforge.robust.common import squared_distances
 
     gen = torch.Generator().manual_seed(1)
     common = torch.randn(20_000, generator=gen, dtype=torch.float64)
@@ -251,7 +251,7 @@ def test_distances_and_krum_hold_in_float32_with_one_update_far_out(scale: float
     the mean dragged the centre to the attacker (the honest distances were off
     by up to 1.7x at 10) and at 1e30 the float32 products overflowed: Krum then
     picked the attacker. Against float64 differences of the same float32 rows."""
-    from fedforge.aggregators.common import squared_distances
+    from fedforge.robust.common import squared_distances
 
     gen = torch.Generator().manual_seed(2)
     common = torch.randn(20_000, generator=gen)
@@ -273,7 +273,7 @@ def test_distances_hold_within_a_cluster_away_from_the_median() -> None:
     """Two clusters 1000 spreads apart (6 and 5 rows, float32, non-IID-like): the
     median sits in the first, and the second's distances were lost to float32
     products (relative error 8, some clamped to 0). Against float64 differences."""
-    from fedforge.aggregators.common import squared_distances
+    from fedforge.robust.common import squared_distances
 
     gen = torch.Generator().manual_seed(0)
     base = torch.randn(100_000, generator=gen)
@@ -290,7 +290,7 @@ def test_distances_are_exactly_symmetric_so_ties_go_to_the_lower_row() -> None:
     distance: an exact tie, which must go to the lower row. A Gram product's two
     triangles differed in the last bits (d[3, 6] - d[6, 3] = 2.3e-13 here, found
     by a random search), and the pick went to row 6."""
-    from fedforge.aggregators.common import squared_distances
+    from fedforge.robust.common import squared_distances
 
     u = t(
         [

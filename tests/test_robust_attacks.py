@@ -7,7 +7,11 @@ import statistics
 import pytest
 import torch
 
-from fedforge.attacks import (
+from fedforge.core import wire
+from fedforge.core.errors import UploadError
+from fedforge.pipeline.codec import Dense
+from fedforge.pipeline.pipeline import CohortUpdates, StageContext
+from fedforge.robust.attacks import (
     Collusion,
     DeltaAttack,
     alie_z,
@@ -16,10 +20,6 @@ from fedforge.attacks import (
     uint8_bytes,
     uint8_tamper,
 )
-from fedforge.errors import UploadError
-from fedforge.pipeline import CohortUpdates, StageContext
-from fedforge.stages.codec import Dense
-from fedforge.transport import wire
 
 F64 = torch.float64
 
@@ -120,7 +120,7 @@ def test_collusion_without_attackers_or_honest_clients_changes_nothing() -> None
 def test_collusion_over_a_lossy_uplink_sends_what_the_codec_carries() -> None:
     """Top-k of 2 entries: the attacker's crafted row reaches the server as its
     two largest entries only, as a real message over that channel would."""
-    from fedforge.stages.sparsify import TopK
+    from fedforge.compression.sparsify import TopK
 
     c = _cohort()
     out, _ = Collusion("ipm", frozenset({0}), epsilon=0.5, codec=TopK(0.5)).apply(c, ctx(None))

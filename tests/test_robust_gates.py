@@ -16,23 +16,24 @@ import pytest
 import torch
 
 from conftest import MakeData
-from fedforge import aggregators as agg
-from fedforge.aggregators import Median
-from fedforge.attacks import Collusion, attacker_ids
-from fedforge.client import ClientTask, ClientUpload
+from fedforge import robust as agg
+from fedforge.client.runtime import ClientTask, ClientUpload
 from fedforge.config import Config, RobustConfig, override
+from fedforge.core.errors import ConfigError
 from fedforge.data import Partition
+from fedforge.data.federated import FederatedData
 from fedforge.engines.serial import SerialEngine
-from fedforge.errors import ConfigError
-from fedforge.experiment import FederatedData, build
-from fedforge.pipeline import Pipeline
+from fedforge.pipeline.pipeline import Pipeline
 from fedforge.report.progress import Progress
+from fedforge.robust import Median
+from fedforge.robust.attacks import Collusion, attacker_ids
+from fedforge.robust.gates import NormGate, robust_z
+from fedforge.server.experiment import build
 from fedforge.server.loop import run
 from fedforge.server.optimizers import ServerSGD
 from fedforge.server.round import Gathering, Upload, run_round
 from fedforge.server.state import LoopState
 from fedforge.server.stops import stalled as _stalled
-from fedforge.stages.validate import NormGate, robust_z
 from fedforge.store import AnomalyRecord, RunStore
 from fedforge.store.runstore import ClientRecord, RoundRecord
 
@@ -424,7 +425,7 @@ def test_a_withheld_update_leaves_the_clients_state_alone(
     """The gate decides before the client keeps anything: a withheld client's
     SCAFFOLD control, error-feedback residual or FedBN batch norm is unchanged
     (c stopped being the mean of the c_k when its new c_k was kept unsent)."""
-    from fedforge.experiment import client_tables
+    from fedforge.server.experiment import client_tables
 
     data = make_data([10, 12, 14, 9])
     extra: dict[str, Any] = {"algorithm": algorithm, "engine": engine}
@@ -539,7 +540,7 @@ def test_a_client_without_a_loss_leaves_the_rounds_loss_to_the_others(
     loss is the example-weighted mean of the others', not NaN."""
     from dataclasses import replace
 
-    from fedforge.transport import wire
+    from fedforge.core import wire
 
     honest = SerialEngine.run_cohort
 
@@ -569,8 +570,8 @@ def test_the_client_gate_under_privacy(make_data: MakeData) -> None:
     with DP that distrusts the server (local, distributed, tiers). Under secure
     aggregation alone a client may withhold, but its note names no loss (the
     review read 'held-out loss rose from 2.79235 to 200.861' at the server)."""
-    from fedforge.client import ClientTask, LocalResult
-    from fedforge.transport import wire
+    from fedforge.client.runtime import ClientTask, LocalResult
+    from fedforge.core import wire
 
     data = make_data([10, 12, 14, 9])
     noise = {"clip_norm": 1.0, "noise_multiplier": 1.0}
@@ -612,7 +613,7 @@ def test_the_loss_gap_measures_the_data_clients_train_on(
     """The global loss of the loss gap is on what the client trains on: half of
     each client's data is held out here, which the gap read too (2.3004 against
     2.3235 for one client in the review)."""
-    from fedforge.evaluate import evaluate
+    from fedforge.evaluation.evaluate import evaluate
     from fedforge.server.diagnostics import start_round
 
     data = make_data([20, 30, 40])

@@ -12,7 +12,7 @@ from tests.conftest import MakeData
 
 from conftest import RunStopped
 from fedforge import config as config_mod
-from fedforge.aggregators.clipping import CentredClip, NormBound
+from fedforge.robust.clipping import CentredClip, NormBound
 from fedforge.server.loop import resume, run
 from fedforge.server.state import load_aggregator_state
 from fedforge.store import Checkpoint, CheckpointError

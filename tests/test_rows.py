@@ -2,7 +2,7 @@
 
 import torch
 
-from fedforge.rows import take
+from fedforge.core.rows import take
 
 
 def test_take_equals_advanced_indexing_for_any_index_shape() -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from fedforge.config import Config, load
-from fedforge.errors import StoreError
+from fedforge.core.errors import StoreError
 from fedforge.report.runs import format_run_summary, format_run_table
 from fedforge.store import (
     ClientRecord,

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fedforge.config import Config, ServerOptimizerConfig
-from fedforge.errors import ConfigError
+from fedforge.core.errors import ConfigError
 from fedforge.server.optimizers import ServerAdaptive, ServerSGD, from_config
 
 

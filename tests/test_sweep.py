@@ -9,9 +9,9 @@ import yaml
 
 from fedforge.cli import main
 from fedforge.config import describe_split, from_dict
-from fedforge.errors import ConfigError
+from fedforge.core.errors import ConfigError
+from fedforge.server.sweep import PointResult, grid_points, iid_config, knee, parse_grid
 from fedforge.store import list_runs
-from fedforge.sweep import PointResult, grid_points, iid_config, knee, parse_grid
 
 TINY = {
     "name": "tiny",
@@ -165,8 +165,8 @@ def test_compare_iid(tmp_path: Path, capsys: pytest.CaptureFixture[str], one_thr
 def test_a_point_over_other_data_is_not_reused(tmp_path: Path, one_thread: None) -> None:
     """The same config over data passed by the caller that changed since: another
     job, run again, not the old result shown for the new data."""
-    from fedforge.experiment import load_federated_data
-    from fedforge.sweep import run_sweep
+    from fedforge.data.federated import load_federated_data
+    from fedforge.server.sweep import run_sweep
 
     cfg = from_dict({**TINY, "runs_dir": str(tmp_path)})
     data = load_federated_data(cfg)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from fedforge.config import from_dict
+from fedforge.data.federated import load_federated_data
 from fedforge.data.synthetic import feature_variances, generate, train_test_split
-from fedforge.experiment import load_federated_data
 
 
 def test_sizes_are_lognormal_plus_50_and_deterministic() -> None:

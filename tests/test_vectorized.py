@@ -12,10 +12,13 @@ import torch
 from torch import nn
 
 from fedforge import config as config_mod
-from fedforge.aggregators import WeightedMean
+from fedforge.aggregation.mean import WeightedMean
 from fedforge.algorithms import fedavg
-from fedforge.client import ClientRuntime
+from fedforge.client.runtime import ClientRuntime
+from fedforge.core import wire
+from fedforge.core.params import ParamSpec
 from fedforge.data import iid, quantity_skew
+from fedforge.data.federated import FederatedData
 from fedforge.engines.serial import SerialEngine
 from fedforge.engines.vectorized import (
     VectorizedEngine,
@@ -25,10 +28,8 @@ from fedforge.engines.vectorized import (
     schedule_bytes,
     unsupported_reason,
 )
-from fedforge.experiment import FederatedData, build, make_engine
-from fedforge.params import ParamSpec
+from fedforge.server.experiment import build, make_engine
 from fedforge.server.loop import run
-from fedforge.transport import wire
 
 
 def synthetic_data(num_clients: int, sizes: str, seed: int = 0) -> FederatedData:
@@ -87,8 +88,8 @@ def test_full_batch_uneven_clients_match_serial() -> None:
     spec = ParamSpec.of(model)
     alg = fedavg(local_epochs=3, batch_size=None, lr=0.3)
     runtime = ClientRuntime(model, spec, alg, data.client_data)
-    from fedforge.client import ClientTask
-    from fedforge.transport import wire
+    from fedforge.client.runtime import ClientTask
+    from fedforge.core import wire
 
     payload = wire.encode({"params": spec.flatten(model, torch.float64)})
     tasks = [ClientTask(c, 0, alg.plan(0), 11) for c in range(5)]
@@ -112,7 +113,7 @@ def test_a_client_without_examples_takes_no_step_on_either_engine(
 ) -> None:
     """Zero examples: no minibatch, so no step (weight decay would still move the
     model on an empty batch), a loss of 0 and steps 0, on both engines."""
-    from fedforge.client import ClientTask, minibatches
+    from fedforge.client.runtime import ClientTask, minibatches
 
     assert minibatches(0, batch_size, torch.Generator()) == []
     data = synthetic_data(3, "iid", seed=2)
@@ -162,7 +163,7 @@ def test_chunks_are_sized_by_their_widest_client_and_their_data() -> None:
     client padded to the largest (2x a 2 GiB budget on MNIST FedSGD). Now each
     client added costs as much as the widest so far, plus its data; an empty
     client first no longer crashes the sizing."""
-    from fedforge.client import ClientTask
+    from fedforge.client.runtime import ClientTask
 
     sizes = [0, 2, 3, 40, 2, 2]
     gen = torch.Generator().manual_seed(0)
@@ -208,7 +209,7 @@ def test_schedule_bytes_by_hand() -> None:
 def test_chunks_are_cut_by_their_schedules() -> None:
     """Many local epochs: every client's minibatch schedule is built before its
     chunk trains, so it counts against the budget like its parameters."""
-    from fedforge.client import ClientTask
+    from fedforge.client.runtime import ClientTask
 
     gen = torch.Generator().manual_seed(0)
     xs = [torch.randn(20, 1, 28, 28, generator=gen, dtype=torch.float64) for _ in range(6)]

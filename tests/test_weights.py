@@ -9,14 +9,14 @@ import pytest
 import torch
 from tests.conftest import MakeData
 
-from fedforge.aggregators import WeightedMean
-from fedforge.aggregators.weights import Reweighted, client_weight
-from fedforge.client import ClientTask, encode_payload
+from fedforge.aggregation.mean import WeightedMean
+from fedforge.aggregation.weights import Reweighted, client_weight
+from fedforge.client.runtime import ClientTask, encode_payload
 from fedforge.config import from_dict
-from fedforge.errors import ConfigError
-from fedforge.experiment import build
+from fedforge.core import wire
+from fedforge.core.errors import ConfigError
+from fedforge.server.experiment import build
 from fedforge.server.loop import run
-from fedforge.transport import wire
 
 F64 = torch.float64
 U = torch.tensor([[1.0, 0.0], [0.0, 1.0], [3.0, 3.0]], dtype=F64)

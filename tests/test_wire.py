@@ -9,8 +9,8 @@ import time
 import pytest
 import torch
 
-from fedforge.errors import UploadError
-from fedforge.transport.wire import DTYPES, MAGIC, Message, decode, encode, encoded_size
+from fedforge.core.errors import UploadError
+from fedforge.core.wire import DTYPES, MAGIC, Message, decode, encode, encoded_size
 
 
 def _sample(dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:

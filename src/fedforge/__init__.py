@@ -13,14 +13,15 @@ if "torch" not in sys.modules:  # fedforge starts the process's torch: typically
     # the caller imported torch first: then the process is theirs to tune.
     gc.freeze()
 
-from fedforge.aggregators import WeightedMean
+from fedforge.aggregation.mean import WeightedMean
 from fedforge.algorithms import Algorithm, LocalPlan, fedavg, fedsgd
 from fedforge.config import Config, PartitionConfig, load, override
+from fedforge.core.errors import ConfigError, DataError, FedforgeError, UploadError
+from fedforge.core.params import ParamSpec
+from fedforge.data.federated import FederatedData, load_federated_data
 from fedforge.data.partition import Partition
-from fedforge.errors import ConfigError, DataError, FedforgeError, UploadError
-from fedforge.experiment import FederatedData, build, load_federated_data
 from fedforge.models import register_model
-from fedforge.params import ParamSpec
+from fedforge.server.experiment import build
 from fedforge.server.loop import RunResult, resume, run
 from fedforge.store import RunStore
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from fedforge import config as config_mod
 from fedforge.config.personal import step_sizes
-from fedforge.errors import ConfigError, FedforgeError, StopNow
+from fedforge.core.errors import ConfigError, FedforgeError, StopNow
 
 if TYPE_CHECKING:
     from fedforge.server.loop import RunResult
@@ -137,7 +137,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_resume(args: argparse.Namespace) -> int:
-    from fedforge.experiment import load_federated_data
+    from fedforge.data.federated import load_federated_data
     from fedforge.server.loop import resume
     from fedforge.store import RunStore, resolve_run
 
@@ -171,7 +171,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
-    from fedforge.sweep import PointResult, format_sweep, parse_grid, run_sweep
+    from fedforge.server.sweep import PointResult, format_sweep, parse_grid, run_sweep
 
     grid = parse_grid(args.grid)
     results: list[PointResult] = []
@@ -186,7 +186,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare_iid(args: argparse.Namespace) -> int:
-    from fedforge.sweep import compare_iid, format_compare
+    from fedforge.server.sweep import compare_iid, format_compare
 
     iid, own = compare_iid(_resolve_config(args), progress=not args.quiet)
     print(format_compare(iid, own))

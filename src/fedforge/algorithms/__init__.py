@@ -15,8 +15,8 @@ from fedforge.algorithms.fedprox import fedprox
 from fedforge.algorithms.perfedavg import perfedavg
 from fedforge.algorithms.scaffold import scaffold
 from fedforge.config import Config
-from fedforge.errors import ConfigError
-from fedforge.params import ParamSpec
+from fedforge.core.errors import ConfigError
+from fedforge.core.params import ParamSpec
 from fedforge.store.client_state import make_state_store, working_dir
 
 

@@ -30,7 +30,7 @@ import torch
 
 from fedforge.algorithms.base import Algorithm, cross_entropy
 from fedforge.algorithms.fedavg import _DecayedPlan
-from fedforge.params import ParamKind, ParamSpec, all_finite
+from fedforge.core.params import ParamKind, ParamSpec, all_finite
 from fedforge.store.client_state import ClientStateStore
 
 BATCHNORM = "batchnorm"  # the per-client table's name

@@ -31,10 +31,19 @@ from torch import nn
 from torch.func import functional_call
 
 if TYPE_CHECKING:
-    from fedforge.algorithms.base import LocalPlan, LossFn
-    from fedforge.client import LocalResult
-    from fedforge.params import ParamSpec
+    from fedforge.algorithms.plan import LocalPlan, LossFn
+    from fedforge.core.params import ParamSpec
     from fedforge.store.client_state import ClientStateStore
+
+
+@dataclass(frozen=True)
+class LocalResult:
+    """What local training produced: the new local parameters (flat), the mean
+    training loss over the examples seen, and the number of SGD steps taken."""
+
+    params: torch.Tensor
+    train_loss: float
+    steps: int
 
 
 @dataclass
@@ -57,7 +66,7 @@ class GradHook(Protocol):
 
 class LocalTrain(Protocol):
     """An algorithm's own local loop, run by ``ClientRuntime.run`` in place of
-    :func:`fedforge.client.local_sgd` (Per-FedAvg's meta-steps): from ``start``, on
+    :func:`fedforge.client.runtime.local_sgd` (Per-FedAvg's meta-steps): from ``start``, on
     the client's ``(x, y)``, drawing its batches from ``gen``."""
 
     def __call__(

@@ -25,7 +25,7 @@ D'')) / (2 delta). beta is the plan's ``lr`` (so ``lr_decay`` decays it); a
 period of k rounds (``upload_every``) does k tau meta-steps. The reported
 training loss is the mean of f(w; D) over the meta-steps. Personalised
 evaluation (one step of size alpha from the global model, then the client's
-held-out slice) is in ``fedforge.personal``.
+held-out slice) is in ``fedforge.evaluation.personal``.
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ from torch.func import functional_call
 
 from fedforge.algorithms.base import Algorithm, LocalPlan, LossFn, cross_entropy
 from fedforge.algorithms.fedavg import _DecayedPlan
-from fedforge.client import LocalResult
-from fedforge.params import ParamSpec
-from fedforge.precision import forward_context
+from fedforge.algorithms.local import LocalResult
+from fedforge.core.params import ParamSpec
+from fedforge.core.precision import forward_context
 
 Variant = Literal["fo", "hf"]
 HvpMethod = Literal["exact", "finite_difference"]

@@ -42,7 +42,7 @@ import torch
 from fedforge.algorithms.base import Algorithm, cross_entropy
 from fedforge.algorithms.fedavg import _DecayedPlan
 from fedforge.algorithms.local import ClientJob, StepContext
-from fedforge.params import all_finite
+from fedforge.core.params import all_finite
 from fedforge.store.client_state import ClientStateStore
 
 Option = Literal["I", "II"]

@@ -16,7 +16,7 @@ from typing import Any, Literal
 import yaml
 
 from fedforge.config.schema import Config, invalid
-from fedforge.errors import ConfigError, shown
+from fedforge.core.errors import ConfigError, shown
 
 _FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from fedforge.errors import invalid_field as invalid
+from fedforge.core.errors import invalid_field as invalid
 
 if TYPE_CHECKING:
     from fedforge.config.schema import Config

@@ -1,14 +1,14 @@
 """The ``privacy:`` config section: differential privacy (central, local or
 distributed), its accountant and budget, secure aggregation, and privacy tiers
-(see fedforge.privacy, fedforge.stages.dp, fedforge.stages.tiers,
-fedforge.stages.secagg)."""
+(see fedforge.privacy.parts, fedforge.privacy.dp, fedforge.privacy.tiers,
+fedforge.privacy.secagg)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from fedforge.errors import ConfigError, invalid_field
+from fedforge.core.errors import ConfigError, invalid_field
 
 DPMode = Literal["none", "central", "local", "distributed"]
 

@@ -1,6 +1,6 @@
 """The ``robust:`` config section: the aggregator, simulated attackers and the
-gates against faulty and malicious clients (see fedforge.aggregators,
-fedforge.attacks, fedforge.stages.validate)."""
+gates against faulty and malicious clients (see fedforge.robust,
+fedforge.robust.attacks, fedforge.robust.gates)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from fedforge.errors import invalid_field as invalid
+from fedforge.core.errors import invalid_field as invalid
 
 AggregatorName = Literal[
     "mean",
@@ -29,7 +29,7 @@ AttackName = Literal[
 @dataclass(frozen=True)
 class RobustConfig:
     """Byzantine robustness: the aggregator, simulated attackers, and the gates
-    (see fedforge.aggregators, fedforge.attacks, fedforge.stages.validate)."""
+    (see fedforge.robust, fedforge.robust.attacks, fedforge.robust.gates)."""
 
     aggregator: AggregatorName = "mean"  # mean: FedAvg's weighted mean
     byzantine: int = 0  # f assumed by krum, multi_krum, bulyan

@@ -23,7 +23,7 @@ from fedforge.config.noniid import (
 from fedforge.config.personal import PerFedAvgConfig, PersonalEvalConfig, validate_personal
 from fedforge.config.privacy import PrivacyConfig, validate_privacy
 from fedforge.config.robust import RobustConfig, validate_robust
-from fedforge.errors import invalid_field as invalid
+from fedforge.core.errors import invalid_field as invalid
 
 WeightRule = Literal["num_examples", "uniform", "sqrt", "capped", "quality", "class"]
 _STEP = "must be a number > 0 (below 3.4e38 in a float32 run)"
@@ -80,7 +80,7 @@ DownlinkCodec = Literal["dense", "float16", "bfloat16", "int8", "int4"]
 
 @dataclass(frozen=True)
 class CommunicationConfig:
-    """What travels and how often (see fedforge.stages.quantize, .sparsify,
+    """What travels and how often (see fedforge.compression.quantize, .sparsify,
     .feedback, .clip and fedforge.server.hierarchy)."""
 
     uplink: UplinkCodec = "dense"  # the codec of client updates

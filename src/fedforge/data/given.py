@@ -12,10 +12,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedforge.errors import DataError
+from fedforge.core.errors import DataError
 
 if TYPE_CHECKING:
-    from fedforge.experiment import FederatedData
+    from fedforge.data.federated import FederatedData
 
 
 def check_given(

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedforge.errors import DataError
+from fedforge.core.errors import DataError
 
 # File name -> md5 of the DECOMPRESSED content (gzip bytes vary between copies).
 MNIST_FILES: dict[str, str] = {

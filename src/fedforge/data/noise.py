@@ -16,7 +16,7 @@ noisy-label literature:
   2018): a systematic confusion of each class with the next, which a local model
   can learn.
 
-Unlike the ``label_flip`` attack (fedforge.attacks, c -> C - 1 - c, chosen by an
+Unlike the ``label_flip`` attack (fedforge.robust.attacks, c -> C - 1 - c, chosen by an
 adversary), this is honest clients with bad annotation; the noisy labels are the
 client's data, so its held-out slices carry them too. The ids of the noisy clients
 are recorded with the partition (partition.json).
@@ -31,9 +31,9 @@ from collections.abc import Iterable
 import numpy as np
 import torch
 
+from fedforge.core.errors import PartitionError
+from fedforge.core.rng import numpy_rng
 from fedforge.data.partition import Partition
-from fedforge.errors import PartitionError
-from fedforge.rng import numpy_rng
 
 RULES = ("symmetric", "pair")
 

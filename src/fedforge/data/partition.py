@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedforge.config import PartitionConfig
-from fedforge.errors import PartitionError
-from fedforge.rng import numpy_rng
+from fedforge.core.errors import PartitionError
+from fedforge.core.rng import numpy_rng
 
 _MAX_DIRICHLET_TRIES = 1000
 _HOPELESS_AFTER, _HOPELESS_SHORT = 10, 25  # draws, mean clients short per draw

@@ -35,10 +35,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fedforge.core.errors import PartitionError
+from fedforge.core.rng import numpy_rng, torch_generator
 from fedforge.data.mnist import MEAN, STD
 from fedforge.data.partition import Partition
-from fedforge.errors import PartitionError
-from fedforge.rng import numpy_rng, torch_generator
 
 DOMAINS = ("none", "rotation", "invert", "contrast", "blur", "noise", "scale")
 CONTRAST = 0.3  # contrast: the factor around mid-grey

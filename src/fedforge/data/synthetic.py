@@ -17,7 +17,7 @@ generator (``data/synthetic_*/generate_niid.py`` in litian96/FedProx):
 - each user's samples are shuffled and split 90% train / 10% test.
 
 alpha and beta are standard deviations. Differences from the official script:
-draws come from one derived numpy generator (``fedforge.rng``), not the global
+draws come from one derived numpy generator (``fedforge.core.rng``), not the global
 one, in the official order per user, and x is drawn as v_k + sqrt(diag) * z
 (the same distribution as ``multivariate_normal`` with a diagonal Sigma). The
 test set of a run is the union of the users' test splits (the official

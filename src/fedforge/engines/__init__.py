@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Protocol
 
-from fedforge.client import ClientTask, ClientUpload
+from fedforge.client.runtime import ClientTask, ClientUpload
 
 
 class Engine(Protocol):

@@ -44,10 +44,10 @@ from torch import nn
 from fedforge.algorithms.base import Algorithm, LocalPlan, cross_entropy
 from fedforge.algorithms.fedprox import ProximalTerm
 from fedforge.algorithms.scaffold import CORRECTION, Correction
-from fedforge.client import LocalResult
+from fedforge.client.runtime import LocalResult
+from fedforge.core.params import ParamSpec
 from fedforge.models.logreg import LogisticRegression
 from fedforge.models.mnist import MnistMLP
-from fedforge.params import ParamSpec
 
 
 def mlp_layers(model: nn.Module) -> list[str] | None:

@@ -26,7 +26,7 @@ server process alone handles a stop (it finishes the round with its workers,
 checkpoints, then ends them), so a signal to the whole process group (Ctrl-C,
 ``pkill -f``, a service manager) does not kill a worker mid-round. A worker
 that dies anyway (SIGKILL, out of memory) ends the round with an
-:class:`~fedforge.errors.EngineError` naming it, instead of a hang; the run
+:class:`~fedforge.core.errors.EngineError` naming it, instead of a hang; the run
 then resumes from its last checkpoint. The round's payload goes through one
 file in shared memory, read once per worker and round, not pickled once per
 client. Workers die with the server (``PR_SET_PDEATHSIG``), and a killed server's
@@ -53,11 +53,11 @@ from pathlib import Path
 
 import torch
 
-from fedforge.client import ClientTask, ClientUpload
+from fedforge.client.runtime import ClientTask, ClientUpload
+from fedforge.core.errors import EngineError
+from fedforge.core.orphans import sweep_orphans
 from fedforge.engines.serial import SerialEngine
 from fedforge.engines.vectorized import VectorizedEngine
-from fedforge.errors import EngineError
-from fedforge.orphans import sweep_orphans
 
 Inner = SerialEngine | VectorizedEngine
 

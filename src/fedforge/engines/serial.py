@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Mapping, Sequence
 
-from fedforge.client import ClientRuntime, ClientTask, ClientUpload
+from fedforge.client.runtime import ClientRuntime, ClientTask, ClientUpload
 
 
 class SerialEngine:

@@ -23,7 +23,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from fedforge.algorithms.base import LocalPlan, LossFn
 from fedforge.algorithms.local import GradHook, LocalStep
-from fedforge.client import (
+from fedforge.client.runtime import (
     ClientRuntime,
     ClientTask,
     ClientUpload,
@@ -32,11 +32,11 @@ from fedforge.client import (
     minibatches,
     trainable_views,
 )
+from fedforge.core.params import ParamSpec
+from fedforge.core.precision import forward_context
 from fedforge.engines.batched_mlp import applies, batched_mlp_sgd, fits, fused_terms, mlp_layers
 from fedforge.engines.batched_mlp import results as mlp_results
 from fedforge.models.layout import set_channels_last
-from fedforge.params import ParamSpec
-from fedforge.precision import forward_context
 
 DEFAULT_MEMORY_BUDGET = 2 * 1024**3  # bytes for one chunk's working set
 # The fused perceptron path's clients' weights per thread: 8 2NN clients (6.4 MB).
@@ -152,7 +152,7 @@ def vectorized_local_sgd(
     fused: Sequence[str] | None = None,
 ) -> list[LocalResult]:
     """Local SGD of K clients at once, from the same ``start``; the batched twin of
-    :func:`fedforge.client.local_sgd` (same minibatches, same steps). ``epochs``:
+    :func:`fedforge.client.runtime.local_sgd` (same minibatches, same steps). ``epochs``:
     each client's own number of epochs (stragglers do fewer; default: the plan's);
     ``state``: the algorithm's per-client ``[K, P]`` tensors for ``hook``;
     ``fused``: the linear layers of a perceptron that takes the batched-matmul

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from fedforge.errors import ConfigError
+from fedforge.core.errors import ConfigError
 from fedforge.models.bn import MnistCNNBN
 from fedforge.models.logreg import LogisticRegression
 from fedforge.models.mnist import MnistCNN, MnistMLP
@@ -48,7 +48,7 @@ def build_model(
             f"model {name!r} is unknown; known models: {', '.join(MODELS)} (your own: "
             "fedforge.register_model(name, factory) before the run, and before its resume)"
         )
-    from fedforge.rng import derive_seed
+    from fedforge.core.rng import derive_seed
 
     # nn.Module initialisers draw from the global generator; fork it so the
     # caller's RNG state is untouched and the init is a function of the seed.

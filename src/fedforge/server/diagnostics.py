@@ -1,5 +1,5 @@
 """Drift diagnostics (seed 002, section 3), logged every round, and the per-client
-evaluation rows of an evaluation round (``fedforge.clienteval``).
+evaluation rows of an evaluation round (``fedforge.evaluation.clients``).
 
 Per round, over the accepted updates d_1..d_K the server decoded (those the
 aggregator took: after the checks and the cohort stages, e.g. a norm gate, and
@@ -36,11 +36,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedforge.clienteval import client_accuracies, per_class_accuracy
-from fedforge.evaluate import evaluate
-from fedforge.experiment import Experiment
-from fedforge.personal import personal_accuracies
+from fedforge.evaluation.clients import client_accuracies, per_class_accuracy
+from fedforge.evaluation.evaluate import evaluate
+from fedforge.evaluation.personal import personal_accuracies
 from fedforge.report.progress import Progress
+from fedforge.server.experiment import Experiment
 
 NUM_CLASSES_DEFAULT = 10
 

@@ -3,9 +3,7 @@ hierarchical federated learning"): clients belong to groups (an institution, a
 network); each group's edge aggregates its clients' updates, and one edge update
 per group goes to the server.
 
-A client's group comes from the partition: ``contiguous`` gives client c the
-group floor(c G / N) (neighbouring ids, like a site's devices); ``label`` gives
-it its majority label mod G (clients alike in data share an edge). Each edge
+A client's group comes from ``fedforge.compression.groups``. Each edge
 takes the weighted mean of its accepted updates (weights ``num_examples``) and
 sends it dense in the run's dtype with their total weight, so the server's
 weighted mean of edge updates is the flat FedAvg mean (up to float rounding).
@@ -21,29 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-import numpy as np
 import torch
 
-from fedforge.aggregators import Accumulator
-from fedforge.client import EXTRA_PREFIX, split_extras
-from fedforge.data import Partition
-from fedforge.errors import UploadError
-from fedforge.stages.codec import Dense
-from fedforge.transport import wire
-
-
-def assign_groups(kind: str, groups: int, partition: Partition, labels: np.ndarray) -> list[int]:
-    """The group id of every client (``groups`` >= 1)."""
-    n = partition.num_clients
-    if kind == "contiguous":
-        return [c * groups // n for c in range(n)]
-    if kind == "label":
-        out = []
-        for idx in partition.client_indices:
-            counts = np.bincount(labels[idx]) if len(idx) else np.zeros(1, dtype=np.int64)
-            out.append(int(np.argmax(counts)) % groups)
-        return out
-    raise ValueError(f"group_by {kind!r}; allowed: contiguous, label")
+from fedforge.aggregation.mean import Accumulator
+from fedforge.client.runtime import EXTRA_PREFIX, split_extras
+from fedforge.core import wire
+from fedforge.core.errors import UploadError
+from fedforge.pipeline.codec import Dense
 
 
 class Edges:

@@ -7,7 +7,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from fedforge.errors import UploadError
+from fedforge.core.errors import UploadError
 
 # The largest num_examples taken: float64 holds every integer up to 2^53, so a
 # weight, and a sum of a few of them, stays exact and finite.

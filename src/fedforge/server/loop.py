@@ -23,12 +23,13 @@ from typing import Any
 import torch
 
 from fedforge.config import Config
+from fedforge.core.errors import StopNow, StoreError
 from fedforge.data import PartitionSummary, summarize
+from fedforge.data.federated import FederatedData
 from fedforge.data.mnist import NUM_CLASSES
 from fedforge.engines import close_engine
-from fedforge.errors import StopNow, StoreError
-from fedforge.experiment import Experiment, FederatedData, build, client_tables
 from fedforge.report.progress import Progress
+from fedforge.server.experiment import Experiment, build, client_tables
 from fedforge.server.round import run_round
 from fedforge.server.state import (
     LoopState,

@@ -17,28 +17,28 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from fedforge.aggregators import discount_faulty
-from fedforge.client import ClientTask, encode_payload, split_extras
+from fedforge.client.reports import ClientReport, read_report
+from fedforge.client.runtime import ClientTask, encode_payload, split_extras
 from fedforge.config import Config
+from fedforge.core import wire
+from fedforge.core.errors import AggregationError, UploadError, Withheld, shown
+from fedforge.core.params import all_finite
 from fedforge.data.mnist import NUM_CLASSES
-from fedforge.errors import AggregationError, UploadError, Withheld, shown
-from fedforge.evaluate import evaluate
-from fedforge.experiment import Experiment
-from fedforge.params import all_finite
-from fedforge.pipeline import CohortUpdates, StageContext
+from fedforge.evaluation.evaluate import evaluate
+from fedforge.pipeline.codec import CodecContext
+from fedforge.pipeline.pipeline import CohortUpdates, StageContext
 from fedforge.report.progress import Progress
-from fedforge.reports import ClientReport, read_report
+from fedforge.robust import discount_faulty
+from fedforge.selection.periods import period_plan, upload_period
+from fedforge.selection.sampling import sample_cohort
 from fedforge.server import diagnostics
+from fedforge.server.experiment import Experiment
 from fedforge.server.hierarchy import Edges
 from fedforge.server.labels import read_labels
-from fedforge.server.periods import period_plan, upload_period
-from fedforge.server.sampling import sample_cohort
 from fedforge.server.state import LoopState
 from fedforge.server.stops import ends_run
 from fedforge.server.stragglers import cohort_tasks
-from fedforge.stages.codec import CodecContext
 from fedforge.store import ClientRecord, RoundRecord
-from fedforge.transport import wire
 
 
 @dataclass

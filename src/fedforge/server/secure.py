@@ -23,17 +23,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedforge.client import ClientTask
+from fedforge.client.runtime import ClientTask
 from fedforge.config.privacy import secagg_drops
-from fedforge.errors import UploadError
-from fedforge.experiment import Experiment
-from fedforge.rng import numpy_rng
+from fedforge.core import wire
+from fedforge.core.errors import UploadError
+from fedforge.core.rng import numpy_rng
+from fedforge.privacy import secagg_codec as sc
+from fedforge.privacy.dp import DPMean
+from fedforge.privacy.secagg import route, unmask_sum
+from fedforge.server.experiment import Experiment
 from fedforge.server.labels import read_labels
-from fedforge.stages import secagg_codec as sc
-from fedforge.stages.dp import DPMean
-from fedforge.stages.secagg import route, unmask_sum
 from fedforge.store import ClientRecord
-from fedforge.transport import wire
 
 
 @dataclass

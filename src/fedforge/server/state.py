@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
-from fedforge.errors import StopNow, StoreError
-from fedforge.experiment import Experiment, client_tables
+from fedforge.core.errors import StopNow, StoreError
 from fedforge.server import optimizers
+from fedforge.server.experiment import Experiment, client_tables
 from fedforge.server.optimizers import ServerOptimizer
 from fedforge.store import Checkpoint, CheckpointError, ClientStateStore, RoundRecord
 

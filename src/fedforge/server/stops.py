@@ -5,8 +5,8 @@ round checks them to evaluate the model the run will end with."""
 from __future__ import annotations
 
 from fedforge.config import Config
-from fedforge.experiment import Experiment
-from fedforge.server.periods import upload_period
+from fedforge.selection.periods import upload_period
+from fedforge.server.experiment import Experiment
 from fedforge.server.state import LoopState
 
 

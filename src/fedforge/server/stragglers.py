@@ -13,9 +13,9 @@ import dataclasses
 from collections.abc import Sequence
 
 from fedforge.algorithms.base import Algorithm, LocalPlan
-from fedforge.client import ClientTask
+from fedforge.client.runtime import ClientTask
 from fedforge.config import Config
-from fedforge.rng import numpy_rng
+from fedforge.core.rng import numpy_rng
 
 
 def straggler_epochs(

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedforge.experiment import Experiment
-from fedforge.metrics import bytes_at, rounds_to_target
+from fedforge.evaluation.metrics import bytes_at, rounds_to_target
 from fedforge.report.facts import run_facts
 from fedforge.report.progress import format_bytes, percent
+from fedforge.server.experiment import Experiment
 from fedforge.store import RoundRecord
 
 

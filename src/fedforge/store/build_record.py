@@ -16,9 +16,9 @@ import numpy as np
 import torch
 
 from fedforge.config import Config
+from fedforge.core.errors import StoreError
+from fedforge.core.params import ParamSpec
 from fedforge.data.partition import Partition
-from fedforge.errors import StoreError
-from fedforge.params import ParamSpec
 
 BUILD_NAME = "build.json"
 _SAMPLES = 4096  # feature values hashed per tensor, evenly spaced

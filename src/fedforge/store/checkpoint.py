@@ -23,7 +23,7 @@ leaves either the old set or the new one. The newest ``keep`` (2) are kept.
 Loading verifies sizes and checksums; an unusable newest checkpoint is reported
 in one line and the one before it is used.
 
-Randomness is derived from (seed, round, client, purpose) (``fedforge.rng``), so
+Randomness is derived from (seed, round, client, purpose) (``fedforge.core.rng``), so
 there is no RNG stream to save; ``torch.get_rng_state()`` is saved and restored
 anyway, though nothing in fedforge reads the global generator.
 """
@@ -47,7 +47,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from fedforge.errors import StoreError
+from fedforge.core.errors import StoreError
 from fedforge.store.client_state import ClientStateStore, rows_sha256
 from fedforge.store.segments import Chain, committed, parse_chain, read_table, write_table
 

@@ -38,8 +38,8 @@ from typing import Any, Protocol, cast
 import numpy as np
 import torch
 
-from fedforge.errors import StoreError
-from fedforge.orphans import remove_if_owner, sweep_orphans
+from fedforge.core.errors import StoreError
+from fedforge.core.orphans import remove_if_owner, sweep_orphans
 
 DEFAULT_MEMORY_BUDGET = 1 << 30  # 1 GiB
 MEMMAP_NAME = "client_state.f{bits}.memmap"

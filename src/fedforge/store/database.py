@@ -10,7 +10,7 @@ import os
 import sqlite3
 from pathlib import Path
 
-from fedforge.errors import StoreError
+from fedforge.core.errors import StoreError
 from fedforge.store.records import ClientRecord, RoundRecord
 
 # 2 added ``anomalies``, 3 the rounds' ``float32_up``/``float32_down``: an older

@@ -8,7 +8,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from fedforge.errors import StoreError
+from fedforge.core.errors import StoreError
 from fedforge.store.runstore import _RUN_DIR, DB_NAME, RunInfo, RunStore, _is_run_dir
 
 

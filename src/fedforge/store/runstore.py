@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from fedforge.config import Config, dump, from_dict, to_dict
-from fedforge.errors import ConfigError, StoreError
+from fedforge.core.errors import ConfigError, StoreError
 from fedforge.store.database import (
     ANOMALIES,
     CLIENT_COLS,

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedforge.errors import StoreError
+from fedforge.core.errors import StoreError
 from fedforge.store.client_state import ClientStateStore, load_rows, save_rows
 
 MAX_SEGMENTS = 16

@@ -1,0 +1,110 @@
+"""A federation's data: a training set split over clients and the held-out test
+set, loaded from the config (MNIST or Synthetic) and with the partition's
+feature shift and label noise applied."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fedforge.config import Config
+from fedforge.core import rows
+from fedforge.core.rng import numpy_rng
+from fedforge.data import noise, shift, synthetic
+from fedforge.data.mnist import NUM_CLASSES, load_mnist
+from fedforge.data.partition import Partition, make_partition
+
+# a client id -> the (inputs, labels) that client holds
+ClientDataFn = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+@dataclass(frozen=True)
+class FederatedData:
+    """A training set split over clients, and the held-out test set."""
+
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    partition: Partition
+    holdout: Partition | None = None  # eval_clients: each client's held-out slice
+    domains: tuple[str, ...] | None = None  # feature shift: each client's domain
+    noisy_clients: tuple[int, ...] | None = None  # label noise: the noisy clients' ids
+
+    def client_data(self, client_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = torch.tensor(self.partition.client_indices[client_id])
+        return rows.take(self.train_x, idx), rows.take(self.train_y, idx)
+
+    def holdout_data(self, client_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The client's held-out slice (empty without ``eval_clients``)."""
+        if self.holdout is None:
+            return self.train_x[:0], self.train_y[:0]
+        idx = torch.tensor(self.holdout.client_indices[client_id], dtype=torch.int64)
+        return rows.take(self.train_x, idx), rows.take(self.train_y, idx)
+
+    def num_examples(self, client_id: int) -> int:
+        return len(self.partition.client_indices[client_id])
+
+
+def load_federated_data(cfg: Config) -> FederatedData:
+    """The configured data set, cast to the run's dtype and partitioned."""
+    if cfg.dataset == "synthetic":
+        return load_synthetic(cfg)
+    mnist = load_mnist(cfg.data_dir)
+    dtype = DTYPES[cfg.dtype]
+    labels = mnist.train_y.numpy()
+    partition = make_partition(cfg.partition, cfg.num_clients, labels, cfg.seed)
+    return FederatedData(
+        mnist.train_x.to(dtype), mnist.train_y, mnist.test_x.to(dtype), mnist.test_y, partition
+    )
+
+
+def load_synthetic(cfg: Config) -> FederatedData:
+    """Synthetic(alpha, beta) of FedProx (``cfg.synthetic``), one user a client, in
+    the generator's own partition (``cfg.partition`` does not apply)."""
+    syn = cfg.synthetic
+    users = synthetic.generate(
+        syn.alpha, syn.beta, syn.iid, cfg.num_clients, numpy_rng(cfg.seed, "synthetic")
+    )
+    split = numpy_rng(cfg.seed, "synthetic-split")
+    train, test = synthetic.train_test_split(users, syn.test_fraction, split)
+    dtype = DTYPES[cfg.dtype]
+    bounds = np.cumsum([0, *train.sizes.tolist()])
+    parts = tuple(np.arange(bounds[k], bounds[k + 1]) for k in range(cfg.num_clients))
+    return FederatedData(
+        torch.from_numpy(np.concatenate(train.xs)).to(dtype),
+        torch.from_numpy(np.concatenate(train.ys)),
+        torch.from_numpy(np.concatenate(test.xs)).to(dtype),
+        torch.from_numpy(np.concatenate(test.ys)),
+        Partition(parts),
+    )
+
+
+def shift_data(cfg: Config, data: FederatedData) -> FederatedData:
+    """``data`` with the clients' feature-shift domains and label noise of
+    ``cfg.partition`` applied to their examples (each once: data that already
+    carries its domains or noisy clients keeps them)."""
+    part = cfg.partition
+    if part.feature_shift and data.domains is None:
+        domains = shift.assign_domains(cfg.num_clients, part.feature_shift, cfg.seed)
+        train_x = shift.shift_features(data.train_x, data.partition, domains, cfg.seed)
+        data = dataclasses.replace(data, train_x=train_x, domains=domains)
+    if part.label_noise > 0 and data.noisy_clients is None:
+        noisy = noise.noisy_client_ids(cfg.num_clients, part.label_noise, cfg.seed)
+        train_y = noise.noisy_labels(
+            data.train_y,
+            data.partition,
+            noisy,
+            part.label_noise_rule,
+            part.label_noise_rate,
+            NUM_CLASSES,
+            cfg.seed,
+        )
+        data = dataclasses.replace(data, train_y=train_y, noisy_clients=noisy)
+    return data

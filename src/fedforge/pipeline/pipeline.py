@@ -1,0 +1,149 @@
+"""The round as two pipelines of small stages with explicit state (DESIGN idea 2).
+
+client: local training -> [client stages: clip, DP noise, mask] -> codec.encode
+server: codec.decode -> [per-upload stages: unmask] -> [cohort stages: validate]
+        -> aggregate -> [aggregate stages: central DP noise] -> server optimizer
+
+Local training is always the first client stage (it turns the payload into a
+delta); the codec (dense, quantised, sparse) is the client's last stage and
+the server's first, around the wire format. Cohort stages see the whole
+cohort's updates at once (a robust z-score gate, simulated colluding
+attackers); with none of them and a linear aggregator the server streams a
+running sum and holds O(model), not O(cohort). A stage says where it runs, keeps
+its own state, and never reaches into another stage. The pipeline checks its
+order when it is built and refuses what cannot work, saying why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import torch
+
+from fedforge.aggregation.mean import Aggregator
+from fedforge.core.errors import ConfigError
+from fedforge.pipeline.codec import Codec, Dense
+
+Where = Literal["client", "server_upload", "server_cohort", "server_aggregate"]
+
+
+@dataclass
+class StageContext:
+    """What a stage may know of where it runs. ``state`` is the stage's own
+    persistent state (per client for client stages, per server otherwise)."""
+
+    round_idx: int
+    seed: int
+    client_id: int | None = None
+    state: dict[str, Any] = field(default_factory=dict)
+
+
+class Stage(Protocol):
+    """One vector-to-vector step of a round."""
+
+    name: str
+    where: Where
+    linear: bool  # commutes with the sum: allowed before secure aggregation
+
+    def apply(self, vec: torch.Tensor, ctx: StageContext) -> torch.Tensor: ...
+
+
+@dataclass
+class CohortUpdates:
+    """The accepted updates of one round, one row each."""
+
+    client_ids: list[int]
+    updates: torch.Tensor  # [K, P]
+    weights: torch.Tensor  # [K]
+    # what each client reported beside its update, by client id (fedforge.client.reports)
+    reports: Mapping[int, Any] = field(default_factory=dict)
+
+
+class CohortStage(Protocol):
+    """A step over the whole cohort; returns what goes on to the aggregator and
+    the (client id, reason) of each update it refused."""
+
+    name: str
+    where: Where  # always "server_cohort"
+
+    def apply(
+        self, cohort: CohortUpdates, ctx: StageContext
+    ) -> tuple[CohortUpdates, list[tuple[int, str]]]: ...
+
+
+# A rule returns None when the pipeline is fine, else the reason it cannot work.
+Rule = Callable[["Pipeline"], str | None]
+
+
+def _stages_in_place(p: Pipeline) -> str | None:
+    placed: tuple[tuple[str, tuple[Stage, ...] | tuple[CohortStage, ...]], ...] = (
+        ("client", p.client),
+        ("server_upload", p.server_upload),
+        ("server_cohort", p.cohort),
+        ("server_aggregate", p.server_aggregate),
+    )
+    for where, stages in placed:
+        for s in stages:
+            if s.where != where:
+                return f"stage '{s.name}' runs on '{s.where}' but was placed in the {where} stages"
+    return None
+
+
+def _unique_names(p: Pipeline) -> str | None:
+    names = [s.name for s in (*p.client, *p.server_upload, *p.server_aggregate)]
+    names += [s.name for s in p.cohort]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    return f"stages appear twice: {', '.join(dupes)}" if dupes else None
+
+
+RULES: list[Rule] = [_stages_in_place, _unique_names]
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """The stages of one round around a given aggregator, checked when built."""
+
+    aggregator: Aggregator
+    client: tuple[Stage, ...] = ()
+    codec: Codec = field(default_factory=Dense)
+    server_upload: tuple[Stage, ...] = ()
+    cohort: tuple[CohortStage, ...] = ()
+    server_aggregate: tuple[Stage, ...] = ()
+    rules: Sequence[Rule] = field(default_factory=lambda: tuple(RULES))
+
+    def __post_init__(self) -> None:
+        for rule in self.rules:
+            reason = rule(self)
+            if reason is not None:
+                raise ConfigError(f"pipeline refused: {reason}")
+
+    @property
+    def streams(self) -> bool:
+        """True when the server can aggregate as updates arrive (running sum)."""
+        agg = self.aggregator
+        return agg.linear and not agg.needs_individual and not self.cohort
+
+    def describe(self) -> str:
+        """The whole round in one line, e.g. for the run summary."""
+        client = ["local_training", *(s.name for s in self.client), f"encode:{self.codec.name}"]
+        server = [f"decode:{self.codec.name}", *(s.name for s in self.server_upload)]
+        server += [s.name for s in self.cohort] + [self.aggregator.name]
+        server += [s.name for s in self.server_aggregate] + ["server_optimizer"]
+        return "client: " + " -> ".join(client) + " | server: " + " -> ".join(server)
+
+    def run_client(self, delta: torch.Tensor, ctx: StageContext) -> torch.Tensor:
+        return _run(self.client, delta, ctx)
+
+    def run_upload(self, delta: torch.Tensor, ctx: StageContext) -> torch.Tensor:
+        return _run(self.server_upload, delta, ctx)
+
+    def run_aggregate(self, aggregate: torch.Tensor, ctx: StageContext) -> torch.Tensor:
+        return _run(self.server_aggregate, aggregate, ctx)
+
+
+def _run(stages: tuple[Stage, ...], vec: torch.Tensor, ctx: StageContext) -> torch.Tensor:
+    for stage in stages:
+        vec = stage.apply(vec, ctx)
+    return vec

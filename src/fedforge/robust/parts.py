@@ -1,0 +1,136 @@
+"""A run's robustness parts, assembled from ``cfg.robust``: the aggregator, the
+simulated attackers (data poisoning, a last client stage, a faulty encoder, or
+a colluding cohort stage), the server's norm gate and the client's gate.
+
+Refuses at build time what cannot work with the run's cohort size K =
+max(1, floor(C N)): Krum/Multi-Krum with K < 2f + 3, Bulyan with K < 4f + 3,
+Multi-Krum averaging more than K - f updates, ``min_clients`` > K. Adds the
+pipeline rule that a colluding attack rewrites the cohort before any gate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fedforge import robust as agg
+from fedforge.client.gate import ClientGate
+from fedforge.client.runtime import ClientDataFn, TamperFn
+from fedforge.compression.feedback import ErrorFeedback
+from fedforge.config import Config, RobustConfig
+from fedforge.core.errors import ConfigError
+from fedforge.data.mnist import NUM_CLASSES
+from fedforge.pipeline.codec import Codec
+from fedforge.pipeline.pipeline import RULES, CohortStage, Pipeline, Stage
+from fedforge.robust.attacks import (
+    Collusion,
+    DeltaAttack,
+    attacker_ids,
+    flipped_labels_fn,
+    uint8_tamper,
+)
+from fedforge.robust.gates import NormGate
+from fedforge.selection.sampling import cohort_size
+
+
+def make_aggregator(r: RobustConfig) -> agg.Aggregator:
+    """The aggregator ``r.aggregator`` names, with its parameters."""
+    if r.aggregator == "median":
+        return agg.Median()
+    if r.aggregator == "trimmed_mean":
+        return agg.TrimmedMean(r.trim_fraction)
+    if r.aggregator == "krum":
+        return agg.Krum(r.byzantine)
+    if r.aggregator == "multi_krum":
+        return agg.MultiKrum(r.byzantine, r.multi_krum_m)
+    if r.aggregator == "bulyan":
+        return agg.Bulyan(r.byzantine)
+    if r.aggregator == "geometric_median":
+        return agg.GeometricMedian(r.geomed_max_iter, r.geomed_tol)
+    if r.aggregator == "norm_bound":
+        return agg.NormBound(r.norm_bound, r.norm_window)
+    if r.aggregator == "centred_clip":
+        return agg.CentredClip(r.norm_bound, r.norm_window, r.centred_clip_iterations)
+    return agg.WeightedMean()
+
+
+@dataclass(frozen=True)
+class RobustParts:
+    """What ``build`` puts into the pipeline and the client runtime."""
+
+    aggregator: agg.Aggregator
+    client_stages: tuple[Stage, ...]  # the attacks: last, after clipping and noise
+    cohort_stages: tuple[CohortStage, ...]
+    data_fn: ClientDataFn  # what clients train on (poisoned, minus the held-out slice)
+    gate: ClientGate | None
+    tamper_fn: TamperFn | None
+    attackers: frozenset[int]
+
+
+def _check_cohort(cfg: Config, aggregator: agg.Aggregator) -> None:
+    r, k = cfg.robust, cohort_size(cfg.num_clients, cfg.client_fraction)
+    cohort = f"the cohort of C N = {cfg.client_fraction} x {cfg.num_clients} is {k} clients"
+    need = agg.min_updates(aggregator)
+    if k < need:
+        formula = "4f + 3" if r.aggregator == "bulyan" else "2f + 3"
+        raise ConfigError(
+            f"robust.aggregator '{r.aggregator}' with robust.byzantine f = {r.byzantine} needs "
+            f"n >= {formula} = {need} updates a round, but {cohort}; lower f or raise "
+            "client_fraction"
+        )
+    m = r.multi_krum_m
+    if r.aggregator == "multi_krum" and m is not None and m > k - r.byzantine:
+        raise ConfigError(f"robust.multi_krum_m = {m} exceeds n - f = {k - r.byzantine}: {cohort}")
+    if r.min_clients > k:
+        raise ConfigError(
+            f"robust.min_clients = {r.min_clients} can never be met: {cohort}; every round "
+            "would be skipped"
+        )
+
+
+def assemble(cfg: Config, data_fn: ClientDataFn, uplink: Codec | None = None) -> RobustParts:
+    """The robustness parts of ``cfg``; raises ConfigError on impossible combinations.
+    ``uplink``: the update codec, which colluding attackers' rows go through too."""
+    r = cfg.robust
+    if r.attack == "uint8" and cfg.privacy.secagg:
+        raise ConfigError(
+            "robust.attack 'uint8' (float tensors sent as raw bytes) cannot be simulated "
+            "with privacy.secagg: a masked update is integer words, so the attack would "
+            "change nothing; use 'nan_inf' or 'scaled' there"
+        )
+    aggregator = make_aggregator(r)
+    _check_cohort(cfg, aggregator)
+    attackers = attacker_ids(cfg.num_clients, r.attack_fraction, cfg.seed)
+    client: tuple[Stage, ...] = ()
+    cohort: tuple[CohortStage, ...] = ()
+    tamper: TamperFn | None = None
+    if r.attack == "label_flip":
+        data_fn = flipped_labels_fn(data_fn, attackers, NUM_CLASSES)
+    elif r.attack in ("sign_flip", "scaled", "gaussian", "nan_inf"):
+        client = (DeltaAttack(r.attack, attackers, r.attack_scale, r.attack_std),)
+    elif r.attack == "uint8":
+        tamper = uint8_tamper(attackers)
+    elif r.attack in ("alie", "ipm"):
+        if isinstance(uplink, ErrorFeedback):  # the attacker keeps no residual
+            uplink = uplink.codec
+        cohort = (Collusion(r.attack, attackers, r.alie_z, r.ipm_epsilon, uplink),)
+    if r.norm_gate is not None:
+        cohort = (*cohort, NormGate(r.norm_gate))
+    gate = None
+    if r.client_gate:  # a Byzantine client does not gate itself
+        gate = ClientGate(data_fn, r.holdout_fraction, cfg.seed, exempt=attackers)
+    train_fn = gate.train_data if gate is not None else data_fn
+    return RobustParts(aggregator, client, cohort, train_fn, gate, tamper, attackers)
+
+
+def _collusion_first(p: Pipeline) -> str | None:
+    names = [s.name for s in p.cohort]
+    late = [n for i, n in enumerate(names) if n in ("attack:alie", "attack:ipm") and i > 0]
+    if late:
+        return (
+            f"the simulated colluding attack '{late[0]}' must be the first cohort stage "
+            f"(it rewrites the attackers' updates before any gate); order: {', '.join(names)}"
+        )
+    return None
+
+
+RULES.append(_collusion_first)

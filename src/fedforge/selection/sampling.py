@@ -1,0 +1,28 @@
+"""Cohort sampling: each round the server picks max(1, C * N) of N clients
+uniformly without replacement (McMahan et al. 2017, Algorithm 1), from a
+generator derived from (seed, round): reruns pick the same cohorts."""
+
+from __future__ import annotations
+
+import math
+
+from fedforge.core.rng import numpy_rng
+
+
+def cohort_size(num_clients: int, client_fraction: float) -> int:
+    """max(1, floor(C * N)), with a tolerance so that 0.1 * 100 is 10, not 9."""
+    return max(1, min(num_clients, math.floor(client_fraction * num_clients + 1e-9)))
+
+
+def sample_cohort(
+    num_clients: int, client_fraction: float, seed: int, round_idx: int, poisson: bool = False
+) -> list[int]:
+    """The sorted client ids of round ``round_idx``: m = max(1, C N) of them, or
+    with ``poisson`` each client independently with probability C (DP-FedAvg's
+    sampling, McMahan et al. 2018; the cohort may be empty)."""
+    m = cohort_size(num_clients, client_fraction)
+    if poisson:
+        draws = numpy_rng(seed, "cohort_poisson", round_idx).random(num_clients)
+        return [int(c) for c in (draws < client_fraction).nonzero()[0]]
+    rng = numpy_rng(seed, "cohort", round_idx)
+    return sorted(int(c) for c in rng.choice(num_clients, size=m, replace=False))
