@@ -364,7 +364,8 @@ def test_a_refusal_quotes_a_hostile_shape_briefly(data: FederatedData) -> None:
     import struct
 
     from fedforge.core.errors import UploadError
-    from fedforge.server.round import MAX_REASON, check_update
+    from fedforge.server.collectors.base import MAX_REASON
+    from fedforge.server.collectors.intake import check_update
 
     exp = build(_cfg({"uplink": "int8"}), data)
     dims = [1] * 100_000
@@ -380,7 +381,9 @@ def test_a_refusal_quotes_a_hostile_shape_briefly(data: FederatedData) -> None:
     assert len(str(caught.value)) < 400
     assert "..." in str(caught.value)
     state = LoopState.fresh(exp)
-    from fedforge.server.round import _reject
+    from fedforge.server.collectors.base import RoundLog
 
-    _reject(state, Progress(1, "t", enabled=False), 0, 0, "x" * 10_000)
+    RoundLog(state.rejected, state.skipped, Progress(1, "t", enabled=False), 0).reject(
+        0, "x" * 10_000
+    )
     assert len(state.rejected[0][2]) == MAX_REASON

@@ -450,7 +450,7 @@ def test_the_server_moves_c_by_what_the_edges_forwarded(
     and c stays zero."""
     from tests.conftest import TINY_LOGREG
 
-    from fedforge.server.hierarchy import Edges
+    from fedforge.server.collectors.hierarchical import Edges
 
     forward = Edges.forward
 

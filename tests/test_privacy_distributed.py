@@ -29,7 +29,7 @@ from fedforge.privacy.accountant import RDP_ORDERS
 from fedforge.privacy.dp import DistributedNoise, DPMean
 from fedforge.privacy.secagg import FixedPoint, SecAggClient, modulus_bits
 from fedforge.privacy.tiers import TieredNoise, high_tier
-from fedforge.server import secure
+from fedforge.server.collectors import secure
 from fedforge.server.experiment import build
 from fedforge.server.loop import run
 from fedforge.server.summary import format_summary

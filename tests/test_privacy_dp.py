@@ -88,7 +88,7 @@ def test_who_knows_the_seed_strips_derived_noise_but_not_secret_noise(
     """Local DP, the server's view: it knows the run seed, the round and the client,
     so it can draw derived noise again and subtract it (the clipped update comes
     back to rounding: why ``secret_noise`` exists); secret noise stays on."""
-    import fedforge.server.round as round_module
+    import fedforge.server.collectors.intake as round_module
     from fedforge.core.rng import torch_generator
     from fedforge.privacy.dp import gaussian
 

@@ -22,9 +22,9 @@ from fedforge.engines import Engine
 from fedforge.engines.serial import SerialEngine
 from fedforge.privacy.secagg import CIPHERTEXT_BYTES, KEY_BYTES, SHARE_BYTES
 from fedforge.server import loop
+from fedforge.server.collect import dropped
 from fedforge.server.experiment import build
 from fedforge.server.loop import resume, run
-from fedforge.server.secure import dropped
 from fedforge.store import RunStore
 
 SIZES = [30, 20, 40, 30, 25, 35]

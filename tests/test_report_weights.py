@@ -27,8 +27,8 @@ from fedforge.data.federated import FederatedData
 from fedforge.pipeline.pipeline import CohortUpdates, Pipeline, StageContext
 from fedforge.robust.gates import NormGate
 from fedforge.server import loop
+from fedforge.server.collectors.intake import check_update
 from fedforge.server.experiment import Experiment, build
-from fedforge.server.round import check_update
 
 F64 = torch.float64
 U = torch.tensor([[1.0, 0.0], [0.0, 1.0], [3.0, 3.0]], dtype=F64)

@@ -28,10 +28,12 @@ from fedforge.report.progress import Progress
 from fedforge.robust import Median
 from fedforge.robust.attacks import Collusion, attacker_ids
 from fedforge.robust.gates import NormGate, robust_z
+from fedforge.server.collectors.gathered import Gathering
+from fedforge.server.collectors.intake import Upload
 from fedforge.server.experiment import build
 from fedforge.server.loop import run
 from fedforge.server.optimizers import ServerSGD
-from fedforge.server.round import Gathering, Upload, run_round
+from fedforge.server.round import run_round
 from fedforge.server.state import LoopState
 from fedforge.server.stops import stalled as _stalled
 from fedforge.store import AnomalyRecord, RunStore

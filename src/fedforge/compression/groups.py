@@ -1,6 +1,6 @@
 """The client groups of hierarchical aggregation (Liu et al. 2020, "Client-edge-cloud
 hierarchical federated learning"): each group's edge aggregates its clients'
-updates before the server (``fedforge.server.hierarchy``).
+updates before the server (``fedforge.server.collectors.hierarchical``).
 
 ``contiguous`` gives client c the group floor(c G / N) (neighbouring ids, like a
 site's devices); ``label`` gives it its majority label mod G (clients alike in

@@ -81,7 +81,7 @@ DownlinkCodec = Literal["dense", "float16", "bfloat16", "int8", "int4"]
 @dataclass(frozen=True)
 class CommunicationConfig:
     """What travels and how often (see fedforge.compression.quantize, .sparsify,
-    .feedback, .clip and fedforge.server.hierarchy)."""
+    .feedback, .clip and fedforge.server.collectors.hierarchical)."""
 
     uplink: UplinkCodec = "dense"  # the codec of client updates
     downlink: DownlinkCodec = "dense"  # the codec of the payload (the global model)

@@ -1,4 +1,4 @@
-"""Hierarchical aggregation (seed 002 2.3.2; Liu et al. 2020, "Client-edge-cloud
+"""Hierarchical aggregation's collector (seed 002 2.3.2; Liu et al. 2020, "Client-edge-cloud
 hierarchical federated learning"): clients belong to groups (an institution, a
 network); each group's edge aggregates its clients' updates, and one edge update
 per group goes to the server.
@@ -26,6 +26,9 @@ from fedforge.client.runtime import EXTRA_PREFIX, split_extras
 from fedforge.core import wire
 from fedforge.core.errors import UploadError
 from fedforge.pipeline.codec import Dense
+from fedforge.server.collectors.base import Collected
+from fedforge.server.collectors.intake import Upload, check_extras
+from fedforge.server.collectors.streaming import UploadPhase
 
 
 class Edges:
@@ -101,3 +104,31 @@ class Edges:
                 raise UploadError(f"edge {g}: weight {w!r} must be a positive number")
             acc.add(delta, float(w))
         return sent
+
+
+class HierarchicalMean(UploadPhase):
+    """Each accepted update goes to its group's edge; at the end each edge sends
+    its weighted mean, and the server takes the weighted mean of the edges'."""
+
+    def _start(self) -> None:
+        exp, comm = self.exp, self.exp.comm
+        assert comm is not None and comm.group_of is not None
+        dtype = exp.initial_params.dtype
+        self.acc = exp.pipeline.aggregator.start(exp.spec.size, dtype)
+        self.edges = Edges(comm.group_of, exp.spec.size, dtype)
+
+    def _accept(self, up: Upload) -> None:
+        if self.diag is not None:
+            self.diag.add(up.client_id, up.delta, up.train_loss)
+        self.clients[up.client_id] = self.intake.record(up, float(up.delta.norm()))
+        self.edges.add(up.client_id, up.delta, float(up.num_examples), up.extras)
+
+    def finish(self) -> Collected:
+        edges, round_idx = self.edges, self.intake.round_idx
+        sent = edges.forward(self.acc, round_idx, lambda e: check_extras(self.exp, e))
+        aggregate = self.acc.result() if self.acc.count else None
+        why = self._too_few(len(self.clients)) if self.acc.count else None  # clients, not edges
+        if why is None and edges.refused is not None:
+            why = edges.refused  # an edge's message the server refused: its clients too
+        hops = len(edges.groups_of(self.trainers))  # server <-> edge messages
+        return self._collected(aggregate, why, edges.received, hops, (edges.forwarded, sent))
