@@ -170,16 +170,19 @@ def _drive(
         result.summary["heterogeneity"] = partition.heterogeneity
         _settle(exp, run_store, result, state.next_round)
     except BaseException as exc:
+        said: dict[str, Any] = {}
         if isinstance(exc, StopNow):
+            # stopped on purpose, mid-round: resumable from the last checkpoint, so
+            # recorded as a signal's stop (`runs` shows it stopped), not a failure
             exc.run_dir = run_store.path
-            why = str(exc)
+            said = {"error": str(exc), "stopped": exc.signal_name}
         else:
             kind = "interrupted" if isinstance(exc, KeyboardInterrupt) else type(exc).__name__
-            said = str(exc).splitlines()[0][:300] if str(exc) else ""
-            why = f"run stopped: {kind}" + (f": {said}" if said else "")
-            why += f"; resume with: fedforge resume {run_store.path}"
+            text = str(exc).splitlines()[0][:300] if str(exc) else ""
+            why = f"run stopped: {kind}" + (f": {text}" if text else "")
+            said = {"error": why + f"; resume with: fedforge resume {run_store.path}"}
         try:
-            run_store.finish({"error": why}, status="failed")
+            run_store.finish(said, status="failed")
         except Exception as also:  # e.g. the full disk that failed the run: say both
             exc.add_note(f"(and the run store could not record it: {also})")
         raise
