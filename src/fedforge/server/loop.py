@@ -49,6 +49,7 @@ from fedforge.store import (
     save_checkpoint,
 )
 from fedforge.store.build_record import check_build, write_build
+from fedforge.store.edited import edited_config_note
 
 __all__ = ["RunResult", "format_summary", "resume", "run"]
 
@@ -103,7 +104,11 @@ def resume(
         finished = f"run '{run_store.path}' is finished; there is nothing to resume"
         if run_store.status == "finished":
             raise CheckpointError(finished)
-        exp = build(run_store.config(), data)
+        stored = run_store.config()
+        edited = edited_config_note(run_store.path, stored)
+        if edited is not None:  # a hand-edited config.yaml: say it is not what runs
+            print(f"fedforge: {edited}", file=sys.stderr, flush=True)
+        exp = build(stored, data)
         lock.acquire()  # refuses while another process writes the run, or a read-only one
         check_build(run_store.path, exp.spec, exp.data_fingerprint, exp.cfg)  # not damage
         if run_store.status == "finished":  # it was running, and ended while we built
