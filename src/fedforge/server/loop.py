@@ -39,6 +39,7 @@ from fedforge.server.state import (
 )
 from fedforge.server.stops import over_budget, stalled
 from fedforge.server.summary import format_summary, summarize_run
+from fedforge.server.workload import workload_warning
 from fedforge.store import (
     AnomalyRecord,
     CheckpointError,
@@ -82,6 +83,7 @@ def run(
     if progress:
         print(f"partition: {partition.format()}", flush=True)
     _say_note(exp)
+    _say_workload(exp, 0)
     if not store:
         return _drive(exp, None, None, LoopState.fresh(exp), partition, progress)
     run_store = RunStore.create(cfg.runs_dir, cfg)
@@ -124,6 +126,7 @@ def resume(
         first = " (no checkpoint yet: from the start)" if state.next_round == 0 else ""
         print(f"resuming {run_store.path.name} at round {state.next_round + 1}{first}", flush=True)
     _say_note(exp)
+    _say_workload(exp, state.next_round)
     return _drive(exp, run_store, lock, state, partition, progress)
 
 
@@ -150,6 +153,13 @@ def _say_note(exp: Experiment) -> None:
     that cannot run, bf16 emulated): on stderr, with or without the progress bar."""
     if exp.note:
         print(f"fedforge: {exp.note}", file=sys.stderr, flush=True)
+
+
+def _say_workload(exp: Experiment, first_round: int) -> None:
+    """A line on stderr when the rounds to run would train for more than a day."""
+    line = workload_warning(exp.cfg, exp.data.partition.sizes().tolist(), first_round)
+    if line is not None:
+        print(f"fedforge: {line}", file=sys.stderr, flush=True)
 
 
 def _drive(
