@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from fedforge.config import load, parse_override
+from fedforge.config import from_dict, load, parse_override
 from fedforge.config.parse import MAX_DEPTH, MAX_VALUES
 from fedforge.errors import ConfigError
 
@@ -71,3 +72,22 @@ def test_a_long_unknown_key_is_quoted_short(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as exc:
         load(write(tmp_path, "k" * 100_000 + ": 1\n"))
     assert len(str(exc.value)) < 1500
+
+
+def test_a_huge_bad_value_is_quoted_short(tmp_path: Path) -> None:
+    """Four levels of YAML aliases make a 10^4-item list of a 200-byte file (more
+    are refused unexpanded: test_config_limits.py), eight levels of shared Python
+    lists a 10^8-item one: the error quotes its start, it does not print gigabytes."""
+    nest = "name: [&a0 [x, x, x, x, x, x, x, x, x, x]"
+    nest += "".join(f", &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 4)) + "]\n"
+    with pytest.raises(ConfigError) as exc:
+        load(write(tmp_path, nest))
+    message = str(exc.value)
+    assert message.startswith("config field 'name' = [['x', 'x'") and len(message) < 300
+    value: list[Any] = ["x"] * 10
+    for _ in range(7):
+        value = [value] * 10
+    with pytest.raises(ConfigError) as exc:
+        from_dict({"name": value})
+    message = str(exc.value)
+    assert message.startswith("config field 'name' = [[[[...]") and len(message) < 300
