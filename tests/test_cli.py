@@ -341,7 +341,7 @@ def test_a_second_signal_stops_at_once_and_says_how_to_resume(
     hint = f"fedforge resume {run_dir}"
     assert "stopped at once by a second SIGTERM" in capsys.readouterr().err
     with RunStore.open(run_dir) as store:
-        assert store.status == "failed"
+        assert store.status == "failed" and store.info().status == "stopped"  # resumable
         assert hint in (store.summary() or {})["error"]
 
 

@@ -200,8 +200,8 @@ def _stopped_status(stopped: Iterable[str | None]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``fedforge`` command; returns the exit status."""
-    args = _parser().parse_args(argv)
+    """Entry point of the ``fedforge`` command; returns the exit status. (A Ctrl-C
+    while the package imports, before this runs, is caught in ``fedforge/__init__``.)"""
     commands = {
         "run": _cmd_run,
         "resume": _cmd_resume,
@@ -211,6 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "compare-iid": _cmd_compare_iid,
     }
     try:
+        args = _parser().parse_args(argv)
         return commands[args.command](args)
     except FedforgeError as exc:
         notes = "".join(f" {n}" for n in getattr(exc, "__notes__", []))

@@ -20,6 +20,11 @@ from fedforge.core.errors import ConfigError, shown
 
 _FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
+# A config nests a few levels (a section, a list in it): these bound what a YAML
+# document or a --set value may hold before anything is built from it.
+MAX_DEPTH = 50  # PyYAML's composer recurses: thousands of levels overflow Python's stack
+MAX_VALUES = 100_000  # values once aliases are expanded: an alias bomb is refused unbuilt
+
 
 def _coerce(name: str, value: Any, tp: Any) -> Any:
     """Check ``value`` against the annotation ``tp`` (after ``get_type_hints``)."""
@@ -100,10 +105,11 @@ def _build(cls: Any, data: Mapping[str, Any], prefix: str = "") -> Any:
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         if key not in hints:
-            close = difflib.get_close_matches(str(key), known, n=1)
+            label = key if isinstance(key, str) and len(key) <= 80 else shown(key)
+            close = difflib.get_close_matches(str(label), known, n=1)
             hint = f" (did you mean '{prefix}{close[0]}'?)" if close else ""
             raise ConfigError(
-                f"unknown config field '{prefix}{key}'{hint}; known fields: " + ", ".join(known)
+                f"unknown config field '{prefix}{label}'{hint}; known fields: " + ", ".join(known)
             )
         kwargs[key] = _coerce(prefix + key, value, hints[key])
     return cls(**kwargs)
@@ -144,10 +150,16 @@ def load(path: str | Path) -> Config:
         ) from None
     try:
         data = yaml.load(text, Loader=_StrictLoader)
+    except TooLarge as exc:
+        raise ConfigError(f"config file '{path}' is refused: {yaml_problem(exc)}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file '{path}' is not valid YAML: {yaml_problem(exc)}") from None
     except ValueError as exc:  # e.g. an integer of more digits than Python converts
         raise ConfigError(f"config file '{path}' holds a value YAML cannot read: {exc}") from None
+    except RecursionError:  # the depth limit's backstop (a caller deep in its own stack)
+        raise ConfigError(
+            f"config file '{path}' nests too deeply to read; at most {MAX_DEPTH} levels"
+        ) from None
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
@@ -155,9 +167,67 @@ def load(path: str | Path) -> Config:
     return from_dict(data)
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing a key given twice in one mapping (the last
-    would silently win: ``lr: 0.1`` early in a file, ``lr: 0.5`` later)."""
+class TooLarge(yaml.MarkedYAMLError):
+    """A YAML document nested past :data:`MAX_DEPTH` levels, or holding more than
+    :data:`MAX_VALUES` values once its aliases are expanded (or an alias inside
+    the node it names)."""
+
+
+class _LimitedLoader(yaml.SafeLoader):
+    """YAML's safe loader within :data:`MAX_DEPTH` and :data:`MAX_VALUES`: the
+    composer counts its depth; the node graph's expanded size is counted (each
+    shared node once) before any Python object is constructed."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                mark = self.peek_event().start_mark
+                raise TooLarge(None, None, f"nested deeper than {MAX_DEPTH} levels", mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        _expanded_size(node, {})
+        return super().construct_document(node)
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
+    """How many values ``node`` stands for with every alias expanded; raises
+    :class:`TooLarge` past :data:`MAX_VALUES` or on an alias inside its own anchor.
+    Recurses at most :data:`MAX_DEPTH` levels (the composer checked)."""
+    key = id(node)
+    if key in sizes:
+        if sizes[key] < 0:
+            raise TooLarge(None, None, "an alias refers to the node that holds it", node.start_mark)
+        return sizes[key]
+    sizes[key] = -1  # in progress
+    size = 1
+    if isinstance(node, yaml.SequenceNode):
+        size += sum(_expanded_size(child, sizes) for child in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            size += _expanded_size(k, sizes) + _expanded_size(v, sizes)
+    if size > MAX_VALUES:
+        raise TooLarge(
+            None,
+            None,
+            f"its aliases expand to more than {MAX_VALUES:,} values (an alias bomb?)",
+            node.start_mark,
+        )
+    sizes[key] = size
+    return size
+
+
+class _StrictLoader(_LimitedLoader):
+    """The limited loader, refusing a key given twice in one mapping (the last
+    would silently win: ``lr: 0.1`` early in a file, ``lr: 0.5`` later) and a
+    key that is a list or mapping (YAML's ``? [a, b]``)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
@@ -165,9 +235,16 @@ class _StrictLoader(yaml.SafeLoader):
             if key_node.tag == "tag:yaml.org,2002:merge":
                 continue  # ``<<: *defaults``: merged (and overridden) by PyYAML itself
             key = self.construct_object(key_node, deep=deep)
-            if isinstance(key, typing.Hashable) and key in seen:
+            if not isinstance(key, typing.Hashable):
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key!r} given twice", key_node.start_mark
+                    None,
+                    None,
+                    f"a {type(key).__name__} as a key; keys must be field names (lr: 0.1)",
+                    key_node.start_mark,
+                )
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {shown(key)} given twice", key_node.start_mark
                 )
             seen.add(key)
         return super().construct_mapping(node, deep)
@@ -189,17 +266,28 @@ def scalar(text: str) -> Any:
     if not text.strip():
         return ""
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_LimitedLoader)
+    except TooLarge as exc:
+        raise ConfigError(f"value {shown(text)} is refused: {exc.problem}") from None
     except (yaml.YAMLError, ValueError):  # ValueError: a 5,000-digit integer
         return text.strip()
+    except RecursionError:  # the depth limit's backstop
+        raise ConfigError(
+            f"value {shown(text)} nests too deeply to read; at most {MAX_DEPTH} levels"
+        ) from None
 
 
 def parse_override(text: str) -> tuple[str, Any]:
     """Parse ``key.sub=value`` (value read as YAML: numbers, null, true...)."""
     if "=" not in text:
-        raise ConfigError(f"override {text!r} must look like field=value (e.g. local_epochs=5)")
+        raise ConfigError(
+            f"override {shown(text)} must look like field=value (e.g. local_epochs=5)"
+        )
     key, raw = text.split("=", 1)
-    return key.strip(), scalar(raw)
+    try:
+        return key.strip(), scalar(raw)
+    except ConfigError as exc:
+        raise ConfigError(f"override '{shown(key.strip())[1:-1]}': {exc}") from None
 
 
 def override(cfg: Config, overrides: Mapping[str, Any]) -> Config:

@@ -75,7 +75,11 @@ class StopNow(KeyboardInterrupt):
         self.signum, self.run_dir = signum, run_dir
         super().__init__(signum)
 
+    @property
+    def signal_name(self) -> str:
+        return signal.Signals(self.signum).name
+
     def __str__(self) -> str:
-        name = signal.Signals(self.signum).name
+        name = self.signal_name
         where = f"fedforge resume {self.run_dir}" if self.run_dir else "fedforge resume RUN"
         return f"stopped at once by a second {name}; resume from the last checkpoint with: {where}"

@@ -40,6 +40,7 @@ from fedforge.server.state import (
 )
 from fedforge.server.stops import over_budget, stalled
 from fedforge.server.summary import format_summary, summarize_run
+from fedforge.server.workload import workload_warning
 from fedforge.store import (
     AnomalyRecord,
     CheckpointError,
@@ -50,6 +51,7 @@ from fedforge.store import (
     save_checkpoint,
 )
 from fedforge.store.build_record import check_build, write_build
+from fedforge.store.edited import edited_config_note
 
 __all__ = ["RunResult", "format_summary", "resume", "run"]
 
@@ -82,6 +84,7 @@ def run(
     if progress:
         print(f"partition: {partition.format()}", flush=True)
     _say_note(exp)
+    _say_workload(exp, 0)
     if not store:
         return _drive(exp, None, None, LoopState.fresh(exp), partition, progress)
     run_store = RunStore.create(cfg.runs_dir, cfg)
@@ -104,7 +107,11 @@ def resume(
         finished = f"run '{run_store.path}' is finished; there is nothing to resume"
         if run_store.status == "finished":
             raise CheckpointError(finished)
-        exp = build(run_store.config(), data)
+        stored = run_store.config()
+        edited = edited_config_note(run_store.path, stored)
+        if edited is not None:  # a hand-edited config.yaml: say it is not what runs
+            print(f"fedforge: {edited}", file=sys.stderr, flush=True)
+        exp = build(stored, data)
         lock.acquire()  # refuses while another process writes the run, or a read-only one
         check_build(run_store.path, exp.spec, exp.data_fingerprint, exp.cfg)  # not damage
         if run_store.status == "finished":  # it was running, and ended while we built
@@ -120,6 +127,7 @@ def resume(
         first = " (no checkpoint yet: from the start)" if state.next_round == 0 else ""
         print(f"resuming {run_store.path.name} at round {state.next_round + 1}{first}", flush=True)
     _say_note(exp)
+    _say_workload(exp, state.next_round)
     return _drive(exp, run_store, lock, state, partition, progress)
 
 
@@ -148,6 +156,13 @@ def _say_note(exp: Experiment) -> None:
         print(f"fedforge: {exp.note}", file=sys.stderr, flush=True)
 
 
+def _say_workload(exp: Experiment, first_round: int) -> None:
+    """A line on stderr when the rounds to run would train for more than a day."""
+    line = workload_warning(exp.cfg, exp.data.partition.sizes().tolist(), first_round)
+    if line is not None:
+        print(f"fedforge: {line}", file=sys.stderr, flush=True)
+
+
 def _drive(
     exp: Experiment,
     run_store: RunStore | None,
@@ -171,16 +186,19 @@ def _drive(
         result.summary["heterogeneity"] = partition.heterogeneity
         _settle(exp, run_store, result, state.next_round)
     except BaseException as exc:
+        said: dict[str, Any] = {}
         if isinstance(exc, StopNow):
+            # stopped on purpose, mid-round: resumable from the last checkpoint, so
+            # recorded as a signal's stop (`runs` shows it stopped), not a failure
             exc.run_dir = run_store.path
-            why = str(exc)
+            said = {"error": str(exc), "stopped": exc.signal_name}
         else:
             kind = "interrupted" if isinstance(exc, KeyboardInterrupt) else type(exc).__name__
-            said = str(exc).splitlines()[0][:300] if str(exc) else ""
-            why = f"run stopped: {kind}" + (f": {said}" if said else "")
-            why += f"; resume with: fedforge resume {run_store.path}"
+            text = str(exc).splitlines()[0][:300] if str(exc) else ""
+            why = f"run stopped: {kind}" + (f": {text}" if text else "")
+            said = {"error": why + f"; resume with: fedforge resume {run_store.path}"}
         try:
-            run_store.finish({"error": why}, status="failed")
+            run_store.finish(said, status="failed")
         except Exception as also:  # e.g. the full disk that failed the run: say both
             exc.add_note(f"(and the run store could not record it: {also})")
         raise

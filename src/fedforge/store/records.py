@@ -61,8 +61,9 @@ class RunInfo:
     name: str  # the config name
     path: Path
     created: str
-    status: str  # 'running', 'finished', 'failed', 'stopped' (by a signal, after a
-    # checkpoint: stored as 'failed'), 'died' (running, no writer), 'unreadable'
+    status: str  # 'running', 'finished', 'failed', 'stopped' (by a signal: after the
+    # round and a checkpoint, or at once by a second one; stored as 'failed'), 'died'
+    # (running, no writer), 'unreadable'
     rounds_done: int
     rounds_planned: int | None
     best_accuracy: float | None
