@@ -118,3 +118,35 @@ def test_a_round_the_stream_names_and_the_database_lost_is_damage(tmp_path: Path
     assert info.status == "damaged"
     with pytest.raises(StoreError, match=r"rounds 2 are in metrics.jsonl but missing"):
         RunStore.open(path, read_only=True)
+
+
+def test_final_parameters_are_verified_on_load(
+    make_data: MakeData, one_thread: None, tmp_path: Path
+) -> None:
+    """64 garbled bytes of the final parameters loaded silently, 16 parameters
+    changed; every loader now verifies and refuses them in one line."""
+    import torch
+
+    from fedforge.algorithms.fedbn import client_params
+    from fedforge.store.final import FINAL_NAME, load_final
+
+    cfg = from_dict({**TINY_LOGREG, "rounds": 2, "runs_dir": str(tmp_path / "runs")})
+    result = run(cfg, data=make_data([12, 9, 14, 10]))
+    assert result.run_dir is not None
+    final = load_final(result.run_dir)
+    assert torch.equal(final["params"], result.params) and len(final["names"]) == 2
+    path = result.run_dir / FINAL_NAME
+    data = bytearray(path.read_bytes())
+    data[-200:-136] = bytes(b ^ 0x5A for b in data[-200:-136])
+    path.write_bytes(bytes(data))
+    with pytest.raises(StoreError, match=r"final parameters in '.*' are damaged: .*sha256"):
+        load_final(result.run_dir)
+    with pytest.raises(StoreError, match="damaged"):
+        client_params(result.run_dir, 0)
+    # a run from before the checksums: its torch.save file still loads
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    torch.save({"params": result.params, "names": ["w", "b"]}, legacy / "final_params.pt")
+    assert torch.equal(load_final(legacy)["params"], result.params)
+    with pytest.raises(StoreError, match="did not finish"):
+        load_final(tmp_path)

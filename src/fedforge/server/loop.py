@@ -26,7 +26,7 @@ from fedforge.config import Config
 from fedforge.data import PartitionSummary, summarize
 from fedforge.data.mnist import NUM_CLASSES
 from fedforge.engines import close_engine
-from fedforge.errors import StopNow, StoreError
+from fedforge.errors import StopNow
 from fedforge.experiment import Experiment, FederatedData, build, client_tables
 from fedforge.report.progress import Progress
 from fedforge.server.round import run_round
@@ -49,6 +49,7 @@ from fedforge.store import (
     save_checkpoint,
 )
 from fedforge.store.build_record import check_build, write_build
+from fedforge.store.final import save_final
 
 __all__ = ["RunResult", "format_summary", "resume", "run"]
 
@@ -201,17 +202,15 @@ def _settle(exp: Experiment, run_store: RunStore, result: RunResult, next_round:
         )
         run_store.finish(result.summary, status="failed")
     else:
-        tmp = run_store.path / "final_params.pt.tmp"
-        final: dict[str, Any] = {"params": result.params, "names": exp.spec.names}
         personal = exp.algorithm.personal
-        if personal is not None:  # FedBN: each client's model is its own batch norm
-            final["personal"] = personal.final()
-        try:
-            torch.save(final, tmp)
-        except (OSError, RuntimeError) as exc:  # torch reports a full disk as either
-            tmp.unlink(missing_ok=True)  # no half-written file left behind
-            raise StoreError(f"cannot write {tmp.name[:-4]} in '{run_store.path}': {exc}") from exc
-        tmp.replace(run_store.path / "final_params.pt")
+        # FedBN: each client's model is its own batch norm; a StoreError (a full
+        # disk) leaves no half-written file, and the run failed, resumable
+        save_final(
+            run_store.path,
+            result.params,
+            list(exp.spec.names),
+            None if personal is None else personal.final(),
+        )
         run_store.finish(result.summary)
 
 
