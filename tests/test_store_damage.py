@@ -150,3 +150,61 @@ def test_final_parameters_are_verified_on_load(
     assert torch.equal(load_final(legacy)["params"], result.params)
     with pytest.raises(StoreError, match="did not finish"):
         load_final(tmp_path)
+
+
+def _limit_pages(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLite's own 'database or disk is full' while a run's database is made."""
+    import sqlite3
+
+    from fedforge.store import runstore
+
+    real = runstore.connect
+
+    def full(db: Path, create: bool = False, read_only: bool = False) -> sqlite3.Connection:
+        conn = real(db, create=create, read_only=read_only)
+        if create:
+            conn.execute("PRAGMA max_page_count = 1")
+        return conn
+
+    monkeypatch.setattr(runstore, "connect", full)
+
+
+def _no_space(*args: Any, **kwargs: Any) -> None:
+    import errno
+
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+@pytest.mark.parametrize("where", ["config", "database", "start"])
+def test_a_full_disk_at_the_start_leaves_no_half_made_run(
+    make_data: MakeData,
+    one_thread: None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    where: str,
+) -> None:
+    """A run that failed at its start for lack of space left a half-made directory
+    that `fedforge runs` listed as unreadable (or as a run that died), and said so
+    in a traceback; now one line says the disk is full, and nothing is left."""
+    from fedforge.server import loop
+    from fedforge.store import runstore
+
+    runs = tmp_path / "runs"
+    cfg = from_dict({**TINY_LOGREG, "name": "full", "runs_dir": str(runs)})
+    if where == "config":
+        monkeypatch.setattr(runstore, "dump", _no_space)
+        said = r"cannot create run directory '.*full.*': the disk is full"
+    elif where == "database":
+        _limit_pages(monkeypatch)
+        said = r"cannot create run directory '.*full.*': .*database or disk is full"
+    else:
+        monkeypatch.setattr(loop, "_write_partition", _no_space)
+        said = r"cannot start run '.*full.*': the disk is full"
+    with pytest.raises(StoreError, match=said) as caught:
+        run(cfg, data=make_data([12, 9, 14, 10]))
+    assert len(str(caught.value).splitlines()) == 1
+    assert list_runs(runs) == []
+    assert list(runs.iterdir()) == []
+    assert main(["runs", "--runs-dir", str(runs)]) == 0
+    assert capsys.readouterr().out.strip() == "no runs"

@@ -14,6 +14,7 @@ SIGINT or SIGTERM arrives (the run is then marked stopped and can be resumed).
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from fedforge.config import Config
 from fedforge.data import PartitionSummary, summarize
 from fedforge.data.mnist import NUM_CLASSES
 from fedforge.engines import close_engine
-from fedforge.errors import StopNow
+from fedforge.errors import StopNow, StoreError
 from fedforge.experiment import Experiment, FederatedData, build, client_tables
 from fedforge.report.progress import Progress
 from fedforge.server.round import run_round
@@ -49,6 +50,7 @@ from fedforge.store import (
     save_checkpoint,
 )
 from fedforge.store.build_record import check_build, write_build
+from fedforge.store.disk import os_error_text
 from fedforge.store.final import save_final
 
 __all__ = ["RunResult", "format_summary", "resume", "run"]
@@ -85,9 +87,16 @@ def run(
     if not store:
         return _drive(exp, None, None, LoopState.fresh(exp), partition, progress)
     run_store = RunStore.create(cfg.runs_dir, cfg)
-    _write_partition(run_store.path / "partition.json", partition)
-    write_build(run_store.path, exp.spec, exp.data_fingerprint)
-    lock = RunLock(run_store.path).acquire()
+    try:
+        _write_partition(run_store.path / "partition.json", partition)
+        write_build(run_store.path, exp.spec, exp.data_fingerprint)
+        lock = RunLock(run_store.path).acquire()
+    except BaseException as exc:  # a run that never started is removed, not left half-made
+        run_store.close()
+        shutil.rmtree(run_store.path, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise StoreError(f"cannot start run '{run_store.path}': {os_error_text(exc)}") from None
+        raise
     return _drive(exp, run_store, lock, LoopState.fresh(exp), partition, progress)
 
 

@@ -13,7 +13,6 @@ nothing to verify against.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 from pathlib import Path
@@ -33,6 +32,7 @@ from fedforge.store.checkpoint import (
     _verified,
     _write,
 )
+from fedforge.store.disk import os_error_text
 
 FINAL_NAME, FINAL_META = "final_params.safetensors", "final_params.json"
 LEGACY_NAME = "final_params.pt"  # torch.save, no checksum
@@ -42,8 +42,7 @@ _PERSONAL = "personal/"
 
 def _write_failed(what: Path, exc: OSError) -> StoreError:
     """The one-line error of a failed write: a full disk said in words."""
-    why = "the disk is full" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
-    return StoreError(f"cannot write {what.name} in '{what.parent}': {why}")
+    return StoreError(f"cannot write {what.name} in '{what.parent}': {os_error_text(exc)}")
 
 
 def save_final(

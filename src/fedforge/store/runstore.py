@@ -20,6 +20,7 @@ import json
 import math
 import re
 import secrets
+import shutil
 import sqlite3
 import time
 from collections.abc import Sequence
@@ -46,6 +47,7 @@ from fedforge.store.database import (
     SCHEMA_VERSION,
     connect,
 )
+from fedforge.store.disk import os_error_text
 from fedforge.store.records import AnomalyRecord, ClientRecord, RoundRecord, RunInfo
 from fedforge.store.round_tables import RoundTables
 from fedforge.store.stream import METRICS_NAME, append_line, read_metrics, rewrite_before
@@ -66,7 +68,28 @@ _RUN_DIR = re.compile(r"^(\d{8}-\d{6})-(.+)-([0-9a-f]{6})$")
 
 
 def _is_run_dir(path: Path) -> bool:
-    return path.is_dir() and (path / DB_NAME).is_file()
+    """A run directory (a hidden one is a run still being created, or never made)."""
+    return not path.name.startswith(".") and path.is_dir() and (path / DB_NAME).is_file()
+
+
+def _initialise(db: Path, run_id: str, config: Config, now: datetime) -> None:
+    """Create the run's database: its schema and its row in ``runs``, committed
+    and closed (a clean close leaves no WAL file)."""
+    conn = connect(db, create=True)
+    try:
+        conn.executescript(
+            f"BEGIN IMMEDIATE; {SCHEMA} {ANOMALIES}; PRAGMA user_version = {SCHEMA_VERSION};"
+        )
+        created = now.isoformat(timespec="seconds")
+        conn.execute(
+            "INSERT INTO runs VALUES (?, ?, ?, 'running', ?, NULL)",
+            (run_id, config.name, created, json.dumps(to_dict(config))),
+        )
+        conn.execute("COMMIT")
+    except DB_ERRORS as exc:
+        raise StoreError(f"cannot initialise its database: {exc}") from None
+    finally:
+        conn.close()
 
 
 def _nan(value: float | None) -> float:
@@ -83,35 +106,25 @@ class RunStore(RoundTables):
     # ------------------------------------------------------------------ lifecycle
     @classmethod
     def create(cls, runs_dir: Path | str, config: Config) -> RunStore:
-        """Make a new run directory under ``runs_dir`` for ``config``."""
+        """Make a new run directory under ``runs_dir`` for ``config``, atomically: it
+        is built under a hidden temporary name (which ``runs`` skips) and renamed
+        into place once its config and database are written; a failure (a full
+        disk) removes it and raises StoreError naming the run and why."""
         now = datetime.now().astimezone()
         run_id = f"{now:%Y%m%d-%H%M%S}-{config.name}-{secrets.token_hex(3)}"
         path = Path(runs_dir) / run_id
+        tmp = path.with_name(f".tmp-{run_id}")
         try:
-            path.mkdir(parents=True, exist_ok=False)
-            (path / CONFIG_NAME).write_text(dump(config))
-            (path / METRICS_NAME).touch()
-        except OSError as exc:
-            raise StoreError(f"cannot create run directory '{path}': {exc}") from None
-        conn = connect(path / DB_NAME, create=True)
-        try:
-            conn.executescript(
-                f"BEGIN IMMEDIATE; {SCHEMA} {ANOMALIES}; PRAGMA user_version = {SCHEMA_VERSION};"
-            )
-            conn.execute(
-                "INSERT INTO runs VALUES (?, ?, ?, 'running', ?, NULL)",
-                (
-                    run_id,
-                    config.name,
-                    now.isoformat(timespec="seconds"),
-                    json.dumps(to_dict(config)),
-                ),
-            )
-            conn.execute("COMMIT")
-        except DB_ERRORS as exc:
-            conn.close()
-            raise StoreError(f"cannot initialise run store in '{path}': {exc}") from None
-        return cls(path, conn)
+            tmp.mkdir(parents=True, exist_ok=False)
+            (tmp / CONFIG_NAME).write_text(dump(config))
+            (tmp / METRICS_NAME).touch()
+            _initialise(tmp / DB_NAME, run_id, config, now)
+            tmp.rename(path)
+        except (OSError, StoreError) as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            why = os_error_text(exc) if isinstance(exc, OSError) else str(exc)
+            raise StoreError(f"cannot create run directory '{path}': {why}") from None
+        return cls(path, connect(path / DB_NAME))
 
     @classmethod
     def open(cls, path: Path | str, read_only: bool = False) -> RunStore:
