@@ -98,14 +98,15 @@ def test_a_diverged_round_leaves_every_client_able_to_train(make_data: MakeData)
 def test_the_finished_run_saves_each_clients_batch_norm(
     data: FederatedData, tmp_path: Path
 ) -> None:
-    """``final_params.pt`` holds each client's own entries: rebuilt with
+    """The final parameters hold each client's own entries: rebuilt with
     ``client_params``, a client's model is the one its last round trained."""
     from fedforge.algorithms.fedbn import client_params
+    from fedforge.store.final import load_final
 
     exp = build(_cfg(rounds=3, runs_dir=str(tmp_path)), data)
     res = run(exp.cfg, data)
     assert res.run_dir is not None
-    final = torch.load(res.run_dir / "final_params.pt")
+    final = load_final(res.run_dir)
     personal = final["personal"]
     seen = personal["client_ids"].tolist()
     assert seen == sorted(seen) and 0 < len(seen) <= 5
@@ -124,6 +125,7 @@ def test_the_finished_run_saves_each_clients_batch_norm(
             want[mask] = store.gather([k])[0]
         assert torch.equal(client_params(final, k), want)
     assert torch.equal(final["params"], res.params)
+    assert torch.equal(client_params(res.run_dir, 0), client_params(final, 0))
 
 
 def test_local_training_updates_running_statistics_in_the_vector(data: FederatedData) -> None:

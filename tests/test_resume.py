@@ -9,6 +9,7 @@ that was never interrupted (same machine, same thread count: one thread here).
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import shutil
@@ -47,6 +48,7 @@ from fedforge.store import (
 from fedforge.store import checkpoint as checkpoint_module
 from fedforge.store import segments as segments_module
 from fedforge.store.client_state import load_rows, save_rows
+from fedforge.store.final import FINAL_META, load_final
 
 # A tiny real job: 3 clients of 100 MNIST examples a round, 2 steps each, float64.
 TINY = {
@@ -461,8 +463,8 @@ def _rows(run_dir: Path) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
 
 
 def _assert_identical(run_dir: Path, reference: Path) -> None:
-    got = torch.load(run_dir / "final_params.pt")["params"]
-    want = torch.load(reference / "final_params.pt")["params"]
+    got = load_final(run_dir)["params"]
+    want = load_final(reference)["params"]
     assert got.dtype == torch.float64 and torch.equal(got, want)
     rounds, clients = _rows(run_dir)
     want_rounds, want_clients = _rows(reference)
@@ -488,7 +490,7 @@ def test_sigkill_then_cli_resume_is_bit_identical(
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGKILL
-    assert not (run_dir / "final_params.pt").exists(), "the run finished before the kill"
+    assert not (run_dir / FINAL_META).exists(), "the run finished before the kill"
     with RunStore.open(run_dir) as store:
         assert store.status == "running" and len(store.rounds()) >= 3
     assert list_checkpoints(run_dir)  # at least round-000002
@@ -530,7 +532,7 @@ def test_sigterm_checkpoints_and_resume_finishes_identically(
     newest = list_checkpoints(run_dir)[0]
     assert newest.name == f"round-{done:06d}"  # the round in flight finished, then a checkpoint
     assert json.loads((newest / "meta.json").read_text())["next_round"] == done
-    assert not (run_dir / "final_params.pt").exists()
+    assert not (run_dir / FINAL_META).exists()
     with RunStore.open(run_dir) as store:
         assert "resume with: fedforge resume" in format_run_summary(store)
         assert store.info().status == "stopped" and "[stopped]" in format_run_summary(store)
@@ -761,26 +763,26 @@ def test_a_full_disk_at_the_end_fails_the_run_resumably(
     hint; once there is room, resume finishes it as if nothing happened."""
     from tests.conftest import TINY_LOGREG
 
-    from fedforge.server import loop
+    from fedforge.store import final as final_module
     from fedforge.store import list_runs
 
     data = make_data([12, 9, 14, 10])
     cfg = from_dict({**TINY_LOGREG, "rounds": 2, "runs_dir": str(tmp_path / "runs")})
     reference = run(override(cfg, {"runs_dir": str(tmp_path / "ref")}), data=data)
-    real_save = torch.save
+    real_write = final_module._write
 
-    def full(obj: Any, path: Any, *rest: Any, **kw: Any) -> None:
-        if str(path).endswith("final_params.pt.tmp"):
-            Path(path).write_bytes(b"half")
-            raise OSError(28, "No space left on device")
-        real_save(obj, path, *rest, **kw)
+    def full(path: Path, blob: bytes) -> None:
+        if path.name.startswith("final_params"):
+            path.write_bytes(b"half")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_write(path, blob)
 
-    monkeypatch.setattr(loop.torch, "save", full)
-    with pytest.raises(StoreError, match="cannot write final_params.pt .*No space left"):
+    monkeypatch.setattr(final_module, "_write", full)
+    with pytest.raises(StoreError, match="cannot write final_params.safetensors in .*disk is full"):
         run(cfg, data=data)
-    monkeypatch.setattr(loop.torch, "save", real_save)
+    monkeypatch.setattr(final_module, "_write", real_write)
     (info,) = list_runs(tmp_path / "runs")
-    assert not (info.path / "final_params.pt.tmp").exists()
+    assert not list(info.path.glob("final_params*"))
     with RunStore.open(info.path) as store:
         assert store.status == "failed"
         assert (store.summary() or {})["error"].endswith(f"fedforge resume {info.path}")

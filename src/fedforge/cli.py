@@ -144,7 +144,7 @@ def _cmd_resume(args: argparse.Namespace) -> int:
     path = resolve_run(args.runs_dir, args.run)
     data = None
     if args.data_dir:  # where the data is read from does not change what it is
-        with RunStore.open(path) as store:
+        with RunStore.open(path, read_only=True) as store:
             stored = store.config()
         data = load_federated_data(config_mod.override(stored, {"data_dir": args.data_dir}))
     return _finish(resume(path, data=data, progress=not args.quiet))
@@ -165,7 +165,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
     from fedforge.report.runs import format_run_summary
     from fedforge.store import RunStore, resolve_run
 
-    with RunStore.open(resolve_run(args.runs_dir, args.run)) as store:
+    with RunStore.open(resolve_run(args.runs_dir, args.run), read_only=True) as store:
         print(format_run_summary(store))
     return 0
 

@@ -26,12 +26,17 @@ one falls back with its one-line reason). Trusts what FedAvg trusts.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from pathlib import Path
+
 import torch
 
 from fedforge.algorithms.base import Algorithm, cross_entropy
 from fedforge.algorithms.fedavg import _DecayedPlan
+from fedforge.core.errors import StoreError
 from fedforge.core.params import ParamKind, ParamSpec, all_finite
 from fedforge.store.client_state import ClientStateStore
+from fedforge.store.final import load_final
 
 BATCHNORM = "batchnorm"  # the per-client table's name
 SHARED: tuple[ParamKind, ...] = ("weight",)  # FedBN averages only the non-normalisation weights
@@ -72,18 +77,23 @@ class LocalBatchNorm:
             self.store.scatter([client_id], entries.unsqueeze(0))
 
     def final(self) -> dict[str, torch.Tensor]:
-        """Every client's entries as saved with a finished run (``final_params.pt``,
-        key ``personal``): the local mask, the ids of the clients seen, their rows."""
+        """Every client's entries as saved with a finished run (the final parameters'
+        ``personal``): the local mask, the ids of the clients seen, their rows."""
         ids = self.store.written()
         rows = self.store.gather(ids) if ids else torch.empty(0, self.store.size)
         return {"mask": self.mask, "client_ids": torch.tensor(ids, dtype=torch.int64), "rows": rows}
 
 
-def client_params(final: dict[str, object], client_id: int) -> torch.Tensor:
-    """A client's own model from a finished FedBN run's ``final_params.pt`` (loaded
-    with ``torch.load``): the global vector with the client's batch-norm entries,
-    or the global ones for a client never sampled."""
-    params, personal = final["params"], final["personal"]
+def client_params(final: Mapping[str, object] | Path | str, client_id: int) -> torch.Tensor:
+    """A client's own model from a finished FedBN run's final parameters (its run
+    directory, verified by :func:`~fedforge.store.final.load_final`, or what that
+    returned): the global vector with the client's batch-norm entries, or the
+    global ones for a client never sampled."""
+    if isinstance(final, Path | str):
+        final = load_final(final)
+    params, personal = final["params"], final.get("personal")
+    if not isinstance(personal, dict):
+        raise StoreError("the final parameters hold no per-client entries: not a FedBN run")
     assert isinstance(params, torch.Tensor) and isinstance(personal, dict)
     out = params.clone()
     hits = (personal["client_ids"] == client_id).nonzero().flatten()

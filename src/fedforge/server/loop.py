@@ -14,6 +14,7 @@ SIGINT or SIGTERM arrives (the run is then marked stopped and can be resumed).
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -51,7 +52,9 @@ from fedforge.store import (
     save_checkpoint,
 )
 from fedforge.store.build_record import check_build, write_build
+from fedforge.store.disk import os_error_text
 from fedforge.store.edited import edited_config_note
+from fedforge.store.final import save_final
 
 __all__ = ["RunResult", "format_summary", "resume", "run"]
 
@@ -88,9 +91,16 @@ def run(
     if not store:
         return _drive(exp, None, None, LoopState.fresh(exp), partition, progress)
     run_store = RunStore.create(cfg.runs_dir, cfg)
-    _write_partition(run_store.path / "partition.json", partition)
-    write_build(run_store.path, exp.spec, exp.data_fingerprint)
-    lock = RunLock(run_store.path).acquire()
+    try:
+        _write_partition(run_store.path / "partition.json", partition)
+        write_build(run_store.path, exp.spec, exp.data_fingerprint)
+        lock = RunLock(run_store.path).acquire()
+    except BaseException as exc:  # a run that never started is removed, not left half-made
+        run_store.close()
+        shutil.rmtree(run_store.path, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise StoreError(f"cannot start run '{run_store.path}': {os_error_text(exc)}") from None
+        raise
     return _drive(exp, run_store, lock, LoopState.fresh(exp), partition, progress)
 
 
@@ -220,17 +230,15 @@ def _settle(exp: Experiment, run_store: RunStore, result: RunResult, next_round:
         )
         run_store.finish(result.summary, status="failed")
     else:
-        tmp = run_store.path / "final_params.pt.tmp"
-        final: dict[str, Any] = {"params": result.params, "names": exp.spec.names}
         personal = exp.algorithm.personal
-        if personal is not None:  # FedBN: each client's model is its own batch norm
-            final["personal"] = personal.final()
-        try:
-            torch.save(final, tmp)
-        except (OSError, RuntimeError) as exc:  # torch reports a full disk as either
-            tmp.unlink(missing_ok=True)  # no half-written file left behind
-            raise StoreError(f"cannot write {tmp.name[:-4]} in '{run_store.path}': {exc}") from exc
-        tmp.replace(run_store.path / "final_params.pt")
+        # FedBN: each client's model is its own batch norm; a StoreError (a full
+        # disk) leaves no half-written file, and the run failed, resumable
+        save_final(
+            run_store.path,
+            result.params,
+            list(exp.spec.names),
+            None if personal is None else personal.final(),
+        )
         run_store.finish(result.summary)
 
 

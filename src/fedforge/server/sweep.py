@@ -94,9 +94,9 @@ def _existing(cfg: Config) -> tuple[Path | None, str | None]:
     if not runs_dir.is_dir():
         return None, None
     for info in sorted(list_runs(runs_dir), key=lambda r: r.created, reverse=True):
-        if info.name != cfg.name or info.status == "unreadable":
+        if info.name != cfg.name or info.status in ("unreadable", "damaged"):
             continue
-        with RunStore.open(info.path) as store:
+        with RunStore.open(info.path, read_only=True) as store:
             try:
                 stored = store.config()
             except StoreError:  # e.g. written by a version with other fields: not this job
@@ -111,7 +111,7 @@ def _result(
 ) -> PointResult:
     from fedforge.store import RunStore
 
-    with RunStore.open(run_dir) as store:
+    with RunStore.open(run_dir, read_only=True) as store:
         rounds = store.rounds()
         summary = store.summary() or {}
     evaluated = [r.test_accuracy for r in rounds if r.test_accuracy is not None]

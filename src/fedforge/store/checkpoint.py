@@ -239,7 +239,8 @@ def _meta_digest(meta: dict[str, Any]) -> str:
 
 def _verified(path: Path, entry: Any) -> bytes | None:
     """Checks size and sha256 of a file against its meta entry; returns its bytes
-    when small enough to hold (the tensors), else None after streaming the hash."""
+    when small enough to hold (tensors: a ``.safetensors`` file), else None after
+    streaming the hash."""
     if not isinstance(entry, dict):
         raise CheckpointError(f"{path.name}: no size and checksum in {META_NAME}")
     if not path.is_file():
@@ -247,7 +248,7 @@ def _verified(path: Path, entry: Any) -> bytes | None:
     size = path.stat().st_size
     if size != entry.get("bytes"):
         raise CheckpointError(f"{path.name} has {size} bytes; expected {entry.get('bytes')}")
-    if path.name == TENSORS_NAME:
+    if path.suffix == ".safetensors":
         data = path.read_bytes()
         digest = hashlib.sha256(data).hexdigest()
     else:

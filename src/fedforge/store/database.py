@@ -82,7 +82,8 @@ def _writable(db: Path) -> bool:
 
 def _connect_read_only(db: Path) -> sqlite3.Connection:
     """Read-only, with the WAL's committed rounds when SQLite can read it without
-    writing; else immutable (the main file alone, which a clean close left whole)."""
+    writing the database (it may make the ``-shm`` index beside it); else immutable
+    (the main file alone, which a clean close left whole)."""
     base = db.resolve().as_uri()
     try:
         conn = sqlite3.connect(f"{base}?mode=ro", uri=True, isolation_level=None)
@@ -92,11 +93,12 @@ def _connect_read_only(db: Path) -> sqlite3.Connection:
         return sqlite3.connect(f"{base}?mode=ro&immutable=1", uri=True, isolation_level=None)
 
 
-def connect(db: Path, create: bool = False) -> sqlite3.Connection:
+def connect(db: Path, create: bool = False, read_only: bool = False) -> sqlite3.Connection:
     """Autocommit connection (transactions are explicit); never creates a file by
-    accident. A store this process may not write (a read-only copy, an archive) is
-    opened read-only and immutable: it can be listed and shown, not resumed."""
-    read_only = not create and db.is_file() and not _writable(db)
+    accident. ``read_only`` (a reader: ``runs``, ``show``), or a store this process
+    may not write (a read-only copy, an archive): opened read-only, which never
+    writes the database, not even a WAL checkpoint when it closes."""
+    read_only = not create and db.is_file() and (read_only or not _writable(db))
     try:
         if read_only:
             return _connect_read_only(db)

@@ -4,11 +4,10 @@
 from __future__ import annotations
 
 import dataclasses
-import fcntl
-import os
 from pathlib import Path
 
 from fedforge.core.errors import StoreError
+from fedforge.store.damage import StoreDamaged, written_now
 from fedforge.store.runstore import _RUN_DIR, DB_NAME, RunInfo, RunStore, _is_run_dir
 
 
@@ -18,35 +17,21 @@ def _config_name(path: Path) -> str:
 
 
 def _run_info(path: Path) -> RunInfo:
+    """The run's line in ``fedforge runs``; 'damaged' or 'unreadable' when it cannot be read."""
     try:
-        with RunStore.open(path) as store:
+        with RunStore.open(path, read_only=True) as store:
             info = store.info()
-    except (StoreError, ValueError, AttributeError):
+    except (StoreError, ValueError, AttributeError) as exc:
         name = _config_name(path) or path.name
-        return RunInfo(path.name, name, path, "", "unreadable", 0, None, None)
+        status = "damaged" if isinstance(exc, StoreDamaged) else "unreadable"
+        return RunInfo(path.name, name, path, "", status, 0, None, None)
     return dataclasses.replace(info, status=live_status(path, info.status))
 
 
 def live_status(path: Path, status: str) -> str:
     """The stored ``status``, or 'died' for a 'running' run no process holds
     (killed: SIGKILL, out of memory)."""
-    return "died" if status == "running" and not _written_now(path) else status
-
-
-def _written_now(path: Path) -> bool:
-    """Whether a process holds the run's lock (``server/state.py``'s RunLock; the
-    kernel drops it when that process dies, however)."""
-    try:
-        fd = os.open(path / "lock", os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # closing drops a lock this look took
-    return False
+    return "died" if status == "running" and not written_now(path) else status
 
 
 def list_runs(runs_dir: Path | str) -> list[RunInfo]:

@@ -18,9 +18,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import re
 import secrets
+import shutil
 import sqlite3
 import time
 from collections.abc import Sequence
@@ -30,6 +30,7 @@ from typing import Any
 
 from fedforge.config import Config, dump, from_dict, to_dict
 from fedforge.core.errors import ConfigError, StoreError
+from fedforge.store.damage import StoreDamaged, damage
 from fedforge.store.database import (
     ANOMALIES,
     CLIENT_COLS,
@@ -46,22 +47,56 @@ from fedforge.store.database import (
     SCHEMA_VERSION,
     connect,
 )
+from fedforge.store.disk import os_error_text
 from fedforge.store.records import AnomalyRecord, ClientRecord, RoundRecord, RunInfo
+from fedforge.store.round_tables import RoundTables
+from fedforge.store.stream import METRICS_NAME, append_line, read_metrics, rewrite_before
+
+__all__ = [
+    "AnomalyRecord",
+    "ClientRecord",
+    "RoundRecord",
+    "RunInfo",
+    "RunStore",
+    "StoreDamaged",
+    "read_metrics",
+]
 
 STATUSES = ("running", "finished", "failed")
-CONFIG_NAME, METRICS_NAME = "config.yaml", "metrics.jsonl"
+CONFIG_NAME = "config.yaml"
 _RUN_DIR = re.compile(r"^(\d{8}-\d{6})-(.+)-([0-9a-f]{6})$")
 
 
 def _is_run_dir(path: Path) -> bool:
-    return path.is_dir() and (path / DB_NAME).is_file()
+    """A run directory (a hidden one is a run still being created, or never made)."""
+    return not path.name.startswith(".") and path.is_dir() and (path / DB_NAME).is_file()
+
+
+def _initialise(db: Path, run_id: str, config: Config, now: datetime) -> None:
+    """Create the run's database: its schema and its row in ``runs``, committed
+    and closed (a clean close leaves no WAL file)."""
+    conn = connect(db, create=True)
+    try:
+        conn.executescript(
+            f"BEGIN IMMEDIATE; {SCHEMA} {ANOMALIES}; PRAGMA user_version = {SCHEMA_VERSION};"
+        )
+        created = now.isoformat(timespec="seconds")
+        conn.execute(
+            "INSERT INTO runs VALUES (?, ?, ?, 'running', ?, NULL)",
+            (run_id, config.name, created, json.dumps(to_dict(config))),
+        )
+        conn.execute("COMMIT")
+    except DB_ERRORS as exc:
+        raise StoreError(f"cannot initialise its database: {exc}") from None
+    finally:
+        conn.close()
 
 
 def _nan(value: float | None) -> float:
     return math.nan if value is None else value
 
 
-class RunStore:
+class RunStore(RoundTables):
     """Read and write one run directory. Use :meth:`create` or :meth:`open`."""
 
     def __init__(self, path: Path, conn: sqlite3.Connection) -> None:
@@ -71,45 +106,38 @@ class RunStore:
     # ------------------------------------------------------------------ lifecycle
     @classmethod
     def create(cls, runs_dir: Path | str, config: Config) -> RunStore:
-        """Make a new run directory under ``runs_dir`` for ``config``."""
+        """Make a new run directory under ``runs_dir`` for ``config``, atomically: it
+        is built under a hidden temporary name (which ``runs`` skips) and renamed
+        into place once its config and database are written; a failure (a full
+        disk) removes it and raises StoreError naming the run and why."""
         now = datetime.now().astimezone()
         run_id = f"{now:%Y%m%d-%H%M%S}-{config.name}-{secrets.token_hex(3)}"
         path = Path(runs_dir) / run_id
+        tmp = path.with_name(f".tmp-{run_id}")
         try:
-            path.mkdir(parents=True, exist_ok=False)
-            (path / CONFIG_NAME).write_text(dump(config))
-            (path / METRICS_NAME).touch()
-        except OSError as exc:
-            raise StoreError(f"cannot create run directory '{path}': {exc}") from None
-        conn = connect(path / DB_NAME, create=True)
-        try:
-            conn.executescript(
-                f"BEGIN IMMEDIATE; {SCHEMA} {ANOMALIES}; PRAGMA user_version = {SCHEMA_VERSION};"
-            )
-            conn.execute(
-                "INSERT INTO runs VALUES (?, ?, ?, 'running', ?, NULL)",
-                (
-                    run_id,
-                    config.name,
-                    now.isoformat(timespec="seconds"),
-                    json.dumps(to_dict(config)),
-                ),
-            )
-            conn.execute("COMMIT")
-        except DB_ERRORS as exc:
-            conn.close()
-            raise StoreError(f"cannot initialise run store in '{path}': {exc}") from None
-        return cls(path, conn)
+            tmp.mkdir(parents=True, exist_ok=False)
+            (tmp / CONFIG_NAME).write_text(dump(config))
+            (tmp / METRICS_NAME).touch()
+            _initialise(tmp / DB_NAME, run_id, config, now)
+            tmp.rename(path)
+        except (OSError, StoreError) as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            why = os_error_text(exc) if isinstance(exc, OSError) else str(exc)
+            raise StoreError(f"cannot create run directory '{path}': {why}") from None
+        return cls(path, connect(path / DB_NAME))
 
     @classmethod
-    def open(cls, path: Path | str) -> RunStore:
-        """Reopen an existing run directory (to read it, or to resume writing)."""
+    def open(cls, path: Path | str, read_only: bool = False) -> RunStore:
+        """Reopen an existing run directory to resume writing it or, ``read_only``,
+        to read it: a reader never writes the database (no WAL checkpoint when it
+        closes). Damage is refused with :class:`StoreDamaged` before anything is
+        read (a writer would fold a garbled WAL into the database)."""
         path = Path(path)
         if not path.is_dir():
             raise StoreError(f"run directory '{path}' does not exist")
         if not (path / DB_NAME).is_file():
             raise StoreError(f"'{path}' is not a run directory: it has no {DB_NAME}")
-        conn = connect(path / DB_NAME)
+        conn = connect(path / DB_NAME, read_only=True)
         try:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             count = conn.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
@@ -127,7 +155,15 @@ class RunStore:
             conn.close()
             what = "unreadable" if problem.startswith("written by") else "corrupt or not a run"
             raise StoreError(f"run store '{path / DB_NAME}' is {what}: {problem}")
-        return cls(path, conn)
+        # a writer checks too: a stream that names rounds the database lacks is an
+        # earlier fedforge's interrupted rewind, which the resume's rewind repairs
+        found = damage(path, conn, rounds=read_only)
+        conn.close()
+        if found:
+            raise StoreDamaged(
+                f"run store '{path / DB_NAME}' is damaged: {found}; it was left unchanged"
+            )
+        return cls(path, connect(path / DB_NAME, read_only=read_only))
 
     def close(self) -> None:
         """Close the database (idempotent)."""
@@ -183,41 +219,18 @@ class RunStore:
             k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in line.items()
         }
         try:  # the stream is a convenience: the database above is the source of truth
-            with open(self._path / METRICS_NAME, "a", encoding="utf-8") as stream:
-                stream.write(json.dumps(line, separators=(",", ":")) + "\n")
-                stream.flush()
-                os.fsync(stream.fileno())
+            append_line(self._path / METRICS_NAME, line)
         except OSError as exc:
             raise StoreError(
                 f"round {idx + 1} is stored but {METRICS_NAME} failed: {exc}"
             ) from None
 
-    def record_privacy(
-        self, round_idx: int, epsilon: float, delta: float, clip_norm: float | None
-    ) -> None:
-        """Record epsilon(delta) after round ``round_idx`` (inf is stored as NULL)."""
-        eps = epsilon if math.isfinite(epsilon) else None
-        try:
-            with self._conn:
-                self._conn.execute(PRIVACY)
-                self._conn.execute(
-                    "INSERT OR REPLACE INTO privacy VALUES (?, ?, ?, ?)",
-                    (round_idx, eps, delta, clip_norm),
-                )
-        except DB_ERRORS as exc:
-            raise StoreError(f"cannot record privacy of round {round_idx + 1}: {exc}") from None
-
-    def privacy(self) -> list[tuple[int, float | None, float, float | None]]:
-        """(round, epsilon, delta, clip norm) per recorded round."""
-        if not self._query("SELECT 1 FROM sqlite_master WHERE name = 'privacy'"):
-            return []
-        rows = self._query("SELECT * FROM privacy ORDER BY round_idx")
-        return [(int(r), e, float(d), c) for r, e, d, c in rows]
-
     def rewind(self, next_round: int) -> None:
         """Forget rounds ``>= next_round`` (a resume re-runs them) and mark the run
-        running again. The database changes in one transaction; ``metrics.jsonl`` is
-        rewritten (temp file, fsync, rename) with the last line of each earlier round."""
+        running again. ``metrics.jsonl`` is rewritten first (temp file, fsync, rename)
+        with the last line of each earlier round, so it never names a round the
+        database lacks; then the database changes in one transaction."""
+        rewrite_before(self._path / METRICS_NAME, next_round)
         try:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
@@ -240,17 +253,6 @@ class RunStore:
             raise StoreError(
                 f"cannot rewind '{self._path}' to before round {next_round + 1}: {exc}"
             ) from None
-        stream = self._path / METRICS_NAME
-        kept = [line for line in read_metrics(stream) if line["round_idx"] < next_round]
-        tmp = stream.with_suffix(".jsonl.tmp")
-        try:
-            with open(tmp, "w", encoding="utf-8") as out:
-                out.writelines(json.dumps(line, separators=(",", ":")) + "\n" for line in kept)
-                out.flush()
-                os.fsync(out.fileno())
-            tmp.replace(stream)
-        except OSError as exc:
-            raise StoreError(f"cannot rewrite '{stream}': {exc}") from None
 
     def finish(self, summary: dict[str, Any], status: str = "finished") -> None:
         """Store the run's summary and mark it finished (or failed)."""
@@ -273,12 +275,6 @@ class RunStore:
 
     def _run_field(self, column: str) -> Any:
         return self._query(f"SELECT {column} FROM runs")[0][0]
-
-    def _query(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
-        try:
-            return self._conn.execute(sql, args).fetchall()
-        except DB_ERRORS as exc:
-            raise StoreError(f"cannot read run store '{self._path}': {exc}") from None
 
     def info(self) -> RunInfo:
         """The run's line in ``fedforge runs``."""
@@ -317,34 +313,6 @@ class RunStore:
         if not isinstance(value, dict):
             raise StoreError(f"run store '{self._path}' holds an unreadable {field}")
         return value
-
-    def record_rows(self, table: str, round_idx: int, rows: Sequence[Sequence[Any]]) -> None:
-        """Replace round ``round_idx``'s rows of ``table`` (one of ``ROUND_TABLES``;
-        each row starts with the round index); NaN and inf are stored as NULL."""
-        ddl = ROUND_TABLES[table]
-        clean = [
-            tuple(None if isinstance(v, float) and not math.isfinite(v) else v for v in row)
-            for row in rows
-        ]
-        try:
-            with self._conn:
-                self._conn.execute(ddl)
-                self._conn.execute(f"DELETE FROM {table} WHERE round_idx = ?", (round_idx,))
-                if clean:
-                    marks = ", ".join("?" * len(clean[0]))
-                    self._conn.executemany(f"INSERT INTO {table} VALUES ({marks})", clean)
-        except DB_ERRORS as exc:
-            raise StoreError(f"cannot record {table} of round {round_idx + 1}: {exc}") from None
-
-    def read_rows(self, table: str, round_idx: int | None = None) -> list[tuple[Any, ...]]:
-        """The rows of ``table`` (one of ``ROUND_TABLES``), in key order; [] when absent."""
-        if table not in ROUND_TABLES:
-            raise StoreError(f"unknown table {table!r}; known: {', '.join(ROUND_TABLES)}")
-        if not self._query("SELECT 1 FROM sqlite_master WHERE name = ?", (table,)):
-            return []
-        where, args = ("", ()) if round_idx is None else (" WHERE round_idx = ?", (round_idx,))
-        rows = self._query(f"SELECT * FROM {table}{where} ORDER BY 1, 2", args)
-        return [tuple(r) for r in rows]
 
     def _round_columns(self) -> set[str]:
         return {row[1] for row in self._query("PRAGMA table_info(rounds)")}
@@ -397,27 +365,6 @@ class RunStore:
             if a.client_id is not None:
                 counts[a.client_id] = counts.get(a.client_id, 0) + 1
         return counts
-
-
-def read_metrics(path: Path | str) -> list[dict[str, Any]]:
-    """The rounds of a ``metrics.jsonl`` stream in round order, the last line of each
-    ``round_idx`` winning (a resumed run may have written a round twice). A torn
-    last line (a writer killed mid-write) is skipped."""
-    by_round: dict[int, dict[str, Any]] = {}
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return []
-    except OSError as exc:
-        raise StoreError(f"cannot read '{path}': {exc}") from None
-    for raw in text.splitlines():
-        try:
-            line = json.loads(raw)
-        except ValueError:
-            continue
-        if isinstance(line, dict) and isinstance(line.get("round_idx"), int):
-            by_round[line["round_idx"]] = line
-    return [by_round[k] for k in sorted(by_round)]
 
 
 def _signal_stop(summary_json: str | None) -> bool:
