@@ -20,18 +20,21 @@ import torch
 
 from fedforge.algorithms.base import Algorithm, cross_entropy
 from fedforge.algorithms.fedavg import _DecayedPlan
-from fedforge.algorithms.local import StepContext
+from fedforge.algorithms.local import LinearTerm, StepContext
 
 
 @dataclass(frozen=True)
 class ProximalTerm:
-    """The gradient of mu/2 ||w - w_t||^2: adds mu (w - w_t) to every gradient."""
+    """The gradient of mu/2 ||w - w_t||^2: adds mu (w - w_t) to every gradient
+    (declared as a linear term, which fast paths fold into their update)."""
 
     mu: float
 
+    def linear_term(self) -> LinearTerm:
+        return LinearTerm(proximal=self.mu)
+
     def __call__(self, grads: list[torch.Tensor], ctx: StepContext) -> None:
-        diff = torch._foreach_sub(ctx.params, ctx.anchor)
-        torch._foreach_add_(grads, diff, alpha=self.mu)
+        self.linear_term()(grads, ctx)
 
 
 def fedprox(

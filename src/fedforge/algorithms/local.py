@@ -12,6 +12,10 @@ One step, given the loss gradient g of a minibatch:
    Nesterov): d = g + wd w; b = m b + d (b = d at the first step); d = b;
 4. w <- w - lr d.
 
+A hook may declare its term as linear in the parameters (:class:`LinearTerm`,
+through ``linear_term``); a fast path then folds it into its own update (the
+vectorised engine's perceptron path) and runs any other hook as it is.
+
 Every tensor here carries a leading client dimension: ``[K, ...]`` per
 parameter tensor in the vectorised engine, ``[1, ...]`` in the serial one
 (views of the flat vectors), so both engines run this very code. In the
@@ -62,6 +66,50 @@ class GradHook(Protocol):
     """Adds an algorithm's term to the loss gradients, in place."""
 
     def __call__(self, grads: list[torch.Tensor], ctx: StepContext) -> None: ...
+
+
+@dataclass(frozen=True)
+class LinearTerm:
+    """A gradient term linear in the parameters, declared so that a fast path
+    can fold it into its own update instead of calling the hook:
+
+        g <- g + proximal (w - w_t) + sum over (name, b) in ``state`` of b state[name]
+
+    with w_t the round's start parameters and state[name] the algorithm's
+    per-client tensor of that name (``StepContext.state``). Calling it adds the
+    term through that formula (what a hook that declares it may do itself)."""
+
+    proximal: float = 0.0
+    state: Mapping[str, float] = field(default_factory=dict)
+
+    def __call__(self, grads: list[torch.Tensor], ctx: StepContext) -> None:
+        if self.proximal:
+            diff = torch._foreach_sub(ctx.params, ctx.anchor)
+            torch._foreach_add_(grads, diff, alpha=self.proximal)
+        for name, coef in self.state.items():
+            torch._foreach_add_(grads, ctx.state[name], alpha=coef)
+
+
+class LinearGradHook(GradHook, Protocol):
+    """A gradient hook whose term is a :class:`LinearTerm` (FedProx's proximal
+    term, SCAFFOLD's correction). ``linear_term`` must describe exactly what
+    ``__call__`` adds; a hook without it is run as it is, on the generic path."""
+
+    def linear_term(self) -> LinearTerm: ...
+
+
+def declared_linear_term(hook: GradHook | None) -> LinearTerm | None:
+    """The linear term ``hook`` declares: the empty term for no hook, None for a
+    hook that declares none (its term is known only by calling it)."""
+    if hook is None:
+        return LinearTerm()
+    declare = getattr(hook, "linear_term", None)
+    if declare is None:
+        return None
+    term = declare()
+    if not isinstance(term, LinearTerm):
+        raise TypeError(f"{type(hook).__name__}.linear_term() returned {term!r}, not a LinearTerm")
+    return term
 
 
 class LocalTrain(Protocol):

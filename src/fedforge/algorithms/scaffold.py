@@ -41,7 +41,7 @@ import torch
 
 from fedforge.algorithms.base import Algorithm, cross_entropy
 from fedforge.algorithms.fedavg import _DecayedPlan
-from fedforge.algorithms.local import ClientJob, StepContext
+from fedforge.algorithms.local import ClientJob, LinearTerm, StepContext
 from fedforge.core.params import all_finite
 from fedforge.store.client_state import ClientStateStore
 
@@ -53,10 +53,14 @@ CORRECTION = "correction"  # per client during training: c - c_k
 
 @dataclass(frozen=True)
 class Correction:
-    """Adds c - c_k to every gradient: g - c_k + c."""
+    """Adds c - c_k to every gradient: g - c_k + c (declared as a linear term,
+    which fast paths fold into their update)."""
+
+    def linear_term(self) -> LinearTerm:
+        return LinearTerm(state={CORRECTION: 1.0})
 
     def __call__(self, grads: list[torch.Tensor], ctx: StepContext) -> None:
-        torch._foreach_add_(grads, ctx.state[CORRECTION])
+        self.linear_term()(grads, ctx)
 
 
 class ScaffoldClient:

@@ -21,16 +21,18 @@ is G W, through ReLU it is masked by h > 0. Minibatches and padding come from
 the same schedule as the vmap path; finished clients drop out of the products, so both
 engines (and the serial one) agree to 1e-9 in float64 (tests/test_vectorized.py).
 
-Two algorithm terms are folded into the same update: FedProx's proximal
-gradient mu (W - W_t) and SCAFFOLD's correction c - c_k (both added to every
-gradient, as their hooks do on the other paths):
+An algorithm's gradient term is folded into the same update when its hook
+declares it linear (``algorithms.local.LinearTerm``: a proximal pull
+p (W - W_t) and a per-client constant shift s_k, such as FedProx's mu (W - W_t)
+and SCAFFOLD's c - c_k), as the hook adds it to every gradient on the other paths:
 
-    W_k <- (1 - lr mu) W_k + lr mu W_t - lr (G^T H_k + c - c_k).
+    W_k <- (1 - lr p) W_k + lr p W_t - lr (G^T H_k + s_k).
 
-It applies to plain SGD (no momentum, weight decay or clipping), no hook or one
-of those two, the cross-entropy loss and fp32/float64: :func:`mlp_layers`,
-:func:`fused_terms` and :func:`applies` decide; everything else takes the vmap
-path.
+The model takes it when it declares its chain of layers
+(``models.perceptron``). It applies to plain SGD (no momentum, weight decay or
+clipping), a hook that declares its term (or none), the cross-entropy loss and
+fp32/float64: :func:`mlp_layers`, :func:`fused_terms` and :func:`applies`
+decide; everything else takes the vmap path.
 """
 
 from __future__ import annotations
@@ -42,46 +44,43 @@ import torch
 from torch import nn
 
 from fedforge.algorithms.base import Algorithm, LocalPlan, cross_entropy
-from fedforge.algorithms.fedprox import ProximalTerm
-from fedforge.algorithms.scaffold import CORRECTION, Correction
-from fedforge.client.runtime import LocalResult
+from fedforge.algorithms.local import GradHook, declared_linear_term
 from fedforge.core.params import ParamSpec
-from fedforge.models.logreg import LogisticRegression
-from fedforge.models.mnist import MnistMLP
+from fedforge.models.perceptron import perceptron_layers
 
 
 def mlp_layers(model: nn.Module) -> list[str] | None:
-    """The names of ``model``'s linear layers in order, ReLU between each pair
-    (None: not such a chain, or a frozen parameter the fused step would move).
-    Known by type, not guessed from the modules."""
+    """The names of ``model``'s linear layers in order, ReLU between each pair,
+    as the model declares them (None: it declares no such chain, or has a frozen
+    parameter the fused step would move)."""
     if not all(p.requires_grad for p in model.parameters()):
         return None
-    if isinstance(model, MnistMLP):
-        return ["fc1", "fc2", "fc3"]
-    if isinstance(model, LogisticRegression):
-        return ["fc"]
-    return None
+    return perceptron_layers(model)
 
 
 @dataclass(frozen=True)
 class Terms:
-    """The algorithm terms of the fused update: FedProx's mu, SCAFFOLD's c - c_k."""
+    """The algorithm terms of the fused update: the proximal coefficient (FedProx's
+    mu) and each client's constant shift of its gradient (SCAFFOLD's c - c_k)."""
 
     mu: float = 0.0
     correction: torch.Tensor | None = None  # [K, P]
 
 
-def fused_terms(hook: object, state: Mapping[str, torch.Tensor] | None) -> Terms | None:
-    """The terms an algorithm's gradient hook adds, or None when the fused path
-    cannot compute them (an unknown hook, or client state it does not use)."""
-    keys = set(state or {})
-    if hook is None and not keys:
-        return Terms()
-    if isinstance(hook, ProximalTerm) and not keys:
-        return Terms(mu=hook.mu)
-    if isinstance(hook, Correction) and keys == {CORRECTION} and state is not None:
-        return Terms(correction=state[CORRECTION])
-    return None
+def fused_terms(hook: GradHook | None, state: Mapping[str, torch.Tensor] | None) -> Terms | None:
+    """The terms ``hook`` declares it adds, or None when the fused path cannot
+    compute them (a hook that declares no linear term, or client state other
+    than the tensors its term names)."""
+    term = declared_linear_term(hook)
+    if term is None or set(state or {}) != set(term.state):
+        return None
+    if not term.state or state is None:
+        return Terms(mu=term.proximal)
+    shift: torch.Tensor | None = None
+    for name, coef in term.state.items():
+        part = state[name] if coef == 1.0 else coef * state[name]
+        shift = part if shift is None else shift + part
+    return Terms(mu=term.proximal, correction=shift)
 
 
 def fits(model: nn.Module, algorithm: Algorithm, plan: LocalPlan) -> bool:
@@ -120,47 +119,25 @@ def batched_mlp_sgd(
     added to every gradient. Returns the final parameters ``[K, P]`` and each
     client's summed training loss (float64)."""
     terms = terms or Terms()
-    k = index.shape[1]
-    # Clients with more steps first: at step s only the first live[s] clients
-    # still train, so the products run on a prefix of the stacked weights (a
-    # view) instead of padding finished clients (quantity skew made whole
-    # chunks wait on their largest client). Every client starts from ``start``,
-    # so the order changes nothing but which rows are computed; it is undone
-    # at the end.
-    order = torch.argsort(mask.any(dim=2).sum(dim=0), descending=True, stable=True)
-    index, mask = index[:, order], mask[:, order]
-    live = mask.any(dim=2).sum(dim=1).tolist()  # [S]: clients still training
-    anchor = spec.views(start.unsqueeze(0))  # W_t, [1, ...]
-    w0 = [anchor[f"{name}.weight"] for name in layers]
-    b0 = [anchor[f"{name}.bias"] for name in layers]
+    k, width = index.shape[1], index.shape[2]
+    order, index, mask, live = _longest_first(index, mask)
+    w0, b0 = _layer_views(spec, start.unsqueeze(0), layers)  # W_t, [1, ...]
     # The clients' weights, one contiguous [K, out, in] tensor a layer (updated in
     # place): an in-place batched product into views of the [K, P] parameters
     # (batch stride P) goes through a temporary, ~1.4x the update's time here.
     # (repeat, not expand().contiguous(): for K = 1 that would be start itself.)
     weights = [w.repeat(k, 1, 1) for w in w0]
     biases = [b.repeat(k, 1) for b in b0]  # [K, out]
-    shrink = 1.0 - lr * terms.mu
     corr_w: list[torch.Tensor] = []
     corr_b: list[torch.Tensor] = []
     if terms.correction is not None:
-        corr = spec.views(terms.correction[order].to(start.dtype))
-        corr_w = [corr[f"{name}.weight"] for name in layers]
-        corr_b = [corr[f"{name}.bias"] for name in layers]
+        corr = terms.correction[order].to(start.dtype)
+        corr_w, corr_b = _layer_views(spec, corr, layers)
     x_flat = x_all.reshape(x_all.shape[0], -1)
     # Each step's rows, client by client: the live clients' rows are a prefix.
-    width = index.shape[2]
     flat_index = index.reshape(index.shape[0], k * width)  # (no -1: a chunk may have no step)
-    # Per-step constants, made once for the chunk instead of once a step (at
-    # B = 10 a step's products are small and every extra op shows): the scale
-    # of d(mean loss)/dz (1/n_k on a client's real rows, 0 on padding), the
-    # labels, the softmax gradient's -1, and where each step's log p(label) goes.
-    dtype = start.dtype
-    counts = mask.sum(dim=2, keepdim=True).clamp(min=1).to(dtype)  # [S, K, 1]
-    scale = (mask.to(dtype) / counts).unsqueeze(3)  # [S, K, W, 1]
-    labels = y_all[index].unsqueeze(3)  # [S, K, W, 1]
-    minus_one = torch.full((k, index.shape[2], 1), -1.0, dtype=dtype)
-    picked = torch.zeros(index.shape, dtype=dtype)  # log p(label), [S, K, W]
-    last = len(layers) - 1
+    scale, labels, minus_one = _step_constants(index, mask, y_all, start.dtype)
+    picked = torch.zeros(index.shape, dtype=start.dtype)  # log p(label), [S, K, W]
     a_views = -1
     for step in range(index.shape[0]):
         a = live[step]
@@ -171,45 +148,109 @@ def batched_mlp_sgd(
             a_views = a
         rows = flat_index[step, : a * width]
         h = x_flat.index_select(0, rows).view(a, width, x_flat.shape[1])  # [a, W, in]
-        inputs = []
-        for i in range(last + 1):
-            inputs.append(h)
-            h = torch.baddbmm(bcols[i], h, wts[i])
-            if i < last:
-                h = h.relu_()
-        y = labels[step, :a]  # [a, W, 1]
-        logp = torch.log_softmax(h, dim=2)
-        picked[step, :a] = logp.gather(2, y).squeeze(2)
-        grad = logp.exp_()  # softmax
-        grad.scatter_add_(2, y, minus_one[:a])
-        grad.mul_(scale[step, :a])  # d(mean loss)/dz, zero on padded rows
-        for i in range(last, -1, -1):
-            below = torch.bmm(grad, ws[i]) if i > 0 else None  # before W moves
-            if terms.mu:  # - lr mu (W - W_t)
-                ws[i].mul_(shrink).add_(w0[i], alpha=lr * terms.mu)
-                bs[i].mul_(shrink).add_(b0[i], alpha=lr * terms.mu)
-            if cws:  # - lr (c - c_k)
-                ws[i].add_(cws[i], alpha=-lr)
-                bs[i].add_(cbs[i], alpha=-lr)
-            ws[i].baddbmm_(grad.transpose(1, 2), inputs[i], alpha=-lr)
-            bs[i].add_(grad.sum(dim=1), alpha=-lr)
-            if below is not None:  # through the ReLU of layer i - 1, as autograd does
-                grad = torch.ops.aten.threshold_backward(below, inputs[i], 0.0)
+        inputs, logits = _forward(h, wts, bcols)
+        grad, picked[step, :a] = _logit_grad(
+            logits, labels[step, :a], minus_one[:a], scale[step, :a]
+        )
+        _backward_step(grad, inputs, ws, bs, (w0, b0, cws, cbs), lr, terms.mu)
     loss_sum = -(picked.to(torch.float64) * mask).sum(dim=(0, 2))  # real rows only
     params = start.expand(k, -1).clone()  # in the callers' order: row order[j] is w[j]
-    views = spec.views(params)
-    for name, w, b in zip(layers, weights, biases, strict=True):
-        views[f"{name}.weight"].index_copy_(0, order, w)
-        views[f"{name}.bias"].index_copy_(0, order, b)
+    w_out, b_out = _layer_views(spec, params, layers)
+    for w_to, b_to, w, b in zip(w_out, b_out, weights, biases, strict=True):
+        w_to.index_copy_(0, order, w)
+        b_to.index_copy_(0, order, b)
     return params, loss_sum[torch.argsort(order)]
 
 
-def results(
-    params: torch.Tensor, loss_sum: torch.Tensor, schedules: Sequence[Sequence[torch.Tensor]]
-) -> list[LocalResult]:
-    """One LocalResult per client: its parameters, mean training loss and steps."""
-    seen = [sum(len(b) for b in s) for s in schedules]
-    return [
-        LocalResult(params[i].clone(), float(loss_sum[i]) / max(seen[i], 1), len(s))
-        for i, s in enumerate(schedules)
-    ]
+def _longest_first(
+    index: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
+    """The clients in the order of their steps, most first (``order``), ``index``
+    and ``mask`` in that order, and per step how many clients still train.
+
+    At step s only the first live[s] clients still train, so the products run on
+    a prefix of the stacked weights (a view) instead of padding finished clients
+    (quantity skew made whole chunks wait on their largest client). Every client
+    starts from ``start``, so the order changes nothing but which rows are
+    computed; the caller undoes it at the end."""
+    order = torch.argsort(mask.any(dim=2).sum(dim=0), descending=True, stable=True)
+    index, mask = index[:, order], mask[:, order]
+    live: list[int] = mask.any(dim=2).sum(dim=1).tolist()  # [S]: clients still training
+    return order, index, mask, live
+
+
+def _layer_views(
+    spec: ParamSpec, flat: torch.Tensor, layers: Sequence[str]
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The weights and the biases of ``layers``, as views of ``flat [K, P]``."""
+    views = spec.views(flat)
+    return [views[f"{n}.weight"] for n in layers], [views[f"{n}.bias"] for n in layers]
+
+
+def _step_constants(
+    index: torch.Tensor, mask: torch.Tensor, y_all: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-step constants, made once for the chunk instead of once a step (at
+    B = 10 a step's products are small and every extra op shows): the scale of
+    d(mean loss)/dz (1/n_k on a client's real rows, 0 on padding) ``[S, K, W, 1]``,
+    the labels ``[S, K, W, 1]`` and the softmax gradient's -1 ``[K, W, 1]``."""
+    counts = mask.sum(dim=2, keepdim=True).clamp(min=1).to(dtype)  # [S, K, 1]
+    scale = (mask.to(dtype) / counts).unsqueeze(3)
+    labels = y_all[index].unsqueeze(3)
+    minus_one = torch.full((index.shape[1], index.shape[2], 1), -1.0, dtype=dtype)
+    return scale, labels, minus_one
+
+
+def _forward(
+    h: torch.Tensor, wts: Sequence[torch.Tensor], bcols: Sequence[torch.Tensor]
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Each layer's input and the logits, for the live clients' batch ``h``."""
+    inputs = []
+    last = len(wts) - 1
+    for i in range(last + 1):
+        inputs.append(h)
+        h = torch.baddbmm(bcols[i], h, wts[i])
+        if i < last:
+            h = h.relu_()
+    return inputs, h
+
+
+def _logit_grad(
+    logits: torch.Tensor, y: torch.Tensor, minus_one: torch.Tensor, scale: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mean cross-entropy's gradient at the logits ``[a, W, C]`` (zero on
+    padded rows) and each row's log p(label) ``[a, W]``; ``logits`` is overwritten."""
+    logp = torch.log_softmax(logits, dim=2)
+    log_picked = logp.gather(2, y).squeeze(2)
+    grad = logp.exp_()  # softmax
+    grad.scatter_add_(2, y, minus_one)
+    grad.mul_(scale)
+    return grad, log_picked
+
+
+def _backward_step(
+    grad: torch.Tensor,
+    inputs: Sequence[torch.Tensor],
+    ws: Sequence[torch.Tensor],
+    bs: Sequence[torch.Tensor],
+    fixed: tuple[Sequence[torch.Tensor], ...],
+    lr: float,
+    mu: float,
+) -> None:
+    """Back from the logits' gradient ``grad`` through every layer, each layer's
+    SGD step (with the terms: ``fixed`` holds W_t's weights and biases and the
+    shift's, empty without one) fused into its weight-gradient product."""
+    w0, b0, cws, cbs = fixed
+    shrink = 1.0 - lr * mu
+    for i in range(len(ws) - 1, -1, -1):
+        below = torch.bmm(grad, ws[i]) if i > 0 else None  # before W moves
+        if mu:  # - lr p (W - W_t)
+            ws[i].mul_(shrink).add_(w0[i], alpha=lr * mu)
+            bs[i].mul_(shrink).add_(b0[i], alpha=lr * mu)
+        if cws:  # - lr s_k
+            ws[i].add_(cws[i], alpha=-lr)
+            bs[i].add_(cbs[i], alpha=-lr)
+        ws[i].baddbmm_(grad.transpose(1, 2), inputs[i], alpha=-lr)
+        bs[i].add_(grad.sum(dim=1), alpha=-lr)
+        if below is not None:  # through the ReLU of layer i - 1, as autograd does
+            grad = torch.ops.aten.threshold_backward(below, inputs[i], 0.0)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -35,7 +36,6 @@ from fedforge.client.runtime import (
 from fedforge.core.params import ParamSpec
 from fedforge.core.precision import forward_context
 from fedforge.engines.batched_mlp import applies, batched_mlp_sgd, fits, fused_terms, mlp_layers
-from fedforge.engines.batched_mlp import results as mlp_results
 from fedforge.models.layout import set_channels_last
 
 DEFAULT_MEMORY_BUDGET = 2 * 1024**3  # bytes for one chunk's working set
@@ -175,7 +175,42 @@ def vectorized_local_sgd(
         params, loss_sum = batched_mlp_sgd(
             fused, spec, start, x_all, y_all, index, mask, plan.lr, terms
         )
-        return mlp_results(params, loss_sum, schedules)
+    else:
+        batch = _Batches(x_all, y_all, index, mask)
+        params, loss_sum = _vmap_sgd(model, spec, start, batch, plan, loss_fn, hook, state)
+    seen = [sum(len(b) for b in s) for s in schedules]
+    return [
+        LocalResult(params[i].clone(), float(loss_sum[i]) / max(seen[i], 1), len(s))
+        for i, s in enumerate(schedules)
+    ]
+
+
+@dataclass(frozen=True)
+class _Batches:
+    """A chunk's data and its padded steps: rows ``index [S, K, W]`` of
+    ``x_all``/``y_all``, ``mask`` marking the real ones."""
+
+    x_all: torch.Tensor
+    y_all: torch.Tensor
+    index: torch.Tensor
+    mask: torch.Tensor
+
+
+def _vmap_sgd(
+    model: nn.Module,
+    spec: ParamSpec,
+    start: torch.Tensor,
+    batches: _Batches,
+    plan: LocalPlan,
+    loss_fn: LossFn,
+    hook: GradHook | None,
+    state: Mapping[str, torch.Tensor] | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The generic path: every step one vmap of the per-client gradient, then the
+    shared local step (any hook, any plan). Returns the final parameters
+    ``[K, P]`` and each client's summed training loss (float64)."""
+    x_all, y_all, index, mask = batches.x_all, batches.y_all, batches.index, batches.mask
+    k = index.shape[1]
     weights = mask.to(start.dtype)
 
     def masked_loss(
@@ -191,20 +226,20 @@ def vectorized_local_sgd(
         return (per_example * m).sum() / m.sum().clamp(min=1)
 
     step_fn = vmap(grad_and_value(masked_loss))  # gradients of the trainable entries
-    params = start.expand(len(xs), -1).clone()
+    params = start.expand(k, -1).clone()
     # Per-tensor [K, ...] views of the stacked vector: gradients per tensor (no
     # slice-backward into a [P] zero vector), steps written straight into it.
     # Buffers and frozen parameters go in undifferentiated and never move.
     views = spec.views(params)
     names = [e.name for e in spec.entries if e.trainable]
-    train = {k: views[k] for k in names}
-    fixed = {k: v for k, v in views.items() if k not in train}
+    train = {n: views[n] for n in names}
+    fixed = {n: v for n, v in views.items() if n not in train}
     tensors = list(train.values())
-    loss_sum = torch.zeros(len(xs), dtype=torch.float64)
+    loss_sum = torch.zeros(k, dtype=torch.float64)
     local: LocalStep | None = None
     if hook is not None or not plan.plain:
         anchor = trainable_views(spec, start.unsqueeze(0))
-        rows_of = {k: trainable_views(spec, v) for k, v in (state or {}).items()}
+        rows_of = {n: trainable_views(spec, v) for n, v in (state or {}).items()}
         local = LocalStep(plan, tensors, anchor, rows_of, hook)
     active = mask.any(dim=2)  # [S, K]: the client still has a real step
     model.train()
@@ -213,15 +248,11 @@ def vectorized_local_sgd(
         grads, losses = step_fn(train, fixed, x_all[rows], y_all[rows], weights[step])
         if local is not None:
             live = active[step]
-            local([grads[k] for k in names], None if bool(live.all()) else live)
+            local([grads[n] for n in names], None if bool(live.all()) else live)
         else:
-            torch._foreach_add_(tensors, [grads[k] for k in names], alpha=-plan.lr)
+            torch._foreach_add_(tensors, [grads[n] for n in names], alpha=-plan.lr)
         loss_sum += losses.detach().to(torch.float64) * mask[step].sum(dim=1)
-    seen = [sum(len(b) for b in s) for s in schedules]
-    return [
-        LocalResult(params[i].clone(), float(loss_sum[i]) / max(seen[i], 1), len(s))
-        for i, s in enumerate(schedules)
-    ]
+    return params, loss_sum
 
 
 class VectorizedEngine:

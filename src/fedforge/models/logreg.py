@@ -16,6 +16,10 @@ class LogisticRegression(nn.Module):
         self.in_features = in_features
         self.fc = nn.Linear(in_features, num_classes)
 
+    def perceptron_layers(self) -> tuple[str, ...]:
+        """Its one layer for the fused perceptron path (models/perceptron.py)."""
+        return ("fc",)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() >= 3:  # [..., 1, 28, 28] images
             x = x.flatten(start_dim=-3)

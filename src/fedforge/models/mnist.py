@@ -23,6 +23,10 @@ class MnistMLP(nn.Module):
         self.fc2 = nn.Linear(hidden, hidden)
         self.fc3 = nn.Linear(hidden, num_classes)
 
+    def perceptron_layers(self) -> tuple[str, ...]:
+        """Its layers for the fused perceptron path (models/perceptron.py)."""
+        return ("fc1", "fc2", "fc3")
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.flatten(start_dim=-3)
         x = torch.relu(self.fc1(x))
