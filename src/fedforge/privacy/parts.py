@@ -18,7 +18,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import fedforge.privacy.rules  # noqa: F401  (registers the privacy stages' order rules)
 from fedforge.algorithms.base import Algorithm
 from fedforge.compression.clip import Clip, ClipBoard
 from fedforge.config import Config

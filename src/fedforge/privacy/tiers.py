@@ -19,7 +19,8 @@ import torch
 
 from fedforge.core.errors import invalid_field
 from fedforge.core.rng import noise_generator, numpy_rng
-from fedforge.pipeline.pipeline import StageContext, Where
+from fedforge.pipeline.pipeline import Constraint, Role, StageContext, Where
+from fedforge.privacy.constraints import CalibratedToClip
 from fedforge.privacy.dp import gaussian
 
 TIERS = ("high", "low")
@@ -55,7 +56,9 @@ class TieredNoise:
 
     name = "tiered_dp"
     where: Where = "client"
+    role: Role = "noise"
     linear = True
+    constraints: tuple[Constraint, ...] = (CalibratedToClip(),)
 
     def __init__(
         self,
