@@ -19,7 +19,7 @@ import torch
 from fedforge.aggregation.mean import WeightedMean
 from fedforge.compression.clip import Clip
 from fedforge.core.errors import ConfigError
-from fedforge.pipeline.constraints import Unusable
+from fedforge.pipeline.constraints import ShowsOnlySum, Unusable
 from fedforge.pipeline.pipeline import (
     CohortUpdates,
     Constraint,
@@ -29,7 +29,6 @@ from fedforge.pipeline.pipeline import (
     StageContext,
     Where,
 )
-from fedforge.privacy.constraints import ShowsOnlySum
 from fedforge.privacy.dp import CentralNoise, DistributedNoise, DPMean, LocalNoise
 from fedforge.robust import Median
 from fedforge.robust.gates import NormGate

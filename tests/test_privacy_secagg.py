@@ -11,9 +11,9 @@ import pytest
 from fedforge.aggregation.mean import WeightedMean
 from fedforge.compression.clip import Clip
 from fedforge.core.errors import ConfigError
+from fedforge.pipeline.constraints import ShowsOnlySum
 from fedforge.pipeline.pipeline import Pipeline
 from fedforge.privacy import shamir
-from fedforge.privacy.constraints import ShowsOnlySum
 from fedforge.privacy.dp import CentralNoise, DPMean, LocalNoise
 from fedforge.privacy.secagg import (
     PHASES,

@@ -18,8 +18,8 @@ clip", "the aggregator must be the DP mean", "I am the first cohort stage"),
 and vector stages say what they are in ``role`` and ``linear``. The pipeline
 checks its own shape and every declared constraint of every part when it is
 built, and refuses what cannot work, saying why. Nothing is registered: the
-checks of a pipeline are those its parts carry (the vocabulary lives in
-``pipeline/constraints.py`` and ``privacy/constraints.py``).
+checks of a pipeline are those its parts carry (the vocabulary is in
+``pipeline/constraints.py``).
 """
 
 from __future__ import annotations

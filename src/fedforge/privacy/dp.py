@@ -35,9 +35,8 @@ import torch
 
 from fedforge.aggregation.mean import Accumulator
 from fedforge.core.rng import noise_generator
-from fedforge.pipeline.constraints import NeedsAggregator
+from fedforge.pipeline.constraints import CalibratedToClip, NeedsAggregator, NeedsMasking
 from fedforge.pipeline.pipeline import Constraint, Role, StageContext, Where
-from fedforge.privacy.constraints import CalibratedToClip, NeedsMasking
 
 
 def gaussian(like: torch.Tensor, std: float, gen: torch.Generator) -> torch.Tensor:

@@ -336,7 +336,7 @@ def _secagg(parts: PrivacyParts, cfg: Config, m: int, num_examples: list[int]) -
         p.secagg_neighbours,
         cfg.seed,
     )
-    if cfg.robust.aggregator == "mean":  # others are refused by the pipeline's rule
+    if cfg.robust.aggregator == "mean":  # others: refused by the codec's ShowsOnlySum constraint
         parts.secagg_mean = SecAggMean(cap)
 
 

@@ -38,10 +38,9 @@ from fedforge.core import wire
 from fedforge.core.errors import ConfigError, UploadError
 from fedforge.core.params import all_finite
 from fedforge.pipeline.codec import CodecContext, expect_codec, expect_tensor
-from fedforge.pipeline.constraints import Unusable
+from fedforge.pipeline.constraints import ShowsOnlySum, Unusable
 from fedforge.pipeline.pipeline import Constraint
 from fedforge.privacy import shamir
-from fedforge.privacy.constraints import ShowsOnlySum
 from fedforge.privacy.secagg import (
     CIPHERTEXT_BYTES,
     KEY_BYTES,

@@ -19,8 +19,8 @@ import torch
 
 from fedforge.core.errors import invalid_field
 from fedforge.core.rng import noise_generator, numpy_rng
+from fedforge.pipeline.constraints import CalibratedToClip
 from fedforge.pipeline.pipeline import Constraint, Role, StageContext, Where
-from fedforge.privacy.constraints import CalibratedToClip
 from fedforge.privacy.dp import gaussian
 
 TIERS = ("high", "low")
@@ -43,10 +43,6 @@ def high_tier(
     n = int(round(high_fraction * num_clients))
     pick = numpy_rng(seed, "privacy_tiers").choice(num_clients, n, replace=False)
     return frozenset(int(c) for c in pick.tolist())
-
-
-def tier_of(client_id: int, high: Collection[int]) -> str:
-    return "high" if client_id in high else "low"
 
 
 class TieredNoise:
