@@ -26,7 +26,8 @@ from fedforge.compression.quantize import Cast, Quantize
 from fedforge.compression.sparsify import RandomK, TopK, count_kept
 from fedforge.core import wire
 from fedforge.core.errors import UploadError
-from fedforge.pipeline.codec import Codec, CodecContext
+from fedforge.pipeline.codec import CodecContext
+from fedforge.pipeline.pipeline import Codec
 
 F64 = torch.float64
 

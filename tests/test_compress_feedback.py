@@ -12,8 +12,8 @@ from fedforge.compression.quantize import Quantize
 from fedforge.compression.sparsify import RandomK, TopK
 from fedforge.config import Config, from_dict
 from fedforge.core.errors import ConfigError
-from fedforge.pipeline.codec import Codec, CodecContext
-from fedforge.pipeline.pipeline import StageContext
+from fedforge.pipeline.codec import CodecContext
+from fedforge.pipeline.pipeline import Codec, StageContext
 from fedforge.store import MemoryStateStore
 
 F64 = torch.float64

@@ -209,8 +209,6 @@ def test_refusals(
 
 
 def test_the_pipeline_refuses_distributed_noise_without_masking() -> None:
-    import fedforge.privacy.parts  # noqa: F401  (registers the order rules)
-
     clip, noise = Clip(1.0), DistributedNoise(1.0, 1.0, 4)
     with pytest.raises(ConfigError, match="without secure aggregation"):
         Pipeline(DPMean(1.0), client=(clip, noise))

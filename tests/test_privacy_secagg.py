@@ -8,10 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import fedforge.privacy.parts  # noqa: F401  (registers the privacy order rules)
 from fedforge.aggregation.mean import WeightedMean
 from fedforge.compression.clip import Clip
 from fedforge.core.errors import ConfigError
+from fedforge.pipeline.constraints import ShowsOnlySum
 from fedforge.pipeline.pipeline import Pipeline
 from fedforge.privacy import shamir
 from fedforge.privacy.dp import CentralNoise, DPMean, LocalNoise
@@ -162,6 +162,7 @@ class _SecAggCodecStub:
     name = "secagg"
     linear = True
     lossy = True
+    constraints = (ShowsOnlySum(),)
 
 
 def test_order_violating_pipelines_are_refused() -> None:

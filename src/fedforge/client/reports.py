@@ -45,14 +45,8 @@ from fedforge.core.params import ParamSpec
 from fedforge.core.rng import numpy_rng
 from fedforge.data.federated import ClientDataFn
 from fedforge.evaluation.evaluate import evaluate
-from fedforge.pipeline.pipeline import (
-    RULES,
-    CohortStage,
-    CohortUpdates,
-    Pipeline,
-    StageContext,
-    Where,
-)
+from fedforge.pipeline.constraints import LastCohortStage
+from fedforge.pipeline.pipeline import CohortStage, CohortUpdates, Constraint, StageContext, Where
 
 REPORTED = ("quality", "class")  # the aggregation_weights that need client reports
 
@@ -154,6 +148,11 @@ class ReportWeights:
     """The cohort stage that weighs each accepted update by its client's report."""
 
     where: Where = "server_cohort"
+    constraints: tuple[Constraint, ...] = (
+        LastCohortStage(
+            "the report weights", "weights are taken over the updates every gate accepted"
+        ),
+    )
 
     def __init__(self, rule: str, temperature: float = 1.0, cap: int | None = None) -> None:
         if rule not in REPORTED:
@@ -200,17 +199,3 @@ def assemble(
         return None, ()
     reporter = Reporter(data_fn, rule, num_classes, cfg.quality_holdout, cfg.seed)
     return reporter, (ReportWeights(rule, cfg.quality_temperature, cfg.weight_cap),)
-
-
-def _weights_last(p: Pipeline) -> str | None:
-    names = [s.name for s in p.cohort]
-    early = [n for n in names[:-1] if n.startswith("weights:")]
-    if early:
-        return (
-            f"the report weights '{early[0]}' must be the last cohort stage (weights are "
-            f"taken over the updates every gate accepted); order: {', '.join(names)}"
-        )
-    return None
-
-
-RULES.append(_weights_last)

@@ -30,8 +30,8 @@ from fedforge.core.params import ParamSpec
 from fedforge.core.precision import forward_context
 from fedforge.core.rng import torch_generator
 from fedforge.data.federated import ClientDataFn
-from fedforge.pipeline.codec import Codec, CodecContext, Dense
-from fedforge.pipeline.pipeline import Stage, StageContext
+from fedforge.pipeline.codec import CodecContext, Dense
+from fedforge.pipeline.pipeline import Codec, Stage, StageContext
 
 if TYPE_CHECKING:
     from fedforge.client.gate import ClientGate

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from fedforge.pipeline.pipeline import StageContext, Where
+from fedforge.pipeline.pipeline import Role, StageContext, Where
 
 
 class ClipBoard:
@@ -30,7 +30,9 @@ class Clip:
 
     name = "clip"
     where: Where = "client"
+    role: Role = "clip"  # the bound DP noise is calibrated to
     linear = False
+    constraints = ()
 
     def __init__(self, clip_norm: float, board: ClipBoard | None = None) -> None:
         if not clip_norm > 0:

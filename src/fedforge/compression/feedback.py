@@ -24,7 +24,8 @@ import torch
 
 from fedforge.core.errors import UploadError
 from fedforge.core.params import all_finite
-from fedforge.pipeline.codec import Codec, CodecContext
+from fedforge.pipeline.codec import CodecContext
+from fedforge.pipeline.pipeline import Codec
 from fedforge.store.client_state import ClientStateStore
 
 
@@ -37,6 +38,7 @@ class ErrorFeedback:
         self.name = f"{codec.name}+ef"
         self.linear = codec.linear
         self.lossy = codec.lossy
+        self.constraints = codec.constraints
 
     def encode(
         self, delta: torch.Tensor, ctx: CodecContext | None = None

@@ -28,8 +28,8 @@ from fedforge.config import CommunicationConfig, Config
 from fedforge.core.errors import ConfigError
 from fedforge.core.params import ParamSpec
 from fedforge.data import Partition
-from fedforge.pipeline.codec import Codec, Dense
-from fedforge.pipeline.pipeline import Pipeline, Stage
+from fedforge.pipeline.codec import Dense
+from fedforge.pipeline.pipeline import Codec, Pipeline, Stage
 from fedforge.store.client_state import ClientStateStore, make_state_store, working_dir
 
 

@@ -50,6 +50,7 @@ class Quantize:
 
     linear = False
     lossy = True
+    constraints = ()  # fits any pipeline
 
     def __init__(
         self,
@@ -171,6 +172,7 @@ class Cast:
 
     linear = False
     lossy = True
+    constraints = ()  # fits any pipeline
 
     def __init__(self, name: str) -> None:
         if name not in CAST_DTYPES:

@@ -48,6 +48,7 @@ class TopK:
     name = "topk"
     linear = False
     lossy = True
+    constraints = ()  # fits any pipeline
 
     def __init__(self, fraction: float) -> None:
         _check_fraction(fraction)
@@ -98,6 +99,7 @@ class RandomK:
     name = "randk"
     linear = True
     lossy = True
+    constraints = ()  # fits any pipeline
 
     def __init__(self, fraction: float, per_client: bool = False) -> None:
         _check_fraction(fraction)

@@ -4,8 +4,8 @@ A codec is the client's last stage and the server's first: ``encode`` gives
 the named tensors (and metadata) the wire format carries, ``decode`` rebuilds
 the ``[P]`` delta and refuses anything malformed with an :class:`UploadError`.
 ``Dense`` sends the delta as it is; compression codecs (``quantize.py``,
-``sparsify.py``) implement the same protocol and name themselves in the
-message meta (``"codec"``), which ``decode`` checks. A :class:`CodecContext`
+``sparsify.py``) implement the same protocol (``pipeline.pipeline.Codec``) and
+name themselves in the message meta (``"codec"``), which ``decode`` checks. A :class:`CodecContext`
 (seed, round, client) gives randomised codecs their derived generator and lets
 random-k rebuild its index set on the server. Runs on both sides; the decode
 side trusts nothing.
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Set
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -36,27 +36,6 @@ class CodecContext:
         """The derived generator of ``purpose`` for this round and client."""
         who = "server" if self.client_id is None else self.client_id
         return torch_generator(self.seed, purpose, self.round_idx, who)
-
-
-class Codec(Protocol):
-    """Turns a delta into wire tensors and back."""
-
-    name: str
-    linear: bool  # decode(encode(a)) + decode(encode(b)) == decode(encode(a + b))
-    lossy: bool  # decode(encode(x)) may differ from x
-
-    def encode(
-        self, delta: torch.Tensor, ctx: CodecContext | None = None
-    ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]: ...
-
-    def decode(
-        self,
-        tensors: Mapping[str, torch.Tensor],
-        meta: Mapping[str, Any],
-        size: int,
-        dtype: torch.dtype,
-        ctx: CodecContext | None = None,
-    ) -> torch.Tensor: ...
 
 
 def need_context(ctx: CodecContext | None, codec: str) -> CodecContext:
@@ -107,6 +86,7 @@ class Dense:
     name = "dense"
     linear = True
     lossy = False
+    constraints = ()  # fits any pipeline
 
     def encode(
         self, delta: torch.Tensor, ctx: CodecContext | None = None

@@ -10,13 +10,21 @@ the server's first, around the wire format. Cohort stages see the whole
 cohort's updates at once (a robust z-score gate, simulated colluding
 attackers); with none of them and a linear aggregator the server streams a
 running sum and holds O(model), not O(cohort). A stage says where it runs, keeps
-its own state, and never reaches into another stage. The pipeline checks its
-order when it is built and refuses what cannot work, saying why.
+its own state, and never reaches into another stage.
+
+Each stage, and the codec, declares what it needs of the pipeline around it as
+typed :class:`Constraint` objects in its ``constraints`` (e.g. "I come after a
+clip", "the aggregator must be the DP mean", "I am the first cohort stage"),
+and vector stages say what they are in ``role`` and ``linear``. The pipeline
+checks its own shape and every declared constraint of every part when it is
+built, and refuses what cannot work, saying why. Nothing is registered: the
+checks of a pipeline are those its parts carry (the vocabulary is in
+``pipeline/constraints.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -24,9 +32,14 @@ import torch
 
 from fedforge.aggregation.mean import Aggregator
 from fedforge.core.errors import ConfigError
-from fedforge.pipeline.codec import Codec, Dense
+from fedforge.pipeline.codec import CodecContext, Dense
 
 Where = Literal["client", "server_upload", "server_cohort", "server_aggregate"]
+
+# What a vector stage is, as the constraints read it: a clip bounds the update's
+# norm, a noise stage adds DP noise calibrated to that bound, an attack rewrites
+# (simulated) attackers' updates; anything else is "other".
+Role = Literal["clip", "noise", "attack", "other"]
 
 
 @dataclass
@@ -40,12 +53,23 @@ class StageContext:
     state: dict[str, Any] = field(default_factory=dict)
 
 
+class Constraint(Protocol):
+    """What one part of a pipeline (``owner``: a stage or the codec) needs of the
+    pipeline it is in: None when the pipeline is fine, else why it cannot work."""
+
+    def check(self, pipeline: Pipeline, owner: Part) -> str | None: ...
+
+
 class Stage(Protocol):
     """One vector-to-vector step of a round."""
 
     name: str
     where: Where
+    role: Role
     linear: bool  # commutes with the sum: allowed before secure aggregation
+
+    @property
+    def constraints(self) -> tuple[Constraint, ...]: ...
 
     def apply(self, vec: torch.Tensor, ctx: StageContext) -> torch.Tensor: ...
 
@@ -68,13 +92,39 @@ class CohortStage(Protocol):
     name: str
     where: Where  # always "server_cohort"
 
+    @property
+    def constraints(self) -> tuple[Constraint, ...]: ...
+
     def apply(
         self, cohort: CohortUpdates, ctx: StageContext
     ) -> tuple[CohortUpdates, list[tuple[int, str]]]: ...
 
 
-# A rule returns None when the pipeline is fine, else the reason it cannot work.
-Rule = Callable[["Pipeline"], str | None]
+class Codec(Protocol):
+    """Turns a delta into wire tensors and back (``pipeline/codec.py``)."""
+
+    name: str
+    linear: bool  # decode(encode(a)) + decode(encode(b)) == decode(encode(a + b))
+    lossy: bool  # decode(encode(x)) may differ from x
+
+    @property
+    def constraints(self) -> tuple[Constraint, ...]: ...
+
+    def encode(
+        self, delta: torch.Tensor, ctx: CodecContext | None = None
+    ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]: ...
+
+    def decode(
+        self,
+        tensors: Mapping[str, torch.Tensor],
+        meta: Mapping[str, Any],
+        size: int,
+        dtype: torch.dtype,
+        ctx: CodecContext | None = None,
+    ) -> torch.Tensor: ...
+
+
+Part = Stage | CohortStage | Codec  # what may declare constraints
 
 
 def _stages_in_place(p: Pipeline) -> str | None:
@@ -98,9 +148,6 @@ def _unique_names(p: Pipeline) -> str | None:
     return f"stages appear twice: {', '.join(dupes)}" if dupes else None
 
 
-RULES: list[Rule] = [_stages_in_place, _unique_names]
-
-
 @dataclass(frozen=True)
 class Pipeline:
     """The stages of one round around a given aggregator, checked when built."""
@@ -111,13 +158,29 @@ class Pipeline:
     server_upload: tuple[Stage, ...] = ()
     cohort: tuple[CohortStage, ...] = ()
     server_aggregate: tuple[Stage, ...] = ()
-    rules: Sequence[Rule] = field(default_factory=lambda: tuple(RULES))
 
     def __post_init__(self) -> None:
-        for rule in self.rules:
-            reason = rule(self)
+        reason = next(self.refusals(), None)
+        if reason is not None:
+            raise ConfigError(f"pipeline refused: {reason}")
+
+    def refusals(self) -> Iterator[str]:
+        """Why this pipeline cannot work: its shape (each stage where it runs, no
+        name twice), then each part's declared constraints, in the round's order."""
+        for shape in (_stages_in_place, _unique_names):
+            reason = shape(self)
             if reason is not None:
-                raise ConfigError(f"pipeline refused: {reason}")
+                yield reason
+        for part in self.parts:
+            for constraint in part.constraints:
+                reason = constraint.check(self, part)
+                if reason is not None:
+                    yield reason
+
+    @property
+    def parts(self) -> tuple[Part, ...]:
+        """The stages and the codec, in the order a round runs them."""
+        return (*self.client, self.codec, *self.server_upload, *self.cohort, *self.server_aggregate)
 
     @property
     def streams(self) -> bool:
@@ -132,9 +195,6 @@ class Pipeline:
         server += [s.name for s in self.cohort] + [self.aggregator.name]
         server += [s.name for s in self.server_aggregate] + ["server_optimizer"]
         return "client: " + " -> ".join(client) + " | server: " + " -> ".join(server)
-
-    def run_client(self, delta: torch.Tensor, ctx: StageContext) -> torch.Tensor:
-        return _run(self.client, delta, ctx)
 
     def run_upload(self, delta: torch.Tensor, ctx: StageContext) -> torch.Tensor:
         return _run(self.server_upload, delta, ctx)

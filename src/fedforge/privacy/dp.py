@@ -35,93 +35,14 @@ import torch
 
 from fedforge.aggregation.mean import Accumulator
 from fedforge.core.rng import noise_generator
-from fedforge.pipeline.pipeline import StageContext, Where
+from fedforge.pipeline.constraints import CalibratedToClip, NeedsAggregator, NeedsMasking
+from fedforge.pipeline.pipeline import Constraint, Role, StageContext, Where
 
 
 def gaussian(like: torch.Tensor, std: float, gen: torch.Generator) -> torch.Tensor:
     """N(0, std^2) noise shaped like ``like`` (drawn in float64, cast to its dtype)."""
     noise = torch.randn(like.shape, generator=gen, dtype=torch.float64)
     return (noise * std).to(like.dtype)
-
-
-class CentralNoise:
-    """Adds N(0, (z C_t / D)^2) to the aggregate mean: z C_t on the sum. C_t is
-    the round's clip norm (``ctx.state['clip_norm']`` under adaptive clipping)."""
-
-    name = "central_dp"
-    where: Where = "server_aggregate"
-    linear = True
-
-    def __init__(
-        self, noise_multiplier: float, clip_norm: float, denominator: float, secret: bool = False
-    ) -> None:
-        if not (noise_multiplier >= 0 and clip_norm > 0 and denominator > 0):
-            raise ValueError("need noise_multiplier >= 0, clip_norm > 0, denominator > 0")
-        self.noise_multiplier = noise_multiplier
-        self.clip_norm = clip_norm
-        self.denominator = denominator
-        self.secret = secret
-
-    def std(self, ctx: StageContext) -> float:
-        """The noise std on the mean in round ``ctx.round_idx``."""
-        clip = float(ctx.state.get("clip_norm", self.clip_norm))
-        return self.noise_multiplier * clip / self.denominator
-
-    def apply(self, vec: torch.Tensor, ctx: StageContext) -> torch.Tensor:
-        gen = noise_generator(self.secret, ctx.seed, "central_dp", ctx.round_idx)
-        return vec + gaussian(vec, self.std(ctx), gen)
-
-
-class LocalNoise:
-    """Adds N(0, (z C)^2) to a client's clipped delta, on the client."""
-
-    name = "local_dp"
-    where: Where = "client"
-    linear = True
-
-    def __init__(self, noise_multiplier: float, clip_norm: float, secret: bool = False) -> None:
-        if not (noise_multiplier > 0 and clip_norm > 0):
-            raise ValueError("local DP needs noise_multiplier > 0 and clip_norm > 0")
-        self.noise_multiplier = noise_multiplier
-        self.clip_norm = clip_norm
-        self.secret = secret
-
-    def apply(self, vec: torch.Tensor, ctx: StageContext) -> torch.Tensor:
-        gen = noise_generator(self.secret, ctx.seed, "local_dp", ctx.round_idx, ctx.client_id or 0)
-        return vec + gaussian(vec, self.noise_multiplier * self.clip_norm, gen)
-
-
-class DistributedNoise:
-    """Adds N(0, (z C)^2 / n_min) to a client's clipped delta, on the client, before
-    secure aggregation masks it. n_min is the fewest inputs secure aggregation puts
-    in a sum (its threshold), so the sum of k >= n_min of them carries noise of
-    variance k (z C)^2 / n_min >= (z C)^2: at least central DP's noise on the sum,
-    and exactly it when k = n_min (the accountant assumes that: with more survivors
-    the noise is larger and the epsilon reported is an upper bound)."""
-
-    name = "distributed_dp"
-    where: Where = "client"
-    linear = True
-
-    def __init__(
-        self, noise_multiplier: float, clip_norm: float, min_survivors: int, secret: bool = False
-    ) -> None:
-        if not (noise_multiplier > 0 and clip_norm > 0 and min_survivors >= 1):
-            raise ValueError("need noise_multiplier > 0, clip_norm > 0, min_survivors >= 1")
-        self.noise_multiplier = noise_multiplier
-        self.clip_norm = clip_norm
-        self.min_survivors = min_survivors
-        self.secret = secret
-
-    @property
-    def std(self) -> float:
-        """One client's noise std: z C / sqrt(n_min)."""
-        return self.noise_multiplier * self.clip_norm / math.sqrt(self.min_survivors)
-
-    def apply(self, vec: torch.Tensor, ctx: StageContext) -> torch.Tensor:
-        who = ctx.client_id or 0
-        gen = noise_generator(self.secret, ctx.seed, "distributed_dp", ctx.round_idx, who)
-        return vec + gaussian(vec, self.std, gen)
 
 
 class _FixedDenominatorSum:
@@ -170,6 +91,105 @@ class DPMean:
 
     def start(self, size: int, dtype: torch.dtype) -> Accumulator:
         return _FixedDenominatorSum(size, dtype, self)
+
+
+class CentralNoise:
+    """Adds N(0, (z C_t / D)^2) to the aggregate mean: z C_t on the sum. C_t is
+    the round's clip norm (``ctx.state['clip_norm']`` under adaptive clipping)."""
+
+    name = "central_dp"
+    where: Where = "server_aggregate"
+    role: Role = "noise"
+    linear = True
+    constraints: tuple[Constraint, ...] = (
+        CalibratedToClip(),
+        NeedsAggregator(
+            DPMean,
+            "example-count weights let one client outweigh the clip bound; use the DP mean "
+            "(uniform weights or a weight cap)",
+        ),
+    )
+
+    def __init__(
+        self, noise_multiplier: float, clip_norm: float, denominator: float, secret: bool = False
+    ) -> None:
+        if not (noise_multiplier >= 0 and clip_norm > 0 and denominator > 0):
+            raise ValueError("need noise_multiplier >= 0, clip_norm > 0, denominator > 0")
+        self.noise_multiplier = noise_multiplier
+        self.clip_norm = clip_norm
+        self.denominator = denominator
+        self.secret = secret
+
+    def std(self, ctx: StageContext) -> float:
+        """The noise std on the mean in round ``ctx.round_idx``."""
+        clip = float(ctx.state.get("clip_norm", self.clip_norm))
+        return self.noise_multiplier * clip / self.denominator
+
+    def apply(self, vec: torch.Tensor, ctx: StageContext) -> torch.Tensor:
+        gen = noise_generator(self.secret, ctx.seed, "central_dp", ctx.round_idx)
+        return vec + gaussian(vec, self.std(ctx), gen)
+
+
+class LocalNoise:
+    """Adds N(0, (z C)^2) to a client's clipped delta, on the client."""
+
+    name = "local_dp"
+    where: Where = "client"
+    role: Role = "noise"
+    linear = True
+    constraints: tuple[Constraint, ...] = (CalibratedToClip(),)
+
+    def __init__(self, noise_multiplier: float, clip_norm: float, secret: bool = False) -> None:
+        if not (noise_multiplier > 0 and clip_norm > 0):
+            raise ValueError("local DP needs noise_multiplier > 0 and clip_norm > 0")
+        self.noise_multiplier = noise_multiplier
+        self.clip_norm = clip_norm
+        self.secret = secret
+
+    def apply(self, vec: torch.Tensor, ctx: StageContext) -> torch.Tensor:
+        gen = noise_generator(self.secret, ctx.seed, "local_dp", ctx.round_idx, ctx.client_id or 0)
+        return vec + gaussian(vec, self.noise_multiplier * self.clip_norm, gen)
+
+
+class DistributedNoise:
+    """Adds N(0, (z C)^2 / n_min) to a client's clipped delta, on the client, before
+    secure aggregation masks it. n_min is the fewest inputs secure aggregation puts
+    in a sum (its threshold), so the sum of k >= n_min of them carries noise of
+    variance k (z C)^2 / n_min >= (z C)^2: at least central DP's noise on the sum,
+    and exactly it when k = n_min (the accountant assumes that: with more survivors
+    the noise is larger and the epsilon reported is an upper bound)."""
+
+    name = "distributed_dp"
+    where: Where = "client"
+    role: Role = "noise"
+    linear = True
+    constraints: tuple[Constraint, ...] = (
+        CalibratedToClip(),
+        NeedsMasking(
+            "adds only sigma / sqrt(n_min) per client",
+            "each update with that fraction of the noise",
+        ),
+    )
+
+    def __init__(
+        self, noise_multiplier: float, clip_norm: float, min_survivors: int, secret: bool = False
+    ) -> None:
+        if not (noise_multiplier > 0 and clip_norm > 0 and min_survivors >= 1):
+            raise ValueError("need noise_multiplier > 0, clip_norm > 0, min_survivors >= 1")
+        self.noise_multiplier = noise_multiplier
+        self.clip_norm = clip_norm
+        self.min_survivors = min_survivors
+        self.secret = secret
+
+    @property
+    def std(self) -> float:
+        """One client's noise std: z C / sqrt(n_min)."""
+        return self.noise_multiplier * self.clip_norm / math.sqrt(self.min_survivors)
+
+    def apply(self, vec: torch.Tensor, ctx: StageContext) -> torch.Tensor:
+        who = ctx.client_id or 0
+        gen = noise_generator(self.secret, ctx.seed, "distributed_dp", ctx.round_idx, who)
+        return vec + gaussian(vec, self.std, gen)
 
 
 def expected_weight(

@@ -18,7 +18,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import fedforge.privacy.rules  # noqa: F401  (registers the privacy stages' order rules)
 from fedforge.algorithms.base import Algorithm
 from fedforge.compression.clip import Clip, ClipBoard
 from fedforge.config import Config
@@ -337,7 +336,7 @@ def _secagg(parts: PrivacyParts, cfg: Config, m: int, num_examples: list[int]) -
         p.secagg_neighbours,
         cfg.seed,
     )
-    if cfg.robust.aggregator == "mean":  # others are refused by the pipeline's rule
+    if cfg.robust.aggregator == "mean":  # others: refused by the codec's ShowsOnlySum constraint
         parts.secagg_mean = SecAggMean(cap)
 
 

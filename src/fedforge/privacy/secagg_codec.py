@@ -38,6 +38,8 @@ from fedforge.core import wire
 from fedforge.core.errors import ConfigError, UploadError
 from fedforge.core.params import all_finite
 from fedforge.pipeline.codec import CodecContext, expect_codec, expect_tensor
+from fedforge.pipeline.constraints import ShowsOnlySum, Unusable
+from fedforge.pipeline.pipeline import Constraint
 from fedforge.privacy import shamir
 from fedforge.privacy.secagg import (
     CIPHERTEXT_BYTES,
@@ -242,16 +244,13 @@ class SecAggCodec:
         self.sessions: dict[int, SecAggClient] = {}  # client id -> this round's protocol
         # client id -> why it last aborted a round (its own note; the server sees a dropout)
         self.aborted: dict[int, str] = {}
-        self._wrap: str | None = None
+        # what a pipeline around it must satisfy: the server sees only the sum
+        self.constraints: tuple[Constraint, ...] = (ShowsOnlySum(),)
         try:
             self.fp = FixedPoint(frac_bits, modulus_bits(bound, cohort_max, frac_bits))
-        except ConfigError as exc:  # refused when the pipeline is built (wrap_reason)
-            self._wrap = str(exc)
+        except ConfigError as exc:  # the sum could wrap: refused when the pipeline is built
+            self.constraints += (Unusable(str(exc)),)
             self.fp = FixedPoint(frac_bits, 64)
-
-    def wrap_reason(self) -> str | None:
-        """Why the sum could wrap around 2^k (None: it cannot)."""
-        return self._wrap
 
     def threshold_of(self, n: int) -> int:
         """t for ``n`` clients starting the protocol: ceil(threshold n), and at least

@@ -19,7 +19,8 @@ import torch
 
 from fedforge.core.errors import invalid_field
 from fedforge.core.rng import noise_generator, numpy_rng
-from fedforge.pipeline.pipeline import StageContext, Where
+from fedforge.pipeline.constraints import CalibratedToClip
+from fedforge.pipeline.pipeline import Constraint, Role, StageContext, Where
 from fedforge.privacy.dp import gaussian
 
 TIERS = ("high", "low")
@@ -44,10 +45,6 @@ def high_tier(
     return frozenset(int(c) for c in pick.tolist())
 
 
-def tier_of(client_id: int, high: Collection[int]) -> str:
-    return "high" if client_id in high else "low"
-
-
 class TieredNoise:
     """Adds N(0, (z C)^2) to the clipped delta of a high-tier client (the draw
     local DP would make for it: purpose "local_dp"); a low-tier client's delta
@@ -55,7 +52,9 @@ class TieredNoise:
 
     name = "tiered_dp"
     where: Where = "client"
+    role: Role = "noise"
     linear = True
+    constraints: tuple[Constraint, ...] = (CalibratedToClip(),)
 
     def __init__(
         self,

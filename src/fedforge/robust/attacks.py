@@ -38,8 +38,9 @@ from fedforge.client.runtime import TamperFn
 from fedforge.core.errors import ConfigError
 from fedforge.core.rng import numpy_rng, torch_generator
 from fedforge.data.federated import ClientDataFn as DataFn
-from fedforge.pipeline.codec import Codec, CodecContext
-from fedforge.pipeline.pipeline import CohortUpdates, StageContext, Where
+from fedforge.pipeline.codec import CodecContext
+from fedforge.pipeline.constraints import FirstCohortStage
+from fedforge.pipeline.pipeline import Codec, CohortUpdates, Constraint, Role, StageContext, Where
 
 DeltaKind = Literal["sign_flip", "scaled", "gaussian", "nan_inf"]
 CollusionKind = Literal["alie", "ipm"]
@@ -73,7 +74,9 @@ class DeltaAttack:
     """A client stage that rewrites the attackers' deltas (others pass unchanged)."""
 
     where: Where = "client"
+    role: Role = "attack"
     linear = True  # an attacker may send anything; it does not constrain the stages
+    constraints = ()
 
     def __init__(
         self, kind: DeltaKind, attackers: frozenset[int], scale: float = 10.0, std: float = 1.0
@@ -137,6 +140,11 @@ class Collusion:
     at most k entries over top-k, signs over sign."""
 
     where: Where = "server_cohort"
+    constraints: tuple[Constraint, ...] = (
+        FirstCohortStage(
+            "the simulated colluding attack", "it rewrites the attackers' updates before any gate"
+        ),
+    )
 
     def __init__(
         self,

@@ -46,6 +46,7 @@ class NormGate:
 
     name = "norm_gate"
     where: Where = "server_cohort"
+    constraints = ()
 
     def __init__(self, threshold: float = 3.5) -> None:
         if not threshold > 0:

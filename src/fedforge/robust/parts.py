@@ -4,8 +4,7 @@ a colluding cohort stage), the server's norm gate and the client's gate.
 
 Refuses at build time what cannot work with the run's cohort size K =
 max(1, floor(C N)): Krum/Multi-Krum with K < 2f + 3, Bulyan with K < 4f + 3,
-Multi-Krum averaging more than K - f updates, ``min_clients`` > K. Adds the
-pipeline rule that a colluding attack rewrites the cohort before any gate.
+Multi-Krum averaging more than K - f updates, ``min_clients`` > K.
 """
 
 from __future__ import annotations
@@ -19,8 +18,7 @@ from fedforge.compression.feedback import ErrorFeedback
 from fedforge.config import Config, RobustConfig
 from fedforge.core.errors import ConfigError
 from fedforge.data.mnist import NUM_CLASSES
-from fedforge.pipeline.codec import Codec
-from fedforge.pipeline.pipeline import RULES, CohortStage, Pipeline, Stage
+from fedforge.pipeline.pipeline import Codec, CohortStage, Stage
 from fedforge.robust.attacks import (
     Collusion,
     DeltaAttack,
@@ -120,17 +118,3 @@ def assemble(cfg: Config, data_fn: ClientDataFn, uplink: Codec | None = None) ->
         gate = ClientGate(data_fn, r.holdout_fraction, cfg.seed, exempt=attackers)
     train_fn = gate.train_data if gate is not None else data_fn
     return RobustParts(aggregator, client, cohort, train_fn, gate, tamper, attackers)
-
-
-def _collusion_first(p: Pipeline) -> str | None:
-    names = [s.name for s in p.cohort]
-    late = [n for i, n in enumerate(names) if n in ("attack:alie", "attack:ipm") and i > 0]
-    if late:
-        return (
-            f"the simulated colluding attack '{late[0]}' must be the first cohort stage "
-            f"(it rewrites the attackers' updates before any gate); order: {', '.join(names)}"
-        )
-    return None
-
-
-RULES.append(_collusion_first)
