@@ -6,7 +6,7 @@ read it."""
 
 from __future__ import annotations
 
-from fedforge.config.noniid import SyntheticConfig
+from fedforge.config.data import SyntheticConfig
 from fedforge.config.privacy import PrivacyConfig
 from fedforge.config.robust import RobustConfig
 from fedforge.config.schema import Config, ServerOptimizerConfig
