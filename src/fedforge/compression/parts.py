@@ -1,4 +1,4 @@
-"""A run's communication parts, assembled from ``cfg.communication``: the uplink
+"""A run's communication parts, assembled from its ``communication:`` section: the uplink
 codec (with error feedback and its per-client residual store), the downlink
 codec, the clipping stage and the client groups of hierarchical aggregation.
 
@@ -25,7 +25,7 @@ from fedforge.compression.feedback import ErrorFeedback
 from fedforge.compression.groups import assign_groups
 from fedforge.compression.quantize import CAST_DTYPES, Cast, Quantize
 from fedforge.compression.sparsify import RandomK, TopK
-from fedforge.config import CommunicationConfig, Config
+from fedforge.config import CommunicationConfig
 from fedforge.core.errors import ConfigError
 from fedforge.core.params import ParamSpec
 from fedforge.data import Partition
@@ -64,15 +64,19 @@ def make_codec(name: str, com: CommunicationConfig, spec: ParamSpec) -> Codec:
 
 
 def assemble(
-    cfg: Config, spec: ParamSpec, dtype: torch.dtype, partition: Partition, labels: torch.Tensor
+    com: CommunicationConfig,
+    num_clients: int,
+    spec: ParamSpec,
+    dtype: torch.dtype,
+    partition: Partition,
+    labels: torch.Tensor,
 ) -> CommunicationParts:
-    """The communication parts of ``cfg``."""
-    com = cfg.communication
+    """The communication parts of ``com`` for a run of ``num_clients``."""
     uplink = make_codec(com.uplink, com, spec)
     store = None
     if com.error_feedback:
         where = working_dir("residual")  # a working file only: checkpoints hold the rows
-        store = make_state_store(cfg.num_clients, spec.size, dtype, where, remove_dir=True)
+        store = make_state_store(num_clients, spec.size, dtype, where, remove_dir=True)
         uplink = ErrorFeedback(uplink, store)
     downlink = None if com.downlink == "dense" else make_codec(com.downlink, com, spec)
     stages: tuple[Stage, ...] = () if com.clip_norm is None else (Clip(com.clip_norm),)

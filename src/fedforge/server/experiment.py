@@ -111,7 +111,9 @@ def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
     if not any(e.trainable for e in spec.entries):
         raise ConfigError(f"model '{cfg.model}' has no parameter to train (all frozen)")
     algorithm = algorithms.from_config(cfg, spec.size, dtype, spec)
-    comm = communication.assemble(cfg, spec, dtype, data.partition, data.train_y)
+    comm = communication.assemble(
+        cfg.communication, cfg.num_clients, spec, dtype, data.partition, data.train_y
+    )
     robust = assemble(cfg, data.client_data, comm.uplink)
     reporter, weigh = reports.assemble(cfg, robust.data_fn, NUM_CLASSES)  # quality, class
     sizes = [data.num_examples(c) for c in range(cfg.num_clients)]
