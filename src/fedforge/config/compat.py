@@ -1,7 +1,7 @@
 """Whether a run's config sections can run together: every check that involves
 two or more sections (the run's own top-level fields count as one), each a
 small function taking the sections it reads and raising ConfigError with what
-to change. ``Config`` runs them all, in the order of :func:`fedforge.config.schema.check`,
+to change. ``Config`` runs them all from :func:`fedforge.config.schema.check`,
 after each section has checked its own fields; what needs built objects (the
 data, the model, the aggregator, the pipeline) is checked where those are built.
 """

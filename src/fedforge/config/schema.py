@@ -148,13 +148,13 @@ def check(cfg: Config) -> None:
     )
     for section in sections:
         section.check()
-    # how the sections combine: config-level checks first, then those that
-    # stand for a part of the run (robustness, privacy, weights, edges)
+    # how the sections combine: training and data first, then the parts a run is
+    # built of in the order they are built (robustness, privacy, weights, edges)
     compat.groups_within_clients(cfg.communication, cfg.num_clients)
     compat.personal_eval_needs_client_eval(cfg.personal_eval, cfg.eval_clients)
     compat.perfedavg_plain_sgd(cfg.algorithm, cfg.local)
     compat.perfedavg_personal_lr(cfg.algorithm, cfg.perfedavg, cfg.personal_eval)
-    compat.perfedavg_no_stragglers(cfg.algorithm, cfg.stragglers)  # before the next
+    compat.perfedavg_no_stragglers(cfg.algorithm, cfg.stragglers)  # before the epochs' check
     compat.perfedavg_model(cfg.algorithm, cfg.model, cfg.precision)
     compat.steps_fit_dtype(cfg.local, cfg.lr, cfg.dtype)
     compat.stragglers_need_epochs(cfg.stragglers, cfg.local_epochs)
