@@ -284,7 +284,7 @@ def test_fields_a_run_does_not_read_are_named_not_refused() -> None:
 def test_scaffold_option_ii_with_momentum_is_named() -> None:
     """Option II's control variate is the displacement over steps * lr, the mean
     corrected gradient only under plain SGD: momentum or weight decay is noted."""
-    from fedforge.config.noniid import LocalConfig, ScaffoldConfig
+    from fedforge.config.local import LocalConfig, ScaffoldConfig
     from fedforge.config.notes import config_notes
 
     plain = Config(algorithm="scaffold")
@@ -319,7 +319,7 @@ def test_fedbn_says_what_its_global_accuracy_measures() -> None:
 
 
 def test_synthetic_iid_names_the_alpha_and_beta_it_ignores() -> None:
-    from fedforge.config.noniid import SyntheticConfig
+    from fedforge.config.data import SyntheticConfig
     from fedforge.config.notes import config_notes
 
     base = {"dataset": "synthetic", "model": "logreg"}

@@ -17,6 +17,7 @@ from fedforge.algorithms import fedavg
 from fedforge.algorithms.base import Algorithm
 from fedforge.algorithms.fedprox import ProximalTerm, fedprox
 from fedforge.algorithms.local import LinearTerm, StepContext, declared_linear_term
+from fedforge.algorithms.plan import LocalPlan
 from fedforge.algorithms.scaffold import CORRECTION, Correction, scaffold
 from fedforge.client.runtime import ClientRuntime, ClientTask
 from fedforge.core import wire
@@ -121,13 +122,13 @@ def test_a_hook_that_declares_nothing_takes_the_generic_path(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     calls = _fused_calls(monkeypatch)
-    alg = dataclasses.replace(fedavg(2, 4, 0.05), grad_hook=UndeclaredPull())
+    alg = dataclasses.replace(fedavg(LocalPlan(2, 4, 0.05)), grad_hook=UndeclaredPull())
     assert declared_linear_term(alg.grad_hook) is None
     assert not batched_mlp.applies(MnistMLP(), alg, alg.plan(0), None)
     serial, vector = _deltas(MnistMLP(), alg, [0, 1, 2])
     assert calls == []
     _assert_same(serial, vector)
-    plain, _ = _deltas(MnistMLP(), fedavg(2, 4, 0.05), [0, 1, 2])
+    plain, _ = _deltas(MnistMLP(), fedavg(LocalPlan(2, 4, 0.05)), [0, 1, 2])
     assert (plain[0] - serial[0]).abs().max() > 1e-6  # the hook's term matters here
 
 
@@ -135,7 +136,7 @@ def test_a_user_hook_that_declares_its_term_takes_the_fused_path(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     calls = _fused_calls(monkeypatch)
-    alg = dataclasses.replace(fedavg(2, 4, 0.05), grad_hook=DeclaredPull())
+    alg = dataclasses.replace(fedavg(LocalPlan(2, 4, 0.05)), grad_hook=DeclaredPull())
     serial, vector = _deltas(MnistMLP(), alg, [0, 1, 2])
     assert calls and all(isinstance(t, batched_mlp.Terms) and t.mu == 0.3 for t in calls)
     _assert_same(serial, vector)
@@ -146,12 +147,12 @@ def test_a_user_model_that_declares_its_layers_takes_the_fused_path(
 ) -> None:
     calls = _fused_calls(monkeypatch)
     assert batched_mlp.mlp_layers(TwoLayer()) == ["hidden", "out"]
-    serial, vector = _deltas(TwoLayer(), fedprox(2, 4, 0.05, mu=0.5), [0, 1, 2])
+    serial, vector = _deltas(TwoLayer(), fedprox(LocalPlan(2, 4, 0.05), mu=0.5), [0, 1, 2])
     assert len(calls) == 1
     _assert_same(serial, vector)
     calls.clear()
     assert batched_mlp.mlp_layers(TwoLayerPlusScale()) is None  # its scale would not train
-    serial, vector = _deltas(TwoLayerPlusScale(), fedavg(2, 4, 0.05), [0, 1, 2])
+    serial, vector = _deltas(TwoLayerPlusScale(), fedavg(LocalPlan(2, 4, 0.05)), [0, 1, 2])
     assert calls == []
     _assert_same(serial, vector)
 
@@ -163,7 +164,10 @@ def test_fedprox_and_scaffold_declare_what_the_fused_path_takes(model: type[nn.M
     net = model(784) if model is LogisticRegression else model()
     store = make_state_store(3, 1, torch.float64)
     state = {CORRECTION: torch.zeros(2, 1)}
-    for alg, st in ((fedprox(1, 10, 0.1, mu=0.1), None), (scaffold(1, 10, 0.1, store), state)):
+    for alg, st in (
+        (fedprox(LocalPlan(1, 10, 0.1), mu=0.1), None),
+        (scaffold(LocalPlan(1, 10, 0.1), store), state),
+    ):
         assert batched_mlp.applies(net, alg, alg.plan(0), st)
     assert batched_mlp.mlp_layers(MnistCNN()) is None
     assert declared_linear_term(ProximalTerm(0.1)) == LinearTerm(proximal=0.1)

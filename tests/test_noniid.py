@@ -110,7 +110,7 @@ def test_scaffold_control_update_by_hand(option: str, new_ck: float) -> None:
     spec = ParamSpec.of(model)
     store = MemoryStateStore(3, 1, F64)
     store.scatter([1], torch.tensor([[0.25]], dtype=F64))
-    alg = scaffold(2, None, 0.1, store, option)  # type: ignore[arg-type]
+    alg = scaffold(LocalPlan(2, None, 0.1), store, option)  # type: ignore[arg-type]
     alg = dataclasses.replace(alg, loss_fn=_squared)
     x, y = torch.ones(1, 1, dtype=F64), torch.full((1, 1), 2.0, dtype=F64)
     runtime = ClientRuntime(model, spec, alg, lambda c: (x, y))
@@ -208,8 +208,8 @@ def test_stragglers_are_deterministic_and_fedavg_drops_fedprox_keeps() -> None:
             ((3, 0.5), (5, 0.5), (10, 0.9), (10, 0.5))] == [1, 3, 9, 5]  # fmt: skip
     cfg = from_dict({**BASE, "seed": 5, "local_epochs": 20, "stragglers": {"fraction": 0.5}})
     plan = LocalPlan(20, 8, 0.1)
-    avg = cohort_tasks(cfg, fedprox(20, 8, 0.1, 0.0, drop_stragglers=True), cohort, 2, plan)
-    prox = cohort_tasks(cfg, fedprox(20, 8, 0.1, 0.0), cohort, 2, plan)
+    avg = cohort_tasks(cfg, fedprox(plan, 0.0, drop_stragglers=True), cohort, 2, plan)
+    prox = cohort_tasks(cfg, fedprox(plan, 0.0), cohort, 2, plan)
     assert [t.client_id for t in avg] == [c for c in cohort if c not in a]
     assert [t.client_id for t in prox] == cohort
     assert {t.client_id: t.plan.local_epochs for t in prox if t.client_id in a} == a

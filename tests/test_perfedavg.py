@@ -311,7 +311,7 @@ def test_config_errors_name_the_field(extra: dict[str, Any], field: str) -> None
 
 def test_the_start_line_shows_the_steps_a_perfedavg_run_takes() -> None:
     """Per-FedAvg's steps are alpha and beta (null beta: the run's lr), not lr."""
-    from fedforge.config.personal import step_sizes
+    from fedforge.config import step_sizes
 
     pfa = _cfg(algorithm="perfedavg", lr=0.1, perfedavg={"alpha": 0.03, "beta": 0.02, "steps": 4})
     assert step_sizes(pfa) == "alpha=0.03 beta=0.02 steps=4"

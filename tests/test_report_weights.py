@@ -251,9 +251,8 @@ def test_refused_beside_robust_rules_and_dp(make_data: MakeData) -> None:
     # the server read a client's true label histogram at a reported epsilon of 0.2
     local = {"dp": "local", "clip_norm": 1.0, "noise_multiplier": 1.0}
     for rule, sent in (("quality", "validation loss"), ("class", "label counts")):
-        cfg = from_dict({**BASE, "aggregation_weights": rule, "privacy": local})
         with pytest.raises(ConfigError, match=f"exact {sent}.*local DP"):
-            build(cfg, data)
+            build(from_dict({**BASE, "aggregation_weights": rule, "privacy": local}), data)
     build(from_dict({**BASE, "aggregation_weights": "sqrt", "privacy": local}), data)
 
 

@@ -515,8 +515,8 @@ def test_colluders_are_named_and_stored_with_the_row_the_server_took(
 
 
 def test_uint8_attack_is_refused_under_secure_aggregation(make_data: MakeData) -> None:
-    cfg = override(tiny(4, attack="uint8", attack_fraction=0.25), {"privacy.secagg": True})
     with pytest.raises(ConfigError, match="robust.attack 'uint8'.*privacy.secagg"):
+        cfg = override(tiny(4, attack="uint8", attack_fraction=0.25), {"privacy.secagg": True})
         build(cfg, make_data([5] * 4))
 
 
@@ -582,9 +582,8 @@ def test_the_client_gate_under_privacy(make_data: MakeData) -> None:
         {"dp": "distributed", "secagg": True, **noise},
         {"secagg": True, "tiers": {"high_fraction": 0.5}, **noise},
     ):
-        cfg = override(tiny(4, client_gate=True), {"privacy": priv})
         with pytest.raises(ConfigError, match="client_gate.*un-noised held-out loss"):
-            build(cfg, data)
+            build(override(tiny(4, client_gate=True), {"privacy": priv}), data)
     cfg = override(
         tiny(4, client_gate=True, holdout_fraction=0.3),
         {"privacy": {"secagg": True}, "communication": {"clip_norm": 1.0}},

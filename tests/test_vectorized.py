@@ -13,7 +13,7 @@ from torch import nn
 
 from fedforge import config as config_mod
 from fedforge.aggregation.mean import WeightedMean
-from fedforge.algorithms import fedavg
+from fedforge.algorithms import LocalPlan, fedavg
 from fedforge.client.runtime import ClientRuntime
 from fedforge.core import wire
 from fedforge.core.params import ParamSpec
@@ -86,7 +86,7 @@ def test_full_batch_uneven_clients_match_serial() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(784, 10)).double()
     spec = ParamSpec.of(model)
-    alg = fedavg(local_epochs=3, batch_size=None, lr=0.3)
+    alg = fedavg(LocalPlan(3, None, 0.3))
     runtime = ClientRuntime(model, spec, alg, data.client_data)
     from fedforge.client.runtime import ClientTask
     from fedforge.core import wire
@@ -120,7 +120,7 @@ def test_a_client_without_examples_takes_no_step_on_either_engine(
     torch.manual_seed(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(784, 10)).double()
     spec = ParamSpec.of(model)
-    alg = fedavg(2, batch_size, lr=0.1, momentum=momentum, weight_decay=momentum / 9)
+    alg = fedavg(LocalPlan(2, batch_size, 0.1, momentum=momentum, weight_decay=momentum / 9))
 
     def data_fn(client: int) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = data.client_data(client)
@@ -171,7 +171,7 @@ def test_chunks_are_sized_by_their_widest_client_and_their_data() -> None:
     ys = [torch.zeros(n, dtype=torch.int64) for n in sizes]
     model = nn.Sequential(nn.Flatten(), nn.Linear(784, 10)).double()
     spec = ParamSpec.of(model)
-    alg = fedavg(local_epochs=1, batch_size=None, lr=0.1)
+    alg = fedavg(LocalPlan(1, None, 0.1))
     runtime = ClientRuntime(model, spec, alg, lambda c: (xs[c], ys[c]))
     act = 784 + 784 + 10  # the input, its flattened view, the logits
 
@@ -216,7 +216,7 @@ def test_chunks_are_cut_by_their_schedules() -> None:
     ys = [torch.zeros(20, dtype=torch.int64) for _ in range(6)]
     model = nn.Sequential(nn.Flatten(), nn.Linear(784, 10)).double()
     spec = ParamSpec.of(model)
-    alg = fedavg(local_epochs=500, batch_size=2, lr=0.01)
+    alg = fedavg(LocalPlan(500, 2, 0.01))
     runtime = ClientRuntime(model, spec, alg, lambda c: (xs[c], ys[c]))
     per = client_bytes(spec.size, 784 + 784 + 10, 2, 8) + schedule_bytes(20, 2, 500)
     data = 2 * (20 * 784 * 8 + 20 * 8)
@@ -232,7 +232,7 @@ def test_a_schedule_past_the_memory_budget_takes_the_serial_engine() -> None:
     model = nn.Sequential(nn.Flatten(), nn.Linear(784, 10))
     spec = ParamSpec.of(model)
     for epochs, name in ((10**9, "serial"), (100, "vectorized")):
-        runtime = ClientRuntime(model, spec, fedavg(epochs, 10, 0.1), lambda c: c)
+        runtime = ClientRuntime(model, spec, fedavg(LocalPlan(epochs, 10, 0.1)), lambda c: c)
         engine, note = make_engine("vectorized", runtime, largest_client=600)
         assert engine.name == name
         assert (note is not None and "1000000000 local epochs" in note) == (name == "serial")
@@ -246,7 +246,9 @@ def _payload(spec: ParamSpec, model: nn.Module) -> bytes:
 def test_batch_norm_model_falls_back_to_serial_with_reason() -> None:
     model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.Flatten(), nn.LazyLinear(10))
     assert "batch-norm running statistics" in (unsupported_reason(model) or "")
-    runtime = ClientRuntime(model, ParamSpec.of(nn.Linear(1, 1)), fedavg(1, 1, 0.1), lambda c: c)
+    runtime = ClientRuntime(
+        model, ParamSpec.of(nn.Linear(1, 1)), fedavg(LocalPlan(1, 1, 0.1)), lambda c: c
+    )
     engine, note = make_engine("vectorized", runtime)
     assert engine.name == "serial"
     assert note is not None and "batch-norm" in note

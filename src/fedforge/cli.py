@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fedforge import config as config_mod
-from fedforge.config.personal import step_sizes
+from fedforge.config import step_sizes
 from fedforge.core.errors import ConfigError, FedforgeError, StopNow
 
 if TYPE_CHECKING:

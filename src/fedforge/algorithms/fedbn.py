@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from fedforge.algorithms.base import Algorithm, cross_entropy
-from fedforge.algorithms.fedavg import _DecayedPlan
+from fedforge.algorithms.plan import DecayedPlan, LocalPlan
 from fedforge.core.errors import StoreError
 from fedforge.core.params import ParamKind, ParamSpec, all_finite
 from fedforge.store.client_state import ClientStateStore
@@ -103,23 +103,17 @@ def client_params(final: Mapping[str, object] | Path | str, client_id: int) -> t
 
 
 def fedbn(
-    local_epochs: int,
-    batch_size: int | None,
-    lr: float,
+    plan: LocalPlan,
     mask: torch.Tensor,
     store: ClientStateStore,
     lr_decay: float = 1.0,
     drop_stragglers: bool = True,
-    momentum: float = 0.0,
-    weight_decay: float = 0.0,
-    grad_clip: float | None = None,
 ) -> Algorithm:
-    """FedBN: FedAvg on the entries outside ``mask``; the entries in ``mask`` are
-    kept per client in ``store``."""
-    plan = _DecayedPlan(local_epochs, batch_size, lr, lr_decay, momentum, weight_decay, grad_clip)
+    """FedBN: FedAvg (local ``plan``, its lr decayed by ``lr_decay`` a round) on the
+    entries outside ``mask``; the entries in ``mask`` are kept per client in ``store``."""
     return Algorithm(
         "fedbn",
-        plan,
+        DecayedPlan(plan, lr_decay),
         cross_entropy,
         shared_kinds=SHARED,
         personal=LocalBatchNorm(mask, store),

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import torch
 
 from fedforge.algorithms.base import Algorithm, cross_entropy
-from fedforge.algorithms.fedavg import _DecayedPlan
 from fedforge.algorithms.local import LinearTerm, StepContext
+from fedforge.algorithms.plan import DecayedPlan, LocalPlan
 
 
 @dataclass(frozen=True)
@@ -38,23 +38,15 @@ class ProximalTerm:
 
 
 def fedprox(
-    local_epochs: int,
-    batch_size: int | None,
-    lr: float,
-    mu: float,
-    lr_decay: float = 1.0,
-    drop_stragglers: bool = False,
-    momentum: float = 0.0,
-    weight_decay: float = 0.0,
-    grad_clip: float | None = None,
+    plan: LocalPlan, mu: float, lr_decay: float = 1.0, drop_stragglers: bool = False
 ) -> Algorithm:
-    """FedProx with proximal coefficient ``mu`` (the paper's grid: 0.001, 0.01, 0.1, 1)."""
+    """FedProx with proximal coefficient ``mu`` (the paper's grid: 0.001, 0.01, 0.1, 1)
+    on FedAvg's local ``plan``, its lr decayed by ``lr_decay`` a round."""
     if mu < 0:
         raise ValueError(f"FedProx mu = {mu} must be >= 0")
-    plan = _DecayedPlan(local_epochs, batch_size, lr, lr_decay, momentum, weight_decay, grad_clip)
     return Algorithm(
         "fedprox",
-        plan,
+        DecayedPlan(plan, lr_decay),
         cross_entropy,
         grad_hook=ProximalTerm(mu) if mu > 0 else None,  # mu = 0: FedAvg's own local step
         drop_stragglers=drop_stragglers,

@@ -38,8 +38,8 @@ from torch import nn
 from torch.func import functional_call
 
 from fedforge.algorithms.base import Algorithm, LocalPlan, LossFn, cross_entropy
-from fedforge.algorithms.fedavg import _DecayedPlan
 from fedforge.algorithms.local import LocalResult
+from fedforge.algorithms.plan import DecayedPlan
 from fedforge.core.params import ParamSpec
 from fedforge.core.precision import forward_context
 
@@ -197,6 +197,6 @@ def perfedavg(
             f"Per-FedAvg needs alpha >= 0, beta > 0, steps >= 1, delta > 0; got alpha = "
             f"{alpha}, beta = {beta}, steps = {steps}, delta = {delta}"
         )
-    plan = _DecayedPlan(1, batch_size, beta, lr_decay)
+    plan = DecayedPlan(LocalPlan(1, batch_size, beta), lr_decay)
     loop = MetaSteps(variant, alpha, steps, hvp, delta)
     return Algorithm("perfedavg", plan, cross_entropy, local_train=loop)

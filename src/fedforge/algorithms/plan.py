@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+from fedforge.config import LocalConfig
 
 # (logits [B, C], labels [B]) -> per-example losses [B]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -27,10 +30,42 @@ class LocalPlan:
     grad_clip: float | None = None
     precision: str = "fp32"  # "bf16": forward passes under bf16 autocast (precision.py)
 
+    @classmethod
+    def from_config(
+        cls,
+        local: LocalConfig,
+        local_epochs: int,
+        batch_size: int | None,
+        lr: float,
+        precision: str = "fp32",
+    ) -> LocalPlan:
+        """The plan of a run's ``local:`` section and its E, B, lr and precision."""
+        return cls(
+            local_epochs,
+            batch_size,
+            lr,
+            local.momentum,
+            local.weight_decay,
+            local.grad_clip,
+            precision,
+        )
+
     @property
     def plain(self) -> bool:
         """True for plain SGD (no knob set): the engines' fast path."""
         return self.momentum == 0.0 and self.weight_decay == 0.0 and self.grad_clip is None
+
+
+@dataclass(frozen=True)
+class DecayedPlan:
+    """Round t's plan: ``plan`` with its lr decayed, lr_t = lr * lr_decay ** t. A
+    class, not a closure, so that the bundle pickles for remote engines."""
+
+    plan: LocalPlan
+    lr_decay: float = 1.0
+
+    def __call__(self, round_idx: int) -> LocalPlan:
+        return dataclasses.replace(self.plan, lr=self.plan.lr * self.lr_decay**round_idx)
 
 
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

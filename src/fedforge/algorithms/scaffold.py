@@ -40,8 +40,8 @@ from typing import Literal
 import torch
 
 from fedforge.algorithms.base import Algorithm, cross_entropy
-from fedforge.algorithms.fedavg import _DecayedPlan
 from fedforge.algorithms.local import ClientJob, LinearTerm, StepContext
+from fedforge.algorithms.plan import DecayedPlan, LocalPlan
 from fedforge.core.params import all_finite
 from fedforge.store.client_state import ClientStateStore
 
@@ -137,22 +137,17 @@ class ScaffoldServer:
 
 
 def scaffold(
-    local_epochs: int,
-    batch_size: int | None,
-    lr: float,
+    plan: LocalPlan,
     store: ClientStateStore,
     option: Option = "II",
     lr_decay: float = 1.0,
     drop_stragglers: bool = True,
-    momentum: float = 0.0,
-    weight_decay: float = 0.0,
-    grad_clip: float | None = None,
 ) -> Algorithm:
-    """SCAFFOLD with client controls kept in ``store`` (``[N, P]``, run dtype)."""
-    plan = _DecayedPlan(local_epochs, batch_size, lr, lr_decay, momentum, weight_decay, grad_clip)
+    """SCAFFOLD on FedAvg's local ``plan`` (its lr decayed by ``lr_decay`` a round),
+    with client controls kept in ``store`` (``[N, P]``, run dtype)."""
     return Algorithm(
         "scaffold",
-        plan,
+        DecayedPlan(plan, lr_decay),
         cross_entropy,
         grad_hook=Correction(),
         client=ScaffoldClient(store, option),

@@ -40,6 +40,7 @@ from torch import nn
 
 from fedforge.aggregation.weights import class_weights, quality_weights
 from fedforge.config import Config
+from fedforge.config.compat import REPORTED_WEIGHTS
 from fedforge.core.errors import UploadError
 from fedforge.core.params import ParamSpec
 from fedforge.core.rng import numpy_rng
@@ -47,8 +48,6 @@ from fedforge.data.federated import ClientDataFn
 from fedforge.evaluation.evaluate import evaluate
 from fedforge.pipeline.constraints import LastCohortStage
 from fedforge.pipeline.pipeline import CohortStage, CohortUpdates, Constraint, StageContext, Where
-
-REPORTED = ("quality", "class")  # the aggregation_weights that need client reports
 
 
 @dataclass(frozen=True)
@@ -66,7 +65,7 @@ class Reporter:
     def __init__(
         self, data_fn: ClientDataFn, rule: str, num_classes: int, holdout: float, seed: int
     ) -> None:
-        if rule not in REPORTED:
+        if rule not in REPORTED_WEIGHTS:
             raise ValueError(f"no client report for aggregation weights {rule!r}")
         if not 0.0 < holdout < 1.0:
             raise ValueError(f"validation holdout {holdout!r} must be in (0, 1)")
@@ -155,7 +154,7 @@ class ReportWeights:
     )
 
     def __init__(self, rule: str, temperature: float = 1.0, cap: int | None = None) -> None:
-        if rule not in REPORTED:
+        if rule not in REPORTED_WEIGHTS:
             raise ValueError(f"no report weights for aggregation weights {rule!r}")
         self.rule, self.temperature, self.cap = rule, temperature, cap
         self.name = f"weights:{rule}"
@@ -195,7 +194,7 @@ def assemble(
     """The client reporter and the cohort stage of ``cfg.aggregation_weights``
     (nothing for the rules without reports)."""
     rule = cfg.aggregation_weights
-    if rule not in REPORTED:
+    if rule not in REPORTED_WEIGHTS:
         return None, ()
     reporter = Reporter(data_fn, rule, num_classes, cfg.quality_holdout, cfg.seed)
     return reporter, (ReportWeights(rule, cfg.quality_temperature, cfg.weight_cap),)

@@ -1,4 +1,4 @@
-"""A run's communication parts, assembled from ``cfg.communication``: the uplink
+"""A run's communication parts, assembled from its ``communication:`` section: the uplink
 codec (with error feedback and its per-client residual store), the downlink
 codec, the clipping stage and the client groups of hierarchical aggregation.
 
@@ -9,8 +9,9 @@ at the period's last round. Clients not sampled stay idle, as offline devices
 do; resampling every round would leave a re-sampled client training on a stale
 local model and need an [N, P] table of local models.
 
-Refuses at build time what cannot work: hierarchical aggregation needs a
-streaming (linear) aggregator without cohort stages.
+Refuses at build time what needs the built pipeline: hierarchical aggregation
+needs a streaming (linear) aggregator without cohort stages. What the config
+alone rules out is refused when it is checked (config/compat.py).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from fedforge.compression.feedback import ErrorFeedback
 from fedforge.compression.groups import assign_groups
 from fedforge.compression.quantize import CAST_DTYPES, Cast, Quantize
 from fedforge.compression.sparsify import RandomK, TopK
-from fedforge.config import CommunicationConfig, Config
+from fedforge.config import CommunicationConfig
 from fedforge.core.errors import ConfigError
 from fedforge.core.params import ParamSpec
 from fedforge.data import Partition
@@ -63,15 +64,19 @@ def make_codec(name: str, com: CommunicationConfig, spec: ParamSpec) -> Codec:
 
 
 def assemble(
-    cfg: Config, spec: ParamSpec, dtype: torch.dtype, partition: Partition, labels: torch.Tensor
+    com: CommunicationConfig,
+    num_clients: int,
+    spec: ParamSpec,
+    dtype: torch.dtype,
+    partition: Partition,
+    labels: torch.Tensor,
 ) -> CommunicationParts:
-    """The communication parts of ``cfg``."""
-    com = cfg.communication
+    """The communication parts of ``com`` for a run of ``num_clients``."""
     uplink = make_codec(com.uplink, com, spec)
     store = None
     if com.error_feedback:
         where = working_dir("residual")  # a working file only: checkpoints hold the rows
-        store = make_state_store(cfg.num_clients, spec.size, dtype, where, remove_dir=True)
+        store = make_state_store(num_clients, spec.size, dtype, where, remove_dir=True)
         uplink = ErrorFeedback(uplink, store)
     downlink = None if com.downlink == "dense" else make_codec(com.downlink, com, spec)
     stages: tuple[Stage, ...] = () if com.clip_norm is None else (Clip(com.clip_norm),)
@@ -81,33 +86,12 @@ def assemble(
     return CommunicationParts(uplink, downlink, stages, store, groups)
 
 
-def check_pipeline(cfg: Config, pipeline: Pipeline) -> None:
-    """Refuse combinations the round cannot run."""
-    groups = cfg.communication.groups
-    if groups and cfg.aggregation_weights != "num_examples":
+def check_pipeline(communication: CommunicationConfig, pipeline: Pipeline) -> None:
+    """Refuse edge groups the pipeline cannot stream."""
+    if communication.groups and not pipeline.streams:
         raise ConfigError(
-            f"communication.groups = {groups} needs aggregation_weights = 'num_examples' "
-            f"(each edge averages its clients by examples; '{cfg.aggregation_weights}' "
-            "would be applied to the edges, not the clients)"
-        )
-    if groups and not pipeline.streams:
-        raise ConfigError(
-            f"communication.groups = {cfg.communication.groups} (hierarchical aggregation) "
+            f"communication.groups = {communication.groups} (hierarchical aggregation) "
             f"needs the weighted mean without cohort stages; the pipeline has aggregator "
             f"'{pipeline.aggregator.name}' and {len(pipeline.cohort)} cohort stage(s). "
             "Set communication.groups = 0 or robust.aggregator = mean without gates"
-        )
-    uplink = cfg.communication.uplink
-    if cfg.privacy.dp == "central" and uplink != "dense":
-        raise ConfigError(
-            f"communication.uplink = '{uplink}' cannot be combined with privacy.dp = 'central': "
-            "the codec runs after the clip, and what the server sums may then exceed the clip "
-            "norm the noise is calibrated to (int2 measured 1.8x); use 'dense', or dp = 'local' "
-            "(noise before the codec)"
-        )
-    if groups and cfg.privacy.dp == "central":
-        raise ConfigError(
-            f"communication.groups = {groups} cannot be combined with privacy.dp = 'central' "
-            "(its mean counts each client's clipped update; the edges would send their "
-            "means, each counted as one client)"
         )

@@ -1,34 +1,32 @@
-"""Typed, frozen run configuration: YAML in, validated, every error naming the field."""
+"""Typed, frozen run configuration: YAML in, validated, every error naming the
+field. ``Config`` (schema.py) holds the run's fields and one section per
+feature (data.py, local.py, evaluation.py, communication.py, privacy.py,
+robust.py); each section checks its own fields, compat.py how they combine."""
 
-from fedforge.config.noniid import (
-    DiagnosticsConfig,
-    LocalConfig,
-    ScaffoldConfig,
-    StragglerConfig,
-    SyntheticConfig,
-)
+from fedforge.config.communication import CommunicationConfig, DownlinkCodec, UplinkCodec
+from fedforge.config.data import Dataset, PartitionConfig, PartitionKind, SyntheticConfig
+from fedforge.config.evaluation import DiagnosticsConfig, PersonalEvalConfig
+from fedforge.config.local import LocalConfig, PerFedAvgConfig, ScaffoldConfig, StragglerConfig
 from fedforge.config.parse import dump, from_dict, load, override, parse_override, to_dict
 from fedforge.config.privacy import PrivacyConfig
 from fedforge.config.robust import AggregatorName, AttackName, RobustConfig
 from fedforge.config.schema import (
     Algorithm,
-    CommunicationConfig,
     Config,
-    Dataset,
-    DownlinkCodec,
     DType,
     Engine,
     ModelName,
-    PartitionConfig,
-    PartitionKind,
     ServerOptimizerConfig,
     ServerOptimizerKind,
-    UplinkCodec,
+    check,
     describe_split,
+    step_sizes,
 )
 
 __all__ = [
+    "check",
     "describe_split",
+    "step_sizes",
     "AggregatorName",
     "Algorithm",
     "AttackName",
@@ -41,6 +39,8 @@ __all__ = [
     "ModelName",
     "PartitionConfig",
     "PartitionKind",
+    "PerFedAvgConfig",
+    "PersonalEvalConfig",
     "PrivacyConfig",
     "LocalConfig",
     "DiagnosticsConfig",

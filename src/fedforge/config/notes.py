@@ -6,7 +6,7 @@ read it."""
 
 from __future__ import annotations
 
-from fedforge.config.noniid import SyntheticConfig
+from fedforge.config.data import SyntheticConfig
 from fedforge.config.privacy import PrivacyConfig
 from fedforge.config.robust import RobustConfig
 from fedforge.config.schema import Config, ServerOptimizerConfig
@@ -45,14 +45,14 @@ def config_notes(cfg: Config) -> list[str]:
             f"local.momentum = {loc.momentum}, local.weight_decay = {loc.weight_decay} "
             "the control variates carry them too (option 'I' does not)"
         )
-    out += _robust_notes(cfg)
+    out += _robust_notes(cfg.robust)
     syn, syn_default = cfg.synthetic, SyntheticConfig()
     if cfg.dataset == "synthetic" and syn.iid:
         for name in ("alpha", "beta"):
             if getattr(syn, name) != getattr(syn_default, name):
                 out.append(f"synthetic.{name} = {getattr(syn, name)} is ignored by synthetic.iid")
     p, p_default = cfg.privacy, PrivacyConfig()
-    tiers = p.tiers.high_fraction > 0 or bool(p.tiers.high_clients)
+    tiers = p.tiers.enabled
     if p.dp == "none" and not tiers:  # the noise, its accounting and its budget
         names = ("noise_multiplier", "accountant", "delta", "target_epsilon", "adaptive_clip")
         for name in (*names, "secret_noise"):
@@ -90,10 +90,10 @@ _ROBUST_READERS = {
 }
 
 
-def _robust_notes(cfg: Config) -> list[str]:
+def _robust_notes(r: RobustConfig) -> list[str]:
     """Robust aggregator settings that the configured aggregator does not read
     (e.g. robust.byzantine under the median, which assumes no f)."""
-    r, default = cfg.robust, RobustConfig()
+    default = RobustConfig()
     return [
         f"robust.{name} = {getattr(r, name)} is ignored by robust.aggregator '{r.aggregator}'"
         for name, readers in _ROBUST_READERS.items()

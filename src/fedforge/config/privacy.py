@@ -1,21 +1,22 @@
 """The ``privacy:`` config section: differential privacy (central, local or
 distributed), its accountant and budget, secure aggregation, and privacy tiers
 (see fedforge.privacy.parts, fedforge.privacy.dp, fedforge.privacy.tiers,
-fedforge.privacy.secagg)."""
+fedforge.privacy.secagg). The section checks its own fields, with errors naming
+the field; how it combines with the rest of the run is checked in compat.py."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
-from fedforge.core.errors import ConfigError, invalid_field
+from fedforge.core.errors import ConfigError, FieldCheck, raise_first
 
 DPMode = Literal["none", "central", "local", "distributed"]
 
 
 @dataclass(frozen=True)
 class TierConfig:
-    """Privacy tiers (seed 003, 3.3): clients of the ``high`` sensitivity level get
+    """Privacy tiers: clients of the ``high`` sensitivity level get
     secure aggregation plus local DP, the others (``low``) secure aggregation only.
     The high tier is ``high_clients``, or ``round(high_fraction * num_clients)``
     clients drawn from the seed; neither set: no tiers."""
@@ -65,6 +66,18 @@ class PrivacyConfig:
     secagg_drop_unmask: float = 0.0  # after its masked update arrived
     tiers: TierConfig = field(default_factory=TierConfig)  # high: + local DP; low: SecAgg only
 
+    @property
+    def hides_updates(self) -> bool:
+        """Whether the server must not see a client's own numbers: local DP (noised
+        on the client), secure aggregation, distributed DP and the tiers. Its
+        training loss is then not reported either (a function of its data, exact);
+        its example count still travels (the weights need it)."""
+        return self.dp in ("local", "distributed") or self.secagg or self.tiers.enabled
+
+    def check(self) -> None:
+        """The section's own fields, each error naming ``privacy.<field>``."""
+        _check(self)
+
 
 def secagg_drops(p: PrivacyConfig) -> dict[str, float]:
     """The simulated dropout fraction before each secure-aggregation phase."""
@@ -81,8 +94,8 @@ def delta_of(p: PrivacyConfig, num_clients: int) -> float:
     return p.delta if p.delta is not None else 1.0 / num_clients**1.1
 
 
-def validate_privacy(p: PrivacyConfig) -> None:
-    checks: list[tuple[str, Any, bool, str]] = [
+def _check(p: PrivacyConfig) -> None:
+    checks: list[FieldCheck] = [
         ("noise_multiplier", p.noise_multiplier, p.noise_multiplier >= 0, "must be >= 0"),
         ("clip_norm", p.clip_norm, p.clip_norm > 0, "must be > 0"),
         (
@@ -169,9 +182,7 @@ def validate_privacy(p: PrivacyConfig) -> None:
         ),
         *_tier_checks(p),
     ]
-    for name, value, ok, allowed in checks:
-        if not ok:
-            raise invalid_field(f"privacy.{name}", value, allowed)
+    raise_first("privacy.", checks)
     if p.dp in ("central", "distributed", "local") and p.noise_multiplier == 0:
         raise ConfigError(
             f"config field 'privacy.noise_multiplier' = 0.0 is invalid with dp = '{p.dp}': "
@@ -179,7 +190,7 @@ def validate_privacy(p: PrivacyConfig) -> None:
         )
 
 
-def _tier_checks(p: PrivacyConfig) -> list[tuple[str, Any, bool, str]]:
+def _tier_checks(p: PrivacyConfig) -> list[FieldCheck]:
     t = p.tiers
     return [
         (

@@ -1,14 +1,16 @@
 """The ``robust:`` config section: the aggregator, simulated attackers and the
 gates against faulty and malicious clients (see fedforge.robust,
-fedforge.robust.attacks, fedforge.robust.gates)."""
+fedforge.robust.attacks, fedforge.robust.gates). The section checks its own
+fields, with errors naming the field; how it combines with the rest of the run
+(the cohort size, privacy) is checked in compat.py."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
-from fedforge.core.errors import invalid_field as invalid
+from fedforge.core.errors import FieldCheck, raise_first
 
 AggregatorName = Literal[
     "mean",
@@ -54,10 +56,13 @@ class RobustConfig:
     client_gate: bool = False  # clients withhold updates whose held-out loss rose
     holdout_fraction: float = 0.1  # client_gate: the held-out slice of each client
 
+    def check(self) -> None:
+        """The section's own fields, each error naming ``robust.<field>``."""
+        _check(self)
 
-def validate_robust(r: RobustConfig) -> None:
-    """Check the ``robust:`` section, each error naming ``robust.<field>``."""
-    checks: list[tuple[str, Any, bool, str]] = [
+
+def _check(r: RobustConfig) -> None:
+    checks: list[FieldCheck] = [
         ("byzantine", r.byzantine, r.byzantine >= 0, "must be an integer >= 0"),
         ("trim_fraction", r.trim_fraction, 0.0 <= r.trim_fraction < 0.5, "must be in [0, 0.5)"),
         (
@@ -122,6 +127,4 @@ def validate_robust(r: RobustConfig) -> None:
             "must be 0 when attack is 'none' (name the attack the attackers run)",
         ),
     ]
-    for name, value, ok, allowed in checks:
-        if not ok:
-            raise invalid("robust." + name, value, allowed)
+    raise_first("robust.", checks)

@@ -1,5 +1,7 @@
-"""The run configuration's schema: typed, frozen sections, each value checked
-with an error naming the field and what is allowed.
+"""The run configuration: ``Config``, its top-level fields and its sections
+(each in the module of its feature: data.py, local.py, evaluation.py,
+communication.py, privacy.py, robust.py), and :func:`check`, the one place that
+says whether a config can run. Every error names the field and what is allowed.
 
 The words are the paper's (McMahan et al. 2017): ``client_fraction`` is C,
 ``local_epochs`` is E, ``batch_size`` is B (``null``/"all" means B = infinity,
@@ -9,51 +11,32 @@ the client's whole data set in one batch).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
-from fedforge.config.noniid import (
-    DiagnosticsConfig,
+from fedforge.config import compat
+from fedforge.config.communication import CommunicationConfig
+from fedforge.config.data import Dataset, PartitionConfig, SyntheticConfig
+from fedforge.config.evaluation import DiagnosticsConfig, PersonalEvalConfig
+from fedforge.config.local import (
     LocalConfig,
+    PerFedAvgConfig,
     ScaffoldConfig,
     StragglerConfig,
-    SyntheticConfig,
     step_limit,
-    validate_noniid,
 )
-from fedforge.config.personal import PerFedAvgConfig, PersonalEvalConfig, validate_personal
-from fedforge.config.privacy import PrivacyConfig, validate_privacy
-from fedforge.config.robust import RobustConfig, validate_robust
-from fedforge.core.errors import invalid_field as invalid
+from fedforge.config.privacy import PrivacyConfig
+from fedforge.config.robust import RobustConfig
+from fedforge.core.errors import FieldCheck, raise_first
+from fedforge.core.errors import invalid_field as invalid  # noqa: F401  (parse.py's)
 
 WeightRule = Literal["num_examples", "uniform", "sqrt", "capped", "quality", "class"]
 _STEP = "must be a number > 0 (below 3.4e38 in a float32 run)"
 
-PartitionKind = Literal["iid", "shards", "dirichlet", "hsu", "quantity"]
-# feature-shift domains of data/shift.py and label-noise rules of data/noise.py
-FeatureDomain = Literal["none", "rotation", "invert", "contrast", "blur", "noise", "scale"]
-LabelNoiseRule = Literal["symmetric", "pair"]
 Algorithm = Literal["fedavg", "fedsgd", "fedprox", "scaffold", "fedbn", "perfedavg"]
 ModelName = str  # a built-in model or one given to fedforge.register_model
-Dataset = Literal["mnist", "synthetic"]
 Engine = Literal["auto", "serial", "vectorized"]
 DType = Literal["float32", "float64"]
 Precision = Literal["fp32", "bf16"]
-
-
-@dataclass(frozen=True)
-class PartitionConfig:
-    """How the training set is split over clients."""
-
-    kind: PartitionKind = "iid"
-    shards_per_client: int = 2  # shards: McMahan's 200 shards of 300 = 2 per client
-    alpha: float = 0.5  # dirichlet, hsu: label-skew concentration (> 0)
-    sigma: float = 1.0  # quantity: lognormal sigma of client sizes (>= 0)
-    min_size: int = 1  # dirichlet/quantity: smallest client allowed
-    # FedBN's feature shift: domains dealt over the clients, one each; () = off
-    feature_shift: tuple[FeatureDomain, ...] = ()
-    label_noise: float = 0.0  # fraction of clients whose labels are noisy
-    label_noise_rule: LabelNoiseRule = "symmetric"  # symmetric: another class; pair: y + 1
-    label_noise_rate: float = 1.0  # of a noisy client's examples, the fraction relabelled
 
 
 ServerOptimizerKind = Literal["sgd", "adagrad", "adam", "yogi"]
@@ -71,30 +54,16 @@ class ServerOptimizerConfig:
     tau: float = 1e-3  # adaptivity: added to sqrt(v)
     bias_correction: bool = False  # True: torch.optim.Adam's form
 
-
-UplinkCodec = Literal[
-    "dense", "float16", "bfloat16", "int8", "int4", "int2", "sign", "topk", "randk"
-]
-DownlinkCodec = Literal["dense", "float16", "bfloat16", "int8", "int4"]
-
-
-@dataclass(frozen=True)
-class CommunicationConfig:
-    """What travels and how often (see fedforge.compression.quantize, .sparsify,
-    .feedback, .clip and fedforge.server.collectors.hierarchical)."""
-
-    uplink: UplinkCodec = "dense"  # the codec of client updates
-    downlink: DownlinkCodec = "dense"  # the codec of the payload (the global model)
-    rounding: Literal["stochastic", "nearest"] = "stochastic"  # int*, sign
-    scale: Literal["chunk", "tensor"] = "chunk"  # int*, sign: one scale per chunk or tensor
-    chunk_size: int = 1024  # scale: chunk
-    fraction: float = 0.01  # topk, randk: p, the fraction of coordinates sent
-    randk_per_client: bool = False  # randk: a set per client (false: one per round, linear)
-    error_feedback: bool = False  # keep what the uplink codec dropped, add it next time
-    clip_norm: float | None = None  # clip each delta to this L2 norm; null = off
-    upload_every: int = 1  # k: a cohort trains k rounds locally, then uploads once
-    groups: int = 0  # hierarchical aggregation over this many edge groups; 0 = off
-    group_by: Literal["contiguous", "label"] = "contiguous"  # client -> group
+    def check(self) -> None:
+        raise_first(
+            "server_optimizer.",
+            [
+                ("momentum", self.momentum, 0.0 <= self.momentum < 1.0, "must be in [0, 1)"),
+                ("beta1", self.beta1, 0.0 <= self.beta1 < 1.0, "must be in [0, 1)"),
+                ("beta2", self.beta2, 0.0 <= self.beta2 < 1.0, "must be in [0, 1)"),
+                ("tau", self.tau, self.tau > 0, "must be > 0"),
+            ],
+        )
 
 
 @dataclass(frozen=True)
@@ -156,11 +125,52 @@ class Config:
         if self.algorithm == "perfedavg":
             # Per-FedAvg's local work is perfedavg.steps meta-steps, not epochs.
             object.__setattr__(self, "local_epochs", 1)
-        _validate(self)
-        _validate_communication(self)
-        validate_privacy(self.privacy)
-        validate_personal(self)  # first: it says why stragglers cannot run with perfedavg
-        validate_noniid(self)
+        check(self)
+
+
+def check(cfg: Config) -> None:
+    """Whether ``cfg`` can run: the run's own fields, each section's fields, then
+    how the sections combine (compat.py), in that order; the first problem
+    raises ConfigError naming the field."""
+    _check_run(cfg)
+    sections = (
+        cfg.partition,
+        cfg.server_optimizer,
+        cfg.robust,
+        cfg.communication,
+        cfg.privacy,
+        cfg.perfedavg,
+        cfg.personal_eval,
+        cfg.local,
+        cfg.stragglers,
+        cfg.diagnostics,
+        cfg.synthetic,
+    )
+    for section in sections:
+        section.check()
+    # how the sections combine: training and data first, then the parts a run is
+    # built of in the order they are built (robustness, privacy, weights, edges)
+    compat.groups_within_clients(cfg.communication, cfg.num_clients)
+    compat.personal_eval_needs_client_eval(cfg.personal_eval, cfg.eval_clients)
+    compat.perfedavg_plain_sgd(cfg.algorithm, cfg.local)
+    compat.perfedavg_personal_lr(cfg.algorithm, cfg.perfedavg, cfg.personal_eval)
+    compat.perfedavg_no_stragglers(cfg.algorithm, cfg.stragglers)  # before the epochs' check
+    compat.perfedavg_model(cfg.algorithm, cfg.model, cfg.precision)
+    compat.steps_fit_dtype(cfg.local, cfg.lr, cfg.dtype)
+    compat.stragglers_need_epochs(cfg.stragglers, cfg.local_epochs)
+    compat.feature_shift_needs_images(cfg.partition, cfg.dataset)
+    compat.attack_needs_floats(cfg.robust, cfg.privacy)
+    compat.robust_fits_cohort(cfg.robust, cfg.num_clients, cfg.client_fraction)
+    compat.delta_below_one_over_n(cfg.privacy, cfg.num_clients)
+    compat.secagg_can_hide(cfg.privacy, cfg.communication)
+    compat.secagg_neighbours_fit_cohort(cfg.privacy, cfg.num_clients, cfg.client_fraction)
+    compat.one_clip(cfg.privacy, cfg.communication)
+    compat.dp_noise_needs_mean(cfg.privacy, cfg.robust)
+    compat.client_gate_outside_dp(cfg.robust, cfg.privacy)
+    compat.weights_need_plain_mean(cfg.aggregation_weights, cfg.privacy, cfg.robust)
+    compat.groups_need_example_weights(cfg.communication, cfg.aggregation_weights)
+    compat.central_dp_needs_dense_uplink(cfg.privacy, cfg.communication)
+    compat.groups_exclude_central_dp(cfg.communication, cfg.privacy)
 
 
 def describe_split(cfg: Config) -> str:
@@ -178,9 +188,19 @@ def describe_split(cfg: Config) -> str:
     return f"{part.kind} partition" + (f" ({detail})" if detail else "")
 
 
-def _validate(cfg: Config) -> None:
-    step_max = step_limit(cfg)
-    checks: list[tuple[str, Any, bool, str]] = [
+def step_sizes(cfg: Config) -> str:
+    """The local step sizes a run uses, as the CLI and ``fedforge show`` print them:
+    ``lr=...``, or Per-FedAvg's inner and outer steps and its meta-steps."""
+    if cfg.algorithm != "perfedavg":
+        return f"lr={cfg.lr}"
+    pfa = cfg.perfedavg
+    return f"alpha={pfa.alpha} beta={pfa.outer_lr(cfg.lr)} steps={pfa.steps}"
+
+
+def _check_run(cfg: Config) -> None:
+    """The run's own (top-level) fields."""
+    step_max = step_limit(cfg.dtype)
+    checks: list[FieldCheck] = [
         ("num_clients", cfg.num_clients, cfg.num_clients >= 1, "must be an integer >= 1"),
         (
             "client_fraction",
@@ -240,98 +260,51 @@ def _validate(cfg: Config) -> None:
             "must be 1-200 printable characters without '/' or '\\' (it names the run's folder)",
         ),
         ("runs_dir", cfg.runs_dir, bool(cfg.runs_dir.strip()), "must be a non-empty path"),
+        *_training_checks(cfg, step_max),
+    ]
+    raise_first("", checks)
+
+
+def _training_checks(cfg: Config, step_max: float) -> list[FieldCheck]:
+    """The run's fields of FedProx, evaluation and the aggregation weights."""
+    return [
+        (  # float32 runs step by lr * mu: past its largest value round 1 failed
+            "mu",
+            cfg.mu,
+            cfg.mu >= 0.0 and cfg.mu * max(cfg.lr, 1.0) < step_max,
+            "must be a number >= 0 (FedProx's proximal coefficient; lr * mu below 3.4e38 "
+            "in a float32 run)",
+        ),
+        ("eval_holdout", cfg.eval_holdout, 0.0 < cfg.eval_holdout < 1.0, "must be in (0, 1)"),
         (
-            "partition.shards_per_client",
-            cfg.partition.shards_per_client,
-            cfg.partition.shards_per_client >= 1,
-            "must be an integer >= 1",
+            "weight_cap",
+            cfg.weight_cap,
+            (cfg.weight_cap is None or cfg.weight_cap >= 1)
+            and (cfg.aggregation_weights != "capped" or cfg.weight_cap is not None),
+            "must be an integer >= 1 (and is needed by aggregation_weights = 'capped')",
         ),
         (
-            "server_optimizer.momentum",
-            cfg.server_optimizer.momentum,
-            0.0 <= cfg.server_optimizer.momentum < 1.0,
-            "must be in [0, 1)",
+            "model",
+            cfg.model,
+            cfg.dataset != "synthetic" or cfg.model not in ("2nn", "cnn", "cnn_bn"),
+            "dataset 'synthetic' (60 features) needs model 'logreg' (or one of your own)",
         ),
         (
-            "server_optimizer.beta1",
-            cfg.server_optimizer.beta1,
-            0.0 <= cfg.server_optimizer.beta1 < 1.0,
-            "must be in [0, 1)",
+            "quality_temperature",
+            cfg.quality_temperature,
+            cfg.quality_temperature > 0.0,
+            "must be a number > 0 (T of exp(-loss / T))",
         ),
         (
-            "server_optimizer.beta2",
-            cfg.server_optimizer.beta2,
-            0.0 <= cfg.server_optimizer.beta2 < 1.0,
-            "must be in [0, 1)",
-        ),
-        (
-            "server_optimizer.tau",
-            cfg.server_optimizer.tau,
-            cfg.server_optimizer.tau > 0,
-            "must be > 0",
-        ),
-        ("partition.alpha", cfg.partition.alpha, cfg.partition.alpha > 0.0, "must be > 0"),
-        ("partition.sigma", cfg.partition.sigma, cfg.partition.sigma >= 0.0, "must be >= 0"),
-        (
-            "partition.min_size",
-            cfg.partition.min_size,
-            cfg.partition.min_size >= 1,
-            "must be an integer >= 1",
+            "quality_holdout",
+            cfg.quality_holdout,
+            0.0 < cfg.quality_holdout < 1.0,
+            "must be in (0, 1) (each client's validation split)",
         ),
     ]
-    for name, value, ok, allowed in checks:
-        if not ok:
-            raise invalid(name, value, allowed)
-    validate_robust(cfg.robust)
 
 
 def _run_name_ok(name: str) -> bool:
     """A run's name goes into its folder's name (after a 23-character date and id,
     within the usual 255-byte limit) and into one-line tables."""
     return 0 < len(name.encode()) <= 200 and name.isprintable() and not set(name) & {"/", "\\"}
-
-
-def _validate_communication(cfg: Config) -> None:
-    com = cfg.communication
-    checks: list[tuple[str, Any, bool, str]] = [
-        ("chunk_size", com.chunk_size, com.chunk_size >= 1, "must be an integer >= 1"),
-        (
-            "fraction",
-            com.fraction,
-            0.0 < com.fraction <= 1.0,
-            "must be in (0, 1] (top-k/random-k keep max(1, floor(fraction * P)) coordinates)",
-        ),
-        (
-            "clip_norm",
-            com.clip_norm,
-            com.clip_norm is None or com.clip_norm > 0.0,
-            "must be a number > 0, or null (no clipping)",
-        ),
-        ("upload_every", com.upload_every, com.upload_every >= 1, "must be an integer >= 1"),
-        (
-            "groups",
-            com.groups,
-            0 <= com.groups <= cfg.num_clients,
-            f"must be 0 (off) or 1..num_clients ({cfg.num_clients})",
-        ),
-        (
-            "error_feedback",
-            com.error_feedback,
-            not com.error_feedback or com.uplink != "dense",
-            "needs a lossy uplink codec (dense drops nothing); allowed with: "
-            "float16, bfloat16, int8, int4, int2, sign, topk, randk",
-        ),
-        (
-            "error_feedback",
-            com.error_feedback,
-            not com.error_feedback
-            or com.rounding == "nearest"
-            or com.uplink not in ("sign", "int2"),
-            f"with uplink '{com.uplink}' needs rounding: nearest (stochastic {com.uplink} "
-            "loses more than its input, ||C(x) - x|| > ||x||, and the residual grows without "
-            "bound: measured x2 a round; Karimireddy et al.'s scaled sign is the nearest one)",
-        ),
-    ]
-    for name, value, ok, allowed in checks:
-        if not ok:
-            raise invalid("communication." + name, value, allowed)

@@ -83,3 +83,15 @@ class StopNow(KeyboardInterrupt):
         name = self.signal_name
         where = f"fedforge resume {self.run_dir}" if self.run_dir else "fedforge resume RUN"
         return f"stopped at once by a second {name}; resume from the last checkpoint with: {where}"
+
+
+# (field, value, ok, allowed): one check of a config field
+FieldCheck = tuple[str, object, bool, str]
+
+
+def raise_first(prefix: str, checks: list[FieldCheck]) -> None:
+    """Raise :func:`invalid_field` for the first failed check, its field named
+    ``prefix`` + field (``prefix``: the section, e.g. ``"robust."``, or "")."""
+    for name, value, ok, allowed in checks:
+        if not ok:
+            raise invalid_field(prefix + name, value, allowed)

@@ -7,9 +7,11 @@ server state, the accountant (``accountant.py``) and secure aggregation
 Server state that must survive a resume (the adaptive clip norm) lives in
 ``LoopState.privacy`` and is checkpointed; epsilon is a pure function of the
 rounds done. Distributed DP is accounted as central DP with the same noise
-multiplier (its sums carry at least that noise). Refuses at build time what
-cannot work (DP noise calibrated for a sum needs the mean aggregator; one clip
-norm, not two).
+multiplier (its sums carry at least that noise). What the config alone rules
+out (DP noise calibrated for a sum needs the mean aggregator; one clip norm,
+not two; what secure aggregation cannot hide) is refused when the config is
+checked (config/compat.py); refused here is what needs the built parts: an
+algorithm sending tensors beside the delta, a budget spent by the first round.
 """
 
 from __future__ import annotations
@@ -20,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from fedforge.algorithms.base import Algorithm
 from fedforge.compression.clip import Clip, ClipBoard
-from fedforge.config import Config
+from fedforge.config import Config, PrivacyConfig
 from fedforge.config.privacy import delta_of
-from fedforge.core.errors import ConfigError, invalid_field
+from fedforge.core.errors import ConfigError
 from fedforge.core.rng import noise_generator
 from fedforge.pipeline.pipeline import Stage
 from fedforge.privacy.accountant import Accountant, local_epsilon
@@ -205,15 +207,9 @@ class PrivacyParts:
 
 
 def assemble(cfg: Config, num_examples: list[int]) -> PrivacyParts:
-    """The privacy parts of ``cfg``; raises ConfigError on impossible combinations."""
+    """The privacy parts of ``cfg``; raises ConfigError when the first round would
+    spend more than ``privacy.target_epsilon`` or adaptive clipping cannot be noised."""
     p = cfg.privacy
-    if (p.dp != "none" or p.tiers.enabled) and delta_of(p, cfg.num_clients) >= 1 / cfg.num_clients:
-        raise invalid_field(
-            "privacy.delta",
-            p.delta,
-            f"must be below 1 / num_clients = {1 / cfg.num_clients:.3g} (a delta of 1/N "
-            "allows publishing one client's data outright), or null (1 / num_clients**1.1)",
-        )
     m = cohort_size(cfg.num_clients, cfg.client_fraction)
     q = cfg.client_fraction if p.sampling == "poisson" else m / cfg.num_clients
     expected = q * cfg.num_clients
@@ -223,12 +219,6 @@ def assemble(cfg: Config, num_examples: list[int]) -> PrivacyParts:
         _secagg(parts, cfg, m, num_examples)
     if p.dp == "none" and not p.tiers.enabled:
         return parts
-    if cfg.communication.clip_norm is not None:
-        what = "privacy.tiers" if p.tiers.enabled else f"privacy.dp = '{p.dp}'"
-        raise ConfigError(
-            f"communication.clip_norm = {cfg.communication.clip_norm} and {what} both clip; "
-            "DP clips with privacy.clip_norm: set communication.clip_norm to null"
-        )
     board = ClipBoard() if p.adaptive_clip else None
     clip = Clip(p.clip_norm, board)
     if p.tiers.enabled:  # high: clip + local noise; low: clip; both masked
@@ -242,11 +232,6 @@ def assemble(cfg: Config, num_examples: list[int]) -> PrivacyParts:
         parts.client_stages = (clip, LocalNoise(p.noise_multiplier, p.clip_norm, p.secret_noise))
         _check_budget(parts)
         return parts
-    if cfg.robust.aggregator != "mean":
-        raise ConfigError(
-            f"privacy.dp = '{p.dp}' adds noise calibrated to a sum, but robust.aggregator = "
-            f"'{cfg.robust.aggregator}' is not one: use robust.aggregator = mean"
-        )
     z = p.noise_multiplier
     if p.adaptive_clip:
         try:
@@ -277,42 +262,11 @@ def assemble(cfg: Config, num_examples: list[int]) -> PrivacyParts:
 
 
 def _secagg(parts: PrivacyParts, cfg: Config, m: int, num_examples: list[int]) -> None:
-    """The masking codec of ``privacy.secagg``; refuses what it cannot hide."""
+    """The masking codec of ``privacy.secagg`` (what it cannot hide is refused by
+    the config's checks: config/compat.py)."""
     from fedforge.privacy.secagg_codec import SecAggCodec, SecAggMean, min_survivors, noise_bound
 
     p, comm = cfg.privacy, cfg.communication
-    refusals = [
-        (
-            p.adaptive_clip,
-            "privacy.adaptive_clip sends each client's unclipped bit in the clear beside "
-            "its masked update; set adaptive_clip to false",
-        ),
-        (
-            comm.uplink != "dense" or comm.error_feedback,
-            f"communication.uplink = '{comm.uplink}' (error_feedback = {comm.error_feedback}) "
-            "is a codec of its own; the masked update is the uplink: use uplink = dense "
-            "without error feedback",
-        ),
-        (
-            comm.groups > 0,
-            f"communication.groups = {comm.groups}: an edge would average individual "
-            "updates it cannot see; set groups to 0",
-        ),
-        (
-            p.dp == "none" and not p.tiers.enabled and comm.clip_norm is None,
-            "the modulus is sized from a bound on each update: set privacy.dp (its "
-            "clip_norm) or communication.clip_norm",
-        ),
-    ]
-    for bad, why in refusals:
-        if bad:
-            raise ConfigError(f"privacy.secagg: {why}")
-    if p.secagg_neighbours is not None and p.secagg_neighbours >= m:
-        raise invalid_field(
-            "privacy.secagg_neighbours",
-            p.secagg_neighbours,
-            f"must be below the cohort of {m} clients (2 <= k < {m}, even); null masks every pair",
-        )
     clipped = p.dp != "none" or p.tiers.enabled
     clip = p.clip_norm if clipped else float(comm.clip_norm or 0.0)
     # noise before the mask: each coordinate clamped at C + 8 s (secagg_codec.NOISE_TAIL)
@@ -340,35 +294,11 @@ def _secagg(parts: PrivacyParts, cfg: Config, m: int, num_examples: list[int]) -
         parts.secagg_mean = SecAggMean(cap)
 
 
-def check_client_gate(cfg: Config) -> None:
-    """Refuse the client's gate under DP: whether a client withholds its update is
-    a decision on its un-noised held-out loss, a release the accountant does not
-    count. (Under secure aggregation alone the withheld note carries no numbers.)"""
-    p = cfg.privacy
-    if cfg.robust.client_gate and (p.dp in ("local", "distributed") or p.tiers.enabled):
-        what = "privacy.tiers" if p.tiers.enabled else f"privacy.dp = '{p.dp}'"
-        raise ConfigError(
-            f"robust.client_gate with {what}: withholding an update is a decision on the "
-            "client's un-noised held-out loss, outside the privacy accounting; "
-            "set robust.client_gate = false"
-        )
-
-
-def hides_updates(cfg: Config) -> bool:
-    """Whether the server must not see a client's own numbers: local DP (noised
-    on the client), secure aggregation, distributed DP and the tiers. Its
-    training loss is then not reported either (a function of its data, exact);
-    its example count still travels (the weights need it)."""
-    p = cfg.privacy
-    return p.dp in ("local", "distributed") or p.secagg or p.tiers.enabled
-
-
-def check_algorithm(cfg: Config, algorithm: Algorithm) -> None:
+def check_algorithm(privacy: PrivacyConfig, algorithm: Algorithm) -> None:
     """Refuse privacy with an algorithm whose updates carry tensors beside the
     delta (SCAFFOLD's control deltas): they are neither masked, clipped nor noised,
     and each is the client's raw update rescaled."""
-    server = algorithm.server
-    p = cfg.privacy
+    server, p = algorithm.server, privacy
     if server is None or not server.update_tensors:
         return
     named = {

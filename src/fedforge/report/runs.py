@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedforge.config import describe_split
-from fedforge.config.personal import step_sizes
+from fedforge.config import describe_split, step_sizes
 from fedforge.evaluation.clients import summarize_accuracies
 from fedforge.report.facts import run_facts
 from fedforge.report.progress import count, format_bytes, percent

@@ -2,9 +2,10 @@
 simulated attackers (data poisoning, a last client stage, a faulty encoder, or
 a colluding cohort stage), the server's norm gate and the client's gate.
 
-Refuses at build time what cannot work with the run's cohort size K =
-max(1, floor(C N)): Krum/Multi-Krum with K < 2f + 3, Bulyan with K < 4f + 3,
-Multi-Krum averaging more than K - f updates, ``min_clients`` > K.
+Refuses at build time the aggregator the run's cohort size K = max(1, floor(C N))
+is too small for (Krum/Multi-Krum with K < 2f + 3, Bulyan with K < 4f + 3: the
+built aggregator's ``min_updates``); what the config alone rules out is refused
+when it is checked (config/compat.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from fedforge.client.gate import ClientGate
 from fedforge.client.runtime import ClientDataFn, TamperFn
 from fedforge.compression.feedback import ErrorFeedback
 from fedforge.config import Config, RobustConfig
+from fedforge.config.compat import describe_cohort
 from fedforge.core.errors import ConfigError
 from fedforge.data.mnist import NUM_CLASSES
 from fedforge.pipeline.pipeline import Codec, CohortStage, Stage
@@ -64,39 +66,26 @@ class RobustParts:
     attackers: frozenset[int]
 
 
-def _check_cohort(cfg: Config, aggregator: agg.Aggregator) -> None:
-    r, k = cfg.robust, cohort_size(cfg.num_clients, cfg.client_fraction)
-    cohort = f"the cohort of C N = {cfg.client_fraction} x {cfg.num_clients} is {k} clients"
+def _check_cohort(
+    aggregator: agg.Aggregator, robust: RobustConfig, num_clients: int, client_fraction: float
+) -> None:
+    """Refuse an aggregator that needs more updates than a cohort holds."""
     need = agg.min_updates(aggregator)
-    if k < need:
-        formula = "4f + 3" if r.aggregator == "bulyan" else "2f + 3"
+    if cohort_size(num_clients, client_fraction) < need:
+        formula = "4f + 3" if robust.aggregator == "bulyan" else "2f + 3"
         raise ConfigError(
-            f"robust.aggregator '{r.aggregator}' with robust.byzantine f = {r.byzantine} needs "
-            f"n >= {formula} = {need} updates a round, but {cohort}; lower f or raise "
-            "client_fraction"
-        )
-    m = r.multi_krum_m
-    if r.aggregator == "multi_krum" and m is not None and m > k - r.byzantine:
-        raise ConfigError(f"robust.multi_krum_m = {m} exceeds n - f = {k - r.byzantine}: {cohort}")
-    if r.min_clients > k:
-        raise ConfigError(
-            f"robust.min_clients = {r.min_clients} can never be met: {cohort}; every round "
-            "would be skipped"
+            f"robust.aggregator '{robust.aggregator}' with robust.byzantine f = "
+            f"{robust.byzantine} needs n >= {formula} = {need} updates a round, but "
+            f"{describe_cohort(num_clients, client_fraction)}; lower f or raise client_fraction"
         )
 
 
 def assemble(cfg: Config, data_fn: ClientDataFn, uplink: Codec | None = None) -> RobustParts:
-    """The robustness parts of ``cfg``; raises ConfigError on impossible combinations.
+    """The robustness parts of ``cfg``; raises ConfigError when the cohort is too small.
     ``uplink``: the update codec, which colluding attackers' rows go through too."""
     r = cfg.robust
-    if r.attack == "uint8" and cfg.privacy.secagg:
-        raise ConfigError(
-            "robust.attack 'uint8' (float tensors sent as raw bytes) cannot be simulated "
-            "with privacy.secagg: a masked update is integer words, so the attack would "
-            "change nothing; use 'nan_inf' or 'scaled' there"
-        )
     aggregator = make_aggregator(r)
-    _check_cohort(cfg, aggregator)
+    _check_cohort(aggregator, r, cfg.num_clients, cfg.client_fraction)
     attackers = attacker_ids(cfg.num_clients, r.attack_fraction, cfg.seed)
     client: tuple[Stage, ...] = ()
     cohort: tuple[CohortStage, ...] = ()

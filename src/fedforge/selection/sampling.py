@@ -4,14 +4,8 @@ generator derived from (seed, round): reruns pick the same cohorts."""
 
 from __future__ import annotations
 
-import math
-
+from fedforge.config.compat import cohort_size
 from fedforge.core.rng import numpy_rng
-
-
-def cohort_size(num_clients: int, client_fraction: float) -> int:
-    """max(1, floor(C * N)), with a tolerance so that 0.1 * 100 is 10, not 9."""
-    return max(1, min(num_clients, math.floor(client_fraction * num_clients + 1e-9)))
 
 
 def sample_cohort(

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from fedforge import algorithms
-from fedforge.aggregation.mean import Aggregator, WeightedMean
+from fedforge.aggregation.mean import Aggregator
 from fedforge.aggregation.weights import Reweighted
 from fedforge.algorithms.base import Algorithm
 from fedforge.client import reports
@@ -111,13 +111,14 @@ def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
     if not any(e.trainable for e in spec.entries):
         raise ConfigError(f"model '{cfg.model}' has no parameter to train (all frozen)")
     algorithm = algorithms.from_config(cfg, spec.size, dtype, spec)
-    comm = communication.assemble(cfg, spec, dtype, data.partition, data.train_y)
+    comm = communication.assemble(
+        cfg.communication, cfg.num_clients, spec, dtype, data.partition, data.train_y
+    )
     robust = assemble(cfg, data.client_data, comm.uplink)
     reporter, weigh = reports.assemble(cfg, robust.data_fn, NUM_CLASSES)  # quality, class
     sizes = [data.num_examples(c) for c in range(cfg.num_clients)]
     priv = privacy.assemble(cfg, sizes)
-    privacy.check_algorithm(cfg, algorithm)
-    privacy.check_client_gate(cfg)
+    privacy.check_algorithm(cfg.privacy, algorithm)
     pipeline = Pipeline(
         aggregator=_weighted(cfg, priv, robust.aggregator),
         client=(*comm.client_stages, *priv.client_stages, *robust.client_stages),
@@ -125,7 +126,7 @@ def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
         cohort=(*robust.cohort_stages, *weigh),
         server_aggregate=priv.aggregate_stages,
     )
-    communication.check_pipeline(cfg, pipeline)
+    communication.check_pipeline(cfg.communication, pipeline)
     runtime = ClientRuntime(
         model,
         spec,
@@ -137,7 +138,7 @@ def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
         tamper_fn=robust.tamper_fn,
         downlink=comm.downlink,
         reporter=reporter,
-        report_loss=not privacy.hides_updates(cfg),
+        report_loss=not cfg.privacy.hides_updates,
     )
     largest = int(data.partition.sizes().max(initial=0))
     engine, note = make_engine(cfg.engine, runtime, cfg.workers, _side_state(comm, priv), largest)
@@ -163,29 +164,12 @@ def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
 
 
 def _weighted(cfg: Config, priv: PrivacyParts, robust: Aggregator) -> Aggregator:
-    """The round's aggregator, its weights mapped by ``aggregation_weights``: only
-    the plain weighted mean takes a rule other than num_examples."""
-    fixed = priv.aggregator or priv.secagg_mean  # DP and secure aggregation weigh themselves
+    """The round's aggregator, its weights mapped by ``aggregation_weights`` (which
+    rules fit which aggregators: config/compat.py weights_need_plain_mean)."""
     rule = cfg.aggregation_weights
-    if rule == "num_examples":
-        return fixed or robust
-    if fixed is not None:
-        raise ConfigError(
-            f"aggregation_weights = {rule!r} needs the plain weighted mean; DP and secure "
-            "aggregation weigh clients by privacy.weights (uniform or capped)"
-        )
-    if not isinstance(robust, WeightedMean):
-        raise ConfigError(
-            f"aggregation_weights = {rule!r} needs robust.aggregator = 'mean' (the plain "
-            f"weighted mean); {cfg.robust.aggregator!r} weighs updates its own way"
-        )
-    if rule in reports.REPORTED and privacy.hides_updates(cfg):
-        sent = "validation loss" if rule == "quality" else "label counts"
-        raise ConfigError(
-            f"aggregation_weights = {rule!r} sends each client's exact {sent} outside "
-            "the privacy mechanism (local DP, tiers); use num_examples, uniform, sqrt or capped"
-        )
-    if rule == "quality" or rule == "class":  # weights from the cohort's reports: reports.py
+    if rule == "num_examples":  # DP and secure aggregation weigh themselves
+        return priv.aggregator or priv.secagg_mean or robust
+    if rule == "quality" or rule == "class":  # from the cohort's reports: client/reports.py
         return robust
     return Reweighted(robust, rule, cfg.weight_cap)
 
