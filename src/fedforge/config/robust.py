@@ -53,6 +53,12 @@ class RobustConfig:
     # this many skipped rounds in a row (the model unchanged, e.g. every update
     # non-finite after a divergence) stop the run; 0: never
     max_skipped_rounds: int = 20
+    # a client weighs at most the example count it declared when it joined, and a
+    # declaration at most this multiple of the federation's median; null: uncapped
+    max_weight_ratio: float | None = 10.0
+    # an update whose L2 norm passes this multiple of ||w|| + sqrt(P) (the global
+    # model's norm plus that of a vector of ones) is refused as absurd; null: off
+    max_update_ratio: float | None = 100.0
     client_gate: bool = False  # clients withhold updates whose held-out loss rose
     holdout_fraction: float = 0.1  # client_gate: the held-out slice of each client
 
@@ -113,6 +119,18 @@ def _check(r: RobustConfig) -> None:
             r.max_skipped_rounds,
             r.max_skipped_rounds >= 0,
             "must be an integer >= 0 (0: never stop on skipped rounds)",
+        ),
+        (
+            "max_weight_ratio",
+            r.max_weight_ratio,
+            r.max_weight_ratio is None or 1.0 <= r.max_weight_ratio < math.inf,
+            "must be a finite number >= 1 (a multiple of the median declared count), or null",
+        ),
+        (
+            "max_update_ratio",
+            r.max_update_ratio,
+            r.max_update_ratio is None or 0.0 < r.max_update_ratio < math.inf,
+            "must be a finite number > 0 (a multiple of ||w|| + sqrt(P)), or null (off)",
         ),
         (
             "holdout_fraction",

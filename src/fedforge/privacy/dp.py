@@ -85,7 +85,7 @@ class DPMean:
         w = torch.tensor([self.weight(float(n)) for n in weights], dtype=updates.dtype)
         return (w @ updates) / self.denominator
 
-    def from_sum(self, total: torch.Tensor, num_examples: Sequence[int]) -> torch.Tensor:
+    def from_sum(self, total: torch.Tensor, num_examples: Sequence[float]) -> torch.Tensor:
         """The aggregate from the sum of the weighted updates (secure aggregation)."""
         return total / self.denominator
 

@@ -91,7 +91,7 @@ class SecAggMean:
     def weight(self, num_examples: float) -> float:
         return 1.0 if self.weight_cap is None else min(num_examples / self.weight_cap, 1.0)
 
-    def from_sum(self, total: torch.Tensor, num_examples: Sequence[int]) -> torch.Tensor:
+    def from_sum(self, total: torch.Tensor, num_examples: Sequence[float]) -> torch.Tensor:
         """The aggregate from the unmasked sum of the weighted updates."""
         return total / sum(self.weight(n) for n in num_examples)
 

@@ -31,6 +31,7 @@ from fedforge.data.mnist import NUM_CLASSES
 from fedforge.engines import close_engine
 from fedforge.report.progress import Progress
 from fedforge.server.experiment import Experiment, build, client_tables
+from fedforge.server.registry import Registry
 from fedforge.server.round import run_round
 from fedforge.server.state import (
     LoopState,
@@ -86,6 +87,7 @@ def run(
     partition = _summary(exp)
     if progress:
         print(f"partition: {partition.format()}", flush=True)
+        print(f"weights: {weight_rule(exp)}", flush=True)
     _say_note(exp)
     _say_workload(exp, 0)
     if not store:
@@ -136,6 +138,7 @@ def resume(
     if progress:
         first = " (no checkpoint yet: from the start)" if state.next_round == 0 else ""
         print(f"resuming {run_store.path.name} at round {state.next_round + 1}{first}", flush=True)
+        print(f"weights: {weight_rule(exp)}", flush=True)
     _say_note(exp)
     _say_workload(exp, state.next_round)
     return _drive(exp, run_store, lock, state, partition, progress)
@@ -157,6 +160,15 @@ def _resumed_state(exp: Experiment, run_store: RunStore) -> LoopState:
     state = LoopState.from_checkpoint(exp, ckpt, run_store.rounds(), tables)
     load_aggregator_state(exp.pipeline.aggregator, ckpt)
     return state
+
+
+def weight_rule(exp: Experiment) -> str:
+    """The aggregation weight rule in force, in one line."""
+    cfg = exp.cfg
+    line = Registry(exp.data.partition.sizes().tolist(), cfg.robust.max_weight_ratio).describe()
+    if cfg.aggregation_weights != "num_examples":
+        line += f"; then weighed by aggregation_weights = '{cfg.aggregation_weights}'"
+    return line
 
 
 def _say_note(exp: Experiment) -> None:

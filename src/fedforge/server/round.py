@@ -32,12 +32,13 @@ from fedforge.server.collectors import (
     Collected,
     Collector,
     DenseCost,
-    Gathered,
+    GatheredCohort,
     HierarchicalMean,
     RoundLog,
     StreamingMean,
 )
 from fedforge.server.collectors.base import FLOAT32_BYTES
+from fedforge.server.collectors.intake import Limits
 from fedforge.server.collectors.streaming import UploadPhase
 from fedforge.server.diagnostics import RoundDiagnostics
 from fedforge.server.experiment import Experiment
@@ -58,6 +59,7 @@ class Orders:
     plan: LocalPlan
     payload: bytes
     dense: DenseCost
+    limits: Limits  # the weight a count may claim, the largest update norm
 
 
 def run_round(
@@ -108,7 +110,8 @@ def configure(
     more_down = sum(t.numel() for t in (more or {}).values())
     dense = DenseCost.of(exp.spec.size, more_down, extra_up)
     tasks = cohort_tasks(cfg, exp.algorithm, cohort, round_idx, plan)  # stragglers
-    return Orders(round_idx, start, cohort, tasks, plan, payload, dense)
+    limits = Limits.of(exp, state.params)
+    return Orders(round_idx, start, cohort, tasks, plan, payload, dense, limits)
 
 
 def collector_for(
@@ -120,13 +123,13 @@ def collector_for(
         from fedforge.server.collectors.secure import SecureSum  # imports ``cryptography``
 
         ids = [t.client_id for t in orders.tasks]
-        return SecureSum(exp, round_idx, ids, log, payload_bytes, dense)
+        return SecureSum(exp, round_idx, ids, log, payload_bytes, dense, orders.limits)
     kind: type[UploadPhase] = StreamingMean
     if not exp.pipeline.streams:
-        kind = Gathered
+        kind = GatheredCohort
     elif exp.comm is not None and exp.comm.group_of is not None:
         kind = HierarchicalMean
-    return kind(exp, round_idx, orders.cohort, log, payload_bytes, dense, diag)
+    return kind(exp, round_idx, orders.cohort, log, payload_bytes, dense, orders.limits, diag)
 
 
 def aggregate_phase(

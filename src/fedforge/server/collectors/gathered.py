@@ -49,11 +49,11 @@ class Gathering:
         return self._rows[: len(self.uploads)]
 
 
-class Gathered(UploadPhase):
+class GatheredCohort(UploadPhase):
     """The accepted updates as rows, then the cohort stages and the aggregator."""
 
     def _start(self) -> None:
-        self.gathering = Gathering(len(self.trainers))  # the intake admits one a client
+        self.gathering = Gathering(len(self.cohort))  # the intake admits one a client
 
     def _accept(self, up: Upload) -> None:
         self.clients[up.client_id] = self.intake.record(up, math.nan)  # norm: after stages
@@ -76,7 +76,7 @@ class Gathered(UploadPhase):
         cohort = CohortUpdates(
             [u.client_id for u in uploads],
             self.gathering.updates(),
-            torch.tensor([float(u.num_examples) for u in uploads], dtype=torch.float64),
+            torch.tensor([u.weighed() for u in uploads], dtype=torch.float64),
             {u.client_id: u.report for u in uploads},
         )
         ctx = StageContext(log.round_idx, exp.cfg.seed)

@@ -121,7 +121,7 @@ class HierarchicalMean(UploadPhase):
         if self.diag is not None:
             self.diag.add(up.client_id, up.delta, up.train_loss)
         self.clients[up.client_id] = self.intake.record(up, float(up.delta.norm()))
-        self.edges.add(up.client_id, up.delta, float(up.num_examples), up.extras)
+        self.edges.add(up.client_id, up.delta, up.weighed(), up.extras)
 
     def finish(self) -> Collected:
         edges, round_idx = self.edges, self.intake.round_idx
@@ -130,5 +130,5 @@ class HierarchicalMean(UploadPhase):
         why = self._too_few(len(self.clients)) if self.acc.count else None  # clients, not edges
         if why is None and edges.refused is not None:
             why = edges.refused  # an edge's message the server refused: its clients too
-        hops = len(edges.groups_of(self.trainers))  # server <-> edge messages
+        hops = len(edges.groups_of(self.cohort))  # server <-> edge messages
         return self._collected(aggregate, why, edges.received, hops, (edges.forwarded, sent))

@@ -6,11 +6,16 @@ client outside the round's cohort, or a second one from the same client, is
 refused with the reason and never reaches the aggregate. Each update is decoded
 by the pipeline's codec and refused when malformed (shape, dtype, non-finite
 values, a header that does not match the client and round, the algorithm's
-tensors beside the delta). Runs on the server; trusts nothing it decodes.
+tensors beside the delta), or absurd: an L2 norm past ``robust.max_update_ratio``
+times ||w|| + sqrt(P) (the round's global model's norm plus that of a vector of
+ones: a bound no honest update of a sane learning rate comes near). An accepted
+update's weight is its reported ``num_examples`` within the registry's bounds
+(``server/registry.py``). Runs on the server; trusts nothing it decodes.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
@@ -27,6 +32,7 @@ from fedforge.pipeline.pipeline import StageContext
 from fedforge.server.collectors.base import RoundLog
 from fedforge.server.experiment import Experiment
 from fedforge.server.labels import read_labels
+from fedforge.server.registry import Registry
 from fedforge.store import ClientRecord
 
 
@@ -41,6 +47,11 @@ class Upload:
     nbytes: int
     extras: dict[str, torch.Tensor] = field(default_factory=dict)  # e.g. SCAFFOLD's delta c_k
     report: ClientReport | None = None  # val_loss / label_counts for the weights
+    weight: float | None = None  # num_examples within the registry's bounds (intake)
+
+    def weighed(self) -> float:
+        """The update's aggregation weight: its bounded count, once the intake set it."""
+        return float(self.num_examples) if self.weight is None else self.weight
 
 
 def check_update(exp: Experiment, client_id: int, round_idx: int, data: bytes) -> Upload:
@@ -88,6 +99,37 @@ def check_extras(exp: Experiment, extras: dict[str, torch.Tensor]) -> dict[str, 
     return {name: extras[name] for name in server.update_tensors}
 
 
+@dataclass(frozen=True)
+class Limits:
+    """What a round accepts of an update beyond its form: the weight its count may
+    claim, and the largest norm (None: no bound)."""
+
+    registry: Registry
+    max_norm: float | None
+
+    @classmethod
+    def of(cls, exp: Experiment, params: torch.Tensor) -> Limits:
+        """The limits of a round whose global model is ``params``."""
+        robust = exp.cfg.robust
+        registry = Registry(exp.data.partition.sizes().tolist(), robust.max_weight_ratio)
+        ratio = robust.max_update_ratio
+        if ratio is None:
+            return cls(registry, None)
+        scale = float(params.norm()) + math.sqrt(params.numel())
+        return cls(registry, ratio * scale)
+
+    def check_norm(self, delta: torch.Tensor) -> None:
+        """Refuse an update whose norm passes the bound (an infinite norm too)."""
+        if self.max_norm is None:
+            return
+        norm = float(delta.norm())
+        if not norm <= self.max_norm:
+            raise UploadError(
+                f"update norm {norm:.4g} passes the bound {self.max_norm:.4g} = "
+                f"robust.max_update_ratio x (||w|| + sqrt(P))"
+            )
+
+
 class Intake:
     """One round's admission of uploads: one per expected client, well-formed,
     through the per-upload stages. Counts what arrived."""
@@ -99,8 +141,9 @@ class Intake:
         expected: Collection[int],
         log: RoundLog,
         payload_bytes: int,
+        limits: Limits,
     ) -> None:
-        self.exp, self.round_idx, self.log = exp, round_idx, log
+        self.exp, self.round_idx, self.log, self.limits = exp, round_idx, log, limits
         self.expected = frozenset(expected)
         self.payload_bytes = payload_bytes
         self.seen: set[int] = set()
@@ -115,6 +158,7 @@ class Intake:
         if why is None:
             try:
                 up = check_update(self.exp, client_id, self.round_idx, data)
+                self.limits.check_norm(up.delta)
             except UploadError as exc:
                 self.faulty += not isinstance(exc, Withheld)
                 why = str(exc)
@@ -123,6 +167,7 @@ class Intake:
             return why
         ctx = StageContext(self.round_idx, self.exp.cfg.seed, client_id)
         up.delta = self.exp.pipeline.run_upload(up.delta, ctx)
+        up.weight = self.limits.registry.weight(client_id, up.num_examples)
         self.accepted += 1
         return up
 

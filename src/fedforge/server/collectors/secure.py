@@ -27,6 +27,7 @@ from fedforge.privacy import secagg_codec as sc
 from fedforge.privacy.dp import DPMean
 from fedforge.privacy.secagg import PHASES, route, unmask_sum
 from fedforge.server.collectors.base import Collected, DenseCost, Phase, RoundLog
+from fedforge.server.collectors.intake import Limits
 from fedforge.server.experiment import Experiment
 from fedforge.server.labels import read_labels
 from fedforge.store import ClientRecord
@@ -45,8 +46,10 @@ class SecureSum:
         log: RoundLog,
         payload_bytes: int,
         dense: DenseCost,
+        limits: Limits,
     ) -> None:
         assert exp.privacy is not None and exp.privacy.secagg is not None
+        self.registry = limits.registry  # the server sees no update: no norm bound
         self.exp, self.round_idx, self.log, self.dense = exp, round_idx, log, dense
         self.codec = exp.privacy.secagg
         self.payload_bytes = payload_bytes
@@ -65,6 +68,7 @@ class SecureSum:
         self.masked: dict[int, np.ndarray] = {}
         self.clients: dict[int, ClientRecord] = {}  # the masked inputs that arrived
         self.weights: dict[int, int] = {}
+        self.bounded: dict[int, float] = {}  # the counts within the registry's bounds
         self.payloads = self.masked_updates = 0
         self.aggregate: torch.Tensor | None = None
 
@@ -157,6 +161,7 @@ class SecureSum:
             self.log.reject(c, str(exc))
             return str(exc)
         self.weights[c] = n
+        self.bounded[c] = self.registry.weight(c, n)
         # the server cannot know an individual update's norm: NaN
         self.clients[c] = ClientRecord(self.round_idx, c, n, loss, float("nan"), 0, 0)
         return None
@@ -217,7 +222,7 @@ class SecureSum:
         agg = self.exp.pipeline.aggregator
         if not isinstance(agg, sc.SecAggMean | DPMean):  # refused at build time
             raise TypeError(f"secure aggregation cannot aggregate with '{agg.name}'")
-        self.aggregate = agg.from_sum(summed, [self.weights[c] for c in u3])
+        self.aggregate = agg.from_sum(summed, [self.bounded[c] for c in u3])
 
     def finish(self) -> Collected:
         if self.reason is None and self.aggregate is not None:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 
 from fedforge.server.collectors.base import UPLOAD, Collected, DenseCost, Phase, RoundLog
-from fedforge.server.collectors.intake import Intake, Upload
+from fedforge.server.collectors.intake import Intake, Limits, Upload
 from fedforge.server.diagnostics import RoundDiagnostics
 from fedforge.server.experiment import Experiment
 from fedforge.store import ClientRecord
@@ -26,18 +26,20 @@ class UploadPhase:
         self,
         exp: Experiment,
         round_idx: int,
-        trainers: Sequence[int],
+        cohort: Sequence[int],
         log: RoundLog,
         payload_bytes: int,
         dense: DenseCost,
+        limits: Limits,
         diag: RoundDiagnostics | None = None,
     ) -> None:
         self.exp, self.log, self.dense, self.diag = exp, log, dense, diag
-        self.trainers = list(trainers)
-        self.intake = Intake(exp, round_idx, trainers, log, payload_bytes)
+        self.cohort = list(cohort)  # each gets the payload; each may upload once
+        self.intake = Intake(exp, round_idx, cohort, log, payload_bytes, limits)
         self.clients: dict[int, ClientRecord] = {}
         self.extras: dict[int, dict[str, torch.Tensor]] = {}
         self._gone: set[int] = set()
+        self._sent = 0  # payloads handed out
         self._done = False
         self._start()
 
@@ -45,10 +47,12 @@ class UploadPhase:
         """What the collector sets up before the first upload."""
 
     def upcoming(self) -> tuple[str, list[int]] | None:
-        return None if self._done else (UPLOAD, self.trainers)
+        return None if self._done else (UPLOAD, self.cohort)
 
     def next_phase(self) -> Phase | None:
-        return Phase(UPLOAD, train=[c for c in self.trainers if c not in self._gone])
+        train = [c for c in self.cohort if c not in self._gone]
+        self._sent = len(train)
+        return Phase(UPLOAD, train=train)
 
     def reply(self, client_id: int, data: bytes) -> None:
         self.intake.bytes_up += len(data)  # nothing is asked of a client but its update
@@ -94,14 +98,11 @@ class UploadPhase:
             clients,
             received,
             self.intake.bytes_up + forwarded[1],
-            self.intake.payload_bytes * (self._payloads() + hops),
+            self.intake.payload_bytes * (self._sent + hops),
             self.dense.up * (self.intake.arrived + forwarded[0]),
-            self.dense.down * (self._payloads() + hops),
+            self.dense.down * (self._sent + hops),
             hops,
         )
-
-    def _payloads(self) -> int:
-        return len(self.trainers) - len(self._gone)
 
     def _too_few(self, accepted: int) -> str | None:
         need = self.exp.cfg.robust.min_clients
@@ -121,7 +122,7 @@ class StreamingMean(UploadPhase):
         if self.diag is not None:  # accepted as it comes
             self.diag.add(up.client_id, up.delta, up.train_loss)
         self.clients[up.client_id] = self.intake.record(up, float(up.delta.norm()))
-        self.acc.add(up.delta, float(up.num_examples))
+        self.acc.add(up.delta, up.weighed())
 
     def finish(self) -> Collected:
         aggregate = self.acc.result() if self.acc.count else None

@@ -1,0 +1,161 @@
+"""The server's intake of uploads, against a hostile client: a lying example
+count, duplicate and foreign uploads, an absurd update. Each case is compared
+with the same round run honestly (an independent run, not a stored number)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import pytest
+import torch
+from tests.conftest import TINY_LOGREG, MakeData
+
+from fedforge.client.runtime import ClientTask, ClientUpload
+from fedforge.config import from_dict
+from fedforge.core import wire
+from fedforge.report.progress import Progress
+from fedforge.server.experiment import build
+from fedforge.server.registry import Registry
+from fedforge.server.round import run_round
+from fedforge.server.state import LoopState
+
+Rewrite = Callable[[list[ClientUpload]], list[ClientUpload]]
+SIZES = [30, 20, 40, 30, 25, 35, 30, 30, 20, 40]
+
+
+class _Hostile:
+    """An engine whose cohort's uploads pass through ``rewrite`` first."""
+
+    def __init__(self, inner: Any, rewrite: Rewrite) -> None:
+        self.inner, self.rewrite, self.name = inner, rewrite, inner.name
+
+    def run_cohort(self, tasks: Sequence[ClientTask], payload: bytes) -> Iterator[ClientUpload]:
+        yield from self.rewrite(list(self.inner.run_cohort(tasks, payload)))
+
+    def run_phase(self, phase: str, messages: Any) -> dict[int, bytes]:
+        return self.inner.run_phase(phase, messages)
+
+
+def _round(data: Any, rewrite: Rewrite | None = None, **robust: Any) -> LoopState:
+    cfg = from_dict({**TINY_LOGREG, "num_clients": len(SIZES), "robust": robust})
+    exp = build(cfg, data)
+    if rewrite is not None:
+        exp.engine = _Hostile(exp.engine, rewrite)
+    state = LoopState.fresh(exp)
+    run_round(exp, state, 0, Progress(1, "t", enabled=False))
+    return state
+
+
+def _header(up: ClientUpload, **meta: Any) -> ClientUpload:
+    msg = wire.decode(up.data)
+    return ClientUpload(up.client_id, wire.encode(msg.tensors, {**msg.meta, **meta}), up.seconds)
+
+
+def _lie(ups: list[ClientUpload]) -> list[ClientUpload]:
+    return [_header(u, num_examples=10**12) if u.client_id == 3 else u for u in ups]
+
+
+@pytest.mark.parametrize("aggregator", ["mean", "norm_bound"])
+def test_a_lying_example_count_weighs_what_the_client_declared(
+    make_data: MakeData, aggregator: str
+) -> None:
+    """10^12 claimed examples (the client holds 30): the round's model equals the
+    honest round's, on the streaming mean and on norm bounding (which keeps
+    count weights). Unbounded, the lie would have made the liar's update the
+    global one: the round with the liar alone is far from the honest round."""
+    data = make_data(SIZES, seed=1)
+    honest = _round(data, aggregator=aggregator, norm_bound=1.0)
+    lied = _round(data, _lie, aggregator=aggregator, norm_bound=1.0)
+    assert torch.allclose(lied.params, honest.params, rtol=0, atol=1e-12)
+
+    def liar_alone(ups: list[ClientUpload]) -> list[ClientUpload]:
+        return [u for u in ups if u.client_id == 3]
+
+    alone = _round(data, liar_alone, aggregator=aggregator, norm_bound=1.0)
+    assert (alone.params - honest.params).norm() > 100 * (lied.params - honest.params).norm()
+    assert (alone.params - honest.params).norm() > 1e-3
+
+
+def test_a_count_lied_at_join_weighs_at_most_the_ratio_of_the_median() -> None:
+    """A declaration of 10^12 among nine of 30: capped at 10 x 30 (the median)."""
+    reg = Registry([30] * 9 + [10**12], 10.0)
+    assert reg.weight(9, 10**12) == 300.0
+    assert reg.weight(0, 30) == 30.0 and reg.weight(0, 10**12) == 30.0
+    assert Registry([30] * 9 + [10**12], None).weight(9, 10**12) == 10**12
+
+
+@pytest.mark.parametrize("aggregator", ["mean", "median"])
+def test_duplicate_and_foreign_uploads_are_refused_with_a_reason(
+    make_data: MakeData, aggregator: str
+) -> None:
+    """A second upload from client 2 and one from client 77 (outside the
+    federation): both refused, the model as in the honest round (under median
+    the round used to crash on the extra row)."""
+    data = make_data(SIZES, seed=2)
+
+    def extra(ups: list[ClientUpload]) -> list[ClientUpload]:
+        two = next(u for u in ups if u.client_id == 2)
+        return [*ups, two, ClientUpload(77, two.data, 0.0)]
+
+    honest = _round(data, aggregator=aggregator)
+    state = _round(data, extra, aggregator=aggregator)
+    assert torch.equal(state.params, honest.params)
+    reasons = {client: why for _, client, why in state.rejected}
+    assert "already sent an update in round 1" in reasons[2]
+    assert "was not asked to train in round 1" in reasons[77]
+
+
+def test_an_absurd_update_is_refused_by_default(make_data: MakeData) -> None:
+    """A delta of 1e30 per coordinate: refused by the default bound (the model
+    stays finite and equals the round without that client); with the bound off
+    it is averaged in and the model leaves any sane range."""
+    data = make_data(SIZES, seed=3)
+
+    def huge(ups: list[ClientUpload]) -> list[ClientUpload]:
+        out = []
+        for u in ups:
+            if u.client_id == 5:
+                msg = wire.decode(u.data)
+                delta = torch.full_like(msg.tensors["delta"], 1e30)
+                u = ClientUpload(5, wire.encode({"delta": delta}, msg.meta), u.seconds)
+            out.append(u)
+        return out
+
+    def without_5(ups: list[ClientUpload]) -> list[ClientUpload]:
+        return [u for u in ups if u.client_id != 5]
+
+    state = _round(data, huge)
+    assert any(c == 5 and "passes the bound" in why for _, c, why in state.rejected)
+    assert torch.equal(state.params, _round(data, without_5).params)
+    off = _round(data, huge, max_update_ratio=None)
+    assert float(off.params.abs().max()) > 1e20
+
+
+@pytest.mark.parametrize("aggregator", ["mean", "median"])
+def test_uploads_in_any_order_give_the_same_round(make_data: MakeData, aggregator: str) -> None:
+    """The collector takes uploads as they come: reversed, the round's model is the
+    same (to float64 rounding of the running sum; exactly for the median)."""
+    data = make_data(SIZES, seed=4)
+    forward = _round(data, aggregator=aggregator)
+    backward = _round(data, lambda ups: ups[::-1], aggregator=aggregator)
+    assert torch.allclose(backward.params, forward.params, rtol=0, atol=1e-14)
+
+
+def test_a_client_that_drops_gets_no_payload_and_is_not_waited_for(make_data: MakeData) -> None:
+    """A collector told of a dropout before the upload phase hands the payload to
+    the others only, and its bytes down count them alone."""
+    from fedforge.server.collect import collect
+    from fedforge.server.collectors.base import RoundLog
+    from fedforge.server.round import collector_for, configure, sample
+
+    cfg = from_dict({**TINY_LOGREG, "num_clients": len(SIZES)})
+    exp = build(cfg, make_data(SIZES, seed=5))
+    state = LoopState.fresh(exp)
+    log = RoundLog(state.rejected, state.skipped, Progress(1, "t", enabled=False), 0)
+    orders = configure(exp, state, 0, 0, sample(exp, 0))
+    collector = collector_for(exp, orders, log, None)
+    collector.dropout(4)
+    got = collect(exp, collector, orders.tasks, orders.payload, 0)
+    assert sorted(got.clients) == [c for c in range(10) if c != 4]
+    assert got.bytes_down == 9 * len(orders.payload)
