@@ -247,10 +247,6 @@ class ClientRuntime:
             {}, {"client_id": task.client_id, "round_idx": task.round_idx, "withheld": why}
         )
 
-    def start_params(self, payload: bytes) -> torch.Tensor:
-        """The global parameters the payload carries, as this client decodes them."""
-        return self.start_and_extras(payload)[0]
-
     @property
     def dtype(self) -> torch.dtype:
         """The run's dtype: its model's."""
@@ -352,25 +348,14 @@ def _extras(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def _payload_params(
-    msg: wire.Message, codec: Codec | None, size: int | None, dtype: torch.dtype | None
+    msg: wire.Message, codec: Codec | None, size: int, dtype: torch.dtype
 ) -> torch.Tensor:
+    """The global parameters of a payload: as they are, or decoded by ``codec``
+    into ``size`` parameters of ``dtype``."""
     own = split_extras(msg.tensors)[0]
     if codec is None:
         return own["params"]
-    if size is None or dtype is None:
-        raise ValueError("decoding a compressed payload needs the model's size and dtype")
     return codec.decode(own, msg.meta, size, dtype)
-
-
-def decode_payload(
-    payload: bytes,
-    codec: Codec | None = None,
-    size: int | None = None,
-    dtype: torch.dtype | None = None,
-) -> torch.Tensor:
-    """The global parameters carried by a payload (``codec``: how they were encoded,
-    into ``size`` parameters of ``dtype``)."""
-    return _payload_params(wire.decode(payload), codec, size, dtype)
 
 
 def minibatch_generator(task: ClientTask) -> torch.Generator:

@@ -36,7 +36,7 @@ class ErrorFeedback:
         self.linear = codec.linear
         self.lossy = codec.lossy
         self.constraints = codec.constraints
-        self.decode = codec.decode  # the server decodes what was sent, as ever
+        self.decode = codec.decode  # what was sent is the wrapped codec's encoding
 
     def encode(self, delta: torch.Tensor, ctx: CodecContext | None = None) -> Encoded:
         if ctx is None or ctx.client_id is None:

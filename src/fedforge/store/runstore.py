@@ -366,7 +366,7 @@ class RunStore(RoundTables):
 
 def _signal_stop(summary_json: str | None) -> bool:
     """True if a stored summary is that of a run a signal stopped cleanly (the
-    summary says which signal; stores from before session 11 say it in the error)."""
+    summary says which signal; older stores say it in the error)."""
     try:
         summary = json.loads(summary_json) if summary_json else {}
     except ValueError:
