@@ -26,6 +26,16 @@ if TYPE_CHECKING:
 EXIT_USER_ERROR = 2
 
 
+def _add_run_lookup(parser: argparse.ArgumentParser) -> None:
+    """The arguments that name one existing run: RUN and --runs-dir."""
+    parser.add_argument(
+        "run",
+        help="run directory, its folder name, a unique prefix or suffix of that, "
+        "or a prefix of its config name",
+    )
+    parser.add_argument("--runs-dir", default="runs", help="where to look (default: runs)")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fedforge", description="Federated learning for PyTorch.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -50,12 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     resume = sub.add_parser("resume", help="continue a stopped run from its last checkpoint")
-    resume.add_argument(
-        "run",
-        help="run directory, its folder name, a unique prefix or suffix of that, "
-        "or a prefix of its config name",
-    )
-    resume.add_argument("--runs-dir", default="runs", help="where to look (default: runs)")
+    _add_run_lookup(resume)
     resume.add_argument("--data-dir", help="where the data sets are (else the run's own setting)")
     resume.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
 
@@ -63,12 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     runs.add_argument("--runs-dir", default="runs")
 
     show = sub.add_parser("show", help="print the summary of one run")
-    show.add_argument(
-        "run",
-        help="run directory, its folder name, a unique prefix or suffix of that, "
-        "or a prefix of its config name",
-    )
-    show.add_argument("--runs-dir", default="runs", help="where to look (default: runs)")
+    _add_run_lookup(show)
 
     sweep = sub.add_parser("sweep", help="run a grid of configs in sequence (resumable), one table")
     sweep.add_argument("config", type=Path, help="YAML config file")

@@ -1,5 +1,5 @@
-"""Aggregation weights of the weighted mean (seed 003): what a client's update
-counts for, from the ``num_examples`` it reports.
+"""Aggregation weights of the weighted mean: what a client's update counts for,
+from the ``num_examples`` it reports.
 
 - ``num_examples`` (default): w_k = n_k, FedAvg (McMahan et al. 2017);
 - ``uniform``: w_k = 1, every client alike whatever its size;
@@ -17,8 +17,8 @@ counts for, from the ``num_examples`` it reports.
   weights depends only on the loss gap, not on how small the best loss is.
 - ``class``: w_k = sum_c n_kc / N_c, N_c = sum_k n_kc the cohort's examples of
   class c (classes the cohort lacks drop out): inverse class frequency, the
-  classical remedy for class imbalance, at the level of clients (seed 002,
-  4.4.1). sum_k w_k is the number of classes the cohort holds, and the mean
+  classical remedy for class imbalance, at the level of clients.
+  sum_k w_k is the number of classes the cohort holds, and the mean
   sum_k w_k u_k / sum_k w_k is the average over classes of each class's
   example-weighted mean update: every class counts alike, however rare, so a
   client holding rare classes counts more.

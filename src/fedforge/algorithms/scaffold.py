@@ -26,8 +26,8 @@ The paper keeps c = (1/N) sum c_k at every round; a server that refuses updates
 (a gate, a robust aggregator, too few clients, an overflowing aggregate) must
 keep it too. So a client holds its c_k+ pending until the server has used its
 update (``commit``: in a deployment, the server's acknowledgement), and a
-refused update or a skipped round leaves its c_k as it was; otherwise c_k moved
-while c never saw its delta c_k, and every later correction c - c_k was off
+refused update or a skipped round leaves its c_k as it was; otherwise c_k would move
+while c never saw its delta c_k, and every later correction c - c_k would be off
 (by 0.07 in a test run whose rounds were all skipped).
 """
 

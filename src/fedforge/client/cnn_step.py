@@ -125,6 +125,30 @@ def _pool_backward(grad: torch.Tensor, a: torch.Tensor, indices: torch.Tensor) -
     return aten.max_pool2d_with_indices_backward(grad, a, *_POOL, [0, 0], [1, 1], False, indices)
 
 
+_Dense = tuple[torch.Tensor, torch.Tensor]  # a fully connected layer's (weight, bias)
+
+
+def _layers(
+    views: Mapping[str, torch.Tensor], plan: LocalPlan
+) -> tuple[_Conv, _Conv, _Dense, _Dense, torch.Tensor | None, DeferredLinear | None]:
+    """The CNN's layers on the parameter ``views``: the two convolutions, fc1 and
+    fc2, fc2's bf16 weights under bf16 (else None), and fc1's deferred steps
+    when its products' precision defers them (else None)."""
+    half = torch.bfloat16 if plan.precision == "bf16" else None
+    conv1 = _Conv(views["conv1.weight"], views["conv1.bias"], half)
+    conv2 = _Conv(views["conv2.weight"], views["conv2.bias"], half)
+    fc1 = (views["fc1.weight"], views["fc1.bias"])
+    fc2 = (views["fc2.weight"], views["fc2.bias"])
+    # Under bf16, fc1's weight steps are deferred (deferred_sgd.py): at B = 10 its
+    # fp32 weights' traffic, not its products, is what a step pays for; fc2 keeps
+    # a bf16 copy of its weights, kept equal to their rounding by every step
+    # (linear_step), where autocast casts anew each time.
+    products = fc1[0].dtype if half is None else half
+    deferred = DeferredLinear(*fc1, plan.lr, products) if products in DEFERRED else None
+    fc2_half = None if half is None else fc2[0].to(half)
+    return conv1, conv2, fc1, fc2, fc2_half, deferred
+
+
 def cnn_sgd(
     views: Mapping[str, torch.Tensor],
     x_all: torch.Tensor,
@@ -135,20 +159,8 @@ def cnn_sgd(
     """``plan.local_epochs`` epochs of plain SGD on the CNN whose parameters are
     ``views`` (updated in place), minibatches from ``batches`` (one call an
     epoch): the summed loss, the examples seen and the steps taken."""
-    half = torch.bfloat16 if plan.precision == "bf16" else None
-    lr = plan.lr
-    conv1 = _Conv(views["conv1.weight"], views["conv1.bias"], half)
-    conv2 = _Conv(views["conv2.weight"], views["conv2.bias"], half)
-    fc1 = (views["fc1.weight"], views["fc1.bias"])
-    dtype = fc1[0].dtype
-    fc2 = (views["fc2.weight"], views["fc2.bias"])
-    # Under bf16, fc1's weight steps are deferred (deferred_sgd.py): at B = 10 its
-    # fp32 weights' traffic, not its products, is what a step pays for; fc2 keeps
-    # a bf16 copy of its weights, kept equal to their rounding by every step
-    # (linear_step), where autocast casts anew each time.
-    products = dtype if half is None else half
-    deferred = DeferredLinear(*fc1, lr, products) if products in DEFERRED else None
-    fc2_half = None if half is None else fc2[0].to(half)
+    conv1, conv2, fc1, fc2, fc2_half, deferred = _layers(views, plan)
+    dtype, lr = fc1[0].dtype, plan.lr
     total, seen, steps = 0.0, 0, 0
     for _ in range(plan.local_epochs):
         for idx in batches():

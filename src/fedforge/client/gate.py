@@ -1,6 +1,6 @@
 """The client's held-out-loss gate before it uploads.
 
-``ClientGate`` (client; trusts its own data only; seed 003, section 6.2): a
+``ClientGate`` (client; trusts its own data only): a
 slice of each client's data (``holdout_fraction``, at least one example, drawn
 from (seed, "holdout", client)) is kept out of training; after local training
 the client compares the loss on it of the new local model with that of the

@@ -94,22 +94,8 @@ def local_sgd(
             spec.views(params), x, y, plan, lambda: minibatches(len(y), plan.batch_size, gen)
         )
         return LocalResult(params, total / max(seen, 1), steps)
-    # Leaf tensors that are views of the flat vector: in-place steps on them
-    # update ``params`` directly, and autograd gives one gradient per tensor.
-    # Buffers (batch-norm running statistics) are views too, without gradient: the
-    # forward pass updates them in place, straight into the flat vector.
-    train = {e.name for e in spec.entries if e.trainable}
-    leaves = {
-        k: v.detach().requires_grad_(True) if k in train else v.detach()
-        for k, v in spec.views(params).items()
-    }
-    tensors = [v for k, v in leaves.items() if k in train]
-    step: LocalStep | None = None
-    if hook is not None or not plan.plain:
-        batched = trainable_views(spec, params.unsqueeze(0))
-        anchor = trainable_views(spec, start.unsqueeze(0))
-        per_client = {k: trainable_views(spec, v) for k, v in (state or {}).items()}
-        step = LocalStep(plan, batched, anchor, per_client, hook)
+    leaves, tensors = _leaves(spec, params)
+    step = _local_step(spec, params, start, plan, hook, state)
     model.train()
     total_loss = 0.0
     seen = 0
@@ -129,6 +115,42 @@ def local_sgd(
             seen += len(idx)
             steps += 1
     return LocalResult(params, total_loss / max(seen, 1), steps)
+
+
+def _leaves(
+    spec: ParamSpec, params: torch.Tensor
+) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
+    """The named leaf tensors of ``params`` for ``functional_call``, and the
+    trainable ones among them (in spec order) for autograd.
+
+    They are views of the flat vector: in-place steps on them update ``params``
+    directly, and autograd gives one gradient per tensor. Buffers (batch-norm
+    running statistics) are views too, without gradient: the forward pass
+    updates them in place, straight into the flat vector."""
+    train = {e.name for e in spec.entries if e.trainable}
+    leaves = {
+        k: v.detach().requires_grad_(True) if k in train else v.detach()
+        for k, v in spec.views(params).items()
+    }
+    return leaves, [v for k, v in leaves.items() if k in train]
+
+
+def _local_step(
+    spec: ParamSpec,
+    params: torch.Tensor,
+    start: torch.Tensor,
+    plan: LocalPlan,
+    hook: GradHook | None,
+    state: Mapping[str, torch.Tensor] | None,
+) -> LocalStep | None:
+    """The general step on ``[1, ...]`` views of ``params``, or None for plain
+    SGD without a hook (the fast path: one ``_foreach_add_``)."""
+    if hook is None and plan.plain:
+        return None
+    batched = trainable_views(spec, params.unsqueeze(0))
+    anchor = trainable_views(spec, start.unsqueeze(0))
+    per_client = {k: trainable_views(spec, v) for k, v in (state or {}).items()}
+    return LocalStep(plan, batched, anchor, per_client, hook)
 
 
 def trainable_views(spec: ParamSpec, vec: torch.Tensor) -> list[torch.Tensor]:
@@ -224,10 +246,6 @@ class ClientRuntime:
         return wire.encode(
             {}, {"client_id": task.client_id, "round_idx": task.round_idx, "withheld": why}
         )
-
-    def start_params(self, payload: bytes) -> torch.Tensor:
-        """The global parameters the payload carries, as this client decodes them."""
-        return self.start_and_extras(payload)[0]
 
     @property
     def dtype(self) -> torch.dtype:
@@ -330,25 +348,14 @@ def _extras(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def _payload_params(
-    msg: wire.Message, codec: Codec | None, size: int | None, dtype: torch.dtype | None
+    msg: wire.Message, codec: Codec | None, size: int, dtype: torch.dtype
 ) -> torch.Tensor:
+    """The global parameters of a payload: as they are, or decoded by ``codec``
+    into ``size`` parameters of ``dtype``."""
     own = split_extras(msg.tensors)[0]
     if codec is None:
         return own["params"]
-    if size is None or dtype is None:
-        raise ValueError("decoding a compressed payload needs the model's size and dtype")
     return codec.decode(own, msg.meta, size, dtype)
-
-
-def decode_payload(
-    payload: bytes,
-    codec: Codec | None = None,
-    size: int | None = None,
-    dtype: torch.dtype | None = None,
-) -> torch.Tensor:
-    """The global parameters carried by a payload (``codec``: how they were encoded,
-    into ``size`` parameters of ``dtype``)."""
-    return _payload_params(wire.decode(payload), codec, size, dtype)
 
 
 def minibatch_generator(task: ClientTask) -> torch.Generator:

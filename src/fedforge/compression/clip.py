@@ -1,5 +1,5 @@
 """Norm clipping of a client's delta: scaled to L2 norm at most ``clip_norm``
-(seed 002 2.2.3; the per-user clipping of McMahan et al. 2018, "Learning
+(the per-user clipping of McMahan et al. 2018, "Learning
 differentially private recurrent language models", on which DP noise builds).
 
 Runs on the client, after local training and before noise and compression;

@@ -17,14 +17,11 @@ in simulation the store lives beside the server's loop state. It wraps any codec
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 import torch
 
 from fedforge.core.errors import UploadError
 from fedforge.core.params import all_finite
-from fedforge.pipeline.codec import CodecContext
+from fedforge.pipeline.codec import CodecContext, Encoded
 from fedforge.pipeline.pipeline import Codec
 from fedforge.store.client_state import ClientStateStore
 
@@ -39,10 +36,9 @@ class ErrorFeedback:
         self.linear = codec.linear
         self.lossy = codec.lossy
         self.constraints = codec.constraints
+        self.decode = codec.decode  # what was sent is the wrapped codec's encoding
 
-    def encode(
-        self, delta: torch.Tensor, ctx: CodecContext | None = None
-    ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    def encode(self, delta: torch.Tensor, ctx: CodecContext | None = None) -> Encoded:
         if ctx is None or ctx.client_id is None:
             raise ValueError("error feedback keeps a residual per client: it needs a client id")
         cid = ctx.client_id
@@ -58,13 +54,3 @@ class ErrorFeedback:
         # else: a local run that blew up keeps its old residual. Its update is
         # refused by the server; a NaN residual would poison every later round.
         return tensors, meta
-
-    def decode(
-        self,
-        tensors: Mapping[str, torch.Tensor],
-        meta: Mapping[str, Any],
-        size: int,
-        dtype: torch.dtype,
-        ctx: CodecContext | None = None,
-    ) -> torch.Tensor:
-        return self.codec.decode(tensors, meta, size, dtype, ctx)

@@ -22,14 +22,13 @@ shapes, codes out of range, non-zero padding and bad scales are refused.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import torch
 
 from fedforge.compression.bits import pack, packed_size, unpack
 from fedforge.core.errors import UploadError
-from fedforge.pipeline.codec import CodecContext, expect_codec, expect_tensor, need_context
+from fedforge.pipeline.codec import CodecContext, Encoded, Received, WireCodec, need_context
 
 QUANT_BITS = (8, 4, 2, 1)
 
@@ -45,9 +44,10 @@ def segment_lengths(size: int, chunk: int | None, tensor_sizes: Sequence[int]) -
     return [chunk] * full + ([rest] if rest else [])
 
 
-class Quantize:
+class Quantize(WireCodec):
     """b-bit (8, 4, 2) or 1-bit sign quantisation with a float32 scale a segment."""
 
+    sends = frozenset({"codes", "scale"})
     linear = False
     lossy = True
     constraints = ()  # fits any pipeline
@@ -77,9 +77,7 @@ class Quantize:
         )
         return lengths, ids
 
-    def encode(
-        self, delta: torch.Tensor, ctx: CodecContext | None = None
-    ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    def encode(self, delta: torch.Tensor, ctx: CodecContext | None = None) -> Encoded:
         x = delta.reshape(-1)
         lengths, ids = self._segments(x.numel(), x.device)
         mag = x.abs()
@@ -112,20 +110,13 @@ class Quantize:
         q = q.clamp(-self.levels, self.levels).to(torch.int32) + self.levels
         return {"codes": pack(q, self.bits), "scale": scale}, {"codec": self.name}
 
-    def decode(
-        self,
-        tensors: Mapping[str, torch.Tensor],
-        meta: Mapping[str, Any],
-        size: int,
-        dtype: torch.dtype,
-        ctx: CodecContext | None = None,
-    ) -> torch.Tensor:
-        expect_codec(meta, self.name, tensors, {"codes", "scale"})
+    def rebuild(self, got: Received) -> torch.Tensor:
+        size, dtype = got.size, got.dtype
         lengths, ids = self._segments(size, torch.device("cpu"))
-        scale = expect_tensor(tensors, "scale", (len(lengths),), torch.float32)
+        scale = got.tensor("scale", (len(lengths),), torch.float32)
         if not bool(torch.isfinite(scale).all()) or bool((scale < 0).any()):
             raise UploadError("scales must be finite and >= 0")
-        codes = tensors.get("codes")
+        codes = got.tensors.get("codes")
         if codes is None:
             raise UploadError("update carries no 'codes' tensor")
         q = unpack(codes, self.bits, size)
@@ -167,9 +158,10 @@ def round_to_nearest(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return odd.view(torch.float32).to(dtype)
 
 
-class Cast:
+class Cast(WireCodec):
     """The delta in float16 or bfloat16, rounded to nearest: 2 bytes a parameter."""
 
+    sends = frozenset({"delta"})
     linear = False
     lossy = True
     constraints = ()  # fits any pipeline
@@ -180,21 +172,11 @@ class Cast:
         self.name = name
         self.wire_dtype = CAST_DTYPES[name]
 
-    def encode(
-        self, delta: torch.Tensor, ctx: CodecContext | None = None
-    ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    def encode(self, delta: torch.Tensor, ctx: CodecContext | None = None) -> Encoded:
         return {"delta": round_to_nearest(delta, self.wire_dtype)}, {"codec": self.name}
 
-    def decode(
-        self,
-        tensors: Mapping[str, torch.Tensor],
-        meta: Mapping[str, Any],
-        size: int,
-        dtype: torch.dtype,
-        ctx: CodecContext | None = None,
-    ) -> torch.Tensor:
-        expect_codec(meta, self.name, tensors, {"delta"})
-        return expect_tensor(tensors, "delta", (size,), self.wire_dtype).to(dtype)
+    def rebuild(self, got: Received) -> torch.Tensor:
+        return got.tensor("delta", (got.size,), self.wire_dtype).to(got.dtype)
 
     def payload_bytes(self, size: int) -> int:
         return 2 * size

@@ -21,15 +21,12 @@ repeated.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 import torch
 
 from fedforge.compression.bits import decode_indices, encode_indices, index_bytes
 from fedforge.core.errors import UploadError
 from fedforge.core.rng import torch_generator
-from fedforge.pipeline.codec import CodecContext, expect_codec, expect_tensor, need_context
+from fedforge.pipeline.codec import CodecContext, Encoded, Received, WireCodec, need_context
 
 
 def count_kept(size: int, fraction: float) -> int:
@@ -37,15 +34,23 @@ def count_kept(size: int, fraction: float) -> int:
     return max(1, min(size, int(fraction * size + 1e-9)))
 
 
+def _scattered(idx: torch.Tensor, values: torch.Tensor, size: int) -> torch.Tensor:
+    """The ``[size]`` vector of ``values`` at ``idx``, zero elsewhere."""
+    out = torch.zeros(size, dtype=values.dtype)
+    out[idx] = values
+    return out
+
+
 def _check_fraction(fraction: float) -> None:
     if not 0.0 < fraction <= 1.0:
         raise ValueError(f"fraction = {fraction} must be in (0, 1]")
 
 
-class TopK:
+class TopK(WireCodec):
     """The k largest-magnitude coordinates and their indices."""
 
     name = "topk"
+    sends = frozenset({"values", "indices"})
     linear = False
     lossy = True
     constraints = ()  # fits any pipeline
@@ -59,32 +64,20 @@ class TopK:
         k = count_kept(x.numel(), self.fraction)
         return torch.sort(torch.topk(x.abs(), k, sorted=False).indices).values
 
-    def encode(
-        self, delta: torch.Tensor, ctx: CodecContext | None = None
-    ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    def encode(self, delta: torch.Tensor, ctx: CodecContext | None = None) -> Encoded:
         x = delta.reshape(-1)
         idx = self.select(x)
         coded, coding = encode_indices(idx, x.numel())
         return {"values": x[idx], "indices": coded}, {"codec": self.name, "index_coding": coding}
 
-    def decode(
-        self,
-        tensors: Mapping[str, torch.Tensor],
-        meta: Mapping[str, Any],
-        size: int,
-        dtype: torch.dtype,
-        ctx: CodecContext | None = None,
-    ) -> torch.Tensor:
-        expect_codec(meta, self.name, tensors, {"values", "indices"})
-        k = count_kept(size, self.fraction)
-        values = expect_tensor(tensors, "values", (k,), dtype)
-        coded = tensors.get("indices")
+    def rebuild(self, got: Received) -> torch.Tensor:
+        k = count_kept(got.size, self.fraction)
+        values = got.tensor("values", (k,), got.dtype)
+        coded = got.tensors.get("indices")
         if coded is None:
             raise UploadError("update carries no 'indices' tensor")
-        idx = decode_indices(coded, meta.get("index_coding"), k, size)
-        out = torch.zeros(size, dtype=dtype)
-        out[idx] = values
-        return out
+        idx = decode_indices(coded, got.meta.get("index_coding"), k, got.size)
+        return _scattered(idx, values, got.size)
 
     def payload_bytes(self, delta: torch.Tensor) -> int:
         """Tensor bytes of this delta's encoding: k values plus the smaller index coding."""
@@ -93,10 +86,11 @@ class TopK:
         return idx.numel() * x.element_size() + index_bytes(idx, x.numel())[0]
 
 
-class RandomK:
+class RandomK(WireCodec):
     """k coordinates from a derived generator; only their values travel."""
 
     name = "randk"
+    sends = frozenset({"values"})
     linear = True
     lossy = True
     constraints = ()  # fits any pipeline
@@ -113,27 +107,15 @@ class RandomK:
         gen = torch_generator(ctx.seed, "randk", ctx.round_idx, who)
         return torch.sort(torch.randperm(size, generator=gen)[:k]).values
 
-    def encode(
-        self, delta: torch.Tensor, ctx: CodecContext | None = None
-    ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    def encode(self, delta: torch.Tensor, ctx: CodecContext | None = None) -> Encoded:
         x = delta.reshape(-1)
         idx = self.indices(x.numel(), need_context(ctx, self.name))
         return {"values": x[idx]}, {"codec": self.name}
 
-    def decode(
-        self,
-        tensors: Mapping[str, torch.Tensor],
-        meta: Mapping[str, Any],
-        size: int,
-        dtype: torch.dtype,
-        ctx: CodecContext | None = None,
-    ) -> torch.Tensor:
-        expect_codec(meta, self.name, tensors, {"values"})
-        idx = self.indices(size, need_context(ctx, self.name))
-        values = expect_tensor(tensors, "values", (idx.numel(),), dtype)
-        out = torch.zeros(size, dtype=dtype)
-        out[idx] = values
-        return out
+    def rebuild(self, got: Received) -> torch.Tensor:
+        idx = self.indices(got.size, need_context(got.ctx, self.name))
+        values = got.tensor("values", (idx.numel(),), got.dtype)
+        return _scattered(idx, values, got.size)
 
     def payload_bytes(self, size: int, itemsize: int) -> int:
         return count_kept(size, self.fraction) * itemsize

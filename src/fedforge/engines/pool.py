@@ -4,8 +4,8 @@ On a CPU, small-batch client training uses one core badly when it is given
 several threads (at B = 10 a second intra-op thread barely helps one client),
 but independent clients are embarrassingly parallel: W processes of one thread
 each, every one running the serial or the vectorised engine over its share of
-the cohort, use W cores fully. This is the engine-level answer to "several
-single-threaded workers over a chunk of clients" (issue 3).
+the cohort, use W cores fully. This is the engine-level form of several
+single-threaded workers, each over a chunk of clients.
 
 What the workers compute is exactly what the inner engine computes in the
 server process: the same runtime (forked, so it needs no pickling and no second

@@ -1,5 +1,5 @@
-"""Per-client evaluation (seed 003, section 4.3): how the global model does on
-each client, and how fairly.
+"""Per-client evaluation: how the global model does on each client, and how
+fairly.
 
 With ``eval_clients: true`` each client's partition loses a held-out slice
 (``eval_holdout`` of its examples, at least one when it has two or more, drawn

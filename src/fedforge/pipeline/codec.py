@@ -5,10 +5,12 @@ the named tensors (and metadata) the wire format carries, ``decode`` rebuilds
 the ``[P]`` delta and refuses anything malformed with an :class:`UploadError`.
 ``Dense`` sends the delta as it is; compression codecs (``quantize.py``,
 ``sparsify.py``) implement the same protocol (``pipeline.pipeline.Codec``) and
-name themselves in the message meta (``"codec"``), which ``decode`` checks. A :class:`CodecContext`
-(seed, round, client) gives randomised codecs their derived generator and lets
-random-k rebuild its index set on the server. Runs on both sides; the decode
-side trusts nothing.
+name themselves in the message meta (``"codec"``). Those built on
+:class:`WireCodec` share its ``decode``: the header and the tensor names are
+checked first, then the codec's ``rebuild`` gets the :class:`Received` update.
+A :class:`CodecContext` (seed, round, client) gives randomised codecs their
+derived generator and lets random-k rebuild its index set on the server. Runs
+on both sides; the decode side trusts nothing.
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ class CodecContext:
         """The derived generator of ``purpose`` for this round and client."""
         who = "server" if self.client_id is None else self.client_id
         return torch_generator(self.seed, purpose, self.round_idx, who)
+
+
+# What ``encode`` returns: the named tensors of the message and its meta.
+Encoded = tuple[dict[str, torch.Tensor], dict[str, Any]]
 
 
 def need_context(ctx: CodecContext | None, codec: str) -> CodecContext:
@@ -80,18 +86,29 @@ def expect_tensor(
     return t
 
 
-class Dense:
-    """The delta as it is, in the run's dtype (float32: 4 bytes a parameter)."""
+@dataclass(frozen=True)
+class Received:
+    """An update as a codec's ``rebuild`` gets it: the tensors and meta of the
+    message (header and tensor names already checked), the ``size`` and ``dtype``
+    of the delta to rebuild, and the context of randomised codecs."""
 
-    name = "dense"
-    linear = True
-    lossy = False
-    constraints = ()  # fits any pipeline
+    tensors: Mapping[str, torch.Tensor]
+    meta: Mapping[str, Any]
+    size: int
+    dtype: torch.dtype
+    ctx: CodecContext | None = None
 
-    def encode(
-        self, delta: torch.Tensor, ctx: CodecContext | None = None
-    ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        return {"delta": delta}, {}
+    def tensor(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """The tensor ``name``, refused unless it has ``shape`` and ``dtype``."""
+        return expect_tensor(self.tensors, name, shape, dtype)
+
+
+class WireCodec:
+    """The decode side codecs share: refuse an update whose header names another
+    codec or that carries tensors other than ``sends``, then ``rebuild`` the delta."""
+
+    name: str
+    sends: frozenset[str]  # the names of the tensors ``encode`` gives
 
     def decode(
         self,
@@ -101,5 +118,25 @@ class Dense:
         dtype: torch.dtype,
         ctx: CodecContext | None = None,
     ) -> torch.Tensor:
-        expect_codec(meta, self.name, tensors, {"delta"})
-        return expect_tensor(tensors, "delta", (size,), dtype)
+        expect_codec(meta, self.name, tensors, self.sends)
+        return self.rebuild(Received(tensors, meta, size, dtype, ctx))
+
+    def rebuild(self, got: Received) -> torch.Tensor:
+        """The ``[size]`` delta of a checked update; UploadError if it is malformed."""
+        raise NotImplementedError
+
+
+class Dense(WireCodec):
+    """The delta as it is, in the run's dtype (float32: 4 bytes a parameter)."""
+
+    name = "dense"
+    sends = frozenset({"delta"})
+    linear = True
+    lossy = False
+    constraints = ()  # fits any pipeline
+
+    def encode(self, delta: torch.Tensor, ctx: CodecContext | None = None) -> Encoded:
+        return {"delta": delta}, {}
+
+    def rebuild(self, got: Received) -> torch.Tensor:
+        return got.tensor("delta", (got.size,), got.dtype)

@@ -32,7 +32,7 @@ import torch
 
 from fedforge.aggregation.mean import Aggregator
 from fedforge.core.errors import ConfigError
-from fedforge.pipeline.codec import CodecContext, Dense
+from fedforge.pipeline.codec import CodecContext, Dense, Encoded
 
 Where = Literal["client", "server_upload", "server_cohort", "server_aggregate"]
 
@@ -110,9 +110,7 @@ class Codec(Protocol):
     @property
     def constraints(self) -> tuple[Constraint, ...]: ...
 
-    def encode(
-        self, delta: torch.Tensor, ctx: CodecContext | None = None
-    ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]: ...
+    def encode(self, delta: torch.Tensor, ctx: CodecContext | None = None) -> Encoded: ...
 
     def decode(
         self,

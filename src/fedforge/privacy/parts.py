@@ -1,8 +1,8 @@
 """A run's privacy parts, assembled from ``cfg.privacy``: the clipping and noise
-stages of central, local or distributed DP (``stages/dp.py``) and of privacy
-tiers (``stages/tiers.py``), the fixed-denominator mean, adaptive clipping's
+stages of central, local or distributed DP (``dp.py``) and of privacy
+tiers (``tiers.py``), the fixed-denominator mean, adaptive clipping's
 server state, the accountant (``accountant.py``) and secure aggregation
-(``stages/secagg.py``).
+(``secagg.py``, ``secagg_codec.py``).
 
 Server state that must survive a resume (the adaptive clip norm) lives in
 ``LoopState.privacy`` and is checkpointed; epsilon is a pure function of the

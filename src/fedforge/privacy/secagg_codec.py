@@ -37,7 +37,14 @@ from fedforge.aggregation.mean import Accumulator
 from fedforge.core import wire
 from fedforge.core.errors import ConfigError, UploadError
 from fedforge.core.params import all_finite
-from fedforge.pipeline.codec import CodecContext, expect_codec, expect_tensor
+from fedforge.pipeline.codec import (
+    CodecContext,
+    Encoded,
+    Received,
+    WireCodec,
+    expect_codec,
+    expect_tensor,
+)
 from fedforge.pipeline.constraints import ShowsOnlySum, Unusable
 from fedforge.pipeline.pipeline import Constraint
 from fedforge.privacy import shamir
@@ -213,10 +220,11 @@ def read_unmask(
 
 
 # --------------------------------------------------------------------- codec
-class SecAggCodec:
+class SecAggCodec(WireCodec):
     """The client's side of secure aggregation, and the masked update's codec."""
 
     name = "secagg"
+    sends = frozenset({"masked"})
     linear = True
     lossy = True  # fixed point: each coordinate rounds to 2^-(f+1)
 
@@ -355,9 +363,7 @@ class SecAggCodec:
         return cl
 
     # ---------------------------------------------------------------- the update
-    def encode(
-        self, delta: torch.Tensor, ctx: CodecContext | None = None
-    ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    def encode(self, delta: torch.Tensor, ctx: CodecContext | None = None) -> Encoded:
         """w_k x_k (clamped to the bound) in fixed point plus the round's masks."""
         if ctx is None or ctx.client_id is None:
             raise ValueError("secure aggregation encodes a client's update and needs its context")
@@ -370,14 +376,7 @@ class SecAggCodec:
         meta = {"codec": self.name, "frac_bits": self.fp.frac_bits, "bits": self.fp.bits}
         return {"masked": torch.from_numpy(pack_words(y, self.fp.bits))}, meta
 
-    def decode(
-        self,
-        tensors: Mapping[str, torch.Tensor],
-        meta: Mapping[str, Any],
-        size: int,
-        dtype: torch.dtype,
-        ctx: CodecContext | None = None,
-    ) -> torch.Tensor:
+    def rebuild(self, got: Received) -> torch.Tensor:
         raise UploadError("a masked update alone cannot be decoded: only the cohort's sum can")
 
     def decode_masked(
@@ -387,7 +386,7 @@ class SecAggCodec:
         k bits a word)."""
         if "withheld" in meta:  # the client dropped out instead (e.g. a diverged run)
             raise UploadError(f"secure aggregation: no masked input: {meta['withheld']!s:.100}")
-        expect_codec(meta, self.name, tensors, {"masked"})
+        expect_codec(meta, self.name, tensors, self.sends)
         got = (meta.get("bits"), meta.get("frac_bits"))
         if got != (self.fp.bits, self.fp.frac_bits):
             raise UploadError(

@@ -1,4 +1,4 @@
-"""Privacy tiers (seed 003, section 3.3: clients differ in how sensitive their
+"""Privacy tiers (clients differ in how sensitive their
 data is, so they need not all pay for the same protection; the hybrid of secure
 aggregation and local noise follows Truex et al. 2019, "A hybrid approach to
 privacy-preserving federated learning").

@@ -1,4 +1,4 @@
-"""Reduced upload frequency (seed 002 2.2.4; the periodic averaging of local SGD,
+"""Reduced upload frequency (the periodic averaging of local SGD,
 Stich 2019, "Local SGD converges fast and communicates little"): with
 ``upload_every`` = k, rounds form periods of k (the last one may be shorter).
 

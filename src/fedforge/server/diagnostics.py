@@ -1,4 +1,4 @@
-"""Drift diagnostics (seed 002, section 3), logged every round, and the per-client
+"""Drift diagnostics, logged every round, and the per-client
 evaluation rows of an evaluation round (``fedforge.evaluation.clients``).
 
 Per round, over the accepted updates d_1..d_K the server decoded (those the

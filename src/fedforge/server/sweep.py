@@ -1,4 +1,4 @@
-"""Sweeps (seed 002, section 5) and the IID control experiment.
+"""Sweeps and the IID control experiment.
 
 ``fedforge sweep CONFIG --grid local_epochs=1,5 --grid mu=0,0.01`` runs every
 point of the grid (the cartesian product, first key slowest) one after the

@@ -14,8 +14,8 @@
 - ``meta.json``: format, ``next_round``, the loop's plain state (evaluation
   history, byte totals, rejected updates, wall time), each table's segments with
   their row ids, and the sha256 and size of each file above. Written last: a
-  checkpoint without it does not exist. Format 1 (one ``client_state*.bin`` of
-  every row a table, before session 12) still loads.
+  checkpoint without it does not exist. The older format 1 (one ``client_state*.bin``
+  of every row a table) still loads.
 
 A checkpoint is written into a temporary directory, every file fsynced, then
 renamed into place (and the parent directory fsynced), so a kill at any point

@@ -161,7 +161,7 @@ class MemoryStateStore(_Rows):
 
 
 class MemmapStateStore(_Rows):
-    """Rows in a file on disk (the name is historical: nothing is mapped). The file
+    """Rows in a file on disk, by plain reads and writes (nothing is mapped). The file
     is created on the first write with ``truncate`` (sparse: no blocks until a row
     is written); a mask in memory says which rows were written, so unwritten rows
     are never read. Rows are read with ``preadv`` straight into the gathered

@@ -38,7 +38,7 @@ ANOMALIES = """CREATE TABLE IF NOT EXISTS anomalies (round_idx INTEGER NOT NULL,
 # Privacy spent after each round (DP runs): epsilon at delta, and the round's clip norm.
 PRIVACY = """CREATE TABLE IF NOT EXISTS privacy (round_idx INTEGER PRIMARY KEY,
     epsilon REAL, delta REAL NOT NULL, clip_norm REAL)"""
-# Per-round rows of the non-IID toolkit (issue 4), each table created on its first
+# Per-round rows of the non-IID toolkit, each table created on its first
 # write (IF NOT EXISTS: older stores gain them): per-client evaluation on held-out
 # slices (of the global model, and after personalisation steps), per-class test
 # accuracy, update diagnostics, per-client loss gaps.

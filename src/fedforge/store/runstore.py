@@ -15,6 +15,7 @@ the last line of each ``round_idx`` (:func:`read_metrics` does).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -23,7 +24,7 @@ import secrets
 import shutil
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -176,6 +177,22 @@ class RunStore(RoundTables):
         self.close()
 
     # ------------------------------------------------------------------ writing
+    @contextlib.contextmanager
+    def _transaction(self, failed: str) -> Iterator[None]:
+        """One write transaction around the block: committed when it ends, rolled
+        back when it raises; a database error becomes ``StoreError("{failed}: ...")``."""
+        try:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+                self._conn.execute("COMMIT")
+            except BaseException:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise
+        except DB_ERRORS as exc:
+            raise StoreError(f"{failed}: {exc}") from None
+
     def record_round(
         self,
         round_row: RoundRecord,
@@ -194,26 +211,17 @@ class RunStore(RoundTables):
         if round_row.created is None:
             round_row = dataclasses.replace(round_row, created=time.time())
         idx = round_row.round_idx
-        try:
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                self._upgrade()
-                self._conn.execute(INSERT_ROUND, dataclasses.astuple(round_row))
-                self._conn.execute("DELETE FROM client_rounds WHERE round_idx = ?", (idx,))
-                self._conn.executemany(INSERT_CLIENT, [dataclasses.astuple(c) for c in clients])
-                self._conn.execute(ANOMALIES)
-                self._conn.execute("DELETE FROM anomalies WHERE round_idx = ?", (idx,))
-                self._conn.executemany(
-                    "INSERT INTO anomalies VALUES (?, ?, ?)",
-                    [dataclasses.astuple(a) for a in anomalies],
-                )
-                self._conn.execute("COMMIT")
-            except BaseException:
-                if self._conn.in_transaction:
-                    self._conn.execute("ROLLBACK")
-                raise
-        except DB_ERRORS as exc:
-            raise StoreError(f"cannot record round {idx + 1} in '{self._path}': {exc}") from None
+        with self._transaction(f"cannot record round {idx + 1} in '{self._path}'"):
+            self._upgrade()
+            self._conn.execute(INSERT_ROUND, dataclasses.astuple(round_row))
+            self._conn.execute("DELETE FROM client_rounds WHERE round_idx = ?", (idx,))
+            self._conn.executemany(INSERT_CLIENT, [dataclasses.astuple(c) for c in clients])
+            self._conn.execute(ANOMALIES)
+            self._conn.execute("DELETE FROM anomalies WHERE round_idx = ?", (idx,))
+            self._conn.executemany(
+                "INSERT INTO anomalies VALUES (?, ?, ?)",
+                [dataclasses.astuple(a) for a in anomalies],
+            )
         line = {**dataclasses.asdict(round_row), "clients": len(clients)}
         line = {
             k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in line.items()
@@ -231,28 +239,17 @@ class RunStore(RoundTables):
         with the last line of each earlier round, so it never names a round the
         database lacks; then the database changes in one transaction."""
         rewrite_before(self._path / METRICS_NAME, next_round)
-        try:
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                self._conn.execute("DELETE FROM rounds WHERE round_idx >= ?", (next_round,))
-                self._conn.execute("DELETE FROM client_rounds WHERE round_idx >= ?", (next_round,))
-                self._conn.execute(ANOMALIES)
-                self._conn.execute("DELETE FROM anomalies WHERE round_idx >= ?", (next_round,))
-                self._conn.execute(PRIVACY)
-                self._conn.execute("DELETE FROM privacy WHERE round_idx >= ?", (next_round,))
-                for table, ddl in ROUND_TABLES.items():
-                    self._conn.execute(ddl)
-                    self._conn.execute(f"DELETE FROM {table} WHERE round_idx >= ?", (next_round,))
-                self._conn.execute("UPDATE runs SET status = 'running', summary_json = NULL")
-                self._conn.execute("COMMIT")
-            except BaseException:
-                if self._conn.in_transaction:
-                    self._conn.execute("ROLLBACK")
-                raise
-        except DB_ERRORS as exc:
-            raise StoreError(
-                f"cannot rewind '{self._path}' to before round {next_round + 1}: {exc}"
-            ) from None
+        with self._transaction(f"cannot rewind '{self._path}' to before round {next_round + 1}"):
+            self._conn.execute("DELETE FROM rounds WHERE round_idx >= ?", (next_round,))
+            self._conn.execute("DELETE FROM client_rounds WHERE round_idx >= ?", (next_round,))
+            self._conn.execute(ANOMALIES)
+            self._conn.execute("DELETE FROM anomalies WHERE round_idx >= ?", (next_round,))
+            self._conn.execute(PRIVACY)
+            self._conn.execute("DELETE FROM privacy WHERE round_idx >= ?", (next_round,))
+            for table, ddl in ROUND_TABLES.items():
+                self._conn.execute(ddl)
+                self._conn.execute(f"DELETE FROM {table} WHERE round_idx >= ?", (next_round,))
+            self._conn.execute("UPDATE runs SET status = 'running', summary_json = NULL")
 
     def finish(self, summary: dict[str, Any], status: str = "finished") -> None:
         """Store the run's summary and mark it finished (or failed)."""
@@ -369,7 +366,7 @@ class RunStore(RoundTables):
 
 def _signal_stop(summary_json: str | None) -> bool:
     """True if a stored summary is that of a run a signal stopped cleanly (the
-    summary says which signal; stores from before session 11 say it in the error)."""
+    summary says which signal; older stores say it in the error)."""
     try:
         summary = json.loads(summary_json) if summary_json else {}
     except ValueError:

@@ -1,4 +1,4 @@
-"""Hierarchical aggregation's collector (seed 002 2.3.2; Liu et al. 2020, "Client-edge-cloud
+"""Hierarchical aggregation's collector (Liu et al. 2020, "Client-edge-cloud
 hierarchical federated learning"): clients belong to groups (an institution, a
 network); each group's edge aggregates its clients' updates, and one edge update
 per group goes to the server.
