@@ -265,3 +265,31 @@ def test_mean_over_the_batch_as_local_sgd_takes_it(monkeypatch: pytest.MonkeyPat
     autograd, _ = _train(torch.float64, plan, False, monkeypatch, data)
     assert written.train_loss == pytest.approx(autograd.train_loss, abs=1e-12)
     torch.testing.assert_close(written.params, autograd.params, rtol=0, atol=1e-12)
+
+
+def test_the_written_out_step_follows_the_declaration_not_the_class() -> None:
+    """The step applies to a model that declares it with exactly its layers: the
+    CNN (any number of classes) and a copy of it under another class; not to a
+    CNN that declares another kernel, nor to one with other layer sizes."""
+    from fedforge.client.cnn_step import declares_kernel
+    from fedforge.models.kernels import CNN_KERNEL
+
+    class Copy(torch.nn.Module):
+        def __init__(self, width: int = 512) -> None:
+            super().__init__()
+            built = MnistCNN()
+            self.conv1, self.conv2 = built.conv1, built.conv2
+            self.fc1, self.fc2 = torch.nn.Linear(3136, width), torch.nn.Linear(width, 10)
+
+        def fused_kernel(self) -> str:
+            return CNN_KERNEL
+
+    class Other(MnistCNN):
+        def fused_kernel(self) -> str:
+            return "something_else"
+
+    assert declares_kernel(MnistCNN()) and declares_kernel(MnistCNN(num_classes=5))
+    assert declares_kernel(Copy())
+    assert not declares_kernel(Copy(width=256))
+    assert not declares_kernel(Other())
+    assert not declares_kernel(torch.nn.Linear(3, 2))

@@ -5,7 +5,7 @@ graph, ``functional_call``'s parameter swaps, the memory-format copies of the
 convolutions' weights and their backward, and one gradient tensor a parameter,
 written by the backward and read again by the step. Here the forward and the
 backward are the ATen kernels autograd would call for
-:class:`~fedforge.models.mnist.MnistCNN` (convolution, max pooling with its
+McMahan's CNN (``models/mnist.py``; convolution, max pooling with its
 indices, ReLU, addmm, log-softmax and NLL, and their backward functions), in
 the same order, and every parameter takes its step as soon
 as its gradient is known: the fully connected layers inside the pass that reads
@@ -26,7 +26,9 @@ autocast's per-operator dispatch and casts.
 
 It applies to plain SGD (no momentum, weight decay, clipping, hook or client
 state), the cross-entropy loss, fp32 or float64 parameters, and an unmodified
-``MnistCNN`` (no module hooks) computed channels_last: :func:`applies` decides.
+model that declares this step as its fused kernel (``fused_kernel()`` returns
+"mcmahan_cnn", as ``MnistCNN`` does), with exactly its layers and no module
+hooks, computed channels_last: :func:`applies` decides.
 """
 
 from __future__ import annotations
@@ -40,8 +42,8 @@ from fedforge.algorithms.base import LocalPlan, LossFn, cross_entropy
 from fedforge.client.deferred_sgd import DeferredLinear
 from fedforge.client.fused_sgd import linear_step
 from fedforge.core import rows
+from fedforge.models.kernels import CNN_KERNEL
 from fedforge.models.layout import CHANNELS_LAST, Conv2d
-from fedforge.models.mnist import MnistCNN
 
 aten = torch.ops.aten
 _POOL = ([2, 2], [2, 2])  # kernel, stride of the CNN's 2x2 max pooling
@@ -60,7 +62,7 @@ def applies(
     dtype: torch.dtype,
 ) -> bool:
     """True when the written-out step computes what autograd would here."""
-    if type(model) is not MnistCNN or hook is not None or state or not plan.plain:
+    if not declares_kernel(model) or hook is not None or state or not plan.plain:
         return False
     if loss_fn is not cross_entropy or dtype not in (torch.float32, torch.float64):
         return False
@@ -74,13 +76,35 @@ def applies(
     return len(convs) == 2 and all(m.channels_last and _as_built(m) for m in convs)
 
 
+_SHAPES = {  # the layers the kernels assume, by parameter name (C: the classes)
+    "conv1.weight": (32, 1, 5, 5),
+    "conv1.bias": (32,),
+    "conv2.weight": (64, 32, 5, 5),
+    "conv2.bias": (64,),
+    "fc1.weight": (512, 64 * 7 * 7),
+    "fc1.bias": (512,),
+}
+
+
+def declares_kernel(model: nn.Module) -> bool:
+    """Whether ``model`` declares this written-out step as its fused kernel and
+    has exactly the parameters it assumes."""
+    declared = getattr(model, "fused_kernel", None)
+    if declared is None or declared() != CNN_KERNEL:
+        return False
+    shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    classes = shapes.get("fc2.weight", (0, 0))[0]
+    expected = {**_SHAPES, "fc2.weight": (classes, 512), "fc2.bias": (classes,)}
+    return classes > 0 and shapes == expected
+
+
 def _hooked(module: nn.Module) -> bool:
     hooks = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
     return any(getattr(module, h, None) for h in hooks)
 
 
 def _as_built(conv: Conv2d) -> bool:
-    """The convolution is the one ``MnistCNN`` builds (the kernels below assume it)."""
+    """The convolution is the one McMahan's CNN builds (the kernels below assume it)."""
     shape = (conv.kernel_size, conv.stride, conv.padding, conv.dilation, conv.groups)
     built = shape == ((5, 5), (1, 1), (2, 2), (1, 1), 1) and conv.padding_mode == "zeros"
     return built and conv.bias is not None
