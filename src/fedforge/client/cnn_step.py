@@ -87,10 +87,11 @@ _SHAPES = {  # the layers the kernels assume, by parameter name (C: the classes)
 
 
 def declares_kernel(model: nn.Module) -> bool:
-    """Whether ``model`` declares this written-out step as its fused kernel and
-    has exactly the parameters it assumes."""
-    declared = getattr(model, "fused_kernel", None)
-    if declared is None or declared() != CNN_KERNEL:
+    """Whether ``model``'s own class declares this written-out step as its fused
+    kernel and the model has exactly the parameters it assumes. A declaration is
+    not inherited: a subclass may change the forward it promised."""
+    declared = type(model).__dict__.get("fused_kernel")
+    if declared is None or declared(model) != CNN_KERNEL:
         return False
     shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
     classes = shapes.get("fc2.weight", (0, 0))[0]

@@ -1,8 +1,8 @@
 """The fused training kernels a model may declare (``fused_kernel()``), by name.
 
-A model declares the kernel whose written-out step computes its SGD step; the
-client runs that kernel only for a model that declares it and has exactly the
-parameters it assumes, and autograd for every other model. The engines and the
+A model's class declares the kernel whose written-out step computes its SGD
+step (not inherited: a subclass may change its forward); the client runs that
+kernel only for a model that declares it and has exactly the parameters it assumes, and autograd for every other model. The engines and the
 client read the declaration, never the model's class.
 """
 
