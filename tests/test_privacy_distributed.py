@@ -27,7 +27,8 @@ from fedforge.pipeline.pipeline import Pipeline, StageContext
 from fedforge.privacy import secagg_codec as sc
 from fedforge.privacy.accountant import RDP_ORDERS
 from fedforge.privacy.dp import DistributedNoise, DPMean
-from fedforge.privacy.secagg import FixedPoint, SecAggClient, modulus_bits
+from fedforge.privacy.secagg import SecAggClient
+from fedforge.privacy.secagg_masks import FixedPoint, modulus_bits
 from fedforge.privacy.tiers import TieredNoise, high_tier
 from fedforge.server.collectors import secure
 from fedforge.server.experiment import build

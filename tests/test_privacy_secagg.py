@@ -15,14 +15,9 @@ from fedforge.pipeline.constraints import ShowsOnlySum
 from fedforge.pipeline.pipeline import Pipeline
 from fedforge.privacy import shamir
 from fedforge.privacy.dp import CentralNoise, DPMean, LocalNoise
-from fedforge.privacy.secagg import (
-    PHASES,
-    FixedPoint,
-    SecAggClient,
-    Simulated,
-    modulus_bits,
-    secure_sum,
-)
+from fedforge.privacy.secagg import PHASES, SecAggClient
+from fedforge.privacy.secagg_masks import FixedPoint, modulus_bits
+from fedforge.privacy.secagg_server import Simulated, secure_sum
 from fedforge.robust import Median
 
 

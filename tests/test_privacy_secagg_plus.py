@@ -18,10 +18,12 @@ from tests.test_privacy_secagg_round import BASE, DP, SECAGG  # the tiny 2NN sec
 from fedforge.config import from_dict
 from fedforge.core.errors import ConfigError, UploadError
 from fedforge.data.federated import FederatedData
-from fedforge.privacy import secagg
-from fedforge.privacy.secagg import PHASES, FixedPoint, Simulated, modulus_bits, secure_sum
+from fedforge.privacy import secagg, secagg_masks
+from fedforge.privacy.secagg import PHASES
 from fedforge.privacy.secagg_codec import SecAggCodec, advertise_message
 from fedforge.privacy.secagg_graph import MaskGraph, complete_graph, harary, random_harary
+from fedforge.privacy.secagg_masks import FixedPoint, modulus_bits
+from fedforge.privacy.secagg_server import Simulated, secure_sum
 from fedforge.server.experiment import build
 from fedforge.server.loop import run
 
@@ -135,7 +137,7 @@ def test_each_masked_input_uses_exactly_k_pairwise_masks(
     sim = Simulated(xs, 0, g.t, fp, g)
     calls: dict[str, int] = {}
     phase_now = [""]
-    real = secagg.keystream
+    real = secagg_masks.keystream
 
     def counted(seed: bytes, size: int, bits: int) -> np.ndarray:
         calls[phase_now[0]] = calls.get(phase_now[0], 0) + 1
@@ -148,7 +150,8 @@ def test_each_masked_input_uses_exactly_k_pairwise_masks(
             assert sorted(out) == sorted(g.neighbours(c))
         return out
 
-    monkeypatch.setattr(secagg, "keystream", counted)
+    monkeypatch.setattr(secagg, "keystream", counted)  # the self mask
+    monkeypatch.setattr(secagg_masks, "keystream", counted)  # the pairwise masks
     result = secure_sum(list(range(n)), 50, g.t, fp, spy, None, g, round_idx=0)
     assert result.total is not None
     degree = k or n - 1

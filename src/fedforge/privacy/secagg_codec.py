@@ -41,16 +41,16 @@ from fedforge.pipeline.codec import CodecContext, expect_codec, expect_tensor
 from fedforge.pipeline.constraints import ShowsOnlySum, Unusable
 from fedforge.pipeline.pipeline import Constraint
 from fedforge.privacy import shamir
-from fedforge.privacy.secagg import (
+from fedforge.privacy.secagg import SecAggClient
+from fedforge.privacy.secagg_graph import MaskGraph, complete_graph, min_survivors, random_harary
+from fedforge.privacy.secagg_masks import (
     CIPHERTEXT_BYTES,
     KEY_BYTES,
     SHARE_BYTES,
     FixedPoint,
-    SecAggClient,
     agreeable,
     modulus_bits,
 )
-from fedforge.privacy.secagg_graph import MaskGraph, complete_graph, min_survivors, random_harary
 from fedforge.privacy.words import pack_words, unpack_words
 
 # Noise before the mask (local, tiered or distributed DP) has no hard bound, but

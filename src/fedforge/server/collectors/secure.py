@@ -25,7 +25,8 @@ from fedforge.core import wire
 from fedforge.core.errors import UploadError
 from fedforge.privacy import secagg_codec as sc
 from fedforge.privacy.dp import DPMean
-from fedforge.privacy.secagg import PHASES, route, unmask_sum
+from fedforge.privacy.secagg import PHASES
+from fedforge.privacy.secagg_server import route, unmask_sum
 from fedforge.server.collectors.base import Collected, DenseCost, Phase, RoundLog
 from fedforge.server.experiment import Experiment
 from fedforge.server.labels import read_labels
