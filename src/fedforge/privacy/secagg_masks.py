@@ -121,5 +121,15 @@ def pairwise(
     sk: X25519PrivateKey, other_pk: bytes, round_idx: int, size: int, bits: int
 ) -> np.ndarray:
     """PRG(s_ij) (unreduced words), s_ij = HKDF(X25519(sk_i, pk_j)): the same for i and j."""
-    seed = hkdf(sk.exchange(public_key(other_pk)), b"fedforge secagg mask %d" % round_idx)
-    return keystream(seed, size, bits)
+    return keystream(mask_seed(sk, other_pk, round_idx), size, bits)
+
+
+def mask_seed(sk: X25519PrivateKey, other_pk: bytes, round_idx: int) -> bytes:
+    """s_ij = HKDF(X25519(sk_i, pk_j)); ValueError for a key that gives no secret."""
+    return hkdf(sk.exchange(public_key(other_pk)), b"fedforge secagg mask %d" % round_idx)
+
+
+def channel_key(sk: X25519PrivateKey, other_pk: bytes, round_idx: int) -> bytes:
+    """The AES-GCM key of the channel between two clients (their channel keys);
+    ValueError for a key that gives no secret."""
+    return hkdf(sk.exchange(public_key(other_pk)), b"fedforge secagg channel %d" % round_idx)

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
+from fedforge.core.errors import ProtocolError
 from fedforge.privacy import shamir
 from fedforge.privacy.secagg import SecAggClient
 from fedforge.privacy.secagg_graph import MaskGraph, complete_graph
@@ -151,7 +152,9 @@ def fp_round(call: Call) -> int:
 
 class Simulated:
     """The simulation's ``call``: one :class:`SecAggClient` per client in this
-    process, each fed its own input at the masked-input phase."""
+    process, each fed its own input at the masked-input phase. A client that
+    aborts the round (:class:`~fedforge.core.errors.ProtocolError`) answers None,
+    a dropout to :func:`secure_sum`; ``aborted`` keeps why."""
 
     def __init__(
         self,
@@ -173,11 +176,15 @@ class Simulated:
         self.bits = fp.bits
         self.bytes_up = 0
         self.client_seconds = 0.0  # time spent inside the clients' code, all phases
+        self.aborted: dict[int, str] = {}  # client id -> why it aborted the round
 
     def __call__(self, phase: str, client_id: int, message: Any) -> Any:
         start = time.perf_counter()
         try:
             return self._answer(phase, self.clients[client_id], message)
+        except ProtocolError as exc:
+            self.aborted[client_id] = str(exc)
+            return None
         finally:
             self.client_seconds += time.perf_counter() - start
 
