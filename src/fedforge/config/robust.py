@@ -53,6 +53,10 @@ class RobustConfig:
     # this many skipped rounds in a row (the model unchanged, e.g. every update
     # non-finite after a divergence) stop the run; 0: never
     max_skipped_rounds: int = 20
+    # more than this fraction of the updates asked for refused over the last
+    # refused_window upload rounds (withheld ones aside) stops the run; null: never
+    max_refused_fraction: float | None = 0.5
+    refused_window: int = 10
     client_gate: bool = False  # clients withhold updates whose held-out loss rose
     holdout_fraction: float = 0.1  # client_gate: the held-out slice of each client
 
@@ -114,6 +118,13 @@ def _check(r: RobustConfig) -> None:
             r.max_skipped_rounds >= 0,
             "must be an integer >= 0 (0: never stop on skipped rounds)",
         ),
+        (
+            "max_refused_fraction",
+            r.max_refused_fraction,
+            r.max_refused_fraction is None or 0.0 < r.max_refused_fraction < 1.0,
+            "must be in (0, 1), or null (never stop on refused updates)",
+        ),
+        ("refused_window", r.refused_window, r.refused_window >= 1, "must be an integer >= 1"),
         (
             "holdout_fraction",
             r.holdout_fraction,
