@@ -29,8 +29,9 @@ import time
 
 import numpy as np
 
-from fedforge.privacy.secagg import FixedPoint, Simulated, modulus_bits, secure_sum
 from fedforge.privacy.secagg_graph import random_harary
+from fedforge.privacy.secagg_masks import FixedPoint, modulus_bits
+from fedforge.privacy.secagg_server import Simulated, secure_sum
 
 Cost = tuple[float, float, float, float]  # client s a client, server s, plain s, bytes/float32
 

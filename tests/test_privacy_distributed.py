@@ -21,13 +21,15 @@ from tests.test_privacy_secagg_round import BASE  # the same tiny 2NN secure-agg
 
 from fedforge.compression.clip import Clip
 from fedforge.config import from_dict
-from fedforge.core.errors import ConfigError
+from fedforge.core.errors import ConfigError, UploadError
 from fedforge.data.federated import FederatedData
 from fedforge.pipeline.pipeline import Pipeline, StageContext
 from fedforge.privacy import secagg_codec as sc
+from fedforge.privacy import secagg_wire as sw
 from fedforge.privacy.accountant import RDP_ORDERS
 from fedforge.privacy.dp import DistributedNoise, DPMean
-from fedforge.privacy.secagg import FixedPoint, SecAggClient, modulus_bits
+from fedforge.privacy.secagg import SecAggClient
+from fedforge.privacy.secagg_masks import FixedPoint, modulus_bits
 from fedforge.privacy.tiers import TieredNoise, high_tier
 from fedforge.server.collectors import secure
 from fedforge.server.experiment import build
@@ -164,11 +166,14 @@ def test_a_client_refuses_a_threshold_below_n_min(data: FederatedData) -> None:
     codec = exp.privacy.secagg
     keys = {}
     for c in range(6):
-        msg = codec.phase("advertise", c, sc.advertise_message(0))
+        msg = codec.phase("advertise", c, sw.advertise_message(0))
         assert msg is not None
-        keys[c] = sc.read_keys(msg, 0, c)
-    # it aborts the round (no reply: a dropout to the server) and forgets its keys
-    assert codec.phase("share_keys", 0, sc.share_keys_message(0, keys, 3)) is None
+        keys[c] = sw.read_keys(msg, 0, c)
+    # it aborts the round (an abort note: a dropout to the server) and forgets its keys
+    note = codec.phase("share_keys", 0, sw.share_keys_message(0, keys, 3))
+    assert note is not None
+    with pytest.raises(UploadError, match="client 0 aborted the round: threshold 3 is below"):
+        sw.read_shares(note, 0, 0, list(range(6)))
     assert "threshold 3 is below" in codec.aborted[0]
     assert 0 not in codec.sessions
 

@@ -15,14 +15,9 @@ from fedforge.pipeline.constraints import ShowsOnlySum
 from fedforge.pipeline.pipeline import Pipeline
 from fedforge.privacy import shamir
 from fedforge.privacy.dp import CentralNoise, DPMean, LocalNoise
-from fedforge.privacy.secagg import (
-    PHASES,
-    FixedPoint,
-    SecAggClient,
-    Simulated,
-    modulus_bits,
-    secure_sum,
-)
+from fedforge.privacy.secagg import PHASES, SecAggClient
+from fedforge.privacy.secagg_masks import FixedPoint, modulus_bits
+from fedforge.privacy.secagg_server import Simulated, secure_sum
 from fedforge.robust import Median
 
 
@@ -70,35 +65,6 @@ def test_too_few_survivors_end_the_round_with_a_reason() -> None:
     xs = _inputs(5, 10, 2)
     result = secure_sum(list(range(5)), 10, 4, fp, Simulated(xs, 0, 4, fp), {"unmask": {0, 1}})
     assert result.total is None and "fewer than t = 4" in (result.reason or "")
-
-
-def _keyed_clients(n: int, t: int, fp: FixedPoint) -> dict[int, SecAggClient]:
-    """n clients through key sharing and share routing, every one in U2."""
-    cls = {i: SecAggClient(i, 0, t, fp) for i in range(n)}
-    keys = {i: c.advertise() for i, c in cls.items()}
-    sent = {i: c.share_keys(keys) for i, c in cls.items()}
-    for j, c in cls.items():
-        c.receive({i: sent[i][j] for i in cls if i != j}, list(range(n)))
-    return cls
-
-
-def test_a_client_answers_unmask_once_and_only_for_a_true_u3() -> None:
-    """Bonawitz et al. round 4: U3 within U2 (the server listed made-up ids: t of
-    them beside a victim got the victim's b shares and everyone's mask-key
-    shares), at least t, itself in it; and one answer (asked twice, a client
-    gave a b share and then a mask-key share of the same client)."""
-    fp = FixedPoint(16, 20)
-    cls = _keyed_clients(5, 4, fp)
-    with pytest.raises(ValueError, match="U3"):
-        cls[1].unmask([0, 1, 90, 91, 92])  # made-up ids
-    with pytest.raises(ValueError, match="U3"):
-        cls[1].unmask([0, 2, 3, 4])  # without the client itself
-    with pytest.raises(ValueError, match="threshold"):
-        cls[1].unmask([0, 1, 2])
-    kinds = cls[1].unmask([1, 2, 3, 4])
-    assert kinds[0][0] == "s" and kinds[2][0] == "b"
-    with pytest.raises(ValueError, match="already answered"):
-        cls[1].unmask([0, 1, 2, 3, 4])
 
 
 def test_a_threshold_just_above_half_still_needs_a_majority() -> None:

@@ -18,10 +18,13 @@ from tests.test_privacy_secagg_round import BASE, DP, SECAGG  # the tiny 2NN sec
 from fedforge.config import from_dict
 from fedforge.core.errors import ConfigError, UploadError
 from fedforge.data.federated import FederatedData
-from fedforge.privacy import secagg
-from fedforge.privacy.secagg import PHASES, FixedPoint, Simulated, modulus_bits, secure_sum
-from fedforge.privacy.secagg_codec import SecAggCodec, advertise_message
+from fedforge.privacy import secagg, secagg_masks
+from fedforge.privacy.secagg import PHASES
+from fedforge.privacy.secagg_codec import SecAggCodec
 from fedforge.privacy.secagg_graph import MaskGraph, complete_graph, harary, random_harary
+from fedforge.privacy.secagg_masks import FixedPoint, modulus_bits
+from fedforge.privacy.secagg_server import Simulated, secure_sum
+from fedforge.privacy.secagg_wire import advertise_message, read_keys
 from fedforge.server.experiment import build
 from fedforge.server.loop import run
 
@@ -135,7 +138,7 @@ def test_each_masked_input_uses_exactly_k_pairwise_masks(
     sim = Simulated(xs, 0, g.t, fp, g)
     calls: dict[str, int] = {}
     phase_now = [""]
-    real = secagg.keystream
+    real = secagg_masks.keystream
 
     def counted(seed: bytes, size: int, bits: int) -> np.ndarray:
         calls[phase_now[0]] = calls.get(phase_now[0], 0) + 1
@@ -148,19 +151,13 @@ def test_each_masked_input_uses_exactly_k_pairwise_masks(
             assert sorted(out) == sorted(g.neighbours(c))
         return out
 
-    monkeypatch.setattr(secagg, "keystream", counted)
+    monkeypatch.setattr(secagg, "keystream", counted)  # the self mask
+    monkeypatch.setattr(secagg_masks, "keystream", counted)  # the pairwise masks
     result = secure_sum(list(range(n)), 50, g.t, fp, spy, None, g, round_idx=0)
     assert result.total is not None
     degree = k or n - 1
     for c in range(n):  # the self mask PRG(b) and one PRG(s_ij) a neighbour
         assert calls[f"masked_input/{c}"] == 1 + degree
-
-
-def test_a_client_refuses_keys_from_outside_its_neighbourhood() -> None:
-    fp = FixedPoint(16, 20)
-    keys = {i: secagg.SecAggClient(i, 0, 2, fp).advertise() for i in range(5)}
-    with pytest.raises(ValueError, match="outside client 0's neighbourhood"):
-        secagg.SecAggClient(0, 0, 2, fp, frozenset({0, 1, 4})).share_keys(keys)
 
 
 def test_codec_clients_derive_the_servers_graph_from_the_advertised_cohort() -> None:
@@ -170,10 +167,13 @@ def test_codec_clients_derive_the_servers_graph_from_the_advertised_cohort() -> 
     assert graph.adjacency == random_harary(cohort, 4, 5, 4, 0.66).adjacency
     codec.phase("advertise", 3, advertise_message(4, cohort))
     assert codec.sessions[3].neighbourhood == graph.closed(3)
-    # a message a client cannot take: it aborts (no reply, no keys kept), noting why
-    assert codec.phase("advertise", 3, advertise_message(4)) is None
+    # a message a client cannot take: it aborts (an abort note, no keys kept), noting why
+    note = codec.phase("advertise", 3, advertise_message(4))
+    assert note is not None
+    with pytest.raises(UploadError, match="client 3 aborted the round: SecAgg.*cohort"):
+        read_keys(note, 4, 3)
     assert "needs the round's cohort" in codec.aborted[3] and 3 not in codec.sessions
-    assert codec.phase("advertise", 4, advertise_message(4, cohort)) is None
+    assert codec.phase("advertise", 4, advertise_message(4, cohort)) is not None
     assert "not in the cohort" in codec.aborted[4]
 
 

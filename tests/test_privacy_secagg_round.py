@@ -20,7 +20,7 @@ from fedforge.core.errors import ConfigError
 from fedforge.data.federated import FederatedData
 from fedforge.engines import Engine
 from fedforge.engines.serial import SerialEngine
-from fedforge.privacy.secagg import CIPHERTEXT_BYTES, KEY_BYTES, SHARE_BYTES
+from fedforge.privacy.secagg_masks import CIPHERTEXT_BYTES, KEY_BYTES, SHARE_BYTES
 from fedforge.server import loop
 from fedforge.server.collect import dropped
 from fedforge.server.experiment import build

@@ -323,7 +323,8 @@ def test_a_run_whose_every_round_is_skipped_stops_after_max_skipped_rounds(
     assert len(result.rounds) == 3
     assert "3 skipped rounds in a row" in result.summary["stall_stop"]
     assert "no valid update" in result.summary["stall_stop"]
-    endless = run(override(cfg, {"robust.max_skipped_rounds": 0}), data=data, store=False)
+    never = {"robust.max_skipped_rounds": 0, "robust.max_refused_fraction": None}
+    endless = run(override(cfg, never), data=data, store=False)
     assert len(endless.rounds) == 12 and "stall_stop" not in endless.summary
     last = run(override(cfg, {"rounds": 3}), data=data, store=False)  # the stall ends the run
     assert "3 skipped rounds in a row" in last.summary["stall_stop"]

@@ -59,6 +59,10 @@ class RobustConfig:
     # an update whose L2 norm passes this multiple of ||w|| + sqrt(P) (the global
     # model's norm plus that of a vector of ones) is refused as absurd; null: off
     max_update_ratio: float | None = 100.0
+    # more than this fraction of the updates asked for refused over the last
+    # refused_window upload rounds (withheld ones aside) stops the run; null: never
+    max_refused_fraction: float | None = 0.5
+    refused_window: int = 10
     client_gate: bool = False  # clients withhold updates whose held-out loss rose
     holdout_fraction: float = 0.1  # client_gate: the held-out slice of each client
 
@@ -132,6 +136,13 @@ def _check(r: RobustConfig) -> None:
             r.max_update_ratio is None or 0.0 < r.max_update_ratio < math.inf,
             "must be a finite number > 0 (a multiple of ||w|| + sqrt(P)), or null (off)",
         ),
+        (
+            "max_refused_fraction",
+            r.max_refused_fraction,
+            r.max_refused_fraction is None or 0.0 < r.max_refused_fraction < 1.0,
+            "must be in (0, 1), or null (never stop on refused updates)",
+        ),
+        ("refused_window", r.refused_window, r.refused_window >= 1, "must be an integer >= 1"),
         (
             "holdout_fraction",
             r.holdout_fraction,

@@ -54,6 +54,12 @@ class Withheld(UploadError):
     """The client's own gate kept its update back: refused, but no fault."""
 
 
+class ProtocolError(FedforgeError):
+    """A protocol message the protocol forbids (e.g. a secure-aggregation server
+    asking a client twice, or listing too few clients): the client aborts the
+    round and the server counts it as a dropout."""
+
+
 class StoreError(FedforgeError):
     """The run store cannot be read or written."""
 

@@ -1,5 +1,5 @@
 """Secure aggregation in the round (Bonawitz et al. 2017): the client's last stage
-and the phase messages, on the wire.
+and its answers to the phase messages (``secagg_wire.py``).
 
 :class:`SecAggCodec` is the codec of a run with ``privacy.secagg``: it keeps each
 client's :class:`~fedforge.privacy.secagg.SecAggClient` of the round, answers the
@@ -7,20 +7,20 @@ extra phases (advertise keys, share keys, receive the routed shares, unmask) and
 encodes the clipped (and noised) delta as ``w_k x_k`` in fixed point plus masks,
 k bits a word on the wire
 (``w_k`` uniform 1 or ``min(n_k / cap, 1)``: the DP mean's weights; the server
-divides the unmasked sum by a public total weight, :class:`SecAggMean`). Every
-phase message is a real wire message (``transport/wire.py``), so the bytes
-counted are the bytes a deployment would send. Runs on the client (``phase``,
-``encode``) and the server (the ``*_message`` builders, ``read_*`` parsers, which
-trust nothing and raise :class:`UploadError`). With ``neighbours`` = k it runs
+divides the unmasked sum by a public total weight, :class:`SecAggMean`). Runs
+on the client (``phase``, ``encode``; the server decodes a masked update with
+``decode_masked``). With ``neighbours`` = k it runs
 SecAgg+ (Bell et al. 2020, ``secagg_graph.py``): the advertise message carries
 the cohort, from which each client derives the round's graph (run seed, round)
 and its neighbourhood; every later message holds only that neighbourhood.
 
-A client that cannot take a phase message (a share that does not decrypt or is
-mislabelled, a threshold below the run's, a malformed message) aborts the round,
-as the paper's honest client does: it answers nothing and forgets its keys, and
-the server sees a dropout. Only the message that precedes its masked update is
-not abortable here (it carries nothing to check before unmasking).
+A client that cannot take a phase message (a malformed message, a threshold
+below the run's, or what :class:`~fedforge.privacy.secagg.SecAggClient` refuses
+with a ``ProtocolError``: too few clients listed, a phase asked twice, a share
+that does not decrypt) aborts the round, as the paper's honest client does: it
+forgets its keys and answers with an abort note instead (at the masked-input
+phase, its upload is the note), which the server logs as a refused client, a
+dropout, with the reason.
 """
 
 from __future__ import annotations
@@ -31,11 +31,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from cryptography.exceptions import InvalidTag
 
 from fedforge.aggregation.mean import Accumulator
 from fedforge.core import wire
-from fedforge.core.errors import ConfigError, UploadError
+from fedforge.core.errors import ConfigError, ProtocolError, UploadError
 from fedforge.core.params import all_finite
 from fedforge.pipeline.codec import (
     CodecContext,
@@ -47,17 +46,22 @@ from fedforge.pipeline.codec import (
 )
 from fedforge.pipeline.constraints import ShowsOnlySum, Unusable
 from fedforge.pipeline.pipeline import Constraint
-from fedforge.privacy import shamir
-from fedforge.privacy.secagg import (
+from fedforge.privacy.secagg import SecAggClient
+from fedforge.privacy.secagg_graph import MaskGraph, complete_graph, min_survivors, random_harary
+from fedforge.privacy.secagg_masks import (
     CIPHERTEXT_BYTES,
-    KEY_BYTES,
     SHARE_BYTES,
     FixedPoint,
-    SecAggClient,
-    agreeable,
     modulus_bits,
 )
-from fedforge.privacy.secagg_graph import MaskGraph, complete_graph, min_survivors, random_harary
+from fedforge.privacy.secagg_wire import (
+    ABORT,
+    abort_message,
+    id_tensor,
+    ids_of,
+    meta_of,
+    rows,
+)
 from fedforge.privacy.words import pack_words, unpack_words
 
 # Noise before the mask (local, tiered or distributed DP) has no hard bound, but
@@ -110,113 +114,6 @@ class SecAggMean:
         from fedforge.aggregation.mean import WeightedMean
 
         return WeightedMean().start(size, dtype)  # plain weights are never used here
-
-
-# ------------------------------------------------------------------ messages
-def _meta(phase: str, round_idx: int, client_id: int | None = None) -> dict[str, Any]:
-    meta: dict[str, Any] = {"phase": phase, "round_idx": round_idx}
-    return meta if client_id is None else {**meta, "client_id": client_id}
-
-
-def _ids(ids: Sequence[int]) -> torch.Tensor:
-    return torch.tensor(list(ids), dtype=torch.int64)
-
-
-def _rows(blobs: Sequence[bytes], width: int) -> torch.Tensor:
-    if not blobs:
-        return torch.zeros((0, width), dtype=torch.uint8)
-    return torch.frombuffer(bytearray(b"".join(blobs)), dtype=torch.uint8).reshape(-1, width)
-
-
-def _read(data: bytes, phase: str, round_idx: int, client_id: int | None) -> wire.Message:
-    msg = wire.decode(data)
-    want = _meta(phase, round_idx, client_id)
-    got = {k: msg.meta.get(k) for k in want}
-    if got != want:
-        raise UploadError(f"secure aggregation: message labelled {got!r:.200}; expected {want}")
-    return msg
-
-
-def _id_list(t: torch.Tensor, allowed: Sequence[int] | None = None) -> list[int]:
-    ids = [int(v) for v in t.tolist()]
-    if len(set(ids)) != len(ids) or (allowed is not None and not set(ids) <= set(allowed)):
-        raise UploadError("secure aggregation: repeated or unknown client ids in a message")
-    return ids
-
-
-def advertise_message(round_idx: int, cohort: Sequence[int] | None = None) -> bytes:
-    """SecAgg+: with the round's cohort, from which the client derives the graph."""
-    tensors = {} if cohort is None else {"cohort": _ids(sorted(cohort))}
-    return wire.encode(tensors, _meta("advertise", round_idx))
-
-
-def share_keys_message(
-    round_idx: int, keys: Mapping[int, tuple[bytes, bytes]], threshold: int
-) -> bytes:
-    """U1, each client's two public keys (channel, mask) and the threshold t."""
-    ids = sorted(keys)
-    tensors = {"ids": _ids(ids), "keys": _rows([keys[c][0] + keys[c][1] for c in ids], 64)}
-    return wire.encode(tensors, {**_meta("share_keys", round_idx), "threshold": threshold})
-
-
-def masked_input_message(round_idx: int, routed: Mapping[int, bytes], u2: Sequence[int]) -> bytes:
-    """U2 and the ciphertexts the other clients of U2 sent this client."""
-    senders = sorted(routed)
-    tensors = {
-        "u2": _ids(u2),
-        "from": _ids(senders),
-        "ct": _rows([routed[i] for i in senders], CIPHERTEXT_BYTES),
-    }
-    return wire.encode(tensors, _meta("masked_input", round_idx))
-
-
-def unmask_message(round_idx: int, u3: Sequence[int]) -> bytes:
-    return wire.encode({"u3": _ids(u3)}, _meta("unmask", round_idx))
-
-
-def read_keys(data: bytes, round_idx: int, client_id: int) -> tuple[bytes, bytes]:
-    msg = _read(data, "advertise", round_idx, client_id)
-    raw = expect_tensor(msg.tensors, "keys", (2 * KEY_BYTES,), torch.uint8).numpy().tobytes()
-    keys = raw[:KEY_BYTES], raw[KEY_BYTES:]
-    for what, key in zip(("channel", "mask"), keys, strict=True):
-        if not agreeable(key):
-            raise UploadError(
-                f"secure aggregation: client {client_id}'s {what} key {key.hex()[:16]}... "
-                "is a low-order X25519 point (no shared secret)"
-            )
-    return keys
-
-
-def read_shares(data: bytes, round_idx: int, client_id: int, u1: Sequence[int]) -> dict[int, bytes]:
-    """A client's ciphertexts, one for every other client of U1."""
-    msg = _read(data, "share_keys", round_idx, client_id)
-    to = msg.tensors.get("to")
-    if to is None or to.dtype != torch.int64 or to.ndim != 1:
-        raise UploadError("secure aggregation: shares without a 'to' list")
-    ids = _id_list(to, u1)
-    if sorted(ids) != [c for c in sorted(u1) if c != client_id]:
-        raise UploadError(f"secure aggregation: client {client_id} did not share with all of U1")
-    ct = expect_tensor(msg.tensors, "ct", (len(ids), CIPHERTEXT_BYTES), torch.uint8).numpy()
-    return {j: ct[r].tobytes() for r, j in enumerate(ids)}
-
-
-def read_unmask(
-    data: bytes, round_idx: int, client_id: int, u2: Sequence[int]
-) -> dict[int, tuple[str, int]]:
-    """A survivor's shares: b of the clients in U3, the mask key of the others."""
-    msg = _read(data, "unmask", round_idx, client_id)
-    got = msg.tensors.get("ids")
-    if got is None or got.dtype != torch.int64 or got.ndim != 1:
-        raise UploadError("secure aggregation: unmasking shares without an 'ids' list")
-    ids = _id_list(got, u2)
-    kind = expect_tensor(msg.tensors, "kind", (len(ids),), torch.uint8).tolist()
-    if any(k > 1 for k in kind):
-        raise UploadError("secure aggregation: a share's kind must be 0 (mask key) or 1 (b)")
-    raw = expect_tensor(msg.tensors, "shares", (len(ids), SHARE_BYTES), torch.uint8).numpy()
-    shares = [int.from_bytes(row.tobytes(), "big") for row in raw]
-    if any(y >= shamir.PRIME for y in shares):
-        raise UploadError("secure aggregation: a share is not below the field's prime 2^521 - 1")
-    return {j: ("b" if k else "s", y) for j, k, y in zip(ids, kind, shares, strict=True)}
 
 
 # --------------------------------------------------------------------- codec
@@ -275,23 +172,25 @@ class SecAggCodec(WireCodec):
 
     # ------------------------------------------------------ extra phases (client)
     def phase(self, name: str, client_id: int, data: bytes) -> bytes | None:
-        """One client's answer to a phase message (None: nothing to send back,
-        or the client aborted the round: see the module's note)."""
-        if name == "masked_input":
-            return self._answer(name, client_id, data)
+        """One client's answer to a phase message (None: nothing to send back), or
+        its abort note (see the module's note)."""
         try:
             return self._answer(name, client_id, data)
-        except (UploadError, ValueError, InvalidTag) as exc:
+        except (UploadError, ProtocolError) as exc:
             self.sessions.pop(client_id, None)
-            self.aborted[client_id] = f"{name}: {exc or type(exc).__name__}"
-            return None
+            why = str(exc).removeprefix("secure aggregation: ")
+            if not why.startswith(f"client {client_id} aborted"):
+                why = f"client {client_id} aborted the round: {why}"
+            self.aborted[client_id] = why
+            r = _round_of(data)
+            return None if r is None else abort_message(name, r, client_id, why)
 
     def _answer(self, name: str, client_id: int, data: bytes) -> bytes | None:
         msg = wire.decode(data)
         r = msg.meta.get("round_idx")
         if msg.meta.get("phase") != name or not isinstance(r, int):
             raise UploadError(f"secure aggregation: not a '{name}' message")
-        reply = _meta(name, r, client_id)
+        reply = meta_of(name, r, client_id)
         if name == "advertise":
             cl = SecAggClient(client_id, r, 1, self.fp, self._neighbourhood(msg, client_id, r))
             self.sessions[client_id] = cl
@@ -300,8 +199,8 @@ class SecAggCodec(WireCodec):
             return wire.encode({"keys": raw_keys}, reply)
         cl = self._session(client_id, r)
         if name == "share_keys":
-            ids = _id_list(msg.tensors["ids"])
-            raw = msg.tensors["keys"].numpy()
+            ids = ids_of(msg, "ids")
+            raw = expect_tensor(msg.tensors, "keys", (len(ids), 64), torch.uint8).numpy()
             keys = {c: (raw[i, :32].tobytes(), raw[i, 32:].tobytes()) for i, c in enumerate(ids)}
             t = msg.meta.get("threshold")
             near = cl.neighbourhood
@@ -316,23 +215,22 @@ class SecAggCodec(WireCodec):
             out = cl.share_keys(keys)
             to = sorted(out)
             return wire.encode(
-                {"to": _ids(to), "ct": _rows([out[j] for j in to], CIPHERTEXT_BYTES)}, reply
+                {"to": id_tensor(to), "ct": rows([out[j] for j in to], CIPHERTEXT_BYTES)}, reply
             )
         if name == "masked_input":
-            senders = _id_list(msg.tensors["from"])
-            ct = msg.tensors["ct"].numpy()
-            cl.receive(
-                {j: ct[i].tobytes() for i, j in enumerate(senders)}, _id_list(msg.tensors["u2"])
-            )
+            senders = ids_of(msg, "from")
+            shape = (len(senders), CIPHERTEXT_BYTES)
+            ct = expect_tensor(msg.tensors, "ct", shape, torch.uint8).numpy()
+            cl.receive({j: ct[i].tobytes() for i, j in enumerate(senders)}, ids_of(msg, "u2"))
             return None  # the masked update follows with the training upload
         if name == "unmask":
-            shares = cl.unmask(_id_list(msg.tensors["u3"]))
+            shares = cl.unmask(ids_of(msg, "u3"))
             del self.sessions[client_id]  # the round is over for this client
             ids = sorted(shares)
             tensors = {
-                "ids": _ids(ids),
+                "ids": id_tensor(ids),
                 "kind": torch.tensor([int(shares[j][0] == "b") for j in ids], dtype=torch.uint8),
-                "shares": _rows(
+                "shares": rows(
                     [shares[j][1].to_bytes(SHARE_BYTES, "big") for j in ids], SHARE_BYTES
                 ),
             }
@@ -346,15 +244,15 @@ class SecAggCodec(WireCodec):
         cohort; None for the complete graph."""
         if self.neighbours is None:
             return None
-        cohort = msg.tensors.get("cohort")
-        if cohort is None or cohort.dtype != torch.int64 or cohort.ndim != 1:
+        if "cohort" not in msg.tensors:
             raise UploadError("secure aggregation: SecAgg+ needs the round's cohort")
-        ids = _id_list(cohort)
+        ids = ids_of(msg, "cohort")
         if client_id not in ids:
             raise UploadError(f"secure aggregation: client {client_id} is not in the cohort")
         return self.graph(round_idx, ids).closed(client_id)
 
     def _session(self, client_id: int, round_idx: int) -> SecAggClient:
+        """The client's protocol object of the round (none after it aborted)."""
         cl = self.sessions.get(client_id)
         if cl is None or cl.round != round_idx:
             raise UploadError(
@@ -367,12 +265,21 @@ class SecAggCodec(WireCodec):
         """w_k x_k (clamped to the bound) in fixed point plus the round's masks."""
         if ctx is None or ctx.client_id is None:
             raise ValueError("secure aggregation encodes a client's update and needs its context")
+        why = self.aborted.get(ctx.client_id)
+        cl = self.sessions.get(ctx.client_id)
+        if why is not None and (cl is None or cl.round != ctx.round_idx):
+            return {}, {"codec": self.name, ABORT: why}  # its upload is the abort note
         cl = self._session(ctx.client_id, ctx.round_idx)
         if not all_finite(delta):  # diverged: drop out, send no input
             return {}, {"codec": self.name, "withheld": "the update is not finite"}
         w = self.mean.weight(self.num_examples[ctx.client_id])
         x = (delta.to(torch.float64) * w).clamp(-self.bound, self.bound).numpy()
-        y = cl.masked_input(x)
+        try:
+            y = cl.masked_input(x)
+        except ProtocolError as exc:
+            self.sessions.pop(ctx.client_id, None)
+            self.aborted[ctx.client_id] = str(exc)
+            return {}, {"codec": self.name, ABORT: str(exc)}
         meta = {"codec": self.name, "frac_bits": self.fp.frac_bits, "bits": self.fp.bits}
         return {"masked": torch.from_numpy(pack_words(y, self.fp.bits))}, meta
 
@@ -386,6 +293,8 @@ class SecAggCodec(WireCodec):
         k bits a word)."""
         if "withheld" in meta:  # the client dropped out instead (e.g. a diverged run)
             raise UploadError(f"secure aggregation: no masked input: {meta['withheld']!s:.100}")
+        if ABORT in meta:  # the client aborted the round
+            raise UploadError(f"secure aggregation: {meta[ABORT]!s:.300} (at 'masked_input')")
         expect_codec(meta, self.name, tensors, self.sends)
         got = (meta.get("bits"), meta.get("frac_bits"))
         if got != (self.fp.bits, self.fp.frac_bits):
@@ -396,3 +305,12 @@ class SecAggCodec(WireCodec):
         nbytes = (size * self.fp.bits + 7) // 8
         packed = expect_tensor(tensors, "masked", (nbytes,), torch.uint8).numpy()
         return unpack_words(packed, self.fp.bits, size)
+
+
+def _round_of(data: bytes) -> int | None:
+    """The round a phase message is labelled with, None when it cannot be read."""
+    try:
+        r = wire.decode(data).meta.get("round_idx")
+    except UploadError:
+        return None
+    return r if isinstance(r, int) else None

@@ -24,8 +24,10 @@ import torch
 from fedforge.core import wire
 from fedforge.core.errors import UploadError
 from fedforge.privacy import secagg_codec as sc
+from fedforge.privacy import secagg_wire as sw
 from fedforge.privacy.dp import DPMean
-from fedforge.privacy.secagg import PHASES, route, unmask_sum
+from fedforge.privacy.secagg import PHASES
+from fedforge.privacy.secagg_server import route, unmask_sum
 from fedforge.server.collectors.base import Collected, DenseCost, Phase, RoundLog
 from fedforge.server.collectors.intake import Limits
 from fedforge.server.experiment import Experiment
@@ -116,14 +118,14 @@ class SecureSum:
         graph, r = self.graph, self.round_idx
         assert graph is not None
         if name == "advertise":
-            return sc.advertise_message(r, None if self.codec.neighbours is None else ids)
+            return sw.advertise_message(r, None if self.codec.neighbours is None else ids)
         if name == "share_keys":
-            return sc.share_keys_message(
+            return sw.share_keys_message(
                 r, {i: self.keys[i] for i in graph.within(c, ids)}, graph.t
             )
         if name == "masked_input":
-            return sc.masked_input_message(r, self.routed[c], graph.within(c, ids))
-        return sc.unmask_message(r, graph.within(c, ids))
+            return sw.masked_input_message(r, self.routed[c], graph.within(c, ids))
+        return sw.unmask_message(r, graph.within(c, ids))
 
     def reply(self, client_id: int, data: bytes) -> None:
         c, r, graph = client_id, self.round_idx, self.graph
@@ -134,9 +136,9 @@ class SecureSum:
         name = PHASES[self.phase]
         u1, u2 = sorted(self.keys), sorted(self.shares)
         readers: dict[str, tuple[dict[int, Any], Callable[[], Any]]] = {
-            "advertise": (self.keys, lambda: sc.read_keys(data, r, c)),
-            "share_keys": (self.shares, lambda: sc.read_shares(data, r, c, graph.within(c, u1))),
-            "unmask": (self.shares_back, lambda: sc.read_unmask(data, r, c, graph.within(c, u2))),
+            "advertise": (self.keys, lambda: sw.read_keys(data, r, c)),
+            "share_keys": (self.shares, lambda: sw.read_shares(data, r, c, graph.within(c, u1))),
+            "unmask": (self.shares_back, lambda: sw.read_unmask(data, r, c, graph.within(c, u2))),
         }
         if name not in readers:  # the masked-input phase asks for no reply
             return
