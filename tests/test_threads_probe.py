@@ -186,7 +186,8 @@ def test_the_probe_is_cached_and_reused(
     assert len(probing) == 4  # no second probe
     assert second.engine.name == first.engine.name
     assert second.probe_line is not None and "cached probe" in second.probe_line
-    # a new CPU, torch or model: probed again
+    # a new CPU, torch or model: probed again (timed by a stand-in, to be quick)
+    monkeypatch.setattr(probe, "_rate", lambda c, *a: probing.append(c.name) or 1.0)
     monkeypatch.setattr(probe, "cpu_id", lambda: "another CPU")
     close_engine(build(_cfg(workers=0), data).engine)
     assert len(probing) == 8
