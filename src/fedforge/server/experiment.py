@@ -332,7 +332,10 @@ def choose_engine(
     line = None
     samples = probe.probe_samples()
     if name == "auto" and probe_input is not None and samples and alg.client is None:
-        inners = ["serial"] + (["vectorized"] if vector_reason is None else [])
+        # convolutions stay serial (auto_vectorize): vmapped, they run as grouped
+        # convolutions, slower on CPU and too slow to be worth a probe's seconds
+        vector = vector_reason is None and auto_vectorize(runtime)
+        inners = ["serial"] + (["vectorized"] if vector else [])
         layouts = [count] if workers != 0 and count >= 2 else [0, count] if count >= 2 else [0]
         layouts = [n for n in layouts if n == 0 or not keeps]
         candidates = [

@@ -17,7 +17,8 @@ The choice is cached beside the tensor cache (``engine-probe.json`` in
 CPU (model name and flags), the model's name and parameter count and what was
 measured (candidates, threads, plan); a changed key probes again. The
 ``FEDFORGE_PROBE`` environment variable sets the probe's length (samples per
-candidate, default :data:`DEFAULT_SAMPLES`), or turns it off (``off`` or 0):
+candidate, default :data:`DEFAULT_SAMPLES`, each candidate stopped after
+:data:`SECONDS`), or turns it off (``off`` or 0):
 ``engine: auto`` then takes the rule of experiment.auto_vectorize.
 """
 
@@ -42,7 +43,9 @@ from fedforge.engines import Engine, close_engine
 from fedforge.engines.threads import set_threads
 
 PROBE_ENV = "FEDFORGE_PROBE"
-DEFAULT_SAMPLES = 1200  # per candidate: ~0.1 s for the 2NN, ~1 s for the CNN here
+DEFAULT_SAMPLES = 200  # per candidate at most: 4+ clients of up to 50 examples
+SECONDS = 0.5  # per candidate at most, after its warm-up (the clients done by then count)
+_WARM_ID = 1 << 30  # warm-up clients, from this id: one minibatch each
 CACHE_NAME = "engine-probe.json"
 MAX_ENTRIES = 64  # the cache keeps the newest entries
 _PROBE_SEED = 0x9E3779B9
@@ -205,8 +208,10 @@ def _synthetic_runtime(runtime: ClientRuntime, info: ProbeInput, size: int) -> C
     x = torch.randn(size, *info.input_shape, generator=gen, dtype=runtime.dtype)
     y = torch.randint(0, info.num_classes, (size,), generator=gen)
 
+    warm = runtime.algorithm.plan(0).batch_size or 1
+
     def data_fn(client_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return x, y
+        return (x[:warm], y[:warm]) if client_id >= _WARM_ID else (x, y)
 
     model = copy.deepcopy(runtime.model)  # an engine may change its layout
     return ClientRuntime(model, runtime.spec, runtime.algorithm, data_fn)
@@ -219,23 +224,31 @@ def _rate(
     clients: int,
     size: int,
 ) -> float:
-    """Samples/second of one candidate over ``clients`` synthetic clients, after
-    a warm-up round (which also starts a pool's processes)."""
+    """Samples/second of one candidate over up to ``clients`` synthetic clients
+    (those done within :data:`SECONDS`), after a warm-up of one minibatch a
+    worker (which also starts a pool's processes)."""
     plan = runtime.algorithm.plan(0)
     params = runtime.spec.flatten(runtime.model, runtime.dtype)
     payload = encode_payload(params, 0)
     tasks = [ClientTask(k, 0, plan, _PROBE_SEED) for k in range(clients)]
+    warm = [ClientTask(_WARM_ID + k, 0, plan, _PROBE_SEED) for k in range(candidate.workers or 1)]
     before = set_threads(candidate.threads if candidate.workers == 0 else 1)
     engine = make(candidate, runtime)
+    done = 0
     try:
-        warm = max(1, candidate.workers)
-        for _ in engine.run_cohort(tasks[:warm], payload):
+        for _ in engine.run_cohort(warm, payload):
             pass
         t0 = time.perf_counter()
-        for _ in engine.run_cohort(tasks, payload):
-            pass
+        uploads = engine.run_cohort(tasks, payload)
+        for _ in uploads:
+            done += 1
+            if time.perf_counter() - t0 > SECONDS:
+                break
         seconds = time.perf_counter() - t0
+        close = getattr(uploads, "close", None)
+        if close is not None:
+            close()  # a pool's jobs still pending are dropped
     finally:
         close_engine(engine)
         set_threads(before)
-    return clients * size * plan.local_epochs / max(seconds, 1e-9)
+    return done * size * plan.local_epochs / max(seconds, 1e-9)
