@@ -17,6 +17,11 @@ from fedforge.data.federated import FederatedData
 
 MakeData = Callable[..., FederatedData]
 
+# engine: auto takes its static rule in tests (the probe takes seconds per model
+# and machine, and its pick would differ between machines); tests/test_threads_probe.py
+# turns it on with a tiny length and a cache in a temp folder
+os.environ.setdefault("FEDFORGE_PROBE", "off")
+
 # A one-round float64 logistic regression over 4 clients, every one each round:
 # the small config of the data- and weight-rule tests (override what differs).
 TINY_LOGREG: dict[str, Any] = {
@@ -70,9 +75,11 @@ def mnist_dir() -> Path:
 
 
 @pytest.fixture
-def one_thread() -> Iterator[None]:
-    """Run torch on one intra-op thread for the test. On this shared two-core machine,
+def one_thread(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Run torch on one intra-op thread for the test, runs too (their default
+    threads come from FEDFORGE_THREADS then). On this shared two-core machine,
     two spinning OpenMP threads competing with other jobs run 10-20x slower than one."""
+    monkeypatch.setenv("FEDFORGE_THREADS", "1")
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

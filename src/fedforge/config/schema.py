@@ -103,6 +103,7 @@ class Config:
     rounds: int = 60
     target_accuracy: float | None = 0.99
     eval_every: int = 1
+    eval_initial: bool = False  # also evaluate the initial model before round 1 (a baseline)
     eval_clients: bool = False  # also evaluate on each client's held-out slice (clienteval.py)
     eval_holdout: float = 0.2  # eval_clients: the fraction of each client's data held out
     # eval_clients: also score each client after a few local steps (personal.py)
@@ -113,6 +114,9 @@ class Config:
     # auto: vectorized where it is the faster (models without convolutions) and allowed
     engine: Engine = "auto"
     workers: int = 1  # processes the cohort is spread over (engines/pool.py); 0: one per core
+    # torch intra-op threads of each process of the run; null: the usable cores
+    # divided among the run's processes (engines/threads.py)
+    threads: int | None = None
     dtype: DType = "float32"
     precision: Precision = "fp32"  # bf16: local forward passes under bf16 autocast
     runs_dir: str = "runs"
@@ -225,6 +229,13 @@ def _check_run(cfg: Config) -> None:
             "fedforge.register_model",
         ),
         ("workers", cfg.workers, cfg.workers >= 0, "must be an integer >= 0 (0: one per core)"),
+        (
+            "threads",
+            cfg.threads,
+            cfg.threads is None or (not isinstance(cfg.threads, bool) and cfg.threads >= 1),
+            "must be an integer >= 1 (torch threads of each process of the run), or null "
+            "for the usable cores divided among the run's processes",
+        ),
         (
             "precision",
             cfg.precision,

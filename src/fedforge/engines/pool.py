@@ -9,7 +9,8 @@ single-threaded workers, each over a chunk of clients.
 
 What the workers compute is exactly what the inner engine computes in the
 server process: the same runtime (forked, so it needs no pickling and no second
-load of the data), the same derived generators, one thread. With the serial
+load of the data), the same derived generators, its share of the cores as torch
+threads (one when there are as many workers as cores). With the serial
 inner engine the uploads are bit-identical to the serial engine's in a
 one-thread process (tests/test_pool_engine.py). Uploads come back in cohort
 order, so streaming aggregation sums in the same order too.
@@ -21,7 +22,7 @@ reach the checkpoint). ``experiment.make_engine`` checks; the run then falls
 back to the inner engine in-process and says why in one line.
 
 Processes start with ``fork`` at the first cohort (the runtime is complete by
-then); each worker sets one torch thread and ignores SIGINT and SIGTERM: the
+then); each worker sets its torch threads (engines/threads.py) and ignores SIGINT and SIGTERM: the
 server process alone handles a stop (it finishes the round with its workers,
 checkpoints, then ends them), so a signal to the whole process group (Ctrl-C,
 ``pkill -f``, a service manager) does not kill a worker mid-round. A worker
@@ -51,12 +52,11 @@ from itertools import islice
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
-import torch
-
 from fedforge.client.runtime import ClientTask, ClientUpload
 from fedforge.core.errors import EngineError
 from fedforge.core.orphans import sweep_orphans
 from fedforge.engines.serial import SerialEngine
+from fedforge.engines.threads import set_threads, usable_cores
 from fedforge.engines.vectorized import VectorizedEngine
 
 Inner = SerialEngine | VectorizedEngine
@@ -67,14 +67,6 @@ _PAYLOAD: tuple[str, bytes] | None = None  # (path, bytes) of the round a worker
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _PAYLOAD_PREFIX = "fedforge-payload-"  # then the server's pid: see orphans.py
 JOB_BYTES = 64 << 20  # a vectorised job's dense updates at most (one message back)
-
-
-def usable_cores() -> int:
-    """Cores this process may run on (its CPU affinity, not the machine's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def resolve_workers(workers: int) -> int:
@@ -121,10 +113,10 @@ def _dead_workers(processes: Iterable[BaseProcess]) -> str:
     return ", ".join(ended) or "its pid unknown"
 
 
-def _worker_init(server_pid: int, inner: Inner) -> None:
+def _worker_init(server_pid: int, inner: Inner, threads: int) -> None:
     global _INNER
     _INNER = inner  # handed over by the fork itself: its own executor's, never pickled
-    torch.set_num_threads(1)
+    set_threads(threads)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with(server_pid)
@@ -184,13 +176,18 @@ def _write_payload(payload: bytes) -> str:
 
 
 class PoolEngine:
-    """``inner`` (serial or vectorised) run in ``workers`` forked one-thread processes."""
+    """``inner`` (serial or vectorised) run in ``workers`` forked processes of
+    ``threads`` torch threads each (engines/threads.py: the usable cores divided
+    among the workers, one each when there are as many workers as cores)."""
 
-    def __init__(self, inner: Inner, workers: int) -> None:
+    def __init__(self, inner: Inner, workers: int, threads: int = 1) -> None:
         if workers < 2:
             raise ValueError(f"a pool needs at least 2 workers, got {workers}")
+        if threads < 1:
+            raise ValueError(f"a worker needs at least 1 thread, got {threads}")
         self.inner = inner
         self.workers = workers
+        self.threads = threads
         self.name = f"{inner.name}x{workers}"
         self._pool: ProcessPoolExecutor | None = None
         # every worker the pool started, by pid: a broken pool may already have
@@ -204,7 +201,10 @@ class PoolEngine:
             # before the first submit forks the workers
             ctx = multiprocessing.get_context("fork")
             self._pool = ProcessPoolExecutor(
-                self.workers, ctx, initializer=_worker_init, initargs=(os.getpid(), self.inner)
+                self.workers,
+                ctx,
+                initializer=_worker_init,
+                initargs=(os.getpid(), self.inner, self.threads),
             )
         return self._pool
 

@@ -1,1 +1,1 @@
-"""The server: round loop, server optimizers, client selection."""
+"""The server: the round in phases, its collectors, the run loop and its store, server optimizers, the engine probe."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -27,8 +28,9 @@ from fedforge.data.federated import DTYPES, FederatedData, load_federated_data, 
 from fedforge.data.given import check_fits, check_given
 from fedforge.data.mnist import NUM_CLASSES
 from fedforge.engines import Engine, batched_mlp
-from fedforge.engines.pool import PoolEngine, resolve_workers, usable_cores
+from fedforge.engines.pool import PoolEngine, resolve_workers
 from fedforge.engines.serial import SerialEngine
+from fedforge.engines.threads import ThreadPlan, thread_plan, usable_cores
 from fedforge.engines.vectorized import (
     DEFAULT_MEMORY_BUDGET,
     VectorizedEngine,
@@ -41,6 +43,7 @@ from fedforge.pipeline.pipeline import Pipeline
 from fedforge.privacy import parts as privacy
 from fedforge.privacy.parts import PrivacyParts
 from fedforge.robust.parts import RobustParts, assemble
+from fedforge.server import probe
 from fedforge.store.build_record import data_fingerprint
 from fedforge.store.checkpoint import RESIDUAL
 from fedforge.store.client_state import ClientStateStore
@@ -78,6 +81,8 @@ class Experiment:
     # what each client trains on: its data less the gate's and the quality weights'
     # held-out slices, an attacker's labels flipped (None: data.client_data)
     train_data: ClientDataFn | None = None
+    threads: ThreadPlan | None = None  # torch threads of the run's processes
+    probe_line: str | None = None  # engine: auto's probe, its pick and figures
 
     def client_train_data(self, client_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The examples client ``client_id`` trains on."""
@@ -96,6 +101,54 @@ def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
             f"model {cfg.model!r} has some (the three forward passes of a step would move "
             "them three times)"
         )
+    data, fingerprint = _run_data(cfg, data, model, dtype)
+    spec = ParamSpec.of(model, include_buffers=True)  # batch-norm statistics travel too
+    if not any(e.trainable for e in spec.entries):
+        raise ConfigError(f"model '{cfg.model}' has no parameter to train (all frozen)")
+    algorithm = algorithms.from_config(cfg, spec.size, dtype, spec)
+    parts = _assemble(cfg, data, spec, dtype, algorithm)
+    runtime = ClientRuntime(
+        model,
+        spec,
+        algorithm,
+        parts.reporter.train_data if parts.reporter is not None else parts.robust.data_fn,
+        parts.pipeline.client,
+        parts.pipeline.codec,
+        gate=parts.robust.gate,
+        tamper_fn=parts.robust.tamper_fn,
+        downlink=parts.comm.downlink,
+        reporter=parts.reporter,
+        report_loss=not cfg.privacy.hides_updates,
+    )
+    choice = _engine_for(cfg, data, runtime, _side_state(parts.comm, parts.priv))
+    ignored = "; ".join(config_notes(cfg))
+    notes = (*choice.notes, precision_note(cfg.precision), ignored)
+    return Experiment(
+        cfg,
+        data,
+        model,
+        spec,
+        algorithm,
+        parts.pipeline,
+        choice.engine,
+        spec.flatten(model, dtype),
+        "; ".join(n for n in notes if n) or None,
+        parts.robust,
+        parts.comm,
+        parts.priv,
+        fingerprint,
+        runtime.data_fn,
+        choice.threads,
+        choice.probe_line,
+    )
+
+
+def _run_data(
+    cfg: Config, data: FederatedData | None, model: nn.Module, dtype: torch.dtype
+) -> tuple[FederatedData, str]:
+    """The run's data (the caller's, checked, or loaded), shifted and with each
+    client's held-out slice carved when clients are evaluated; and the fingerprint
+    of the data as given or loaded."""
     if data is not None:  # the caller's: checked before anything reads it
         check_given(data, cfg.num_clients, dtype, model, cfg.model, NUM_CLASSES)
     else:
@@ -107,10 +160,24 @@ def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
     if cfg.eval_clients and data.holdout is None:  # carve each client's held-out slice
         keep, held = split_holdout(data.partition, cfg.eval_holdout, cfg.seed)
         data = dataclasses.replace(data, partition=keep, holdout=held)
-    spec = ParamSpec.of(model, include_buffers=True)  # batch-norm statistics travel too
-    if not any(e.trainable for e in spec.entries):
-        raise ConfigError(f"model '{cfg.model}' has no parameter to train (all frozen)")
-    algorithm = algorithms.from_config(cfg, spec.size, dtype, spec)
+    return data, fingerprint
+
+
+@dataclass
+class _Parts:
+    """The run's parts around its clients' training."""
+
+    pipeline: Pipeline
+    comm: CommunicationParts
+    robust: RobustParts
+    priv: PrivacyParts
+    reporter: reports.Reporter | None
+
+
+def _assemble(
+    cfg: Config, data: FederatedData, spec: ParamSpec, dtype: torch.dtype, algorithm: Algorithm
+) -> _Parts:
+    """Communication, robustness, reports and privacy, and the pipeline of their stages."""
     comm = communication.assemble(
         cfg.communication, cfg.num_clients, spec, dtype, data.partition, data.train_y
     )
@@ -127,40 +194,22 @@ def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
         server_aggregate=priv.aggregate_stages,
     )
     communication.check_pipeline(cfg.communication, pipeline)
-    runtime = ClientRuntime(
-        model,
-        spec,
-        algorithm,
-        reporter.train_data if reporter is not None else robust.data_fn,
-        pipeline.client,
-        pipeline.codec,
-        gate=robust.gate,
-        tamper_fn=robust.tamper_fn,
-        downlink=comm.downlink,
-        reporter=reporter,
-        report_loss=not cfg.privacy.hides_updates,
+    return _Parts(pipeline, comm, robust, priv, reporter)
+
+
+def _engine_for(
+    cfg: Config, data: FederatedData, runtime: ClientRuntime, side_state: str | None
+) -> EngineChoice:
+    """The run's engine and threads; ``engine: auto`` probes with the data's shapes."""
+    sizes = data.partition.sizes()
+    info = probe.ProbeInput(
+        cfg.model,
+        tuple(data.train_x.shape[1:]),
+        NUM_CLASSES,
+        int(np.median(sizes)) if len(sizes) else 1,
     )
-    largest = int(data.partition.sizes().max(initial=0))
-    engine, note = make_engine(cfg.engine, runtime, cfg.workers, _side_state(comm, priv), largest)
-    ignored = "; ".join(config_notes(cfg))
-    note = "; ".join(n for n in (note, precision_note(cfg.precision), ignored) if n) or None
-    params = spec.flatten(model, dtype)
-    return Experiment(
-        cfg,
-        data,
-        model,
-        spec,
-        algorithm,
-        pipeline,
-        engine,
-        params,
-        note,
-        robust,
-        comm,
-        priv,
-        fingerprint,
-        runtime.data_fn,
-    )
+    largest = int(sizes.max(initial=0))
+    return choose_engine(cfg.engine, runtime, cfg.workers, side_state, largest, cfg.threads, info)
 
 
 def _weighted(cfg: Config, priv: PrivacyParts, robust: Aggregator) -> Aggregator:
@@ -212,15 +261,27 @@ def auto_vectorize(runtime: ClientRuntime) -> bool:
     return unsupported_reason(model) is None and alg.personal is None and alg.local_train is None
 
 
-def _fused_in_one_process(engine: Engine, runtime: ClientRuntime) -> bool:
+def _fused_in_one_process(inner: str, runtime: ClientRuntime) -> bool:
     """``workers: 0`` keeps the vectorised engine's fused perceptron path in this
     process, its cores as torch threads: measured faster than one process a core
     (2NN, 600-sample clients: 94k against 83k samples/s; 60-sample clients, a
     cohort of 100: 52k against 30k), no update crossing a pipe. The vmap path
-    (momentum, other models) still takes the workers (20k against 23k)."""
-    if not isinstance(engine, VectorizedEngine):
+    (momentum, other models) still takes the workers (20k against 23k). The
+    probe of ``engine: auto`` measures this on the machine instead (probe.py)."""
+    if inner != "vectorized":
         return False
-    return batched_mlp.applies(engine.model, runtime.algorithm, runtime.algorithm.plan(0), None)
+    alg = runtime.algorithm
+    return batched_mlp.applies(runtime.model, alg, alg.plan(0), None)
+
+
+@dataclass
+class EngineChoice:
+    """The engine a run takes, what it says of the config, the probe's line."""
+
+    engine: Engine
+    notes: list[str]
+    threads: ThreadPlan
+    probe_line: str | None = None
 
 
 def make_engine(
@@ -234,41 +295,86 @@ def make_engine(
     are several), or the nearest one that can run, with the reason in one line.
     ``side_state``: what of the run lives in this process besides the runtime's
     tables (secure aggregation's keys, adaptive clipping's board), if anything.
-    ``largest_client``: the most examples a client holds."""
-    engine: SerialEngine | VectorizedEngine = SerialEngine(runtime)
+    ``largest_client``: the most examples a client holds. No probe."""
+    choice = choose_engine(name, runtime, workers, side_state, largest_client)
+    return choice.engine, "; ".join(choice.notes) or None
+
+
+def choose_engine(
+    name: str,
+    runtime: ClientRuntime,
+    workers: int = 1,
+    side_state: str | None = None,
+    largest_client: int = 0,
+    threads: int | None = None,
+    probe_input: probe.ProbeInput | None = None,
+) -> EngineChoice:
+    """:func:`make_engine` with the torch threads of its processes (``threads``:
+    the config's) and, for ``engine: auto`` given ``probe_input``, the probe's
+    pick among the configurations the static rules allow."""
     notes: list[str] = []
-    plan = runtime.algorithm.plan(0)
-    schedule = schedule_bytes(largest_client, plan.batch_size, plan.local_epochs)
-    if name == "auto":
-        if auto_vectorize(runtime) and schedule <= DEFAULT_MEMORY_BUDGET:
-            engine = VectorizedEngine(runtime)
-    elif name == "vectorized":
-        reason = unsupported_reason(runtime.model)
-        if reason is None and schedule > DEFAULT_MEMORY_BUDGET:  # e.g. local_epochs: 1e9
-            reason = (
-                f"a client's {plan.local_epochs} local epochs of minibatch indices would "
-                f"take {schedule / 2**30:.3g} GiB, more than its memory budget of "
-                f"{DEFAULT_MEMORY_BUDGET / 2**30:.3g} GiB; the serial engine draws them an "
-                "epoch at a time"
-            )
-        if reason is None and runtime.algorithm.personal is not None:
-            reason = f"algorithm '{runtime.algorithm.name}' keeps entries per client"
-        if reason is None and runtime.algorithm.local_train is not None:  # Per-FedAvg
-            reason = f"algorithm '{runtime.algorithm.name}' runs its own local loop"
-        if reason is None:
-            engine = VectorizedEngine(runtime)
-        else:
-            notes.append(f"engine: vectorized cannot run this ({reason}); serial")
+    vector_reason = _vector_reason(runtime, largest_client)
+    wanted = name == "vectorized" or (name == "auto" and auto_vectorize(runtime))
+    inner = "vectorized" if wanted and vector_reason is None else "serial"
+    if name == "vectorized" and vector_reason is not None:
+        notes.append(f"engine: vectorized cannot run this ({vector_reason}); serial")
     count, cores = resolve_workers(workers), usable_cores()
-    if count > cores:  # one torch thread each: more processes would only share the cores
+    if count > cores:  # more processes than cores would only share the cores
         notes.append(f"workers: {count} lowered to {cores}, the cores this process may use")
         count = cores
-    if count < 2 or (workers == 0 and _fused_in_one_process(engine, runtime)):
-        return engine, "; ".join(notes) or None
     alg = runtime.algorithm
     keeps = alg.client is not None or alg.personal is not None or side_state is not None
-    why = side_state or f"algorithm '{alg.name}' keeps per-client state between rounds"
-    if keeps:
+    layout = 0 if count < 2 or (workers == 0 and _fused_in_one_process(inner, runtime)) else count
+    if layout and keeps:
+        why = side_state or f"algorithm '{alg.name}' keeps per-client state between rounds"
         notes.append(f"workers: {count} cannot be used ({why}); one process")
-        return engine, "; ".join(notes)
-    return PoolEngine(engine, count), "; ".join(notes) or None
+        layout = 0
+    line = None
+    samples = probe.probe_samples()
+    if name == "auto" and probe_input is not None and samples and alg.client is None:
+        # convolutions stay serial (auto_vectorize): vmapped, they run as grouped
+        # convolutions, slower on CPU and too slow to be worth a probe's seconds
+        vector = vector_reason is None and auto_vectorize(runtime)
+        inners = ["serial"] + (["vectorized"] if vector else [])
+        layouts = [count] if workers != 0 and count >= 2 else [0, count] if count >= 2 else [0]
+        layouts = [n for n in layouts if n == 0 or not keeps]
+        candidates = [
+            probe.Candidate(i, n, thread_plan(threads, cores, n).worker if n else cores)
+            for i in inners
+            for n in layouts
+        ]
+        if len(candidates) > 1:
+            picked = probe.choose(candidates, runtime, probe_input, _candidate_engine, samples)
+            inner, layout, line = picked.candidate.inner, picked.candidate.workers, picked.line()
+    plan = thread_plan(threads, cores, layout)
+    engine = _candidate_engine(probe.Candidate(inner, layout, plan.worker), runtime)
+    return EngineChoice(engine, notes, plan, line)
+
+
+def _candidate_engine(candidate: probe.Candidate, runtime: ClientRuntime) -> Engine:
+    """The engine of one configuration: its inner engine, in a pool if it has workers."""
+    inner: SerialEngine | VectorizedEngine = (
+        VectorizedEngine(runtime) if candidate.inner == "vectorized" else SerialEngine(runtime)
+    )
+    if candidate.workers == 0:
+        return inner
+    return PoolEngine(inner, candidate.workers, candidate.threads)
+
+
+def _vector_reason(runtime: ClientRuntime, largest_client: int) -> str | None:
+    """Why the vectorised engine cannot run this, or None."""
+    plan = runtime.algorithm.plan(0)
+    reason = unsupported_reason(runtime.model)
+    schedule = schedule_bytes(largest_client, plan.batch_size, plan.local_epochs)
+    if reason is None and schedule > DEFAULT_MEMORY_BUDGET:  # e.g. local_epochs: 1e9
+        reason = (
+            f"a client's {plan.local_epochs} local epochs of minibatch indices would "
+            f"take {schedule / 2**30:.3g} GiB, more than its memory budget of "
+            f"{DEFAULT_MEMORY_BUDGET / 2**30:.3g} GiB; the serial engine draws them an "
+            "epoch at a time"
+        )
+    if reason is None and runtime.algorithm.personal is not None:
+        reason = f"algorithm '{runtime.algorithm.name}' keeps entries per client"
+    if reason is None and runtime.algorithm.local_train is not None:  # Per-FedAvg
+        reason = f"algorithm '{runtime.algorithm.name}' runs its own local loop"
+    return reason

@@ -29,9 +29,10 @@ from fedforge.data import PartitionSummary, summarize
 from fedforge.data.federated import FederatedData
 from fedforge.data.mnist import NUM_CLASSES
 from fedforge.engines import close_engine
-from fedforge.report.progress import Progress
+from fedforge.engines.threads import set_threads
+from fedforge.evaluation.evaluate import evaluate
+from fedforge.report.progress import Progress, percent
 from fedforge.server.experiment import Experiment, build, client_tables
-from fedforge.server.registry import Registry
 from fedforge.server.round import run_round
 from fedforge.server.state import (
     LoopState,
@@ -42,7 +43,7 @@ from fedforge.server.state import (
 )
 from fedforge.server.stops import over_budget, stalled
 from fedforge.server.summary import format_summary, summarize_run
-from fedforge.server.workload import workload_warning
+from fedforge.server.workload import say_start
 from fedforge.store import (
     AnomalyRecord,
     CheckpointError,
@@ -87,9 +88,7 @@ def run(
     partition = _summary(exp)
     if progress:
         print(f"partition: {partition.format()}", flush=True)
-        print(f"weights: {weight_rule(exp)}", flush=True)
-    _say_note(exp)
-    _say_workload(exp, 0)
+    say_start(exp, 0, progress)
     if not store:
         return _drive(exp, None, None, LoopState.fresh(exp), partition, progress)
     run_store = RunStore.create(cfg.runs_dir, cfg)
@@ -138,9 +137,7 @@ def resume(
     if progress:
         first = " (no checkpoint yet: from the start)" if state.next_round == 0 else ""
         print(f"resuming {run_store.path.name} at round {state.next_round + 1}{first}", flush=True)
-        print(f"weights: {weight_rule(exp)}", flush=True)
-    _say_note(exp)
-    _say_workload(exp, state.next_round)
+    say_start(exp, state.next_round, progress)
     return _drive(exp, run_store, lock, state, partition, progress)
 
 
@@ -162,30 +159,25 @@ def _resumed_state(exp: Experiment, run_store: RunStore) -> LoopState:
     return state
 
 
-def weight_rule(exp: Experiment) -> str:
-    """The aggregation weight rule in force, in one line."""
-    cfg = exp.cfg
-    line = Registry(exp.data.partition.sizes().tolist(), cfg.robust.max_weight_ratio).describe()
-    if cfg.aggregation_weights != "num_examples":
-        line += f"; then weighed by aggregation_weights = '{cfg.aggregation_weights}'"
-    return line
-
-
-def _say_note(exp: Experiment) -> None:
-    """What the run does differently from its config (an engine or worker count
-    that cannot run, bf16 emulated): on stderr, with or without the progress bar."""
-    if exp.note:
-        print(f"fedforge: {exp.note}", file=sys.stderr, flush=True)
-
-
-def _say_workload(exp: Experiment, first_round: int) -> None:
-    """A line on stderr when the rounds to run would train for more than a day."""
-    line = workload_warning(exp.cfg, exp.data.partition.sizes().tolist(), first_round)
-    if line is not None:
-        print(f"fedforge: {line}", file=sys.stderr, flush=True)
-
-
 def _drive(
+    exp: Experiment,
+    run_store: RunStore | None,
+    lock: RunLock | None,
+    state: LoopState,
+    partition: PartitionSummary,
+    progress: bool,
+) -> RunResult:
+    """Run the loop on the run's torch threads (those of the caller's process are
+    restored after it), then settle the run store."""
+    before = set_threads(exp.threads.server) if exp.threads is not None else None
+    try:
+        return _drive_rounds(exp, run_store, lock, state, partition, progress)
+    finally:
+        if before is not None:
+            set_threads(before)
+
+
+def _drive_rounds(
     exp: Experiment,
     run_store: RunStore | None,
     lock: RunLock | None,
@@ -284,28 +276,17 @@ def _rounds(
     cfg = exp.cfg
     bar = Progress(cfg.rounds, cfg.name, enabled=show, initial=state.next_round)
     start = time.perf_counter()
+    if cfg.eval_initial and state.next_round == 0 and state.initial_eval is None:
+        state.initial_eval = _evaluate_initial(exp, state, bar)
     stopped: str | None = None
-    budget_stop: str | None = None
-    stall_stop: str | None = None
+    stops: dict[str, str] = {}  # summary key: why the run stopped early
     while state.next_round < cfg.rounds:
         budget_stop = over_budget(exp, state.next_round)
         if budget_stop is not None:  # the next round would spend more than target_epsilon
             bar.write(f"fedforge: {budget_stop}")
+            stops["privacy_stop"] = budget_stop
             break
-        clip = state.privacy.get("clip_norm", cfg.privacy.clip_norm)  # this round's
-        record, clients = run_round(exp, state, state.next_round, bar)
-        state.records.append(record)
-        state.total_bytes += record.bytes_up + record.bytes_down
-        state.next_round += 1
-        if run_store is not None:
-            run_store.record_round(record, clients, _anomalies(state, record.round_idx))
-            for table, rows in state.outputs.items():  # per-client eval, diagnostics
-                run_store.record_rows(table, record.round_idx, rows)
-        state.outputs = {}
-        epsilon = exp.privacy.epsilon(state.next_round) if exp.privacy is not None else None
-        if run_store is not None and epsilon is not None and exp.privacy is not None:
-            run_store.record_privacy(record.round_idx, epsilon, exp.privacy.delta, clip)
-        bar.update(record.test_accuracy, record.test_loss, state.total_bytes, epsilon)
+        record = _one_round(exp, state, run_store, bar)
         target = cfg.target_accuracy
         evaluated = record.test_accuracy is not None
         if target is not None and evaluated and max(state.eval_accuracy) >= target:
@@ -313,33 +294,91 @@ def _rounds(
         stall_stop = stalled(cfg, state)  # also in the last round: the summary says so
         if stall_stop is not None:
             bar.write(f"fedforge: {stall_stop}")
+            stops["stall_stop"] = stall_stop
             break
         if state.next_round == cfg.rounds:
             break
-        every = cfg.checkpoint_every
-        due = stop.signum is not None or (every > 0 and state.next_round % every == 0)
-        failed = None
-        if due and run_store is not None:
-            ckpt = state.checkpoint(time.perf_counter() - start)
-            ckpt.aggregator_state = aggregator_state(exp.pipeline.aggregator)
-            try:
-                save_checkpoint(run_store.path, ckpt, state.client_state)
-            except CheckpointError as exc:  # e.g. a full disk: the older ones are whole
-                failed = f"{exc}; a resume starts from the checkpoint before"
-                bar.write(f"fedforge: {failed}" + ("" if stop.signum else "; the run goes on"))
-        if stop.signum is not None:
-            done = "no checkpoint written" if failed else "checkpoint written"
-            bar.write(f"fedforge: {done} before round {state.next_round + 1}; stopping")
+        if _checkpoint_due(exp, state, run_store, stop, start, bar):
             stopped = stop.name
             break
     bar.close()
     seconds = state.seconds_before + time.perf_counter() - start
+    return _result(exp, state, seconds, stops, stopped, stop)
+
+
+def _evaluate_initial(exp: Experiment, state: LoopState, bar: Progress) -> tuple[float, float]:
+    """The initial model's test accuracy and loss (``eval_initial``: a baseline)."""
+    data = exp.data
+    ev = evaluate(
+        exp.model, exp.spec, state.params, data.test_x, data.test_y, exp.cfg.eval_batch_size
+    )
+    bar.write(f"fedforge: initial model: accuracy {percent(ev.accuracy)}, loss {ev.loss:.4f}")
+    return ev.accuracy, ev.loss
+
+
+def _one_round(
+    exp: Experiment, state: LoopState, run_store: RunStore | None, bar: Progress
+) -> RoundRecord:
+    """Run round ``state.next_round`` and record it (store, privacy spend, bar)."""
+    clip = state.privacy.get("clip_norm", exp.cfg.privacy.clip_norm)  # this round's
+    record, clients = run_round(exp, state, state.next_round, bar)
+    state.records.append(record)
+    state.total_bytes += record.bytes_up + record.bytes_down
+    state.next_round += 1
+    if run_store is not None:
+        run_store.record_round(record, clients, _anomalies(state, record.round_idx))
+        for table, rows in state.outputs.items():  # per-client eval, diagnostics
+            run_store.record_rows(table, record.round_idx, rows)
+    state.outputs = {}
+    epsilon = exp.privacy.epsilon(state.next_round) if exp.privacy is not None else None
+    if run_store is not None and epsilon is not None and exp.privacy is not None:
+        run_store.record_privacy(record.round_idx, epsilon, exp.privacy.delta, clip)
+    bar.update(record.test_accuracy, record.test_loss, state.total_bytes, epsilon)
+    return record
+
+
+def _checkpoint_due(
+    exp: Experiment,
+    state: LoopState,
+    run_store: RunStore | None,
+    stop: StopSignals,
+    start: float,
+    bar: Progress,
+) -> bool:
+    """Write the checkpoint when one is due (every ``checkpoint_every`` rounds, or
+    a signal came); True when a signal asks the loop to stop now."""
+    every = exp.cfg.checkpoint_every
+    due = stop.signum is not None or (every > 0 and state.next_round % every == 0)
+    failed = None
+    if due and run_store is not None:
+        ckpt = state.checkpoint(time.perf_counter() - start)
+        ckpt.aggregator_state = aggregator_state(exp.pipeline.aggregator)
+        try:
+            save_checkpoint(run_store.path, ckpt, state.client_state)
+        except CheckpointError as exc:  # e.g. a full disk: the older ones are whole
+            failed = f"{exc}; a resume starts from the checkpoint before"
+            bar.write(f"fedforge: {failed}" + ("" if stop.signum else "; the run goes on"))
+    if stop.signum is None:
+        return False
+    done = "no checkpoint written" if failed else "checkpoint written"
+    bar.write(f"fedforge: {done} before round {state.next_round + 1}; stopping")
+    return True
+
+
+def _result(
+    exp: Experiment,
+    state: LoopState,
+    seconds: float,
+    stops: dict[str, str],
+    stopped: str | None,
+    stop: StopSignals,
+) -> RunResult:
+    """The loop's result: parameters, rounds, summary, what was refused or skipped."""
     evals = (state.eval_rounds, state.eval_accuracy)
     summary = summarize_run(exp, state.records, evals, seconds)
-    if budget_stop is not None:
-        summary["privacy_stop"] = budget_stop
-    if stall_stop is not None:
-        summary["stall_stop"] = stall_stop
+    if state.initial_eval is not None:
+        summary["initial_accuracy"], summary["initial_loss"] = state.initial_eval
+    summary.update(stops)
     return RunResult(
         state.params,
         state.records,

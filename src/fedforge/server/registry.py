@@ -17,6 +17,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from fedforge.server.experiment import Experiment
+
 
 class Registry:
     """Declared example counts, each capped at ``ratio`` x their median (None:
@@ -42,3 +44,12 @@ class Registry:
             f"{rule}, declarations capped at {self.ratio:g} x their median "
             f"({self.median:g}; robust.max_weight_ratio)"
         )
+
+
+def weight_rule(exp: Experiment) -> str:
+    """The aggregation weight rule of a run, in one line."""
+    cfg = exp.cfg
+    line = Registry(exp.data.partition.sizes().tolist(), cfg.robust.max_weight_ratio).describe()
+    if cfg.aggregation_weights != "num_examples":
+        line += f"; then weighed by aggregation_weights = '{cfg.aggregation_weights}'"
+    return line

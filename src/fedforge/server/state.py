@@ -48,6 +48,8 @@ class LoopState:
     # rows of the run store's per-round tables (client_eval, diagnostics, ...) of the
     # round just run, written by the loop with the round; never checkpointed
     outputs: dict[str, list[tuple[Any, ...]]] = field(default_factory=dict)
+    # eval_initial: the initial model's test accuracy and loss (checkpointed)
+    initial_eval: tuple[float, float] | None = None
 
     @classmethod
     def fresh(cls, exp: Experiment) -> LoopState:
@@ -74,6 +76,8 @@ class LoopState:
             "privacy": self.privacy,
             "diagnostics": self.diagnostics,
         }
+        if self.initial_eval is not None:
+            loop["initial_eval"] = list(self.initial_eval)
         return Checkpoint(
             self.next_round,
             self.params,
@@ -124,7 +128,15 @@ class LoopState:
             algorithm_state=_algorithm_state(exp, ckpt),
             privacy=dict(loop.get("privacy", {})),
             diagnostics=dict(loop.get("diagnostics", {})),
+            initial_eval=_initial_eval(loop.get("initial_eval")),
         )
+
+
+def _initial_eval(stored: Any) -> tuple[float, float] | None:
+    """``eval_initial``'s accuracy and loss as a checkpoint stored them, if it did."""
+    if not isinstance(stored, list) or len(stored) != 2:
+        return None
+    return float(stored[0]), float(stored[1])
 
 
 def _algorithm_state(exp: Experiment, ckpt: Checkpoint) -> dict[str, torch.Tensor]:

@@ -1,6 +1,7 @@
-"""How much local training a run asks for, estimated before it starts, and the
-line a run prints when that passes a day on this project's machines (a typo
-such as ``local_epochs: 1000000000`` otherwise runs for ever without a word).
+"""The lines a run starts with (:func:`say_start`), among them the one it
+prints when the local training it asks for, estimated before it starts, passes
+a day on this project's machines (a typo such as ``local_epochs: 1000000000``
+otherwise runs for ever without a word).
 
 The estimate counts the examples that local training processes over the rounds
 still to run: each round a cohort of m = max(1, C K) of the K clients (each
@@ -12,10 +13,13 @@ stragglers' shorter work and an early stop at the target are not counted.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 
 from fedforge.config import Config
 from fedforge.selection.sampling import cohort_size
+from fedforge.server.experiment import Experiment
+from fedforge.server.registry import weight_rule
 
 # Training examples a second for each built-in model on this project's 2-core CPU
 # machines: the fastest engine measured for the model in docs/results.md (2 workers:
@@ -63,3 +67,22 @@ def workload_warning(cfg: Config, sizes: Sequence[int], first_round: int = 0) ->
         f"'{cfg.model}' on this machine; lower rounds, local_epochs or client_fraction "
         "to shorten it (target_accuracy may stop it sooner)"
     )
+
+
+def say_start(exp: Experiment, first_round: int, progress: bool) -> None:
+    """The run's first lines. With the progress bar, on stdout: the torch threads
+    of its processes and the weight rule in force. On stderr, with or without
+    it: ``engine: auto``'s probe, what the run does differently from its config
+    (an engine or worker count that cannot run, bf16 emulated) and whether the
+    rounds to run would train for more than a day."""
+    if progress and exp.threads is not None:
+        print(exp.threads.describe(), flush=True)
+    if progress:
+        print(f"weights: {weight_rule(exp)}", flush=True)
+    if exp.probe_line:
+        print(f"fedforge: {exp.probe_line}", file=sys.stderr, flush=True)
+    if exp.note:
+        print(f"fedforge: {exp.note}", file=sys.stderr, flush=True)
+    line = workload_warning(exp.cfg, exp.data.partition.sizes().tolist(), first_round)
+    if line is not None:
+        print(f"fedforge: {line}", file=sys.stderr, flush=True)

@@ -1,0 +1,78 @@
+"""How many torch intra-op threads each process of a run uses.
+
+Torch's default (every core of the machine) oversubscribes a process that shares
+its cores with worker processes or other jobs: spinning OpenMP threads that
+wait for a core slow a round several times over. A run's processes divide the
+cores this process may use (its CPU affinity) among themselves instead: with
+``W`` worker processes each gets ``cores // W`` threads and the server process
+what is left, at least one; a run in one process takes them all. ``threads:``
+in the config sets one count for every process of the run instead, and so does
+the ``FEDFORGE_THREADS`` environment variable when the config leaves it null.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+THREADS_ENV = "FEDFORGE_THREADS"  # a positive integer: the default in place of the cores'
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity, not the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class ThreadPlan:
+    """Torch threads of the server process and of each worker process (``workers``
+    of them; 0 when the run has none)."""
+
+    server: int
+    worker: int
+    workers: int = 0
+    cores: int = 1  # the usable cores the plan divided
+    configured: bool = False  # set by the config or the environment, not derived
+
+    def describe(self) -> str:
+        """The plan in a line of the run's start."""
+        how = "as configured" if self.configured else f"of {self.cores} usable cores"
+        if self.workers == 0:
+            return f"torch threads: {self.server} in this process ({how})"
+        return (
+            f"torch threads: {self.server} in the server process, {self.worker} in each "
+            f"of {self.workers} workers ({how})"
+        )
+
+
+def env_threads() -> int | None:
+    """``FEDFORGE_THREADS`` as a count, None when unset or not a positive integer."""
+    text = os.environ.get(THREADS_ENV, "").strip()
+    return int(text) if text.isdigit() and int(text) > 0 else None
+
+
+def thread_plan(configured: int | None, cores: int, workers: int = 0) -> ThreadPlan:
+    """The threads of a run with ``workers`` worker processes (0: the server alone)
+    on ``cores`` cores; ``configured`` (the config's ``threads``, else
+    ``FEDFORGE_THREADS``) sets every process's count instead."""
+    fixed = configured if configured is not None else env_threads()
+    if fixed is not None:
+        return ThreadPlan(fixed, fixed if workers else 0, workers, cores, configured=True)
+    cores = max(1, cores)
+    if workers == 0:
+        return ThreadPlan(cores, 0, 0, cores)
+    each = max(1, cores // workers)
+    return ThreadPlan(max(1, cores - workers * each), each, workers, cores)
+
+
+def set_threads(count: int) -> int:
+    """Set this process's torch intra-op threads; returns the count before."""
+    before = torch.get_num_threads()
+    if count != before:
+        torch.set_num_threads(count)
+    return before
