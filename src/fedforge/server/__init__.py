@@ -1,1 +1,2 @@
-"""The server: the round in phases, its collectors, the run loop and its store, server optimizers, the engine probe."""
+"""The server: the round in phases and its collectors, the run loop, server
+optimizers, the engine probe."""

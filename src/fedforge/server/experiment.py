@@ -343,8 +343,11 @@ def choose_engine(
             for i in inners
             for n in layouts
         ]
-        if len(candidates) > 1:
-            picked = probe.choose(candidates, runtime, probe_input, _candidate_engine, samples)
+        incumbent = next((c for c in candidates if (c.inner, c.workers) == (inner, layout)), None)
+        if len(candidates) > 1 and incumbent is not None:
+            picked = probe.choose(
+                candidates, incumbent, runtime, probe_input, _candidate_engine, samples
+            )
             inner, layout, line = picked.candidate.inner, picked.candidate.workers, picked.line()
     plan = thread_plan(threads, cores, layout)
     engine = _candidate_engine(probe.Candidate(inner, layout, plan.worker), runtime)
