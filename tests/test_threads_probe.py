@@ -42,8 +42,8 @@ def _no_env_threads(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize(
     ("cores", "workers", "server", "worker"),
-    [(8, 0, 8, 0), (2, 0, 2, 0), (1, 0, 1, 0), (2, 2, 1, 1), (8, 2, 1, 4), (6, 4, 2, 1),
-     (3, 2, 1, 1), (16, 3, 1, 5)],
+    [(8, 0, 8, 0), (2, 0, 2, 0), (1, 0, 1, 0), (2, 2, 2, 1), (8, 2, 8, 4), (6, 4, 6, 1),
+     (3, 2, 3, 1), (16, 3, 16, 5)],
 )  # fmt: skip
 def test_default_threads_divide_the_cores(
     cores: int, workers: int, server: int, worker: int
@@ -82,7 +82,7 @@ def test_build_divides_the_cores_between_server_and_workers(
     exp = build(_cfg(engine="serial", workers=2), make_data(SIZES, dtype=torch.float32))
     try:
         assert isinstance(exp.engine, PoolEngine) and exp.engine.threads == 2
-        assert exp.threads is not None and (exp.threads.server, exp.threads.worker) == (1, 2)
+        assert exp.threads is not None and (exp.threads.server, exp.threads.worker) == (4, 2)
     finally:
         close_engine(exp.engine)
     one = build(_cfg(engine="serial"), make_data(SIZES, dtype=torch.float32))
