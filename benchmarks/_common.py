@@ -31,6 +31,7 @@ from fedforge.data.federated import FederatedData
 from fedforge.evaluation.metrics import rounds_to_target
 from fedforge.server.sweep import run_point
 from fedforge.store import RunStore
+from fedforge.store.edited import flat_fields
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -88,19 +89,9 @@ def _same_config(stored: Any, cfg: Config) -> bool:
         return False  # not a config today's schema reads: recompute
 
 
-def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[prefix + k] = v
-    return out
-
-
 def differences(cfg: Config, base: Config) -> dict[str, Any]:
     """``cfg``'s fields (dotted: ``partition.kind``) that differ from ``base``'s."""
-    mine, other = _flat(_comparable(cfg)), _flat(_comparable(base))
+    mine, other = flat_fields(_comparable(cfg)), flat_fields(_comparable(base))
     return {k: v for k, v in mine.items() if other.get(k) != v and k != "name"}
 
 

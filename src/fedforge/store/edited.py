@@ -17,11 +17,12 @@ from fedforge.store.runstore import CONFIG_NAME
 _LISTED = 6  # fields named in the note; the rest are counted
 
 
-def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flat_fields(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config dict as dotted field names to values (``robust.attack``)."""
     out: dict[str, Any] = {}
     for key, value in data.items():
         if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
+            out.update(flat_fields(value, f"{prefix}{key}."))
         else:
             out[prefix + key] = value
     return out
@@ -29,7 +30,7 @@ def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def differing_fields(stored: Config, edited: Config) -> list[str]:
     """Dotted names of the fields whose values differ, as ``field: stored -> edited``."""
-    old, new = _flat(to_dict(stored)), _flat(to_dict(edited))
+    old, new = flat_fields(to_dict(stored)), flat_fields(to_dict(edited))
     return [
         f"{name}: {shown(old.get(name))} -> {shown(new.get(name))}"
         for name in sorted(old.keys() | new.keys())
