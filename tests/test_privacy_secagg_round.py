@@ -436,3 +436,47 @@ def test_a_diverged_client_drops_out_instead_of_summing_as_zero(
         (2, "secure aggregation: no masked input: the update is not finite")
     ]
     assert not got.skipped and torch.isfinite(got.params).all()
+
+
+def test_the_secure_collector_refuses_messages_out_of_turn(data: FederatedData) -> None:
+    """SecureSum fed by hand, as a server is from the network: a reply before any
+    phase, a masked update during key sharing, a second reply, anything after
+    the round: each refused with a reason, no crash, and the sum unchanged."""
+    from fedforge.report.progress import Progress
+    from fedforge.server.collect import collect
+    from fedforge.server.collectors.base import RoundLog
+    from fedforge.server.round import collector_for, configure, sample
+    from fedforge.server.state import LoopState
+
+    cfg = from_dict({**BASE, "privacy": {**DP, **SECAGG}})
+    exp = build(cfg, data)
+    state = LoopState.fresh(exp)
+    log = RoundLog(state.rejected, state.skipped, Progress(1, "t", enabled=False), 0)
+    orders = configure(exp, state, 0, 0, sample(exp, 0))
+    secure = collector_for(exp, orders, log, None)
+    secure.reply(0, b"early")  # no phase under way
+    secure.end_phase()  # nothing to close: no effect
+    phase = secure.next_phase()
+    assert phase is not None and phase.name == "advertise"
+    replies = exp.engine.run_phase(phase.name, phase.messages)
+    for c, r in replies.items():
+        secure.reply(c, r)
+    secure.reply(0, replies[0])  # a second reply: the first stands
+    assert secure.offer(1, b"too early") is not None
+    secure.end_phase()
+    got = collect(exp, secure, orders.tasks, orders.payload, 0)
+    assert got.aggregate is not None and sorted(got.clients) == list(range(6))
+    assert secure.next_phase() is None  # the round is over
+    secure.reply(2, b"late")
+    assert secure.offer(2, b"late") is not None
+    reasons = [why for _, _, why in state.rejected]
+    assert len(reasons) == 5 and all(why.startswith("secure aggregation: ") for why in reasons)
+    assert "second reply to 'advertise'" in reasons[1]
+    assert "masked update was not asked for now" in reasons[2]
+    clean_state = LoopState.fresh(exp)
+    clean_log = RoundLog([], [], Progress(1, "t", enabled=False), 0)
+    clean = collect(
+        exp, collector_for(exp, orders, clean_log, None), orders.tasks, orders.payload, 0
+    )
+    assert clean.aggregate is not None and torch.equal(got.aggregate, clean.aggregate)
+    assert clean_state.rejected == []

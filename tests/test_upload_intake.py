@@ -159,3 +159,62 @@ def test_a_client_that_drops_gets_no_payload_and_is_not_waited_for(make_data: Ma
     got = collect(exp, collector, orders.tasks, orders.payload, 0)
     assert sorted(got.clients) == [c for c in range(10) if c != 4]
     assert got.bytes_down == 9 * len(orders.payload)
+
+
+def test_a_huge_control_delta_is_refused_like_a_huge_update(make_data: MakeData) -> None:
+    """SCAFFOLD's delta c_k reaches every client through c: the same norm bound
+    refuses one of 1e30 a coordinate, and c stays finite."""
+
+    def huge_control(ups: list[ClientUpload]) -> list[ClientUpload]:
+        out = []
+        for u in ups:
+            if u.client_id == 2:
+                msg = wire.decode(u.data)
+                tensors = dict(msg.tensors)
+                for k in [k for k in tensors if "control" in k]:
+                    tensors[k] = torch.full_like(tensors[k], 1e30)
+                u = ClientUpload(2, wire.encode(tensors, msg.meta), u.seconds)
+            out.append(u)
+        return out
+
+    data = make_data(SIZES, seed=6)
+    cfg = from_dict({**TINY_LOGREG, "num_clients": len(SIZES), "algorithm": "scaffold"})
+    exp = build(cfg, data)
+    exp.engine = _Hostile(exp.engine, huge_control)
+    state = LoopState.fresh(exp)
+    run_round(exp, state, 0, Progress(1, "t", enabled=False))
+    refused = [why for _, c, why in state.rejected if c == 2]
+    assert refused and "'control_delta' norm" in refused[0], refused
+    assert "passes the bound" in refused[0]
+    assert all(bool(torch.isfinite(t).all()) for t in state.algorithm_state.values())
+
+
+def test_late_and_out_of_turn_messages_are_refused() -> None:
+    """A collector fed by hand, as a server is from the network: an upload after
+    its phase closed, or from a client reported gone, is refused with a reason
+    and never reaches the aggregate."""
+    from fedforge.server.collectors.base import RoundLog
+    from fedforge.server.round import collector_for, configure, sample
+
+    data = _data_for_hand()
+    exp = build(from_dict({**TINY_LOGREG, "num_clients": len(SIZES)}), data)
+    state = LoopState.fresh(exp)
+    log = RoundLog(state.rejected, state.skipped, Progress(1, "t", enabled=False), 0)
+    orders = configure(exp, state, 0, 0, sample(exp, 0))
+    collector = collector_for(exp, orders, log, None)
+    phase = collector.next_phase()
+    assert phase is not None and len(phase.train) == 10
+    ups = {u.client_id: u for u in exp.engine.run_cohort(orders.tasks, orders.payload)}
+    for c in (0, 1, 2):
+        assert collector.offer(c, ups[c].data) is None
+    collector.dropout(3)
+    assert "reported gone" in (collector.offer(3, ups[3].data) or "")
+    collector.end_phase()
+    assert "upload phase is over" in (collector.offer(4, ups[4].data) or "")
+    assert sorted(collector.finish().clients) == [0, 1, 2]
+
+
+def _data_for_hand() -> Any:
+    from tests.conftest import _make_data
+
+    return _make_data(SIZES, seed=7)

@@ -159,24 +159,32 @@ class ReportWeights:
         self.rule, self.temperature, self.cap = rule, temperature, cap
         self.name = f"weights:{rule}"
 
-    def weights(self, reports: list[ClientReport]) -> list[float]:
-        """The weights of a cohort's reports, in order."""
+    def weights(
+        self, reports: list[ClientReport], bounded: list[float] | None = None
+    ) -> list[float]:
+        """The weights of a cohort's reports, in order; ``bounded``: each client's
+        example count as the server bounds it (server/registry.py; None: as
+        reported), which its claimed size and class counts never exceed."""
+        sizes = [float(r.num_examples) for r in reports] if bounded is None else bounded
         if self.rule == "quality":
             losses = [r.val_loss for r in reports]
             if any(v is None for v in losses):
                 raise ValueError("quality weights need every client's val_loss")
-            sizes = [float(self._capped(r.num_examples)) for r in reports]
+            sizes = [float(self._capped(n)) for n in sizes]
             known = [float(v) for v in losses if v is not None]
             return quality_weights(sizes, known, self.temperature)
         counts = [r.label_counts for r in reports]
         if any(c is None for c in counts):
             raise ValueError("class weights need every client's label_counts")
         rows = [c for c in counts if c is not None]
-        # a client counts at most ``cap`` examples: its counts scaled down alike
-        scale = [self._capped(sum(c)) / sum(c) if sum(c) else 1.0 for c in rows]
+        # a client counts at most its bounded size and ``cap``: its counts scaled alike
+        scale = [
+            self._capped(min(n, sum(c))) / sum(c) if sum(c) else 1.0
+            for c, n in zip(rows, sizes, strict=True)
+        ]
         return class_weights([[n * s for n in c] for c, s in zip(rows, scale, strict=True)])
 
-    def _capped(self, n: int) -> int:
+    def _capped(self, n: float) -> float:
         """``n`` self-declared examples, at most ``cap`` of them counted."""
         return n if self.cap is None else min(n, self.cap)
 
@@ -184,7 +192,8 @@ class ReportWeights:
         self, cohort: CohortUpdates, ctx: StageContext
     ) -> tuple[CohortUpdates, list[tuple[int, str]]]:
         reports = [cohort.reports[c] for c in cohort.client_ids]
-        weights = torch.tensor(self.weights(reports), dtype=cohort.weights.dtype)
+        bounded = [float(w) for w in cohort.weights.tolist()]  # the intake's weights
+        weights = torch.tensor(self.weights(reports, bounded), dtype=cohort.weights.dtype)
         return replace(cohort, weights=weights), []
 
 

@@ -53,9 +53,10 @@ class RobustConfig:
     # this many skipped rounds in a row (the model unchanged, e.g. every update
     # non-finite after a divergence) stop the run; 0: never
     max_skipped_rounds: int = 20
-    # a client weighs at most the example count it declared when it joined, and a
+    # a client weighs at most the example count it declared when it joined; a
     # declaration at most this multiple of the federation's median; null: uncapped
-    max_weight_ratio: float | None = 10.0
+    # (in simulation the declarations are the partition's true sizes)
+    max_weight_ratio: float | None = None
     # an update whose L2 norm passes this multiple of ||w|| + sqrt(P) (the global
     # model's norm plus that of a vector of ones) is refused as absurd; null: off
     max_update_ratio: float | None = 100.0

@@ -123,7 +123,7 @@ def collector_for(
         from fedforge.server.collectors.secure import SecureSum  # imports ``cryptography``
 
         ids = [t.client_id for t in orders.tasks]
-        return SecureSum(exp, round_idx, ids, log, payload_bytes, dense, orders.limits)
+        return SecureSum(exp, round_idx, ids, log, payload_bytes, dense)
     kind: type[UploadPhase] = StreamingMean
     if not exp.pipeline.streams:
         kind = GatheredCohort
@@ -139,8 +139,8 @@ def aggregate_phase(
     the algorithm's server state it moves to (SCAFFOLD's c); None when it cannot
     be applied (the round is skipped with the reason)."""
     aggregate, clients = collected.aggregate, collected.clients
-    if aggregate is None:
-        return None, clients, None
+    if aggregate is None:  # the round is skipped: no client's update is in the model
+        return None, {}, None
     ctx = StageContext(log.round_idx, exp.cfg.seed, state=state.privacy)
     aggregate = exp.pipeline.run_aggregate(aggregate, ctx)
     if not all_finite(aggregate):  # finite updates, too large to sum

@@ -118,14 +118,14 @@ class Limits:
         scale = float(params.norm()) + math.sqrt(params.numel())
         return cls(registry, ratio * scale)
 
-    def check_norm(self, delta: torch.Tensor) -> None:
-        """Refuse an update whose norm passes the bound (an infinite norm too)."""
+    def check_norm(self, what: str, vec: torch.Tensor) -> None:
+        """Refuse a vector whose norm passes the bound (an infinite norm too)."""
         if self.max_norm is None:
             return
-        norm = float(delta.norm())
+        norm = float(vec.norm())
         if not norm <= self.max_norm:
             raise UploadError(
-                f"update norm {norm:.4g} passes the bound {self.max_norm:.4g} = "
+                f"{what} norm {norm:.4g} passes the bound {self.max_norm:.4g} = "
                 f"robust.max_update_ratio x (||w|| + sqrt(P))"
             )
 
@@ -158,7 +158,9 @@ class Intake:
         if why is None:
             try:
                 up = check_update(self.exp, client_id, self.round_idx, data)
-                self.limits.check_norm(up.delta)
+                self.limits.check_norm("update", up.delta)
+                for name, tensor in up.extras.items():  # SCAFFOLD's delta c_k reaches c
+                    self.limits.check_norm(f"'{name}'", tensor)
             except UploadError as exc:
                 self.faulty += not isinstance(exc, Withheld)
                 why = str(exc)

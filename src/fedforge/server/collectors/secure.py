@@ -29,7 +29,6 @@ from fedforge.privacy.dp import DPMean
 from fedforge.privacy.secagg import PHASES
 from fedforge.privacy.secagg_server import route, unmask_sum
 from fedforge.server.collectors.base import Collected, DenseCost, Phase, RoundLog
-from fedforge.server.collectors.intake import Limits
 from fedforge.server.experiment import Experiment
 from fedforge.server.labels import read_labels
 from fedforge.store import ClientRecord
@@ -48,10 +47,8 @@ class SecureSum:
         log: RoundLog,
         payload_bytes: int,
         dense: DenseCost,
-        limits: Limits,
     ) -> None:
         assert exp.privacy is not None and exp.privacy.secagg is not None
-        self.registry = limits.registry  # the server sees no update: no norm bound
         self.exp, self.round_idx, self.log, self.dense = exp, round_idx, log, dense
         self.codec = exp.privacy.secagg
         self.payload_bytes = payload_bytes
@@ -61,6 +58,7 @@ class SecureSum:
         self.down: dict[int, int] = {}
         self.gone: set[int] = set()
         self.phase = -1  # index into PHASES of the phase under way
+        self.open = False  # its messages are out and its answers not yet closed
         self.reason: str | None = self._refuse_cohort()
         self.graph = self.codec.graph(round_idx, self.ids) if self.reason is None else None
         self.addressed: list[int] = []
@@ -69,8 +67,9 @@ class SecureSum:
         self.shares_back: dict[int, Any] = {}
         self.masked: dict[int, np.ndarray] = {}
         self.clients: dict[int, ClientRecord] = {}  # the masked inputs that arrived
+        # each input's num_examples: the clients weighed their own inputs by them
+        # (uniform or capped at 1 a client: SecAggMean), so the server divides alike
         self.weights: dict[int, int] = {}
-        self.bounded: dict[int, float] = {}  # the counts within the registry's bounds
         self.payloads = self.masked_updates = 0
         self.aggregate: torch.Tensor | None = None
 
@@ -97,8 +96,11 @@ class SecureSum:
         return PHASES[self.phase + 1], self._survivors()
 
     def next_phase(self) -> Phase | None:
+        if self.upcoming() is None:
+            return None
         addressed = self._survivors()
         self.phase += 1
+        self.open = True
         live = [c for c in addressed if c not in self.gone]
         self.addressed = live
         name = PHASES[self.phase]
@@ -127,11 +129,18 @@ class SecureSum:
             return sw.masked_input_message(r, self.routed[c], graph.within(c, ids))
         return sw.unmask_message(r, graph.within(c, ids))
 
+    def _unexpected(self, c: int, what: str) -> str | None:
+        """Why a message of client ``c`` is not taken now, or None."""
+        if not self.open or c not in self.addressed or c in self.gone:
+            return f"{PREFIX}client {c}'s {what} was not asked for now"
+        return None
+
     def reply(self, client_id: int, data: bytes) -> None:
         c, r, graph = client_id, self.round_idx, self.graph
-        assert graph is not None
         self.up[c] = self.up.get(c, 0) + len(data)
-        if c not in self.addressed:
+        why = self._unexpected(c, "reply")
+        if why is not None or graph is None:
+            self.log.reject(c, why or f"{PREFIX}no phase is under way")
             return
         name = PHASES[self.phase]
         u1, u2 = sorted(self.keys), sorted(self.shares)
@@ -143,6 +152,9 @@ class SecureSum:
         if name not in readers:  # the masked-input phase asks for no reply
             return
         into, read = readers[name]
+        if c in into:  # the first answer stands
+            self.log.reject(c, f"{PREFIX}a second reply to '{name}' is ignored")
+            return
         try:
             into[c] = read()
         except UploadError as exc:  # a malformed reply counts as a dropout
@@ -152,10 +164,14 @@ class SecureSum:
     def offer(self, client_id: int, data: bytes) -> str | None:
         c = client_id
         self.up[c] = self.up.get(c, 0) + len(data)
-        self.masked_updates += 1
+        why = self._unexpected(c, "masked update")
+        if why is None and (PHASES[self.phase] != "masked_input" or c in self.masked):
+            why = f"{PREFIX}client {c}'s masked update was not asked for now"
+        if why is not None:
+            self.log.reject(c, why)
+            return why
+        self.masked_updates += 1  # a masked update of the phase arrived, well-formed or not
         try:
-            if PHASES[self.phase] != "masked_input" or c not in self.addressed or c in self.masked:
-                raise UploadError(f"client {c} was not asked for a masked update now")
             upd = wire.decode(data)
             n, loss = read_labels(upd.meta, c, self.round_idx)
             self.masked[c] = self.codec.decode_masked(upd.tensors, upd.meta, self.exp.spec.size)
@@ -163,7 +179,6 @@ class SecureSum:
             self.log.reject(c, str(exc))
             return str(exc)
         self.weights[c] = n
-        self.bounded[c] = self.registry.weight(c, n)
         # the server cannot know an individual update's norm: NaN
         self.clients[c] = ClientRecord(self.round_idx, c, n, loss, float("nan"), 0, 0)
         return None
@@ -172,6 +187,9 @@ class SecureSum:
         self.gone.add(client_id)
 
     def end_phase(self) -> None:
+        if not self.open:
+            return
+        self.open = False
         name = PHASES[self.phase]
         u2 = sorted(self.shares)
         if name == "advertise":
@@ -224,9 +242,11 @@ class SecureSum:
         agg = self.exp.pipeline.aggregator
         if not isinstance(agg, sc.SecAggMean | DPMean):  # refused at build time
             raise TypeError(f"secure aggregation cannot aggregate with '{agg.name}'")
-        self.aggregate = agg.from_sum(summed, [self.bounded[c] for c in u3])
+        self.aggregate = agg.from_sum(summed, [self.weights[c] for c in u3])
 
     def finish(self) -> Collected:
+        if self.reason is None and self.aggregate is None:  # finished before unmasking
+            self.reason = f"{PREFIX}the round ended before its sum was unmasked"
         if self.reason is None and self.aggregate is not None:
             need = self.exp.cfg.robust.min_clients
             if len(self.clients) < need:

@@ -58,6 +58,12 @@ class UploadPhase:
         self.intake.bytes_up += len(data)  # nothing is asked of a client but its update
 
     def offer(self, client_id: int, data: bytes) -> str | None:
+        if self._done or client_id in self._gone:  # too late, or after it was given up on
+            self.intake.bytes_up += len(data)
+            when = "its upload phase is over" if self._done else "it was reported gone"
+            why = f"client {client_id}'s update came after {when}"
+            self.log.reject(client_id, why)
+            return why
         up = self.intake.take(client_id, data)
         if isinstance(up, str):
             return up
