@@ -201,17 +201,18 @@ def _sha256(data: bytes) -> str:
 
 def download_shakespeare(
     dest_dir: str | Path,
-    url: str = URL,
+    url: str | None = None,
     retries: int = 3,
     timeout: float = 30.0,
     backoff: float = 1.0,
 ) -> Path:
-    """Fetch the text (gzip or plain) from ``url`` into ``dest_dir/tinyshakespeare.txt``
+    """Fetch the text (gzip or plain) from ``url`` (default :data:`URL`) into ``dest_dir/tinyshakespeare.txt``
     unless a file of :data:`FILE_NAMES` is there. The content is checked against
     :data:`SHA256` before it is atomically renamed into place; up to ``retries``
     tries, sleeping ``backoff * 2**k`` s between them. Raises :class:`DataError`."""
     if retries < 1:
         raise DataError(f"download retries = {retries} is invalid: must be >= 1")
+    url = url or URL
     dest = Path(dest_dir)
     for name in FILE_NAMES:
         if (dest / name).is_file():
@@ -263,9 +264,11 @@ def _locate(data_dir: Path) -> Path | None:
     return None
 
 
-def read_text(path: Path, expected_sha256: str = SHA256) -> str:
+def read_text(path: Path, expected_sha256: str | None = None) -> str:
     """The checked text of ``path`` (gzip or plain): a DataError when it cannot be
-    read, or when the sha256 of its decompressed content is not ``expected_sha256``."""
+    read, or when the sha256 of its decompressed content is not ``expected_sha256``
+    (default: :data:`SHA256`)."""
+    expected_sha256 = expected_sha256 or SHA256
     try:
         raw = _decompress(path.read_bytes(), str(path))
     except OSError as exc:

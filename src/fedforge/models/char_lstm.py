@@ -52,7 +52,7 @@ class CharLSTM(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2:
-            raise ConfigError(f"CharLSTM takes [batch, time] indices, got shape {tuple(x.shape)}")
+            raise ValueError(f"CharLSTM takes [batch, time] indices, got shape {tuple(x.shape)}")
         out, _ = self.lstm(self.embedding(x.to(torch.int64)))  # [B, T, hidden]
         logits: torch.Tensor = self.fc(out[:, -1])
         return logits
