@@ -206,8 +206,9 @@ def download_shakespeare(
     timeout: float = 30.0,
     backoff: float = 1.0,
 ) -> Path:
-    """Fetch the text (gzip or plain) from ``url`` (default :data:`URL`) into ``dest_dir/tinyshakespeare.txt``
-    unless a file of :data:`FILE_NAMES` is there. The content is checked against
+    """Fetch the text (gzip or plain) from ``url`` (default :data:`URL`) into
+    ``dest_dir/tinyshakespeare.txt`` unless a file of :data:`FILE_NAMES` is there
+    (plain, whatever was served). The content is checked against
     :data:`SHA256` before it is atomically renamed into place; up to ``retries``
     tries, sleeping ``backoff * 2**k`` s between them. Raises :class:`DataError`."""
     if retries < 1:
