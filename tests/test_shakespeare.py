@@ -49,6 +49,11 @@ def test_parse_rejects_a_block_without_speaker() -> None:
         sh.parse_play("A:\nx\n\nso it goes\n")
 
 
+def test_a_text_without_roles_is_refused() -> None:
+    with pytest.raises(DataError, match="no 'SPEAKER:' block"):
+        sh.build_shakespeare("\n\n")
+
+
 def test_split_is_in_order_with_the_last_fifth_rounded_up() -> None:
     # 5 lines: 4 train, 1 test; 2 lines: 1 and 1; 1 line: test only; 6 lines: 4 and 2
     assert sh.split_lines(["a", "b", "c", "d", "e"]) == ("a\nb\nc\nd\n", "e\n")

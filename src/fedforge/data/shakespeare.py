@@ -5,8 +5,8 @@ decentralized data", section 3; the Shakespeare set of LEAF, Caldas et al. 2018)
 The text is Karpathy's tiny-shakespeare (``input.txt`` of the char-rnn repository,
 1,115,394 characters), a play-script of blocks ``SPEAKER:`` + that speaker's lines, a
 blank line ending each block. Each role's lines, in the order spoken, are split as in
-the paper: "the first 80% of lines for the role" train, "the last 20%, rounded up to
-at least one line" test. A role's train (or test) text is its lines, each ended by
+the paper (section 3): the first 80% of the role's lines train, the last 20% (rounded
+up, so at least one line) test. A role's train (or test) text is its lines, each ended by
 ``\\n``, concatenated; a sample is a window of :data:`SEQ_LEN` = 80 characters and the
 character after it (text ``t``: input ``t[i:i+80]``, label ``t[i+80]``), so a text of
 ``n`` characters yields ``max(0, n - 80)`` samples and windows never cross roles.
@@ -98,9 +98,10 @@ def windows(text: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
 
 def parse_play(text: str) -> dict[str, list[str]]:
     """Each role's lines in the order spoken, roles in order of first speech. A block
-    is a ``SPEAKER:`` line then that speaker's lines; a blank line (or the end) ends
-    it, and a speaker with no lines (a stage cue) is still a role. A block that does
-    not open with a line ending in ``:`` is a DataError naming its line number."""
+    is a ``SPEAKER:`` line then that speaker's lines; a blank line (or one of spaces
+    only, or the end) ends it, and a speaker with no lines (a stage cue) is still a
+    role. A block that does not open with a line ending in ``:`` is a DataError
+    naming its line number."""
     roles: dict[str, list[str]] = {}
     speaker: str | None = None  # None: between blocks
     for number, line in enumerate(text.split("\n"), start=1):
@@ -124,11 +125,10 @@ def parse_play(text: str) -> dict[str, list[str]]:
 def split_lines(lines: list[str]) -> tuple[str, str]:
     """A role's (train, test) text: test the last ceil(20%) of its lines (at least
     one line of a role that speaks), train the rest; each line ended by ``\\n``."""
-    n_test = (len(lines) + 4) // 5
-    cut = len(lines) - n_test
-    return "".join(line + "\n" for line in lines[:cut]), "".join(
-        line + "\n" for line in lines[cut:]
-    )
+    cut = len(lines) - (len(lines) + 4) // 5  # (n + 4) // 5 = ceil(n / 5) test lines
+    train = "".join(line + "\n" for line in lines[:cut])
+    test = "".join(line + "\n" for line in lines[cut:])
+    return train, test
 
 
 def _encode(text: str, vocab: str) -> np.ndarray:
@@ -168,6 +168,8 @@ def build_shakespeare(text: str) -> ShakespeareData:
     if len(vocab) > 256:
         raise DataError(f"Shakespeare text has {len(vocab)} distinct characters; at most 256")
     roles = parse_play(text)
+    if not roles:
+        raise DataError("Shakespeare text holds no 'SPEAKER:' block")
     splits = [split_lines(lines) for lines in roles.values()]
     tr_text, tr_starts, tr_y, tr_sizes = _samples([s[0] for s in splits], vocab)
     te_text, te_starts, te_y, te_sizes = _samples([s[1] for s in splits], vocab)

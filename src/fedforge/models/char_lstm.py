@@ -1,9 +1,9 @@
 """The character-level LSTM of McMahan et al. 2017 ("Communication-efficient learning
-of deep networks from decentralized data", section 3) for Shakespeare: "The model
-takes a series of characters as input and embeds each of these into a learned 8
-dimensional space. The embedded characters are then processed through 2 LSTM layers,
-each with 256 nodes. Finally the output of the second LSTM layer is sent to a softmax
-output layer with one node per character."
+of deep networks from decentralized data", section 3) for Shakespeare: each input
+character is embedded in a learned
+8-dimensional space, the embeddings pass through two LSTM layers of 256 units
+each, and the second layer's output feeds a softmax layer with one unit per
+character.
 
 Here it reads a window of characters (fedforge.data.shakespeare: 80 of them) and
 returns the logits of the character that follows it, from the last time step's
