@@ -1,9 +1,8 @@
 """The character-level LSTM of McMahan et al. 2017 ("Communication-efficient learning
 of deep networks from decentralized data", section 3) for Shakespeare: each input
-character is embedded in a learned
-8-dimensional space, the embeddings pass through two LSTM layers of 256 units
-each, and the second layer's output feeds a softmax layer with one unit per
-character.
+character is embedded in a learned 8-dimensional space, the embeddings pass through
+two LSTM layers of 256 units each, and the second layer's output feeds a softmax
+layer with one unit per character.
 
 Here it reads a window of characters (fedforge.data.shakespeare: 80 of them) and
 returns the logits of the character that follows it, from the last time step's
