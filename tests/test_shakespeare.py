@@ -1,0 +1,245 @@
+"""Shakespeare by role (data/shakespeare.py) on a hand-written play, its checksum and
+download paths, the IID control, the real tiny-shakespeare figures (when
+FEDFORGE_DATA holds it), and the character LSTM (models/char_lstm.py)."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from fedforge.core.errors import DataError
+from fedforge.data import shakespeare as sh
+from fedforge.models.char_lstm import CharLSTM, char_lstm_parameters
+
+A1 = "Now is the winter of our discontent"  # 35 characters
+A2 = "Made glorious summer by this sun"  # 32
+A3 = "And all the clouds that lour'd"  # 30
+A4 = "In the deep bosom of the ocean buried."  # 38
+A5 = "Now are our brows bound with victorious wreaths; our bruised arms hung up for monuments;"
+B1 = "Grim-visaged war hath smooth'd his wrinkled front; and now, instead of mounting barbed steeds"
+B2 = "To fright the souls of fearful adversaries,"
+# ALPHA speaks two blocks; two blank lines before its second; GAMMA is too short.
+PLAY = f"ALPHA:\n{A1}\n{A2}\n\nBETA:\n{B1}\n{B2}\n\n\nALPHA:\n{A3}\n{A4}\n{A5}\n\nGAMMA:\nHi.\n"
+
+
+def chars(data: sh.ShakespeareData, indices: torch.Tensor) -> str:
+    return "".join(data.vocab[int(i)] for i in indices)
+
+
+def test_parse_roles_in_order_of_first_speech() -> None:
+    roles = sh.parse_play(PLAY)
+    assert list(roles) == ["ALPHA", "BETA", "GAMMA"]
+    assert roles["ALPHA"] == [A1, A2, A3, A4, A5]  # both blocks, in order
+    assert roles["BETA"] == [B1, B2] and roles["GAMMA"] == ["Hi."]
+    # a speaker with no lines (a cue) is a role with none; a blank line of spaces ends a block
+    assert sh.parse_play("A:\n\nB:\nx\n   \nA:\ny") == {"A": ["y"], "B": ["x"]}
+
+
+def test_parse_rejects_a_block_without_speaker() -> None:
+    with pytest.raises(DataError, match=r"line 4 .*'so it goes'"):
+        sh.parse_play("A:\nx\n\nso it goes\n")
+
+
+def test_a_text_without_roles_is_refused() -> None:
+    with pytest.raises(DataError, match="no 'SPEAKER:' block"):
+        sh.build_shakespeare("\n\n")
+
+
+def test_split_is_in_order_with_the_last_fifth_rounded_up() -> None:
+    # 5 lines: 4 train, 1 test; 2 lines: 1 and 1; 1 line: test only; 6 lines: 4 and 2
+    assert sh.split_lines(["a", "b", "c", "d", "e"]) == ("a\nb\nc\nd\n", "e\n")
+    assert sh.split_lines(["a", "b"]) == ("a\n", "b\n")
+    assert sh.split_lines(["a"]) == ("", "a\n")
+    assert sh.split_lines(list("abcdef")) == ("a\nb\nc\nd\n", "e\nf\n")
+    assert sh.split_lines([]) == ("", "")
+
+
+def test_windows_labels_and_partition_of_the_play() -> None:
+    data = sh.build_shakespeare(PLAY)
+    assert data.roles == ("ALPHA", "BETA", "GAMMA")
+    assert data.vocab == "".join(sorted(set(PLAY)))
+    # newline, space, punctuation, capitals, lower case: index = position here
+    assert data.vocab == "\n ',-.:;ABEGHILMNPTabcdefghiklmnoprstuvwy"
+    alpha = f"{A1}\n{A2}\n{A3}\n{A4}\n"  # 36 + 33 + 31 + 39 = 139 chars: 59 samples
+    beta = f"{B1}\n"  # 94 chars: 14 samples
+    assert len(alpha) == 139 and len(beta) == 94
+    # train: ALPHA rows 0-58, BETA 59-72, GAMMA ("Hi." is its test line) none
+    assert [list(p) for p in data.partition.client_indices] == [
+        list(range(59)),
+        list(range(59, 73)),
+        [],
+    ]
+    assert chars(data, data.train_text) == alpha + beta
+    x = data.train_x(np.arange(73))
+    assert x.dtype == torch.int64 and tuple(x.shape) == (73, 80)
+    # sample 0 reads A1, A2 and "And all the" of A3, then A3[11] = " "; sample 1 "c"
+    assert chars(data, x[0]) == f"{A1}\n{A2}\nAnd all the"
+    assert data.vocab[int(data.train_y[0])] == " " and data.vocab[int(data.train_y[1])] == "c"
+    assert data.vocab[int(data.train_y[58])] == "\n"  # the last window ends before A4's "\n"
+    for i in range(59):
+        assert chars(data, x[i]) == alpha[i : i + 80]
+        assert data.vocab[int(data.train_y[i])] == alpha[i + 80]
+    for j in range(14):  # BETA's windows never reach into ALPHA's text
+        assert chars(data, x[59 + j]) == beta[j : j + 80]
+        assert data.vocab[int(data.train_y[59 + j])] == beta[j + 80]
+    # test: ALPHA's A5 (89 chars, 9 samples); BETA's B2 (44) and GAMMA's "Hi." (4): none
+    assert [p.size for p in data.test_partition.client_indices] == [9, 0, 0]
+    assert chars(data, data.test_text) == f"{A5}\n{B2}\nHi.\n"
+    tx = data.test_x(torch.arange(9))
+    assert chars(data, tx[0]) == A5[:80] and data.vocab[int(data.test_y[0])] == "n"
+    assert chars(data, tx[8]) == A5[8:88] and data.vocab[int(data.test_y[8])] == "\n"
+    summary = sh.summarize_shakespeare(data)
+    assert (summary.roles, summary.vocab, summary.train_samples, summary.test_samples) == (
+        3,
+        len(set(PLAY)),
+        73,
+        9,
+    )
+    assert (summary.min_train, summary.median_train, summary.max_train) == (0, 14.0, 59)
+    assert summary.roles_without_train == 1 and "1 roles have no train sample" in summary.format()
+
+
+def test_iid_control_keeps_sizes_and_samples() -> None:
+    rng = np.random.default_rng(0)
+    words = ["thee", "thou", "art", "love", "night", "sweet", "death", "king"]
+    blocks = []
+    for k in range(40):
+        lines = [" ".join(rng.choice(words, rng.integers(3, 12))) for _ in range(k % 7 + 1)]
+        blocks.append(f"ROLE {k % 12}:\n" + "\n".join(lines))
+    data = sh.build_shakespeare("\n\n".join(blocks) + "\n")
+    iid = sh.iid_shakespeare(data, seed=3)
+    assert iid.num_clients == data.partition.num_clients == 12
+    assert iid.sizes().tolist() == data.partition.sizes().tolist()
+    rows = np.concatenate(iid.client_indices)
+    assert np.array_equal(np.sort(rows), np.arange(data.train_y.numel()))  # each row once
+    assert Counter(data.train_y[torch.from_numpy(rows)].tolist()) == Counter(data.train_y.tolist())
+    assert any(
+        not np.array_equal(a, b)
+        for a, b in zip(iid.client_indices, data.partition.client_indices, strict=True)
+    )
+    again = sh.iid_shakespeare(data, seed=3).client_indices
+    assert all(np.array_equal(a, b) for a, b in zip(again, iid.client_indices, strict=True))
+
+
+# ------------------------------------------------------------------ files and download
+
+
+def _write_gz(folder: Path, text: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "tinyshakespeare.txt.gz"
+    path.write_bytes(gzip.compress(text.encode()))
+    return path
+
+
+def test_checksum_refuses_a_tampered_file(tmp_path: Path) -> None:
+    path = _write_gz(tmp_path / "shakespeare", PLAY)
+    got = hashlib.sha256(PLAY.encode()).hexdigest()
+    with pytest.raises(DataError) as err:
+        sh.load_shakespeare(tmp_path, download=False)
+    msg = str(err.value)
+    assert str(path) in msg and got in msg and sh.SHA256 in msg and "\n" not in msg
+
+
+def test_a_checked_file_loads_gzip_or_plain(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sh, "SHA256", hashlib.sha256(PLAY.encode()).hexdigest())
+    _write_gz(tmp_path / "shakespeare", PLAY)
+    assert sh.load_shakespeare(tmp_path, download=False).roles == ("ALPHA", "BETA", "GAMMA")
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "tinyshakespeare.txt").write_text(PLAY)  # directly in data_dir
+    monkeypatch.setenv("FEDFORGE_DATA", str(tmp_path / "plain"))
+    assert sh.load_shakespeare(download=False).train_y.numel() == 73
+
+
+def test_missing_without_download_is_one_clean_line(tmp_path: Path) -> None:
+    with pytest.raises(DataError) as err:
+        sh.load_shakespeare(tmp_path / "nothing", download=False)
+    msg = str(err.value)
+    assert "download is disabled" in msg and "FEDFORGE_DATA" in msg and "\n" not in msg
+
+
+def test_download_checks_the_content(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    source = _write_gz(tmp_path / "web", PLAY)  # a gzip served as-is, stored plain
+    with pytest.raises(DataError, match="content sha256 .* != expected"):
+        sh.download_shakespeare(tmp_path / "dest", url=source.as_uri(), retries=2, backoff=0)
+    assert not (tmp_path / "dest").exists() or not list((tmp_path / "dest").iterdir())
+    monkeypatch.setattr(sh, "SHA256", hashlib.sha256(PLAY.encode()).hexdigest())
+    monkeypatch.setattr(sh, "URL", source.as_uri())
+    data = sh.load_shakespeare(tmp_path / "root")
+    assert (tmp_path / "root" / "shakespeare" / "tinyshakespeare.txt").read_text() == PLAY
+    assert data.roles == ("ALPHA", "BETA", "GAMMA")
+
+
+# ----------------------------------------------------------------------- the real file
+
+
+def _real_file() -> Path | None:
+    root = os.environ.get("FEDFORGE_DATA")
+    return sh._locate(Path(root)) if root else None
+
+
+@pytest.mark.skipif(_real_file() is None, reason="FEDFORGE_DATA holds no tiny-shakespeare")
+def test_real_tiny_shakespeare() -> None:
+    start = time.perf_counter()
+    data = sh.load_shakespeare(os.environ["FEDFORGE_DATA"], download=False)
+    seconds = time.perf_counter() - start
+    assert seconds < 5.0
+    # 309 distinct 'SPEAKER:' names, case-sensitive ("All" and "ALL" are two roles)
+    assert len(data.roles) == 309 and data.roles[:2] == ("First Citizen", "All")
+    assert len(data.vocab) == 65 and data.vocab[13] == "A" and data.vocab[39] == "a"
+    summary = sh.summarize_shakespeare(data)
+    assert (summary.train_samples, summary.test_samples) == (796819, 190038)
+    assert summary.roles_without_train == 65
+    assert (summary.min_train, summary.median_train, summary.max_train) == (0, 569.0, 29882)
+    rows = data.partition.client_indices[0][:3]
+    assert data.vocab[int(data.train_y[int(rows[0])])] == " "  # "...to die| than to famish"
+    assert chars(data, data.train_x(rows)[0]).startswith("Before we proceed any further")
+
+
+# ------------------------------------------------------------------------------ model
+
+
+def test_char_lstm_parameter_count() -> None:
+    embedding = 65 * 8
+    layer1 = 4 * 256 * (8 + 256) + 2 * 4 * 256
+    layer2 = 4 * 256 * (256 + 256) + 2 * 4 * 256
+    linear = 256 * 65 + 65
+    expected = embedding + layer1 + layer2 + linear
+    assert expected == 815945
+    assert sum(p.numel() for p in CharLSTM(65).parameters()) == expected
+    assert char_lstm_parameters(65) == expected
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-6), (torch.float64, 1e-12)])
+def test_char_lstm_equals_unrolled_cells(dtype: torch.dtype, tol: float) -> None:
+    torch.manual_seed(0)
+    model = CharLSTM(65).to(dtype)
+    cells = [nn.LSTMCell(8, 256), nn.LSTMCell(256, 256)]
+    with torch.no_grad():
+        for k, cell in enumerate(cells):
+            cell.to(dtype)
+            cell.weight_ih.copy_(getattr(model.lstm, f"weight_ih_l{k}"))
+            cell.weight_hh.copy_(getattr(model.lstm, f"weight_hh_l{k}"))
+            cell.bias_ih.copy_(getattr(model.lstm, f"bias_ih_l{k}"))
+            cell.bias_hh.copy_(getattr(model.lstm, f"bias_hh_l{k}"))
+        x = torch.randint(0, 65, (4, 20))
+        states = [(torch.zeros(4, 256, dtype=dtype), torch.zeros(4, 256, dtype=dtype))] * 2
+        for t in range(x.shape[1]):
+            inp = model.embedding(x[:, t])
+            for k, cell in enumerate(cells):
+                states[k] = cell(inp, states[k])
+                inp = states[k][0]
+        expected = model.fc(inp)
+        got = model(x)
+    assert got.shape == (4, 65) and got.dtype == dtype
+    assert torch.allclose(got, expected, rtol=0, atol=tol)
