@@ -71,7 +71,9 @@ def test_threads_field_accepts_null_and_counts() -> None:
     assert _cfg().threads is None and _cfg(threads=None).threads is None
     assert _cfg(threads=3).threads == 3
     assert config_mod.Config(threads=2).threads == 2
-    with pytest.raises(ConfigError, match="'threads' = 0 is invalid: must be an integer >= 1"):
+    with pytest.raises(
+        ConfigError, match=r"'threads' = 0 is invalid: must be an integer in \[1, 1024\]"
+    ):
         config_mod.Config(threads=0)
 
 
@@ -303,3 +305,29 @@ def test_the_initial_model_is_evaluated_only_when_asked(
     else:
         assert events == ["round", "evaluate", "round", "evaluate"]
         assert "initial_accuracy" not in result.summary
+
+
+@pytest.mark.parametrize("bad", ["abc", "-1", "0", "2000"])
+def test_a_bad_threads_variable_is_named(monkeypatch: pytest.MonkeyPatch, bad: str) -> None:
+    """FEDFORGE_THREADS that is no count (or a count torch cannot start: a million
+    crashed it) is a one-line error naming the variable, not silently ignored."""
+    monkeypatch.setenv(THREADS_ENV, bad)
+    with pytest.raises(ConfigError, match=r"FEDFORGE_THREADS=.* must be an integer in \[1, 1024\]"):
+        thread_plan(None, 2, 0)
+    with pytest.raises(ConfigError, match=r"'threads' = 1000000 is invalid: must be an integer"):
+        _cfg(threads=1_000_000)
+
+
+def test_the_probe_trains_one_epoch_whatever_the_run(
+    probing: list[str], make_data: MakeData, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run of 10^9 local epochs reaches its first lines: the probe's clients
+    train one epoch each (its rate is per sample)."""
+    import time
+
+    monkeypatch.setattr(experiment, "usable_cores", lambda: 2)
+    t0 = time.perf_counter()
+    exp = build(_cfg(workers=0, local_epochs=10**9), make_data(SIZES, dtype=torch.float32))
+    close_engine(exp.engine)
+    assert probing and time.perf_counter() - t0 < 60
+    assert exp.probe_line is not None and "samples/s" in exp.probe_line

@@ -42,6 +42,10 @@ Precision = Literal["fp32", "bf16"]
 ServerOptimizerKind = Literal["sgd", "adagrad", "adam", "yogi"]
 
 
+# torch intra-op threads a process may ask for (a million crashed torch's pool)
+MAX_THREADS = 1024
+
+
 @dataclass(frozen=True)
 class ServerOptimizerConfig:
     """How the server applies the aggregated delta (Reddi et al. 2021). ``sgd``
@@ -116,7 +120,7 @@ class Config:
     workers: int = 1  # processes the cohort is spread over (engines/pool.py); 0: one per core
     # torch intra-op threads of each process of the run; null: the usable cores
     # divided among the run's processes (engines/threads.py)
-    threads: int | None = None
+    threads: int | None = None  # at most MAX_THREADS: torch cannot start a million
     dtype: DType = "float32"
     precision: Precision = "fp32"  # bf16: local forward passes under bf16 autocast
     runs_dir: str = "runs"
@@ -232,8 +236,10 @@ def _check_run(cfg: Config) -> None:
         (
             "threads",
             cfg.threads,
-            cfg.threads is None or (not isinstance(cfg.threads, bool) and cfg.threads >= 1),
-            "must be an integer >= 1 (torch threads of each process of the run), or null "
+            cfg.threads is None
+            or (not isinstance(cfg.threads, bool) and 1 <= cfg.threads <= MAX_THREADS),
+            f"must be an integer in [1, {MAX_THREADS}] (torch threads of each process of "
+            "the run), or null "
             "for the usable cores divided among the run's processes",
         ),
         (

@@ -20,6 +20,9 @@ from dataclasses import dataclass
 
 import torch
 
+from fedforge.config.schema import MAX_THREADS
+from fedforge.core.errors import ConfigError
+
 THREADS_ENV = "FEDFORGE_THREADS"  # a positive integer: the default in place of the cores'
 
 
@@ -54,9 +57,17 @@ class ThreadPlan:
 
 
 def env_threads() -> int | None:
-    """``FEDFORGE_THREADS`` as a count, None when unset or not a positive integer."""
+    """``FEDFORGE_THREADS`` as a count, None when unset; a ConfigError naming it
+    when it is not an integer in [1, MAX_THREADS]."""
     text = os.environ.get(THREADS_ENV, "").strip()
-    return int(text) if text.isdigit() and int(text) > 0 else None
+    if not text:
+        return None
+    if not text.isdigit() or not 1 <= int(text) <= MAX_THREADS:
+        raise ConfigError(
+            f"{THREADS_ENV}={text[:40]!r} is invalid: must be an integer in [1, {MAX_THREADS}], "
+            "or unset (the usable cores divided among the run's processes)"
+        )
+    return int(text)
 
 
 def thread_plan(configured: int | None, cores: int, workers: int = 0) -> ThreadPlan:

@@ -33,6 +33,7 @@ candidate, default :data:`DEFAULT_SAMPLES`, each candidate stopped after
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import os
@@ -99,7 +100,10 @@ class Choice:
         """The choice with its figures, in one line."""
         figs = ", ".join(f"{name} {rate:,.0f}" for name, rate in self.figures.items())
         where = "cached probe" if self.cached else "probe"
-        return f"engine: auto runs {self.candidate.name} ({where}, samples/s: {figs})"
+        kept = ""
+        if self.figures and self.figures.get(self.candidate.name, 0.0) < max(self.figures.values()):
+            kept = f"; the rules' pick, since none was {MARGIN:g}x as fast"
+        return f"engine: auto runs {self.candidate.name} ({where}, samples/s: {figs}{kept})"
 
 
 def probe_samples() -> int | None:
@@ -247,7 +251,9 @@ def _rate(
     """Samples/second of one candidate over up to ``clients`` synthetic clients
     (those done within :data:`SECONDS`), after a warm-up of one minibatch a
     worker (which also starts a pool's processes)."""
-    plan = runtime.algorithm.plan(0)
+    # one epoch a client, whatever the run's: the rate is per sample, and a run of
+    # 1e9 local epochs must reach its own start lines (the workload warning)
+    plan = dataclasses.replace(runtime.algorithm.plan(0), local_epochs=1)
     params = runtime.spec.flatten(runtime.model, runtime.dtype)
     payload = encode_payload(params, 0)
     tasks = [ClientTask(k, 0, plan, _PROBE_SEED) for k in range(clients)]
@@ -271,4 +277,4 @@ def _rate(
     finally:
         close_engine(engine)
         set_threads(before)
-    return done * size * plan.local_epochs / max(seconds, 1e-9)
+    return done * size / max(seconds, 1e-9)
