@@ -12,10 +12,10 @@ import torch
 from tests.conftest import wrap_engine
 from tests.test_cli import TINY, _Signals
 
-import fedforge.server.experiment
+import fedforge.data.federated
 from fedforge.cli import main
 from fedforge.config import Config, PartitionConfig, dump
-from fedforge.server.experiment import FederatedData
+from fedforge.data.federated import FederatedData
 from fedforge.store import RunStore
 from fedforge.store.edited import edited_config_note
 
@@ -48,7 +48,7 @@ def test_resume_says_an_edited_config_yaml_is_not_read(
     make_data: MakeData,
 ) -> None:
     data = make_data([5, 6, 7, 8], dtype=torch.float32)
-    monkeypatch.setattr(fedforge.server.experiment, "load_federated_data", lambda cfg: data)
+    monkeypatch.setattr(fedforge.data.federated, "load_federated_data", lambda cfg: data)
     wrap_engine(monkeypatch, lambda engine: _Signals(engine, 1))  # a SIGTERM in round 2
     config = tmp_path / "tiny.yaml"
     config.write_text(TINY)

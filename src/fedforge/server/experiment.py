@@ -24,7 +24,8 @@ from fedforge.core.allocator import keep_large_blocks
 from fedforge.core.errors import ConfigError
 from fedforge.core.params import ParamSpec
 from fedforge.core.precision import precision_note
-from fedforge.data.federated import DTYPES, FederatedData, load_federated_data, shift_data
+from fedforge.data import federated
+from fedforge.data.federated import DTYPES, FederatedData, shift_data
 from fedforge.data.given import check_fits, check_given
 from fedforge.data.mnist import NUM_CLASSES
 from fedforge.engines import Engine, batched_mlp
@@ -152,7 +153,7 @@ def _run_data(
     if data is not None:  # the caller's: checked before anything reads it
         check_given(data, cfg.num_clients, dtype, model, cfg.model, NUM_CLASSES)
     else:
-        data = load_federated_data(cfg)
+        data = federated.load_federated_data(cfg)  # looked up here: one place to stand in
         if cfg.model not in BUILT_IN:  # a registered model on a configured data set
             check_fits(data, model, cfg.model, NUM_CLASSES)
     fingerprint = fingerprint_of(data)
