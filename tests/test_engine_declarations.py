@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import pytest
 import torch
+from tests.test_vectorized import fused_calls
 from torch import nn
 
 from fedforge.algorithms import fedavg
@@ -22,7 +23,7 @@ from fedforge.algorithms.scaffold import CORRECTION, Correction, scaffold
 from fedforge.client.runtime import ClientRuntime, ClientTask
 from fedforge.core import wire
 from fedforge.core.params import ParamSpec
-from fedforge.engines import batched_mlp, vectorized
+from fedforge.engines import batched_mlp
 from fedforge.engines.serial import SerialEngine
 from fedforge.engines.vectorized import VectorizedEngine
 from fedforge.models.logreg import LogisticRegression
@@ -76,19 +77,6 @@ class TwoLayerPlusScale(TwoLayer):
         return super().forward(x) * self.scale
 
 
-def _fused_calls(monkeypatch: pytest.MonkeyPatch) -> list[object]:
-    """Records the ``terms`` argument of every call of the fused path."""
-    calls: list[object] = []
-    real = batched_mlp.batched_mlp_sgd
-
-    def counting(*args: object, **kw: object) -> object:
-        calls.append(args[-1])
-        return real(*args, **kw)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(vectorized, "batched_mlp_sgd", counting)
-    return calls
-
-
 def _deltas(model: nn.Module, alg: Algorithm, clients: Sequence[int]) -> list[list[torch.Tensor]]:
     """The serial and the vectorised engines' deltas of one round of ``clients``
     (uneven, 5 to 13 examples of random 28x28 'digits'), in float64."""
@@ -121,7 +109,7 @@ def _assert_same(serial: list[torch.Tensor], vector: list[torch.Tensor]) -> None
 def test_a_hook_that_declares_nothing_takes_the_generic_path(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    calls = _fused_calls(monkeypatch)
+    calls = fused_calls(monkeypatch)
     alg = dataclasses.replace(fedavg(LocalPlan(2, 4, 0.05)), grad_hook=UndeclaredPull())
     assert declared_linear_term(alg.grad_hook) is None
     assert not batched_mlp.applies(MnistMLP(), alg, alg.plan(0), None)
@@ -135,7 +123,7 @@ def test_a_hook_that_declares_nothing_takes_the_generic_path(
 def test_a_user_hook_that_declares_its_term_takes_the_fused_path(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    calls = _fused_calls(monkeypatch)
+    calls = fused_calls(monkeypatch)
     alg = dataclasses.replace(fedavg(LocalPlan(2, 4, 0.05)), grad_hook=DeclaredPull())
     serial, vector = _deltas(MnistMLP(), alg, [0, 1, 2])
     assert calls and all(isinstance(t, batched_mlp.Terms) and t.mu == 0.3 for t in calls)
@@ -145,7 +133,7 @@ def test_a_user_hook_that_declares_its_term_takes_the_fused_path(
 def test_a_user_model_that_declares_its_layers_takes_the_fused_path(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    calls = _fused_calls(monkeypatch)
+    calls = fused_calls(monkeypatch)
     assert batched_mlp.mlp_layers(TwoLayer()) == ["hidden", "out"]
     serial, vector = _deltas(TwoLayer(), fedprox(LocalPlan(2, 4, 0.05), mu=0.5), [0, 1, 2])
     assert len(calls) == 1
