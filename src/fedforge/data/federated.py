@@ -36,6 +36,19 @@ class FederatedData:
     holdout: Partition | None = None  # eval_clients: each client's held-out slice
     domains: tuple[str, ...] | None = None  # feature shift: each client's domain
     noisy_clients: tuple[int, ...] | None = None  # label noise: the noisy clients' ids
+    # classes of integer labels (labels lie in [0, num_classes); a sequence's padding
+    # is -1). None: taken from the labels (max + 1) when they are integers; float
+    # labels are regression targets and have no classes
+    num_classes: int | None = None
+
+    def classes(self) -> int | None:
+        """The number of classes of the labels (None: regression targets)."""
+        if self.num_classes is not None:
+            return self.num_classes
+        if self.train_y.is_floating_point():
+            return None
+        most = [int(t.max()) for t in (self.train_y, self.test_y) if t.numel()]
+        return max(most, default=-1) + 1
 
     def client_data(self, client_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         idx = torch.tensor(self.partition.client_indices[client_id])
@@ -61,7 +74,12 @@ def load_federated_data(cfg: Config) -> FederatedData:
     labels = mnist.train_y.numpy()
     partition = make_partition(cfg.partition, cfg.num_clients, labels, cfg.seed)
     return FederatedData(
-        mnist.train_x.to(dtype), mnist.train_y, mnist.test_x.to(dtype), mnist.test_y, partition
+        mnist.train_x.to(dtype),
+        mnist.train_y,
+        mnist.test_x.to(dtype),
+        mnist.test_y,
+        partition,
+        num_classes=NUM_CLASSES,
     )
 
 
@@ -83,6 +101,7 @@ def load_synthetic(cfg: Config) -> FederatedData:
         torch.from_numpy(np.concatenate(test.xs)).to(dtype),
         torch.from_numpy(np.concatenate(test.ys)),
         Partition(parts),
+        num_classes=synthetic.NUM_CLASSES,
     )
 
 
