@@ -53,7 +53,7 @@ def _make_data(
     test_y = torch.randint(0, 10, (num_test,), generator=gen)
     bounds = np.cumsum([0, *sizes])
     parts = tuple(np.arange(bounds[k], bounds[k + 1]) for k in range(len(sizes)))
-    return FederatedData(train_x, train_y, test_x, test_y, Partition(parts))
+    return FederatedData(train_x, train_y, test_x, test_y, Partition(parts), num_classes=10)
 
 
 @pytest.fixture
@@ -121,8 +121,8 @@ def wrap_engine(monkeypatch: pytest.MonkeyPatch, wrap: Callable[[Any], Any]) -> 
 
     real_build = loop.build
 
-    def build(c: Any, d: Any = None) -> Any:
-        exp = real_build(c, d)
+    def build(c: Any, d: Any = None, t: Any = None) -> Any:
+        exp = real_build(c, d, t)
         exp.engine = wrap(exp.engine)
         return exp
 
@@ -138,8 +138,8 @@ def run_stopped(monkeypatch: pytest.MonkeyPatch) -> RunStopped:
     def go(cfg: Any, data: FederatedData, at: int) -> Any:
         real_build = loop.build
 
-        def stopping_build(c: Any, d: Any = None) -> Any:
-            exp = real_build(c, d)
+        def stopping_build(c: Any, d: Any = None, t: Any = None) -> Any:
+            exp = real_build(c, d, t)
             exp.engine = SigtermAt(exp.engine, at)
             return exp
 

@@ -26,7 +26,10 @@ def _data(
 
 CASES: dict[str, tuple[Callable[[], ff.FederatedData], str]] = {
     "float64 features": (lambda: _data(x=X.double()), "train_x is torch.float64"),
-    "float labels": (lambda: _data(y=Y.float()), "train_y must be int64 class ids"),
+    "float labels": (
+        lambda: _data(y=Y.float()),
+        "needs int64 class ids in train_y, got torch.float32",
+    ),
     "fewer clients": (
         lambda: _data(clients=ff.Partition(CLIENTS.client_indices[:4])),
         "the partition has 4 clients; the config's num_clients is 5",
@@ -54,7 +57,7 @@ CASES: dict[str, tuple[Callable[[], ff.FederatedData], str]] = {
     ),
     "test labels out of range": (
         lambda: ff.FederatedData(X[:500], Y[:500], X[500:], Y[500:] - 1, CLIENTS),
-        "test_y holds classes -1..8; allowed: 0..9",
+        "test_y holds class -1 (row 2); allowed: 0..9",
     ),
     "a client without examples": (
         lambda: _data(

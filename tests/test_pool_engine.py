@@ -222,8 +222,8 @@ def test_a_dead_worker_ends_the_round_with_an_error_not_a_hang(
     server = os.getpid()
     real_build = loop.build
 
-    def dying_build(c: object, d: object = None) -> object:
-        exp = real_build(c, d)  # type: ignore[arg-type]
+    def dying_build(c: object, d: object = None, t: object = None) -> object:
+        exp = real_build(c, d, t)  # type: ignore[arg-type]
         runtime = exp.engine.inner.runtime  # type: ignore[attr-defined]
         data_fn = runtime.data_fn
 
@@ -278,8 +278,8 @@ class Hang:  # round 1: say who the workers are, then wait to be killed
         self.inner.close()
 
 real_build = loop.build
-def build(cfg, data=None):
-    exp = real_build(cfg, data)
+def build(cfg, data=None, task=None):
+    exp = real_build(cfg, data, task)
     exp.engine = Hang(exp.engine)
     return exp
 loop.build = build

@@ -242,8 +242,8 @@ def test_resume_with_secagg_is_bit_exact(
     reference = run(cfg, data)
     real_build = loop.build
 
-    def stopping_build(c: Any, d: Any = None) -> Any:
-        exp = real_build(c, d)
+    def stopping_build(c: Any, d: Any = None, t: Any = None) -> Any:
+        exp = real_build(c, d, t)
         assert isinstance(exp.engine, SerialEngine)
         exp.engine = SigtermAt(exp.engine, at=2)
         return exp

@@ -296,8 +296,8 @@ def test_noisy_clients_get_lower_quality_weight(
     )
     factors: list[dict[int, float]] = []  # round -> client -> w_k / n_k, normalised
 
-    def spying_build(c: Any, d: Any = None) -> Experiment:
-        exp = real_build(c, d)
+    def spying_build(c: Any, d: Any = None, t: Any = None) -> Experiment:
+        exp = real_build(c, d, t)
         stage = exp.pipeline.cohort[-1]
         apply = stage.apply
 

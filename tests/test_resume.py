@@ -633,10 +633,10 @@ def test_resume_refuses_a_run_that_finished_while_it_was_building(
         store.finish({}, status="running")  # as if still live when resume looked
     real_build = loop.build
 
-    def slow_build(cfg: Any, data: Any = None) -> Any:
+    def slow_build(cfg: Any, data: Any = None, task: Any = None) -> Any:
         with RunStore.open(done.run_dir) as other:  # meanwhile, the live run ends
             other.finish(summary or {})
-        return real_build(cfg, data)
+        return real_build(cfg, data, task)
 
     monkeypatch.setattr(loop, "build", slow_build)
     with pytest.raises(CheckpointError, match="is finished"):
@@ -721,7 +721,7 @@ def test_resume_with_other_data_or_model_is_refused_and_loses_nothing(
     assert sorted(p.name for p in list_checkpoints(run_dir)) == before
     monkeypatch.setattr(
         "fedforge.server.loop.build",
-        lambda c, d=None: build(override(c, {"model": "logreg"}), d),
+        lambda c, d=None, t=None: build(override(c, {"model": "logreg"}), d, t),
     )
     with pytest.raises(StoreError, match="model of 199210 parameters; this build has 7850"):
         resume(run_dir, data=data)

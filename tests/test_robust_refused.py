@@ -101,8 +101,8 @@ def test_a_mostly_refused_run_stops_within_the_window_and_resumes_exactly(
 
     real_build = loop.build
 
-    def stopping_build(c: Any, d: Any = None) -> Any:
-        exp = real_build(c, d)
+    def stopping_build(c: Any, d: Any = None, t: Any = None) -> Any:
+        exp = real_build(c, d, t)
         exp.engine = SigtermAt(exp.engine, at=2)
         return exp
 

@@ -63,49 +63,49 @@ def test_split_is_in_order_with_the_last_fifth_rounded_up() -> None:
     assert sh.split_lines([]) == ("", "")
 
 
+def _text(data: sh.ShakespeareData, row: torch.Tensor) -> str:
+    """A label row as text, padding (-1) as '_'."""
+    return "".join("_" if int(i) == sh.PAD else data.vocab[int(i)] for i in row)
+
+
 def test_windows_labels_and_partition_of_the_play() -> None:
     data = sh.build_shakespeare(PLAY)
     assert data.roles == ("ALPHA", "BETA", "GAMMA")
     assert data.vocab == "".join(sorted(set(PLAY)))
     # newline, space, punctuation, capitals, lower case: index = position here
     assert data.vocab == "\n ',-.:;ABEGHILMNPTabcdefghiklmnoprstuvwy"
-    alpha = f"{A1}\n{A2}\n{A3}\n{A4}\n"  # 36 + 33 + 31 + 39 = 139 chars: 59 samples
-    beta = f"{B1}\n"  # 94 chars: 14 samples
+    alpha = f"{A1}\n{A2}\n{A3}\n{A4}\n"  # 139 chars: 138 labels, ceil(138 / 80) = 2 windows
+    beta = f"{B1}\n"  # 94 chars: 93 labels, 2 windows
     assert len(alpha) == 139 and len(beta) == 94
-    # train: ALPHA rows 0-58, BETA 59-72, GAMMA ("Hi." is its test line) none
-    assert [list(p) for p in data.partition.client_indices] == [
-        list(range(59)),
-        list(range(59, 73)),
-        [],
-    ]
-    assert chars(data, data.train_text) == alpha + beta
-    x = data.train_x(np.arange(73))
-    assert x.dtype == torch.int64 and tuple(x.shape) == (73, 80)
-    # sample 0 reads A1, A2 and "And all the" of A3, then A3[11] = " "; sample 1 "c"
-    assert chars(data, x[0]) == f"{A1}\n{A2}\nAnd all the"
-    assert data.vocab[int(data.train_y[0])] == " " and data.vocab[int(data.train_y[1])] == "c"
-    assert data.vocab[int(data.train_y[58])] == "\n"  # the last window ends before A4's "\n"
-    for i in range(59):
-        assert chars(data, x[i]) == alpha[i : i + 80]
-        assert data.vocab[int(data.train_y[i])] == alpha[i + 80]
-    for j in range(14):  # BETA's windows never reach into ALPHA's text
-        assert chars(data, x[59 + j]) == beta[j : j + 80]
-        assert data.vocab[int(data.train_y[59 + j])] == beta[j + 80]
-    # test: ALPHA's A5 (89 chars, 9 samples); BETA's B2 (44) and GAMMA's "Hi." (4): none
-    assert [p.size for p in data.test_partition.client_indices] == [9, 0, 0]
-    assert chars(data, data.test_text) == f"{A5}\n{B2}\nHi.\n"
-    tx = data.test_x(torch.arange(9))
-    assert chars(data, tx[0]) == A5[:80] and data.vocab[int(data.test_y[0])] == "n"
-    assert chars(data, tx[8]) == A5[8:88] and data.vocab[int(data.test_y[8])] == "\n"
+    # train: ALPHA rows 0-1, BETA 2-3, GAMMA ("Hi." is its test line) none
+    assert [list(p) for p in data.partition.client_indices] == [[0, 1], [2, 3], []]
+    assert data.train_x.dtype == torch.int64 and tuple(data.train_x.shape) == (4, 80)
+    assert tuple(data.train_y.shape) == (4, 80)
+    # window 0 reads alpha[0:80] and at each step predicts the next character
+    assert chars(data, data.train_x[0]) == alpha[:80]
+    assert _text(data, data.train_y[0]) == alpha[1:81]
+    # window 1 reads the rest (59 chars, then 21 of padding input) and predicts 58
+    assert chars(data, data.train_x[1][:59]) == alpha[80:]
+    assert _text(data, data.train_y[1]) == alpha[81:] + "_" * 22
+    assert _text(data, data.train_y[2]) == beta[1:81]  # BETA's windows start in its own text
+    assert _text(data, data.train_y[3]) == beta[81:] + "_" * 67
+    # every character but a role text's first is a label once
+    assert int((data.train_y != sh.PAD).sum()) == 138 + 93
+    # test: ALPHA's A5 (89 chars: 2 windows), BETA's B2 (44: 1), GAMMA's "Hi." (4: 1)
+    assert [list(p) for p in data.test_partition.client_indices] == [[0, 1], [2], [3]]
+    assert _text(data, data.test_y[0]) == f"{A5}\n"[1:81]
+    assert _text(data, data.test_y[3]) == "i.\n" + "_" * 77
+    assert chars(data, data.test_x[3][:4]) == "Hi.\n"
     summary = sh.summarize_shakespeare(data)
-    assert (summary.roles, summary.vocab, summary.train_samples, summary.test_samples) == (
+    assert (summary.roles, summary.vocab, summary.train_windows, summary.test_windows) == (
         3,
         len(set(PLAY)),
-        73,
-        9,
+        4,
+        4,
     )
-    assert (summary.min_train, summary.median_train, summary.max_train) == (0, 14.0, 59)
-    assert summary.roles_without_train == 1 and "1 roles have no train sample" in summary.format()
+    assert (summary.train_chars, summary.test_chars) == (231, 88 + 43 + 3)
+    assert (summary.min_train, summary.median_train, summary.max_train) == (0, 2.0, 2)
+    assert summary.roles_without_train == 1 and "1 roles have no train window" in summary.format()
 
 
 def test_iid_control_keeps_sizes_and_samples() -> None:
@@ -120,8 +120,9 @@ def test_iid_control_keeps_sizes_and_samples() -> None:
     assert iid.num_clients == data.partition.num_clients == 12
     assert iid.sizes().tolist() == data.partition.sizes().tolist()
     rows = np.concatenate(iid.client_indices)
-    assert np.array_equal(np.sort(rows), np.arange(data.train_y.numel()))  # each row once
-    assert Counter(data.train_y[torch.from_numpy(rows)].tolist()) == Counter(data.train_y.tolist())
+    assert np.array_equal(np.sort(rows), np.arange(len(data.train_y)))  # each row once
+    shuffled = data.train_y[torch.from_numpy(rows)].flatten().tolist()
+    assert Counter(shuffled) == Counter(data.train_y.flatten().tolist())
     assert any(
         not np.array_equal(a, b)
         for a, b in zip(iid.client_indices, data.partition.client_indices, strict=True)
@@ -158,7 +159,7 @@ def test_a_checked_file_loads_gzip_or_plain(
     (tmp_path / "plain").mkdir()
     (tmp_path / "plain" / "tinyshakespeare.txt").write_text(PLAY)  # directly in data_dir
     monkeypatch.setenv("FEDFORGE_DATA", str(tmp_path / "plain"))
-    assert sh.load_shakespeare(download=False).train_y.numel() == 73
+    assert len(sh.load_shakespeare(download=False).train_y) == 4
 
 
 def test_missing_without_download_is_one_clean_line(tmp_path: Path) -> None:
@@ -198,12 +199,21 @@ def test_real_tiny_shakespeare() -> None:
     assert len(data.roles) == 309 and data.roles[:2] == ("First Citizen", "All")
     assert len(data.vocab) == 65 and data.vocab[13] == "A" and data.vocab[39] == "a"
     summary = sh.summarize_shakespeare(data)
-    assert (summary.train_samples, summary.test_samples) == (796819, 190038)
-    assert summary.roles_without_train == 65
-    assert (summary.min_train, summary.median_train, summary.max_train) == (0, 569.0, 29882)
-    rows = data.partition.client_indices[0][:3]
-    assert data.vocab[int(data.train_y[int(rows[0])])] == " "  # "...to die| than to famish"
-    assert chars(data, data.train_x(rows)[0]).startswith("Before we proceed any further")
+    assert (summary.train_windows, summary.test_windows) == (10349, 2783)
+    assert (summary.train_chars, summary.test_chars) == (817287, 209998)
+    assert summary.roles_without_train == 41
+    assert (summary.min_train, summary.median_train, summary.max_train) == (0, 9.0, 375)
+    # independently: the speech is every line of a block after its first, each with its
+    # newline; each role's train and test text (when not empty) loses its first character
+    text = sh.read_text(_real_file())  # type: ignore[arg-type]
+    blocks = [b.strip("\n").split("\n") for b in text.split("\n\n") if b.strip()]
+    speech = sum(len(line) + 1 for b in blocks for line in b[1:] if line.strip())
+    texts = sum(len(p) > 0 for p in data.partition.client_indices) + sum(
+        len(p) > 0 for p in data.test_partition.client_indices
+    )
+    assert summary.train_chars + summary.test_chars == speech - texts
+    first = data.partition.client_indices[0][0]
+    assert chars(data, data.train_x[first]).startswith("Before we proceed any further")
 
 
 # ------------------------------------------------------------------------------ model
@@ -234,12 +244,14 @@ def test_char_lstm_equals_unrolled_cells(dtype: torch.dtype, tol: float) -> None
             cell.bias_hh.copy_(getattr(model.lstm, f"bias_hh_l{k}"))
         x = torch.randint(0, 65, (4, 20))
         states = [(torch.zeros(4, 256, dtype=dtype), torch.zeros(4, 256, dtype=dtype))] * 2
+        steps = []
         for t in range(x.shape[1]):
             inp = model.embedding(x[:, t])
             for k, cell in enumerate(cells):
                 states[k] = cell(inp, states[k])
                 inp = states[k][0]
-        expected = model.fc(inp)
+            steps.append(model.fc(inp))
+        expected = torch.stack(steps, dim=1)  # the logits after each step
         got = model(x)
-    assert got.shape == (4, 65) and got.dtype == dtype
+    assert got.shape == (4, 20, 65) and got.dtype == dtype
     assert torch.allclose(got, expected, rtol=0, atol=tol)

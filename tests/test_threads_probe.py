@@ -113,8 +113,8 @@ def test_a_run_sets_the_configured_threads(
     seen: list[int] = []
     real_build = loop.build
 
-    def seeing_build(c: Any, d: Any = None) -> Any:
-        exp = real_build(c, d)
+    def seeing_build(c: Any, d: Any = None, t: Any = None) -> Any:
+        exp = real_build(c, d, t)
         exp.engine = _Seen(exp.engine, seen)
         return exp
 
@@ -291,8 +291,8 @@ def test_the_initial_model_is_evaluated_only_when_asked(
             events.append("round")
             yield from self.inner.run_cohort(tasks, payload)
 
-    def marking_build(c: Any, d: Any = None) -> Any:
-        exp = real_build(c, d)
+    def marking_build(c: Any, d: Any = None, t: Any = None) -> Any:
+        exp = real_build(c, d, t)
         exp.engine = Marking(exp.engine, [])
         return exp
 

@@ -44,7 +44,7 @@ def synthetic_data(num_clients: int, sizes: str, seed: int = 0) -> FederatedData
         if sizes == "iid"
         else quantity_skew(n, num_clients, sigma=1.0, rng=rng, min_size=2)
     )
-    return FederatedData(x, y, x[:40], y[:40], partition)
+    return FederatedData(x, y, x[:40], y[:40], partition, num_classes=10)  # as MNIST
 
 
 @pytest.mark.parametrize("model", ["2nn", "cnn"])

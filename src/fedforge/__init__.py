@@ -43,6 +43,7 @@ try:
     from fedforge.server.experiment import build
     from fedforge.server.loop import RunResult, resume, run
     from fedforge.store import RunStore
+    from fedforge.tasks import Task, register_task
 except KeyboardInterrupt:
     # Ctrl-C while the command starts (importing torch takes seconds): the one line
     # and exit status 130 of an interrupt after start-up (cli.main), not a
@@ -67,6 +68,7 @@ __all__ = [
     "PartitionConfig",
     "RunResult",
     "RunStore",
+    "Task",
     "UploadError",
     "WeightedMean",
     "build",
@@ -76,6 +78,7 @@ __all__ = [
     "load_federated_data",
     "override",
     "register_model",
+    "register_task",
     "resume",
     "run",
 ]

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
-
 from fedforge.config import LocalConfig
+from fedforge.tasks.losses import LossFn, cross_entropy
 
-# (logits [B, C], labels [B]) -> per-example losses [B]
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+__all__ = ["DecayedPlan", "LocalPlan", "LossFn", "cross_entropy"]
 
 
 @dataclass(frozen=True)
@@ -66,10 +63,3 @@ class DecayedPlan:
 
     def __call__(self, round_idx: int) -> LocalPlan:
         return dataclasses.replace(self.plan, lr=self.plan.lr * self.lr_decay**round_idx)
-
-
-def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Per-example cross-entropy ``[B]``: the classification loss of every MNIST
-    experiment. Losses are per example so that engines can mask padded ones; a
-    minibatch's objective is their mean."""
-    return torch.nn.functional.cross_entropy(logits, labels, reduction="none")

@@ -48,6 +48,7 @@ from fedforge.data.federated import ClientDataFn
 from fedforge.evaluation.evaluate import evaluate
 from fedforge.pipeline.constraints import LastCohortStage
 from fedforge.pipeline.pipeline import CohortStage, CohortUpdates, Constraint, StageContext, Where
+from fedforge.tasks.metrics import Metrics
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,13 @@ class Reporter:
     """The client half: the validation split, and the report beside each update."""
 
     def __init__(
-        self, data_fn: ClientDataFn, rule: str, num_classes: int, holdout: float, seed: int
+        self,
+        data_fn: ClientDataFn,
+        rule: str,
+        num_classes: int,
+        holdout: float,
+        seed: int,
+        metrics: Metrics | None = None,
     ) -> None:
         if rule not in REPORTED_WEIGHTS:
             raise ValueError(f"no client report for aggregation weights {rule!r}")
@@ -71,6 +78,7 @@ class Reporter:
             raise ValueError(f"validation holdout {holdout!r} must be in (0, 1)")
         self.data_fn, self.rule, self.num_classes = data_fn, rule, num_classes
         self.holdout, self.seed = holdout, seed
+        self.metrics = metrics  # the task's: quality weighs the task's loss
 
     def _split(self, client_id: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(kept, validation) positions among the client's ``n`` examples, each in
@@ -103,7 +111,11 @@ class Reporter:
         the client starts from it) or the training data's ``label_counts``."""
         if self.rule == "quality":
             x, y = self.validation(client_id)
-            loss = evaluate(model, spec, start, x, y).loss if len(y) else math.nan
+            loss = (
+                evaluate(model, spec, start, x, y, metrics=self.metrics).loss
+                if len(y)
+                else math.nan
+            )
             return {"val_loss": loss if math.isfinite(loss) else None}  # strict JSON: no NaN
         y = self.train_data(client_id)[1]
         counts = torch.bincount(y, minlength=self.num_classes)[: self.num_classes]
@@ -198,12 +210,12 @@ class ReportWeights:
 
 
 def assemble(
-    cfg: Config, data_fn: ClientDataFn, num_classes: int
+    cfg: Config, data_fn: ClientDataFn, num_classes: int, metrics: Metrics | None = None
 ) -> tuple[Reporter | None, tuple[CohortStage, ...]]:
     """The client reporter and the cohort stage of ``cfg.aggregation_weights``
     (nothing for the rules without reports)."""
     rule = cfg.aggregation_weights
     if rule not in REPORTED_WEIGHTS:
         return None, ()
-    reporter = Reporter(data_fn, rule, num_classes, cfg.quality_holdout, cfg.seed)
+    reporter = Reporter(data_fn, rule, num_classes, cfg.quality_holdout, cfg.seed, metrics)
     return reporter, (ReportWeights(rule, cfg.quality_temperature, cfg.weight_cap),)

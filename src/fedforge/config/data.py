@@ -10,8 +10,9 @@ from typing import Literal
 
 from fedforge.core.errors import raise_first
 
-Dataset = Literal["mnist", "synthetic"]
-PartitionKind = Literal["iid", "shards", "dirichlet", "hsu", "quantity"]
+Dataset = Literal["mnist", "synthetic", "shakespeare", "regression"]
+# natural: the clients the data set comes with (Shakespeare's speaking roles)
+PartitionKind = Literal["iid", "shards", "dirichlet", "hsu", "quantity", "natural"]
 # feature-shift domains of data/shift.py and label-noise rules of data/noise.py
 FeatureDomain = Literal["none", "rotation", "invert", "contrast", "blur", "noise", "scale"]
 LabelNoiseRule = Literal["symmetric", "pair"]

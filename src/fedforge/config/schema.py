@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from fedforge.config import compat
+from fedforge.config import task as task_rules
 from fedforge.config.communication import CommunicationConfig
 from fedforge.config.data import Dataset, PartitionConfig, SyntheticConfig
 from fedforge.config.evaluation import DiagnosticsConfig, PersonalEvalConfig
@@ -76,6 +77,9 @@ class Config:
 
     name: str = "run"
     seed: int = 0
+    # a built-in task (config/task.py) or one given to fedforge.register_task; it
+    # sets dataset and model, which stay a shorthand for it (null: dataset + model)
+    task: str | None = None
     dataset: Dataset = "mnist"
     data_dir: str | None = None
     model: ModelName = "cnn"
@@ -126,6 +130,10 @@ class Config:
     runs_dir: str = "runs"
 
     def __post_init__(self) -> None:
+        task_rules.check_task_name(self.task)
+        dataset, model = task_rules.task_data(self.task, self.dataset, self.model)
+        object.__setattr__(self, "dataset", dataset)
+        object.__setattr__(self, "model", model)
         if self.algorithm == "fedsgd":
             # FedSGD is FedAvg with E = 1 and B = infinity; store what really runs.
             object.__setattr__(self, "local_epochs", 1)
@@ -167,6 +175,9 @@ def check(cfg: Config) -> None:
     compat.steps_fit_dtype(cfg.local, cfg.lr, cfg.dtype)
     compat.stragglers_need_epochs(cfg.stragglers, cfg.local_epochs)
     compat.feature_shift_needs_images(cfg.partition, cfg.dataset)
+    task_rules.model_fits_dataset(cfg.model, cfg.dataset)
+    task_rules.natural_needs_own_clients(cfg.partition, cfg.dataset)
+    task_rules.labels_fit_features(cfg.dataset, cfg.partition, cfg.aggregation_weights, cfg.robust)
     compat.attack_needs_floats(cfg.robust, cfg.privacy)
     compat.robust_fits_cohort(cfg.robust, cfg.num_clients, cfg.client_fraction)
     compat.delta_below_one_over_n(cfg.privacy, cfg.num_clients)
@@ -187,6 +198,10 @@ def describe_split(cfg: Config) -> str:
         syn = cfg.synthetic
         return "Synthetic-IID users" if syn.iid else f"Synthetic({syn.alpha}, {syn.beta}) users"
     part = cfg.partition
+    if cfg.dataset == "shakespeare":
+        return (
+            "one client a speaking role" if part.kind == "natural" else "iid over the roles' text"
+        )
     detail = {
         "shards": f"{part.shards_per_client} shards/client",
         "dirichlet": f"alpha={part.alpha}",
@@ -299,12 +314,6 @@ def _training_checks(cfg: Config, step_max: float) -> list[FieldCheck]:
             (cfg.weight_cap is None or cfg.weight_cap >= 1)
             and (cfg.aggregation_weights != "capped" or cfg.weight_cap is not None),
             "must be an integer >= 1 (and is needed by aggregation_weights = 'capped')",
-        ),
-        (
-            "model",
-            cfg.model,
-            cfg.dataset != "synthetic" or cfg.model not in ("2nn", "cnn", "cnn_bn"),
-            "dataset 'synthetic' (60 features) needs model 'logreg' (or one of your own)",
         ),
         (
             "quality_temperature",

@@ -1,6 +1,7 @@
 """A federation's data: a training set split over clients and the held-out test
-set, loaded from the config (MNIST or Synthetic) and with the partition's
-feature shift and label noise applied."""
+set, loaded from the config (MNIST, Synthetic, Shakespeare by role, the linear
+regression example) and with the partition's feature shift and label noise
+applied."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ import torch
 
 from fedforge.config import Config
 from fedforge.core import rows
+from fedforge.core.dataspec import DataSpec
+from fedforge.core.errors import DataError
 from fedforge.core.rng import numpy_rng
-from fedforge.data import noise, shift, synthetic
+from fedforge.data import noise, regression, shakespeare, shift, synthetic
 from fedforge.data.mnist import NUM_CLASSES, load_mnist
 from fedforge.data.partition import Partition, make_partition
 
@@ -50,6 +53,11 @@ class FederatedData:
         most = [int(t.max()) for t in (self.train_y, self.test_y) if t.numel()]
         return max(most, default=-1) + 1
 
+    def spec(self) -> DataSpec:
+        """What a row of this data is: the shapes and dtypes a model reads and predicts."""
+        x, y = self.train_x, self.train_y
+        return DataSpec(tuple(x.shape[1:]), x.dtype, tuple(y.shape[1:]), self.classes())
+
     def client_data(self, client_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         idx = torch.tensor(self.partition.client_indices[client_id])
         return rows.take(self.train_x, idx), rows.take(self.train_y, idx)
@@ -69,6 +77,10 @@ def load_federated_data(cfg: Config) -> FederatedData:
     """The configured data set, cast to the run's dtype and partitioned."""
     if cfg.dataset == "synthetic":
         return load_synthetic(cfg)
+    if cfg.dataset == "shakespeare":
+        return load_shakespeare(cfg)
+    if cfg.dataset == "regression":
+        return load_regression(cfg)
     mnist = load_mnist(cfg.data_dir)
     dtype = DTYPES[cfg.dtype]
     labels = mnist.train_y.numpy()
@@ -105,6 +117,50 @@ def load_synthetic(cfg: Config) -> FederatedData:
     )
 
 
+def load_shakespeare(cfg: Config) -> FederatedData:
+    """Shakespeare by speaking role (data/shakespeare.py): ``partition.kind:
+    natural`` keeps one client a role that has a training window, ``iid`` deals the
+    same windows evenly over ``num_clients`` (the IID control). The test set holds
+    every role's test windows."""
+    data = shakespeare.load_shakespeare(cfg.data_dir)
+    keep = [p for p in data.partition.client_indices if len(p)]  # roles that train
+    if cfg.partition.kind == "natural":
+        if cfg.num_clients != len(keep):
+            raise DataError(
+                f"num_clients = {cfg.num_clients} does not fit partition 'natural' of "
+                f"Shakespeare: {len(keep)} of its {len(data.roles)} roles have a training "
+                f"window (set num_clients: {len(keep)})"
+            )
+        partition = Partition(tuple(keep))
+    else:
+        labels = np.zeros(len(data.train_y), dtype=np.int64)  # iid needs no classes
+        partition = make_partition(cfg.partition, cfg.num_clients, labels, cfg.seed)
+    return FederatedData(
+        data.train_x,
+        data.train_y,
+        data.test_x,
+        data.test_y,
+        partition,
+        num_classes=len(data.vocab),
+    )
+
+
+def load_regression(cfg: Config) -> FederatedData:
+    """The linear regression example (data/regression.py), its rows dealt by
+    ``cfg.partition`` (iid or quantity)."""
+    data = regression.generate(cfg.num_clients, cfg.seed)
+    labels = np.zeros(len(data.train_y), dtype=np.int64)
+    partition = make_partition(cfg.partition, cfg.num_clients, labels, cfg.seed)
+    dtype = DTYPES[cfg.dtype]
+    return FederatedData(
+        data.train_x.to(dtype),
+        data.train_y.to(dtype),
+        data.test_x.to(dtype),
+        data.test_y.to(dtype),
+        partition,
+    )
+
+
 def shift_data(cfg: Config, data: FederatedData) -> FederatedData:
     """``data`` with the clients' feature-shift domains and label noise of
     ``cfg.partition`` applied to their examples (each once: data that already
@@ -122,7 +178,7 @@ def shift_data(cfg: Config, data: FederatedData) -> FederatedData:
             noisy,
             part.label_noise_rule,
             part.label_noise_rate,
-            NUM_CLASSES,
+            data.classes() or NUM_CLASSES,
             cfg.seed,
         )
         data = dataclasses.replace(data, train_y=train_y, noisy_clients=noisy)

@@ -5,6 +5,7 @@ instead of a shape, type or index error from deep inside the first round."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -19,30 +20,31 @@ if TYPE_CHECKING:
 
 
 def check_given(
-    data: FederatedData,
-    num_clients: int,
-    dtype: torch.dtype,
-    model: nn.Module,
-    name: str,
-    num_classes: int,
+    data: FederatedData, num_clients: int, dtype: torch.dtype, model: nn.Module, name: str
 ) -> None:
     """Refuse ``data`` that the run of ``num_clients`` clients in ``dtype`` on
-    ``model`` (the config's ``name``, ``num_classes`` outputs) cannot train on."""
+    ``model`` (called ``name``) cannot train on. Labels are class ids (int64, one a
+    row or one a step, in ``0..num_classes - 1``; -1 marks a sequence's padding) or
+    float regression targets; float inputs are in the run's dtype, integer inputs
+    (token ids) stay integers."""
+    classes = data.classes()
     for what, x, y in (("train", data.train_x, data.train_y), ("test", data.test_x, data.test_y)):
         if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
             raise DataError(f"{what}_x and {what}_y must be torch tensors")
-        if x.dtype != dtype:
+        if x.is_floating_point() and x.dtype != dtype:
             raise DataError(f"{what}_x is {x.dtype}; the config's dtype needs {dtype}")
-        if y.dtype != torch.int64 or y.dim() != 1 or len(y) != len(x):
+        if y.dim() < 1 or len(y) != len(x):
             raise DataError(
-                f"{what}_y must be int64 class ids, one per row of {what}_x ({len(x)}); got "
-                f"{y.dtype} of shape {tuple(y.shape)}"
+                f"{what}_y must hold one label (or label row) a row of {what}_x ({len(x)}); "
+                f"got shape {tuple(y.shape)}"
             )
-        if len(y) and (int(y.min()) < 0 or int(y.max()) >= num_classes):
-            raise DataError(
-                f"{what}_y holds classes {int(y.min())}..{int(y.max())}; allowed: "
-                f"0..{num_classes - 1}"
-            )
+        if y.is_floating_point():
+            if y.dtype != dtype:
+                raise DataError(f"{what}_y targets are {y.dtype}; the config's dtype needs {dtype}")
+            continue
+        if y.dtype != torch.int64:
+            raise DataError(f"{what}_y must be int64 class ids or float targets; got {y.dtype}")
+        _check_classes(what, y, classes)
     if len(data.test_y) == 0:
         raise DataError("the test set is empty: the run evaluates on it")
     got = data.partition.num_clients
@@ -59,7 +61,22 @@ def check_given(
         if int(np.min(idx)) < 0 or int(np.max(idx)) >= rows:
             raise DataError(f"client {k}'s indices leave 0..{rows - 1}, the rows of train_x")
     _check_disjoint(data.partition.client_indices, rows)
-    check_fits(data, model, name, num_classes)
+    check_fits(data, model, name)
+
+
+def _check_classes(what: str, y: torch.Tensor, classes: int | None) -> None:
+    """Class ids in ``0..classes - 1`` (-1, padding, allowed in sequences)."""
+    if classes is None or not y.numel():
+        return
+    low = -1 if y.dim() > 1 else 0
+    lo, hi = int(y.min()), int(y.max())
+    if lo < low or hi >= classes:
+        bad = lo if lo < low else hi
+        row = int(torch.nonzero(y == bad)[0, 0])
+        raise DataError(
+            f"{what}_y holds class {bad} (row {row}); allowed: 0..{classes - 1}"
+            + (" and -1 (padding)" if low < 0 else "")
+        )
 
 
 def _check_disjoint(client_indices: Sequence[np.ndarray], rows: int) -> None:
@@ -85,15 +102,24 @@ def _check_disjoint(client_indices: Sequence[np.ndarray], rows: int) -> None:
     )
 
 
-def check_fits(data: FederatedData, model: nn.Module, name: str, num_classes: int) -> None:
-    """Refuse features that ``model`` cannot take (also a registered model's on a
-    data set the config loads)."""
-    for what, x in (("train_x", data.train_x), ("test_x", data.test_x)):
-        _fits(model, x[:2], what, name, num_classes)
+def check_fits(data: FederatedData, model: nn.Module, name: str) -> None:
+    """Refuse features that ``model`` cannot take and outputs that do not fit the
+    labels (also a registered model's on a data set the config loads)."""
+    classes = data.classes()
+    for what, x, y in (
+        ("train_x", data.train_x, data.train_y),
+        ("test_x", data.test_x, data.test_y),
+    ):
+        rows = min(2, len(x))
+        want = (rows, *y.shape[1:], classes) if classes is not None else (rows, *y.shape[1:])
+        _fits(model, x[:2], what, name, want, classes is None)
 
 
-def _fits(model: nn.Module, x: torch.Tensor, what: str, name: str, num_classes: int) -> None:
-    """Two rows (a batch of one may pass for an unbatched sample) through the model."""
+def _fits(
+    model: nn.Module, x: torch.Tensor, what: str, name: str, want: tuple[int, ...], values: bool
+) -> None:
+    """Two rows (a batch of one may pass for an unbatched sample) through the model;
+    its outputs must be ``want`` (``values``: regression, any shape of as many)."""
     shape = tuple(x.shape[1:])
     try:
         with torch.no_grad():
@@ -105,8 +131,9 @@ def _fits(model: nn.Module, x: torch.Tensor, what: str, name: str, num_classes: 
         ) from None
     if not isinstance(out, torch.Tensor):
         raise DataError(f"model '{name}' returns {type(out).__name__}; it must return logits")
-    if tuple(out.shape) != (len(x), num_classes):
+    fits = tuple(out.shape) == want or (values and out.numel() == math.prod(want))
+    if not fits:
         raise DataError(
             f"{what} rows of shape {shape} give model '{name}' outputs of shape "
-            f"{tuple(out.shape)}; expected ({len(x)}, {num_classes})"
+            f"{tuple(out.shape)}; expected {want}"
         )

@@ -7,16 +7,14 @@ The text is Karpathy's tiny-shakespeare (``input.txt`` of the char-rnn repositor
 blank line ending each block. Each role's lines, in the order spoken, are split as in
 the paper (section 3): the first 80% of the role's lines train, the last 20% (rounded
 up, so at least one line) test. A role's train (or test) text is its lines, each ended by
-``\\n``, concatenated; a sample is a window of :data:`SEQ_LEN` = 80 characters and the
-character after it (text ``t``: input ``t[i:i+80]``, label ``t[i+80]``), so a text of
-``n`` characters yields ``max(0, n - 80)`` samples and windows never cross roles.
+``\n``, concatenated.
 
-Memory: every window as int64 would take 80 x 8 bytes a sample (~0.5 GB for the
-~800k train samples). Instead each split keeps its characters once, as vocabulary
-indices in a 1-D uint8 tensor (the roles' texts back to back), plus each sample's
-window START offset (int64) and label; :meth:`ShakespeareData.train_x` builds the int64
-``[B, 80]`` windows of a batch of rows from ``text.unfold(0, 80, 1)`` (a strided view,
-no copy) indexed by the starts (a copy of the B rows only).
+A sample is a window of the text: :data:`SEQ_LEN` = 80 input characters and, at each
+step, the character that follows (text ``t``, window ``j``: input ``t[80j : 80j+80]``,
+labels ``t[80j+1 : 80j+81]``). Windows tile a role's text without overlap, so every
+character but the first of each role's text is a label exactly once (test accuracy is
+over all test characters); a role's last window is padded, its missing labels
+:data:`PAD` (no loss, not scored) and its missing inputs 0. Windows never cross roles.
 
 Where it runs: on whichever machine loads the data. What it trusts: nothing on disk or
 on the wire; the decompressed text is checked against its sha256 before use.
@@ -38,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedforge.core.dataspec import PAD
 from fedforge.core.errors import DataError
 from fedforge.core.rng import numpy_rng
 from fedforge.data.mnist import resolve_data_dir
@@ -46,7 +45,7 @@ from fedforge.data.partition import Partition
 URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"  # decompressed
 FILE_NAMES = ("tinyshakespeare.txt.gz", "tinyshakespeare.txt")  # gzip or plain, either name
-SEQ_LEN = 80  # characters a model reads before predicting the next one
+SEQ_LEN = 80  # characters of a window: a model reads them, predicting each next one
 _MAX_BYTES = 16 << 20  # a download longer than this is not the 1.1 MB text
 _FILE_SECONDS = 300
 _NET_ERRORS = (OSError, ValueError, http.client.HTTPException, EOFError, zlib.error)
@@ -54,46 +53,22 @@ _NET_ERRORS = (OSError, ValueError, http.client.HTTPException, EOFError, zlib.er
 
 @dataclass(frozen=True, eq=False)
 class ShakespeareData:
-    """Next-character samples of each role. ``vocab[i]`` is the character of index
-    ``i``: the sorted characters of the whole text (tiny-shakespeare: 65; 0 ``\\n``,
-    1 space, 2-12 ``!$&',-.3:;?``, 13-38 ``A``-``Z``, 39-64 ``a``-``z``).
-    ``*_text``: a split's characters as indices, uint8 ``[C]``; ``*_starts``: each
-    sample's window start in it, int64 ``[N]``; ``*_y``: its label, int64 ``[N]``.
-    ``partition`` (train rows) and ``test_partition`` (test rows) have one client per
-    role, in ``roles`` order (order of first speech); a role's rows are contiguous."""
+    """The windows of each role. ``vocab[i]`` is the character of index ``i``: the
+    sorted characters of the whole text (tiny-shakespeare: 65; 0 ``\n``, 1 space,
+    2-12 ``!$&',-.3:;?``, 13-38 ``A``-``Z``, 39-64 ``a``-``z``). ``*_x``: the windows'
+    input characters, int64 ``[N, 80]``; ``*_y``: their labels, int64 ``[N, 80]``
+    (:data:`PAD` past a role's end). ``partition`` (train rows) and
+    ``test_partition`` (test rows) have one client per role, in ``roles`` order
+    (order of first speech); a role's rows are contiguous."""
 
     vocab: str
     roles: tuple[str, ...]
-    train_text: torch.Tensor
-    train_starts: torch.Tensor
+    train_x: torch.Tensor
     train_y: torch.Tensor
-    test_text: torch.Tensor
-    test_starts: torch.Tensor
+    test_x: torch.Tensor
     test_y: torch.Tensor
     partition: Partition
     test_partition: Partition
-
-    def train_x(self, rows: torch.Tensor | np.ndarray) -> torch.Tensor:
-        """The int64 ``[len(rows), 80]`` input windows of train samples ``rows``."""
-        return windows(self.train_text, self.train_starts[_rows(rows)])
-
-    def test_x(self, rows: torch.Tensor | np.ndarray) -> torch.Tensor:
-        """The int64 ``[len(rows), 80]`` input windows of test samples ``rows``."""
-        return windows(self.test_text, self.test_starts[_rows(rows)])
-
-
-def _rows(rows: torch.Tensor | np.ndarray) -> torch.Tensor:
-    """Row numbers as an int64 tensor (a Partition's arrays are read-only: copied)."""
-    if isinstance(rows, torch.Tensor):
-        return rows.to(torch.int64)
-    return torch.tensor(np.asarray(rows), dtype=torch.int64)
-
-
-def windows(text: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
-    """``text[s : s + 80]`` for each start ``s``, as int64 ``[len(starts), 80]``."""
-    if text.numel() < SEQ_LEN:  # unfold needs one full window; no sample starts here
-        return torch.empty(0, SEQ_LEN, dtype=torch.int64)
-    return text.unfold(0, SEQ_LEN, 1)[starts.to(torch.int64)].to(torch.int64)
 
 
 def parse_play(text: str) -> dict[str, list[str]]:
@@ -135,31 +110,29 @@ def _encode(text: str, vocab: str) -> np.ndarray:
     """``text`` as indices into ``vocab`` (sorted; holds every char of ``text``)."""
     codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
     table = np.frombuffer(vocab.encode("utf-32-le"), dtype=np.uint32)
-    return np.searchsorted(table, codes).astype(np.uint8)
+    return np.searchsorted(table, codes).astype(np.int64)
 
 
-def _samples(texts: list[str], vocab: str) -> tuple[torch.Tensor, ...]:
-    """(text, starts, labels, sizes) of one split: the roles' texts back to back."""
-    chars = _encode("".join(texts), vocab)
-    lengths = np.array([len(t) for t in texts], dtype=np.int64)
-    offsets = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
-    sizes = np.maximum(lengths - SEQ_LEN, 0)
-    # sample j of a role starts at its offset + j, for j < its size
-    starts = np.repeat(offsets, sizes) + (
-        np.arange(int(sizes.sum()), dtype=np.int64) - np.repeat(np.cumsum(sizes) - sizes, sizes)
-    )
-    labels = chars[starts + SEQ_LEN].astype(np.int64)
-    return (
-        torch.from_numpy(chars),
-        torch.from_numpy(starts),
-        torch.from_numpy(labels),
-        torch.from_numpy(sizes),
-    )
+def role_windows(chars: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The (inputs, labels) windows ``[W, 80]`` tiling one role's encoded text: W =
+    ceil((n - 1) / 80) for ``n`` characters (none below two)."""
+    count = max(0, -(-(len(chars) - 1) // SEQ_LEN))
+    padded = np.full(count * SEQ_LEN + 1, PAD, dtype=np.int64)
+    padded[: len(chars)] = chars
+    x = padded[:-1].reshape(count, SEQ_LEN).copy()
+    x[x == PAD] = 0  # inputs past the end: any character (their labels weigh nothing)
+    return x, padded[1:].reshape(count, SEQ_LEN).copy()
 
 
-def _contiguous(sizes: torch.Tensor) -> Partition:
-    ends = np.cumsum(sizes.numpy())
-    return Partition(tuple(np.arange(e - s, e) for s, e in zip(sizes.numpy(), ends, strict=True)))
+def _samples(texts: list[str], vocab: str) -> tuple[torch.Tensor, torch.Tensor, Partition]:
+    """(inputs, labels, one client a role) of one split: each role's windows in turn."""
+    pairs = [role_windows(_encode(t, vocab)) for t in texts]
+    sizes = np.array([len(x) for x, _ in pairs], dtype=np.int64)
+    ends = np.cumsum(sizes)
+    x = np.concatenate([x for x, _ in pairs]) if pairs else np.zeros((0, SEQ_LEN), np.int64)
+    y = np.concatenate([y for _, y in pairs]) if pairs else np.zeros((0, SEQ_LEN), np.int64)
+    part = Partition(tuple(np.arange(e - n, e) for n, e in zip(sizes, ends, strict=True)))
+    return torch.from_numpy(x), torch.from_numpy(y), part
 
 
 def build_shakespeare(text: str) -> ShakespeareData:
@@ -171,20 +144,9 @@ def build_shakespeare(text: str) -> ShakespeareData:
     if not roles:
         raise DataError("Shakespeare text holds no 'SPEAKER:' block")
     splits = [split_lines(lines) for lines in roles.values()]
-    tr_text, tr_starts, tr_y, tr_sizes = _samples([s[0] for s in splits], vocab)
-    te_text, te_starts, te_y, te_sizes = _samples([s[1] for s in splits], vocab)
-    return ShakespeareData(
-        vocab=vocab,
-        roles=tuple(roles),
-        train_text=tr_text,
-        train_starts=tr_starts,
-        train_y=tr_y,
-        test_text=te_text,
-        test_starts=te_starts,
-        test_y=te_y,
-        partition=_contiguous(tr_sizes),
-        test_partition=_contiguous(te_sizes),
-    )
+    train_x, train_y, part = _samples([s[0] for s in splits], vocab)
+    test_x, test_y, test_part = _samples([s[1] for s in splits], vocab)
+    return ShakespeareData(vocab, tuple(roles), train_x, train_y, test_x, test_y, part, test_part)
 
 
 def _decompress(raw: bytes, where: str) -> bytes:
@@ -324,13 +286,16 @@ def iid_shakespeare(data: ShakespeareData, seed: int) -> Partition:
 
 @dataclass(frozen=True)
 class ShakespeareSummary:
-    """Sizes of a :class:`ShakespeareData`; min/median/max over all roles' train
-    sample counts, the roles with too few characters (< 81) counting as 0."""
+    """Sizes of a :class:`ShakespeareData`: windows and scored characters of each
+    split; min/median/max of the roles' train windows (roles of under two train
+    characters count as 0)."""
 
     roles: int
     vocab: int
-    train_samples: int
-    test_samples: int
+    train_windows: int
+    test_windows: int
+    train_chars: int
+    test_chars: int
     roles_without_train: int
     min_train: int
     median_train: float
@@ -338,10 +303,11 @@ class ShakespeareSummary:
 
     def format(self) -> str:
         return (
-            f"{self.roles} roles, vocabulary {self.vocab}; {self.train_samples} train and "
-            f"{self.test_samples} test samples; train samples per role min {self.min_train} "
-            f"/ median {self.median_train:g} / max {self.max_train}; "
-            f"{self.roles_without_train} roles have no train sample (< {SEQ_LEN + 1} chars)"
+            f"{self.roles} roles, vocabulary {self.vocab}; {self.train_windows} train and "
+            f"{self.test_windows} test windows of {SEQ_LEN} ({self.train_chars} and "
+            f"{self.test_chars} characters to predict); train windows per role min "
+            f"{self.min_train} / median {self.median_train:g} / max {self.max_train}; "
+            f"{self.roles_without_train} roles have no train window"
         )
 
 
@@ -350,8 +316,10 @@ def summarize_shakespeare(data: ShakespeareData) -> ShakespeareSummary:
     return ShakespeareSummary(
         roles=len(data.roles),
         vocab=len(data.vocab),
-        train_samples=int(sizes.sum()),
-        test_samples=int(data.test_y.numel()),
+        train_windows=len(data.train_y),
+        test_windows=len(data.test_y),
+        train_chars=int((data.train_y != PAD).sum()),
+        test_chars=int((data.test_y != PAD).sum()),
         roles_without_train=int((sizes == 0).sum()),
         min_train=int(sizes.min()) if sizes.size else 0,
         median_train=float(np.median(sizes)) if sizes.size else 0.0,

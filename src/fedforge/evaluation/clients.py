@@ -37,6 +37,7 @@ from fedforge.core.rng import numpy_rng
 from fedforge.data import Partition
 from fedforge.data.federated import FederatedData
 from fedforge.evaluation.evaluate import evaluate
+from fedforge.tasks.metrics import Metrics
 
 
 class EvaluatedRun(Protocol):
@@ -47,6 +48,7 @@ class EvaluatedRun(Protocol):
     model: nn.Module
     spec: ParamSpec
     algorithm: Algorithm
+    metrics: Metrics  # the task's
 
     def client_train_data(self, client_id: int) -> tuple[torch.Tensor, torch.Tensor]: ...
 
@@ -158,6 +160,6 @@ def client_accuracies(
         own = personal.start(client_id, params) if personal is not None else params
         if adapt_fn is not None:
             own = adapt_fn(client_id, own)
-        ev = evaluate(exp.model, exp.spec, own, x, y, exp.cfg.eval_batch_size)
+        ev = evaluate(exp.model, exp.spec, own, x, y, exp.cfg.eval_batch_size, exp.metrics)
         rows.append((client_id, ev.accuracy, ev.loss, ev.num_examples))
     return rows

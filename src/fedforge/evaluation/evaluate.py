@@ -1,4 +1,5 @@
-"""Evaluation of a flat parameter vector on a labelled set: batched, no autograd."""
+"""Evaluation of a flat parameter vector on a labelled set: batched, no autograd,
+scored by the run's task (fedforge.tasks.metrics)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,14 @@ from torch import nn
 from torch.func import functional_call
 
 from fedforge.core.params import ParamSpec
+from fedforge.tasks.metrics import ClassMetrics, Metrics
 
 
 @dataclass(frozen=True)
 class EvalResult:
+    """The task's score (classification: accuracy; sequence: per-token accuracy;
+    regression: R^2), its mean loss, and the rows evaluated."""
+
     accuracy: float
     loss: float
     num_examples: int
@@ -25,17 +30,20 @@ def evaluate(
     x: torch.Tensor,
     y: torch.Tensor,
     batch_size: int = 250,
+    metrics: Metrics | None = None,
 ) -> EvalResult:
-    """Accuracy and mean cross-entropy of ``params`` on ``(x, y)``."""
+    """The score and mean loss of ``params`` on ``(x, y)`` (``metrics``: the task's;
+    None: classification, accuracy and mean cross-entropy)."""
+    metrics = metrics or ClassMetrics()
     tensors = spec.views(params)
     model.eval()
-    correct = 0
-    loss_sum = 0.0
+    loss_sum, score_sum, scored = 0.0, 0.0, 0
     with torch.inference_mode():
         for start in range(0, len(y), batch_size):
             xb, yb = x[start : start + batch_size], y[start : start + batch_size]
-            logits = functional_call(model, tensors, (xb,))
-            loss_sum += float(nn.functional.cross_entropy(logits, yb, reduction="sum"))
-            correct += int((logits.argmax(dim=1) == yb).sum())
-    n = len(y)
-    return EvalResult(correct / n, loss_sum / n, n)
+            loss, score, count = metrics.sums(functional_call(model, tensors, (xb,)), yb)
+            loss_sum += loss
+            score_sum += score
+            scored += count
+    scores = metrics.finish(loss_sum, score_sum, scored, y)
+    return EvalResult(scores.score, scores.loss, len(y))

@@ -5,8 +5,9 @@ two LSTM layers of 256 units each, and the second layer's output feeds a softmax
 layer with one unit per character.
 
 Here it reads a window of characters (fedforge.data.shakespeare: 80 of them) and
-returns the logits of the character that follows it, from the last time step's
-output; the softmax is left to the loss (cross-entropy), as for the other models.
+returns, at every step, the logits of the character that follows the ones read so
+far: a window of 80 characters trains 80 predictions. The softmax is left to the
+loss (cross-entropy over the steps), as for the other models.
 """
 
 from __future__ import annotations
@@ -32,11 +33,12 @@ def char_lstm_parameters(
 
 
 class CharLSTM(nn.Module):
-    """Character indices int64 ``[B, T]`` -> logits ``[B, vocab_size]`` of the
-    character after each sequence. Layers: ``nn.Embedding(vocab_size, embed)``, an
-    ``nn.LSTM`` of ``layers`` stacked layers of ``hidden`` units (batch first, zero
-    initial state), ``nn.Linear(hidden, vocab_size)`` on the top layer's output at
-    the last step. For vocabulary 65: 815,945 parameters."""
+    """Character indices int64 ``[B, T]`` -> logits ``[B, T, vocab_size]``: at step
+    ``t`` those of the character after ``x[:, : t + 1]``. Layers:
+    ``nn.Embedding(vocab_size, embed)``, an ``nn.LSTM`` of ``layers`` stacked layers
+    of ``hidden`` units (batch first, zero initial state), ``nn.Linear(hidden,
+    vocab_size)`` on the top layer's output at every step. For vocabulary 65:
+    815,945 parameters."""
 
     def __init__(self, vocab_size: int, embed: int = 8, hidden: int = 256, layers: int = 2) -> None:
         super().__init__()
@@ -53,5 +55,5 @@ class CharLSTM(nn.Module):
         if x.dim() != 2:
             raise ValueError(f"CharLSTM takes [batch, time] indices, got shape {tuple(x.shape)}")
         out, _ = self.lstm(self.embedding(x.to(torch.int64)))  # [B, T, hidden]
-        logits: torch.Tensor = self.fc(out[:, -1])
+        logits: torch.Tensor = self.fc(out)
         return logits

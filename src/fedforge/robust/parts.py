@@ -19,7 +19,6 @@ from fedforge.compression.feedback import ErrorFeedback
 from fedforge.config import Config, RobustConfig
 from fedforge.config.compat import describe_cohort
 from fedforge.core.errors import ConfigError
-from fedforge.data.mnist import NUM_CLASSES
 from fedforge.pipeline.pipeline import Codec, CohortStage, Stage
 from fedforge.robust.attacks import (
     Collusion,
@@ -80,9 +79,12 @@ def _check_cohort(
         )
 
 
-def assemble(cfg: Config, data_fn: ClientDataFn, uplink: Codec | None = None) -> RobustParts:
+def assemble(
+    cfg: Config, data_fn: ClientDataFn, uplink: Codec | None = None, num_classes: int = 10
+) -> RobustParts:
     """The robustness parts of ``cfg``; raises ConfigError when the cohort is too small.
-    ``uplink``: the update codec, which colluding attackers' rows go through too."""
+    ``uplink``: the update codec, which colluding attackers' rows go through too;
+    ``num_classes``: the data's (label flipping maps class c to num_classes - 1 - c)."""
     r = cfg.robust
     aggregator = make_aggregator(r)
     _check_cohort(aggregator, r, cfg.num_clients, cfg.client_fraction)
@@ -91,7 +93,7 @@ def assemble(cfg: Config, data_fn: ClientDataFn, uplink: Codec | None = None) ->
     cohort: tuple[CohortStage, ...] = ()
     tamper: TamperFn | None = None
     if r.attack == "label_flip":
-        data_fn = flipped_labels_fn(data_fn, attackers, NUM_CLASSES)
+        data_fn = flipped_labels_fn(data_fn, attackers, num_classes)
     elif r.attack in ("sign_flip", "scaled", "gaussian", "nan_inf"):
         client = (DeltaAttack(r.attack, attackers, r.attack_scale, r.attack_std),)
     elif r.attack == "uint8":

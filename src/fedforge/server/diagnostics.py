@@ -42,8 +42,6 @@ from fedforge.evaluation.personal import personal_accuracies
 from fedforge.report.progress import Progress
 from fedforge.server.experiment import Experiment
 
-NUM_CLASSES_DEFAULT = 10
-
 
 def mean_pairwise_cosine(updates: torch.Tensor) -> float | None:
     """Mean cosine similarity over pairs i != j of the non-zero rows of ``[K, P]``
@@ -81,7 +79,7 @@ class RoundDiagnostics:
             if len(y) == 0:
                 continue
             own = personal.start(c, params) if personal is not None else params
-            ev = evaluate(exp.model, exp.spec, own, x, y, exp.cfg.eval_batch_size)
+            ev = evaluate(exp.model, exp.spec, own, x, y, exp.cfg.eval_batch_size, exp.metrics)
             self.global_loss[c] = ev.loss
 
     def add(self, client_id: int, delta: torch.Tensor, train_loss: float) -> None:
@@ -176,10 +174,12 @@ def evaluation_rows(
     ``personal_eval`` (each client's slice after its local steps, personal.py)
     for an evaluation round."""
     data = exp.data
-    classes = max(NUM_CLASSES_DEFAULT, int(data.test_y.max()) + 1 if len(data.test_y) else 0)
-    per_class = per_class_accuracy(
-        exp.model, exp.spec, params, data.test_x, data.test_y, classes, exp.cfg.eval_batch_size
-    )
+    classes = data.classes()
+    per_class = []  # rows of one class id each only
+    if classes is not None and data.test_y.dim() == 1:
+        per_class = per_class_accuracy(
+            exp.model, exp.spec, params, data.test_x, data.test_y, classes, exp.cfg.eval_batch_size
+        )
     rows: dict[str, list[tuple[Any, ...]]] = {
         "client_eval": [(round_idx, *row) for row in client_accuracies(exp, params)],
         "class_accuracy": [(round_idx, *row) for row in per_class],

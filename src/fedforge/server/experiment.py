@@ -27,7 +27,6 @@ from fedforge.core.precision import precision_note
 from fedforge.data import federated
 from fedforge.data.federated import DTYPES, FederatedData, shift_data
 from fedforge.data.given import check_fits, check_given
-from fedforge.data.mnist import NUM_CLASSES
 from fedforge.engines import Engine, batched_mlp
 from fedforge.engines.pool import PoolEngine, resolve_workers
 from fedforge.engines.serial import SerialEngine
@@ -39,7 +38,7 @@ from fedforge.engines.vectorized import (
     unsupported_reason,
 )
 from fedforge.evaluation.clients import split_holdout
-from fedforge.models import BUILT_IN, build_model
+from fedforge.models import BUILT_IN
 from fedforge.pipeline.pipeline import Pipeline
 from fedforge.privacy import parts as privacy
 from fedforge.privacy.parts import PrivacyParts
@@ -48,6 +47,8 @@ from fedforge.server import probe
 from fedforge.store.build_record import data_fingerprint
 from fedforge.store.checkpoint import RESIDUAL
 from fedforge.store.client_state import ClientStateStore
+from fedforge.tasks import Task, resolve_task
+from fedforge.tasks.metrics import ClassMetrics, Metrics
 
 
 def _tracks_statistics(model: nn.Module) -> bool:
@@ -84,6 +85,8 @@ class Experiment:
     train_data: ClientDataFn | None = None
     threads: ThreadPlan | None = None  # torch threads of the run's processes
     probe_line: str | None = None  # engine: auto's probe, its pick and figures
+    task: Task | None = None  # what is trained and how it is judged
+    metrics: Metrics = dataclasses.field(default_factory=ClassMetrics)  # the task's
 
     def client_train_data(self, client_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The examples client ``client_id`` trains on."""
@@ -91,23 +94,27 @@ class Experiment:
         return fn(client_id)
 
 
-def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
-    """Assemble a run from its config (``data`` may be given to reuse a load)."""
+def build(cfg: Config, data: FederatedData | None = None, task: Task | None = None) -> Experiment:
+    """Assemble a run from its config (``data`` may be given to reuse a load, or as
+    the caller's own; ``task``: the caller's, else the config's)."""
     keep_large_blocks()  # glibc: reuse freed activation buffers (fedforge.core.allocator)
     dtype = DTYPES[cfg.dtype]
-    model = build_model(cfg.model, cfg.seed, dtype, cfg.dataset)
+    task = resolve_task(cfg, task)
+    data, model, fingerprint = _run_data(cfg, data, task, dtype)
     if cfg.algorithm == "perfedavg" and _tracks_statistics(model):  # e.g. a registered one
         raise ConfigError(
             f"algorithm 'perfedavg' needs a model without batch norm's running statistics; "
             f"model {cfg.model!r} has some (the three forward passes of a step would move "
             "them three times)"
         )
-    data, fingerprint = _run_data(cfg, data, model, dtype)
     spec = ParamSpec.of(model, include_buffers=True)  # batch-norm statistics travel too
     if not any(e.trainable for e in spec.entries):
         raise ConfigError(f"model '{cfg.model}' has no parameter to train (all frozen)")
     algorithm = algorithms.from_config(cfg, spec.size, dtype, spec)
-    parts = _assemble(cfg, data, spec, dtype, algorithm)
+    if algorithm.loss_fn is not task.loss():  # the task's loss trains every algorithm
+        algorithm = dataclasses.replace(algorithm, loss_fn=task.loss())
+    metrics = task.scores()
+    parts = _assemble(cfg, data, spec, dtype, algorithm, metrics)
     runtime = ClientRuntime(
         model,
         spec,
@@ -141,27 +148,33 @@ def build(cfg: Config, data: FederatedData | None = None) -> Experiment:
         runtime.data_fn,
         choice.threads,
         choice.probe_line,
+        task,
+        metrics,
     )
 
 
 def _run_data(
-    cfg: Config, data: FederatedData | None, model: nn.Module, dtype: torch.dtype
-) -> tuple[FederatedData, str]:
+    cfg: Config, data: FederatedData | None, task: Task, dtype: torch.dtype
+) -> tuple[FederatedData, nn.Module, str]:
     """The run's data (the caller's, checked, or loaded), shifted and with each
-    client's held-out slice carved when clients are evaluated; and the fingerprint
-    of the data as given or loaded."""
-    if data is not None:  # the caller's: checked before anything reads it
-        check_given(data, cfg.num_clients, dtype, model, cfg.model, NUM_CLASSES)
-    else:
-        data = federated.load_federated_data(cfg)  # looked up here: one place to stand in
-        if cfg.model not in BUILT_IN:  # a registered model on a configured data set
-            check_fits(data, model, cfg.model, NUM_CLASSES)
+    client's held-out slice carved when clients are evaluated; the model sized by
+    it; and the fingerprint of the data as given or loaded."""
+    given = data is not None
+    if data is None:  # looked up here: one place to stand in
+        data = task.data_fn(cfg) if task.data_fn else federated.load_federated_data(cfg)
+    task.check_labels(data)
+    model = task.build_model(cfg, data.spec(), dtype)
+    name = task.name if task.model is not None else cfg.model
+    if given or task.data_fn is not None:  # the caller's: checked before anything reads it
+        check_given(data, cfg.num_clients, dtype, model, name)
+    elif cfg.model not in BUILT_IN or task.model is not None:  # a model of the caller's
+        check_fits(data, model, name)
     fingerprint = fingerprint_of(data)
     data = shift_data(cfg, data)
     if cfg.eval_clients and data.holdout is None:  # carve each client's held-out slice
         keep, held = split_holdout(data.partition, cfg.eval_holdout, cfg.seed)
         data = dataclasses.replace(data, partition=keep, holdout=held)
-    return data, fingerprint
+    return data, model, fingerprint
 
 
 @dataclass
@@ -176,14 +189,20 @@ class _Parts:
 
 
 def _assemble(
-    cfg: Config, data: FederatedData, spec: ParamSpec, dtype: torch.dtype, algorithm: Algorithm
+    cfg: Config,
+    data: FederatedData,
+    spec: ParamSpec,
+    dtype: torch.dtype,
+    algorithm: Algorithm,
+    metrics: Metrics,
 ) -> _Parts:
     """Communication, robustness, reports and privacy, and the pipeline of their stages."""
     comm = communication.assemble(
         cfg.communication, cfg.num_clients, spec, dtype, data.partition, data.train_y
     )
-    robust = assemble(cfg, data.client_data, comm.uplink)
-    reporter, weigh = reports.assemble(cfg, robust.data_fn, NUM_CLASSES)  # quality, class
+    classes = data.classes() or 0
+    robust = assemble(cfg, data.client_data, comm.uplink, classes)
+    reporter, weigh = reports.assemble(cfg, robust.data_fn, classes, metrics)  # quality, class
     sizes = [data.num_examples(c) for c in range(cfg.num_clients)]
     priv = privacy.assemble(cfg, sizes)
     privacy.check_algorithm(cfg.privacy, algorithm)
@@ -203,11 +222,9 @@ def _engine_for(
 ) -> EngineChoice:
     """The run's engine and threads; ``engine: auto`` probes with the data's shapes."""
     sizes = data.partition.sizes()
+    first = next((c for c in range(cfg.num_clients) if data.num_examples(c)), 0)
     info = probe.ProbeInput(
-        cfg.model,
-        tuple(data.train_x.shape[1:]),
-        NUM_CLASSES,
-        int(np.median(sizes)) if len(sizes) else 1,
+        cfg.model, data.client_data(first), int(np.median(sizes)) if len(sizes) else 1
     )
     largest = int(sizes.max(initial=0))
     return choose_engine(cfg.engine, runtime, cfg.workers, side_state, largest, cfg.threads, info)

@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from fedforge.config import Config
 from fedforge.core.errors import StopNow, StoreError
 from fedforge.data import PartitionSummary, summarize
 from fedforge.data.federated import FederatedData
-from fedforge.data.mnist import NUM_CLASSES
 from fedforge.engines import close_engine
 from fedforge.engines.threads import set_threads
 from fedforge.evaluation.evaluate import evaluate
@@ -57,6 +57,7 @@ from fedforge.store.build_record import check_build, write_build
 from fedforge.store.disk import os_error_text
 from fedforge.store.edited import edited_config_note
 from fedforge.store.final import save_final
+from fedforge.tasks import Task
 
 __all__ = ["RunResult", "format_summary", "resume", "run"]
 
@@ -82,9 +83,12 @@ def run(
     data: FederatedData | None = None,
     progress: bool = False,
     store: bool = True,
+    task: Task | None = None,
 ) -> RunResult:
-    """Run ``cfg`` to its target or its last round; record it in a run store."""
-    exp = build(cfg, data)
+    """Run ``cfg`` to its target or its last round; record it in a run store.
+    ``data``: the caller's data set (else the config's); ``task``: the caller's model,
+    loss and metrics (else the config's task)."""
+    exp = build(cfg, data, task)
     partition = _summary(exp)
     if progress:
         print(f"partition: {partition.format()}", flush=True)
@@ -106,7 +110,10 @@ def run(
 
 
 def resume(
-    run_dir: Path | str, data: FederatedData | None = None, progress: bool = False
+    run_dir: Path | str,
+    data: FederatedData | None = None,
+    progress: bool = False,
+    task: Task | None = None,
 ) -> RunResult:
     """Continue the run in ``run_dir`` from its last good checkpoint, with the config
     stored in the run; rounds recorded after that checkpoint are run again. A run
@@ -122,7 +129,7 @@ def resume(
         edited = edited_config_note(run_store.path, stored)
         if edited is not None:  # a hand-edited config.yaml: say it is not what runs
             print(f"fedforge: {edited}", file=sys.stderr, flush=True)
-        exp = build(stored, data)
+        exp = build(stored, data, task)
         lock.acquire()  # refuses while another process writes the run, or a read-only one
         check_build(run_store.path, exp.spec, exp.data_fingerprint, exp.cfg)  # not damage
         if run_store.status == "finished":  # it was running, and ended while we built
@@ -249,8 +256,16 @@ def _settle(exp: Experiment, run_store: RunStore, result: RunResult, next_round:
 def _summary(exp: Experiment) -> PartitionSummary:
     data = exp.data
     return summarize(
-        data.partition, data.train_y.numpy(), NUM_CLASSES, data.domains, data.noisy_clients
+        data.partition, _class_labels(data), data.classes() or 1, data.domains, data.noisy_clients
     )
+
+
+def _class_labels(data: FederatedData) -> np.ndarray:
+    """Each training row's class for the partition's histograms: its label where a
+    row has one class id; one class for all otherwise (sequences, regression)."""
+    if data.train_y.dim() == 1 and not data.train_y.is_floating_point():
+        return data.train_y.numpy()
+    return np.zeros(len(data.train_y), dtype=np.int64)
 
 
 def _write_partition(path: Path, summary: PartitionSummary) -> None:
@@ -310,7 +325,13 @@ def _evaluate_initial(exp: Experiment, state: LoopState, bar: Progress) -> tuple
     """The initial model's test accuracy and loss (``eval_initial``: a baseline)."""
     data = exp.data
     ev = evaluate(
-        exp.model, exp.spec, state.params, data.test_x, data.test_y, exp.cfg.eval_batch_size
+        exp.model,
+        exp.spec,
+        state.params,
+        data.test_x,
+        data.test_y,
+        exp.cfg.eval_batch_size,
+        exp.metrics,
     )
     bar.write(f"fedforge: initial model: accuracy {percent(ev.accuracy)}, loss {ev.loss:.4f}")
     return ev.accuracy, ev.loss

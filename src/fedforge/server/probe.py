@@ -83,8 +83,7 @@ class ProbeInput:
     """What the probe needs of the run besides its runtime."""
 
     model: str
-    input_shape: tuple[int, ...]
-    num_classes: int
+    sample: tuple[torch.Tensor, torch.Tensor]  # a client's (inputs, labels) of the run
     client_size: int  # the examples of a typical client (the median)
 
 
@@ -140,6 +139,7 @@ def cache_key(
         "torch": torch.__version__,
         "cpu": hashlib.sha256(cpu_id().encode()).hexdigest()[:16],
         "model": info.model,
+        "input_shape": list(info.sample[0].shape[1:]),
         "num_params": num_params,
         "candidates": [[c.inner, c.workers, c.threads] for c in candidates],
         **detail,
@@ -228,9 +228,9 @@ def _workload(candidates: Sequence[Candidate], client_size: int, samples: int) -
 def _synthetic_runtime(runtime: ClientRuntime, info: ProbeInput, size: int) -> ClientRuntime:
     """The run's model and algorithm over random clients of ``size`` examples:
     no stage, codec, gate or report touches the run's own state."""
-    gen = torch.Generator().manual_seed(_PROBE_SEED)
-    x = torch.randn(size, *info.input_shape, generator=gen, dtype=runtime.dtype)
-    y = torch.randint(0, info.num_classes, (size,), generator=gen)
+    x, y = info.sample  # the run's own rows, repeated to the probe's client size
+    reps = -(-size // max(len(y), 1))
+    x, y = x.repeat(reps, *[1] * (x.dim() - 1))[:size], y.repeat(reps, *[1] * (y.dim() - 1))[:size]
 
     warm = runtime.algorithm.plan(0).batch_size or 1
 

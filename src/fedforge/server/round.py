@@ -196,7 +196,15 @@ def evaluate_phase(
     if not ((round_idx + 1) // every > start // every or ends_run(exp, state, round_idx)):
         return None, None
     data = exp.data
-    ev = evaluate(exp.model, exp.spec, state.params, data.test_x, data.test_y, cfg.eval_batch_size)
+    ev = evaluate(
+        exp.model,
+        exp.spec,
+        state.params,
+        data.test_x,
+        data.test_y,
+        cfg.eval_batch_size,
+        exp.metrics,
+    )
     state.eval_rounds.append(round_idx + 1)
     state.eval_accuracy.append(ev.accuracy)
     if cfg.eval_clients:  # each client's held-out slice, per-class test accuracy

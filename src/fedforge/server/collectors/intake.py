@@ -26,7 +26,6 @@ from fedforge.client.runtime import split_extras
 from fedforge.core import wire
 from fedforge.core.errors import UploadError, Withheld, shown
 from fedforge.core.params import all_finite
-from fedforge.data.mnist import NUM_CLASSES
 from fedforge.pipeline.codec import CodecContext
 from fedforge.pipeline.pipeline import StageContext
 from fedforge.server.collectors.base import RoundLog
@@ -71,7 +70,7 @@ def check_update(exp: Experiment, client_id: int, round_idx: int, data: bytes) -
     if not all_finite(delta):
         raise UploadError("delta holds non-finite values (NaN or inf)")
     n, train_loss = read_labels(msg.meta, client_id, round_idx)
-    report = read_report(msg.meta, exp.cfg.aggregation_weights, n, NUM_CLASSES)
+    report = read_report(msg.meta, exp.cfg.aggregation_weights, n, exp.data.classes() or 0)
     return Upload(client_id, delta, n, train_loss, len(data), check_extras(exp, extras), report)
 
 
