@@ -1,6 +1,8 @@
 """McMahan et al. 2017, Table 2: rounds to target accuracy, ours vs the paper.
 
     python benchmarks/mcmahan_table2.py --rows cnn_iid_e1_b10,cnn_iid_fedsgd --grid 3
+    python benchmarks/mcmahan_table2.py --rows shakespeare_noniid_e1_b10 --grid 3
+    python benchmarks/mcmahan_table2.py --e-curve 1.47   # Shakespeare at E = 1, 5, 20
 
 Each row is the config ``configs/<row>.yaml``. For each row the script runs a
 learning-rate grid spaced 10^(1/3) apart around the config's lr (``--grid N``:
@@ -34,6 +36,18 @@ RUNS = ROOT / "benchmarks" / "out" / "runs"  # run stores (not tracked)
 
 # Table 2 of the paper: rounds to 99% (CNN) / 97% (2NN), C = 0.1, IID / non-IID.
 PAPER: dict[str, int] = {}
+# Shakespeare LSTM, rounds to 54% (C = 0.1), IID / by role
+PAPER_SHAKESPEARE = {
+    "fedsgd": (2488, 3906),
+    "e1_b50": (1635, 549),
+    "e5_binf": (613, 597),
+    "e1_b10": (460, 164),
+    "e5_b50": (401, 152),
+    "e5_b10": (192, 41),
+}
+for _tag, (_iid, _non) in PAPER_SHAKESPEARE.items():
+    PAPER[f"shakespeare_iid_{_tag}"] = _iid
+    PAPER[f"shakespeare_noniid_{_tag}"] = _non
 for _model, _rows in {
     "cnn": {
         "fedsgd": (626, 483),
@@ -164,7 +178,71 @@ def report(results: dict[str, list[dict]]) -> str:
         else:
             fields.append(f"{row}_rounds=nan")
         fields.append(f"{row}_paper={paper}")
-    lines.append("RESULT " + " ".join(fields))
+    lines.append("RESULT " + " ".join(fields + shakespeare_fields(results)))
+    return "\n".join(lines)
+
+
+def shakespeare_fields(results: dict[str, list[dict]]) -> list[str]:
+    """The Shakespeare keys: rounds of FedSGD and FedAvg E=1 B=10 by role, FedAvg's
+    speedup over FedSGD by role and IID (the fastest FedAvg row), s/round."""
+    if not any(r.startswith("shakespeare_") for r in results):
+        return []
+
+    def rounds(row: str) -> float:
+        b = best(results.get(row, []))
+        return b["rounds_to_target"] if b else math.nan
+
+    def speedup(split: str) -> float:
+        fedavg = [rounds(r) for r in results if r.startswith(f"shakespeare_{split}_e")]
+        fastest = min((r for r in fedavg if not math.isnan(r)), default=math.nan)
+        return rounds(f"shakespeare_{split}_fedsgd") / fastest
+
+    points = results.get("shakespeare_noniid_e1_b10", [])
+    per_round = [p["wall_seconds"] / p["rounds_done"] for p in points if p["rounds_done"]]
+    return [
+        f"shakespeare_fedsgd_rounds={rounds('shakespeare_noniid_fedsgd'):.1f}",
+        f"shakespeare_fedavg_e1_b10_rounds={rounds('shakespeare_noniid_e1_b10'):.1f}",
+        f"shakespeare_speedup={speedup('noniid'):.1f}",
+        f"shakespeare_iid_speedup={speedup('iid'):.1f}",
+        f"lstm_s_per_round={min(per_round, default=math.nan):.2f}",
+    ]
+
+
+def e_curve(lr: float, epochs: list[int], rounds: int, args: argparse.Namespace) -> None:
+    """The paper's large-E observation for the LSTM: FedAvg B=10 by role at E = each
+    of ``epochs``, all at ``lr`` (the best of E=1), for ``rounds`` rounds; each
+    curve of test accuracy saved as ``shakespeare_ecurve_E<E>.json`` under --out."""
+    for e in epochs:
+        path = args.out / f"shakespeare_ecurve_E{e}.json"
+        if path.exists():
+            continue
+        cfg = config_mod.load(ROOT / "configs" / "shakespeare_noniid_e1_b10.yaml")
+        fields = {"local_epochs": e, "lr": lr, "rounds": rounds, "target_accuracy": None}
+        cfg = config_mod.override(cfg, {**fields, "runs_dir": str(RUNS)})
+        if args.data_dir:
+            cfg = config_mod.override(cfg, {"data_dir": args.data_dir})
+        t0 = time.perf_counter()
+        result = run(cfg, data=load_federated_data(cfg), progress=args.progress)
+        curve = [
+            [r.round_idx + 1, r.test_accuracy, r.test_loss]
+            for r in result.rounds
+            if r.test_accuracy is not None
+        ]
+        out = {"local_epochs": e, "lr": lr, "curve": curve, "seconds": time.perf_counter() - t0}
+        path.write_text(json.dumps(out, indent=1))
+        print(f"E={e} lr={lr:g}: last accuracy {curve[-1][1]:.4f}", flush=True)
+
+
+def e_curve_report(out: Path) -> str:
+    lines = []
+    for path in sorted(out.glob("shakespeare_ecurve_E*.json"), key=lambda p: len(p.name)):
+        r = json.loads(path.read_text())
+        pts = " ".join(f"{k}:{a:.3f}" for k, a, _ in r["curve"][:: max(1, len(r["curve"]) // 8)])
+        peak = max(a for _, a, _ in r["curve"])
+        last = r["curve"][-1][1]
+        lines.append(
+            f"E={r['local_epochs']:<3} lr={r['lr']:g} peak {peak:.4f} last {last:.4f}  {pts}"
+        )
     return "\n".join(lines)
 
 
@@ -187,6 +265,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--progress", action="store_true")
     p.add_argument("--report", action="store_true", help="only print the saved results")
     p.add_argument("--quick", action="store_true", help="2NN IID E=1 B=10, 5 rounds, 1 lr")
+    p.add_argument(
+        "--e-curve",
+        type=float,
+        metavar="LR",
+        help="Shakespeare by role, FedAvg B=10 at E=1,5,20 and this lr (the best of E=1)",
+    )
+    p.add_argument("--e-curve-rounds", type=int, default=60)
     args = p.parse_args(argv)
     if args.quick:
         args.rows, args.grid, args.max_rounds = "2nn_iid_e1_b10", 1, 5
@@ -194,6 +279,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.e_curve:
+        e_curve(args.e_curve, [1, 5, 20], args.e_curve_rounds, args)
+        print(e_curve_report(args.out))
+        return 0
     if not args.report:
         for row in args.rows.split(","):
             cfg = config_mod.load(ROOT / "configs" / f"{row}.yaml")

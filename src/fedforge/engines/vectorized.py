@@ -65,12 +65,15 @@ def schedule_bytes(examples: int, batch: int | None, epochs: int) -> int:
 
 def unsupported_reason(model: nn.Module) -> str | None:
     """Why ``model`` cannot be vectorised (None if it can): batch-norm running
-    statistics are buffers updated in place, which vmap cannot batch."""
+    statistics are buffers updated in place, which vmap cannot batch; torch's fused
+    recurrent kernels have no vmap batching rule."""
     for name, module in model.named_modules():
         if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.track_running_stats:
             return f"module '{name}' keeps batch-norm running statistics"
         if isinstance(module, nn.Dropout | nn.Dropout2d) and module.p > 0:
             return f"module '{name}' draws dropout masks from the global RNG"
+        if isinstance(module, nn.RNNBase):  # vmap would loop over the clients one by one
+            return f"module '{name}' is a recurrent layer, which torch.func.vmap cannot batch"
     return None
 
 
