@@ -280,6 +280,10 @@ TABLES: dict[str, tuple[str, int | None, str]] = {  # text, num_rows, message af
     "a client without rows": (
         "row,client_id\n0,0\n1,2\n", None, r": client 1 has no rows; client ids must run 0..2"
     ),
+    "a huge client id": (
+        "row,client_id\n0,0\n1,1000000000000\n", None,
+        r": client 1 has no rows \(clients without rows: 999999999999\)",
+    ),
     "negative client id": (
         "row,client_id\n0,0\n1,-1\n", None, ", line 3: client id -1 is negative"
     ),
@@ -292,8 +296,9 @@ TABLES: dict[str, tuple[str, int | None, str]] = {  # text, num_rows, message af
         "row,client_id,weight\n0,0,1\n", None,
         r": column\(s\) 'weight' not allowed; allowed columns: row, client_id",
     ),
+    "semicolons": ("row;client_id\n0;0\n", None, ": column.* fields are separated by commas"),
     "column twice": ("row,row\n0,0\n", None, ": column 'row' appears twice"),
-    "fields": ("row,client_id\n0,0,5\n", None, ", line 2: 3 fields; the header has 2"),
+    "fields": ("row,client_id\n0,0,5\n", None, ", line 2: 3 field\\(s\\); the header has 2"),
     "huge value": ("row,client_id\n0,99999999999999999999\n", None, ", line 2: client_id = '9"),
 }  # fmt: skip
 

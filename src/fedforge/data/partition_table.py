@@ -71,8 +71,9 @@ def _columns(names: list[str], source: str) -> tuple[int, int]:
     extra = [name for name, key in zip(names, keys, strict=True) if key not in COLUMNS]
     if extra:
         listed = ", ".join(repr(e) for e in extra)
+        commas = "; fields are separated by commas" if len(names) == 1 and ";" in names[0] else ""
         raise DataError(
-            f"{source}: column(s) {listed} not allowed; allowed columns: row, client_id"
+            f"{source}: column(s) {listed} not allowed; allowed columns: row, client_id{commas}"
         )
     missing = [c for c in COLUMNS if c not in keys]
     if missing:
@@ -95,7 +96,7 @@ def _read_csv(file: Path) -> tuple[np.ndarray, np.ndarray, Callable[[int], str]]
         header = next((r for r in reader if r), None)  # blank lines are skipped
         if header is None:
             raise DataError(
-                f"{source} is empty; expected the header row,client_id and a line a row"
+                f"{source} is empty; expected the header row,client_id and one line per row"
             )
         at_row, at_client = _columns(header, source)
         for record in reader:
@@ -104,7 +105,7 @@ def _read_csv(file: Path) -> tuple[np.ndarray, np.ndarray, Callable[[int], str]]
             line = reader.line_num
             if len(record) != len(header):
                 raise DataError(
-                    f"{source}, line {line}: {len(record)} fields; the header has {len(header)}"
+                    f"{source}, line {line}: {len(record)} field(s); the header has {len(header)}"
                 )
             values = []
             for name, text in (("row", record[at_row]), ("client_id", record[at_client])):
@@ -217,13 +218,15 @@ def group_rows(
             f"{source}: {missing.size} of the {num_rows} rows have no client "
             f"(first: {first}{more}); list every row 0..{num_rows - 1} once"
         )
-    sizes = np.bincount(clients)  # clients 0..K-1, K = the largest id + 1
-    empty = np.flatnonzero(sizes == 0)
-    if empty.size:
-        others = f" (clients without rows: {empty.size})" if empty.size > 1 else ""
+    ids = np.unique(clients)  # ascending; ids[k] == k for every k while none is unused
+    if int(ids[-1]) != ids.size - 1:  # (not a bincount: an id of 10**12 would allocate it)
+        unused_id = int(np.flatnonzero(ids != np.arange(ids.size))[0])
+        unused = int(ids[-1]) + 1 - ids.size
+        others = f" (clients without rows: {unused})" if unused > 1 else ""
         raise DataError(
-            f"{source}: client {int(empty[0])} has no rows{others}; client ids must run "
-            f"0..{sizes.size - 1} with every client holding at least one row"
+            f"{source}: client {unused_id} has no rows{others}; client ids must run "
+            f"0..{int(ids[-1])} with every client holding at least one row"
         )
+    sizes = np.bincount(clients, minlength=ids.size)
     order = np.lexsort((rows, clients))  # by client, then row ascending
     return Partition(tuple(np.split(rows[order], np.cumsum(sizes)[:-1])))
