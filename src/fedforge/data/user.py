@@ -174,6 +174,8 @@ def _stack_items(
 
 
 def _stack(items: list[torch.Tensor], floats: torch.dtype, keep_integers: bool) -> torch.Tensor:
+    """The items as one tensor: floats as ``floats``; integers in their common
+    dtype (``keep_integers``) or int64; bool and complex left for the checks."""
     common = items[0].dtype
     for item in items[1:]:
         common = torch.promote_types(common, item.dtype)
@@ -209,7 +211,7 @@ def _labels(
     """``y`` checked: one label per row of ``x_name``, integer class ids (int64)
     in range, or float regression targets (in ``dtype``) when no classes are
     declared. A label of more than one dimension (a sequence's, one a position)
-    may hold -1, padding that no loss counts."""
+    may hold -1, a sequence's padding (as FederatedData documents)."""
     if not isinstance(y, (torch.Tensor, np.ndarray)):
         raise DataError(f"{what} is {type(y).__name__}; pass a torch.Tensor or numpy array")
     labels = _as_tensor(y, what)
