@@ -1,4 +1,5 @@
-"""Data sets (MNIST) and the partitioners that split a training set over clients."""
+"""Data sets (MNIST), the partitioners that split a training set over clients, and
+the constructors of a federation from the caller's own data."""
 
 from fedforge.data.mnist import (
     MIRRORS,
@@ -20,6 +21,8 @@ from fedforge.data.partition import (
     shards,
     summarize,
 )
+from fedforge.data.partition_table import load_partition_table
+from fedforge.data.user import from_datasets, from_tensors
 
 __all__ = [
     "MIRRORS",
@@ -29,8 +32,11 @@ __all__ = [
     "PartitionSummary",
     "dirichlet",
     "download",
+    "from_datasets",
+    "from_tensors",
     "iid",
     "load_mnist",
+    "load_partition_table",
     "make_partition",
     "parse_idx",
     "quantity_skew",
