@@ -299,10 +299,13 @@ class PartitionSummary:
         s = self.sizes
         text = (
             f"{self.num_clients} clients; size min/median/max "
-            f"{int(s.min())}/{float(np.median(s)):g}/{int(s.max())}; "
-            f"{float(self.labels_per_client().mean()):.2f} labels per client on average; "
-            f"heterogeneity (mean TV to global label mix) {self.heterogeneity:.3f}"
+            f"{int(s.min())}/{float(np.median(s)):g}/{int(s.max())}"
         )
+        if self.label_counts.shape[1] > 1:  # one class a row (not sequences, regression)
+            text += (
+                f"; {float(self.labels_per_client().mean()):.2f} labels per client on average; "
+                f"heterogeneity (mean TV to global label mix) {self.heterogeneity:.3f}"
+            )
         if self.domains is not None:
             names = sorted(set(self.domains))
             text += "; domains " + ", ".join(f"{d} x{self.domains.count(d)}" for d in names)
