@@ -361,18 +361,19 @@ def test_bad_parquet_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 
 
 def test_own_blobs_train_to_high_accuracy_through_run(one_thread: None) -> None:
-    """Ten Gaussian blobs (unit variance, centres 5 e_c in 10-D) over 4 clients
-    by a client-id column, a linear model. Centres are 5 sqrt(2) = 7.1 apart, so
-    the Bayes classifier (linear here: equal spherical covariances) confuses two
-    classes with probability Phi(-3.5) = 2e-4: over 9 rivals, it is right on
-    99.8% of the test points; 0.9 leaves room for three short rounds of SGD."""
+    """Three Gaussian blobs (unit variance, centres 5 e_c in 4-D) over 4 clients by
+    a client-id column, a linear model of 3 outputs: the classes come from the
+    data. Centres are 5 sqrt(2) = 7.1 apart, so the Bayes classifier (linear here:
+    equal spherical covariances) confuses two classes with probability
+    Phi(-3.5) = 2e-4: it is right on 99.95% of the test points; 0.9 leaves room for
+    three short rounds of SGD."""
     gen = torch.Generator().manual_seed(0)
-    y = torch.randint(0, 10, (600,), generator=gen)
-    x = 5 * torch.eye(10)[y] + torch.randn(600, 10, generator=gen)
+    y = torch.randint(0, 3, (600,), generator=gen)
+    x = 5 * torch.eye(4)[y] + torch.randn(600, 4, generator=gen)
     clients = torch.randint(0, 4, (400,), generator=gen)  # row r of the train set: a client
-    data = from_tensors(x[:400], y[:400], x[400:], y[400:], clients, num_classes=10)
+    data = from_tensors(x[:400], y[:400], x[400:], y[400:], clients, num_classes=3)
     assert [len(i) for i in data.partition.client_indices] == torch.bincount(clients).tolist()
-    ff.register_model("blobs_linear", lambda: nn.Linear(10, 10))
+    ff.register_model("blobs_linear", lambda: nn.Linear(4, 3))
     try:
         cfg = ff.config.from_dict({
             "model": "blobs_linear", "num_clients": 4, "client_fraction": 1.0,
