@@ -103,6 +103,8 @@ def run_point(row: str, lr: float, cap: int | None, args: argparse.Namespace) ->
         overrides["eval_every"] = args.eval_every
     if args.workers:
         overrides["workers"] = args.workers
+    if args.threads:  # the run sets its processes' threads from its config
+        overrides["threads"] = args.threads
     rounds = cfg.rounds if cap is None else min(cfg.rounds, cap)
     if args.max_rounds:
         rounds = min(rounds, args.max_rounds)
@@ -218,6 +220,8 @@ def e_curve(lr: float, epochs: list[int], rounds: int, args: argparse.Namespace)
             continue
         cfg = config_mod.load(ROOT / "configs" / "shakespeare_noniid_e1_b10.yaml")
         fields = {"local_epochs": e, "lr": lr, "rounds": rounds, "target_accuracy": None}
+        if args.threads:
+            fields["threads"] = args.threads
         cfg = config_mod.override(cfg, {**fields, "runs_dir": str(RUNS)})
         if args.data_dir:
             cfg = config_mod.override(cfg, {"data_dir": args.data_dir})

@@ -30,10 +30,9 @@ from fedforge.data import PartitionSummary, summarize
 from fedforge.data.federated import FederatedData
 from fedforge.engines import close_engine
 from fedforge.engines.threads import set_threads
-from fedforge.evaluation.evaluate import evaluate
 from fedforge.report.progress import Progress, percent
 from fedforge.server.experiment import Experiment, build, client_tables
-from fedforge.server.round import run_round
+from fedforge.server.round import run_round, test_scores
 from fedforge.server.state import (
     LoopState,
     RunLock,
@@ -323,16 +322,7 @@ def _rounds(
 
 def _evaluate_initial(exp: Experiment, state: LoopState, bar: Progress) -> tuple[float, float]:
     """The initial model's test accuracy and loss (``eval_initial``: a baseline)."""
-    data = exp.data
-    ev = evaluate(
-        exp.model,
-        exp.spec,
-        state.params,
-        data.test_x,
-        data.test_y,
-        exp.cfg.eval_batch_size,
-        exp.metrics,
-    )
+    ev = test_scores(exp, state.params)
     bar.write(f"fedforge: initial model: accuracy {percent(ev.accuracy)}, loss {ev.loss:.4f}")
     return ev.accuracy, ev.loss
 

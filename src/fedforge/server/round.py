@@ -21,7 +21,7 @@ import torch
 from fedforge.algorithms.plan import LocalPlan
 from fedforge.client.runtime import ClientTask, encode_payload
 from fedforge.core.params import all_finite
-from fedforge.evaluation.evaluate import evaluate
+from fedforge.evaluation.evaluate import EvalResult, evaluate
 from fedforge.pipeline.pipeline import StageContext
 from fedforge.report.progress import Progress
 from fedforge.selection.periods import period_plan, upload_period
@@ -186,6 +186,14 @@ def server_step(
         exp.algorithm.client.commit(clients if aggregate is not None else ())
 
 
+def test_scores(exp: Experiment, params: torch.Tensor) -> EvalResult:
+    """The task's score and loss of ``params`` on the test set."""
+    data, cfg = exp.data, exp.cfg
+    return evaluate(
+        exp.model, exp.spec, params, data.test_x, data.test_y, cfg.eval_batch_size, exp.metrics
+    )
+
+
 def evaluate_phase(
     exp: Experiment, state: LoopState, round_idx: int, start: int
 ) -> tuple[float | None, float | None]:
@@ -195,16 +203,7 @@ def evaluate_phase(
     every = cfg.eval_every
     if not ((round_idx + 1) // every > start // every or ends_run(exp, state, round_idx)):
         return None, None
-    data = exp.data
-    ev = evaluate(
-        exp.model,
-        exp.spec,
-        state.params,
-        data.test_x,
-        data.test_y,
-        cfg.eval_batch_size,
-        exp.metrics,
-    )
+    ev = test_scores(exp, state.params)
     state.eval_rounds.append(round_idx + 1)
     state.eval_accuracy.append(ev.accuracy)
     if cfg.eval_clients:  # each client's held-out slice, per-class test accuracy
