@@ -8,7 +8,7 @@ DATA_ENV := $(if $(wildcard $(SHARED_DATA)/mnist),FEDFORGE_DATA=$(SHARED_DATA),)
 CONFIG ?= configs/default.yaml
 ARGS ?=
 
-.PHONY: run test test-slow lint typecheck venv clean
+.PHONY: run test test-slow test-cuda lint typecheck venv clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,9 @@ test: venv lint typecheck
 
 test-slow: venv
 	$(DATA_ENV) $(PY) -m pytest -m slow
+
+test-cuda: venv
+	$(DATA_ENV) $(PY) -m pytest -m cuda
 
 lint: venv
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -62,6 +62,9 @@ def _parser() -> argparse.ArgumentParser:
     resume = sub.add_parser("resume", help="continue a stopped run from its last checkpoint")
     _add_run_lookup(resume)
     resume.add_argument("--data-dir", help="where the data sets are (else the run's own setting)")
+    resume.add_argument(
+        "--device", help="cpu, cuda, cuda:N or auto: where to go on training (else the run's own)"
+    )
     resume.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
 
     runs = sub.add_parser("runs", help="list the runs in a runs directory")
@@ -147,7 +150,8 @@ def _cmd_resume(args: argparse.Namespace) -> int:
         with RunStore.open(path, read_only=True) as store:
             stored = store.config()
         data = load_federated_data(config_mod.override(stored, {"data_dir": args.data_dir}))
-    return _finish(resume(path, data=data, progress=not args.quiet))
+    device = getattr(args, "device", None)  # 'run --resume' takes the run's own
+    return _finish(resume(path, data=data, progress=not args.quiet, device=device))
 
 
 def _cmd_runs(args: argparse.Namespace) -> int:

@@ -34,6 +34,8 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from fedforge.core.device import module_device
+
 if TYPE_CHECKING:
     from fedforge.algorithms.plan import LocalPlan, LossFn
     from fedforge.core.params import ParamSpec
@@ -271,9 +273,12 @@ def full_gradient(
     model: nn.Module, spec: ParamSpec, loss_fn: LossFn
 ) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
     """``(params, x, y) -> flat gradient`` of the mean loss over all of ``x`` (one
-    full batch), e.g. SCAFFOLD's option I control ``c_k = grad f_k(x)``."""
+    full batch), e.g. SCAFFOLD's option I control ``c_k = grad f_k(x)``; computed
+    on the model's device, returned on the device of ``params``."""
 
     def grad(params: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        home, device = params.device, module_device(model)
+        params, x, y = params.to(device), x.to(device), y.to(device)
         train = {e.name for e in spec.entries if e.trainable}
         leaves = {
             k: v.detach().requires_grad_(True) if k in train else v.detach()
@@ -282,11 +287,12 @@ def full_gradient(
         loss = loss_fn(functional_call(model, leaves, (x,)), y).mean()
         grads = iter(torch.autograd.grad(loss, [leaves[k] for k in leaves if k in train]))
         # buffers (batch-norm running statistics) have no gradient: zeros in their slots
-        return torch.cat(
+        flat = torch.cat(
             [
                 next(grads).reshape(-1) if e.trainable else torch.zeros_like(params[e.slice])
                 for e in spec.entries
             ]
         )
+        return flat.to(home)
 
     return grad

@@ -94,7 +94,7 @@ class Gradients:
     def _loss(
         self, leaves: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype
     ) -> torch.Tensor:
-        with forward_context(self.precision):
+        with forward_context(self.precision, x.device.type):
             logits = functional_call(self.model, leaves, (x,))
         return self.loss_fn(logits.to(dtype), y).mean()
 

@@ -24,7 +24,9 @@ where autocast rounds them to bf16, and that fc1's weight steps are deferred
 seeing the earlier ones through bf16 products on their factors). Without
 autocast's per-operator dispatch and casts.
 
-It applies to plain SGD (no momentum, weight decay, clipping, hook or client
+It is a CPU path (oneDNN's inner product, channels_last convolutions, blocks
+sized to a core's cache): a model on another device takes autograd. It applies
+to plain SGD (no momentum, weight decay, clipping, hook or client
 state), the cross-entropy loss, fp32 or float64 parameters, and an unmodified
 model that declares this step as its fused kernel (``fused_kernel()`` returns
 "mcmahan_cnn", as ``MnistCNN`` does), with exactly its layers and no module
@@ -42,6 +44,7 @@ from fedforge.algorithms.base import LocalPlan, LossFn, cross_entropy
 from fedforge.client.deferred_sgd import DeferredLinear
 from fedforge.client.fused_sgd import linear_step
 from fedforge.core import rows
+from fedforge.core.device import module_device
 from fedforge.models.kernels import CNN_KERNEL
 from fedforge.models.layout import CHANNELS_LAST, Conv2d
 
@@ -62,6 +65,8 @@ def applies(
     dtype: torch.dtype,
 ) -> bool:
     """True when the written-out step computes what autograd would here."""
+    if module_device(model).type != "cpu":  # CPU kernels
+        return False
     if not declares_kernel(model) or hook is not None or state or not plan.plain:
         return False
     if loss_fn is not cross_entropy or dtype not in (torch.float32, torch.float64):

@@ -16,6 +16,7 @@ from torch import nn
 from torch.func import functional_call
 
 from fedforge.algorithms.plan import LossFn
+from fedforge.core.device import module_device
 from fedforge.core.errors import ConfigError
 from fedforge.core.params import ParamSpec
 from fedforge.core.rng import torch_generator
@@ -70,6 +71,8 @@ class ClientGate:
         x, y = self.holdout(client_id)
         if len(y) == 0 or client_id in self.exempt:
             return None  # a single example holds nothing out; an attacker sends anyway
+        device = module_device(model)  # both losses on the model's device
+        x, y, start, local = x.to(device), y.to(device), start.to(device), local.to(device)
         model.eval()
         with torch.no_grad():
             before = float(loss_fn(functional_call(model, spec.views(start), (x,)), y).mean())

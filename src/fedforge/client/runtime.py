@@ -26,6 +26,7 @@ from fedforge.algorithms.local import (
 )
 from fedforge.client import cnn_step
 from fedforge.core import rows, wire
+from fedforge.core.device import HOST, module_device
 from fedforge.core.params import ParamSpec
 from fedforge.core.precision import forward_context
 from fedforge.core.rng import torch_generator
@@ -77,7 +78,8 @@ def local_sgd(
     hook: GradHook | None = None,
     state: Mapping[str, torch.Tensor] | None = None,
 ) -> LocalResult:
-    """``plan.local_epochs`` epochs of minibatch SGD from ``start``.
+    """``plan.local_epochs`` epochs of minibatch SGD from ``start``, on the device
+    of ``start``, ``x`` and ``y`` (the minibatch order is drawn on the host).
 
     ``model`` only gives the architecture: its own tensors are never read or
     written; the parameters live in one flat vector updated in place. McMahan's
@@ -97,12 +99,16 @@ def local_sgd(
     leaves, tensors = _leaves(spec, params)
     step = _local_step(spec, params, start, plan, hook, state)
     model.train()
+    device = params.device
     total_loss = 0.0
     seen = 0
     steps = 0
     for _ in range(plan.local_epochs):
-        for idx in minibatches(len(y), plan.batch_size, gen):
-            with forward_context(plan.precision):
+        batches = minibatches(len(y), plan.batch_size, gen)
+        if device != HOST:  # drawn on the host: the indices go to the data
+            batches = [idx.to(device) for idx in batches]
+        for idx in batches:
+            with forward_context(plan.precision, device.type):
                 logits = functional_call(model, leaves, (rows.take(x, idx),))
             loss = loss_fn(logits.to(params.dtype), rows.take(y, idx)).mean()
             grads = torch.autograd.grad(loss, tensors)
@@ -115,6 +121,14 @@ def local_sgd(
             seen += len(idx)
             steps += 1
     return LocalResult(params, total_loss / max(seen, 1), steps)
+
+
+def on_host(result: LocalResult) -> LocalResult:
+    """``result`` with its parameters on the host, where the client's upload
+    pipeline runs (the same result when they are there already)."""
+    if result.params.device == HOST:
+        return result
+    return LocalResult(result.params.to(HOST), result.train_loss, result.steps)
 
 
 def _leaves(
@@ -198,14 +212,32 @@ class ClientRuntime:
         if alg.personal is not None:  # FedBN: the client's own batch norm over the global
             start = alg.personal.start(task.client_id, start)
         state = alg.client.begin([task.client_id], start, extras) if alg.client else None
-        model, spec, plan = self.model, self.spec, task.plan
+        result = self.train(task.plan, start, x, y, gen, state)
+        return self.conclude(task, start, result, x, y, extras)
+
+    def train(
+        self,
+        plan: LocalPlan,
+        start: torch.Tensor,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        gen: torch.Generator,
+        state: Mapping[str, torch.Tensor] | None,
+    ) -> LocalResult:
+        """Local training on the model's device: ``start``, the client's data and
+        the algorithm's per-client tensors go there; the trained parameters come
+        back to the host (``.to`` of a tensor already there is the tensor itself)."""
+        alg, model, spec, device = self.algorithm, self.model, self.spec, self.device
+        begin, x, y = start.to(device), x.to(device), y.to(device)
+        if state is not None:
+            state = {k: v.to(device) for k, v in state.items()}
         if alg.local_train is not None:  # the algorithm's own loop (Per-FedAvg)
-            result = alg.local_train(model, spec, start, x, y, plan, alg.loss_fn, gen)
+            result = alg.local_train(model, spec, begin, x, y, plan, alg.loss_fn, gen)
         else:
             result = local_sgd(
-                model, spec, start, x, y, plan, alg.loss_fn, gen, alg.grad_hook, state
+                model, spec, begin, x, y, plan, alg.loss_fn, gen, alg.grad_hook, state
             )
-        return self.conclude(task, start, result, x, y, extras)
+        return on_host(result)
 
     def conclude(
         self,
@@ -251,6 +283,11 @@ class ClientRuntime:
     def dtype(self) -> torch.dtype:
         """The run's dtype: its model's."""
         return next(iter(self.model.parameters())).dtype
+
+    @property
+    def device(self) -> torch.device:
+        """Where local training runs: the model's device (the run's ``device``)."""
+        return module_device(self.model)
 
     @property
     def vector_bytes(self) -> int:

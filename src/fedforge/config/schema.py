@@ -27,6 +27,7 @@ from fedforge.config.local import (
 )
 from fedforge.config.privacy import PrivacyConfig
 from fedforge.config.robust import RobustConfig
+from fedforge.core.device import DEVICE_NAMES, is_device_name
 from fedforge.core.errors import FieldCheck, raise_first
 from fedforge.core.errors import invalid_field as invalid  # noqa: F401  (parse.py's)
 
@@ -38,6 +39,7 @@ ModelName = str  # a built-in model or one given to fedforge.register_model
 Engine = Literal["auto", "serial", "vectorized"]
 DType = Literal["float32", "float64"]
 Precision = Literal["fp32", "bf16"]
+DeviceName = str  # cpu, cuda, cuda:N or auto (core/device.py)
 
 
 ServerOptimizerKind = Literal["sgd", "adagrad", "adam", "yogi"]
@@ -127,6 +129,9 @@ class Config:
     threads: int | None = None  # at most MAX_THREADS: torch cannot start a million
     dtype: DType = "float32"
     precision: Precision = "fp32"  # bf16: local forward passes under bf16 autocast
+    # where local training and evaluation run (core/device.py); the global vector,
+    # aggregation, the pipeline's stages and the run store stay on the host
+    device: DeviceName = "cpu"
     runs_dir: str = "runs"
 
     def __post_init__(self) -> None:
@@ -263,6 +268,7 @@ def _check_run(cfg: Config) -> None:
             cfg.precision == "fp32" or cfg.dtype == "float32",
             f"must be 'fp32' with dtype {cfg.dtype!r} (bf16 keeps float32 master weights)",
         ),
+        ("device", cfg.device, is_device_name(cfg.device), f"must be {DEVICE_NAMES}"),
         ("lr_decay", cfg.lr_decay, 0.0 < cfg.lr_decay <= 1.0, "must be in (0, 1]"),
         ("server_lr", cfg.server_lr, 0.0 < cfg.server_lr < step_max, _STEP),
         ("rounds", cfg.rounds, cfg.rounds >= 1, "must be an integer >= 1"),

@@ -29,10 +29,11 @@ and SCAFFOLD's c - c_k), as the hook adds it to every gradient on the other path
     W_k <- (1 - lr p) W_k + lr p W_t - lr (G^T H_k + s_k).
 
 The model takes it when it declares its chain of layers
-(``models.perceptron``). It applies to plain SGD (no momentum, weight decay or
-clipping), a hook that declares its term (or none), the cross-entropy loss and
-fp32/float64: :func:`mlp_layers`, :func:`fused_terms` and :func:`applies`
-decide; everything else takes the vmap path.
+(``models.perceptron``). It is a CPU path (its chunks are sized to the cores'
+caches): a model on another device takes the vmap path. It applies to plain
+SGD (no momentum, weight decay or clipping), a hook that declares its term (or
+none), the cross-entropy loss and fp32/float64: :func:`mlp_layers`,
+:func:`fused_terms` and :func:`applies` decide; everything else takes the vmap path.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from torch import nn
 
 from fedforge.algorithms.base import Algorithm, LocalPlan, cross_entropy
 from fedforge.algorithms.local import GradHook, declared_linear_term
+from fedforge.core.device import module_device
 from fedforge.core.params import ParamSpec
 from fedforge.models.perceptron import perceptron_layers
 
@@ -84,9 +86,11 @@ def fused_terms(hook: GradHook | None, state: Mapping[str, torch.Tensor] | None)
 
 
 def fits(model: nn.Module, algorithm: Algorithm, plan: LocalPlan) -> bool:
-    """The model, loss and plan the fused path computes (its algorithm terms aside)."""
+    """The model, loss and plan the fused path computes (its algorithm terms
+    aside), on the CPU."""
     return (
-        mlp_layers(model) is not None
+        module_device(model).type == "cpu"
+        and mlp_layers(model) is not None
         and algorithm.loss_fn is cross_entropy
         and plan.plain
         and plan.precision == "fp32"

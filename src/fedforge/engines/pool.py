@@ -18,7 +18,8 @@ order, so streaming aggregation sums in the same order too.
 Only a runtime that keeps nothing per client between rounds may be spread:
 error-feedback residuals, SCAFFOLD's controls, FedBN's batch norm and secure
 aggregation's keys would otherwise change in a worker and be lost (or never
-reach the checkpoint). ``experiment.make_engine`` checks; the run then falls
+reach the checkpoint). Nor may a runtime on a CUDA device: CUDA does not
+survive the fork. ``experiment.make_engine`` checks; the run then falls
 back to the inner engine in-process and says why in one line.
 
 Processes start with ``fork`` at the first cohort (the runtime is complete by
@@ -67,6 +68,12 @@ _PAYLOAD: tuple[str, bytes] | None = None  # (path, bytes) of the round a worker
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _PAYLOAD_PREFIX = "fedforge-payload-"  # then the server's pid: see orphans.py
 JOB_BYTES = 64 << 20  # a vectorised job's dense updates at most (one message back)
+# Why a run on a CUDA device trains in the server process: workers are forked, and
+# CUDA cannot be used in a process forked after it started (nor would processes
+# sharing one GPU keep it busier than one process does).
+DEVICE_IN_ONE_PROCESS = (
+    "worker processes are forked and CUDA does not survive a fork; one process drives the GPU"
+)
 
 
 def resolve_workers(workers: int) -> int:

@@ -31,8 +31,10 @@ from fedforge.client.runtime import (
     LocalResult,
     minibatch_generator,
     minibatches,
+    on_host,
     trainable_views,
 )
+from fedforge.core.device import module_device
 from fedforge.core.params import ParamSpec
 from fedforge.core.precision import forward_context
 from fedforge.engines.batched_mlp import applies, batched_mlp_sgd, fits, fused_terms, mlp_layers
@@ -155,7 +157,8 @@ def vectorized_local_sgd(
     fused: Sequence[str] | None = None,
 ) -> list[LocalResult]:
     """Local SGD of K clients at once, from the same ``start``; the batched twin of
-    :func:`fedforge.client.runtime.local_sgd` (same minibatches, same steps). ``epochs``:
+    :func:`fedforge.client.runtime.local_sgd` (same minibatches, same steps), on
+    the device of ``start`` and the data (the schedules are drawn on the host). ``epochs``:
     each client's own number of epochs (stragglers do fewer; default: the plan's);
     ``state``: the algorithm's per-client ``[K, P]`` tensors for ``hook``;
     ``fused``: the linear layers of a perceptron that takes the batched-matmul
@@ -171,6 +174,7 @@ def vectorized_local_sgd(
     x_all = torch.cat([*xs, xs[0].new_zeros((1, *xs[0].shape[1:]))])
     y_all = torch.cat([*ys, ys[0].new_zeros(1)])
     index, mask = _step_indices(schedules, offsets, pad_row=len(y_all) - 1)
+    index, mask = index.to(start.device), mask.to(start.device)  # drawn on the host
     if fused is not None:
         terms = fused_terms(hook, state)
         if terms is None:  # callers check batched_mlp.applies first
@@ -223,7 +227,7 @@ def _vmap_sgd(
         y: torch.Tensor,
         m: torch.Tensor,
     ) -> torch.Tensor:
-        with forward_context(plan.precision):
+        with forward_context(plan.precision, start.device.type):
             logits = functional_call(model, {**p, **fixed}, (x,))
         per_example = loss_fn(logits.to(start.dtype), y)
         return (per_example * m).sum() / m.sum().clamp(min=1)
@@ -238,7 +242,7 @@ def _vmap_sgd(
     train = {n: views[n] for n in names}
     fixed = {n: v for n, v in views.items() if n not in train}
     tensors = list(train.values())
-    loss_sum = torch.zeros(k, dtype=torch.float64)
+    loss_sum = torch.zeros(k, dtype=torch.float64, device=start.device)
     local: LocalStep | None = None
     if hook is not None or not plan.plain:
         anchor = trainable_views(spec, start.unsqueeze(0))
@@ -299,7 +303,8 @@ class VectorizedEngine:
             pair = self._next.pop(task.client_id, None) or rt.data_fn(task.client_id)
             x, n = pair[0], len(pair[1])
             if self._act_floats is None:  # the shape of one example (a client may have none)
-                self._act_floats = activation_floats(self.model, x.new_zeros(x.shape[1:]))
+                sample = x.new_zeros(x.shape[1:], device=module_device(self.model))
+                self._act_floats = activation_floats(self.model, sample)
             b = task.plan.batch_size
             width = max(widest, n if b is None else min(b, n))
             per = client_bytes(rt.spec.size, self._act_floats, width, x.element_size())
@@ -327,10 +332,14 @@ class VectorizedEngine:
         return self.runtime.run_phase(phase, messages)
 
     def run_cohort(self, tasks: Sequence[ClientTask], payload: bytes) -> Iterator[ClientUpload]:
+        """Each chunk trains on the model's device (its clients' data, the start
+        and the algorithm's per-client tensors moved there); every client's
+        result comes back to the host for its upload pipeline."""
         if not tasks:
             return
         rt = self.runtime
         start, extras = rt.start_and_extras(payload)
+        device = module_device(self.model)
         self._next.clear()
         lo = 0
         while lo < len(tasks):
@@ -348,19 +357,19 @@ class VectorizedEngine:
             results = vectorized_local_sgd(
                 self.model,
                 rt.spec,
-                start,
-                xs,
-                ys,
+                start.to(device),
+                [x.to(device) for x in xs],
+                [y.to(device) for y in ys],
                 plan,
                 alg.loss_fn,
                 gens,
                 alg.grad_hook,
-                state,
+                None if state is None else {k: v.to(device) for k, v in state.items()},
                 [t.plan.local_epochs for t in chunk],
                 fused,
             )
             per_client = (time.perf_counter() - t0) / len(chunk)
             for task, result, x, y in zip(chunk, results, xs, ys, strict=True):
                 # one encoded message alive at a time (the server takes each in turn)
-                data = rt.conclude(task, start, result, x, y, extras)
+                data = rt.conclude(task, start, on_host(result), x, y, extras)
                 yield ClientUpload(task.client_id, data, per_client)

@@ -32,6 +32,7 @@ from torch.func import functional_call
 
 from fedforge.algorithms.base import Algorithm
 from fedforge.config import Config
+from fedforge.core.device import module_device
 from fedforge.core.params import ParamSpec
 from fedforge.core.rng import numpy_rng
 from fedforge.data import Partition
@@ -125,16 +126,19 @@ def per_class_accuracy(
     num_classes: int,
     batch_size: int = 250,
 ) -> list[tuple[int, float | None, int]]:
-    """(class, accuracy or None when the class is absent, examples) for each class."""
-    tensors = spec.views(params)
+    """(class, accuracy or None when the class is absent, examples) for each
+    class, computed on the model's device."""
+    device = module_device(model)
+    tensors = spec.views(params.to(device))
     model.eval()
-    correct = torch.zeros(num_classes, dtype=torch.int64)
+    correct = torch.zeros(num_classes, dtype=torch.int64, device=device)
     total = torch.bincount(y, minlength=num_classes)[:num_classes]
     with torch.inference_mode():
         for s in range(0, len(y), batch_size):
-            xb, yb = x[s : s + batch_size], y[s : s + batch_size]
+            xb, yb = x[s : s + batch_size].to(device), y[s : s + batch_size].to(device)
             hit = functional_call(model, tensors, (xb,)).argmax(dim=1) == yb
             correct += torch.bincount(yb[hit], minlength=num_classes)[:num_classes]
+    correct = correct.cpu()
     return [
         (c, int(correct[c]) / int(total[c]) if int(total[c]) else None, int(total[c]))
         for c in range(num_classes)

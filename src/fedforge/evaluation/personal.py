@@ -28,6 +28,7 @@ from torch import nn
 from fedforge.algorithms.base import LossFn
 from fedforge.algorithms.perfedavg import Gradients, sample_batch
 from fedforge.config import Config
+from fedforge.core.device import module_device
 from fedforge.core.params import ParamSpec
 from fedforge.core.rng import torch_generator
 from fedforge.evaluation.clients import EvaluatedRun, client_accuracies
@@ -46,15 +47,17 @@ def fine_tune(
     gen: torch.Generator,
 ) -> torch.Tensor:
     """``params`` after ``steps`` SGD steps of size ``lr`` on minibatches of
-    ``(x, y)`` (see :func:`fedforge.algorithms.perfedavg.sample_batch`); a new
-    tensor, ``params`` is left as it is."""
+    ``(x, y)`` (see :func:`fedforge.algorithms.perfedavg.sample_batch`), on the
+    model's device; a new tensor on the device of ``params``, which is left as it is."""
     grads = Gradients(model, spec, loss_fn)
     model.train()
-    out = params.detach().clone()
+    home, device = params.device, module_device(model)
+    out = params.detach().to(device, copy=True)
+    x, y = x.to(device), y.to(device)
     for _ in range(steps):
-        idx = sample_batch(len(y), batch_size, gen)
+        idx = sample_batch(len(y), batch_size, gen).to(device)  # drawn on the host
         out = out - lr * grads.grad(out, x[idx], y[idx])[0]
-    return out
+    return out.to(home)
 
 
 def personal_lr(cfg: Config) -> float:

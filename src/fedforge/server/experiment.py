@@ -21,6 +21,7 @@ from fedforge.compression.parts import CommunicationParts
 from fedforge.config import Config
 from fedforge.config.notes import config_notes
 from fedforge.core.allocator import keep_large_blocks
+from fedforge.core.device import HOST, resolve_device
 from fedforge.core.errors import ConfigError
 from fedforge.core.params import ParamSpec
 from fedforge.core.precision import precision_note
@@ -28,7 +29,7 @@ from fedforge.data import federated
 from fedforge.data.federated import DTYPES, FederatedData, shift_data
 from fedforge.data.given import check_fits, check_given
 from fedforge.engines import Engine, batched_mlp
-from fedforge.engines.pool import PoolEngine, resolve_workers
+from fedforge.engines.pool import DEVICE_IN_ONE_PROCESS, PoolEngine, resolve_workers
 from fedforge.engines.serial import SerialEngine
 from fedforge.engines.threads import ThreadPlan, thread_plan, usable_cores
 from fedforge.engines.vectorized import (
@@ -87,6 +88,8 @@ class Experiment:
     probe_line: str | None = None  # engine: auto's probe, its pick and figures
     task: Task | None = None  # what is trained and how it is judged
     metrics: Metrics = dataclasses.field(default_factory=ClassMetrics)  # the task's
+    # where local training and evaluation run: the model's device (core/device.py)
+    device: torch.device = HOST
 
     def client_train_data(self, client_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The examples client ``client_id`` trains on."""
@@ -99,6 +102,7 @@ def build(cfg: Config, data: FederatedData | None = None, task: Task | None = No
     the caller's own; ``task``: the caller's, else the config's)."""
     keep_large_blocks()  # glibc: reuse freed activation buffers (fedforge.core.allocator)
     dtype = DTYPES[cfg.dtype]
+    device = resolve_device(cfg.device)  # before the data loads: a missing GPU fails fast
     task = resolve_task(cfg, task)
     data, model, fingerprint = _run_data(cfg, data, task, dtype)
     if cfg.algorithm == "perfedavg" and _tracks_statistics(model):  # e.g. a registered one
@@ -110,6 +114,8 @@ def build(cfg: Config, data: FederatedData | None = None, task: Task | None = No
     spec = ParamSpec.of(model, include_buffers=True)  # batch-norm statistics travel too
     if not any(e.trainable for e in spec.entries):
         raise ConfigError(f"model '{cfg.model}' has no parameter to train (all frozen)")
+    initial = spec.flatten(model, dtype)  # the global vector: on the host
+    model.to(device)  # every part that runs the model runs it there (a no-op on the host)
     algorithm = algorithms.from_config(cfg, spec.size, dtype, spec)
     if algorithm.loss_fn is not task.loss():  # the task's loss trains every algorithm
         algorithm = dataclasses.replace(algorithm, loss_fn=task.loss())
@@ -130,7 +136,8 @@ def build(cfg: Config, data: FederatedData | None = None, task: Task | None = No
     )
     choice = _engine_for(cfg, data, runtime, _side_state(parts.comm, parts.priv))
     ignored = "; ".join(config_notes(cfg))
-    notes = (*choice.notes, precision_note(cfg.precision), ignored)
+    bf16 = precision_note(cfg.precision) if device == HOST else None  # a CPU's bf16
+    notes = (*choice.notes, bf16, ignored)
     return Experiment(
         cfg,
         data,
@@ -139,7 +146,7 @@ def build(cfg: Config, data: FederatedData | None = None, task: Task | None = No
         algorithm,
         parts.pipeline,
         choice.engine,
-        spec.flatten(model, dtype),
+        initial,
         "; ".join(n for n in notes if n) or None,
         parts.robust,
         parts.comm,
@@ -150,6 +157,7 @@ def build(cfg: Config, data: FederatedData | None = None, task: Task | None = No
         choice.probe_line,
         task,
         metrics,
+        device,
     )
 
 
@@ -347,9 +355,15 @@ def choose_engine(
         why = side_state or f"algorithm '{alg.name}' keeps per-client state between rounds"
         notes.append(f"workers: {count} cannot be used ({why}); one process")
         layout = 0
+    device = runtime.device
+    if layout and device != HOST:
+        notes.append(f"workers: {count} cannot be used on {device} ({DEVICE_IN_ONE_PROCESS})")
+        layout = 0
     line = None
     samples = probe.probe_samples()
-    if name == "auto" and probe_input is not None and samples and alg.client is None:
+    # the probe times CPU configurations: a run on another device takes the rules' pick
+    host = device == HOST
+    if name == "auto" and probe_input is not None and samples and alg.client is None and host:
         # convolutions stay serial (auto_vectorize): vmapped, they run as grouped
         # convolutions, slower on CPU and too slow to be worth a probe's seconds
         vector = vector_reason is None and auto_vectorize(runtime)

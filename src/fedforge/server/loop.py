@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedforge.config import Config
+from fedforge.config import Config, override
 from fedforge.core.errors import StopNow, StoreError
 from fedforge.data import PartitionSummary, summarize
 from fedforge.data.federated import FederatedData
@@ -113,11 +113,13 @@ def resume(
     data: FederatedData | None = None,
     progress: bool = False,
     task: Task | None = None,
+    device: str | None = None,
 ) -> RunResult:
     """Continue the run in ``run_dir`` from its last good checkpoint, with the config
     stored in the run; rounds recorded after that checkpoint are run again. A run
     stopped before its first checkpoint starts again from round 0 (its state
-    there is the seed's)."""
+    there is the seed's). ``device``: where local training and evaluation go on
+    (None: the stored config's); the checkpoints are on the host, so any will do."""
     run_store = RunStore.open(run_dir)
     lock = RunLock(run_store.path)
     try:
@@ -128,6 +130,8 @@ def resume(
         edited = edited_config_note(run_store.path, stored)
         if edited is not None:  # a hand-edited config.yaml: say it is not what runs
             print(f"fedforge: {edited}", file=sys.stderr, flush=True)
+        if device is not None:
+            stored = override(stored, {"device": device})
         exp = build(stored, data, task)
         lock.acquire()  # refuses while another process writes the run, or a read-only one
         check_build(run_store.path, exp.spec, exp.data_fingerprint, exp.cfg)  # not damage

@@ -71,12 +71,14 @@ def workload_warning(cfg: Config, sizes: Sequence[int], first_round: int = 0) ->
 
 def say_start(exp: Experiment, first_round: int, progress: bool) -> None:
     """The run's first lines. With the progress bar, on stdout: the torch threads
-    of its processes and the weight rule in force. On stderr, with or without
-    it: ``engine: auto``'s probe, what the run does differently from its config
-    (an engine or worker count that cannot run, bf16 emulated) and whether the
-    rounds to run would train for more than a day."""
+    of its processes, the device when it is not the CPU, and the weight rule in
+    force. On stderr, with or without it: ``engine: auto``'s probe, what the run
+    does differently from its config (an engine or worker count that cannot run,
+    bf16 emulated) and whether the rounds to run would train for more than a day."""
     if progress and exp.threads is not None:
         print(exp.threads.describe(), flush=True)
+    if progress and exp.device.type != "cpu":
+        print(f"device: {exp.device} (local training and evaluation)", flush=True)
     if progress:
         print(f"weights: {weight_rule(exp)}", flush=True)
     if exp.probe_line:
