@@ -8,10 +8,8 @@ import gzip
 import hashlib
 import os
 import time
-from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -106,29 +104,6 @@ def test_windows_labels_and_partition_of_the_play() -> None:
     assert (summary.train_chars, summary.test_chars) == (231, 88 + 43 + 3)
     assert (summary.min_train, summary.median_train, summary.max_train) == (0, 2.0, 2)
     assert summary.roles_without_train == 1 and "1 roles have no train window" in summary.format()
-
-
-def test_iid_control_keeps_sizes_and_samples() -> None:
-    rng = np.random.default_rng(0)
-    words = ["thee", "thou", "art", "love", "night", "sweet", "death", "king"]
-    blocks = []
-    for k in range(40):
-        lines = [" ".join(rng.choice(words, rng.integers(3, 12))) for _ in range(k % 7 + 1)]
-        blocks.append(f"ROLE {k % 12}:\n" + "\n".join(lines))
-    data = sh.build_shakespeare("\n\n".join(blocks) + "\n")
-    iid = sh.iid_shakespeare(data, seed=3)
-    assert iid.num_clients == data.partition.num_clients == 12
-    assert iid.sizes().tolist() == data.partition.sizes().tolist()
-    rows = np.concatenate(iid.client_indices)
-    assert np.array_equal(np.sort(rows), np.arange(len(data.train_y)))  # each row once
-    shuffled = data.train_y[torch.from_numpy(rows)].flatten().tolist()
-    assert Counter(shuffled) == Counter(data.train_y.flatten().tolist())
-    assert any(
-        not np.array_equal(a, b)
-        for a, b in zip(iid.client_indices, data.partition.client_indices, strict=True)
-    )
-    again = sh.iid_shakespeare(data, seed=3).client_indices
-    assert all(np.array_equal(a, b) for a, b in zip(again, iid.client_indices, strict=True))
 
 
 # ------------------------------------------------------------------ files and download

@@ -261,3 +261,89 @@ def test_the_vectorised_engine_names_why_it_refuses_an_lstm() -> None:
 
 def _lstm_spec() -> DataSpec:
     return DataSpec((80,), torch.int64, (80,), 65)
+
+
+def test_a_sequence_model_without_recurrence_runs_vectorised_as_serially() -> None:
+    class Bigram(nn.Module):  # the next character from the current one alone
+        def __init__(self, vocab: int) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(vocab, 8)
+            self.out = nn.Linear(8, vocab)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.out(self.embed(x))
+
+    play = sh.build_shakespeare(PLAY)
+    data = FederatedData(
+        play.train_x, play.train_y, play.test_x, play.test_y, play.partition, num_classes=22
+    )
+    task = Task("bigram", "sequence", model=lambda s: Bigram(s.outputs))
+    cfg = Config(
+        task="shakespeare-lstm",
+        partition=ff.PartitionConfig(kind="natural"),
+        num_clients=3,
+        client_fraction=1.0,
+        batch_size=2,
+        lr=0.5,
+        rounds=2,
+        target_accuracy=None,
+        dtype="float64",
+    )
+    serial = ff.run(override(cfg, {"engine": "serial"}), data=data, task=task, store=False)
+    vector = ff.run(override(cfg, {"engine": "vectorized"}), data=data, task=task, store=False)
+    assert torch.allclose(serial.params, vector.params, rtol=0, atol=1e-9)
+
+
+def _regression_task() -> Task:
+    def load(cfg: Config) -> FederatedData:
+        d = regression.generate(4, seed=1)
+        parts = tuple(np.arange(k * 200, (k + 1) * 200) for k in range(4))
+        return FederatedData(d.train_x, d.train_y, d.test_x, d.test_y, Partition(parts))
+
+    return Task("own-regression", "regression", model="linear", data_fn=load)
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"partition": {"label_noise": 0.5}}, "flips class ids"),
+        ({"robust": {"attack": "label_flip", "attack_fraction": 0.25}}, "flips class ids"),
+        ({"aggregation_weights": "class"}, "weighs clients by class"),
+        ({"communication": {"groups": 2, "group_by": "label"}}, "groups clients by class"),
+    ],
+)
+def test_class_features_are_refused_for_a_task_of_the_callers(
+    fields: dict[str, object], message: str
+) -> None:
+    cfg = override(Config(num_clients=4, dtype="float64", rounds=1), fields)
+    with pytest.raises(ConfigError, match=message) as info:
+        ff.run(cfg, task=_regression_task(), store=False)
+    assert "real-valued targets" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_registered_task_may_name_a_built_in_model() -> None:
+    ff.register_task(_regression_task())
+    try:
+        cfg = Config(task="own-regression", model="linear", num_clients=4, dtype="float64")
+        assert cfg.model == "linear"
+    finally:
+        TASKS.pop("own-regression")
+
+
+def test_the_last_said_of_task_and_model_wins_in_an_override() -> None:
+    two = Config(task="mnist-2nn")
+    own = override(two, {"model": "cnn"})
+    assert (own.task, own.model) == (None, "cnn")
+    other = override(two, {"task": "synthetic-logreg"})
+    assert (other.task, other.dataset, other.model) == ("synthetic-logreg", "synthetic", "logreg")
+    with pytest.raises(ConfigError, match="dataset = 'mnist' disagrees with task"):
+        ff.config.from_dict({"task": "shakespeare-lstm", "dataset": "mnist"})
+
+
+def test_r2_is_about_each_targets_own_mean() -> None:
+    # two targets a row; predicting each column's mean explains nothing: R^2 = 0
+    y = torch.tensor([[0.0, 100.0], [2.0, 104.0]], dtype=F64)
+    r2, mse = _score(Task("r", "regression"), y.mean(dim=0).expand(2, 2).clone(), y)
+    assert r2 == pytest.approx(0.0, abs=1e-12) and mse == pytest.approx((1 + 4) / 2)
+    constant = torch.tensor([3.0, 3.0], dtype=F64)
+    assert _score(Task("r", "regression"), constant, constant)[0] == 1.0

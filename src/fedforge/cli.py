@@ -140,16 +140,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_resume(args: argparse.Namespace) -> int:
-    from fedforge.data.federated import load_federated_data
     from fedforge.server.loop import resume
     from fedforge.store import RunStore, resolve_run
+    from fedforge.tasks import load_task_data
 
     path = resolve_run(args.runs_dir, args.run)
     data = None
     if args.data_dir:  # where the data is read from does not change what it is
         with RunStore.open(path, read_only=True) as store:
             stored = store.config()
-        data = load_federated_data(config_mod.override(stored, {"data_dir": args.data_dir}))
+        data = load_task_data(config_mod.override(stored, {"data_dir": args.data_dir}))
     device = getattr(args, "device", None)  # 'run --resume' takes the run's own
     return _finish(resume(path, data=data, progress=not args.quiet, device=device))
 

@@ -16,6 +16,7 @@ from typing import Any, Literal
 import yaml
 
 from fedforge.config.schema import Config, invalid
+from fedforge.config.task import BUILT_IN_TASKS
 from fedforge.core.errors import ConfigError, shown
 
 _FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
@@ -117,8 +118,23 @@ def _build(cls: Any, data: Mapping[str, Any], prefix: str = "") -> Any:
 
 def from_dict(data: Mapping[str, Any]) -> Config:
     """Build and validate a :class:`Config` from plain data (e.g. parsed YAML)."""
+    _check_task_pair(data)
     result: Config = _build(Config, data)
     return result
+
+
+def _check_task_pair(data: Mapping[str, Any]) -> None:
+    """Plain data naming a built-in task and a dataset or model names the task's."""
+    task = data.get("task")
+    if not isinstance(task, str) or task not in BUILT_IN_TASKS:
+        return
+    for field, want in zip(("dataset", "model"), BUILT_IN_TASKS[task], strict=True):
+        if field in data and data[field] != want:
+            raise ConfigError(
+                f"{field} = {shown(data[field])} disagrees with task = {task!r}, which trains "
+                f"model {BUILT_IN_TASKS[task][1]!r} on dataset {BUILT_IN_TASKS[task][0]!r}: "
+                "drop one of the two"
+            )
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:
@@ -293,6 +309,13 @@ def parse_override(text: str) -> tuple[str, Any]:
 def override(cfg: Config, overrides: Mapping[str, Any]) -> Config:
     """A copy of ``cfg`` with dotted fields replaced, validated again."""
     data = to_dict(cfg)
+    said = {dotted.split(".")[0] for dotted in overrides}
+    if "task" in said:  # a new task sets dataset and model, unless they are said too
+        for name in ("dataset", "model"):
+            if name not in said:
+                data.pop(name, None)
+    elif said & {"dataset", "model"} and data.get("task") in BUILT_IN_TASKS:
+        data["task"] = None  # a model or data set of its own: no longer the built-in task
     for dotted, value in overrides.items():
         node = data
         parts = dotted.split(".")

@@ -180,9 +180,15 @@ def check(cfg: Config) -> None:
     compat.steps_fit_dtype(cfg.local, cfg.lr, cfg.dtype)
     compat.stragglers_need_epochs(cfg.stragglers, cfg.local_epochs)
     compat.feature_shift_needs_images(cfg.partition, cfg.dataset)
-    task_rules.model_fits_dataset(cfg.model, cfg.dataset)
+    task_rules.model_fits_dataset(cfg.model, cfg.dataset, cfg.task)
     task_rules.natural_needs_own_clients(cfg.partition, cfg.dataset)
-    task_rules.labels_fit_features(cfg.dataset, cfg.partition, cfg.aggregation_weights, cfg.robust)
+    task_rules.labels_fit_features(
+        cfg.dataset,
+        cfg.partition,
+        cfg.aggregation_weights,
+        cfg.robust,
+        cfg.communication.group_by if cfg.communication.groups else "none",
+    )
     compat.attack_needs_floats(cfg.robust, cfg.privacy)
     compat.robust_fits_cohort(cfg.robust, cfg.num_clients, cfg.client_fraction)
     compat.delta_below_one_over_n(cfg.privacy, cfg.num_clients)

@@ -71,13 +71,16 @@ def labels_fit_features(
     partition: PartitionConfig,
     aggregation_weights: str,
     robust: RobustConfig,
+    group_by: str = "none",
+    kind: Kind | None = None,
 ) -> None:
-    """What needs one class id a row refuses the data sets whose labels are not."""
-    kind = KINDS.get(dataset, "classification")
+    """What needs one class id a row refuses the data sets whose labels are not
+    (``kind``: the labels' kind when known, e.g. of a task of the caller's)."""
+    kind = kind or KINDS.get(dataset, "classification")
     if kind == "classification":
         return
     labels = "one class a character" if kind == "sequence" else "real-valued targets"
-    why = f"dataset {dataset!r} has {labels}, not one class id a row"
+    why = f"the task's data has {labels}, not one class id a row"
     if partition.kind in CLASS_PARTITIONS:
         raise invalid_field(
             "partition.kind", partition.kind, f"deals classes over clients; {why} (use iid)"
@@ -90,6 +93,8 @@ def labels_fit_features(
         )
     if robust.attack == "label_flip":
         raise invalid_field("robust.attack", "label_flip", f"flips class ids; {why}")
+    if group_by == "label":
+        raise invalid_field("communication.group_by", "label", f"groups clients by class; {why}")
 
 
 def natural_needs_own_clients(partition: PartitionConfig, dataset: str) -> None:
@@ -113,9 +118,12 @@ FITTING_MODELS: dict[str, tuple[str, ...]] = {
 BUILT_IN_MODELS = frozenset(m for models in FITTING_MODELS.values() for m in models)
 
 
-def model_fits_dataset(model: str, dataset: str) -> None:
+def model_fits_dataset(model: str, dataset: str, task: str | None = None) -> None:
     """A built-in model reads the rows and predicts the labels of some data sets
-    only; a model of the caller's is checked against the data where it is built."""
+    only; a model of the caller's, or any model of a task of the caller's (its own
+    data), is checked against the data where it is built."""
+    if task is not None and task not in BUILT_IN_TASKS:
+        return
     fitting = FITTING_MODELS.get(dataset, ())
     if model in BUILT_IN_MODELS and model not in fitting:
         raise invalid_field(

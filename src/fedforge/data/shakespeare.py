@@ -38,7 +38,6 @@ import torch
 
 from fedforge.core.dataspec import PAD
 from fedforge.core.errors import DataError
-from fedforge.core.rng import numpy_rng
 from fedforge.data.mnist import resolve_data_dir
 from fedforge.data.partition import Partition
 
@@ -274,14 +273,6 @@ def load_shakespeare(data_dir: str | Path | None = None, download: bool = True) 
                 f"Shakespeare not found (looked in {looked}) and {exc}; {fix}"
             ) from None
     return build_shakespeare(read_text(path))
-
-
-def iid_shakespeare(data: ShakespeareData, seed: int) -> Partition:
-    """The IID control: the same train samples shuffled over the same number of
-    clients, each client keeping its role's sample count (rows sorted)."""
-    sizes = data.partition.sizes()
-    perm = numpy_rng(seed, "shakespeare-iid").permutation(int(sizes.sum()))
-    return Partition(tuple(np.sort(p) for p in np.split(perm, np.cumsum(sizes)[:-1])))
 
 
 @dataclass(frozen=True)

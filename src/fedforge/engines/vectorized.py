@@ -172,7 +172,7 @@ def vectorized_local_sgd(
     for y in ys[:-1]:
         offsets.append(offsets[-1] + len(y))
     x_all = torch.cat([*xs, xs[0].new_zeros((1, *xs[0].shape[1:]))])
-    y_all = torch.cat([*ys, ys[0].new_zeros(1)])
+    y_all = torch.cat([*ys, ys[0].new_zeros((1, *ys[0].shape[1:]))])
     index, mask = _step_indices(schedules, offsets, pad_row=len(y_all) - 1)
     index, mask = index.to(start.device), mask.to(start.device)  # drawn on the host
     if fused is not None:

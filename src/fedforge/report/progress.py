@@ -40,7 +40,9 @@ class Progress:
         enabled: bool,
         stream: TextIO | None = None,
         initial: int = 0,  # rounds already done (a resumed run)
+        score_name: str = "accuracy",  # the task's score: a share in %, or R^2 as is
     ):
+        self._score = score_name
         self._stream = stream or sys.stderr
         self._name = desc
         self._total = total_rounds
@@ -64,13 +66,16 @@ class Progress:
         total_bytes: int,
         epsilon: float | None = None,  # privacy spent so far (DP runs)
     ) -> None:
-        acc = percent(accuracy)
+        if self._score == "R^2":
+            acc = "R^2 " + ("-" if accuracy is None else f"{accuracy:.4f}")
+        else:
+            acc = "acc " + percent(accuracy)
         eps = "" if epsilon is None else f" eps {epsilon:.3f}"
         los = "-" if loss is None else f"{loss:.4f}"
         self._done += 1
         # the figures first: a narrow terminal cuts the run's name, not them
         text = (
-            f"round {self._done}/{self._total} acc {acc} loss {los} "
+            f"round {self._done}/{self._total} {acc} loss {los} "
             f"bytes up+down {format_bytes(total_bytes)}{eps}  {self._name}"
         )
         if self._lines:

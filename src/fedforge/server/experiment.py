@@ -25,7 +25,6 @@ from fedforge.core.device import HOST, resolve_device
 from fedforge.core.errors import ConfigError
 from fedforge.core.params import ParamSpec
 from fedforge.core.precision import precision_note
-from fedforge.data import federated
 from fedforge.data.federated import DTYPES, FederatedData, shift_data
 from fedforge.data.given import check_fits, check_given
 from fedforge.engines import Engine, batched_mlp
@@ -48,8 +47,9 @@ from fedforge.server import probe
 from fedforge.store.build_record import data_fingerprint
 from fedforge.store.checkpoint import RESIDUAL
 from fedforge.store.client_state import ClientStateStore
-from fedforge.tasks import Task, resolve_task
+from fedforge.tasks import Task, load_task_data, resolve_task
 from fedforge.tasks.metrics import ClassMetrics, Metrics
+from fedforge.tasks.task import check_run_fits
 
 
 def _tracks_statistics(model: nn.Module) -> bool:
@@ -169,8 +169,9 @@ def _run_data(
     it; and the fingerprint of the data as given or loaded."""
     given = data is not None
     if data is None:  # looked up here: one place to stand in
-        data = task.data_fn(cfg) if task.data_fn else federated.load_federated_data(cfg)
+        data = load_task_data(cfg, task)
     task.check_labels(data)
+    check_run_fits(cfg, task, data)
     model = task.build_model(cfg, data.spec(), dtype)
     name = task.name if task.model is not None else cfg.model
     if given or task.data_fn is not None:  # the caller's: checked before anything reads it

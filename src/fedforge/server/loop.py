@@ -258,17 +258,17 @@ def _settle(exp: Experiment, run_store: RunStore, result: RunResult, next_round:
 
 def _summary(exp: Experiment) -> PartitionSummary:
     data = exp.data
-    return summarize(
-        data.partition, _class_labels(data), data.classes() or 1, data.domains, data.noisy_clients
-    )
+    return summarize(data.partition, *_class_labels(data), data.domains, data.noisy_clients)
 
 
-def _class_labels(data: FederatedData) -> np.ndarray:
-    """Each training row's class for the partition's histograms: its label where a
-    row has one class id; one class for all otherwise (sequences, regression)."""
-    if data.train_y.dim() == 1 and not data.train_y.is_floating_point():
-        return data.train_y.numpy()
-    return np.zeros(len(data.train_y), dtype=np.int64)
+def _class_labels(data: FederatedData) -> tuple[np.ndarray, int]:
+    """Each training row's class and the number of classes, for the partition's
+    histograms: the labels where a row has one class id; one class for all
+    otherwise (sequences, regression)."""
+    classes = data.classes()
+    if data.train_y.dim() == 1 and classes is not None:
+        return data.train_y.numpy(), classes
+    return np.zeros(len(data.train_y), dtype=np.int64), 1
 
 
 def _write_partition(path: Path, summary: PartitionSummary) -> None:
@@ -292,7 +292,13 @@ def _rounds(
     exp: Experiment, state: LoopState, run_store: RunStore | None, show: bool, stop: StopSignals
 ) -> RunResult:
     cfg = exp.cfg
-    bar = Progress(cfg.rounds, cfg.name, enabled=show, initial=state.next_round)
+    bar = Progress(
+        cfg.rounds,
+        cfg.name,
+        enabled=show,
+        initial=state.next_round,
+        score_name=exp.metrics.score_name,
+    )
     start = time.perf_counter()
     if cfg.eval_initial and state.next_round == 0 and state.initial_eval is None:
         state.initial_eval = _evaluate_initial(exp, state, bar)
@@ -327,7 +333,9 @@ def _rounds(
 def _evaluate_initial(exp: Experiment, state: LoopState, bar: Progress) -> tuple[float, float]:
     """The initial model's test accuracy and loss (``eval_initial``: a baseline)."""
     ev = test_scores(exp, state.params)
-    bar.write(f"fedforge: initial model: accuracy {percent(ev.accuracy)}, loss {ev.loss:.4f}")
+    name, score = exp.metrics.score_name, ev.accuracy
+    shown = f"{score:.4f}" if name == "R^2" else percent(score)
+    bar.write(f"fedforge: initial model: {name} {shown}, loss {ev.loss:.4f}")
     return ev.accuracy, ev.loss
 
 

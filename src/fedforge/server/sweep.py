@@ -31,6 +31,7 @@ from fedforge.config import Config, override
 from fedforge.config.parse import scalar
 from fedforge.core.errors import ConfigError
 from fedforge.data.federated import FederatedData
+from fedforge.tasks import load_task_data
 
 DataFn = Callable[[Config], FederatedData | None]
 
@@ -132,14 +133,13 @@ def run_point(
     cfg: Config, point: dict[str, Any], data: FederatedData | None, progress: bool
 ) -> PointResult:
     """Run one point, or reuse its finished run, or resume its stopped one."""
-    from fedforge.data.federated import load_federated_data
     from fedforge.server.experiment import fingerprint_of
     from fedforge.server.loop import resume, run
     from fedforge.store.build_record import same_build
 
     path, status = _existing(cfg)
     if path is not None:  # the same config over other data is another job
-        data = data if data is not None else load_federated_data(cfg)
+        data = data if data is not None else load_task_data(cfg)
         if not same_build(path, fingerprint_of(data), cfg):
             path = None
     if path is not None and status == "finished":

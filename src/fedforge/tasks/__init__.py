@@ -8,6 +8,8 @@ from __future__ import annotations
 from fedforge.config import Config
 from fedforge.config.task import BUILT_IN_TASKS
 from fedforge.core.errors import ConfigError
+from fedforge.data import federated
+from fedforge.data.federated import FederatedData
 from fedforge.tasks.losses import LossFn, cross_entropy, squared_error, token_cross_entropy
 from fedforge.tasks.metrics import Metrics, Scores
 from fedforge.tasks.task import Task, config_task
@@ -26,6 +28,13 @@ def register_task(task: Task) -> None:
             f"built-in {', '.join(BUILT_IN_TASKS)}"
         )
     TASKS[task.name] = task
+
+
+def load_task_data(cfg: Config, task: Task | None = None) -> FederatedData:
+    """The data of the run's task: its own loader's, else the config's data set
+    (``federated.load_federated_data``, looked up when called: one place to stand in)."""
+    task = resolve_task(cfg, task)
+    return task.data_fn(cfg) if task.data_fn else federated.load_federated_data(cfg)
 
 
 def resolve_task(cfg: Config, given: Task | None = None) -> Task:
@@ -50,6 +59,7 @@ __all__ = [
     "Scores",
     "Task",
     "cross_entropy",
+    "load_task_data",
     "register_task",
     "resolve_task",
     "squared_error",

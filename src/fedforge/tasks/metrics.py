@@ -76,7 +76,9 @@ class RegressionMetrics:
         return sse, sse, labels.numel()
 
     def finish(self, loss: float, score: float, scored: int, labels: torch.Tensor) -> Scores:
-        centred = labels.double() - labels.double().mean()
-        sst = float(centred.square().sum())
-        r2 = 1.0 - score / sst if sst > 0 else float("nan")
+        # SST about each target's own mean (several targets a row: their pooled R^2);
+        # constant targets: 1 for an exact fit, else 0
+        y = labels.double().reshape(len(labels), -1)
+        sst = float((y - y.mean(dim=0)).square().sum()) if len(y) else 0.0
+        r2 = 1.0 - score / sst if sst > 0 else float(score == 0.0)
         return Scores(r2, loss / max(scored, 1), scored)

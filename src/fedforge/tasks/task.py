@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from fedforge.config import Config
-from fedforge.config.task import KINDS, Kind
+from fedforge.config.task import KINDS, Kind, labels_fit_features
 from fedforge.core.dataspec import DataSpec
 from fedforge.core.errors import ConfigError, DataError
 from fedforge.data.federated import FederatedData
@@ -85,6 +85,27 @@ class Task:
                 f"task {self.name!r} predicts sequences: train_y must be [rows, steps], "
                 f"got shape {tuple(y.shape)}"
             )
+
+
+def check_run_fits(cfg: Config, task: Task, data: FederatedData) -> None:
+    """What the config asks of the labels and inputs, against the data the run
+    got (a task of the caller's, or data handed to the run): one line each."""
+    y = data.train_y
+    kind: Kind = "regression" if y.is_floating_point() else "sequence" if y.dim() > 1 else task.kind
+    groups = cfg.communication
+    labels_fit_features(
+        cfg.dataset,
+        cfg.partition,
+        cfg.aggregation_weights,
+        cfg.robust,
+        groups.group_by if groups.groups else "none",
+        kind,
+    )
+    shape = tuple(data.train_x.shape[1:])
+    if cfg.partition.feature_shift and shape != (1, 28, 28):
+        raise ConfigError(
+            f"partition.feature_shift transforms 28x28 images; the data's rows are {shape}"
+        )
 
 
 def config_task(cfg: Config) -> Task:
