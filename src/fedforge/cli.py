@@ -130,7 +130,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from fedforge.server.loop import run
 
     print(
-        f"fedforge: {cfg.algorithm} {cfg.model} on {cfg.dataset}, {cfg.num_clients} clients "
+        f"fedforge: {cfg.algorithm} {config_mod.describe_task(cfg)}, {cfg.num_clients} clients "
         f"({config_mod.describe_split(cfg)}), C={cfg.client_fraction} E={cfg.local_epochs} "
         f"B={cfg.batch_size or 'all'} {step_sizes(cfg)}, up to {count(cfg.rounds, 'round')}",
         flush=True,

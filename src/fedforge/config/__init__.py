@@ -20,12 +20,14 @@ from fedforge.config.schema import (
     ServerOptimizerKind,
     check,
     describe_split,
+    describe_task,
     step_sizes,
 )
 
 __all__ = [
     "check",
     "describe_split",
+    "describe_task",
     "step_sizes",
     "AggregatorName",
     "Algorithm",

@@ -203,6 +203,14 @@ def check(cfg: Config) -> None:
     compat.groups_exclude_central_dp(cfg.communication, cfg.privacy)
 
 
+def describe_task(cfg: Config) -> str:
+    """What the run trains, as the CLI and ``show`` print it: a task of the
+    caller's by its name, else the model and data set."""
+    if cfg.task is not None and cfg.task not in task_rules.BUILT_IN_TASKS:
+        return f"task {cfg.task}"
+    return f"{cfg.model} on {cfg.dataset}"
+
+
 def describe_split(cfg: Config) -> str:
     """How the run's data is spread over clients, as the CLI and ``show`` print it."""
     if cfg.dataset == "synthetic":  # its users are its clients: no partition

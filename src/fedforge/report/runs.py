@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedforge.config import describe_split, step_sizes
+from fedforge.config import describe_split, describe_task, step_sizes
 from fedforge.evaluation.clients import summarize_accuracies
 from fedforge.report.facts import run_facts
 from fedforge.report.progress import count, format_bytes, percent
@@ -43,7 +43,7 @@ def format_run_summary(store: RunStore) -> str:
         f"run       {info.run_id}  [{status}]",
         f"path      {store.path}",
         f"created   {info.created}",
-        f"config    {cfg.algorithm} {cfg.model} on {cfg.dataset}, {cfg.num_clients} clients, "
+        f"config    {cfg.algorithm} {describe_task(cfg)}, {cfg.num_clients} clients, "
         f"{describe_split(cfg)}",
         f"          C={cfg.client_fraction} E={cfg.local_epochs} B={batch} {step_sizes(cfg)} "
         f"seed={cfg.seed} engine={cfg.engine} dtype={cfg.dtype}",
