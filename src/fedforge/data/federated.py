@@ -69,7 +69,7 @@ def load_federated_data(cfg: Config) -> FederatedData:
     """The configured data set, cast to the run's dtype and partitioned."""
     if cfg.dataset == "synthetic":
         return load_synthetic(cfg)
-    mnist = load_mnist(cfg.data_dir)
+    mnist = load_mnist(cfg.data_dir, scaling=cfg.input_scaling)
     dtype = DTYPES[cfg.dtype]
     labels = mnist.train_y.numpy()
     partition = make_partition(cfg.partition, cfg.num_clients, labels, cfg.seed)
