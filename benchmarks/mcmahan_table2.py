@@ -12,6 +12,8 @@ more rounds cannot win), so a grid costs little more than its best run. Each
 finished (row, lr) is saved as JSON under ``--out`` (benchmarks/results/table2,
 tracked in git); rerunning skips it, so the benchmark resumes across sessions,
 and ``--report`` prints the table from what is saved.
+A row named ``scaled01_<row>`` is ``<row>`` on MNIST pixels in [0, 1]
+(``input_scaling: unit``): it is shown beside the paper's figure for ``<row>``.
 Last line: ``RESULT <row>_rounds=... <row>_paper=...`` for every row with a result.
 """
 
@@ -75,6 +77,19 @@ for _model, _rows in {
     for _tag, (_iid, _non) in _rows.items():
         PAPER[f"{_model}_iid_{_tag}"] = _iid
         PAPER[f"{_model}_noniid_{_tag}"] = _non
+# variants of a row (the same row with one setting changed), named <prefix><row>
+VARIANTS = ("scaled01_",)  # input_scaling: unit
+for _row in list(PAPER):
+    for _prefix in VARIANTS:
+        PAPER[_prefix + _row] = PAPER[_row]
+
+
+def split_row(row: str) -> tuple[str, str, str]:
+    """A row's variant prefix ('' for none), model and split: scaled01_2nn_iid_e1_b10
+    is ('scaled01_', '2nn', 'iid')."""
+    prefix = next((p for p in VARIANTS if row.startswith(p)), "")
+    model, split = row[len(prefix) :].split("_")[:2]
+    return prefix, model, split
 
 
 def grid(centre: float, points: int) -> list[float]:
@@ -146,13 +161,14 @@ def best(points: list[dict]) -> dict | None:
 
 
 def report(results: dict[str, list[dict]]) -> str:
+    width = max([22, *map(len, results)])
     head = (
-        f"{'row':<22} {'paper':>6} {'ours':>7} {'ratio':>6} {'lr':>7} "
+        f"{'row':<{width}} {'paper':>6} {'ours':>7} {'ratio':>6} {'lr':>7} "
         f"{'grid (lr:rounds)':<44} {'speedup':>8} {'paper x':>8} {'wall s':>7}"
     )
     lines = [head, "-" * len(head)]
     fields = []
-    for row in sorted(results, key=lambda r: (r.split("_")[0], r.split("_")[1], PAPER.get(r, 0))):
+    for row in sorted(results, key=lambda r: (*split_row(r)[1:], split_row(r)[0], PAPER.get(r, 0))):
         points = sorted(results[row], key=lambda p: p["lr"])
         b = best(points)
         paper = PAPER.get(row)
@@ -162,8 +178,8 @@ def report(results: dict[str, list[dict]]) -> str:
             else f"{p['lr']:g}:>{p['rounds_done']}"
             for p in points
         )
-        model, split = row.split("_")[:2]
-        sgd = best(results.get(f"{model}_{split}_fedsgd", []))
+        prefix, model, split = split_row(row)
+        sgd = best(results.get(f"{prefix}{model}_{split}_fedsgd", []))
         ours = b["rounds_to_target"] if b else None
         speed = f"{sgd['rounds_to_target'] / ours:.1f}x" if (sgd and ours) else "-"
         psgd = PAPER.get(f"{model}_{split}_fedsgd")
@@ -171,7 +187,7 @@ def report(results: dict[str, list[dict]]) -> str:
         wall = sum(p["wall_seconds"] for p in points)
         lrtxt = f"{b['lr']:g}" if b else "-"
         lines.append(
-            f"{row:<22} {paper or '-':>6} {ours if ours is None else round(ours, 1)!s:>7} "
+            f"{row:<{width}} {paper or '-':>6} {ours if ours is None else round(ours, 1)!s:>7} "
             f"{(f'{ours / paper:.2f}' if ours and paper else '-'):>6} "
             f"{lrtxt:>7} {gridtxt:<44} {speed:>8} {pspeed:>8} {wall:>7.0f}"
         )

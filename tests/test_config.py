@@ -234,8 +234,9 @@ def test_missing_and_malformed_files(tmp_path: Path) -> None:
         load(write(tmp_path, "- 1\n- 2\n"))
 
 
-# A shipped config named like McMahan's table rows: {model}_{iid|noniid}_{e<E>_b<B|inf>|fedsgd}.
-_NAME = re.compile(r"^(cnn|2nn)_(iid|noniid)_(?:e(\d+)_b(\d+|inf)|(fedsgd))$")
+# A shipped config named like McMahan's table rows: {model}_{iid|noniid}_{e<E>_b<B|inf>|fedsgd},
+# prefixed scaled01_ when its inputs are MNIST's pixels in [0, 1].
+_NAME = re.compile(r"^(scaled01_)?(cnn|2nn)_(iid|noniid)_(?:e(\d+)_b(\d+|inf)|(fedsgd))$")
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
@@ -246,8 +247,9 @@ def test_every_shipped_config_loads(path: Path) -> None:
     if match is None:
         return
     # The file name promises a table row: the content must be that row.
-    model, split, epochs, batch, fedsgd = match.groups()
+    scaled, model, split, epochs, batch, fedsgd = match.groups()
     assert cfg.name == path.stem
+    assert cfg.input_scaling == ("unit" if scaled else "standard")
     assert cfg.model == model
     assert cfg.partition.kind == ("iid" if split == "iid" else "shards")
     if fedsgd:

@@ -53,6 +53,11 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
         {"dataset": "synthetic", "model": "logreg", "partition": {"feature_shift": ["blur"]}},
         "config field 'partition.feature_shift' = ['blur'] is invalid: needs dataset 'mnist'",
     ),
+    "feature_shift_needs_standard_scaling": (
+        {"input_scaling": "unit", "partition": {"feature_shift": ["blur"]}},
+        "config field 'partition.feature_shift' = ['blur'] is invalid: needs input_scaling "
+        "'standard'",
+    ),
     "personal_eval_needs_client_eval": (
         {"personal_eval": {"steps": 1}},
         "config field 'personal_eval.steps' = 1 is invalid: needs eval_clients: true",

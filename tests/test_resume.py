@@ -444,9 +444,12 @@ def _start(tiny: dict[str, Any], runs: Path) -> subprocess.Popen[str]:
 def _wait_for_rounds(proc: subprocess.Popen[str], runs: Path, count: int) -> Path:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        for stream in runs.glob("*/metrics.jsonl"):
-            if len(stream.read_text().splitlines()) >= count:
-                return stream.parent
+        for stream in runs.glob("[!.]*/metrics.jsonl"):  # not a run still being made
+            try:
+                if len(stream.read_text().splitlines()) >= count:
+                    return stream.parent
+            except FileNotFoundError:  # renamed between the listing and the read
+                continue
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.005)
     raise AssertionError(f"the run did not record {count} rounds in 60 s")

@@ -4,7 +4,13 @@ feature (data.py, local.py, evaluation.py, communication.py, privacy.py,
 robust.py); each section checks its own fields, compat.py how they combine."""
 
 from fedforge.config.communication import CommunicationConfig, DownlinkCodec, UplinkCodec
-from fedforge.config.data import Dataset, PartitionConfig, PartitionKind, SyntheticConfig
+from fedforge.config.data import (
+    Dataset,
+    InputScaling,
+    PartitionConfig,
+    PartitionKind,
+    SyntheticConfig,
+)
 from fedforge.config.evaluation import DiagnosticsConfig, PersonalEvalConfig
 from fedforge.config.local import LocalConfig, PerFedAvgConfig, ScaffoldConfig, StragglerConfig
 from fedforge.config.parse import dump, from_dict, load, override, parse_override, to_dict
@@ -38,6 +44,7 @@ __all__ = [
     "Dataset",
     "DownlinkCodec",
     "Engine",
+    "InputScaling",
     "ModelName",
     "PartitionConfig",
     "PartitionKind",

@@ -131,6 +131,18 @@ def feature_shift_needs_images(partition: PartitionConfig, dataset: str) -> None
         )
 
 
+def feature_shift_needs_standard_scaling(partition: PartitionConfig, input_scaling: str) -> None:
+    """The domains (data/shift.py) map standardised images to pixels and back."""
+    shift = partition.feature_shift
+    if shift and input_scaling != "standard":
+        raise invalid_field(
+            "partition.feature_shift",
+            list(shift),
+            "needs input_scaling 'standard' (the domains transform standardised images); "
+            f"use [] with input_scaling {input_scaling!r}",
+        )
+
+
 def personal_eval_needs_client_eval(personal_eval: PersonalEvalConfig, eval_clients: bool) -> None:
     if personal_eval.steps != 0 and not eval_clients:
         raise invalid_field(

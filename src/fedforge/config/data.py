@@ -11,6 +11,16 @@ from typing import Literal
 from fedforge.core.errors import raise_first
 
 Dataset = Literal["mnist", "synthetic", "shakespeare", "regression"]
+# how the loaded features are scaled (data/mnist.py): "standard" is the data set's
+# own preprocessing (MNIST: (p - 0.1307) / 0.3081 of the pixels p = x / 255;
+# Synthetic: the features as generated), "unit" MNIST's pixels x / 255 in [0, 1],
+# "raw" the values as stored (MNIST: 0..255 as floats; Synthetic: as generated)
+InputScaling = Literal["standard", "unit", "raw"]
+# the scalings each data set has: a data set without an entry has "standard" only
+SCALINGS: dict[str, tuple[str, ...]] = {
+    "mnist": ("standard", "unit", "raw"),
+    "synthetic": ("standard", "raw"),
+}
 # natural: the clients the data set comes with (Shakespeare's speaking roles)
 PartitionKind = Literal["iid", "shards", "dirichlet", "hsu", "quantity", "natural"]
 # feature-shift domains of data/shift.py and label-noise rules of data/noise.py

@@ -16,7 +16,7 @@ from typing import Literal
 from fedforge.config import compat
 from fedforge.config import task as task_rules
 from fedforge.config.communication import CommunicationConfig
-from fedforge.config.data import Dataset, PartitionConfig, SyntheticConfig
+from fedforge.config.data import SCALINGS, Dataset, InputScaling, PartitionConfig, SyntheticConfig
 from fedforge.config.evaluation import DiagnosticsConfig, PersonalEvalConfig
 from fedforge.config.local import (
     LocalConfig,
@@ -83,6 +83,9 @@ class Config:
     # sets dataset and model, which stay a shorthand for it (null: dataset + model)
     task: str | None = None
     dataset: Dataset = "mnist"
+    # standard: the data set's own preprocessing; unit: MNIST pixels in [0, 1];
+    # raw: the values as stored (config/data.py says what each is per data set)
+    input_scaling: InputScaling = "standard"
     data_dir: str | None = None
     model: ModelName = "cnn"
     algorithm: Algorithm = "fedavg"
@@ -189,6 +192,7 @@ def check(cfg: Config) -> None:
         cfg.robust,
         cfg.communication.group_by if cfg.communication.groups else "none",
     )
+    compat.feature_shift_needs_standard_scaling(cfg.partition, cfg.input_scaling)
     compat.attack_needs_floats(cfg.robust, cfg.privacy)
     compat.robust_fits_cohort(cfg.robust, cfg.num_clients, cfg.client_fraction)
     compat.delta_below_one_over_n(cfg.privacy, cfg.num_clients)
@@ -312,6 +316,7 @@ def _check_run(cfg: Config) -> None:
             "must be 1-200 printable characters without '/' or '\\' (it names the run's folder)",
         ),
         ("runs_dir", cfg.runs_dir, bool(cfg.runs_dir.strip()), "must be a non-empty path"),
+        _scaling_check(cfg),
         *_training_checks(cfg, step_max),
     ]
     raise_first("", checks)
@@ -348,6 +353,17 @@ def _training_checks(cfg: Config, step_max: float) -> list[FieldCheck]:
             "must be in (0, 1) (each client's validation split)",
         ),
     ]
+
+
+def _scaling_check(cfg: Config) -> FieldCheck:
+    """``input_scaling`` is one the data set has (Synthetic has no pixels to put in [0, 1])."""
+    allowed = SCALINGS.get(cfg.dataset, ("standard",))
+    return (
+        "input_scaling",
+        cfg.input_scaling,
+        cfg.input_scaling in allowed,
+        "must be one of " + ", ".join(repr(a) for a in allowed) + f" with dataset {cfg.dataset!r}",
+    )
 
 
 def _run_name_ok(name: str) -> bool:

@@ -81,7 +81,7 @@ def load_federated_data(cfg: Config) -> FederatedData:
         return load_shakespeare(cfg)
     if cfg.dataset == "regression":
         return load_regression(cfg)
-    mnist = load_mnist(cfg.data_dir)
+    mnist = load_mnist(cfg.data_dir, scaling=cfg.input_scaling)
     dtype = DTYPES[cfg.dtype]
     labels = mnist.train_y.numpy()
     partition = make_partition(cfg.partition, cfg.num_clients, labels, cfg.seed)

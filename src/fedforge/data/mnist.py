@@ -45,6 +45,7 @@ MIRRORS: tuple[str, ...] = (
 MEAN = 0.1307
 STD = 0.3081
 NUM_CLASSES = 10
+SCALINGS = ("standard", "unit", "raw")  # the input scalings of scale_pixels
 
 _ROLES: dict[str, str] = {
     "train_x": "train-images-idx3-ubyte.gz",
@@ -68,8 +69,9 @@ _NET_ERRORS = (OSError, ValueError, http.client.HTTPException, EOFError, zlib.er
 
 @dataclass(frozen=True)
 class MnistData:
-    """MNIST as tensors: images float32 ``[N, 1, 28, 28]`` standardised with
-    (x / 255 - 0.1307) / 0.3081, labels int64 ``[N]``."""
+    """MNIST as tensors: images float32 ``[N, 1, 28, 28]`` scaled as
+    :func:`scale_pixels` says (by default standardised with (x / 255 - 0.1307) /
+    0.3081), labels int64 ``[N]``."""
 
     train_x: torch.Tensor
     train_y: torch.Tensor
@@ -336,8 +338,25 @@ def _decode(data_dir: Path, allow_download: bool) -> dict[str, torch.Tensor]:
     return arrays
 
 
-def _standardise(images: torch.Tensor) -> torch.Tensor:
-    x = images.to(torch.float32).div_(255.0).sub_(MEAN).div_(STD)
+def _check_scaling(scaling: str) -> None:
+    if scaling not in SCALINGS:
+        raise DataError(
+            f"MNIST input scaling {scaling!r} is invalid: must be one of "
+            + ", ".join(repr(s) for s in SCALINGS)
+        )
+
+
+def scale_pixels(images: torch.Tensor, scaling: str = "standard") -> torch.Tensor:
+    """uint8 images ``[N, 28, 28]`` as float32 ``[N, 1, 28, 28]``, a new tensor
+    (the cached arrays are never written): ``standard`` (x / 255 - MEAN) / STD,
+    ``unit`` x / 255 in [0, 1], ``raw`` x in 0..255. Always computed in float32,
+    so a float64 run casts the same values a float32 run trains on."""
+    _check_scaling(scaling)
+    x = images.to(torch.float32)
+    if scaling == "standard":
+        x.div_(255.0).sub_(MEAN).div_(STD)
+    elif scaling == "unit":
+        x.div_(255.0)
     return x.unsqueeze(1)
 
 
@@ -345,22 +364,24 @@ def load_mnist(
     data_dir: str | Path | None = None,
     download: bool = True,
     cache_dir: str | Path | None = None,
+    scaling: str = "standard",
 ) -> MnistData:
-    """MNIST as standardised tensors (see :class:`MnistData`).
+    """MNIST as float32 tensors scaled by ``scaling`` (see :func:`scale_pixels`).
 
     Order: the tensor cache in ``cache_dir`` (see :func:`resolve_cache_dir`), else the
     checked ``.gz`` files in ``data_dir`` (see :func:`resolve_data_dir`), downloaded
     there first when missing and ``download`` is true. Raises :class:`DataError` with a
     one-line message when the files are missing and cannot be fetched, or fail their
-    checksum."""
+    checksum. The cache holds the decoded uint8 arrays, whatever the scaling."""
+    _check_scaling(scaling)
     cache = _cache_path(resolve_cache_dir(cache_dir))
     arrays = _load_cache(cache)
     if arrays is None:
         arrays = _decode(resolve_data_dir(data_dir), download)
         _save_cache(cache, arrays)
     return MnistData(
-        train_x=_standardise(arrays["train_x"]),
+        train_x=scale_pixels(arrays["train_x"], scaling),
         train_y=arrays["train_y"].to(torch.int64),
-        test_x=_standardise(arrays["test_x"]),
+        test_x=scale_pixels(arrays["test_x"], scaling),
         test_y=arrays["test_y"].to(torch.int64),
     )
