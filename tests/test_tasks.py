@@ -193,28 +193,29 @@ PLAY = (
 )
 
 
-def test_a_sequence_task_learns_a_play_end_to_end(tmp_path: Path) -> None:
-    # the shakespeare-lstm task's data path, loss and per-token metric with a small
-    # char-LSTM (hidden 32, one layer) so that the run takes seconds: the play repeats
-    # one line, which a model that reads the characters so far learns to continue
+def _play_run(**fields: object) -> tuple[Config, FederatedData]:
+    """A config of the play's three roles, all in each round, and the play's data."""
     play = sh.build_shakespeare(PLAY)
     data = FederatedData(
         play.train_x, play.train_y, play.test_x, play.test_y, play.partition, num_classes=22
     )
-    task = Task("small-lstm", "sequence", model=lambda s: CharLSTM(s.outputs, 8, 32, 1))
-    cfg = Config(
+    base = Config(
         task="shakespeare-lstm",
         partition=ff.PartitionConfig(kind="natural"),
         num_clients=3,
         client_fraction=1.0,
-        batch_size=2,
-        local_epochs=5,
-        lr=3.0,
-        rounds=4,
         target_accuracy=None,
-        engine="serial",
-        runs_dir=str(tmp_path),
     )
+    return override(base, fields), data
+
+
+def test_a_sequence_task_learns_a_play_end_to_end(tmp_path: Path) -> None:
+    # the shakespeare-lstm task's data path, loss and per-token metric with a small
+    # char-LSTM (hidden 32, one layer) so that the run takes seconds: the play repeats
+    # one line, which a model that reads the characters so far learns to continue
+    task = Task("small-lstm", "sequence", model=lambda s: CharLSTM(s.outputs, 8, 32, 1))
+    cfg, data = _play_run(batch_size=2, local_epochs=5, lr=3.0, rounds=4, engine="serial")
+    cfg = override(cfg, {"runs_dir": str(tmp_path)})
     result = ff.run(cfg, data=data, task=task)
     last = result.rounds[-1]
     assert last.test_accuracy is not None and last.test_loss is not None
@@ -273,22 +274,8 @@ def test_a_sequence_model_without_recurrence_runs_vectorised_as_serially() -> No
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return self.out(self.embed(x))
 
-    play = sh.build_shakespeare(PLAY)
-    data = FederatedData(
-        play.train_x, play.train_y, play.test_x, play.test_y, play.partition, num_classes=22
-    )
     task = Task("bigram", "sequence", model=lambda s: Bigram(s.outputs))
-    cfg = Config(
-        task="shakespeare-lstm",
-        partition=ff.PartitionConfig(kind="natural"),
-        num_clients=3,
-        client_fraction=1.0,
-        batch_size=2,
-        lr=0.5,
-        rounds=2,
-        target_accuracy=None,
-        dtype="float64",
-    )
+    cfg, data = _play_run(batch_size=2, lr=0.5, rounds=2, dtype="float64")
     serial = ff.run(override(cfg, {"engine": "serial"}), data=data, task=task, store=False)
     vector = ff.run(override(cfg, {"engine": "vectorized"}), data=data, task=task, store=False)
     assert torch.allclose(serial.params, vector.params, rtol=0, atol=1e-9)
