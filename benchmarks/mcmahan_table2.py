@@ -292,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         help="Shakespeare by role, FedAvg B=10 at E=1,5,20 and this lr (the best of E=1)",
     )
     p.add_argument("--e-curve-rounds", type=int, default=60)
+    p.add_argument("--e-curve-epochs", default="1,5,20", help="the E values of --e-curve")
     args = p.parse_args(argv)
     if args.quick:
         args.rows, args.grid, args.max_rounds = "2nn_iid_e1_b10", 1, 5
@@ -300,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.e_curve:
-        e_curve(args.e_curve, [1, 5, 20], args.e_curve_rounds, args)
+        epochs = [int(e) for e in args.e_curve_epochs.split(",")]
+        e_curve(args.e_curve, epochs, args.e_curve_rounds, args)
         print(e_curve_report(args.out))
         return 0
     if not args.report:
