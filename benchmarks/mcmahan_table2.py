@@ -217,13 +217,46 @@ def shakespeare_fields(results: dict[str, list[dict]]) -> list[str]:
 
     points = results.get("shakespeare_noniid_e1_b10", [])
     per_round = [p["wall_seconds"] / p["rounds_done"] for p in points if p["rounds_done"]]
-    return [
+    common = [f for split in ("noniid", "iid") for f in common_target_fields(results, split)]
+    return common + [
         f"shakespeare_fedsgd_rounds={rounds('shakespeare_noniid_fedsgd'):.1f}",
         f"shakespeare_fedavg_e1_b10_rounds={rounds('shakespeare_noniid_e1_b10'):.1f}",
         f"shakespeare_speedup={speedup('noniid'):.1f}",
         f"shakespeare_iid_speedup={speedup('iid'):.1f}",
         f"lstm_s_per_round={min(per_round, default=math.nan):.2f}",
     ]
+
+
+def accuracy_curve(point: dict) -> list[tuple[int, float]]:
+    """(round, test accuracy) of a finished point, read from its run's metrics."""
+    path = Path(point.get("run_dir") or "") / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [
+        (r["round_idx"] + 1, r["test_accuracy"]) for r in rows if r["test_accuracy"] is not None
+    ]
+
+
+def rounds_to(curve: list[tuple[int, float]], target: float) -> float:
+    return next((float(k) for k, a in curve if a >= target), math.nan)
+
+
+def common_target_fields(results: dict[str, list[dict]], split: str) -> list[str]:
+    """When FedSGD stops short of 54%: the rounds each row of ``split`` needs to
+    reach the best accuracy FedSGD reached (floored to 1%), and FedAvg's speedups
+    there; the shape of Table 2 at a target every row reaches."""
+    sgd = [p for p in results.get(f"shakespeare_{split}_fedsgd", []) if p["best_accuracy"]]
+    if not sgd:
+        return []
+    target = math.floor(max(p["best_accuracy"] for p in sgd) * 100) / 100
+    sgd_rounds = min(rounds_to(accuracy_curve(p), target) for p in sgd)
+    fields = [f"shakespeare_{split}_common_target={target:.2f}"]
+    for row in sorted(r for r in results if r.startswith(f"shakespeare_{split}_e")):
+        got = min((rounds_to(accuracy_curve(p), target) for p in results[row]), default=math.nan)
+        tag = row.removeprefix(f"shakespeare_{split}_")
+        fields.append(f"shakespeare_{split}_{tag}_common_speedup={sgd_rounds / got:.1f}")
+    return fields
 
 
 def e_curve(lr: float, epochs: list[int], rounds: int, args: argparse.Namespace) -> None:
