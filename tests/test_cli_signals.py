@@ -18,6 +18,13 @@ from fedforge.store import RunStore
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
+def _default_sigint() -> None:
+    """A terminal's Ctrl-C reaches the command with SIGINT's default action; a test
+    run started in the background (``make test &``) would pass on SIG_IGN, which
+    Python keeps, and the command would never see the interrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _wait_for_torch_loading(proc: subprocess.Popen[str]) -> None:
     """Until torch's shared library is mapped into ``proc``: it is importing torch."""
     deadline = time.monotonic() + 30
@@ -49,6 +56,7 @@ def test_ctrl_c_while_starting_is_one_line_and_130(tmp_path: Path, how: str) -> 
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_default_sigint,
     )
     _wait_for_torch_loading(proc)
     proc.send_signal(signal.SIGINT)
