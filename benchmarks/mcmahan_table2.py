@@ -149,7 +149,7 @@ def run_point(row: str, lr: float, cap: int | None, args: argparse.Namespace) ->
 
 def load_results(out: Path) -> dict[str, list[dict]]:
     results: dict[str, list[dict]] = {}
-    for path in sorted(out.glob("*.json")):
+    for path in sorted(out.glob("*__lr*.json")):  # the grid points, not the E curves
         r = json.loads(path.read_text())
         results.setdefault(r["row"], []).append(r)
     return results
