@@ -210,7 +210,7 @@ def measure_model(model_name: str, blocks: int, cores: int) -> dict[str, float]:
         return [max(a, b) for a, b in zip(rates[one], rates[many], strict=True)]
 
     rates["central_kb"] = best("central_kb_1p", "central_kb_mp")
-    # engine: auto, workers: 0 (experiment.make_engine): the 2NN's fused path in one
+    # engine: auto, workers: 0 (engine_choice.make_engine): the 2NN's fused path in one
     # process, the CNN's serial engine over one worker a core
     auto = "vectorized" if model_name != "cnn" else "serial_w"
     rates["engine"] = rates[auto]

@@ -25,8 +25,9 @@ from fedforge.engines import batched_mlp
 from fedforge.engines.pool import PoolEngine
 from fedforge.engines.serial import SerialEngine
 from fedforge.models.mnist import MnistCNN, MnistMLP
-from fedforge.server import experiment
-from fedforge.server.experiment import build, choose_engine
+from fedforge.server import engine_choice
+from fedforge.server.engine_choice import choose_engine
+from fedforge.server.experiment import build
 from fedforge.server.loop import resume, run
 from fedforge.store import RunStore
 
@@ -176,7 +177,7 @@ def test_the_fused_cpu_kernels_are_not_taken_off_the_cpu() -> None:
 def test_worker_processes_are_not_used_off_the_cpu(
     tmp_path: Path, make_data: MakeData, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(experiment, "usable_cores", lambda: 4)
+    monkeypatch.setattr(engine_choice, "usable_cores", lambda: 4)
     exp = build(_cfg(tmp_path, engine="serial"), make_data(SIZES))
     runtime = exp.engine.runtime  # type: ignore[attr-defined]
     on_cpu = choose_engine("serial", runtime, workers=2)

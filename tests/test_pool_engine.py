@@ -182,13 +182,13 @@ def test_more_workers_than_cores_are_lowered_to_the_cores(
 ) -> None:
     """A million workers would fork a million processes: the engine takes the
     usable cores and says so (results do not depend on the worker count)."""
-    import fedforge.server.experiment as experiment
+    import fedforge.server.engine_choice as engine_choice
 
-    monkeypatch.setattr(experiment, "usable_cores", lambda: 2)
+    monkeypatch.setattr(engine_choice, "usable_cores", lambda: 2)
     exp = build(_cfg(workers=1_000_000), make_data(SIZES))
     assert exp.engine.name.endswith("x2")
     assert "workers: 1000000 lowered to 2, the cores this process may use" in (exp.note or "")
-    monkeypatch.setattr(experiment, "usable_cores", lambda: 1)
+    monkeypatch.setattr(engine_choice, "usable_cores", lambda: 1)
     one = build(_cfg(workers=3), make_data(SIZES))
     assert not isinstance(one.engine, PoolEngine) and "lowered to 1" in (one.note or "")
 

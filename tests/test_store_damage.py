@@ -199,7 +199,7 @@ def test_a_full_disk_at_the_start_leaves_no_half_made_run(
         _limit_pages(monkeypatch)
         said = r"cannot create run directory '.*full.*': .*database or disk is full"
     else:
-        monkeypatch.setattr(loop, "_write_partition", _no_space)
+        monkeypatch.setattr(loop, "write_partition", _no_space)
         said = r"cannot start run '.*full.*': the disk is full"
     with pytest.raises(StoreError, match=said) as caught:
         run(cfg, data=make_data([12, 9, 14, 10]))

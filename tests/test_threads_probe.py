@@ -18,7 +18,7 @@ from fedforge.engines import close_engine
 from fedforge.engines.pool import PoolEngine
 from fedforge.engines.serial import SerialEngine
 from fedforge.engines.threads import THREADS_ENV, thread_plan
-from fedforge.server import experiment, loop, probe
+from fedforge.server import engine_choice, loop, probe
 from fedforge.server.experiment import build
 
 SIZES = [7, 12, 5, 9, 10, 6]
@@ -80,7 +80,7 @@ def test_threads_field_accepts_null_and_counts() -> None:
 def test_build_divides_the_cores_between_server_and_workers(
     make_data: MakeData, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(experiment, "usable_cores", lambda: 4)
+    monkeypatch.setattr(engine_choice, "usable_cores", lambda: 4)
     exp = build(_cfg(engine="serial", workers=2), make_data(SIZES, dtype=torch.float32))
     try:
         assert isinstance(exp.engine, PoolEngine) and exp.engine.threads == 2
@@ -175,7 +175,7 @@ def probing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[str]:
 def test_the_probe_is_cached_and_reused(
     probing: list[str], make_data: MakeData, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(experiment, "usable_cores", lambda: 2)
+    monkeypatch.setattr(engine_choice, "usable_cores", lambda: 2)
     data = make_data(SIZES, dtype=torch.float32)
     first = build(_cfg(workers=0), data)
     close_engine(first.engine)
@@ -205,7 +205,7 @@ def test_the_probe_is_cached_and_reused(
 def test_the_probe_picks_the_fastest(
     probing: list[str], make_data: MakeData, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(experiment, "usable_cores", lambda: 2)
+    monkeypatch.setattr(engine_choice, "usable_cores", lambda: 2)
     rates = {"serial": 1.0, "serialx2": 3.0, "vectorized": 2.0, "vectorizedx2": 0.5}
     monkeypatch.setattr(probe, "_rate", lambda c, *a: rates[c.name])
     exp = build(_cfg(workers=0), make_data(SIZES, dtype=torch.float32))
@@ -221,7 +221,7 @@ def test_the_probe_keeps_the_rules_choice_unless_clearly_beaten(
 ) -> None:
     """The rules' pick for the 2NN with workers: 0 (the vectorised engine in this
     process) stays against a candidate 1.2x as fast, not against one 1.3x."""
-    monkeypatch.setattr(experiment, "usable_cores", lambda: 2)
+    monkeypatch.setattr(engine_choice, "usable_cores", lambda: 2)
     data = make_data(SIZES, dtype=torch.float32)
     for challenger, picked in ((1.2, "vectorized"), (1.3, "serialx2")):
         rates = {"serial": 0.1, "serialx2": challenger, "vectorized": 1.0, "vectorizedx2": 0.5}
@@ -244,7 +244,7 @@ def test_the_probe_keeps_the_refusals(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
     """A run that cannot use workers is never offered them, however fast."""
-    monkeypatch.setattr(experiment, "usable_cores", lambda: 2)
+    monkeypatch.setattr(engine_choice, "usable_cores", lambda: 2)
     monkeypatch.setattr(probe, "_rate", lambda c, *a: probing.append(c.name) or c.workers + 1.0)
     exp = build(_cfg(workers=0, **extra), make_data(SIZES, dtype=torch.float32))
     assert not isinstance(exp.engine, PoolEngine)
@@ -254,7 +254,7 @@ def test_the_probe_keeps_the_refusals(
 def test_explicit_engines_and_stateful_algorithms_never_probe(
     probing: list[str], make_data: MakeData, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(experiment, "usable_cores", lambda: 2)
+    monkeypatch.setattr(engine_choice, "usable_cores", lambda: 2)
     data = make_data(SIZES, dtype=torch.float32)
     for extra in ({"engine": "serial"}, {"engine": "vectorized"}, {"algorithm": "scaffold"}):
         exp = build(_cfg(workers=0, **extra), data)
@@ -324,7 +324,7 @@ def test_the_probe_trains_one_epoch_whatever_the_run(
     train one epoch each (its rate is per sample)."""
     import time
 
-    monkeypatch.setattr(experiment, "usable_cores", lambda: 2)
+    monkeypatch.setattr(engine_choice, "usable_cores", lambda: 2)
     t0 = time.perf_counter()
     exp = build(_cfg(workers=0, local_epochs=10**9), make_data(SIZES, dtype=torch.float32))
     close_engine(exp.engine)

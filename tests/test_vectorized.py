@@ -28,7 +28,8 @@ from fedforge.engines.vectorized import (
     schedule_bytes,
     unsupported_reason,
 )
-from fedforge.server.experiment import build, make_engine
+from fedforge.server.engine_choice import make_engine
+from fedforge.server.experiment import build
 from fedforge.server.loop import run
 
 

@@ -19,7 +19,7 @@ Only a runtime that keeps nothing per client between rounds may be spread:
 error-feedback residuals, SCAFFOLD's controls, FedBN's batch norm and secure
 aggregation's keys would otherwise change in a worker and be lost (or never
 reach the checkpoint). Nor may a runtime on a CUDA device: CUDA does not
-survive the fork. ``experiment.make_engine`` checks; the run then falls
+survive the fork. ``engine_choice.make_engine`` checks; the run then falls
 back to the inner engine in-process and says why in one line.
 
 Processes start with ``fork`` at the first cohort (the runtime is complete by

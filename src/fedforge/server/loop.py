@@ -13,7 +13,6 @@ SIGINT or SIGTERM arrives (the run is then marked stopped and can be resumed).
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 import time
@@ -21,17 +20,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from fedforge.config import Config, override
 from fedforge.core.errors import StopNow, StoreError
-from fedforge.data import PartitionSummary, summarize
+from fedforge.data import PartitionSummary
 from fedforge.data.federated import FederatedData
 from fedforge.engines import close_engine
 from fedforge.engines.threads import set_threads
 from fedforge.report.progress import Progress, percent
 from fedforge.server.experiment import Experiment, build, client_tables
+from fedforge.server.partition_file import partition_summary, write_partition
 from fedforge.server.round import run_round, test_scores
 from fedforge.server.state import (
     LoopState,
@@ -88,7 +87,7 @@ def run(
     ``data``: the caller's data set (else the config's); ``task``: the caller's model,
     loss and metrics (else the config's task)."""
     exp = build(cfg, data, task)
-    partition = _summary(exp)
+    partition = partition_summary(exp)
     if progress:
         print(f"partition: {partition.format()}", flush=True)
     say_start(exp, 0, progress)
@@ -96,7 +95,7 @@ def run(
         return _drive(exp, None, None, LoopState.fresh(exp), partition, progress)
     run_store = RunStore.create(cfg.runs_dir, cfg)
     try:
-        _write_partition(run_store.path / "partition.json", partition)
+        write_partition(run_store.path / "partition.json", partition)
         write_build(run_store.path, exp.spec, exp.data_fingerprint)
         lock = RunLock(run_store.path).acquire()
     except BaseException as exc:  # a run that never started is removed, not left half-made
@@ -143,7 +142,7 @@ def resume(
         lock.release()
         run_store.close()
         raise
-    partition = _summary(exp)
+    partition = partition_summary(exp)
     if progress:
         first = " (no checkpoint yet: from the start)" if state.next_round == 0 else ""
         print(f"resuming {run_store.path.name} at round {state.next_round + 1}{first}", flush=True)
@@ -254,38 +253,6 @@ def _settle(exp: Experiment, run_store: RunStore, result: RunResult, next_round:
             None if personal is None else personal.final(),
         )
         run_store.finish(result.summary)
-
-
-def _summary(exp: Experiment) -> PartitionSummary:
-    data = exp.data
-    return summarize(data.partition, *_class_labels(data), data.domains, data.noisy_clients)
-
-
-def _class_labels(data: FederatedData) -> tuple[np.ndarray, int]:
-    """Each training row's class and the number of classes, for the partition's
-    histograms: the labels where a row has one class id; one class for all
-    otherwise (sequences, regression)."""
-    classes = data.classes()
-    if data.train_y.dim() == 1 and classes is not None:
-        return data.train_y.numpy(), classes
-    return np.zeros(len(data.train_y), dtype=np.int64), 1
-
-
-def _write_partition(path: Path, summary: PartitionSummary) -> None:
-    """Sizes and per-client label histograms beside the store, for reports; with
-    feature shift each client's domain, with label noise the noisy clients' ids."""
-    data: dict[str, Any] = {
-        "heterogeneity": summary.heterogeneity,
-        "sizes": summary.sizes.tolist(),
-        "label_counts": summary.label_counts.tolist(),
-    }
-    if summary.domains is not None:
-        data["domains"] = list(summary.domains)
-    if summary.noisy_clients is not None:
-        data["noisy_clients"] = list(summary.noisy_clients)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data))
-    tmp.replace(path)
 
 
 def _rounds(

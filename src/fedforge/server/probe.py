@@ -8,12 +8,12 @@ plain PyTorch at K*B). So ``engine: auto`` times each candidate (an inner engine
 in this process, or spread over worker processes) on a few synthetic clients of
 the model's input shape, with the run's algorithm and local plan and the threads
 the candidate would run with. Candidates are only the configurations the run
-may use and that compute the same updates (experiment.make_engine keeps every
+may use and that compute the same updates (engine_choice.make_engine keeps every
 refusal: a run that cannot use workers is never offered them).
 
 A probe lasts seconds, so its figures are noisy: each candidate is timed
 :data:`REPEATS` times, interleaved (A B A B), and keeps its best; and the
-configuration the measured rules pick (the incumbent: experiment.auto_vectorize
+configuration the measured rules pick (the incumbent: engine_choice.auto_vectorize
 and the worker layout) is replaced only by a candidate at least :data:`MARGIN`
 times as fast. A short probe of the CNN once put one process of two threads
 ahead of two one-thread workers that the full benchmark measures 1.4x faster;
@@ -27,7 +27,7 @@ measured (candidates, threads, plan); a changed key probes again. The
 ``FEDFORGE_PROBE`` environment variable sets the probe's length (samples per
 candidate, default :data:`DEFAULT_SAMPLES`, each candidate stopped after
 :data:`SECONDS`), or turns it off (``off`` or 0):
-``engine: auto`` then takes the rule of experiment.auto_vectorize.
+``engine: auto`` then takes the rule of engine_choice.auto_vectorize.
 """
 
 from __future__ import annotations
