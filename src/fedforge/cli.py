@@ -1,4 +1,4 @@
-"""The ``fedforge`` command: run, resume, runs, show, sweep, compare-iid.
+"""The ``fedforge`` command: run, resume, runs, show, sweep, compare-iid, server, client.
 
 A user's mistake (bad config value, missing data, unknown run) ends in one line
 naming the value and what is allowed, with exit status 2; never a traceback.
@@ -92,7 +92,24 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--data-dir", help="where the data sets are (else $FEDFORGE_DATA)")
         p.add_argument("--runs-dir", help="where run directories go (config: runs_dir)")
         p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    from fedforge.transport.commands import add_parsers as add_deployment
+
+    add_deployment(sub)  # server, client
     return parser
+
+
+def _cmd_server(args: argparse.Namespace) -> int:
+    from fedforge.transport import commands
+
+    if args.resume and (args.config or args.set):
+        raise ConfigError("--resume continues with the config stored in the run")
+    return _finish(commands.server(None if args.resume else _resolve_config(args), args))
+
+
+def _cmd_client(args: argparse.Namespace) -> int:
+    from fedforge.transport import commands
+
+    return commands.client(args)
 
 
 def _resolve_config(args: argparse.Namespace) -> config_mod.Config:
@@ -213,6 +230,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "show": _cmd_show,
         "sweep": _cmd_sweep,
         "compare-iid": _cmd_compare_iid,
+        "server": _cmd_server,
+        "client": _cmd_client,
     }
     try:
         args = _parser().parse_args(argv)

@@ -17,6 +17,7 @@ from fedforge.config import compat
 from fedforge.config import task as task_rules
 from fedforge.config.communication import CommunicationConfig
 from fedforge.config.data import SCALINGS, Dataset, InputScaling, PartitionConfig, SyntheticConfig
+from fedforge.config.deployment import DeploymentConfig
 from fedforge.config.evaluation import DiagnosticsConfig, PersonalEvalConfig
 from fedforge.config.local import (
     LocalConfig,
@@ -136,6 +137,8 @@ class Config:
     # aggregation, the pipeline's stages and the run store stay on the host
     device: DeviceName = "cpu"
     runs_dir: str = "runs"
+    # fedforge server: waiting for clients, deadlines, over-selection (transport/)
+    deployment: DeploymentConfig = field(default_factory=DeploymentConfig)
 
     def __post_init__(self) -> None:
         task_rules.check_task_name(self.task)
@@ -169,6 +172,7 @@ def check(cfg: Config) -> None:
         cfg.stragglers,
         cfg.diagnostics,
         cfg.synthetic,
+        cfg.deployment,
     )
     for section in sections:
         section.check()

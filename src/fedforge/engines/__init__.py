@@ -9,7 +9,11 @@ from fedforge.client.runtime import ClientTask, ClientUpload
 
 
 class Engine(Protocol):
-    """Runs a cohort's tasks against one payload and yields their uploads."""
+    """Runs a cohort's tasks against one payload and yields their uploads.
+
+    A deployment's engine (transport/remote.py) may also have ``begin_round(r)``
+    (told the round before its protocol phases) and ``over_selection`` (the
+    fraction more clients the round samples; it closes at the needed count)."""
 
     name: str
 

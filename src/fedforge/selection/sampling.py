@@ -20,3 +20,9 @@ def sample_cohort(
         return [int(c) for c in (draws < client_fraction).nonzero()[0]]
     rng = numpy_rng(seed, "cohort", round_idx)
     return sorted(int(c) for c in rng.choice(num_clients, size=m, replace=False))
+
+
+def over_selected(fraction: float, over: float) -> float:
+    """The fraction sampled for a round that needs ``fraction`` when ``over`` more
+    are asked (a deployment's over-selection; 0: exactly ``fraction``)."""
+    return min(1.0, fraction * (1.0 + over)) if over > 0 else fraction

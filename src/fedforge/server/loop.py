@@ -13,6 +13,7 @@ SIGINT or SIGTERM arrives (the run is then marked stopped and can be resumed).
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import sys
 import time
@@ -26,7 +27,7 @@ from fedforge.config import Config, override
 from fedforge.core.errors import StopNow, StoreError
 from fedforge.data import PartitionSummary
 from fedforge.data.federated import FederatedData
-from fedforge.engines import close_engine
+from fedforge.engines import Engine, close_engine
 from fedforge.engines.threads import set_threads
 from fedforge.report.progress import Progress, percent
 from fedforge.server.experiment import Experiment, build, client_tables
@@ -82,11 +83,13 @@ def run(
     progress: bool = False,
     store: bool = True,
     task: Task | None = None,
+    engine: Engine | None = None,
 ) -> RunResult:
     """Run ``cfg`` to its target or its last round; record it in a run store.
     ``data``: the caller's data set (else the config's); ``task``: the caller's model,
-    loss and metrics (else the config's task)."""
-    exp = build(cfg, data, task)
+    loss and metrics (else the config's task); ``engine``: where the clients run
+    (else the config's: a deployment server passes its network engine)."""
+    exp = _with_engine(build(cfg, data, task), engine)
     partition = partition_summary(exp)
     if progress:
         print(f"partition: {partition.format()}", flush=True)
@@ -113,6 +116,7 @@ def resume(
     progress: bool = False,
     task: Task | None = None,
     device: str | None = None,
+    engine: Engine | None = None,
 ) -> RunResult:
     """Continue the run in ``run_dir`` from its last good checkpoint, with the config
     stored in the run; rounds recorded after that checkpoint are run again. A run
@@ -131,7 +135,7 @@ def resume(
             print(f"fedforge: {edited}", file=sys.stderr, flush=True)
         if device is not None:
             stored = override(stored, {"device": device})
-        exp = build(stored, data, task)
+        exp = _with_engine(build(stored, data, task), engine)
         lock.acquire()  # refuses while another process writes the run, or a read-only one
         check_build(run_store.path, exp.spec, exp.data_fingerprint, exp.cfg)  # not damage
         if run_store.status == "finished":  # it was running, and ended while we built
@@ -148,6 +152,14 @@ def resume(
         print(f"resuming {run_store.path.name} at round {state.next_round + 1}{first}", flush=True)
     say_start(exp, state.next_round, progress)
     return _drive(exp, run_store, lock, state, partition, progress)
+
+
+def _with_engine(exp: Experiment, engine: Engine | None) -> Experiment:
+    """``exp`` with ``engine`` in place of the one it was built with (closed)."""
+    if engine is None:
+        return exp
+    close_engine(exp.engine)
+    return dataclasses.replace(exp, engine=engine)
 
 
 def _resumed_state(exp: Experiment, run_store: RunStore) -> LoopState:

@@ -25,7 +25,7 @@ from fedforge.evaluation.evaluate import EvalResult, evaluate
 from fedforge.pipeline.pipeline import StageContext
 from fedforge.report.progress import Progress
 from fedforge.selection.periods import period_plan, upload_period
-from fedforge.selection.sampling import sample_cohort
+from fedforge.selection.sampling import over_selected, sample_cohort
 from fedforge.server import diagnostics
 from fedforge.server.collect import collect
 from fedforge.server.collectors import (
@@ -73,6 +73,9 @@ def run_round(
     if round_idx != end:  # the period's cohort trains locally: nothing travels
         return _local_round(exp, round_idx, start, len(cohort), t0), []
     log = RoundLog(state.rejected, state.skipped, bar, round_idx)
+    begin = getattr(exp.engine, "begin_round", None)  # a deployment engine's phases
+    if begin is not None:
+        begin(round_idx)
     orders = configure(exp, state, round_idx, start, cohort)
     secure = exp.privacy is not None and exp.privacy.secagg is not None
     trainers = [t.client_id for t in orders.tasks]
@@ -91,7 +94,9 @@ def sample(exp: Experiment, start: int) -> list[int]:
     """The cohort of the upload period starting at ``start``."""
     cfg = exp.cfg
     poisson = cfg.privacy.sampling == "poisson"  # DP-FedAvg: each client with probability C
-    return sample_cohort(cfg.num_clients, cfg.client_fraction, cfg.seed, start, poisson)
+    # a deployment engine over-selects: it asks more clients and closes at the needed count
+    fraction = over_selected(cfg.client_fraction, getattr(exp.engine, "over_selection", 0.0))
+    return sample_cohort(cfg.num_clients, fraction, cfg.seed, start, poisson)
 
 
 def configure(

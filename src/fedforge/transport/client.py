@@ -1,0 +1,211 @@
+"""``fedforge client``: a client process of a deployment. It connects out to the
+server (so it works behind NAT), learns the run's config, joins with the client
+ids it hosts, and then polls for work: train from a model and upload the
+update, answer a secure-aggregation phase, or evaluate. The work itself is the
+simulator's (``ClientRuntime`` through the serial engine): the same task gives
+the same bytes in a process of its own.
+
+When the server is unreachable (restarting after a crash) the process retries
+with exponential backoff and joins again; it gives up after ``give_up_s``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import grpc
+import yaml
+
+from fedforge import __version__
+from fedforge.client.runtime import ClientTask
+from fedforge.config.parse import from_dict, override
+from fedforge.server.experiment import Experiment, build
+from fedforge.transport.logs import log_event
+from fedforge.transport.pb import federation_pb2 as pb
+from fedforge.transport.pb import federation_pb2_grpc as pb_grpc
+from fedforge.transport.remote import plan_from_json
+from fedforge.transport.security import ClientSecurity
+
+RETRY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.NOT_FOUND)
+
+
+class Lost(Exception):
+    """The server went away or forgot the session: join again."""
+
+
+@dataclass
+class ClientOptions:
+    target: str  # host:port of the server
+    security: ClientSecurity
+    ids: list[int]  # the client ids this process hosts (the simulator's partition)
+    device: str = "cpu"
+    poll_s: float = 10.0  # long-poll wait
+    heartbeat_s: float = 2.0
+    give_up_s: float = 300.0  # unreachable this long: exit
+    max_bytes: int = 256 << 20
+    chunk_bytes: int = 1 << 20
+
+
+class ClientProcess:
+    """One process hosting ``options.ids``."""
+
+    def __init__(self, options: ClientOptions) -> None:
+        self.opt = options
+        self.name = options.security.name
+        self.signer = options.security.signer()
+        self.channel = options.security.channel(options.target, options.max_bytes)
+        self.stub = pb_grpc.FederationStub(self.channel)
+        self.exp: Experiment | None = None
+        self.config_yaml = ""
+        self.session = ""
+        self.payloads: dict[str, bytes] = {}
+        self.stop = threading.Event()
+
+    # ------------------------------------------------------------------ wire
+    def _signed(self, method: str, body: bytes) -> pb.Signed:
+        if self.signer is None:
+            return pb.Signed(auth=pb.Auth(client=self.name), body=body)
+        env = self.signer.sign(method, body)  # type: ignore[attr-defined]
+        auth = pb.Auth(
+            client=env.client_name, nonce=env.nonce, timestamp=env.timestamp, signature=env.signature
+        )
+        return pb.Signed(auth=auth, body=body)
+
+    def _unary(self, method: str, body: bytes, timeout: float) -> object:
+        try:
+            return getattr(self.stub, method)(self._signed(method, body), timeout=timeout)
+        except grpc.RpcError as exc:
+            if exc.code() in RETRY:  # type: ignore[attr-defined]
+                raise Lost(f"{method}: {exc.code().name}") from None  # type: ignore[attr-defined]
+            raise
+
+    # ------------------------------------------------------------------ session
+    def connect(self) -> None:
+        """Hello (the config; the client is built on first sight) and Join."""
+        hello = self._unary("Hello", pb.HelloRequest(client_version=__version__).SerializeToString(), 30)
+        assert isinstance(hello, pb.HelloReply)
+        if hello.config_yaml != self.config_yaml:
+            self.exp = self._build(hello.config_yaml)
+            self.config_yaml = hello.config_yaml
+            self.payloads.clear()
+        assert self.exp is not None
+        members = [pb.Member(client_id=c, num_examples=self.exp.data.num_examples(c)) for c in self.opt.ids]
+        reply = self._unary("Join", pb.JoinRequest(members=members).SerializeToString(), 30)
+        assert isinstance(reply, pb.JoinReply)
+        for r in reply.refused:
+            log_event("client", "join_refused", client=r.client_id, reason=r.reason)
+        if not reply.accepted:
+            raise SystemExit(f"fedforge client: the server accepted none of clients {self.opt.ids}")
+        self.session = reply.session
+        log_event("client", "joined", name=self.name, run=hello.run_name, clients=list(reply.accepted))
+
+    def _build(self, config_yaml: str) -> Experiment:
+        """The run's experiment on this side: its data, model and client runtime,
+        trained one client at a time on one thread."""
+        cfg = from_dict(yaml.safe_load(config_yaml))
+        cfg = override(cfg, {"engine": "serial", "workers": 1, "threads": 1, "device": self.opt.device})
+        bad = [c for c in self.opt.ids if not 0 <= c < cfg.num_clients]
+        if bad:
+            raise SystemExit(f"fedforge client: client ids {bad} are outside 0..{cfg.num_clients - 1}")
+        return build(cfg)
+
+    # ------------------------------------------------------------------ work
+    def run(self) -> int:
+        """Serve until the server says the run is over (0) or cannot be reached (1)."""
+        beat = threading.Thread(target=self._heartbeats, daemon=True)
+        lost_since: float | None = None
+        delay = 0.2
+        while True:
+            try:
+                if not self.session:
+                    self.connect()
+                    if not beat.is_alive():
+                        beat.start()
+                if self._poll_once():
+                    self.stop.set()
+                    return 0
+                lost_since, delay = None, 0.2
+            except Lost as exc:
+                self.session = ""
+                now = time.monotonic()
+                lost_since = lost_since or now
+                if now - lost_since > self.opt.give_up_s:
+                    log_event("client", "gave_up", reason=str(exc))
+                    self.stop.set()
+                    return 1
+                time.sleep(delay * (1 + random.random()))
+                delay = min(delay * 2, 5.0)
+
+    def _poll_once(self) -> bool:
+        body = pb.PollRequest(session=self.session, wait_s=self.opt.poll_s)
+        reply = self._unary("Poll", body.SerializeToString(), self.opt.poll_s + 30)
+        assert isinstance(reply, pb.PollReply)
+        for work in reply.work:
+            self._do(work)
+        return bool(reply.done and not reply.work)
+
+    def _heartbeats(self) -> None:
+        while not self.stop.wait(self.opt.heartbeat_s):
+            if not self.session:
+                continue
+            body = pb.PollRequest(session=self.session, heartbeat=True).SerializeToString()
+            try:
+                self.stub.Poll(self._signed("Poll", body), timeout=10)
+            except grpc.RpcError:
+                pass  # the main loop notices and joins again
+
+    def _do(self, work: pb.Work) -> None:
+        assert self.exp is not None
+        engine = self.exp.engine
+        if work.kind == pb.Work.PHASE:
+            reply = engine.run_phase(work.phase, {work.client_id: work.message})
+            self._upload(work, "reply", reply.get(work.client_id, b""))
+        elif work.kind == pb.Work.TRAIN:
+            payload = self._download(work.payload_id)
+            task = ClientTask(work.client_id, work.round_idx, plan_from_json(work.plan_json), work.seed)
+            upload = next(iter(engine.run_cohort([task], payload)))
+            self._upload(work, "update", upload.data)
+
+    def _download(self, payload_id: str) -> bytes:
+        if payload_id not in self.payloads:
+            body = pb.DownloadRequest(session=self.session, payload_id=payload_id)
+            try:
+                chunks = self.stub.Download(self._signed("Download", body.SerializeToString()), timeout=300)
+                data = b"".join(c.data for c in chunks)
+            except grpc.RpcError as exc:
+                raise Lost(f"Download: {exc.code().name}") from None  # type: ignore[attr-defined]
+            self.payloads = {payload_id: data}
+        return self.payloads[payload_id]
+
+    def _upload(self, work: pb.Work, kind: str, data: bytes) -> None:
+        header = pb.UploadHeader(
+            session=self.session,
+            client_id=work.client_id,
+            round_idx=work.round_idx,
+            model_version=work.model_version,
+            kind=kind,
+            phase=work.phase if kind == "reply" else "",
+            size=len(data),
+            sha256=hashlib.sha256(data).digest(),
+        )
+        signed = self._signed("Upload", header.SerializeToString())
+
+        def parts() -> Iterator[pb.UploadPart]:
+            yield pb.UploadPart(header=signed)
+            for i in range(0, len(data), self.opt.chunk_bytes):
+                yield pb.UploadPart(data=data[i : i + self.opt.chunk_bytes])
+
+        try:
+            reply = self.stub.Upload(parts(), timeout=300)
+        except grpc.RpcError as exc:
+            if exc.code() in RETRY:  # type: ignore[attr-defined]
+                raise Lost(f"Upload: {exc.code().name}") from None  # type: ignore[attr-defined]
+            log_event("client", "upload_failed", client=work.client_id, reason=exc.details())  # type: ignore[attr-defined]
+            return
+        if not reply.accepted:
+            log_event("client", "upload_refused", client=work.client_id, reason=reply.reason)

@@ -1,0 +1,281 @@
+"""The deployment server's meeting point: what the gRPC threads and the round
+thread share.
+
+The round thread (``remote.py``) *asks*: it posts work for clients (train from a
+model, answer a protocol phase, evaluate) and waits for the answers until all
+came, enough came, or the deadline passed. The gRPC threads (``service.py``)
+hand the work out to the polling client processes and bring the answers in.
+An answer is taken only when it was asked for: the right client, round, model
+version, kind and phase, once. Anything else is refused with its reason (and
+counted), and never reaches a collector; the collector then checks what it
+does take, as in simulation. One lock guards it all; waiting is on its
+condition.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from fedforge.transport.pb import federation_pb2 as pb
+
+# (client id, round, kind, phase): one question to one client
+Key = tuple[int, int, str, str]
+
+UPDATE, REPLY, EVALUATION = "update", "reply", "evaluation"
+
+
+@dataclass
+class Member:
+    """A client id the federation knows: who hosts it and what it declared."""
+
+    client_id: int
+    owner: str  # the authenticated name of the process that joined it
+    num_examples: int
+    session: str
+    last_seen: float  # time.monotonic() of its process's last poll or heartbeat
+
+
+@dataclass
+class Answer:
+    """An accepted answer, waiting for the round thread."""
+
+    client_id: int
+    round_idx: int
+    kind: str
+    phase: str
+    data: bytes
+    seconds: float  # from the work's hand-out to its answer
+
+    @property
+    def key(self) -> Key:
+        return (self.client_id, self.round_idx, self.kind, self.phase)
+
+
+@dataclass
+class _Asked:
+    work: pb.Work
+    version: int
+    posted: float
+    handed: float | None = None
+
+
+@dataclass
+class Hub:
+    """Clients, outstanding questions and answers of one deployment server."""
+
+    num_clients: int
+    heartbeat_timeout_s: float
+    on_refusal: Callable[[str, int | None, str], None] = lambda who, client, why: None
+    clock: Callable[[], float] = time.monotonic
+    members: dict[int, Member] = field(default_factory=dict)
+    sessions: dict[str, str] = field(default_factory=dict)  # session -> owner
+    payloads: dict[str, bytes] = field(default_factory=dict)
+    done: bool = False
+    done_reason: str = ""
+    bytes_down: int = 0  # payload bytes handed out
+    bytes_up: int = 0  # answer bytes taken
+    accepted: int = 0  # answers taken
+    phase: str = "waiting for clients"  # what the round thread awaits (metrics, logs)
+
+    def __post_init__(self) -> None:
+        self.cond = threading.Condition()
+        self._pending: dict[int, list[Key]] = {}  # per client: work not handed out yet
+        self._asked: dict[Key, _Asked] = {}
+        self._answered: set[Key] = set()
+        self._inbox: list[Answer] = []
+
+    # ------------------------------------------------------------- gRPC threads
+    def join(self, owner: str, members: list[tuple[int, int]]) -> tuple[str, list[int], list]:
+        """Register ``owner``'s client ids: a new session, the ids accepted and the
+        (id, reason) refused (outside the federation, or hosted by another)."""
+        with self.cond:
+            session = secrets.token_hex(16)
+            self.sessions[session] = owner
+            accepted, refused = [], []
+            for cid, n in members:
+                why = self._refuse_member(owner, cid, n)
+                if why is not None:
+                    refused.append((cid, why))
+                    self.on_refusal(owner, cid, why)
+                    continue
+                self.members[cid] = Member(cid, owner, n, session, self.clock())
+                accepted.append(cid)
+            self.cond.notify_all()
+            return session, accepted, refused
+
+    def _refuse_member(self, owner: str, cid: int, n: int) -> str | None:
+        if not 0 <= cid < self.num_clients:
+            return f"client id {cid} is outside this federation's 0..{self.num_clients - 1}"
+        if n < 0:
+            return f"client {cid} declared num_examples = {n}; it must be >= 0"
+        held = self.members.get(cid)
+        if held is not None and held.owner != owner:
+            return f"client id {cid} is hosted by '{held.owner}', not '{owner}'"
+        return None
+
+    def owned(self, owner: str, session: str) -> list[int]:
+        """The client ids of ``owner``'s ``session`` (KeyError: no such session)."""
+        if self.sessions.get(session) != owner:
+            raise KeyError(f"unknown session for '{owner}': join again")
+        return [c for c, m in self.members.items() if m.session == session]
+
+    def poll(self, owner: str, session: str, wait_s: float, heartbeat: bool) -> list[pb.Work]:
+        """Work for the session's clients, waiting up to ``wait_s`` for some;
+        every poll marks them alive."""
+        end = self.clock() + max(0.0, min(wait_s, 60.0))
+        with self.cond:
+            while True:
+                ids = self.owned(owner, session)
+                now = self.clock()
+                for c in ids:
+                    self.members[c].last_seen = now
+                if heartbeat:
+                    return []
+                work = self._hand_out(ids, now)
+                if work or self.done or now >= end:
+                    return work
+                self.cond.wait(end - now)
+
+    def _hand_out(self, ids: list[int], now: float) -> list[pb.Work]:
+        out = []
+        for c in ids:
+            for key in self._pending.pop(c, []):
+                asked = self._asked.get(key)
+                if asked is None:  # closed before it was handed out
+                    continue
+                asked.handed = now
+                work = pb.Work()
+                work.CopyFrom(asked.work)
+                work.deadline_s = max(0.0, asked.work.deadline_s - (now - asked.posted))
+                out.append(work)
+        return out
+
+    def payload(self, owner: str, session: str, payload_id: str) -> bytes:
+        with self.cond:
+            self.owned(owner, session)
+            data = self.payloads.get(payload_id)
+            if data is None:
+                raise KeyError(f"payload '{payload_id}' is not served now")
+            self.bytes_down += len(data)
+            return data
+
+    def answer(self, owner: str, header: pb.UploadHeader, data: bytes) -> str | None:
+        """Take an answer: None, or the reason it is refused."""
+        cid, r = header.client_id, header.round_idx
+        key: Key = (cid, r, header.kind, header.phase)
+        with self.cond:
+            try:
+                ids = self.owned(owner, header.session)
+            except KeyError as exc:
+                return self._refuse(owner, cid, str(exc.args[0]))
+            if cid not in ids:
+                return self._refuse(owner, cid, f"client {cid} is not hosted by '{owner}'")
+            if key in self._answered:
+                return self._refuse(owner, cid, f"a second {header.kind} of client {cid} in round {r}")
+            asked = self._asked.get(key)
+            if asked is None or asked.handed is None:
+                what = f"{header.kind}" + (f" '{header.phase}'" if header.phase else "")
+                return self._refuse(owner, cid, f"client {cid} was not asked for a {what} in round {r} now")
+            if header.model_version != asked.version:
+                return self._refuse(
+                    owner,
+                    cid,
+                    f"client {cid} answered for model version {header.model_version}; "
+                    f"it was given version {asked.version}",
+                )
+            del self._asked[key]
+            self._answered.add(key)
+            self.bytes_up += len(data)
+            self.accepted += 1
+            seconds = self.clock() - asked.handed
+            self._inbox.append(Answer(cid, r, header.kind, header.phase, data, seconds))
+            self.cond.notify_all()
+            return None
+
+    def _refuse(self, owner: str, cid: int | None, why: str) -> str:
+        self.on_refusal(owner, cid, why)
+        return why
+
+    # ------------------------------------------------------------- round thread
+    def serve(self, payload_id: str, payload: bytes) -> None:
+        """Serve ``payload`` (the round's model) under ``payload_id``, alone."""
+        with self.cond:
+            self.payloads = {payload_id: payload}
+
+    def ask(self, works: list[pb.Work], version: int) -> None:
+        """Post ``works`` (each to its client); answers are awaited by ``gather``."""
+        with self.cond:
+            now = self.clock()
+            for w in works:
+                kind = UPDATE if w.kind == pb.Work.TRAIN else (
+                    REPLY if w.kind == pb.Work.PHASE else EVALUATION
+                )
+                key: Key = (w.client_id, w.round_idx, kind, w.phase if kind == REPLY else "")
+                self._asked[key] = _Asked(w, version, now)
+                self._answered.discard(key)
+                self._pending.setdefault(w.client_id, []).append(key)
+            self.cond.notify_all()
+
+    def gather(self, keys: set[Key], deadline_s: float, need: int | None = None) -> Iterator[Answer]:
+        """The answers to ``keys`` as they come, until all came, ``need`` came, the
+        deadline passed, or every client still owing one has gone silent; then the
+        rest are closed (a late answer is refused)."""
+        end = self.clock() + deadline_s
+        got = 0
+        try:
+            while keys and (need is None or got < need):
+                with self.cond:
+                    mine = [a for a in self._inbox if a.key in keys]
+                    if not mine:
+                        now = self.clock()
+                        if now >= end or self._all_silent(keys, now):
+                            return
+                        self.cond.wait(min(end - now, 0.5))
+                        continue
+                    for a in mine:
+                        self._inbox.remove(a)
+                for a in mine:
+                    keys.discard(a.key)
+                    got += 1
+                    yield a
+        finally:
+            self.close(keys)
+
+    def _all_silent(self, keys: set[Key], now: float) -> bool:
+        for cid, *_ in keys:
+            m = self.members.get(cid)
+            if m is not None and now - m.last_seen < self.heartbeat_timeout_s:
+                return False
+        return True
+
+    def close(self, keys: set[Key]) -> None:
+        """Withdraw the questions ``keys`` (answered or not)."""
+        with self.cond:
+            for key in keys:
+                self._asked.pop(key, None)
+
+    def alive(self) -> list[int]:
+        """The client ids heard from within the heartbeat timeout."""
+        with self.cond:
+            now = self.clock()
+            return sorted(
+                c for c, m in self.members.items() if now - m.last_seen < self.heartbeat_timeout_s
+            )
+
+    def wait_for(self, count: int, timeout_s: float) -> int:
+        """Wait until ``count`` clients joined; how many did."""
+        end = self.clock() + timeout_s
+        with self.cond:
+            while len(self.members) < count and self.clock() < end:
+                self.cond.wait(min(1.0, end - self.clock()))
+            return len(self.members)
+
+    def finish(self, reason: str) -> None:
+        """The run is over: polls return at once, telling the clients to leave."""
+        with self.cond:
+            self.done, self.done_reason = True, reason
+            self.cond.notify_all()

@@ -1,0 +1,83 @@
+"""The deployment server's Prometheus metrics, served over HTTP when asked
+(``--metrics-port``): connected clients, the round's phase, answers accepted
+and refused (by reason), bytes each way, and round time."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+
+from fedforge.transport.hub import Hub
+
+# a refusal's reason, reduced to a label of few values (the full reason is logged)
+KINDS = (
+    ("revoked", "revoked"),
+    ("signature|unknown client|timestamp|nonce|certificate", "unauthenticated"),
+    ("malformed|starts with its header|second upload header", "malformed"),
+    ("at most .* are taken", "oversize"),
+    ("a second", "duplicate"),
+    ("model version", "wrong_version"),
+    ("was not asked", "not_asked"),
+    ("SHA-256|longer than", "corrupt"),
+    ("hosted by|outside this federation|unknown session", "membership"),
+)
+
+
+def reason_kind(reason: str) -> str:
+    for pattern, kind in KINDS:
+        if re.search(pattern, reason):
+            return kind
+    return "other"
+
+
+class _HubState:
+    """Reads the hub at scrape time."""
+
+    def __init__(self, hub: Hub) -> None:
+        self.hub = hub
+
+    def collect(self) -> Iterator[Any]:
+        hub = self.hub
+        yield GaugeMetricFamily(
+            "fedforge_connected_clients", "clients heard from within the heartbeat timeout",
+            value=len(hub.alive()),
+        )
+        yield GaugeMetricFamily("fedforge_joined_clients", "client ids joined", value=len(hub.members))
+        yield InfoMetricFamily("fedforge_round_phase", "what the server awaits", value={"phase": hub.phase})
+        moved = CounterMetricFamily("fedforge_bytes", "payload bytes on the wire", labels=["direction"])
+        moved.add_metric(["down"], hub.bytes_down)
+        moved.add_metric(["up"], hub.bytes_up)
+        yield moved
+        yield CounterMetricFamily("fedforge_answers_accepted", "answers taken", value=hub.accepted)
+
+
+class ServerMetrics:
+    """The registry and, with a port, its HTTP endpoint."""
+
+    def __init__(self, port: int | None) -> None:
+        self.registry = CollectorRegistry()
+        self.port = port
+        self.refusals = Counter(
+            "fedforge_refused", "requests and answers refused", ["reason"], registry=self.registry
+        )
+        self.round_seconds = Histogram(
+            "fedforge_round_seconds", "a round's wall time", registry=self.registry,
+            buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600),
+        )
+        self._server: Any = None
+
+    def watch(self, hub: Hub) -> None:
+        self.registry.register(_HubState(hub))  # type: ignore[arg-type]
+        if self.port is not None:
+            self._server, _ = start_http_server(self.port, addr="127.0.0.1", registry=self.registry)
+
+    def refused(self, reason: str) -> None:
+        self.refusals.labels(reason_kind(reason)).inc()
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()

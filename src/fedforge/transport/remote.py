@@ -1,0 +1,111 @@
+"""The deployment server's engine: a round's work goes to client processes over
+the network instead of function calls (DESIGN idea 4: engines change where,
+not what).
+
+``run_cohort`` posts a TRAIN work item per task (the payload is served for
+download under an id) and yields the updates as they arrive; ``run_phase``
+posts a protocol phase's messages and returns the replies that came. Both wait
+at most ``deployment.round_deadline_s``, and stop early when every client still
+owing an answer has gone silent (no poll or heartbeat within
+``heartbeat_timeout_s``): the ones that did not answer are dropouts, which the
+round's collector treats as in simulation (secure aggregation recovers their
+masks from the survivors' shares). Under over-selection the server asks more
+clients than the round needs and ``run_cohort`` closes at the needed count.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict
+
+from fedforge.algorithms.plan import LocalPlan
+from fedforge.client.runtime import ClientTask, ClientUpload
+from fedforge.config import Config
+from fedforge.selection.sampling import cohort_size
+from fedforge.transport.hub import REPLY, UPDATE, Hub, Key
+from fedforge.transport.pb import federation_pb2 as pb
+
+
+def plan_json(plan: LocalPlan) -> str:
+    return json.dumps(asdict(plan), sort_keys=True)
+
+
+def plan_from_json(text: str) -> LocalPlan:
+    return LocalPlan(**json.loads(text))
+
+
+class RemoteEngine:
+    """Runs a cohort on the clients connected to ``hub``."""
+
+    name = "remote"
+
+    def __init__(self, hub: Hub, cfg: Config) -> None:
+        self.hub = hub
+        self.deadline_s = cfg.deployment.round_deadline_s
+        # the server samples this fraction more clients than a round needs
+        self.over_selection = cfg.deployment.over_selection
+        needed = cohort_size(cfg.num_clients, cfg.client_fraction)
+        self.needed = needed if self.over_selection > 0 else None
+        self.version = 0  # the model version being served (the round that made it)
+        self.round_idx = 0
+
+    def run_cohort(self, tasks: Sequence[ClientTask], payload: bytes) -> Iterator[ClientUpload]:
+        if not tasks:
+            return
+        r = tasks[0].round_idx
+        pid = f"round-{r}"
+        self.hub.serve(pid, payload)
+        self.version = r
+        works = [
+            pb.Work(
+                kind=pb.Work.TRAIN,
+                client_id=t.client_id,
+                round_idx=r,
+                model_version=self.version,
+                plan_json=plan_json(t.plan),
+                seed=t.seed,
+                payload_id=pid,
+                payload_size=len(payload),
+                deadline_s=self.deadline_s,
+            )
+            for t in tasks
+        ]
+        keys: set[Key] = {(t.client_id, r, UPDATE, "") for t in tasks}
+        self.hub.ask(works, self.version)
+        need = None if self.needed is None else min(self.needed, len(tasks))
+        for a in self.hub.gather(keys, self.deadline_s, need):
+            yield ClientUpload(a.client_id, a.data, a.seconds)
+
+    def run_phase(self, phase: str, messages: Mapping[int, bytes]) -> dict[int, bytes]:
+        """Each addressed client's reply; a client answers every phase message (an
+        empty reply: it has nothing to say, as in the masked-input phase, whose
+        messages set up the update that follows)."""
+        if not messages:
+            return {}
+        r = self.round_idx
+        works = [
+            pb.Work(
+                kind=pb.Work.PHASE,
+                client_id=c,
+                round_idx=r,
+                model_version=self.version,
+                phase=phase,
+                message=m,
+                deadline_s=self.deadline_s,
+            )
+            for c, m in messages.items()
+        ]
+        keys: set[Key] = {(c, r, REPLY, phase) for c in messages}
+        self.hub.ask(works, self.version)
+        return {a.client_id: a.data for a in self.hub.gather(keys, self.deadline_s) if a.data}
+
+    def begin_round(self, round_idx: int) -> None:
+        """The round whose phases come next (protocol phases precede the payload)."""
+        self.round_idx = round_idx
+
+    def close(self) -> None:
+        self.hub.finish("the run ended")
+
+
+__all__ = ["RemoteEngine", "plan_from_json", "plan_json"]

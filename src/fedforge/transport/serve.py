@@ -1,0 +1,142 @@
+"""``fedforge server``: a federation from a config, as the simulator runs it (the
+same loop, algorithms, stages, store and stops), with the clients in other
+processes. It listens, waits for ``deployment.start_clients`` to join, runs the
+rounds through the network engine (``remote.py``), and at the end tells the
+clients the run is over. ``--resume RUN`` continues a run from its run store
+after a crash; the clients reconnect by themselves.
+"""
+
+from __future__ import annotations
+
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from fedforge.config import Config, override
+from fedforge.config.parse import dump
+from fedforge.core.errors import ConfigError
+from fedforge.server.loop import RunResult, resume, run
+from fedforge.store import RunStore
+from fedforge.transport.hub import Hub
+from fedforge.transport.logs import log_event
+from fedforge.transport.metrics import ServerMetrics
+from fedforge.transport.pb import federation_pb2_grpc as pb_grpc
+from fedforge.transport.remote import RemoteEngine
+from fedforge.transport.security import ServerSecurity
+from fedforge.transport.service import FederationService
+
+SERVICE = "fedforge.v1.Federation"
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    security: ServerSecurity
+    host: str = "127.0.0.1"
+    port: int = 50051  # 0: any free port (said in the "listening" log line)
+    metrics_port: int | None = None  # Prometheus metrics over HTTP; None: off
+    progress: bool = False
+
+
+class Deployment:
+    """A listening server around a hub; ``run`` or ``resume`` drive the rounds."""
+
+    def __init__(self, cfg: Config, options: ServerOptions) -> None:
+        self.cfg, self.opt = cfg, options
+        dep = cfg.deployment
+        self.metrics = ServerMetrics(options.metrics_port)
+        self.hub = Hub(cfg.num_clients, dep.heartbeat_timeout_s, on_refusal=self._refused)
+        max_bytes = int(dep.max_message_mib * (1 << 20))
+        self.grpc = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=64),
+            options=[
+                ("grpc.max_receive_message_length", max_bytes),
+                ("grpc.max_send_message_length", max_bytes),
+            ],
+        )
+        service = FederationService(
+            self.hub,
+            options.security.guard(),
+            cfg.name,
+            dump(cfg),
+            max_bytes,
+            dep.chunk_kib * 1024,
+            self._refused,
+        )
+        pb_grpc.add_FederationServicer_to_server(service, self.grpc)
+        self.health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
+        address = f"{options.host}:{options.port}"
+        creds = options.security.credentials()
+        if creds is None:
+            self.port = self.grpc.add_insecure_port(address)
+        else:
+            self.port = self.grpc.add_secure_port(address, creds)
+        if self.port == 0:
+            raise ConfigError(f"cannot listen on {address} (in use, or not an address here)")
+        self.engine = RemoteEngine(self.hub, cfg)
+
+    def _refused(self, who: str, client: int | None, why: str) -> None:
+        self.metrics.refused(why)
+        log_event("server", "refused", sender=who, client=client, reason=why)
+
+    def start(self) -> None:
+        self.grpc.start()
+        self.health.set(SERVICE, health_pb2.HealthCheckResponse.SERVING)
+        self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        self.metrics.watch(self.hub)
+        log_event("server", "listening", host=self.opt.host, port=self.port, auth=self.opt.security.mode)
+
+    def wait_for_clients(self) -> None:
+        dep = self.cfg.deployment
+        need = dep.start_clients or self.cfg.num_clients
+        got = self.hub.wait_for(need, dep.start_timeout_s)
+        if got < need:
+            raise ConfigError(
+                f"only {got} of the {need} clients needed to start joined within "
+                f"{dep.start_timeout_s:g} s (deployment.start_clients, deployment.start_timeout_s)"
+            )
+        log_event("server", "clients_joined", clients=got)
+
+    def stop(self, reason: str) -> None:
+        self.hub.finish(reason)
+        self.health.enter_graceful_shutdown()
+        self.grpc.stop(grace=3.0).wait()
+        self.metrics.close()
+
+
+def _served(cfg: Config) -> Config:
+    # the server's own engine never trains: the serial one is built (no probe)
+    return override(cfg, {"engine": "serial", "workers": 1})
+
+
+def serve(config: Config, options: ServerOptions) -> RunResult:
+    """Run ``config`` as a deployment: listen, wait for clients, run, dismiss them."""
+    cfg = _served(config)
+    dep = Deployment(cfg, options)
+    dep.start()
+    try:
+        dep.wait_for_clients()
+        result = run(cfg, progress=options.progress, engine=dep.engine)
+        log_event("server", "finished", run_dir=str(result.run_dir))
+        return result
+    finally:
+        dep.stop("the run ended")
+
+
+def serve_resume(run_dir: Path | str, options: ServerOptions) -> RunResult:
+    """Continue the run in ``run_dir`` (after a crash) as a deployment."""
+    with RunStore.open(run_dir, read_only=True) as stored:
+        cfg = stored.config()
+    dep = Deployment(cfg, options)
+    dep.start()
+    try:
+        dep.wait_for_clients()
+        return resume(run_dir, progress=options.progress, engine=dep.engine)
+    finally:
+        dep.stop("the run ended")
+
+
+__all__ = ["Deployment", "ServerOptions", "serve", "serve_resume"]
