@@ -1,4 +1,4 @@
-"""The ``fedforge`` command: run, resume, runs, show, sweep, compare-iid.
+"""The ``fedforge`` command: run, resume, runs, show, sweep, compare-iid, certs, keys.
 
 A user's mistake (bad config value, missing data, unknown run) ends in one line
 naming the value and what is allowed, with exit status 2; never a traceback.
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from fedforge import config as config_mod
 from fedforge.config import step_sizes
 from fedforge.core.errors import ConfigError, FedforgeError, StopNow
+from fedforge.transport import certs_cli
 
 if TYPE_CHECKING:
     from fedforge.server.loop import RunResult
@@ -92,6 +93,7 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--data-dir", help="where the data sets are (else $FEDFORGE_DATA)")
         p.add_argument("--runs-dir", help="where run directories go (config: runs_dir)")
         p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    certs_cli.add_parsers(sub)
     return parser
 
 
@@ -213,6 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "show": _cmd_show,
         "sweep": _cmd_sweep,
         "compare-iid": _cmd_compare_iid,
+        **certs_cli.COMMANDS,
     }
     try:
         args = _parser().parse_args(argv)
