@@ -1,4 +1,5 @@
-"""The ``fedforge`` command: run, resume, runs, show, sweep, compare-iid, server, client.
+"""The ``fedforge`` command: run, resume, runs, show, sweep, compare-iid; server,
+client, certs, keys (a deployment).
 
 A user's mistake (bad config value, missing data, unknown run) ends in one line
 naming the value and what is allowed, with exit status 2; never a traceback.
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING
 from fedforge import config as config_mod
 from fedforge.config import step_sizes
 from fedforge.core.errors import ConfigError, FedforgeError, StopNow
+from fedforge.transport import certs_cli
 
 if TYPE_CHECKING:
     from fedforge.server.loop import RunResult
@@ -95,6 +97,7 @@ def _parser() -> argparse.ArgumentParser:
     from fedforge.transport.commands import add_parsers as add_deployment
 
     add_deployment(sub)  # server, client
+    certs_cli.add_parsers(sub)
     return parser
 
 
@@ -232,6 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "compare-iid": _cmd_compare_iid,
         "server": _cmd_server,
         "client": _cmd_client,
+        **certs_cli.COMMANDS,
     }
     try:
         args = _parser().parse_args(argv)
