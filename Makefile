@@ -8,7 +8,7 @@ DATA_ENV := $(if $(wildcard $(SHARED_DATA)/mnist),FEDFORGE_DATA=$(SHARED_DATA),)
 CONFIG ?= configs/default.yaml
 ARGS ?=
 
-.PHONY: run test test-slow test-cuda lint typecheck venv clean
+.PHONY: run test test-slow test-cuda lint typecheck venv clean proto
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -46,6 +46,11 @@ lint: venv
 
 typecheck: venv
 	$(VENV)/bin/mypy
+
+# The gRPC code of the wire's schema, committed (tests/test_proto.py checks it matches).
+proto: venv
+	$(PY) -m grpc_tools.protoc -Iproto --python_out=src --pyi_out=src --grpc_python_out=src \
+		proto/fedforge/transport/pb/federation.proto
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -63,7 +63,6 @@ class ClientProcess:
         self.exp: Experiment | None = None
         self.config_yaml = ""
         self.session = ""
-        self.payloads: dict[str, bytes] = {}
         self.stop = threading.Event()
 
     # ------------------------------------------------------------------ wire
@@ -92,7 +91,6 @@ class ClientProcess:
         if hello.config_yaml != self.config_yaml:
             self.exp = self._build(hello.config_yaml)
             self.config_yaml = hello.config_yaml
-            self.payloads.clear()
         assert self.exp is not None
         members = [pb.Member(client_id=c, num_examples=self.exp.data.num_examples(c)) for c in self.opt.ids]
         reply = self._unary("Join", pb.JoinRequest(members=members).SerializeToString(), 30)
@@ -172,15 +170,14 @@ class ClientProcess:
             self._upload(work, "update", upload.data)
 
     def _download(self, payload_id: str) -> bytes:
-        if payload_id not in self.payloads:
-            body = pb.DownloadRequest(session=self.session, payload_id=payload_id)
-            try:
-                chunks = self.stub.Download(self._signed("Download", body.SerializeToString()), timeout=300)
-                data = b"".join(c.data for c in chunks)
-            except grpc.RpcError as exc:
-                raise Lost(f"Download: {exc.code().name}") from None  # type: ignore[attr-defined]
-            self.payloads = {payload_id: data}
-        return self.payloads[payload_id]
+        """The model, downloaded for each client it hosts: each is a device of its
+        own, and the bytes the run store counts are the bytes that were sent."""
+        body = pb.DownloadRequest(session=self.session, payload_id=payload_id)
+        try:
+            signed = self._signed("Download", body.SerializeToString())
+            return b"".join(c.data for c in self.stub.Download(signed, timeout=300))
+        except grpc.RpcError as exc:
+            raise Lost(f"Download: {exc.code().name}") from None  # type: ignore[attr-defined]
 
     def _upload(self, work: pb.Work, kind: str, data: bytes) -> None:
         header = pb.UploadHeader(

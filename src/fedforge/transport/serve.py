@@ -100,6 +100,18 @@ class Deployment:
             )
         log_event("server", "clients_joined", clients=got)
 
+    def finished(self, result: RunResult) -> None:
+        """Log the end, with the payload bytes that crossed the wire."""
+        hub = self.hub
+        log_event(
+            "server",
+            "finished",
+            run_dir=str(result.run_dir),
+            stopped=result.stopped,
+            wire_bytes_up=hub.bytes_up,
+            wire_bytes_down=hub.bytes_down,
+        )
+
     def stop(self, reason: str) -> None:
         self.hub.finish(reason)
         self.health.enter_graceful_shutdown()
@@ -120,7 +132,7 @@ def serve(config: Config, options: ServerOptions) -> RunResult:
     try:
         dep.wait_for_clients()
         result = run(cfg, progress=options.progress, engine=dep.engine)
-        log_event("server", "finished", run_dir=str(result.run_dir))
+        dep.finished(result)
         return result
     finally:
         dep.stop("the run ended")
@@ -134,7 +146,9 @@ def serve_resume(run_dir: Path | str, options: ServerOptions) -> RunResult:
     dep.start()
     try:
         dep.wait_for_clients()
-        return resume(run_dir, progress=options.progress, engine=dep.engine)
+        result = resume(run_dir, progress=options.progress, engine=dep.engine)
+        dep.finished(result)
+        return result
     finally:
         dep.stop("the run ended")
 
