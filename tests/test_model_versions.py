@@ -1,9 +1,10 @@
 """Tests of the run store's model versions: the round trip of parameters, the
-promote/rollback state machine and its refusals, crash safety and damaged
-files."""
+promote/rollback state machine and its refusals, crash safety, damaged files,
+and ``fedforge models``."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from fedforge.cli import main
 from fedforge.config import Config
 from fedforge.core.errors import StoreError
 from fedforge.store import RunStore
@@ -300,3 +302,52 @@ def test_a_damaged_file_is_refused_by_name(store: RunStore) -> None:
     store._conn.execute("UPDATE model_versions SET params_shape = '[7]' WHERE version_id = 2")
     with pytest.raises(StoreError, match=r"holds float32 \[6\], its row says float32 \[7\]"):
         load_version_params(store, 2)
+
+
+def _cli(runs: Path, *argv: str) -> int:
+    return main(["models", *argv[:2], "--runs-dir", str(runs), *argv[2:]])
+
+
+def test_models_list_promote_rollback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    runs = tmp_path / "runs"
+    with RunStore.create(runs, Config(name="canary")) as s:
+        run = s.path.name
+        add_version(s, _params(), 9, metrics={"accuracy": 0.9}, status="promoted")
+        add_version(s, _params(), 19, parent_id=1, metrics={"accuracy": 0.91}, status="canary")
+    assert _cli(runs, "list", run) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["VERSION", "PARENT", "ROUND", "STATUS", "CREATED", "METRICS"]
+    assert out[1].split()[:5] == ["*", "1", "-", "10", "promoted"]
+    assert out[1].endswith("accuracy=0.9") and out[2].split()[:4] == ["2", "1", "20", "canary"]
+    assert out[3] == "* serving every client outside the canary"
+    assert _cli(runs, "promote", run, "2") == 0
+    assert capsys.readouterr().out == (
+        "version 2 promoted: it serves every client; version 1 superseded\n"
+    )
+    assert _cli(runs, "rollback", "canary") == 0  # the run by its config name
+    assert capsys.readouterr().out == "version 2 rolled back; version 1 serves every client\n"
+    assert main(["models", "list", str(runs / run)]) == 0  # the run by its path
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[:2] for line in lines[1:3]] == [["*", "1"], ["2", "1"]]
+
+
+def test_models_refusals_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    runs = tmp_path / "runs"
+    with RunStore.create(runs, Config(name="refused")) as s:
+        run = s.path.name
+    assert _cli(runs, "list", run) == 0
+    assert capsys.readouterr().out == "no model versions\n"
+    assert _cli(runs, "rollback", run) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fedforge: error: nothing to roll back in run") and err.count("\n") == 1
+    with RunStore.open(runs / run) as s:
+        add_version(s, _params(), 0, status="promoted")
+        add_version(s, _params(), 1, parent_id=1, status="canary")
+        rollback(s, 2)
+    assert _cli(runs, "promote", run, "2") == 2
+    assert "promote version 2: its status is rolled_back" in capsys.readouterr().err
+    assert _cli(runs, "promote", run, "5") == 2
+    assert "no model version 5" in capsys.readouterr().err
+    assert _cli(runs, "list", "nosuchrun") == 2
+    assert "no run matches 'nosuchrun'" in capsys.readouterr().err
+    assert os.listdir(runs) == [run]
