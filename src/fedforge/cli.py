@@ -1,5 +1,5 @@
 """The ``fedforge`` command: run, resume, runs, show, sweep, compare-iid; server,
-client, certs, keys (a deployment).
+client, certs, keys, models (a deployment).
 
 A user's mistake (bad config value, missing data, unknown run) ends in one line
 naming the value and what is allowed, with exit status 2; never a traceback.
@@ -84,6 +84,23 @@ def _parser() -> argparse.ArgumentParser:
         required=True,
         metavar="FIELD=V1,V2",
         help="values of one field (repeat for more fields: the grid is their product)",
+    )
+    models = sub.add_parser("models", help="a run's model versions: list, promote, roll back")
+    actions = models.add_subparsers(dest="models_command", required=True)
+    _add_run_lookup(actions.add_parser("list", help="list the versions; * marks the serving one"))
+    promote = actions.add_parser("promote", help="make a version the one serving every client")
+    _add_run_lookup(promote)
+    promote.add_argument("version_id", type=int, metavar="ID", help="the version to promote")
+    rollback = actions.add_parser(
+        "rollback", help="withdraw the canary or the serving version for good"
+    )
+    _add_run_lookup(rollback)
+    rollback.add_argument(
+        "version_id",
+        type=int,
+        nargs="?",
+        metavar="ID",
+        help="the version (default: the canary if there is one, else the serving version)",
     )
     compare = sub.add_parser(
         "compare-iid", help="run a config on an IID split and on its own; print the accuracy gap"
@@ -217,6 +234,12 @@ def _cmd_compare_iid(args: argparse.Namespace) -> int:
     return _stopped_status((iid.stopped, own.stopped if own is not None else None))
 
 
+def _cmd_models(args: argparse.Namespace) -> int:
+    from fedforge.report.models_cli import run_models_command
+
+    return run_models_command(args)
+
+
 def _stopped_status(stopped: Iterable[str | None]) -> int:
     """128 + the number of the signal that stopped a point (130, 143); 0 if none did."""
     name = next((s for s in stopped if s is not None), None)
@@ -236,6 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "server": _cmd_server,
         "client": _cmd_client,
         **certs_cli.COMMANDS,
+        "models": _cmd_models,
     }
     try:
         args = _parser().parse_args(argv)

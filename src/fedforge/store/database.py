@@ -60,6 +60,23 @@ ROUND_TABLES: dict[str, str] = {
         PRIMARY KEY (round_idx, client_id))""",
 }
 
+# The global models a deployment serves (``versions.py``), created on the first
+# version's write (IF NOT EXISTS: older stores gain it). As with the per-round
+# tables above, the schema version stays: an older fedforge reads the rest of the
+# store and ignores the table. Not per-round: a rewind keeps the versions, whose
+# models may already have been served. The partial unique index keeps at most
+# one version 'promoted' (the one serving every client) and one 'canary'.
+MODEL_VERSIONS = (
+    """CREATE TABLE IF NOT EXISTS model_versions (version_id INTEGER PRIMARY KEY,
+    parent_id INTEGER, round_idx INTEGER NOT NULL, created REAL NOT NULL,
+    status TEXT NOT NULL CHECK (status IN
+        ('candidate', 'canary', 'promoted', 'rolled_back', 'superseded')),
+    metrics_json TEXT NOT NULL, params_file TEXT NOT NULL, params_dtype TEXT NOT NULL,
+    params_shape TEXT NOT NULL, params_sha256 TEXT NOT NULL)""",
+    """CREATE UNIQUE INDEX IF NOT EXISTS model_versions_live ON model_versions (status)
+    WHERE status IN ('promoted', 'canary')""",
+)
+
 # What a damaged file raises: SQLite's errors, and Python's failure to decode an
 # error message that quotes the damaged bytes (a UnicodeDecodeError).
 DB_ERRORS = (sqlite3.Error, UnicodeDecodeError)
