@@ -4,6 +4,7 @@ its "listening" line."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -60,10 +61,8 @@ class Proc:
         out = []
         for line in self.log.read_text(errors="replace").splitlines():
             if line.startswith("{"):
-                try:
+                with contextlib.suppress(json.JSONDecodeError):
                     out.append(json.loads(line))
-                except json.JSONDecodeError:
-                    pass
         return out
 
     def wait(self, timeout: float) -> int:
@@ -75,7 +74,9 @@ class Proc:
             self.popen.wait(30)
 
 
-def start_server(tmp: Path, config: Path | None, *args: str, timeout: float = 60) -> tuple[Proc, int]:
+def start_server(
+    tmp: Path, config: Path | None, *args: str, timeout: float = 60
+) -> tuple[Proc, int]:
     log = tmp / f"server-{time.monotonic_ns()}.log"
     cmd = [*FEDFORGE, "server", "--port", "0", "--runs-dir", str(tmp / "runs"), "-q", *args]
     if config is not None:
@@ -96,8 +97,19 @@ def start_server(tmp: Path, config: Path | None, *args: str, timeout: float = 60
 
 def start_client(tmp: Path, port: int, ids: str, *args: str) -> Proc:
     log = tmp / f"client-{ids}-{time.monotonic_ns()}.log"
-    cmd = [*FEDFORGE, "client", "--server", f"127.0.0.1:{port}", "--clients", ids,
-           "--heartbeat-s", "0.5", "--give-up-s", "60", *args]
+    cmd = [
+        *FEDFORGE,
+        "client",
+        "--server",
+        f"127.0.0.1:{port}",
+        "--clients",
+        ids,
+        "--heartbeat-s",
+        "0.5",
+        "--give-up-s",
+        "60",
+        *args,
+    ]
     with log.open("wb") as f:
         p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=_env(), cwd=tmp)
     return Proc(p, log)

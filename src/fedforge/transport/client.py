@@ -71,7 +71,10 @@ class ClientProcess:
             return pb.Signed(auth=pb.Auth(client=self.name), body=body)
         env = self.signer.sign(method, body)  # type: ignore[attr-defined]
         auth = pb.Auth(
-            client=env.client_name, nonce=env.nonce, timestamp=env.timestamp, signature=env.signature
+            client=env.client_name,
+            nonce=env.nonce,
+            timestamp=env.timestamp,
+            signature=env.signature,
         )
         return pb.Signed(auth=auth, body=body)
 
@@ -79,20 +82,24 @@ class ClientProcess:
         try:
             return getattr(self.stub, method)(self._signed(method, body), timeout=timeout)
         except grpc.RpcError as exc:
-            if exc.code() in RETRY:  # type: ignore[attr-defined]
-                raise Lost(f"{method}: {exc.code().name}") from None  # type: ignore[attr-defined]
+            if exc.code() in RETRY:
+                raise Lost(f"{method}: {exc.code().name}") from None
             raise
 
     # ------------------------------------------------------------------ session
     def connect(self) -> None:
         """Hello (the config; the client is built on first sight) and Join."""
-        hello = self._unary("Hello", pb.HelloRequest(client_version=__version__).SerializeToString(), 30)
+        hello = self._unary(
+            "Hello", pb.HelloRequest(client_version=__version__).SerializeToString(), 30
+        )
         assert isinstance(hello, pb.HelloReply)
         if hello.config_yaml != self.config_yaml:
             self.exp = self._build(hello.config_yaml)
             self.config_yaml = hello.config_yaml
         assert self.exp is not None
-        members = [pb.Member(client_id=c, num_examples=self.exp.data.num_examples(c)) for c in self.opt.ids]
+        members = [
+            pb.Member(client_id=c, num_examples=self.exp.data.num_examples(c)) for c in self.opt.ids
+        ]
         reply = self._unary("Join", pb.JoinRequest(members=members).SerializeToString(), 30)
         assert isinstance(reply, pb.JoinReply)
         for r in reply.refused:
@@ -100,16 +107,22 @@ class ClientProcess:
         if not reply.accepted:
             raise SystemExit(f"fedforge client: the server accepted none of clients {self.opt.ids}")
         self.session = reply.session
-        log_event("client", "joined", name=self.name, run=hello.run_name, clients=list(reply.accepted))
+        log_event(
+            "client", "joined", name=self.name, run=hello.run_name, clients=list(reply.accepted)
+        )
 
     def _build(self, config_yaml: str) -> Experiment:
         """The run's experiment on this side: its data, model and client runtime,
         trained one client at a time on one thread."""
         cfg = from_dict(yaml.safe_load(config_yaml))
-        cfg = override(cfg, {"engine": "serial", "workers": 1, "threads": 1, "device": self.opt.device})
+        cfg = override(
+            cfg, {"engine": "serial", "workers": 1, "threads": 1, "device": self.opt.device}
+        )
         bad = [c for c in self.opt.ids if not 0 <= c < cfg.num_clients]
         if bad:
-            raise SystemExit(f"fedforge client: client ids {bad} are outside 0..{cfg.num_clients - 1}")
+            raise SystemExit(
+                f"fedforge client: client ids {bad} are outside 0..{cfg.num_clients - 1}"
+            )
         return build(cfg)
 
     # ------------------------------------------------------------------ work
@@ -165,7 +178,9 @@ class ClientProcess:
             self._upload(work, "reply", reply.get(work.client_id, b""))
         elif work.kind == pb.Work.TRAIN:
             payload = self._download(work.payload_id)
-            task = ClientTask(work.client_id, work.round_idx, plan_from_json(work.plan_json), work.seed)
+            task = ClientTask(
+                work.client_id, work.round_idx, plan_from_json(work.plan_json), work.seed
+            )
             upload = next(iter(engine.run_cohort([task], payload)))
             self._upload(work, "update", upload.data)
 
@@ -177,9 +192,16 @@ class ClientProcess:
             signed = self._signed("Download", body.SerializeToString())
             return b"".join(c.data for c in self.stub.Download(signed, timeout=300))
         except grpc.RpcError as exc:
-            raise Lost(f"Download: {exc.code().name}") from None  # type: ignore[attr-defined]
+            raise Lost(f"Download: {exc.code().name}") from None
 
     def _upload(self, work: pb.Work, kind: str, data: bytes) -> None:
+        reply = self.send(work, kind, data)
+        if not reply.accepted:
+            log_event("client", "upload_refused", client=work.client_id, reason=reply.reason)
+
+    def send(self, work: pb.Work, kind: str, data: bytes) -> pb.UploadReply:
+        """Upload ``data`` as the answer of ``kind`` to ``work``: the signed header,
+        then the chunks; the server's verdict (Lost: it cannot be reached)."""
         header = pb.UploadHeader(
             session=self.session,
             client_id=work.client_id,
@@ -198,11 +220,10 @@ class ClientProcess:
                 yield pb.UploadPart(data=data[i : i + self.opt.chunk_bytes])
 
         try:
-            reply = self.stub.Upload(parts(), timeout=300)
+            reply: pb.UploadReply = self.stub.Upload(parts(), timeout=300)
         except grpc.RpcError as exc:
-            if exc.code() in RETRY:  # type: ignore[attr-defined]
-                raise Lost(f"Upload: {exc.code().name}") from None  # type: ignore[attr-defined]
-            log_event("client", "upload_failed", client=work.client_id, reason=exc.details())  # type: ignore[attr-defined]
-            return
-        if not reply.accepted:
-            log_event("client", "upload_refused", client=work.client_id, reason=reply.reason)
+            code = exc.code()
+            if code in RETRY:
+                raise Lost(f"Upload: {code.name}") from None
+            return pb.UploadReply(accepted=False, reason=f"{code.name}: {exc.details()}")
+        return reply

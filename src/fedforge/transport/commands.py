@@ -28,7 +28,7 @@ def _security_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parsers(sub: argparse._SubParsersAction) -> None:
     server = sub.add_parser("server", help="run a federation from a config over gRPC")
     server.add_argument("--config", "-c", type=Path, help="YAML config file")
     server.add_argument("--set", "-s", action="append", default=[], metavar="FIELD=VALUE")
@@ -55,7 +55,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     client.add_argument("--key", type=Path, help="--auth keys: the Ed25519 private key")
     client.add_argument("--data-dir", help="where the data sets are (else $FEDFORGE_DATA)")
     client.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
-    client.add_argument("--give-up-s", type=float, default=300.0, help="unreachable this long: exit")
+    client.add_argument(
+        "--give-up-s", type=float, default=300.0, help="unreachable this long: exit"
+    )
     client.add_argument("--heartbeat-s", type=float, default=2.0)
     _security_args(client)
 

@@ -175,11 +175,15 @@ class Hub:
             if cid not in ids:
                 return self._refuse(owner, cid, f"client {cid} is not hosted by '{owner}'")
             if key in self._answered:
-                return self._refuse(owner, cid, f"a second {header.kind} of client {cid} in round {r}")
+                return self._refuse(
+                    owner, cid, f"a second {header.kind} of client {cid} in round {r}"
+                )
             asked = self._asked.get(key)
             if asked is None or asked.handed is None:
                 what = f"{header.kind}" + (f" '{header.phase}'" if header.phase else "")
-                return self._refuse(owner, cid, f"client {cid} was not asked for a {what} in round {r} now")
+                return self._refuse(
+                    owner, cid, f"client {cid} was not asked for a {what} in round {r} now"
+                )
             if header.model_version != asked.version:
                 return self._refuse(
                     owner,
@@ -211,8 +215,10 @@ class Hub:
         with self.cond:
             now = self.clock()
             for w in works:
-                kind = UPDATE if w.kind == pb.Work.TRAIN else (
-                    REPLY if w.kind == pb.Work.PHASE else EVALUATION
+                kind = (
+                    UPDATE
+                    if w.kind == pb.Work.TRAIN
+                    else (REPLY if w.kind == pb.Work.PHASE else EVALUATION)
                 )
                 key: Key = (w.client_id, w.round_idx, kind, w.phase if kind == REPLY else "")
                 self._asked[key] = _Asked(w, version, now)
@@ -220,7 +226,9 @@ class Hub:
                 self._pending.setdefault(w.client_id, []).append(key)
             self.cond.notify_all()
 
-    def gather(self, keys: set[Key], deadline_s: float, need: int | None = None) -> Iterator[Answer]:
+    def gather(
+        self, keys: set[Key], deadline_s: float, need: int | None = None
+    ) -> Iterator[Answer]:
         """The answers to ``keys`` as they come, until all came, ``need`` came, the
         deadline passed, or every client still owing one has gone silent; then the
         rest are closed (a late answer is refused)."""

@@ -43,12 +43,19 @@ class _HubState:
     def collect(self) -> Iterator[Any]:
         hub = self.hub
         yield GaugeMetricFamily(
-            "fedforge_connected_clients", "clients heard from within the heartbeat timeout",
+            "fedforge_connected_clients",
+            "clients heard from within the heartbeat timeout",
             value=len(hub.alive()),
         )
-        yield GaugeMetricFamily("fedforge_joined_clients", "client ids joined", value=len(hub.members))
-        yield InfoMetricFamily("fedforge_round_phase", "what the server awaits", value={"phase": hub.phase})
-        moved = CounterMetricFamily("fedforge_bytes", "payload bytes on the wire", labels=["direction"])
+        yield GaugeMetricFamily(
+            "fedforge_joined_clients", "client ids joined", value=len(hub.members)
+        )
+        yield InfoMetricFamily(
+            "fedforge_round_phase", "what the server awaits", value={"phase": hub.phase}
+        )
+        moved = CounterMetricFamily(
+            "fedforge_bytes", "payload bytes on the wire", labels=["direction"]
+        )
         moved.add_metric(["down"], hub.bytes_down)
         moved.add_metric(["up"], hub.bytes_up)
         yield moved
@@ -65,13 +72,15 @@ class ServerMetrics:
             "fedforge_refused", "requests and answers refused", ["reason"], registry=self.registry
         )
         self.round_seconds = Histogram(
-            "fedforge_round_seconds", "a round's wall time", registry=self.registry,
+            "fedforge_round_seconds",
+            "a round's wall time",
+            registry=self.registry,
             buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600),
         )
         self._server: Any = None
 
     def watch(self, hub: Hub) -> None:
-        self.registry.register(_HubState(hub))  # type: ignore[arg-type]
+        self.registry.register(_HubState(hub))
         if self.port is not None:
             self._server, _ = start_http_server(self.port, addr="127.0.0.1", registry=self.registry)
 

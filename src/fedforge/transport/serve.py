@@ -87,7 +87,9 @@ class Deployment:
         self.health.set(SERVICE, health_pb2.HealthCheckResponse.SERVING)
         self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         self.metrics.watch(self.hub)
-        log_event("server", "listening", host=self.opt.host, port=self.port, auth=self.opt.security.mode)
+        log_event(
+            "server", "listening", host=self.opt.host, port=self.port, auth=self.opt.security.mode
+        )
 
     def wait_for_clients(self) -> None:
         dep = self.cfg.deployment
