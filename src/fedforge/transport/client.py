@@ -11,6 +11,7 @@ with exponential backoff and joins again; it gives up after ``give_up_s``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import random
 import threading
@@ -165,10 +166,8 @@ class ClientProcess:
             if not self.session:
                 continue
             body = pb.PollRequest(session=self.session, heartbeat=True).SerializeToString()
-            try:
+            with contextlib.suppress(grpc.RpcError):  # the main loop notices, joins again
                 self.stub.Poll(self._signed("Poll", body), timeout=10)
-            except grpc.RpcError:
-                pass  # the main loop notices and joins again
 
     def _do(self, work: pb.Work) -> None:
         assert self.exp is not None
