@@ -1,0 +1,214 @@
+"""What a deployment server refuses, over real gRPC on loopback (the server in
+this process, its clients in threads): unknown, revoked, replayed and stale
+senders, malformed, oversize and corrupt uploads, an answer for the wrong model
+version, a second answer; fuzzed messages. None of it reaches the model: the run
+ends where the simulator ends."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from deploy_procs import write_config
+from fedforge import config as config_mod
+from fedforge import run
+from fedforge.selection.sampling import sample_cohort
+from fedforge.transport.auth import Signer, generate_identity, load_identity, register_key
+from fedforge.transport.certs import write_federation
+from fedforge.transport.client import ClientOptions, ClientProcess
+from fedforge.transport.pb import federation_pb2 as pb
+from fedforge.transport.pb import federation_pb2_grpc as pb_grpc
+from fedforge.transport.security import ClientSecurity, ServerSecurity
+from fedforge.transport.serve import Deployment, ServerOptions, _served
+
+ALICE_IDS = [0, 1, 2]
+
+
+class Tampering(ClientProcess):
+    """Alice: each update is first sent for another model version, then for the
+    right one, then once more; the server's verdicts are kept."""
+
+    verdicts: list[tuple[str, pb.UploadReply]]
+
+    def _upload(self, work: pb.Work, kind: str, data: bytes) -> None:
+        if kind == "update":
+            wrong = pb.Work()
+            wrong.CopyFrom(work)
+            wrong.model_version += 7
+            self.verdicts.append(("wrong version", self.send(wrong, kind, data)))
+        self.verdicts.append(("answer", self.send(work, kind, data)))
+        if kind == "update":
+            self.verdicts.append(("again", self.send(work, kind, data)))
+
+
+def _federation(tmp: Path) -> Path:
+    fed = tmp / "fed"
+    write_federation(fed, [], ("localhost", "127.0.0.1"))
+    for name in ("alice", "bob", "eve"):
+        register_key(fed / "keys.json", name, generate_identity(tmp / f"{name}.key"))
+    generate_identity(tmp / "mallory.key")  # never registered
+    (fed / "revoked.txt").write_text("eve\n")
+    return fed
+
+
+def _stub(port: int, fed: Path) -> pb_grpc.FederationStub:
+    creds = grpc.ssl_channel_credentials((fed / "ca.pem").read_bytes())
+    return pb_grpc.FederationStub(grpc.secure_channel(f"127.0.0.1:{port}", creds))
+
+
+def _signed(signer: Signer, method: str, body: bytes, now: float | None = None) -> pb.Signed:
+    e = signer.sign(method, body, now)
+    auth = pb.Auth(
+        client=e.client_name, nonce=e.nonce, timestamp=e.timestamp, signature=e.signature
+    )
+    return pb.Signed(auth=auth, body=body)
+
+
+def _refused(call, *args) -> grpc.RpcError:  # type: ignore[no-untyped-def]
+    with pytest.raises(grpc.RpcError) as info:
+        call(*args, timeout=10)
+    return info.value
+
+
+def _hostile_requests(stub: pb_grpc.FederationStub, tmp: Path, max_bytes: int) -> None:
+    hello = pb.HelloRequest().SerializeToString()
+    for name, why in (("mallory", "unknown client"), ("eve", "revoked")):
+        err = _refused(
+            stub.Hello, _signed(Signer(name, load_identity(tmp / f"{name}.key")), "Hello", hello)
+        )
+        assert err.code() == grpc.StatusCode.UNAUTHENTICATED and why in err.details()
+    alice = Signer("alice", load_identity(tmp / "alice.key"))
+    once = _signed(alice, "Hello", hello)
+    assert stub.Hello(once, timeout=10).run_name == "dep"
+    assert "replayed" in _refused(stub.Hello, once).details()
+    stale = _signed(alice, "Hello", hello, now=time.time() - 3600)
+    assert "timestamp" in _refused(stub.Hello, stale).details()
+    tampered = _signed(alice, "Join", pb.JoinRequest().SerializeToString())
+    tampered.body = pb.JoinRequest(members=[pb.Member(client_id=0)]).SerializeToString()
+    assert _refused(stub.Join, tampered).code() == grpc.StatusCode.UNAUTHENTICATED
+    garbage = _signed(alice, "Join", b"\x0a\xff\xff\xff\x0f")
+    err = _refused(stub.Join, garbage)
+    assert (
+        err.code() == grpc.StatusCode.INVALID_ARGUMENT and "malformed JoinRequest" in err.details()
+    )
+
+    def upload(size: int, data: bytes, digest: bytes) -> grpc.RpcError:
+        header = pb.UploadHeader(session="x", client_id=0, kind="update", size=size, sha256=digest)
+        parts = [pb.UploadPart(header=_signed(alice, "Upload", header.SerializeToString()))]
+        parts.append(pb.UploadPart(data=data))
+        return _refused(stub.Upload, iter(parts))
+
+    assert upload(max_bytes + 1, b"x", b"").code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert upload(3, b"abc", hashlib.sha256(b"abd").digest()).code() == grpc.StatusCode.DATA_LOSS
+
+
+def test_refusals_leave_the_model_as_the_simulator_makes_it(tmp_path: Path) -> None:
+    fed = _federation(tmp_path)
+    cfg_path = write_config(tmp_path / "cfg.yaml", runs_dir=str(tmp_path / "runs"))
+    cfg = _served(config_mod.load(cfg_path))
+    dep = Deployment(cfg, ServerOptions(ServerSecurity("keys", fed), port=0))
+    dep.start()
+    target = f"127.0.0.1:{dep.port}"
+    alice = Tampering(
+        ClientOptions(
+            target, ClientSecurity("keys", "alice", fed, tmp_path / "alice.key"), ALICE_IDS
+        )
+    )
+    alice.verdicts = []
+    bob = ClientProcess(
+        ClientOptions(target, ClientSecurity("keys", "bob", fed, tmp_path / "bob.key"), [3, 4, 5])
+    )
+    threads = [threading.Thread(target=c.run, daemon=True) for c in (alice, bob)]
+    try:
+        for t in threads:
+            t.start()
+        dep.wait_for_clients()
+        _hostile_requests(
+            _stub(dep.port, fed), tmp_path, int(cfg.deployment.max_message_mib * 2**20)
+        )
+        deployed = run(cfg, engine=dep.engine).params
+    finally:
+        dep.stop("the run ended")
+    for t in threads:
+        t.join(30)
+    simulated = run(config_mod.override(cfg, {"runs_dir": str(tmp_path / "sim")})).params
+    assert (deployed - simulated).abs().max().item() <= 1e-9
+    # alice's clients in the cohorts: each sent one wrong-version, one good, one repeated update
+    asked = sum(len(set(sample_cohort(6, 0.5, cfg.seed, r)) & set(ALICE_IDS)) for r in range(3))
+    assert asked > 0
+    by_kind: dict[str, list[pb.UploadReply]] = {}
+    for kind, reply in alice.verdicts:
+        by_kind.setdefault(kind, []).append(reply)
+    assert [r.accepted for r in by_kind["answer"]] == [True] * asked
+    assert all(
+        "model version 7" in r.reason or "version" in r.reason for r in by_kind["wrong version"]
+    )
+    assert not any(r.accepted for r in by_kind["wrong version"] + by_kind["again"])
+    assert all("a second update of client" in r.reason for r in by_kind["again"])
+    count = dep.metrics.registry.get_sample_value
+    assert count("fedforge_refused_total", {"reason": "duplicate"}) == asked
+    assert count("fedforge_refused_total", {"reason": "wrong_version"}) == asked
+    assert count("fedforge_refused_total", {"reason": "oversize"}) == 1
+
+
+@pytest.fixture(scope="module")
+def open_server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    tmp = tmp_path_factory.mktemp("fuzz")
+    cfg = _served(config_mod.load(write_config(tmp / "cfg.yaml")))
+    dep = Deployment(cfg, ServerOptions(ServerSecurity("insecure"), port=0))
+    dep.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{dep.port}")
+    yield dep, pb_grpc.FederationStub(channel)
+    channel.close()
+    dep.stop("done")
+
+
+HANDLED = {
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.DATA_LOSS,
+}
+
+
+@settings(
+    max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(method=st.sampled_from(["Hello", "Join", "Poll", "Download"]), body=st.binary(max_size=64))
+def test_fuzzed_requests_are_answered_or_refused(open_server, method: str, body: bytes) -> None:  # type: ignore[no-untyped-def]
+    dep, stub = open_server
+    try:
+        reply = getattr(stub, method)(pb.Signed(auth=pb.Auth(client="fuzz"), body=body), timeout=10)
+        if method == "Download":
+            list(reply)
+    except grpc.RpcError as exc:
+        assert exc.code() in HANDLED, (exc.code(), exc.details())
+    assert dep.hub.accepted == 0  # nothing was taken as an answer: the model cannot move
+
+
+@settings(
+    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(parts=st.lists(st.tuples(st.booleans(), st.binary(max_size=48)), max_size=4))
+def test_fuzzed_uploads_are_refused(open_server, parts: list[tuple[bool, bytes]]) -> None:  # type: ignore[no-untyped-def]
+    dep, stub = open_server
+    msgs = [
+        pb.UploadPart(header=pb.Signed(auth=pb.Auth(client="fuzz"), body=b))
+        if is_header
+        else pb.UploadPart(data=b)
+        for is_header, b in parts
+    ]
+    try:
+        reply = stub.Upload(iter(msgs), timeout=10)
+        assert not reply.accepted
+    except grpc.RpcError as exc:
+        assert exc.code() in HANDLED, (exc.code(), exc.details())
+    assert dep.hub.accepted == 0
+    assert stub.Hello(pb.Signed(body=b""), timeout=10).run_name == "dep"  # still serving
