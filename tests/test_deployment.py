@@ -58,3 +58,42 @@ def test_server_needs_certs_or_insecure(tmp_path: Path) -> None:
     with pytest.raises(AssertionError, match="needs --certs DIR"):
         start_server(tmp_path, cfg)
     assert json  # keeps the import for the log readers below
+
+
+def test_mutual_tls_federation_refuses_the_uncertified_and_the_revoked(tmp_path: Path) -> None:
+    """The default: TLS with client certificates from `fedforge certs`. A process
+    without a certificate of the federation's CA never gets in; a revoked one is
+    refused; the certified ones finish the run."""
+    from fedforge.cli import main
+
+    fed = tmp_path / "fed"
+    assert main(["certs", "--out", str(fed), "--clients", "0-2"]) == 0
+    (fed / "revoked.txt").write_text("client-2\n")
+    other = tmp_path / "other"  # another CA's client
+    assert main(["certs", "--out", str(other), "--clients", "0"]) == 0
+    cfg = write_config(tmp_path / "cfg.yaml", deployment={"start_clients": 6})
+    server, port = start_server(tmp_path, cfg, "--certs", str(fed))
+    certified = ["--certs", str(fed)]
+    clients = [
+        start_client(tmp_path, port, "0-2", *certified, "--name", "client-0"),
+        start_client(tmp_path, port, "3-5", *certified, "--name", "client-1"),
+    ]
+    intruders = [
+        start_client(
+            tmp_path, port, "0-5", "--certs", str(fed), "--name", "client-2", "--give-up-s", "3"
+        ),
+        start_client(
+            tmp_path, port, "0-5", "--certs", str(other), "--name", "client-0", "--give-up-s", "3"
+        ),
+    ]
+    assert server.wait(180) == 0, server.log.read_text()
+    for c in clients:
+        assert c.wait(60) == 0, c.log.read_text()
+    for c in intruders:
+        assert c.wait(60) in (1, 2), c.log.read_text()
+        assert "Traceback" not in c.log.read_text()
+    refused = [e for e in server.events() if e.get("event") == "refused"]
+    assert any("client-2" in str(e.get("sender")) and "revoked" in e["reason"] for e in refused)
+    assert "revoked" in intruders[0].log.read_text()
+    run_dir = tmp_path / run_dir_of(server)
+    assert (load_final(run_dir)["params"] - _simulated(cfg, tmp_path)).abs().max().item() <= 1e-9

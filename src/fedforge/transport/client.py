@@ -128,7 +128,17 @@ class ClientProcess:
 
     # ------------------------------------------------------------------ work
     def run(self) -> int:
-        """Serve until the server says the run is over (0) or cannot be reached (1)."""
+        """Serve until the server says the run is over (0), cannot be reached (1) or
+        refuses this process (2: not authenticated, revoked, a malformed request)."""
+        try:
+            return self._serve()
+        except grpc.RpcError as exc:
+            code = exc.code()
+            log_event("client", "refused", code=code.name, reason=exc.details())
+            self.stop.set()
+            return 2
+
+    def _serve(self) -> int:
         beat = threading.Thread(target=self._heartbeats, daemon=True)
         lost_since: float | None = None
         delay = 0.2
