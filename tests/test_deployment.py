@@ -97,3 +97,52 @@ def test_mutual_tls_federation_refuses_the_uncertified_and_the_revoked(tmp_path:
     assert "revoked" in intruders[0].log.read_text()
     run_dir = tmp_path / run_dir_of(server)
     assert (load_final(run_dir)["params"] - _simulated(cfg, tmp_path)).abs().max().item() <= 1e-9
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"algorithm": "scaffold"},
+        {"communication": {"uplink": "topk", "fraction": 0.1, "error_feedback": True}},
+    ],
+    ids=["scaffold", "topk-error-feedback"],
+)
+def test_client_state_lives_on_the_client_and_survives_its_restart(
+    tmp_path: Path, fields: dict
+) -> None:
+    """SCAFFOLD's c_k and error-feedback residuals stay in the client processes (c_k
+    kept when the server says the update was used); a client process killed
+    between rounds and started again with its --state-dir carries on: the run
+    still ends where the simulator ends."""
+    cfg = write_config(tmp_path / "cfg.yaml", rounds=4, client_fraction=1.0, **fields)
+    server, port = start_server(tmp_path, cfg, "--insecure")
+    state = ["--state-dir", str(tmp_path / "state-a")]
+    a = start_client(tmp_path, port, "0-2", "--insecure", *state)
+    b = start_client(tmp_path, port, "3-5", "--insecure")
+    _wait_for_round(tmp_path, 2)  # a's clients trained and kept state in rounds 1-2
+    a.kill()
+    a = start_client(tmp_path, port, "0-2", "--insecure", *state)
+    assert server.wait(180) == 0, server.log.read_text()
+    for c in (a, b):
+        assert c.wait(60) == 0, c.log.read_text()
+    loaded = [e for e in a.events() if e.get("event") == "state_loaded"]
+    assert loaded and loaded[0]["rows"] > 0
+    run_dir = tmp_path / run_dir_of(server)
+    assert (load_final(run_dir)["params"] - _simulated(cfg, tmp_path)).abs().max().item() <= 1e-9
+
+
+def _wait_for_round(tmp: Path, n: int, timeout: float = 120) -> None:
+    """Until the server's run store holds ``n`` rounds."""
+    import time
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        for db in (tmp / "runs").glob("[!.]*/store.sqlite"):
+            try:
+                with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+                    if conn.execute("SELECT COUNT(*) FROM rounds").fetchone()[0] >= n:
+                        return
+            except sqlite3.OperationalError:  # being created
+                pass
+        time.sleep(0.05)
+    raise AssertionError(f"the server did not record {n} rounds")

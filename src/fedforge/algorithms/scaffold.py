@@ -96,6 +96,14 @@ class ScaffoldClient:
         # every later round of this client, and the run with it.
         return {CONTROL_DELTA: new - ck}
 
+    def pending(self) -> dict[int, torch.Tensor]:
+        """The c_k+ computed and not yet committed (a deployment's client keeps them
+        on disk until the server says whether it used them)."""
+        return dict(self._pending)
+
+    def restore_pending(self, pending: Mapping[int, torch.Tensor]) -> None:
+        self._pending.update(pending)
+
     def commit(self, used: Collection[int]) -> None:
         """Store the pending c_k+ of the clients whose update the server used
         (their delta c_k moved c); forget the others'."""

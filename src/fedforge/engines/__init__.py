@@ -12,8 +12,10 @@ class Engine(Protocol):
     """Runs a cohort's tasks against one payload and yields their uploads.
 
     A deployment's engine (transport/remote.py) may also have ``begin_round(r)``
-    (told the round before its protocol phases) and ``over_selection`` (the
-    fraction more clients the round samples; it closes at the needed count)."""
+    (told the round before its protocol phases), ``end_round(r, used)`` (told
+    whose updates the round used: they keep the state computed with them) and
+    ``over_selection`` (the fraction more clients the round samples; it closes
+    at the needed count)."""
 
     name: str
 

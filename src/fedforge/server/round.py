@@ -85,6 +85,9 @@ def run_round(
     diagnostics.end_round(exp, diag, state.diagnostics, state.outputs, bar, round_idx)
     aggregate, clients, moved = aggregate_phase(exp, state, collected, log)
     server_step(exp, state, aggregate, clients, moved, log)
+    tell = getattr(exp.engine, "end_round", None)  # a deployment's clients keep their state
+    if tell is not None:
+        tell(round_idx, sorted(clients) if aggregate is not None else [])
     test_acc, test_loss = evaluate_phase(exp, state, round_idx, start)
     record = round_record(exp, orders, collected, clients, test_acc, test_loss, t0)
     return record, list(clients.values())

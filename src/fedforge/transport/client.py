@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 import yaml
@@ -25,7 +26,8 @@ import yaml
 from fedforge import __version__
 from fedforge.client.runtime import ClientTask
 from fedforge.config.parse import from_dict, override
-from fedforge.server.experiment import Experiment, build
+from fedforge.server.experiment import Experiment, build, client_tables
+from fedforge.transport.client_state import ClientStateFile
 from fedforge.transport.logs import log_event
 from fedforge.transport.pb import federation_pb2 as pb
 from fedforge.transport.pb import federation_pb2_grpc as pb_grpc
@@ -50,6 +52,7 @@ class ClientOptions:
     give_up_s: float = 300.0  # unreachable this long: exit
     max_bytes: int = 256 << 20
     chunk_bytes: int = 1 << 20
+    state_dir: Path | None = None  # where the hosted clients' state persists (None: memory)
 
 
 class ClientProcess:
@@ -62,6 +65,7 @@ class ClientProcess:
         self.channel = options.security.channel(options.target, options.max_bytes)
         self.stub = pb_grpc.FederationStub(self.channel)
         self.exp: Experiment | None = None
+        self.state: ClientStateFile | None = None
         self.config_yaml = ""
         self.session = ""
         self.stop = threading.Event()
@@ -97,6 +101,16 @@ class ClientProcess:
         if hello.config_yaml != self.config_yaml:
             self.exp = self._build(hello.config_yaml)
             self.config_yaml = hello.config_yaml
+            if self.opt.state_dir is not None:
+                tables = client_tables(self.exp)
+                self.state = ClientStateFile(
+                    self.opt.state_dir,
+                    tables,
+                    self.opt.ids,
+                    hello.config_yaml,
+                    self.exp.algorithm.client,
+                )
+                log_event("client", "state_loaded", rows=self.state.load())
         assert self.exp is not None
         members = [
             pb.Member(client_id=c, num_examples=self.exp.data.num_examples(c)) for c in self.opt.ids
@@ -167,8 +181,12 @@ class ClientProcess:
         body = pb.PollRequest(session=self.session, wait_s=self.opt.poll_s)
         reply = self._unary("Poll", body.SerializeToString(), self.opt.poll_s + 30)
         assert isinstance(reply, pb.PollReply)
+        commits = [w.client_id for w in reply.work if w.kind == pb.Work.COMMIT]
+        if commits:  # the round's used clients arrive together (one hand-out)
+            self._commit(commits)
         for work in reply.work:
-            self._do(work)
+            if work.kind != pb.Work.COMMIT:
+                self._do(work)
         return bool(reply.done and not reply.work)
 
     def _heartbeats(self) -> None:
@@ -179,6 +197,18 @@ class ClientProcess:
             with contextlib.suppress(grpc.RpcError):  # the main loop notices, joins again
                 self.stub.Poll(self._signed("Poll", body), timeout=10)
 
+    def _commit(self, used: list[int]) -> None:
+        """Keep the state the used clients computed (SCAFFOLD's c_k+); save it."""
+        assert self.exp is not None
+        terms = self.exp.algorithm.client
+        if terms is not None:
+            terms.commit(used)
+        self._save()
+
+    def _save(self) -> None:
+        if self.state is not None:
+            self.state.save()
+
     def _do(self, work: pb.Work) -> None:
         assert self.exp is not None
         engine = self.exp.engine
@@ -186,12 +216,24 @@ class ClientProcess:
             reply = engine.run_phase(work.phase, {work.client_id: work.message})
             self._upload(work, "reply", reply.get(work.client_id, b""))
         elif work.kind == pb.Work.TRAIN:
-            payload = self._download(work.payload_id)
-            task = ClientTask(
-                work.client_id, work.round_idx, plan_from_json(work.plan_json), work.seed
-            )
-            upload = next(iter(engine.run_cohort([task], payload)))
-            self._upload(work, "update", upload.data)
+            self._upload(work, "update", self._train(work))
+
+    def _train(self, work: pb.Work) -> bytes:
+        """The update for ``work``: computed, with the state it moved saved together
+        with it before it is sent; or, asked again after a restart, the one saved."""
+        assert self.exp is not None
+        key = (work.client_id, work.round_idx)
+        if self.state is not None and key in self.state.outbox:
+            return self.state.outbox[key]
+        payload = self._download(work.payload_id)
+        plan = plan_from_json(work.plan_json)
+        task = ClientTask(work.client_id, work.round_idx, plan, work.seed)
+        data = next(iter(self.exp.engine.run_cohort([task], payload))).data
+        if self.state is not None:  # e.g. the error-feedback residual moved with it
+            self.state.outbox = {k: v for k, v in self.state.outbox.items() if k[1] >= key[1]}
+            self.state.outbox[key] = data
+            self.state.save()
+        return data
 
     def _download(self, payload_id: str) -> bytes:
         """The model, downloaded for each client it hosts: each is a device of its

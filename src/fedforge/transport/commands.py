@@ -59,6 +59,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "--give-up-s", type=float, default=300.0, help="unreachable this long: exit"
     )
     client.add_argument("--heartbeat-s", type=float, default=2.0)
+    client.add_argument(
+        "--state-dir", type=Path, help="keep the hosted clients' state here (survives restarts)"
+    )
     _security_args(client)
 
 
@@ -111,7 +114,13 @@ def client(args: argparse.Namespace) -> int:
     name = args.name or f"clients-{args.clients}"
     sec = ClientSecurity(_mode(args), name, args.certs, args.key)
     opts = ClientOptions(
-        args.server, sec, ids, args.device, heartbeat_s=args.heartbeat_s, give_up_s=args.give_up_s
+        args.server,
+        sec,
+        ids,
+        args.device,
+        heartbeat_s=args.heartbeat_s,
+        give_up_s=args.give_up_s,
+        state_dir=args.state_dir,
     )
     code = ClientProcess(opts).run()
     print(f"fedforge client: {'done' if code == 0 else 'gave up'}", file=sys.stderr)

@@ -26,6 +26,15 @@ from fedforge.transport.pb import federation_pb2 as pb
 Key = tuple[int, int, str, str]
 
 UPDATE, REPLY, EVALUATION = "update", "reply", "evaluation"
+NOTICE = "notice"  # work that asks for no answer (COMMIT)
+
+
+KINDS = {
+    pb.Work.TRAIN: UPDATE,
+    pb.Work.PHASE: REPLY,
+    pb.Work.EVALUATE: EVALUATION,
+    pb.Work.COMMIT: NOTICE,
+}
 
 
 @dataclass
@@ -103,9 +112,20 @@ class Hub:
                     self.on_refusal(owner, cid, why)
                     continue
                 self.members[cid] = Member(cid, owner, n, session, self.clock())
+                self._reissue(cid)
                 accepted.append(cid)
             self.cond.notify_all()
             return session, accepted, refused
+
+    def _reissue(self, cid: int) -> None:
+        """A client joining again (its process restarted) is given again the work
+        it had been handed and not answered: the old process took it down with it."""
+        for key, asked in self._asked.items():
+            if key[0] == cid and asked.handed is not None:
+                asked.handed = None
+                pending = self._pending.setdefault(cid, [])
+                if key not in pending:
+                    pending.append(key)
 
     def _refuse_member(self, owner: str, cid: int, n: int) -> str | None:
         if not 0 <= cid < self.num_clients:
@@ -148,6 +168,8 @@ class Hub:
                 if asked is None:  # closed before it was handed out
                     continue
                 asked.handed = now
+                if key[2] == NOTICE:  # nothing comes back: forgotten once handed out
+                    del self._asked[key]
                 work = pb.Work()
                 work.CopyFrom(asked.work)
                 work.deadline_s = max(0.0, asked.work.deadline_s - (now - asked.posted))

@@ -104,6 +104,12 @@ class RemoteEngine:
         """The round whose phases come next (protocol phases precede the payload)."""
         self.round_idx = round_idx
 
+    def end_round(self, round_idx: int, used: Sequence[int]) -> None:
+        """Tell the clients whose updates the round used to keep the state they
+        computed with them (SCAFFOLD's c_k+; the others keep theirs as it was)."""
+        works = [pb.Work(kind=pb.Work.COMMIT, client_id=c, round_idx=round_idx) for c in used]
+        self.hub.ask(works, self.version)
+
     def close(self) -> None:
         self.hub.finish("the run ended")
 

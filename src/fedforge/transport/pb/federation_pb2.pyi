@@ -92,9 +92,11 @@ class Work(_message.Message):
         TRAIN: _ClassVar[Work.Kind]
         PHASE: _ClassVar[Work.Kind]
         EVALUATE: _ClassVar[Work.Kind]
+        COMMIT: _ClassVar[Work.Kind]
     TRAIN: Work.Kind
     PHASE: Work.Kind
     EVALUATE: Work.Kind
+    COMMIT: Work.Kind
     KIND_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_IDX_FIELD_NUMBER: _ClassVar[int]
