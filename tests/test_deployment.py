@@ -146,3 +146,30 @@ def _wait_for_round(tmp: Path, n: int, timeout: float = 120) -> None:
                 pass
         time.sleep(0.05)
     raise AssertionError(f"the server did not record {n} rounds")
+
+
+def test_new_clients_are_judged_before_they_train(tmp_path: Path) -> None:
+    """Cold start: each client first evaluates the global model on its own data;
+    the store's cold_start rows equal the simulator's evaluation of the initial
+    model on each client's data."""
+    from fedforge.evaluation.evaluate import evaluate
+    from fedforge.server.experiment import build
+
+    cfg = write_config(tmp_path / "cfg.yaml", rounds=1)
+    server, port = start_server(tmp_path, cfg, "--insecure")
+    clients = [start_client(tmp_path, port, ids, "--insecure") for ids in ("0-2", "3-5")]
+    assert server.wait(180) == 0, server.log.read_text()
+    for c in clients:
+        c.wait(60)
+    with sqlite3.connect(tmp_path / run_dir_of(server) / "store.sqlite") as db:
+        rows = db.execute(
+            "SELECT round_idx, client_id, accuracy, loss, num_examples "
+            "FROM cold_start ORDER BY client_id"
+        ).fetchall()
+    exp = build(config_mod.load(cfg))
+    assert [r[1] for r in rows] == list(range(6)) and {r[0] for r in rows} == {0}
+    for _, c, acc, loss, n in rows:
+        x, y = exp.data.client_data(c)
+        ev = evaluate(exp.model, exp.spec, exp.initial_params, x, y, 250, exp.metrics)
+        assert n == len(y) and acc == pytest.approx(ev.accuracy, abs=1e-12)
+        assert loss == pytest.approx(ev.loss, rel=1e-9)

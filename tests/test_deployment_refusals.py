@@ -38,14 +38,15 @@ class Tampering(ClientProcess):
     verdicts: list[tuple[str, pb.UploadReply]]
 
     def _upload(self, work: pb.Work, kind: str, data: bytes) -> None:
-        if kind == "update":
-            wrong = pb.Work()
-            wrong.CopyFrom(work)
-            wrong.model_version += 7
-            self.verdicts.append(("wrong version", self.send(wrong, kind, data)))
+        if kind != "update":
+            super()._upload(work, kind, data)
+            return
+        wrong = pb.Work()
+        wrong.CopyFrom(work)
+        wrong.model_version += 7
+        self.verdicts.append(("wrong version", self.send(wrong, kind, data)))
         self.verdicts.append(("answer", self.send(work, kind, data)))
-        if kind == "update":
-            self.verdicts.append(("again", self.send(work, kind, data)))
+        self.verdicts.append(("again", self.send(work, kind, data)))
 
 
 def _federation(tmp: Path) -> Path:

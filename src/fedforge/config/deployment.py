@@ -30,6 +30,18 @@ class DeploymentConfig:
     heartbeat_timeout_s: float = 30.0
     max_message_mib: float = 256.0  # larger uploads are refused before they are read
     chunk_kib: int = 1024  # the size of the chunks payloads are streamed in
+    # a client that joins first evaluates the current model on its own data, and
+    # trains only once it has reported (the run records new clients' scores)
+    cold_start: bool = True
+    # canary rollout: every canary_every rounds the global model is a candidate
+    # version, evaluated by canary_fraction of the clients beside the serving one;
+    # promoted unless its canary_metric is worse by more than canary_max_drop
+    # (0: every global model is promoted as it is made, no canary)
+    canary_every: int = 0
+    canary_fraction: float = 0.1
+    canary_metric: str = "accuracy"  # accuracy (higher is better) or loss
+    canary_max_drop: float = 0.01
+    canary_min_reports: int = 3
 
     def check(self) -> None:
         raise_first(
@@ -67,5 +79,35 @@ class DeploymentConfig:
                     "must be in (0, 2047] (gRPC's limit is 2 GiB)",
                 ),
                 ("chunk_kib", self.chunk_kib, 1 <= self.chunk_kib <= 4096, "must be in [1, 4096]"),
+                (
+                    "canary_every",
+                    self.canary_every,
+                    self.canary_every >= 0,
+                    "must be an integer >= 0 (0: no canary rollout)",
+                ),
+                (
+                    "canary_fraction",
+                    self.canary_fraction,
+                    0.0 < self.canary_fraction <= 1.0,
+                    "must be in (0, 1]",
+                ),
+                (
+                    "canary_metric",
+                    self.canary_metric,
+                    self.canary_metric in ("accuracy", "loss"),
+                    "must be 'accuracy' or 'loss'",
+                ),
+                (
+                    "canary_max_drop",
+                    self.canary_max_drop,
+                    self.canary_max_drop >= 0,
+                    "must be >= 0",
+                ),
+                (
+                    "canary_min_reports",
+                    self.canary_min_reports,
+                    self.canary_min_reports >= 1,
+                    "must be an integer >= 1",
+                ),
             ],
         )

@@ -11,8 +11,9 @@ from fedforge.client.runtime import ClientTask, ClientUpload
 class Engine(Protocol):
     """Runs a cohort's tasks against one payload and yields their uploads.
 
-    A deployment's engine (transport/remote.py) may also have ``begin_round(r)``
-    (told the round before its protocol phases), ``end_round(r, used)`` (told
+    A deployment's engine (transport/remote.py) may also have ``begin_round(r,
+    params)`` (told the round and its model before the protocol phases; returns
+    rows for the store), ``bind_store(store)`` (the run's store), ``end_round(r, used)`` (told
     whose updates the round used: they keep the state computed with them) and
     ``over_selection`` (the fraction more clients the round samples; it closes
     at the needed count)."""

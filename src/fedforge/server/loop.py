@@ -215,6 +215,8 @@ def _drive_rounds(
             close_engine(exp.engine)
         result.summary["heterogeneity"] = partition.heterogeneity
         return result
+    if (bind := getattr(exp.engine, "bind_store", None)) is not None:  # model versions
+        bind(run_store)
     try:
         with StopSignals() as stop:
             result = _rounds(exp, state, run_store, progress, stop)

@@ -73,9 +73,9 @@ def run_round(
     if round_idx != end:  # the period's cohort trains locally: nothing travels
         return _local_round(exp, round_idx, start, len(cohort), t0), []
     log = RoundLog(state.rejected, state.skipped, bar, round_idx)
-    begin = getattr(exp.engine, "begin_round", None)  # a deployment engine's phases
+    begin = getattr(exp.engine, "begin_round", None)  # a deployment: cold start, canary
     if begin is not None:
-        begin(round_idx)
+        state.outputs.update(begin(round_idx, state.params) or {})
     orders = configure(exp, state, round_idx, start, cohort)
     secure = exp.privacy is not None and exp.privacy.secagg is not None
     trainers = [t.client_id for t in orders.tasks]

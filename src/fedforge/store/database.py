@@ -55,6 +55,10 @@ ROUND_TABLES: dict[str, str] = {
     "diagnostics": """CREATE TABLE IF NOT EXISTS diagnostics (round_idx INTEGER PRIMARY KEY,
         clients INTEGER NOT NULL, mean_cosine REAL, norm_median REAL, norm_max REAL,
         norm_ratio REAL)""",
+    # a deployment's new clients: the global model on each one's own data before it trains
+    "cold_start": """CREATE TABLE IF NOT EXISTS cold_start (round_idx INTEGER NOT NULL,
+        client_id INTEGER NOT NULL, accuracy REAL, loss REAL, num_examples INTEGER NOT NULL,
+        PRIMARY KEY (round_idx, client_id))""",
     "client_gaps": """CREATE TABLE IF NOT EXISTS client_gaps (round_idx INTEGER NOT NULL,
         client_id INTEGER NOT NULL, train_loss REAL, global_loss REAL, gap REAL,
         PRIMARY KEY (round_idx, client_id))""",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import random
 import threading
 import time
@@ -26,6 +27,8 @@ import yaml
 from fedforge import __version__
 from fedforge.client.runtime import ClientTask
 from fedforge.config.parse import from_dict, override
+from fedforge.core import wire
+from fedforge.evaluation.evaluate import evaluate
 from fedforge.server.experiment import Experiment, build, client_tables
 from fedforge.transport.client_state import ClientStateFile
 from fedforge.transport.logs import log_event
@@ -217,6 +220,18 @@ class ClientProcess:
             self._upload(work, "reply", reply.get(work.client_id, b""))
         elif work.kind == pb.Work.TRAIN:
             self._upload(work, "update", self._train(work))
+        elif work.kind == pb.Work.EVALUATE:
+            self._upload(work, "evaluation", self._evaluate(work))
+
+    def _evaluate(self, work: pb.Work) -> bytes:
+        """The model's scores on this client's own data, as a JSON report."""
+        assert self.exp is not None
+        exp = self.exp
+        params = wire.decode(self._download(work.payload_id)).tensors["params"]
+        x, y = exp.data.client_data(work.client_id)
+        ev = evaluate(exp.model, exp.spec, params, x, y, exp.cfg.eval_batch_size, exp.metrics)
+        report = {"accuracy": ev.accuracy, "loss": ev.loss, "num_examples": int(len(y))}
+        return json.dumps(report).encode()
 
     def _train(self, work: pb.Work) -> bytes:
         """The update for ``work``: computed, with the state it moved saved together
@@ -259,7 +274,7 @@ class ClientProcess:
             round_idx=work.round_idx,
             model_version=work.model_version,
             kind=kind,
-            phase=work.phase if kind == "reply" else "",
+            phase=work.phase if kind != "update" else "",
             size=len(data),
             sha256=hashlib.sha256(data).digest(),
         )

@@ -27,6 +27,7 @@ Key = tuple[int, int, str, str]
 
 UPDATE, REPLY, EVALUATION = "update", "reply", "evaluation"
 NOTICE = "notice"  # work that asks for no answer (COMMIT)
+TRAINING_PAYLOAD = "round-"  # the prefix of the rounds' payload ids (remote.py)
 
 
 KINDS = {
@@ -85,8 +86,10 @@ class Hub:
     payloads: dict[str, bytes] = field(default_factory=dict)
     done: bool = False
     done_reason: str = ""
-    bytes_down: int = 0  # payload bytes handed out
-    bytes_up: int = 0  # answer bytes taken
+    bytes_down: int = 0  # training payload bytes handed out (the rounds' models)
+    bytes_up: int = 0  # training answer bytes taken (updates, protocol replies)
+    eval_bytes_down: int = 0  # models sent for evaluation (cold start, canary)
+    eval_bytes_up: int = 0  # evaluation reports taken
     accepted: int = 0  # answers taken
     phase: str = "waiting for clients"  # what the round thread awaits (metrics, logs)
 
@@ -182,7 +185,10 @@ class Hub:
             data = self.payloads.get(payload_id)
             if data is None:
                 raise KeyError(f"payload '{payload_id}' is not served now")
-            self.bytes_down += len(data)
+            if payload_id.startswith(TRAINING_PAYLOAD):
+                self.bytes_down += len(data)
+            else:
+                self.eval_bytes_down += len(data)
             return data
 
     def answer(self, owner: str, header: pb.UploadHeader, data: bytes) -> str | None:
@@ -215,7 +221,10 @@ class Hub:
                 )
             del self._asked[key]
             self._answered.add(key)
-            self.bytes_up += len(data)
+            if header.kind == EVALUATION:
+                self.eval_bytes_up += len(data)
+            else:
+                self.bytes_up += len(data)
             self.accepted += 1
             seconds = self.clock() - asked.handed
             self._inbox.append(Answer(cid, r, header.kind, header.phase, data, seconds))
@@ -227,10 +236,16 @@ class Hub:
         return why
 
     # ------------------------------------------------------------- round thread
-    def serve(self, payload_id: str, payload: bytes) -> None:
-        """Serve ``payload`` (the round's model) under ``payload_id``, alone."""
+    def serve(self, payload_id: str, payload: bytes, alone: bool = True) -> None:
+        """Serve ``payload`` under ``payload_id`` (``alone``: in place of the others)."""
         with self.cond:
-            self.payloads = {payload_id: payload}
+            if alone:
+                self.payloads = {}
+            self.payloads[payload_id] = payload
+
+    def withdraw(self, payload_id: str) -> None:
+        with self.cond:
+            self.payloads.pop(payload_id, None)
 
     def ask(self, works: list[pb.Work], version: int) -> None:
         """Post ``works`` (each to its client); answers are awaited by ``gather``."""
@@ -242,7 +257,12 @@ class Hub:
                     if w.kind == pb.Work.TRAIN
                     else (REPLY if w.kind == pb.Work.PHASE else EVALUATION)
                 )
-                key: Key = (w.client_id, w.round_idx, kind, w.phase if kind == REPLY else "")
+                key: Key = (
+                    w.client_id,
+                    w.round_idx,
+                    kind,
+                    w.phase if kind in (REPLY, EVALUATION) else "",
+                )
                 self._asked[key] = _Asked(w, version, now)
                 self._answered.discard(key)
                 self._pending.setdefault(w.client_id, []).append(key)

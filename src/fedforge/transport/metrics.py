@@ -58,6 +58,8 @@ class _HubState:
         )
         moved.add_metric(["down"], hub.bytes_down)
         moved.add_metric(["up"], hub.bytes_up)
+        moved.add_metric(["eval_down"], hub.eval_bytes_down)
+        moved.add_metric(["eval_up"], hub.eval_bytes_up)
         yield moved
         yield CounterMetricFamily("fedforge_answers_accepted", "answers taken", value=hub.accepted)
 

@@ -19,12 +19,16 @@ import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict
 
+import torch
+
 from fedforge.algorithms.plan import LocalPlan
 from fedforge.client.runtime import ClientTask, ClientUpload
 from fedforge.config import Config
 from fedforge.selection.sampling import cohort_size
-from fedforge.transport.hub import REPLY, UPDATE, Hub, Key
+from fedforge.store import RunStore
+from fedforge.transport.hub import REPLY, TRAINING_PAYLOAD, UPDATE, Hub, Key
 from fedforge.transport.pb import federation_pb2 as pb
+from fedforge.transport.rollout import Rollout, Rows
 
 
 def plan_json(plan: LocalPlan) -> str:
@@ -49,12 +53,15 @@ class RemoteEngine:
         self.needed = needed if self.over_selection > 0 else None
         self.version = 0  # the model version being served (the round that made it)
         self.round_idx = 0
+        self.rollout = Rollout(hub, cfg)
 
     def run_cohort(self, tasks: Sequence[ClientTask], payload: bytes) -> Iterator[ClientUpload]:
+        ok = set(self.rollout.trainable(t.client_id for t in tasks))
+        tasks = [t for t in tasks if t.client_id in ok]  # the others are dropouts
         if not tasks:
             return
         r = tasks[0].round_idx
-        pid = f"round-{r}"
+        pid = f"{TRAINING_PAYLOAD}{r}"
         self.hub.serve(pid, payload)
         self.version = r
         works = [
@@ -81,6 +88,8 @@ class RemoteEngine:
         """Each addressed client's reply; a client answers every phase message (an
         empty reply: it has nothing to say, as in the masked-input phase, whose
         messages set up the update that follows)."""
+        ok = set(self.rollout.trainable(messages))
+        messages = {c: m for c, m in messages.items() if c in ok}
         if not messages:
             return {}
         r = self.round_idx
@@ -100,9 +109,15 @@ class RemoteEngine:
         self.hub.ask(works, self.version)
         return {a.client_id: a.data for a in self.hub.gather(keys, self.deadline_s) if a.data}
 
-    def begin_round(self, round_idx: int) -> None:
-        """The round whose phases come next (protocol phases precede the payload)."""
+    def begin_round(self, round_idx: int, params: torch.Tensor) -> Rows:
+        """The round whose phases come next (protocol phases precede the payload):
+        new clients' cold start and, when due, a canary (their rows for the store)."""
         self.round_idx = round_idx
+        return self.rollout.begin_round(round_idx, params)
+
+    def bind_store(self, store: RunStore) -> None:
+        """The run's store: model versions are kept there."""
+        self.rollout.bind(store)
 
     def end_round(self, round_idx: int, used: Sequence[int]) -> None:
         """Tell the clients whose updates the round used to keep the state they

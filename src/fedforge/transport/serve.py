@@ -112,6 +112,8 @@ class Deployment:
             stopped=result.stopped,
             wire_bytes_up=hub.bytes_up,
             wire_bytes_down=hub.bytes_down,
+            eval_bytes_up=hub.eval_bytes_up,
+            eval_bytes_down=hub.eval_bytes_down,
         )
 
     def stop(self, reason: str) -> None:

@@ -1,0 +1,184 @@
+"""Evaluation on the clients' own data, at the start of a round: cold start and
+canary rollout.
+
+**Cold start.** A client that joins is judged before it trains: it first
+evaluates the current global model on its own data and reports; until then it
+is not eligible for training (a sampled client that has not reported is left
+out of the round, as a dropout). The reports are rows of the run store's
+``cold_start`` table: how the model does on clients it has never seen.
+
+**Canary.** No new model reaches every client at once. Every global model the
+run promotes is a version in the store (``store/versions.py``). Every
+``deployment.canary_every`` rounds the current global model becomes a candidate
+version, served first to ``canary_fraction`` of the clients (a fixed draw per
+client and version, ``server/canary.py``), which evaluate it and the serving
+version on their data; the judge promotes it, or rolls it back when its
+metric regressed by more than ``canary_max_drop``. Training goes on from the
+global model either way: a rollback keeps a model from being served, it does
+not rewind the federation.
+
+Evaluation traffic is not counted in the rounds' bytes (it is not training).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from fedforge.config import Config
+from fedforge.core import wire
+from fedforge.server.canary import CanaryJudge, CanaryPolicy, in_canary
+from fedforge.store import RunStore
+from fedforge.store import versions as vs
+from fedforge.transport.hub import EVALUATION, Hub, Key
+from fedforge.transport.logs import log_event
+from fedforge.transport.pb import federation_pb2 as pb
+
+Rows = dict[str, list[tuple[Any, ...]]]
+
+
+def model_payload(params: torch.Tensor, round_idx: int) -> bytes:
+    """A model to evaluate, dense (the client decodes it without the run's codec)."""
+    return wire.encode({"params": params}, {"round_idx": round_idx})
+
+
+class Rollout:
+    """Cold start and canary rollout of one deployment."""
+
+    def __init__(self, hub: Hub, cfg: Config) -> None:
+        dep = cfg.deployment
+        self.hub, self.cfg = hub, cfg
+        self.deadline_s = dep.round_deadline_s
+        self.cold_start = dep.cold_start
+        self.eligible: set[int] = set()  # clients that reported their cold start
+        self.every = dep.canary_every
+        self.policy = CanaryPolicy(
+            dep.canary_fraction,
+            dep.canary_metric,
+            dep.canary_max_drop,
+            dep.canary_min_reports,
+            higher_is_better=dep.canary_metric == "accuracy",
+        )
+        self.store: RunStore | None = None
+
+    def bind(self, store: RunStore) -> None:
+        self.store = store
+
+    def begin_round(self, round_idx: int, params: torch.Tensor) -> Rows:
+        """Cold-start the clients that joined since, then (when due) a canary."""
+        rows: Rows = {}
+        if self.cold_start:
+            rows["cold_start"] = self._cold_start(round_idx, params)
+        if self.store is not None and self.every > 0 and round_idx % self.every == 0:
+            self._canary(round_idx, params)
+        return rows
+
+    def trainable(self, ids: Iterable[int]) -> list[int]:
+        """Those of ``ids`` that may train (reported their cold start)."""
+        return [c for c in ids if not self.cold_start or c in self.eligible]
+
+    # ------------------------------------------------------------ cold start
+    def _cold_start(self, round_idx: int, params: torch.Tensor) -> list[tuple[Any, ...]]:
+        new = [c for c in sorted(self.hub.members) if c not in self.eligible]
+        if not new:
+            return []
+        pid = f"cold-start-{round_idx}"
+        reports = self.evaluate(new, model_payload(params, round_idx), pid, "cold_start", round_idx)
+        rows = []
+        for c, m in sorted(reports.items()):
+            self.eligible.add(c)
+            rows.append((round_idx, c, m.get("accuracy"), m.get("loss"), int(m["num_examples"])))
+        log_event("server", "cold_start", round=round_idx + 1, clients=len(rows), asked=len(new))
+        return rows
+
+    # ------------------------------------------------------------ canary
+    def _canary(self, round_idx: int, params: torch.Tensor) -> None:
+        store = self.store
+        assert store is not None
+        live = vs.serving(store)
+        if live is None:  # the first global model is the first version, served as it is
+            vs.add_version(store, params, round_idx, None, {}, status="promoted")
+            return
+        stale = vs.canary(store)
+        if stale is not None:  # a canary still undecided: a newer candidate replaces it
+            vs.rollback(store, stale.version_id)
+        cand = vs.add_version(store, params, round_idx, live.version_id, {}, status="canary")
+        seed = self.cfg.seed
+        clients = [
+            c
+            for c in sorted(self.hub.members)
+            if in_canary(c, cand.version_id, self.policy.fraction, seed)
+        ]
+        judge = CanaryJudge(self.policy, cand.version_id, live.version_id)
+        served = vs.load_version_params(store, live.version_id)
+        for vid, p in ((cand.version_id, params), (live.version_id, served)):
+            label = f"canary-v{cand.version_id}-v{vid}"
+            payload = model_payload(p.to(params.dtype), round_idx)
+            for c, m in self.evaluate(clients, payload, label, label, round_idx).items():
+                judge.report(c, vid, m, int(m["num_examples"]))
+        decision = judge.decide()
+        vs.update_metrics(store, cand.version_id, decision.metrics())
+        if decision.kind == "promote":
+            vs.promote(store, cand.version_id)
+        elif decision.kind == "rollback":
+            vs.rollback(store, cand.version_id)
+        log_event(
+            "server",
+            "canary",
+            round=round_idx + 1,
+            version=cand.version_id,
+            decision=decision.kind,
+            reason=decision.reason,
+        )
+
+    # ------------------------------------------------------------ evaluation
+    def evaluate(
+        self, ids: list[int], payload: bytes, pid: str, label: str, round_idx: int
+    ) -> dict[int, dict[str, float]]:
+        """Each of ``ids``' scores of the model in ``payload`` on its own data (the
+        ones that answered in time with a well-formed report)."""
+        if not ids:
+            return {}
+        self.hub.serve(pid, payload, alone=False)
+        works = [
+            pb.Work(
+                kind=pb.Work.EVALUATE,
+                client_id=c,
+                round_idx=round_idx,
+                model_version=round_idx,
+                phase=label,
+                payload_id=pid,
+                payload_size=len(payload),
+                deadline_s=self.deadline_s,
+            )
+            for c in ids
+        ]
+        keys: set[Key] = {(c, round_idx, EVALUATION, label) for c in ids}
+        self.hub.ask(works, round_idx)
+        out: dict[int, dict[str, float]] = {}
+        for a in self.hub.gather(keys, self.deadline_s):
+            report = read_report(a.data)
+            if report is None:
+                self.hub.on_refusal(
+                    "?", a.client_id, f"malformed evaluation of client {a.client_id}"
+                )
+                continue
+            out[a.client_id] = report
+        self.hub.withdraw(pid)
+        return out
+
+
+def read_report(data: bytes) -> dict[str, float] | None:
+    """A client's evaluation report: JSON of accuracy, loss, num_examples (None: bad)."""
+    try:
+        m = json.loads(data.decode())
+        n = int(m["num_examples"])
+        out = {"num_examples": float(n)}
+        for k in ("accuracy", "loss"):
+            out[k] = float(m[k])
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError, AttributeError):
+        return None
+    return out if n >= 0 else None
