@@ -173,3 +173,47 @@ def test_new_clients_are_judged_before_they_train(tmp_path: Path) -> None:
         ev = evaluate(exp.model, exp.spec, exp.initial_params, x, y, 250, exp.metrics)
         assert n == len(y) and acc == pytest.approx(ev.accuracy, abs=1e-12)
         assert loss == pytest.approx(ev.loss, rel=1e-9)
+
+
+@pytest.mark.parametrize("lr,verdict", [(0.05, "promoted"), (40.0, "rolled_back")])
+def test_canary_promotes_a_better_model_and_rolls_back_a_worse_one(
+    tmp_path: Path, lr: float, verdict: str
+) -> None:
+    """Every round's model is a candidate judged on every client's data (loss,
+    at most 0.001 worse): at a sane step size each is promoted; at a step size
+    that blows the model up each is rolled back and the first model stays served.
+    A version's parameters are the simulator's model after that many rounds."""
+    from fedforge.store import RunStore
+    from fedforge.store import versions as vs
+
+    dep = {
+        "canary_every": 1,
+        "canary_fraction": 1.0,
+        "canary_metric": "loss",
+        "canary_max_drop": 0.001,
+        "canary_min_reports": 6,
+    }
+    cfg = write_config(tmp_path / "cfg.yaml", lr=lr, rounds=3, deployment=dep)
+    server, port = start_server(tmp_path, cfg, "--insecure")
+    clients = [start_client(tmp_path, port, ids, "--insecure") for ids in ("0-2", "3-5")]
+    assert server.wait(180) == 0, server.log.read_text()
+    for c in clients:
+        c.wait(60)
+    with RunStore.open(tmp_path / run_dir_of(server), read_only=True) as store:
+        versions = vs.list_versions(store)
+        assert [v.round_idx for v in versions] == [0, 1, 2]
+        assert versions[0].status in ("promoted", "superseded")
+        assert [v.status for v in versions[1:]] == (
+            ["superseded", "promoted"] if verdict == "promoted" else ["rolled_back"] * 2
+        )
+        for v in versions[1:]:
+            params = vs.load_version_params(store, v.version_id)
+            sim = config_mod.override(
+                config_mod.load(cfg), {"rounds": v.round_idx, "runs_dir": str(tmp_path / "sim")}
+            )
+            assert (params - run(sim).params).abs().max().item() <= 1e-9
+        if verdict == "rolled_back":
+            assert vs.serving(store).version_id == versions[0].version_id
+    decisions = [e for e in server.events() if e.get("event") == "canary"]
+    said = {"promoted": "promote", "rolled_back": "rollback"}[verdict]
+    assert [d["decision"] for d in decisions] == [said] * 2
