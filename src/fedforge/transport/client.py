@@ -37,7 +37,14 @@ from fedforge.transport.pb import federation_pb2_grpc as pb_grpc
 from fedforge.transport.remote import plan_from_json
 from fedforge.transport.security import ClientSecurity
 
-RETRY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.NOT_FOUND)
+# the server is away (restarting), slow, stopping (a cancelled long-poll), or has
+# forgotten the session (a restarted server): join again, with backoff
+RETRY = (
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.CANCELLED,
+)
 
 
 class Lost(Exception):

@@ -126,7 +126,8 @@ class RemoteEngine:
         self.hub.ask(works, self.version)
 
     def close(self) -> None:
-        self.hub.finish("the run ended")
+        """Nothing to release: the server (serve.py) decides whether the clients are
+        dismissed (a finished run) or wait for a resume (a stopped one)."""
 
 
 __all__ = ["RemoteEngine", "plan_from_json", "plan_json"]

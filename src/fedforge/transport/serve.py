@@ -8,6 +8,7 @@ after a crash; the clients reconnect by themselves.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,8 +117,10 @@ class Deployment:
             eval_bytes_down=hub.eval_bytes_down,
         )
 
-    def stop(self, reason: str) -> None:
-        self.hub.finish(reason)
+    def stop(self, reason: str, dismiss: bool = True) -> None:
+        """Stop serving; ``dismiss``: first tell the clients the run is over."""
+        if dismiss:
+            self.hub.finish(reason)
         self.health.enter_graceful_shutdown()
         self.grpc.stop(grace=3.0).wait()
         self.metrics.close()
@@ -132,14 +135,7 @@ def serve(config: Config, options: ServerOptions) -> RunResult:
     """Run ``config`` as a deployment: listen, wait for clients, run, dismiss them."""
     cfg = _served(config)
     dep = Deployment(cfg, options)
-    dep.start()
-    try:
-        dep.wait_for_clients()
-        result = run(cfg, progress=options.progress, engine=dep.engine)
-        dep.finished(result)
-        return result
-    finally:
-        dep.stop("the run ended")
+    return _drive(dep, lambda: run(cfg, progress=options.progress, engine=dep.engine))
 
 
 def serve_resume(run_dir: Path | str, options: ServerOptions) -> RunResult:
@@ -147,14 +143,22 @@ def serve_resume(run_dir: Path | str, options: ServerOptions) -> RunResult:
     with RunStore.open(run_dir, read_only=True) as stored:
         cfg = stored.config()
     dep = Deployment(cfg, options)
+    return _drive(dep, lambda: resume(run_dir, progress=options.progress, engine=dep.engine))
+
+
+def _drive(dep: Deployment, go: Callable[[], RunResult]) -> RunResult:
+    """Start, wait for the clients, run; dismiss the clients only when the run
+    finished (stopped by a signal or failed, it may be resumed: they wait)."""
     dep.start()
+    dismiss = False
     try:
         dep.wait_for_clients()
-        result = resume(run_dir, progress=options.progress, engine=dep.engine)
+        result = go()
         dep.finished(result)
+        dismiss = result.stopped is None
         return result
     finally:
-        dep.stop("the run ended")
+        dep.stop("the run ended" if dismiss else "the server stopped", dismiss)
 
 
 __all__ = ["Deployment", "ServerOptions", "serve", "serve_resume"]
