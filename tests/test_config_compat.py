@@ -115,6 +115,10 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
         {"privacy": DP, "communication": {"groups": 2}},
         "communication.groups = 2 cannot be combined with privacy.dp = 'central'",
     ),
+    "over_selection_without_dp": (
+        {"privacy": LOCAL_DP, "deployment": {"over_selection": 0.3}},
+        "deployment.over_selection = 0.3 with privacy.dp = 'local': the round would close",
+    ),
 }
 
 

@@ -217,3 +217,21 @@ def test_canary_promotes_a_better_model_and_rolls_back_a_worse_one(
     decisions = [e for e in server.events() if e.get("event") == "canary"]
     said = {"promoted": "promote", "rolled_back": "rollback"}[verdict]
     assert [d["decision"] for d in decisions] == [said] * 2
+
+
+def test_over_selection_asks_more_and_closes_at_the_needed_count(tmp_path: Path) -> None:
+    """C = 0.5 of 6 needs 3 updates; over-selection 1.0 asks all 6 and closes each
+    round at the first 3 taken."""
+    cfg = write_config(tmp_path / "cfg.yaml", deployment={"over_selection": 1.0})
+    server, port = start_server(tmp_path, cfg, "--insecure")
+    clients = [start_client(tmp_path, port, ids, "--insecure") for ids in ("0-1", "2-3", "4-5")]
+    assert server.wait(180) == 0, server.log.read_text()
+    for c in clients:
+        c.wait(60)
+    with sqlite3.connect(tmp_path / run_dir_of(server) / "store.sqlite") as db:
+        asked = [r[0] for r in db.execute("SELECT cohort_size FROM rounds ORDER BY round_idx")]
+        used = db.execute(
+            "SELECT round_idx, COUNT(*) FROM client_rounds GROUP BY round_idx ORDER BY round_idx"
+        ).fetchall()
+    assert asked == [6, 6, 6]
+    assert [n for _, n in used] == [3, 3, 3]

@@ -341,3 +341,15 @@ def groups_exclude_central_dp(communication: CommunicationConfig, privacy: Priva
             "(its mean counts each client's clipped update; the edges would send their "
             "means, each counted as one client)"
         )
+
+
+def over_selection_without_dp(over_selection: float, privacy: PrivacyConfig) -> None:
+    """Over-selection closes a round at its first K answers: the cohort is no longer
+    the random sample of rate C that the DP accountant's amplification assumes."""
+    if over_selection > 0 and privacy.dp != "none":
+        raise ConfigError(
+            f"deployment.over_selection = {over_selection:g} with privacy.dp = "
+            f"'{privacy.dp}': the round would close at its fastest clients, not a random "
+            "sample of rate client_fraction, and the accountant's epsilon would not hold; "
+            "set over_selection to 0"
+        )

@@ -201,6 +201,7 @@ def check(cfg: Config) -> None:
     compat.robust_fits_cohort(cfg.robust, cfg.num_clients, cfg.client_fraction)
     compat.delta_below_one_over_n(cfg.privacy, cfg.num_clients)
     compat.secagg_can_hide(cfg.privacy, cfg.communication)
+    compat.over_selection_without_dp(cfg.deployment.over_selection, cfg.privacy)
     compat.secagg_neighbours_fit_cohort(cfg.privacy, cfg.num_clients, cfg.client_fraction)
     compat.one_clip(cfg.privacy, cfg.communication)
     compat.dp_noise_needs_mean(cfg.privacy, cfg.robust)
