@@ -130,6 +130,18 @@ class ClientProcess:
     def run(self) -> int:
         """Serve until the server says the run is over (0) or cannot be reached (1)."""
         beat = threading.Thread(target=self._heartbeats, daemon=True)
+        try:
+            return self._serve(beat)
+        finally:
+            # the heartbeat thread ends before the process does: a daemon thread
+            # still ending at interpreter exit may drop the last reference to this
+            # process's model there, and freeing a tensor then aborts the process
+            # (SIGABRT, "terminate called without an active exception")
+            self.stop.set()
+            if beat.is_alive():
+                beat.join()
+
+    def _serve(self, beat: threading.Thread) -> int:
         lost_since: float | None = None
         delay = 0.2
         while True:
@@ -139,7 +151,6 @@ class ClientProcess:
                     if not beat.is_alive():
                         beat.start()
                 if self._poll_once():
-                    self.stop.set()
                     return 0
                 lost_since, delay = None, 0.2
             except Lost as exc:
@@ -148,7 +159,6 @@ class ClientProcess:
                 lost_since = lost_since or now
                 if now - lost_since > self.opt.give_up_s:
                     log_event("client", "gave_up", reason=str(exc))
-                    self.stop.set()
                     return 1
                 time.sleep(delay * (1 + random.random()))
                 delay = min(delay * 2, 5.0)
