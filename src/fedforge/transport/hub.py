@@ -61,6 +61,7 @@ class _Asked:
     version: int
     posted: float
     handed: float | None = None
+    session: str = ""  # the session it was handed to
 
 
 @dataclass
@@ -135,19 +136,19 @@ class Hub:
                     self.members[c].last_seen = now
                 if heartbeat:
                     return []
-                work = self._hand_out(ids, now)
+                work = self._hand_out(ids, now, session)
                 if work or self.done or now >= end:
                     return work
                 self.cond.wait(end - now)
 
-    def _hand_out(self, ids: list[int], now: float) -> list[pb.Work]:
+    def _hand_out(self, ids: list[int], now: float, session: str) -> list[pb.Work]:
         out = []
         for c in ids:
             for key in self._pending.pop(c, []):
                 asked = self._asked.get(key)
                 if asked is None:  # closed before it was handed out
                     continue
-                asked.handed = now
+                asked.handed, asked.session = now, session
                 work = pb.Work()
                 work.CopyFrom(asked.work)
                 work.deadline_s = max(0.0, asked.work.deadline_s - (now - asked.posted))
@@ -230,8 +231,9 @@ class Hub:
         self, keys: set[Key], deadline_s: float, need: int | None = None
     ) -> Iterator[Answer]:
         """The answers to ``keys`` as they come, until all came, ``need`` came, the
-        deadline passed, or every client still owing one has gone silent; then the
-        rest are closed (a late answer is refused)."""
+        deadline passed, or every client still owing one has gone silent or joined
+        again since (``_all_silent``); then the rest are closed (a late answer is
+        refused)."""
         end = self.clock() + deadline_s
         got = 0
         try:
@@ -254,9 +256,17 @@ class Hub:
             self.close(keys)
 
     def _all_silent(self, keys: set[Key], now: float) -> bool:
-        for cid, *_ in keys:
-            m = self.members.get(cid)
-            if m is not None and now - m.last_seen < self.heartbeat_timeout_s:
+        """Whether none of the clients owing ``keys`` can still answer: each is
+        silent, or joined again (a restarted process) after its work was handed
+        to its old session, whose answers are refused."""
+        for key in keys:
+            m = self.members.get(key[0])
+            if m is None:
+                continue
+            asked = self._asked.get(key)
+            if asked is not None and asked.handed is not None and asked.session != m.session:
+                continue
+            if now - m.last_seen < self.heartbeat_timeout_s:
                 return False
         return True
 
