@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import random
 import threading
 import time
@@ -33,6 +34,29 @@ from fedforge.transport.remote import plan_from_json
 from fedforge.transport.security import ClientSecurity
 
 RETRY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.NOT_FOUND)
+
+# Fault injection for the deployment tests (tests/test_deployment_faults.py), not
+# a user option: with FEDFORGE_TEST_EXIT_AT="ROUND:PHASE" in its environment the
+# process exits at once (os._exit(1): no answer, no goodbye, as if killed) when a
+# poll hands it work of round ROUND (0-based) and PHASE: a secure-aggregation
+# phase's name (advertise, share_keys, masked_input, unmask), "train" or
+# "evaluate". The work of one round and phase is posted to all of a process's
+# clients at once, so none of them answers it.
+TEST_EXIT_AT = "FEDFORGE_TEST_EXIT_AT"
+_KINDS = {pb.Work.TRAIN: "train", pb.Work.EVALUATE: "evaluate"}
+
+
+def _exit_at() -> tuple[int, str] | None:
+    text = os.environ.get(TEST_EXIT_AT, "")
+    if not text:
+        return None
+    r, _, phase = text.partition(":")
+    return int(r), phase
+
+
+def _work_at(work: pb.Work) -> tuple[int, str]:
+    """The (round, phase) of ``work`` as FEDFORGE_TEST_EXIT_AT names it."""
+    return work.round_idx, work.phase if work.kind == pb.Work.PHASE else _KINDS.get(work.kind, "")
 
 
 class Lost(Exception):
@@ -65,6 +89,7 @@ class ClientProcess:
         self.config_yaml = ""
         self.session = ""
         self.stop = threading.Event()
+        self.exit_at = _exit_at()
 
     # ------------------------------------------------------------------ wire
     def _signed(self, method: str, body: bytes) -> pb.Signed:
@@ -167,6 +192,10 @@ class ClientProcess:
         body = pb.PollRequest(session=self.session, wait_s=self.opt.poll_s)
         reply = self._unary("Poll", body.SerializeToString(), self.opt.poll_s + 30)
         assert isinstance(reply, pb.PollReply)
+        if self.exit_at is not None and any(_work_at(w) == self.exit_at for w in reply.work):
+            r, phase = self.exit_at
+            log_event("client", "test_exit", round=r, phase=phase)
+            os._exit(1)
         for work in reply.work:
             self._do(work)
         return bool(reply.done and not reply.work)
