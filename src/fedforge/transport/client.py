@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import random
 import threading
 import time
@@ -45,6 +46,29 @@ RETRY = (
     grpc.StatusCode.NOT_FOUND,
     grpc.StatusCode.CANCELLED,
 )
+
+# Fault injection for the deployment tests (tests/test_deployment_faults.py), not
+# a user option: with FEDFORGE_TEST_EXIT_AT="ROUND:PHASE" in its environment the
+# process exits at once (os._exit(1): no answer, no goodbye, as if killed) when a
+# poll hands it work of round ROUND (0-based) and PHASE: a secure-aggregation
+# phase's name (advertise, share_keys, masked_input, unmask), "train" or
+# "evaluate". The work of one round and phase is posted to all of a process's
+# clients at once, so none of them answers it.
+TEST_EXIT_AT = "FEDFORGE_TEST_EXIT_AT"
+_KINDS = {pb.Work.TRAIN: "train", pb.Work.EVALUATE: "evaluate"}
+
+
+def _exit_at() -> tuple[int, str] | None:
+    text = os.environ.get(TEST_EXIT_AT, "")
+    if not text:
+        return None
+    r, _, phase = text.partition(":")
+    return int(r), phase
+
+
+def _work_at(work: pb.Work) -> tuple[int, str]:
+    """The (round, phase) of ``work`` as FEDFORGE_TEST_EXIT_AT names it."""
+    return work.round_idx, work.phase if work.kind == pb.Work.PHASE else _KINDS.get(work.kind, "")
 
 
 class Lost(Exception):
@@ -79,6 +103,7 @@ class ClientProcess:
         self.config_yaml = ""
         self.session = ""
         self.stop = threading.Event()
+        self.exit_at = _exit_at()
 
     # ------------------------------------------------------------------ wire
     def _signed(self, method: str, body: bytes) -> pb.Signed:
@@ -155,15 +180,27 @@ class ClientProcess:
         """Serve until the server says the run is over (0), cannot be reached (1) or
         refuses this process (2: not authenticated, revoked, a malformed request)."""
         try:
-            return self._serve()
+            return self._serve_beating()
         except grpc.RpcError as exc:
             code = exc.code()
             log_event("client", "refused", code=code.name, reason=exc.details())
             self.stop.set()
             return 2
 
-    def _serve(self) -> int:
+    def _serve_beating(self) -> int:
         beat = threading.Thread(target=self._heartbeats, daemon=True)
+        try:
+            return self._serve(beat)
+        finally:
+            # the heartbeat thread ends before the process does: a daemon thread
+            # still ending at interpreter exit may drop the last reference to this
+            # process's model there, and freeing a tensor then aborts the process
+            # (SIGABRT, "terminate called without an active exception")
+            self.stop.set()
+            if beat.is_alive():
+                beat.join()
+
+    def _serve(self, beat: threading.Thread) -> int:
         lost_since: float | None = None
         delay = 0.2
         while True:
@@ -173,7 +210,6 @@ class ClientProcess:
                     if not beat.is_alive():
                         beat.start()
                 if self._poll_once():
-                    self.stop.set()
                     return 0
                 lost_since, delay = None, 0.2
             except Lost as exc:
@@ -182,7 +218,6 @@ class ClientProcess:
                 lost_since = lost_since or now
                 if now - lost_since > self.opt.give_up_s:
                     log_event("client", "gave_up", reason=str(exc))
-                    self.stop.set()
                     return 1
                 time.sleep(delay * (1 + random.random()))
                 delay = min(delay * 2, 5.0)
@@ -191,6 +226,10 @@ class ClientProcess:
         body = pb.PollRequest(session=self.session, wait_s=self.opt.poll_s)
         reply = self._unary("Poll", body.SerializeToString(), self.opt.poll_s + 30)
         assert isinstance(reply, pb.PollReply)
+        if self.exit_at is not None and any(_work_at(w) == self.exit_at for w in reply.work):
+            r, phase = self.exit_at
+            log_event("client", "test_exit", round=r, phase=phase)
+            os._exit(1)
         commits = [w.client_id for w in reply.work if w.kind == pb.Work.COMMIT]
         if commits:  # the round's used clients arrive together (one hand-out)
             self._commit(commits)

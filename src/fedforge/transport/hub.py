@@ -71,6 +71,7 @@ class _Asked:
     version: int
     posted: float
     handed: float | None = None
+    session: str = ""  # the session it was handed to
 
 
 @dataclass
@@ -121,14 +122,20 @@ class Hub:
             return session, accepted, refused
 
     def _reissue(self, cid: int) -> None:
-        """A client joining again (its process restarted) is given again the work
-        it had been handed and not answered: the old process took it down with it."""
+        """A client joining again (its process restarted) is given again the update
+        or evaluation it had been handed and not answered: the old process took it
+        down with it (a restarted client sends the update it saved, or computes it
+        again from its saved state). Not in a secure-aggregation round: the keys of
+        its protocol died with the process, so it is a dropout there (its masks are
+        recovered from the shares), and ``_all_silent`` stops waiting for it."""
+        protocol = {k[1] for k in (*self._asked, *self._answered) if k[0] == cid and k[2] == REPLY}
         for key, asked in self._asked.items():
-            if key[0] == cid and asked.handed is not None:
-                asked.handed = None
-                pending = self._pending.setdefault(cid, [])
-                if key not in pending:
-                    pending.append(key)
+            if key[0] != cid or asked.handed is None or key[2] == REPLY or key[1] in protocol:
+                continue
+            asked.handed, asked.session = None, ""
+            pending = self._pending.setdefault(cid, [])
+            if key not in pending:
+                pending.append(key)
 
     def _refuse_member(self, owner: str, cid: int, n: int) -> str | None:
         if not 0 <= cid < self.num_clients:
@@ -158,19 +165,19 @@ class Hub:
                     self.members[c].last_seen = now
                 if heartbeat:
                     return []
-                work = self._hand_out(ids, now)
+                work = self._hand_out(ids, now, session)
                 if work or self.done or now >= end:
                     return work
                 self.cond.wait(end - now)
 
-    def _hand_out(self, ids: list[int], now: float) -> list[pb.Work]:
+    def _hand_out(self, ids: list[int], now: float, session: str) -> list[pb.Work]:
         out = []
         for c in ids:
             for key in self._pending.pop(c, []):
                 asked = self._asked.get(key)
                 if asked is None:  # closed before it was handed out
                     continue
-                asked.handed = now
+                asked.handed, asked.session = now, session
                 if key[2] == NOTICE:  # nothing comes back: forgotten once handed out
                     del self._asked[key]
                 work = pb.Work()
@@ -272,8 +279,9 @@ class Hub:
         self, keys: set[Key], deadline_s: float, need: int | None = None
     ) -> Iterator[Answer]:
         """The answers to ``keys`` as they come, until all came, ``need`` came, the
-        deadline passed, or every client still owing one has gone silent; then the
-        rest are closed (a late answer is refused)."""
+        deadline passed, or every client still owing one has gone silent or joined
+        again since (``_all_silent``); then the rest are closed (a late answer is
+        refused)."""
         end = self.clock() + deadline_s
         got = 0
         try:
@@ -296,9 +304,17 @@ class Hub:
             self.close(keys)
 
     def _all_silent(self, keys: set[Key], now: float) -> bool:
-        for cid, *_ in keys:
-            m = self.members.get(cid)
-            if m is not None and now - m.last_seen < self.heartbeat_timeout_s:
+        """Whether none of the clients owing ``keys`` can still answer: each is
+        silent, or joined again (a restarted process) after its work was handed
+        to its old session, whose answers are refused."""
+        for key in keys:
+            m = self.members.get(key[0])
+            if m is None:
+                continue
+            asked = self._asked.get(key)
+            if asked is not None and asked.handed is not None and asked.session != m.session:
+                continue
+            if now - m.last_seen < self.heartbeat_timeout_s:
                 return False
         return True
 
