@@ -64,6 +64,8 @@ def test_health_metrics_and_sigterm_then_resume(tmp_path: Path) -> None:
     assert _metric(text, "fedforge_connected_clients") == 6
     assert _metric(text, "fedforge_answers_accepted_total") >= 6  # cold start + updates
     assert _metric(text, 'fedforge_bytes_total{direction="down"}') > 0
+    assert _metric(text, "fedforge_round_seconds_count") >= 1  # a round ended
+    assert 'fedforge_round_phase_info{phase="round ' in text
     server.kill(signal.SIGTERM)  # graceful: checkpoint, say how to resume
     assert server.popen.returncode == 128 + signal.SIGTERM, server.log.read_text()
     done = _rounds(tmp_path / "runs")

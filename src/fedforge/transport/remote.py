@@ -16,7 +16,8 @@ clients than the round needs and ``run_cohort`` closes at the needed count.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict
 
 import torch
@@ -44,8 +45,12 @@ class RemoteEngine:
 
     name = "remote"
 
-    def __init__(self, hub: Hub, cfg: Config) -> None:
+    def __init__(
+        self, hub: Hub, cfg: Config, on_round: Callable[[float], None] | None = None
+    ) -> None:
         self.hub = hub
+        self.on_round = on_round  # told each round's wall time (the metrics)
+        self._began: float | None = None
         self.deadline_s = cfg.deployment.round_deadline_s
         # the server samples this fraction more clients than a round needs
         self.over_selection = cfg.deployment.over_selection
@@ -79,6 +84,7 @@ class RemoteEngine:
             for t in tasks
         ]
         keys: set[Key] = {(t.client_id, r, UPDATE, "") for t in tasks}
+        self.hub.phase = f"round {r + 1}: training"
         self.hub.ask(works, self.version)
         need = None if self.needed is None else min(self.needed, len(tasks))
         for a in self.hub.gather(keys, self.deadline_s, need):
@@ -106,6 +112,7 @@ class RemoteEngine:
             for c, m in messages.items()
         ]
         keys: set[Key] = {(c, r, REPLY, phase) for c in messages}
+        self.hub.phase = f"round {r + 1}: {phase}"
         self.hub.ask(works, self.version)
         return {a.client_id: a.data for a in self.hub.gather(keys, self.deadline_s) if a.data}
 
@@ -113,6 +120,11 @@ class RemoteEngine:
         """The round whose phases come next (protocol phases precede the payload):
         new clients' cold start and, when due, a canary (their rows for the store)."""
         self.round_idx = round_idx
+        now = time.monotonic()
+        if self._began is not None and self.on_round is not None:
+            self.on_round(now - self._began)
+        self._began = now
+        self.hub.phase = f"round {round_idx + 1}: evaluation (cold start, canary)"
         return self.rollout.begin_round(round_idx, params)
 
     def bind_store(self, store: RunStore) -> None:

@@ -77,7 +77,7 @@ class Deployment:
             self.port = self.grpc.add_secure_port(address, creds)
         if self.port == 0:
             raise ConfigError(f"cannot listen on {address} (in use, or not an address here)")
-        self.engine = RemoteEngine(self.hub, cfg)
+        self.engine = RemoteEngine(self.hub, cfg, self.metrics.round_seconds.observe)
 
     def _refused(self, who: str, client: int | None, why: str) -> None:
         self.metrics.refused(why)
