@@ -45,8 +45,34 @@ class Tampering(ClientProcess):
         wrong.CopyFrom(work)
         wrong.model_version += 7
         self.verdicts.append(("wrong version", self.send(wrong, kind, data)))
+        self.verdicts.append(("corrupt", self._corrupt(work, data)))
         self.verdicts.append(("answer", self.send(work, kind, data)))
         self.verdicts.append(("again", self.send(work, kind, data)))
+
+
+def _corrupt_upload(self: ClientProcess, work: pb.Work, data: bytes) -> pb.UploadReply:
+    """``data`` with its last byte flipped under the header of the true bytes."""
+    header = pb.UploadHeader(
+        session=self.session,
+        client_id=work.client_id,
+        round_idx=work.round_idx,
+        model_version=work.model_version,
+        kind="update",
+        size=len(data),
+        sha256=hashlib.sha256(data).digest(),
+    )
+    bad = data[:-1] + bytes([data[-1] ^ 1])
+    parts = [
+        pb.UploadPart(header=self._signed("Upload", header.SerializeToString())),
+        pb.UploadPart(data=bad),
+    ]
+    try:
+        return self.stub.Upload(iter(parts), timeout=30)
+    except grpc.RpcError as exc:
+        return pb.UploadReply(accepted=False, reason=f"{exc.code().name}: {exc.details()}")
+
+
+Tampering._corrupt = _corrupt_upload  # type: ignore[attr-defined]
 
 
 def _federation(tmp: Path) -> Path:
@@ -107,7 +133,9 @@ def _hostile_requests(stub: pb_grpc.FederationStub, tmp: Path, max_bytes: int) -
         return _refused(stub.Upload, iter(parts))
 
     assert upload(max_bytes + 1, b"x", b"").code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert upload(3, b"abc", hashlib.sha256(b"abd").digest()).code() == grpc.StatusCode.DATA_LOSS
+    # an upload nobody asked for is refused before its body is read
+    err = upload(3, b"abc", hashlib.sha256(b"abc").digest())
+    assert err.code() == grpc.StatusCode.NOT_FOUND and "unknown session" in err.details()
 
 
 def test_refusals_leave_the_model_as_the_simulator_makes_it(tmp_path: Path) -> None:
@@ -152,11 +180,14 @@ def test_refusals_leave_the_model_as_the_simulator_makes_it(tmp_path: Path) -> N
         "model version 7" in r.reason or "version" in r.reason for r in by_kind["wrong version"]
     )
     assert not any(r.accepted for r in by_kind["wrong version"] + by_kind["again"])
+    assert all("DATA_LOSS" in r.reason and "SHA-256" in r.reason for r in by_kind["corrupt"])
+    assert len(by_kind["corrupt"]) == asked
     assert all("a second update of client" in r.reason for r in by_kind["again"])
     count = dep.metrics.registry.get_sample_value
     assert count("fedforge_refused_total", {"reason": "duplicate"}) == asked
     assert count("fedforge_refused_total", {"reason": "wrong_version"}) == asked
     assert count("fedforge_refused_total", {"reason": "oversize"}) == 1
+    assert count("fedforge_refused_total", {"reason": "corrupt"}) == asked
 
 
 @pytest.fixture(scope="module")
@@ -173,6 +204,7 @@ def open_server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-un
 
 HANDLED = {
     grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.FAILED_PRECONDITION,
     grpc.StatusCode.NOT_FOUND,
     grpc.StatusCode.RESOURCE_EXHAUSTED,
     grpc.StatusCode.DATA_LOSS,

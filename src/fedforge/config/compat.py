@@ -345,11 +345,22 @@ def groups_exclude_central_dp(communication: CommunicationConfig, privacy: Priva
 
 def over_selection_without_dp(over_selection: float, privacy: PrivacyConfig) -> None:
     """Over-selection closes a round at its first K answers: the cohort is no longer
-    the random sample of rate C that the DP accountant's amplification assumes."""
-    if over_selection > 0 and privacy.dp != "none":
+    the random sample of rate C that the DP accountant's amplification assumes
+    (privacy tiers count on it too), and secure aggregation's threshold t is drawn
+    from the larger cohort asked, so K answers could fall short of it."""
+    if over_selection <= 0:
+        return
+    said = f"deployment.over_selection = {over_selection:g}"
+    if privacy.dp != "none" or privacy.tiers.enabled:
+        what = f"privacy.dp = '{privacy.dp}'" if privacy.dp != "none" else "privacy tiers"
         raise ConfigError(
-            f"deployment.over_selection = {over_selection:g} with privacy.dp = "
-            f"'{privacy.dp}': the round would close at its fastest clients, not a random "
-            "sample of rate client_fraction, and the accountant's epsilon would not hold; "
-            "set over_selection to 0"
+            f"{said} with {what}: the round would close at its fastest clients, not a "
+            "random sample of rate client_fraction, and the accountant's epsilon would not "
+            "hold; set over_selection to 0"
+        )
+    if privacy.secagg:
+        raise ConfigError(
+            f"{said} with privacy.secagg: the threshold is drawn from the clients asked, "
+            "and the round closes at fewer; set over_selection to 0 (secure aggregation "
+            "recovers from dropouts by itself)"
         )

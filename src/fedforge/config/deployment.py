@@ -4,9 +4,10 @@ and closes its rounds. The simulator ignores it (every client answers there).
 A round is open until every asked client answered, ``target`` answers were
 accepted under over-selection, or ``round_deadline_s`` passed; clients that
 did not answer by then are dropouts. Production systems over-select (Bonawitz et
-al. 2019, "Towards federated learning at scale"): the server asks
-``ceil(K * (1 + over_selection))`` clients for the K it needs and closes the
-round at K updates, so a few slow or vanished devices do not hold it up.
+al. 2019, "Towards federated learning at scale"): the server samples a
+fraction ``client_fraction * (1 + over_selection)`` of the clients (at most all)
+for the K = max(1, C N) it needs and closes the round at K updates, so a few
+slow or vanished devices do not hold it up.
 """
 
 from __future__ import annotations
@@ -33,10 +34,10 @@ class DeploymentConfig:
     # a client that joins first evaluates the current model on its own data, and
     # trains only once it has reported (the run records new clients' scores)
     cold_start: bool = True
-    # canary rollout: every canary_every rounds the global model is a candidate
-    # version, evaluated by canary_fraction of the clients beside the serving one;
-    # promoted unless its canary_metric is worse by more than canary_max_drop
-    # (0: every global model is promoted as it is made, no canary)
+    # model versions and canary rollout: every canary_every rounds the global
+    # model is a version of the store, a candidate evaluated by canary_fraction of
+    # the clients beside the serving one and promoted unless its canary_metric is
+    # worse by more than canary_max_drop (0: no versions, no canary)
     canary_every: int = 0
     canary_fraction: float = 0.1
     canary_metric: str = "accuracy"  # accuracy (higher is better) or loss

@@ -1,6 +1,7 @@
 """The global models a deployment serves, kept as versions in the run store.
 
-Every global model the server hands out is a *version*: a row of
+A global model a deployment rolls out (every ``deployment.canary_every`` rounds)
+is a *version*: a row of
 ``model_versions`` (``database.py``) and its parameters in
 ``versions/v{id}.safetensors`` under the run directory (the row names the file
 relative to the run directory, so a moved run keeps its versions). A new version

@@ -24,9 +24,19 @@ from safetensors.torch import load_file, save_file
 from fedforge.store.client_state import ClientStateStore
 from fedforge.transport.logs import log_event
 
-FILE = "client-state.safetensors"
 PENDING = "pending"  # the rows of state computed and not yet committed
 OUTBOX = "outbox/"  # outbox/<client>/<round>: an update not yet known to be taken
+
+
+def _span(ids: Sequence[int]) -> str:
+    """'0-2_7' for [0, 1, 2, 7]: the hosted ids, as runs."""
+    runs: list[list[int]] = []
+    for c in sorted(set(ids)):
+        if runs and c == runs[-1][1] + 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    return "_".join(f"{a}-{b}" if a != b else f"{a}" for a, b in runs)
 
 
 class ClientStateFile:
@@ -40,7 +50,8 @@ class ClientStateFile:
         config_yaml: str,
         pending: object | None = None,
     ) -> None:
-        self.path = folder / FILE
+        # one file per process: named by the ids it hosts
+        self.path = folder / f"client-state-{_span(ids)}.safetensors"
         # state computed and not yet committed (SCAFFOLD's c_k+): pending() and
         # restore_pending() of the algorithm's client half
         self.pending = pending if hasattr(pending, "pending") else None
@@ -112,7 +123,7 @@ class ClientStateFile:
             "written": json.dumps(written),
             "pending": json.dumps(sorted(held)),
         }
-        tmp = self.path.with_name(f".{FILE}.tmp")
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
         save_file(tensors, str(tmp), metadata=meta)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())

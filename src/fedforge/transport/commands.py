@@ -123,5 +123,6 @@ def client(args: argparse.Namespace) -> int:
         state_dir=args.state_dir,
     )
     code = ClientProcess(opts).run()
-    print(f"fedforge client: {'done' if code == 0 else 'gave up'}", file=sys.stderr)
+    said = {0: "done", 1: "gave up: the server could not be reached", 2: "refused by the server"}
+    print(f"fedforge client: {said.get(code, code)}", file=sys.stderr)
     return code

@@ -17,7 +17,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from fedforge.transport.pb import federation_pb2 as pb
@@ -82,6 +82,8 @@ class Hub:
     heartbeat_timeout_s: float
     on_refusal: Callable[[str, int | None, str], None] = lambda who, client, why: None
     clock: Callable[[], float] = time.monotonic
+    # the ids each authenticated name may host (members.json); None: first come
+    allowed: Mapping[str, frozenset[int]] | None = None
     members: dict[int, Member] = field(default_factory=dict)
     sessions: dict[str, str] = field(default_factory=dict)  # session -> owner
     payloads: dict[str, bytes] = field(default_factory=dict)
@@ -100,11 +102,18 @@ class Hub:
         self._asked: dict[Key, _Asked] = {}
         self._answered: set[Key] = set()
         self._inbox: list[Answer] = []
+        self._latest = 0  # the newest round asked about
+        self._given: dict[str, set[str]] = {}  # session -> payload ids its work named
+        self._dismissed: set[str] = set()  # sessions told the run is over
 
     # ------------------------------------------------------------- gRPC threads
     def join(self, owner: str, members: list[tuple[int, int]]) -> tuple[str, list[int], list]:
         """Register ``owner``'s client ids: a new session, the ids accepted and the
         (id, reason) refused (outside the federation, or hosted by another)."""
+        if len(members) > self.num_clients:
+            raise ValueError(
+                f"a join of {len(members)} client ids; this federation has {self.num_clients}"
+            )
         with self.cond:
             session = secrets.token_hex(16)
             self.sessions[session] = owner
@@ -118,6 +127,10 @@ class Hub:
                 self.members[cid] = Member(cid, owner, n, session, self.clock())
                 self._reissue(cid)
                 accepted.append(cid)
+            live = {m.session for m in self.members.values()}
+            for old in [s for s in self.sessions if s not in live and s != session]:
+                del self.sessions[old]  # a session whose clients all joined again elsewhere
+                self._given.pop(old, None)
             self.cond.notify_all()
             return session, accepted, refused
 
@@ -142,6 +155,8 @@ class Hub:
             return f"client id {cid} is outside this federation's 0..{self.num_clients - 1}"
         if n < 0:
             return f"client {cid} declared num_examples = {n}; it must be >= 0"
+        if self.allowed is not None and cid not in self.allowed.get(owner, ()):
+            return f"client id {cid} is not among the ids '{owner}' may host (members.json)"
         held = self.members.get(cid)
         if held is not None and held.owner != owner:
             return f"client id {cid} is hosted by '{held.owner}', not '{owner}'"
@@ -166,6 +181,8 @@ class Hub:
                 if heartbeat:
                     return []
                 work = self._hand_out(ids, now, session)
+                if self.done and not work:
+                    self._dismissed.add(session)
                 if work or self.done or now >= end:
                     return work
                 self.cond.wait(end - now)
@@ -180,6 +197,8 @@ class Hub:
                 asked.handed, asked.session = now, session
                 if key[2] == NOTICE:  # nothing comes back: forgotten once handed out
                     del self._asked[key]
+                if asked.work.payload_id:
+                    self._given.setdefault(session, set()).add(asked.work.payload_id)
                 work = pb.Work()
                 work.CopyFrom(asked.work)
                 work.deadline_s = max(0.0, asked.work.deadline_s - (now - asked.posted))
@@ -190,53 +209,65 @@ class Hub:
         with self.cond:
             self.owned(owner, session)
             data = self.payloads.get(payload_id)
-            if data is None:
-                raise KeyError(f"payload '{payload_id}' is not served now")
+            if data is None or payload_id not in self._given.get(session, ()):
+                raise KeyError(f"payload '{payload_id}' is not served to this session now")
             if payload_id.startswith(TRAINING_PAYLOAD):
                 self.bytes_down += len(data)
             else:
                 self.eval_bytes_down += len(data)
             return data
 
+    def expects(self, owner: str, header: pb.UploadHeader) -> str | None:
+        """Whether an answer with ``header`` would be taken (None) or why not,
+        without refusing it (the body is read only when it would be). KeyError: an
+        unknown session (the client joins again)."""
+        with self.cond:
+            self.owned(owner, header.session)
+            return self._check(owner, header, quiet=True)
+
     def answer(self, owner: str, header: pb.UploadHeader, data: bytes) -> str | None:
         """Take an answer: None, or the reason it is refused."""
         cid, r = header.client_id, header.round_idx
         key: Key = (cid, r, header.kind, header.phase)
         with self.cond:
-            try:
-                ids = self.owned(owner, header.session)
-            except KeyError as exc:
-                return self._refuse(owner, cid, str(exc.args[0]))
-            if cid not in ids:
-                return self._refuse(owner, cid, f"client {cid} is not hosted by '{owner}'")
-            if key in self._answered:
-                return self._refuse(
-                    owner, cid, f"a second {header.kind} of client {cid} in round {r}"
-                )
-            asked = self._asked.get(key)
-            if asked is None or asked.handed is None:
-                what = f"{header.kind}" + (f" '{header.phase}'" if header.phase else "")
-                return self._refuse(
-                    owner, cid, f"client {cid} was not asked for a {what} in round {r} now"
-                )
-            if header.model_version != asked.version:
-                return self._refuse(
-                    owner,
-                    cid,
-                    f"client {cid} answered for model version {header.model_version}; "
-                    f"it was given version {asked.version}",
-                )
+            why = self._check(owner, header)
+            if why is not None:
+                return why
+            asked = self._asked[key]
+            assert asked.handed is not None
             del self._asked[key]
             self._answered.add(key)
-            if header.kind == EVALUATION:
-                self.eval_bytes_up += len(data)
-            else:
-                self.bytes_up += len(data)
-            self.accepted += 1
             seconds = self.clock() - asked.handed
             self._inbox.append(Answer(cid, r, header.kind, header.phase, data, seconds))
             self.cond.notify_all()
             return None
+
+    def _check(self, owner: str, header: pb.UploadHeader, quiet: bool = False) -> str | None:
+        """Why an answer with ``header`` from ``owner`` is not taken now (None: it
+        is); ``quiet``: without counting it as a refusal."""
+        refuse = (lambda o, c, why: why) if quiet else self._refuse
+        cid, r = header.client_id, header.round_idx
+        key: Key = (cid, r, header.kind, header.phase)
+        try:
+            ids = self.owned(owner, header.session)
+        except KeyError as exc:
+            return refuse(owner, cid, str(exc.args[0]))
+        if cid not in ids:
+            return refuse(owner, cid, f"client {cid} is not hosted by '{owner}'")
+        if key in self._answered:
+            return refuse(owner, cid, f"a second {header.kind} of client {cid} in round {r}")
+        asked = self._asked.get(key)
+        if asked is None or asked.handed is None:
+            what = f"{header.kind}" + (f" '{header.phase}'" if header.phase else "")
+            return refuse(owner, cid, f"client {cid} was not asked for a {what} in round {r} now")
+        if header.model_version != asked.version:
+            return refuse(
+                owner,
+                cid,
+                f"client {cid} answered for model version {header.model_version}; "
+                f"it was given version {asked.version}",
+            )
+        return None
 
     def _refuse(self, owner: str, cid: int | None, why: str) -> str:
         self.on_refusal(owner, cid, why)
@@ -259,11 +290,7 @@ class Hub:
         with self.cond:
             now = self.clock()
             for w in works:
-                kind = (
-                    UPDATE
-                    if w.kind == pb.Work.TRAIN
-                    else (REPLY if w.kind == pb.Work.PHASE else EVALUATION)
-                )
+                kind = KINDS[w.kind]
                 key: Key = (
                     w.client_id,
                     w.round_idx,
@@ -273,6 +300,9 @@ class Hub:
                 self._asked[key] = _Asked(w, version, now)
                 self._answered.discard(key)
                 self._pending.setdefault(w.client_id, []).append(key)
+                self._latest = max(self._latest, w.round_idx)
+            # answers of rounds long closed are refused as not asked; forget them
+            self._answered = {k for k in self._answered if k[1] >= self._latest - 1}
             self.cond.notify_all()
 
     def gather(
@@ -288,6 +318,8 @@ class Hub:
             while keys and (need is None or got < need):
                 with self.cond:
                     mine = [a for a in self._inbox if a.key in keys]
+                    if need is not None:
+                        mine = mine[: need - got]
                     if not mine:
                         now = self.clock()
                         if now >= end or self._all_silent(keys, now):
@@ -296,12 +328,22 @@ class Hub:
                         continue
                     for a in mine:
                         self._inbox.remove(a)
-                for a in mine:
-                    keys.discard(a.key)
-                    got += 1
-                    yield a
+                        keys.discard(a.key)
+                        self._count(a)
+                    got += len(mine)
+                    if need is not None and got >= need:
+                        self._close(keys)  # at once: no answer is taken past the count
+                yield from mine
         finally:
             self.close(keys)
+
+    def _count(self, a: Answer) -> None:
+        """An answer the round thread takes: its bytes are on the record."""
+        self.accepted += 1
+        if a.kind == EVALUATION:
+            self.eval_bytes_up += len(a.data)
+        else:
+            self.bytes_up += len(a.data)
 
     def _all_silent(self, keys: set[Key], now: float) -> bool:
         """Whether none of the clients owing ``keys`` can still answer: each is
@@ -321,8 +363,14 @@ class Hub:
     def close(self, keys: set[Key]) -> None:
         """Withdraw the questions ``keys`` (answered or not)."""
         with self.cond:
-            for key in keys:
-                self._asked.pop(key, None)
+            self._close(keys)
+
+    def _close(self, keys: set[Key]) -> None:
+        for key in keys:
+            self._asked.pop(key, None)
+        # answers that came in while the round thread was busy, after the count
+        # was reached: never taken, never counted
+        self._inbox = [a for a in self._inbox if a.key not in keys]
 
     def alive(self) -> list[int]:
         """The client ids heard from within the heartbeat timeout."""
@@ -339,6 +387,18 @@ class Hub:
             while len(self.members) < count and self.clock() < end:
                 self.cond.wait(min(1.0, end - self.clock()))
             return len(self.members)
+
+    def undismissed(self) -> int:
+        """Sessions with clients heard from lately that were not yet told the run
+        is over (the server waits for them before it stops listening)."""
+        with self.cond:
+            now = self.clock()
+            live = {
+                m.session
+                for m in self.members.values()
+                if now - m.last_seen < self.heartbeat_timeout_s
+            }
+            return len(live - self._dismissed)
 
     def finish(self, reason: str) -> None:
         """The run is over: polls return at once, telling the clients to leave."""

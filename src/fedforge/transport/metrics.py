@@ -11,6 +11,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 
+from fedforge.core.errors import ConfigError
 from fedforge.transport.hub import Hub
 
 # a refusal's reason, reduced to a label of few values (the full reason is logged)
@@ -84,7 +85,14 @@ class ServerMetrics:
     def watch(self, hub: Hub) -> None:
         self.registry.register(_HubState(hub))
         if self.port is not None:
-            self._server, _ = start_http_server(self.port, addr="127.0.0.1", registry=self.registry)
+            try:
+                self._server, _ = start_http_server(
+                    self.port, addr="127.0.0.1", registry=self.registry
+                )
+            except OSError as exc:
+                raise ConfigError(
+                    f"--metrics-port {self.port}: cannot listen ({exc.strerror})"
+                ) from None
 
     def refused(self, reason: str) -> None:
         self.refusals.labels(reason_kind(reason)).inc()

@@ -23,6 +23,7 @@ Evaluation traffic is not counted in the rounds' bytes (it is not training).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -38,6 +39,8 @@ from fedforge.transport.logs import log_event
 from fedforge.transport.pb import federation_pb2 as pb
 
 Rows = dict[str, list[tuple[Any, ...]]]
+EVALUATION_DEADLINE_S = 60.0  # an evaluation is awaited at most this long
+RETRY_ROUNDS = 10  # a new client that did not report is asked again after this many
 
 
 def model_payload(params: torch.Tensor, round_idx: int) -> bytes:
@@ -51,9 +54,10 @@ class Rollout:
     def __init__(self, hub: Hub, cfg: Config) -> None:
         dep = cfg.deployment
         self.hub, self.cfg = hub, cfg
-        self.deadline_s = dep.round_deadline_s
+        self.deadline_s = min(dep.round_deadline_s, EVALUATION_DEADLINE_S)
         self.cold_start = dep.cold_start
         self.eligible: set[int] = set()  # clients that reported their cold start
+        self.asked_at: dict[int, int] = {}  # the round each was last asked to
         self.every = dep.canary_every
         self.policy = CanaryPolicy(
             dep.canary_fraction,
@@ -65,7 +69,10 @@ class Rollout:
         self.store: RunStore | None = None
 
     def bind(self, store: RunStore) -> None:
+        """The run's store; a resumed run's clients that reported their cold start
+        before stay eligible (they are not new)."""
         self.store = store
+        self.eligible |= {int(row[1]) for row in store.read_rows("cold_start")}
 
     def begin_round(self, round_idx: int, params: torch.Tensor) -> Rows:
         """Cold-start the clients that joined since, then (when due) a canary."""
@@ -82,9 +89,17 @@ class Rollout:
 
     # ------------------------------------------------------------ cold start
     def _cold_start(self, round_idx: int, params: torch.Tensor) -> list[tuple[Any, ...]]:
-        new = [c for c in sorted(self.hub.members) if c not in self.eligible]
+        # a client that did not answer is asked again only after RETRY_ROUNDS rounds:
+        # one that never answers would otherwise hold every round to the deadline
+        new = [
+            c
+            for c in sorted(self.hub.members)
+            if c not in self.eligible
+            and round_idx - self.asked_at.get(c, -RETRY_ROUNDS) >= RETRY_ROUNDS
+        ]
         if not new:
             return []
+        self.asked_at.update(dict.fromkeys(new, round_idx))
         pid = f"cold-start-{round_idx}"
         reports = self.evaluate(new, model_payload(params, round_idx), pid, "cold_start", round_idx)
         rows = []
@@ -160,7 +175,8 @@ class Rollout:
         self.hub.ask(works, round_idx)
         out: dict[int, dict[str, float]] = {}
         for a in self.hub.gather(keys, self.deadline_s):
-            report = read_report(a.data)
+            member = self.hub.members.get(a.client_id)
+            report = read_report(a.data, member.num_examples if member is not None else 0)
             if report is None:
                 self.hub.on_refusal(
                     "?", a.client_id, f"malformed evaluation of client {a.client_id}"
@@ -171,14 +187,21 @@ class Rollout:
         return out
 
 
-def read_report(data: bytes) -> dict[str, float] | None:
-    """A client's evaluation report: JSON of accuracy, loss, num_examples (None: bad)."""
+def read_report(data: bytes, declared: int) -> dict[str, float] | None:
+    """A client's evaluation report: JSON of a finite accuracy and loss and
+    num_examples within 0..``declared`` (what it declared when it joined); None
+    for anything else (a report cannot move the canary's weights past a count)."""
     try:
         m = json.loads(data.decode())
-        n = int(m["num_examples"])
+        n = m["num_examples"]
+        if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= declared:
+            return None
         out = {"num_examples": float(n)}
         for k in ("accuracy", "loss"):
-            out[k] = float(m[k])
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError, AttributeError):
+            v = m[k]
+            if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v):
+                return None
+            out[k] = float(v)
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError, AttributeError, RecursionError):
         return None
-    return out if n >= 0 else None
+    return out

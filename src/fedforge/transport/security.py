@@ -1,6 +1,8 @@
 """TLS for both ends, from a federation folder made by ``fedforge certs``:
 ``ca.pem``, ``server.pem``/``server.key``, ``clients/<name>.pem``/``.key``, and
-optionally ``keys.json`` (registered Ed25519 keys) and ``revoked.txt``.
+optionally ``keys.json`` (registered Ed25519 keys), ``revoked.txt`` and
+``members.json`` (which client ids each name may host: ``{"client-0": "0-24"}``;
+without it the first name to join an id holds it).
 
 TLS is the default; plaintext only with an explicit ``insecure`` (and a warning
 on both sides). ``mtls``: the server asks every client for a certificate signed
@@ -10,6 +12,7 @@ key the server has registered.
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +68,21 @@ class ServerSecurity:
         mtls = self.mode == "mtls"
         ca = _read(self.certs / "ca.pem", "CA certificate") if mtls else None
         return grpc.ssl_server_credentials([pair], root_certificates=ca, require_client_auth=mtls)
+
+    def members(self) -> dict[str, frozenset[int]] | None:
+        """``members.json``: each name's client ids (None: no such file)."""
+        if self.certs is None or not (self.certs / "members.json").is_file():
+            return None
+        from fedforge.transport.commands import parse_ids
+
+        path = self.certs / "members.json"
+        try:
+            data = json.loads(path.read_text())
+            if not isinstance(data, dict):
+                raise ValueError("not an object of name -> ids")
+            return {str(k): frozenset(parse_ids(str(v))) for k, v in data.items()}
+        except (ValueError, ConfigError) as exc:
+            raise ConfigError(f'\'{path}\': {exc} (e.g. {{"client-0": "0-24"}})') from None
 
     def guard(self) -> Guard:
         """The guard, with the revocation list as it is now (read at each start)."""

@@ -8,6 +8,7 @@ after a crash; the clients reconnect by themselves.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from fedforge.transport.security import ServerSecurity
 from fedforge.transport.service import FederationService
 
 SERVICE = "fedforge.v1.Federation"
+MAX_WORKERS = 256
 
 
 @dataclass(frozen=True)
@@ -48,10 +50,19 @@ class Deployment:
         self.cfg, self.opt = cfg, options
         dep = cfg.deployment
         self.metrics = ServerMetrics(options.metrics_port)
-        self.hub = Hub(cfg.num_clients, dep.heartbeat_timeout_s, on_refusal=self._refused)
+        self.hub = Hub(
+            cfg.num_clients,
+            dep.heartbeat_timeout_s,
+            on_refusal=self._refused,
+            allowed=options.security.members(),
+        )
+        self.heartbeat_timeout_s = dep.heartbeat_timeout_s
         max_bytes = int(dep.max_message_mib * (1 << 20))
         self.grpc = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=64),
+            # a long-poll holds a thread: room for many client processes, and beyond
+            # it calls are refused (RESOURCE_EXHAUSTED) rather than queued
+            futures.ThreadPoolExecutor(max_workers=MAX_WORKERS),
+            maximum_concurrent_rpcs=MAX_WORKERS - 8,
             options=[
                 ("grpc.max_receive_message_length", max_bytes),
                 ("grpc.max_send_message_length", max_bytes),
@@ -71,10 +82,13 @@ class Deployment:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
         address = f"{options.host}:{options.port}"
         creds = options.security.credentials()
-        if creds is None:
-            self.port = self.grpc.add_insecure_port(address)
-        else:
-            self.port = self.grpc.add_secure_port(address, creds)
+        try:
+            if creds is None:
+                self.port = self.grpc.add_insecure_port(address)
+            else:
+                self.port = self.grpc.add_secure_port(address, creds)
+        except RuntimeError:
+            self.port = 0
         if self.port == 0:
             raise ConfigError(f"cannot listen on {address} (in use, or not an address here)")
         self.engine = RemoteEngine(self.hub, cfg, self.metrics.round_seconds.observe)
@@ -95,6 +109,11 @@ class Deployment:
     def wait_for_clients(self) -> None:
         dep = self.cfg.deployment
         need = dep.start_clients or self.cfg.num_clients
+        if need > self.cfg.num_clients:
+            raise ConfigError(
+                f"deployment.start_clients = {need} is more than num_clients = "
+                f"{self.cfg.num_clients}"
+            )
         got = self.hub.wait_for(need, dep.start_timeout_s)
         if got < need:
             raise ConfigError(
@@ -119,8 +138,11 @@ class Deployment:
 
     def stop(self, reason: str, dismiss: bool = True) -> None:
         """Stop serving; ``dismiss``: first tell the clients the run is over."""
-        if dismiss:
+        if dismiss:  # and wait (a little) until every live client process heard it
             self.hub.finish(reason)
+            end = time.monotonic() + self.heartbeat_timeout_s
+            while self.hub.undismissed() and time.monotonic() < end:
+                time.sleep(0.05)
         self.health.enter_graceful_shutdown()
         self.grpc.stop(grace=3.0).wait()
         self.metrics.close()

@@ -78,7 +78,10 @@ class FederationService(pb_grpc.FederationServicer):
             who = self.guard.who("Join", request, context)
             body = parse(pb.JoinRequest, request.body, "JoinRequest")
             members = [(m.client_id, m.num_examples) for m in body.members]
-            session, accepted, refused = self.hub.join(who, members)
+            try:
+                session, accepted, refused = self.hub.join(who, members)
+            except ValueError as exc:
+                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, str(exc), who) from None
             return pb.JoinReply(
                 session=session,
                 accepted=accepted,
@@ -132,6 +135,9 @@ class FederationService(pb_grpc.FederationServicer):
                 f"{self.max_bytes} are taken (deployment.max_message_mib)",
                 who,
             )
+        why = self.hub.expects(who, header)  # before a byte of the body is read
+        if why is not None:
+            raise Refused(grpc.StatusCode.FAILED_PRECONDITION, why, who)
         buf = bytearray()
         for part in parts:
             if part.WhichOneof("part") != "data":

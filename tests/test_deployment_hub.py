@@ -1,0 +1,120 @@
+"""The deployment hub's rules, without the network: what it takes, from whom,
+how many, and what a client can and cannot make it hold."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from fedforge.transport.hub import EVALUATION, UPDATE, Hub
+from fedforge.transport.pb import federation_pb2 as pb
+from fedforge.transport.rollout import read_report
+
+
+def _hub(**kw: object) -> Hub:
+    return Hub(num_clients=6, heartbeat_timeout_s=5.0, **kw)  # type: ignore[arg-type]
+
+
+def _header(
+    session: str, cid: int, r: int = 0, version: int = 0, kind: str = UPDATE, phase: str = ""
+) -> pb.UploadHeader:
+    return pb.UploadHeader(
+        session=session,
+        client_id=cid,
+        round_idx=r,
+        model_version=version,
+        kind=kind,
+        phase=phase,
+        size=1,
+        sha256=hashlib.sha256(b"x").digest(),
+    )
+
+
+def _train(cid: int, r: int = 0) -> pb.Work:
+    return pb.Work(kind=pb.Work.TRAIN, client_id=cid, round_idx=r, payload_id=f"round-{r}")
+
+
+def test_gather_stops_at_the_needed_count_and_takes_nothing_past_it() -> None:
+    hub = _hub()
+    session, ok, _ = hub.join("a", [(c, 10) for c in range(6)])
+    hub.serve("round-0", b"model")
+    hub.ask([_train(c) for c in range(6)], 0)
+    assert len(hub.poll("a", session, 0, False)) == 6
+    for c in range(4):  # four arrive before the round thread looks
+        assert hub.answer("a", _header(session, c), b"u%d" % c) is None
+    taken = list(hub.gather({(c, 0, UPDATE, "") for c in range(6)}, 1.0, need=2))
+    assert [a.client_id for a in taken] == [0, 1]
+    assert hub.bytes_up == 4 and hub.accepted == 2  # the other two were never taken
+    late = hub.answer("a", _header(session, 5), b"u5")
+    assert late is not None and "was not asked" in late
+
+
+def test_an_answer_is_taken_once_for_the_version_given() -> None:
+    hub = _hub()
+    session, _, _ = hub.join("a", [(0, 10)])
+    hub.ask([_train(0, r=3)], version=3)
+    assert "not asked" in hub.expects("a", _header(session, 0, r=3, version=3))  # not handed
+    hub.poll("a", session, 0, False)
+    assert "version 9" in hub.answer("a", _header(session, 0, r=3, version=9), b"x")
+    assert hub.answer("a", _header(session, 0, r=3, version=3), b"x") is None
+    assert "a second update" in hub.answer("a", _header(session, 0, r=3, version=3), b"x")
+
+
+def test_commit_notices_are_forgotten_once_handed_out_and_take_no_answer() -> None:
+    hub = _hub()
+    session, _, _ = hub.join("a", [(0, 10)])
+    hub.ask([pb.Work(kind=pb.Work.COMMIT, client_id=0, round_idx=1)], 1)
+    assert [w.kind for w in hub.poll("a", session, 0, False)] == [pb.Work.COMMIT]
+    for kind in (EVALUATION, UPDATE, "notice"):
+        assert hub.answer("a", _header(session, 0, r=1, version=1, kind=kind), b"x") is not None
+    _, _, _ = hub.join("a", [(0, 10)])  # a restart is not given the notice again
+    assert hub._pending.get(0, []) == []
+
+
+def test_ids_are_held_by_their_names_and_a_join_is_bounded() -> None:
+    hub = _hub(allowed={"a": frozenset({0, 1}), "b": frozenset({2})})
+    _, ok, refused = hub.join("a", [(0, 1), (2, 1), (9, 1)])
+    assert ok == [0]
+    reasons = dict(refused)
+    assert "not among the ids 'a' may host" in reasons[2] and "outside" in reasons[9]
+    with pytest.raises(ValueError, match="a join of 7 client ids"):
+        hub.join("a", [(0, 1)] * 7)
+    first = _hub()
+    first.join("a", [(0, 1)])
+    assert "hosted by 'a'" in dict(first.join("b", [(0, 1)])[2])[0]
+
+
+def test_a_session_downloads_only_the_models_its_work_named() -> None:
+    hub = _hub()
+    sa, _, _ = hub.join("a", [(0, 1)])
+    sb, _, _ = hub.join("b", [(1, 1)])
+    hub.serve("round-0", b"model")
+    hub.ask([_train(0)], 0)
+    hub.poll("a", sa, 0, False)
+    assert hub.payload("a", sa, "round-0") == b"model"
+    with pytest.raises(KeyError, match="not served to this session"):
+        hub.payload("b", sb, "round-0")
+
+
+@pytest.mark.parametrize(
+    "report,ok",
+    [
+        ({"accuracy": 0.5, "loss": 1.25, "num_examples": 10}, True),
+        ({"accuracy": 0.5, "loss": 1.25, "num_examples": 11}, False),  # over the declared 10
+        ({"accuracy": 0.5, "loss": 1.25, "num_examples": 10**400}, False),
+        ({"accuracy": float("nan"), "loss": 1.0, "num_examples": 3}, False),
+        ({"accuracy": 0.5, "loss": float("inf"), "num_examples": 3}, False),
+        ({"accuracy": True, "loss": 1.0, "num_examples": 3}, False),
+        ({"accuracy": 0.5, "loss": 1.0, "num_examples": -1}, False),
+        ({"accuracy": 0.5, "num_examples": 3}, False),
+    ],
+)
+def test_evaluation_reports_are_bounded(report: dict, ok: bool) -> None:
+    got = read_report(json.dumps(report).encode(), declared=10)
+    if ok:
+        assert got == {"accuracy": 0.5, "loss": 1.25, "num_examples": 10.0}
+    else:
+        assert got is None
+    assert read_report(b"\xff{", 10) is None and read_report(b"[1]", 10) is None
