@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fedforge.core.errors import ConfigError
+from fedforge.transport.ids import parse_ids
 
 if TYPE_CHECKING:
     from fedforge.config import Config
@@ -63,22 +63,6 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "--state-dir", type=Path, help="keep the hosted clients' state here (survives restarts)"
     )
     _security_args(client)
-
-
-def parse_ids(text: str) -> list[int]:
-    """'0-9,12' -> [0, ..., 9, 12] (ConfigError naming the bad part)."""
-    ids: list[int] = []
-    for part in text.split(","):
-        part = part.strip()
-        lo, _, hi = part.partition("-")
-        try:
-            a, b = int(lo), int(hi) if hi else int(lo)
-        except ValueError:
-            raise ConfigError(f"client ids {part!r}: expected N or N-M (e.g. 0-49,52)") from None
-        if a < 0 or b < a:
-            raise ConfigError(f"client ids {part!r}: expected 0 <= N <= M")
-        ids.extend(range(a, b + 1))
-    return sorted(set(ids))
 
 
 def _mode(args: argparse.Namespace) -> str:

@@ -21,6 +21,7 @@ import grpc
 
 from fedforge.core.errors import ConfigError
 from fedforge.transport.guard import MODES, Guard
+from fedforge.transport.ids import parse_ids
 
 INSECURE_WARNING = (
     "fedforge: WARNING: --insecure: plaintext gRPC, clients not authenticated; "
@@ -73,8 +74,6 @@ class ServerSecurity:
         """``members.json``: each name's client ids (None: no such file)."""
         if self.certs is None or not (self.certs / "members.json").is_file():
             return None
-        from fedforge.transport.commands import parse_ids
-
         path = self.certs / "members.json"
         try:
             data = json.loads(path.read_text())
