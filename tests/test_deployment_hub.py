@@ -62,15 +62,19 @@ def test_an_answer_is_taken_once_for_the_version_given() -> None:
     assert "a second update" in hub.answer("a", _header(session, 0, r=3, version=3), b"x")
 
 
-def test_commit_notices_are_forgotten_once_handed_out_and_take_no_answer() -> None:
+def test_commit_notices_come_again_until_acknowledged_and_only_as_notices() -> None:
     hub = _hub()
     session, _, _ = hub.join("a", [(0, 10)])
-    hub.ask([pb.Work(kind=pb.Work.COMMIT, client_id=0, round_idx=1)], 1)
+    hub.ask([pb.Work(kind=pb.Work.COMMIT, client_id=0, round_idx=1, model_version=1)], 1)
     assert [w.kind for w in hub.poll("a", session, 0, False)] == [pb.Work.COMMIT]
-    for kind in (EVALUATION, UPDATE, "notice"):
+    for kind in (EVALUATION, UPDATE):  # a notice is not an answer of another kind
         assert hub.answer("a", _header(session, 0, r=1, version=1, kind=kind), b"x") is not None
-    _, _, _ = hub.join("a", [(0, 10)])  # a restart is not given the notice again
-    assert hub._pending.get(0, []) == []
+    again, _, _ = hub.join("a", [(0, 10)])  # restarted before acknowledging: it comes again
+    assert [w.kind for w in hub.poll("a", again, 0, False)] == [pb.Work.COMMIT]
+    assert hub.answer("a", _header(again, 0, r=1, version=1, kind="notice"), b"") is None
+    assert hub._inbox == [] and hub.accepted == 0  # nobody waits for it
+    later, _, _ = hub.join("a", [(0, 10)])
+    assert hub.poll("a", later, 0, False) == []
 
 
 def test_ids_are_held_by_their_names_and_a_join_is_bounded() -> None:

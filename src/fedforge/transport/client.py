@@ -100,6 +100,7 @@ class ClientProcess:
         self.stub = pb_grpc.FederationStub(self.channel)
         self.exp: Experiment | None = None
         self.state: ClientStateFile | None = None
+        self._trained_round: dict[int, int] = {}
         self.config_yaml = ""
         self.session = ""
         self.stop = threading.Event()
@@ -230,7 +231,7 @@ class ClientProcess:
             r, phase = self.exit_at
             log_event("client", "test_exit", round=r, phase=phase)
             os._exit(1)
-        commits = [w.client_id for w in reply.work if w.kind == pb.Work.COMMIT]
+        commits = [w for w in reply.work if w.kind == pb.Work.COMMIT]
         if commits:  # the round's used clients arrive together (one hand-out)
             self._commit(commits)
         for work in reply.work:
@@ -246,13 +247,31 @@ class ClientProcess:
             with contextlib.suppress(grpc.RpcError):  # the main loop notices, joins again
                 self.stub.Poll(self._signed("Poll", body), timeout=10)
 
-    def _commit(self, used: list[int]) -> None:
-        """Keep the state the used clients computed (SCAFFOLD's c_k+); save it."""
+    def _commit(self, works: list[pb.Work]) -> None:
+        """Keep the state the used clients computed (SCAFFOLD's c_k+) in the round
+        each COMMIT names (a repeated notice, after a restart, of a round whose
+        state is already kept or replaced by a later round's changes nothing);
+        save it, then acknowledge each notice (unacknowledged ones come again)."""
         assert self.exp is not None
         terms = self.exp.algorithm.client
-        if terms is not None:
+        rounds = self.trained_round
+        used = [w.client_id for w in works if rounds.get(w.client_id) == w.round_idx]
+        pending = getattr(terms, "pending", None)
+        if terms is not None and pending is not None:
+            later = {c: p for c, p in pending().items() if c not in used}
             terms.commit(used)
+            terms.restore_pending(later)  # type: ignore[attr-defined]  # others' wait
+        for c in used:
+            rounds.pop(c, None)
         self._save()
+        for w in works:
+            self._upload(w, "notice", b"")
+
+    @property
+    def trained_round(self) -> dict[int, int]:
+        """Each hosted client's round whose state waits for the server's COMMIT
+        (on disk with --state-dir)."""
+        return self.state.trained_round if self.state is not None else self._trained_round
 
     def _save(self) -> None:
         if self.state is not None:
@@ -290,6 +309,7 @@ class ClientProcess:
         plan = plan_from_json(work.plan_json)
         task = ClientTask(work.client_id, work.round_idx, plan, work.seed)
         data = next(iter(self.exp.engine.run_cohort([task], payload))).data
+        self.trained_round[work.client_id] = work.round_idx
         if self.state is not None:  # e.g. the error-feedback residual moved with it
             self.state.outbox = {k: v for k, v in self.state.outbox.items() if k[1] >= key[1]}
             self.state.outbox[key] = data
@@ -320,7 +340,7 @@ class ClientProcess:
             round_idx=work.round_idx,
             model_version=work.model_version,
             kind=kind,
-            phase=work.phase if kind != "update" else "",
+            phase=work.phase if kind not in ("update", "notice") else "",
             size=len(data),
             sha256=hashlib.sha256(data).digest(),
         )

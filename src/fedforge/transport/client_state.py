@@ -59,6 +59,8 @@ class ClientStateFile:
         # known to be taken: after a restart it is sent again, not recomputed (the
         # state it was computed from has moved on)
         self.outbox: dict[tuple[int, int], bytes] = {}
+        # client -> the round whose state waits for the server's COMMIT
+        self.trained_round: dict[int, int] = {}
         self.tables = dict(tables)
         self.ids = list(ids)
         self.config_sha = hashlib.sha256(config_yaml.encode()).hexdigest()
@@ -85,6 +87,8 @@ class ClientStateFile:
             if ids and name in tensors:
                 table.scatter(ids, tensors[name].to(table.dtype))
                 loaded += len(ids)
+        rounds = json.loads(meta.get("trained_round", "{}"))
+        self.trained_round = {int(c): int(r) for c, r in rounds.items()}
         held = [int(c) for c in json.loads(meta.get("pending", "[]"))]
         if held and self.pending is not None and PENDING in tensors:
             rows = tensors[PENDING]
@@ -122,6 +126,7 @@ class ClientStateFile:
             "config_sha256": self.config_sha,
             "written": json.dumps(written),
             "pending": json.dumps(sorted(held)),
+            "trained_round": json.dumps({str(c): r for c, r in self.trained_round.items()}),
         }
         tmp = self.path.with_name(f".{self.path.name}.tmp")
         save_file(tensors, str(tmp), metadata=meta)

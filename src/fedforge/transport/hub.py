@@ -26,7 +26,7 @@ from fedforge.transport.pb import federation_pb2 as pb
 Key = tuple[int, int, str, str]
 
 UPDATE, REPLY, EVALUATION = "update", "reply", "evaluation"
-NOTICE = "notice"  # work that asks for no answer (COMMIT)
+NOTICE = "notice"  # a COMMIT's acknowledgement: kept until acknowledged, nobody waits
 TRAINING_PAYLOAD = "round-"  # the prefix of the rounds' payload ids (remote.py)
 
 
@@ -195,8 +195,6 @@ class Hub:
                 if asked is None:  # closed before it was handed out
                     continue
                 asked.handed, asked.session = now, session
-                if key[2] == NOTICE:  # nothing comes back: forgotten once handed out
-                    del self._asked[key]
                 if asked.work.payload_id:
                     self._given.setdefault(session, set()).add(asked.work.payload_id)
                 work = pb.Work()
@@ -237,6 +235,8 @@ class Hub:
             assert asked.handed is not None
             del self._asked[key]
             self._answered.add(key)
+            if header.kind == NOTICE:  # an acknowledged COMMIT: nobody waits for it
+                return None
             seconds = self.clock() - asked.handed
             self._inbox.append(Answer(cid, r, header.kind, header.phase, data, seconds))
             self.cond.notify_all()
@@ -301,8 +301,11 @@ class Hub:
                 self._answered.discard(key)
                 self._pending.setdefault(w.client_id, []).append(key)
                 self._latest = max(self._latest, w.round_idx)
-            # answers of rounds long closed are refused as not asked; forget them
+            # answers of rounds long closed are refused as not asked; forget them,
+            # and COMMIT notices never acknowledged (a client gone for good)
             self._answered = {k for k in self._answered if k[1] >= self._latest - 1}
+            for k in [k for k in self._asked if k[2] == NOTICE and k[1] < self._latest - 2]:
+                del self._asked[k]
             self.cond.notify_all()
 
     def gather(

@@ -134,7 +134,12 @@ class RemoteEngine:
     def end_round(self, round_idx: int, used: Sequence[int]) -> None:
         """Tell the clients whose updates the round used to keep the state they
         computed with them (SCAFFOLD's c_k+; the others keep theirs as it was)."""
-        works = [pb.Work(kind=pb.Work.COMMIT, client_id=c, round_idx=round_idx) for c in used]
+        works = [
+            pb.Work(
+                kind=pb.Work.COMMIT, client_id=c, round_idx=round_idx, model_version=self.version
+            )
+            for c in used
+        ]
         self.hub.ask(works, self.version)
 
     def close(self) -> None:
