@@ -29,6 +29,7 @@ from fedforge import __version__
 from fedforge.client.runtime import ClientTask
 from fedforge.config.parse import from_dict, override
 from fedforge.core import wire
+from fedforge.engines.threads import set_threads
 from fedforge.evaluation.evaluate import evaluate
 from fedforge.server.experiment import Experiment, build, client_tables
 from fedforge.transport.client_state import ClientStateFile
@@ -174,7 +175,12 @@ class ClientProcess:
             raise SystemExit(
                 f"fedforge client: client ids {bad} are outside 0..{cfg.num_clients - 1}"
             )
-        return build(cfg)
+        exp = build(cfg)
+        # build only plans the threads (the simulator's loop applies them): without
+        # this the process trains on torch's default, every core, and a host's
+        # client processes oversubscribe its cores with spinning OpenMP threads
+        set_threads(1)
+        return exp
 
     # ------------------------------------------------------------------ work
     def run(self) -> int:
