@@ -8,9 +8,10 @@ import json
 
 import pytest
 
-from fedforge.transport.hub import EVALUATION, UPDATE, Hub
+from fedforge.transport.hub import Hub
 from fedforge.transport.pb import federation_pb2 as pb
 from fedforge.transport.rollout import read_report
+from fedforge.transport.work import EVALUATION, UPDATE
 
 
 def _hub(**kw: object) -> Hub:

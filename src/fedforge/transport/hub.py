@@ -21,57 +21,17 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from fedforge.transport.pb import federation_pb2 as pb
-
-# (client id, round, kind, phase): one question to one client
-Key = tuple[int, int, str, str]
-
-UPDATE, REPLY, EVALUATION = "update", "reply", "evaluation"
-NOTICE = "notice"  # a COMMIT's acknowledgement: kept until acknowledged, nobody waits
-TRAINING_PAYLOAD = "round-"  # the prefix of the rounds' payload ids (remote.py)
-
-
-KINDS = {
-    pb.Work.TRAIN: UPDATE,
-    pb.Work.PHASE: REPLY,
-    pb.Work.EVALUATE: EVALUATION,
-    pb.Work.COMMIT: NOTICE,
-}
-
-
-@dataclass
-class Member:
-    """A client id the federation knows: who hosts it and what it declared."""
-
-    client_id: int
-    owner: str  # the authenticated name of the process that joined it
-    num_examples: int
-    session: str
-    last_seen: float  # time.monotonic() of its process's last poll or heartbeat
-
-
-@dataclass
-class Answer:
-    """An accepted answer, waiting for the round thread."""
-
-    client_id: int
-    round_idx: int
-    kind: str
-    phase: str
-    data: bytes
-    seconds: float  # from the work's hand-out to its answer
-
-    @property
-    def key(self) -> Key:
-        return (self.client_id, self.round_idx, self.kind, self.phase)
-
-
-@dataclass
-class _Asked:
-    work: pb.Work
-    version: int
-    posted: float
-    handed: float | None = None
-    session: str = ""  # the session it was handed to
+from fedforge.transport.work import (
+    EVALUATION,
+    KINDS,
+    NOTICE,
+    REPLY,
+    TRAINING_PAYLOAD,
+    Answer,
+    Asked,
+    Key,
+    Member,
+)
 
 
 @dataclass
@@ -99,7 +59,7 @@ class Hub:
     def __post_init__(self) -> None:
         self.cond = threading.Condition()
         self._pending: dict[int, list[Key]] = {}  # per client: work not handed out yet
-        self._asked: dict[Key, _Asked] = {}
+        self._asked: dict[Key, Asked] = {}
         self._answered: set[Key] = set()
         self._inbox: list[Answer] = []
         self._latest = 0  # the newest round asked about
@@ -297,7 +257,7 @@ class Hub:
                     kind,
                     w.phase if kind in (REPLY, EVALUATION) else "",
                 )
-                self._asked[key] = _Asked(w, version, now)
+                self._asked[key] = Asked(w, version, now)
                 self._answered.discard(key)
                 self._pending.setdefault(w.client_id, []).append(key)
                 self._latest = max(self._latest, w.round_idx)

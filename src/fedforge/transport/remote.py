@@ -27,9 +27,10 @@ from fedforge.client.runtime import ClientTask, ClientUpload
 from fedforge.config import Config
 from fedforge.selection.sampling import cohort_size
 from fedforge.store import RunStore
-from fedforge.transport.hub import REPLY, TRAINING_PAYLOAD, UPDATE, Hub, Key
+from fedforge.transport.hub import Hub
 from fedforge.transport.pb import federation_pb2 as pb
 from fedforge.transport.rollout import Rollout, Rows
+from fedforge.transport.work import REPLY, TRAINING_PAYLOAD, UPDATE, Key
 
 
 def plan_json(plan: LocalPlan) -> str:

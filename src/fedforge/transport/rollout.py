@@ -34,9 +34,10 @@ from fedforge.core import wire
 from fedforge.server.canary import CanaryJudge, CanaryPolicy, in_canary
 from fedforge.store import RunStore
 from fedforge.store import versions as vs
-from fedforge.transport.hub import EVALUATION, Hub, Key
+from fedforge.transport.hub import Hub
 from fedforge.transport.logs import log_event
 from fedforge.transport.pb import federation_pb2 as pb
+from fedforge.transport.work import EVALUATION, Key
 
 Rows = dict[str, list[tuple[Any, ...]]]
 EVALUATION_DEADLINE_S = 60.0  # an evaluation is awaited at most this long
