@@ -123,3 +123,23 @@ def test_evaluation_reports_are_bounded(report: dict, ok: bool) -> None:
     else:
         assert got is None
     assert read_report(b"\xff{", 10) is None and read_report(b"[1]", 10) is None
+
+
+def test_a_client_process_trains_on_one_thread(tmp_path: object) -> None:
+    """Client processes share a host's cores: each trains on one torch thread,
+    whatever torch's default (the thread plan is applied, not only made)."""
+    import torch
+
+    from fedforge.config.parse import dump, from_dict
+    from fedforge.transport.client import ClientOptions, ClientProcess
+    from fedforge.transport.security import ClientSecurity
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        cfg = from_dict({"dataset": "synthetic", "model": "logreg", "num_clients": 4})
+        proc = ClientProcess(ClientOptions("127.0.0.1:1", ClientSecurity("insecure", "t"), [0, 1]))
+        proc._build(dump(cfg))
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
