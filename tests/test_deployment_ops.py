@@ -5,7 +5,6 @@ that ends where an uninterrupted run ends)."""
 from __future__ import annotations
 
 import signal
-import socket
 import sqlite3
 import time
 import urllib.request
@@ -15,15 +14,10 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from deploy_procs import run_dir_of, start_client, start_server, write_config
+from deploy_sim import _free_port
 from fedforge import config as config_mod
 from fedforge import run
 from fedforge.store.final import load_final
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _metric(text: str, name: str) -> float:

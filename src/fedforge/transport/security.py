@@ -37,11 +37,11 @@ def _read(path: Path, what: str) -> bytes:
 
 
 def _revoked(folder: Path) -> frozenset[str]:
+    """The folder's revocation list (none: nobody is revoked)."""
+    from fedforge.transport.certs import load_revoked
+
     path = folder / "revoked.txt"
-    if not path.is_file():
-        return frozenset()
-    lines = path.read_text().splitlines()
-    return frozenset(s.strip() for s in lines if s.strip() and not s.startswith("#"))
+    return load_revoked(path) if path.is_file() else frozenset()
 
 
 @dataclass(frozen=True)
