@@ -152,6 +152,15 @@ def personal_eval_needs_client_eval(personal_eval: PersonalEvalConfig, eval_clie
         )
 
 
+def client_tags_need_client_eval(client_tags: str | None, eval_clients: bool) -> None:
+    if client_tags is not None and not eval_clients:
+        raise invalid_field(
+            "client_tags",
+            client_tags,
+            "needs eval_clients: true (a group's accuracy is its clients' held-out slices')",
+        )
+
+
 # ------------------------------------------------------------ communication
 def groups_within_clients(communication: CommunicationConfig, num_clients: int) -> None:
     groups = communication.groups

@@ -120,6 +120,8 @@ class Config:
     eval_initial: bool = False  # also evaluate the initial model before round 1 (a baseline)
     eval_clients: bool = False  # also evaluate on each client's held-out slice (clienteval.py)
     eval_holdout: float = 0.2  # eval_clients: the fraction of each client's data held out
+    # eval_clients: a CSV 'client_id,<attribute>,...' of client groups (data/tags.py)
+    client_tags: str | None = None
     # eval_clients: also score each client after a few local steps (personal.py)
     personal_eval: PersonalEvalConfig = field(default_factory=PersonalEvalConfig)
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
@@ -180,6 +182,7 @@ def check(cfg: Config) -> None:
     # built of in the order they are built (robustness, privacy, weights, edges)
     compat.groups_within_clients(cfg.communication, cfg.num_clients)
     compat.personal_eval_needs_client_eval(cfg.personal_eval, cfg.eval_clients)
+    compat.client_tags_need_client_eval(cfg.client_tags, cfg.eval_clients)
     compat.perfedavg_plain_sgd(cfg.algorithm, cfg.local)
     compat.perfedavg_personal_lr(cfg.algorithm, cfg.perfedavg, cfg.personal_eval)
     compat.perfedavg_no_stragglers(cfg.algorithm, cfg.stragglers)  # before the epochs' check

@@ -6,7 +6,7 @@ applied."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,6 +20,7 @@ from fedforge.core.rng import numpy_rng
 from fedforge.data import noise, regression, shakespeare, shift, synthetic
 from fedforge.data.mnist import NUM_CLASSES, load_mnist
 from fedforge.data.partition import Partition, make_partition
+from fedforge.data.tags import Tags, data_tags
 
 # a client id -> the (inputs, labels) that client holds
 ClientDataFn = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
@@ -43,6 +44,8 @@ class FederatedData:
     # is -1). None: taken from the labels (max + 1) when they are integers; float
     # labels are regression targets and have no classes
     num_classes: int | None = None
+    # a data source's client tags: attribute -> each client's group (data/tags.py)
+    tags: Mapping[str, tuple[str, ...]] | None = None
 
     def classes(self) -> int | None:
         """The number of classes of the labels (None: regression targets)."""
@@ -52,6 +55,11 @@ class FederatedData:
             return None
         most = [int(t.max()) for t in (self.train_y, self.test_y) if t.numel()]
         return max(most, default=-1) + 1
+
+    def client_tags(self) -> Tags:
+        """Each client's group under every attribute the data carries (tags.py)."""
+        clients = len(self.partition.client_indices)
+        return data_tags(clients, self.domains, self.noisy_clients, self.tags)
 
     def spec(self) -> DataSpec:
         """What a row of this data is: the shapes and dtypes a model reads and predicts."""

@@ -115,6 +115,16 @@ def noniid_lines(store: RunStore) -> list[str]:
         at, rows = _last(personal)
         accs = {int(r[1]): float(r[2]) for r in rows if r[2] is not None}
         lines.append(f"personal  round {at}: {summarize_accuracies(accs).format()}")
+    groups = store.read_rows("group_eval")
+    if groups:  # each population group of clients (evaluation/groups.py)
+        at, rows = _last(groups)
+        for attribute in dict.fromkeys(r[1] for r in rows):
+            text = ", ".join(
+                f"{r[2]} {percent(r[3])} ({count(r[6], 'client')})"
+                for r in rows
+                if r[1] == attribute
+            )
+            lines.append(f"groups    round {at}: {attribute}: {text}")
     classes = store.read_rows("class_accuracy")
     if classes:
         at, rows = _last(classes)

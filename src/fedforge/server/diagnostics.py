@@ -38,6 +38,7 @@ import torch
 
 from fedforge.evaluation.clients import client_accuracies, per_class_accuracy
 from fedforge.evaluation.evaluate import evaluate
+from fedforge.evaluation.groups import group_accuracies
 from fedforge.evaluation.personal import personal_accuracies
 from fedforge.report.progress import Progress
 from fedforge.server.experiment import Experiment
@@ -172,7 +173,8 @@ def evaluation_rows(
     """Rows of ``client_eval`` (each client's held-out slice), ``class_accuracy``
     (the global model on the test set) and, with ``personal_eval.steps``,
     ``personal_eval`` (each client's slice after its local steps, personal.py)
-    for an evaluation round."""
+    and, when clients carry tags, ``group_eval`` (each group's, groups.py) for an
+    evaluation round."""
     data = exp.data
     classes = data.classes()
     per_class = []  # rows of one class id each only
@@ -180,10 +182,14 @@ def evaluation_rows(
         per_class = per_class_accuracy(
             exp.model, exp.spec, params, data.test_x, data.test_y, classes, exp.cfg.eval_batch_size
         )
+    clients = client_accuracies(exp, params)
     rows: dict[str, list[tuple[Any, ...]]] = {
-        "client_eval": [(round_idx, *row) for row in client_accuracies(exp, params)],
+        "client_eval": [(round_idx, *row) for row in clients],
         "class_accuracy": [(round_idx, *row) for row in per_class],
     }
+    tags = data.client_tags()
+    if tags:  # each population group of clients (evaluation/groups.py)
+        rows["group_eval"] = [(round_idx, *row) for row in group_accuracies(tags, clients)]
     if exp.cfg.personal_eval.steps > 0:  # each client after its own local steps
         rows["personal_eval"] = [
             (round_idx, *r) for r in personal_accuracies(exp, params, round_idx)

@@ -27,6 +27,7 @@ from fedforge.core.params import ParamSpec
 from fedforge.core.precision import precision_note
 from fedforge.data.federated import DTYPES, FederatedData, shift_data
 from fedforge.data.given import check_fits, check_given
+from fedforge.data.tags import load_client_tags
 from fedforge.engines import Engine
 from fedforge.engines.threads import ThreadPlan
 from fedforge.evaluation.clients import split_holdout
@@ -173,6 +174,10 @@ def _run_data(
         check_fits(data, model, name)
     fingerprint = fingerprint_of(data)
     data = shift_data(cfg, data)
+    if cfg.client_tags is not None:  # the CSV's attributes over the data's own
+        tagged = load_client_tags(cfg.client_tags, cfg.num_clients)
+        data = dataclasses.replace(data, tags={**(data.tags or {}), **tagged})
+    data.client_tags()  # a data source's tags checked before the first round
     if cfg.eval_clients and data.holdout is None:  # carve each client's held-out slice
         keep, held = split_holdout(data.partition, cfg.eval_holdout, cfg.seed)
         data = dataclasses.replace(data, partition=keep, holdout=held)

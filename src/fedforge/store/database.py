@@ -59,6 +59,11 @@ ROUND_TABLES: dict[str, str] = {
     "cold_start": """CREATE TABLE IF NOT EXISTS cold_start (round_idx INTEGER NOT NULL,
         client_id INTEGER NOT NULL, accuracy REAL, loss REAL, num_examples INTEGER NOT NULL,
         PRIMARY KEY (round_idx, client_id))""",
+    # each population group of clients (a tag's value): its clients' held-out scores
+    "group_eval": """CREATE TABLE IF NOT EXISTS group_eval (round_idx INTEGER NOT NULL,
+        attribute TEXT NOT NULL, group_name TEXT NOT NULL, accuracy REAL, loss REAL,
+        num_examples INTEGER NOT NULL, clients INTEGER NOT NULL,
+        PRIMARY KEY (round_idx, attribute, group_name))""",
     "client_gaps": """CREATE TABLE IF NOT EXISTS client_gaps (round_idx INTEGER NOT NULL,
         client_id INTEGER NOT NULL, train_loss REAL, global_loss REAL, gap REAL,
         PRIMARY KEY (round_idx, client_id))""",

@@ -73,5 +73,5 @@ class RoundTables:
         if not self._query("SELECT 1 FROM sqlite_master WHERE name = ?", (table,)):
             return []
         where, args = ("", ()) if round_idx is None else (" WHERE round_idx = ?", (round_idx,))
-        rows = self._query(f"SELECT * FROM {table}{where} ORDER BY 1, 2", args)
+        rows = self._query(f"SELECT * FROM {table}{where} ORDER BY 1, 2, 3", args)
         return [tuple(r) for r in rows]
