@@ -96,23 +96,47 @@ class PrivacyParts:
         )
 
     # ------------------------------------------------------------- reporting
+    def _periods(self, rounds: int) -> list[tuple[int, int]]:
+        """(first round, upload round) of the upload periods that release among the
+        first ``rounds`` rounds."""
+        k = self.cfg.communication.upload_every
+        horizon = max(rounds, self.cfg.rounds)  # past the run's end: whole periods
+        ends = (upload_period(r, k, horizon) for r in range(rounds))
+        return [(start, end) for r, (start, end) in enumerate(ends) if r == end]
+
     def releases(self, rounds: int) -> list[int]:
         """The noised releases among the first ``rounds`` rounds, by the first round
         of their period: every round, or with ``upload_every`` = k one a period
         (its cohort sampled at the period's first round, its upload at the last)."""
-        cfg = self.cfg
-        k = cfg.communication.upload_every
-        horizon = max(rounds, cfg.rounds)  # past the run's end: whole periods
-        ends = (upload_period(r, k, horizon) for r in range(rounds))
-        return [start for r, (start, end) in enumerate(ends) if r == end]
+        return [start for start, _ in self._periods(rounds)]
 
-    def epsilon(self, rounds: int) -> float | None:
+    def record_participation(
+        self, state: dict[str, Any], round_idx: int, start: int, sums: bool, uploaded: list[int]
+    ) -> None:
+        """What upload round ``round_idx`` (period from ``start``) really released,
+        kept in the checkpointed ``state``: a round whose collection summed nothing
+        (no update arrived, or secure aggregation fell below its threshold) drew no
+        noise and released nothing; ``uploaded``, the clients whose updates the server
+        saw (under secure aggregation: the clients in the revealed sum)."""
+        if not sums:
+            state.setdefault("withheld", []).append(start)
+        state.setdefault("since", round_idx)  # a checkpoint of older code starts later
+        uploads = state.setdefault("uploads", {})
+        for c in uploaded:
+            uploads[str(c)] = uploads.get(str(c), 0) + 1
+        state["through"] = round_idx + 1
+
+    def epsilon(self, rounds: int, state: dict[str, Any] | None = None) -> float | None:
         """Central DP: epsilon after ``rounds`` rounds (their releases); local DP:
-        the largest client epsilon; None without DP."""
+        the largest client epsilon; None without DP. ``state``: the participation
+        the rounds recorded so far really had (:meth:`record_participation`); rounds
+        past it are counted as planned (every release, every sampled client)."""
         if self.accountant is not None:
-            return self.accountant.epsilon(len(self.releases(rounds)))
+            withheld = set(state.get("withheld", ())) if state else set()
+            spent = [t for t in self.releases(rounds) if t not in withheld]
+            return self.accountant.epsilon(len(spent))
         if self.cfg.privacy.dp == "local" or self.high_tier is not None:
-            eps = self.local_epsilons(rounds)
+            eps = self.local_epsilons(rounds, state)
             return max(eps.values()) if eps else 0.0
         return None
 
@@ -120,50 +144,58 @@ class PrivacyParts:
     def delta(self) -> float:
         return delta_of(self.cfg.privacy, self.cfg.num_clients)
 
-    def local_epsilons(self, rounds: int) -> dict[int, float]:
-        """Local DP: each client's epsilon after ``rounds`` rounds (from the cohorts
-        it was sampled into, one a release: an upper bound on its uploads); under
-        tiers, each high-tier client's; under distributed DP, each client's against
-        the server (the noise on the sum is a local mechanism's, z C, and the
-        server knows the cohort)."""
+    def local_epsilons(self, rounds: int, state: dict[str, Any] | None = None) -> dict[int, float]:
+        """Local DP: each client's epsilon after ``rounds`` rounds, one Gaussian
+        mechanism per upload the server saw (from ``state``'s recorded uploads, and
+        past them, for planning, each cohort a client is sampled into); under tiers,
+        each high-tier client's; under distributed DP, each client's against the
+        server (the noise on the sum is a local mechanism's, z C, and the server
+        knows the cohort)."""
         from fedforge.selection.sampling import sample_cohort
 
         cfg, p = self.cfg, self.cfg.privacy
+        since, through = (int(state.get(k, 0)) for k in ("since", "through")) if state else (0, 0)
         counts: dict[int, int] = {}
-        for t in self.releases(rounds):
-            poisson = p.sampling == "poisson"
-            for c in sample_cohort(cfg.num_clients, cfg.client_fraction, cfg.seed, t, poisson):
-                if self.high_tier is None or c in self.high_tier:
-                    counts[c] = counts.get(c, 0) + 1
+        if state:
+            for c, k in state.get("uploads", {}).items():
+                counts[int(c)] = int(k)
+        poisson = p.sampling == "poisson"
+        for start, end in self._periods(rounds):
+            if since <= end < through:  # recorded: its real uploads are counted above
+                continue
+            for c in sample_cohort(cfg.num_clients, cfg.client_fraction, cfg.seed, start, poisson):
+                counts[c] = counts.get(c, 0) + 1
+        if self.high_tier is not None:
+            counts = {c: k for c, k in counts.items() if c in self.high_tier}
         cache: dict[int, float] = {}
         for k in set(counts.values()):
             cache[k] = local_epsilon(p.noise_multiplier, k, self.delta, p.accountant)
         return {c: cache[k] for c, k in sorted(counts.items())}
 
-    def summary(self, rounds: int) -> dict[str, Any]:
-        """The privacy lines of a run summary."""
+    def summary(self, rounds: int, state: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The privacy lines of a run summary (``state``: the participation recorded)."""
         p = self.cfg.privacy
         out: dict[str, Any] = {"dp": p.dp, "secagg": p.secagg}
         if p.secagg_neighbours is not None:
             out["secagg_neighbours"] = p.secagg_neighbours
         if self.high_tier is not None:
-            return {**out, **self._tier_summary(rounds)}
+            return {**out, **self._tier_summary(rounds, state)}
         if p.dp == "none":
             return out
         out.update(
-            epsilon=self.epsilon(rounds),
+            epsilon=self.epsilon(rounds, state),
             delta=self.delta,
             noise_multiplier=p.noise_multiplier,
             accountant=p.accountant,
         )
         if p.dp == "local":
-            eps = self.local_epsilons(rounds)
+            eps = self.local_epsilons(rounds, state)
             vals = sorted(eps.values())
             out["local_epsilon_median"] = vals[len(vals) // 2] if vals else 0.0
             out["local_epsilon"] = {str(c): e for c, e in eps.items()}
         if p.dp == "distributed" and self.secagg is not None:
             n_min = self.secagg.min_survivors
-            server = self.local_epsilons(rounds)  # the server drew the cohorts
+            server = self.local_epsilons(rounds, state)  # the server knows the cohorts
             out.update(
                 min_survivors=n_min,
                 client_noise_std=p.noise_multiplier * p.clip_norm / n_min**0.5,
@@ -176,10 +208,10 @@ class PrivacyParts:
             )
         return out
 
-    def _tier_summary(self, rounds: int) -> dict[str, Any]:
+    def _tier_summary(self, rounds: int, state: dict[str, Any] | None) -> dict[str, Any]:
         """What each tier got, and the high tier's local epsilons."""
         p, high = self.cfg.privacy, self.high_tier or frozenset()
-        eps = self.local_epsilons(rounds)
+        eps = self.local_epsilons(rounds, state)
         vals = sorted(eps.values())
         z, clip = p.noise_multiplier, p.clip_norm
         tiers = {

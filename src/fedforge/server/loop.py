@@ -286,7 +286,7 @@ def _rounds(
     stopped: str | None = None
     stops: dict[str, str] = {}  # summary key: why the run stopped early
     while state.next_round < cfg.rounds:
-        budget_stop = over_budget(exp, state.next_round)
+        budget_stop = over_budget(exp, state.next_round, state.privacy)
         if budget_stop is not None:  # the next round would spend more than target_epsilon
             bar.write(f"fedforge: {budget_stop}")
             stops["privacy_stop"] = budget_stop
@@ -334,7 +334,8 @@ def _one_round(
         for table, rows in state.outputs.items():  # per-client eval, diagnostics
             run_store.record_rows(table, record.round_idx, rows)
     state.outputs = {}
-    epsilon = exp.privacy.epsilon(state.next_round) if exp.privacy is not None else None
+    priv = exp.privacy
+    epsilon = priv.epsilon(state.next_round, state.privacy) if priv is not None else None
     if run_store is not None and epsilon is not None and exp.privacy is not None:
         run_store.record_privacy(record.round_idx, epsilon, exp.privacy.delta, clip)
     bar.update(record.test_accuracy, record.test_loss, state.total_bytes, epsilon)
@@ -379,7 +380,7 @@ def _result(
 ) -> RunResult:
     """The loop's result: parameters, rounds, summary, what was refused or skipped."""
     evals = (state.eval_rounds, state.eval_accuracy)
-    summary = summarize_run(exp, state.records, evals, seconds)
+    summary = summarize_run(exp, state.records, evals, seconds, state.privacy)
     if state.initial_eval is not None:
         summary["initial_accuracy"], summary["initial_loss"] = state.initial_eval
     summary.update(stops)

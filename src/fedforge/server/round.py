@@ -84,6 +84,11 @@ def run_round(
     collected = collect(exp, collector, orders.tasks, orders.payload, round_idx)
     diagnostics.end_round(exp, diag, state.diagnostics, state.outputs, bar, round_idx)
     aggregate, clients, moved = aggregate_phase(exp, state, collected, log)
+    if exp.privacy is not None:  # what the accountant counts: the releases that happened
+        seen = _uploads_seen(state, round_idx, collected, secure)
+        exp.privacy.record_participation(
+            state.privacy, round_idx, start, collected.aggregate is not None, seen
+        )
     server_step(exp, state, aggregate, clients, moved, log)
     tell = getattr(exp.engine, "end_round", None)  # a deployment's clients keep their state
     if tell is not None:
@@ -91,6 +96,18 @@ def run_round(
     test_acc, test_loss = evaluate_phase(exp, state, round_idx, start)
     record = round_record(exp, orders, collected, clients, test_acc, test_loss, t0)
     return record, list(clients.values())
+
+
+def _uploads_seen(
+    state: LoopState, round_idx: int, collected: Collected, secure: bool
+) -> list[int]:
+    """The clients whose updates the server saw this round: under secure aggregation
+    those in the revealed sum (none when it was not revealed), else every upload
+    that arrived, accepted or refused."""
+    if secure:
+        return sorted(collected.clients) if collected.aggregate is not None else []
+    refused = {c for r, c, _ in state.rejected if r == round_idx}
+    return sorted(set(collected.clients) | refused)
 
 
 def sample(exp: Experiment, start: int) -> list[int]:

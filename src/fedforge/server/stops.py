@@ -7,6 +7,8 @@ round records), so a resumed run stops where the uninterrupted one does."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from fedforge.config import Config
 from fedforge.selection.periods import upload_period
 from fedforge.selection.sampling import sample_cohort
@@ -89,16 +91,19 @@ def _cohort_size(cfg: Config, round_idx: int) -> int:
     return len(sample_cohort(cfg.num_clients, cfg.client_fraction, cfg.seed, start, poisson))
 
 
-def over_budget(exp: Experiment, next_round: int) -> str | None:
+def over_budget(
+    exp: Experiment, next_round: int, spent: dict[str, Any] | None = None
+) -> str | None:
     """Why round ``next_round`` must not run: its upload period would take epsilon
     past the target (a release happens at a period's last round, so a period
-    that cannot upload is not started: its local rounds would be wasted)."""
+    that cannot upload is not started: its local rounds would be wasted).
+    ``spent``: the loop's privacy state, the participation so far."""
     target = exp.cfg.privacy.target_epsilon
     if target is None or exp.privacy is None:
         return None
     cfg = exp.cfg
     upload = upload_period(next_round, cfg.communication.upload_every, cfg.rounds)[1]
-    eps = exp.privacy.epsilon(upload + 1)
+    eps = exp.privacy.epsilon(upload + 1, spent)
     if eps is None or eps <= target:
         return None
     return (
@@ -113,6 +118,6 @@ def ends_run(exp: Experiment, state: LoopState, round_idx: int) -> bool:
     if round_idx == exp.cfg.rounds - 1:
         return True
     return (
-        over_budget(exp, round_idx + 1) is not None
+        over_budget(exp, round_idx + 1, state.privacy) is not None
         or stalled(exp.cfg, state, round_idx) is not None
     )

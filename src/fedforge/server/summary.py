@@ -17,8 +17,10 @@ def summarize_run(
     records: list[RoundRecord],
     evals: tuple[list[int], list[float]],
     seconds: float,
+    privacy_state: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Rounds done, rounds to target (from the evaluation history), bytes, wall time."""
+    """Rounds done, rounds to target (from the evaluation history), bytes, wall time;
+    privacy spent by the participation ``privacy_state`` recorded."""
     cfg = exp.cfg
     target = cfg.target_accuracy
     rtt = rounds_to_target(evals[0], evals[1], target) if target is not None else None
@@ -55,7 +57,11 @@ def summarize_run(
             if exp.robust and exp.robust.attackers
             else {}
         ),
-        **({"privacy": exp.privacy.summary(len(records))} if exp.privacy is not None else {}),
+        **(
+            {"privacy": exp.privacy.summary(len(records), privacy_state)}
+            if exp.privacy is not None
+            else {}
+        ),
     }
 
 
