@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -243,5 +244,32 @@ def test_fuzzed_uploads_are_refused(open_server, parts: list[tuple[bool, bytes]]
         assert not reply.accepted
     except grpc.RpcError as exc:
         assert exc.code() in HANDLED, (exc.code(), exc.details())
+    assert dep.hub.accepted == 0
+    assert stub.Hello(pb.Signed(body=b""), timeout=10).run_name == "dep"  # still serving
+
+
+def test_a_silent_upload_stream_is_cancelled_and_frees_its_thread(open_server) -> None:  # type: ignore[no-untyped-def]
+    """A peer that opens an upload stream and sends nothing is cut off after the
+    deployment's silence limit (heartbeat_timeout_s: 4 s here), not left holding
+    one of the server's threads; the server goes on serving."""
+    dep, stub = open_server
+    release = threading.Event()
+
+    def silent() -> Iterator[pb.UploadPart]:
+        release.wait(30)
+        yield from ()
+
+    limit = dep.service.idle.limit_s
+    before = dep.service.idle.cancelled
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Upload(silent(), timeout=30)
+    finally:
+        release.set()
+    waited = time.monotonic() - t0
+    assert err.value.code() == grpc.StatusCode.CANCELLED
+    assert limit <= waited < limit + 5, waited
+    assert dep.service.idle.cancelled == before + 1
     assert dep.hub.accepted == 0
     assert stub.Hello(pb.Signed(body=b""), timeout=10).run_name == "dep"  # still serving

@@ -23,6 +23,7 @@ from fedforge.core.errors import ConfigError
 from fedforge.server.loop import RunResult, resume, run
 from fedforge.store import RunStore
 from fedforge.transport.hub import Hub
+from fedforge.transport.idle import IdleStreams
 from fedforge.transport.logs import log_event
 from fedforge.transport.metrics import ServerMetrics
 from fedforge.transport.pb import federation_pb2_grpc as pb_grpc
@@ -68,7 +69,7 @@ class Deployment:
                 ("grpc.max_send_message_length", max_bytes),
             ],
         )
-        service = FederationService(
+        self.service = service = FederationService(
             self.hub,
             options.security.guard(),
             cfg.name,
@@ -76,6 +77,7 @@ class Deployment:
             max_bytes,
             dep.chunk_kib * 1024,
             self._refused,
+            IdleStreams(dep.heartbeat_timeout_s),
         )
         pb_grpc.add_FederationServicer_to_server(service, self.grpc)
         self.health = health.HealthServicer()

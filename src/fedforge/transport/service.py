@@ -20,6 +20,7 @@ from google.protobuf.message import DecodeError, Message
 from fedforge import __version__
 from fedforge.transport.guard import Guard, Refused
 from fedforge.transport.hub import Hub
+from fedforge.transport.idle import IdleStreams
 from fedforge.transport.pb import federation_pb2 as pb
 from fedforge.transport.pb import federation_pb2_grpc as pb_grpc
 
@@ -48,8 +49,9 @@ class FederationService(pb_grpc.FederationServicer):
         max_bytes: int,
         chunk_bytes: int,
         on_refusal: Callable[[str, int | None, str], None],
+        idle: IdleStreams,
     ) -> None:
-        self.hub, self.guard = hub, guard
+        self.hub, self.guard, self.idle = hub, guard, idle
         self.run_name, self.config_yaml = run_name, config_yaml
         self.max_bytes, self.chunk_bytes = max_bytes, chunk_bytes
         self.on_refusal = on_refusal
@@ -114,7 +116,12 @@ class FederationService(pb_grpc.FederationServicer):
         self, request_iterator: Iterator[pb.UploadPart], context: grpc.ServicerContext
     ) -> pb.UploadReply:
         def go() -> pb.UploadReply:
-            who, header, data = self._read_upload(request_iterator, context)
+            parts = self.idle.watch(context, request_iterator)
+            try:
+                who, header, data = self._read_upload(parts, context)
+            except grpc.RpcError:  # cancelled by the idle watch, or by the peer
+                silent = f"upload stream silent for over {self.idle.limit_s:g} s (cancelled)"
+                raise Refused(grpc.StatusCode.CANCELLED, silent) from None
             why = self.hub.answer(who, header, data)
             return pb.UploadReply(accepted=why is None, reason=why or "")
 
