@@ -143,3 +143,32 @@ def test_a_client_process_trains_on_one_thread(tmp_path: object) -> None:
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(
+    ("changes", "held"),
+    [
+        ({"algorithm": "scaffold"}, "SCAFFOLD"),
+        ({"algorithm": "fedbn", "model": "cnn_bn"}, "FedBN"),
+        (
+            {
+                "communication.uplink": "topk",
+                "communication.fraction": 0.1,
+                "communication.error_feedback": True,
+            },
+            "error feedback",
+        ),
+    ],
+)
+def test_client_held_state_needs_a_checkpoint_every_round(
+    changes: dict[str, object], held: str
+) -> None:
+    from fedforge.config import Config, override
+    from fedforge.core.errors import ConfigError
+    from fedforge.transport.serve import _served
+
+    cfg = override(Config(checkpoint_every=10), changes)
+    with pytest.raises(ConfigError, match=f"checkpoint_every: 10 with {held}.*needs 1"):
+        _served(cfg)
+    assert _served(override(cfg, {"checkpoint_every": 1})).engine == "serial"
+    assert _served(Config(checkpoint_every=10)).checkpoint_every == 10  # fedavg holds none

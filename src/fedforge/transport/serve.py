@@ -151,8 +151,26 @@ class Deployment:
 
 
 def _served(cfg: Config) -> Config:
+    held = client_held_state(cfg)
+    if held is not None and cfg.checkpoint_every != 1:
+        raise ConfigError(
+            f"checkpoint_every: {cfg.checkpoint_every} with {held}: a deployment needs 1 "
+            "(the clients keep that state on their disks; a server resumed from an older "
+            "checkpoint would re-run rounds their state has already passed)"
+        )
     # the server's own engine never trains: the serial one is built (no probe)
     return override(cfg, {"engine": "serial", "workers": 1})
+
+
+def client_held_state(cfg: Config) -> str | None:
+    """What state a deployment's clients keep from round to round, if any."""
+    if cfg.communication.error_feedback:
+        return "error feedback (each client's residual)"
+    held = {
+        "scaffold": "SCAFFOLD (each client's control variate)",
+        "fedbn": "FedBN (each client's batch norm)",
+    }
+    return held.get(cfg.algorithm)
 
 
 def serve(config: Config, options: ServerOptions) -> RunResult:
