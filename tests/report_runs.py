@@ -1,10 +1,10 @@
-"""Small real runs that the report and compare tests read (made once a session):
+"""Small real runs that the report and compare tests read (made once a session,
+by conftest's ``report_runs``):
 one with per-client evaluation, drift diagnostics and refused uploads, its name
 holding markup; one under central DP with a budget."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,10 +30,9 @@ BASE = {
 }
 
 
-@pytest.fixture(scope="session")
-def report_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
-    """{'robust': run dir, 'dp': run dir}, both in one runs directory."""
-    runs = tmp_path_factory.mktemp("report") / "runs"
+def make_report_runs(root: Path) -> dict[str, Path]:
+    """{'robust': run dir, 'dp': run dir}, both in ``root/runs``."""
+    runs = root / "runs"
     data = _make_data([30, 12, 41, 25, 7, 33], num_test=40)
     before = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -78,4 +77,4 @@ def report_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
         finally:
             torch.set_num_threads(before)
     assert robust.run_dir is not None and dp.run_dir is not None
-    yield {"robust": robust.run_dir, "dp": dp.run_dir}
+    return {"robust": robust.run_dir, "dp": dp.run_dir}

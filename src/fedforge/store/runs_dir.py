@@ -99,7 +99,7 @@ def resolve_runs(runs_dir: Path | str, refs: Sequence[str]) -> list[Path]:
             matched = sorted(p for p in paths if _is_run_dir(p))
             if not matched:
                 raise StoreError(f"no run matches the pattern '{ref}' (in '{root}' or as a path)")
-        elif Path(ref).is_dir() and not _is_run_dir(Path(ref)):
+        elif ref and Path(ref).is_dir() and not _is_run_dir(Path(ref)):
             matched = _runs_in(Path(ref))
             if not matched:
                 raise StoreError(f"'{ref}' is a directory but holds no run (no {DB_NAME} in it)")
