@@ -19,6 +19,7 @@ from fedforge.report.html.gather import Data
 Figures = list[tuple[str, go.Figure]]
 Trace = tuple[str, Sequence[Any], Sequence[Any]]  # name, x, y
 MARKERS_BELOW = 60  # points in a series drawn with markers as well as lines
+SHORT = 45  # characters of a reason on an axis (the hover shows it whole)
 WHOLE_TICKS = 12  # rounds (or client ids) up to which every one has its tick
 
 
@@ -57,7 +58,10 @@ def lines(title: str, traces: Sequence[Trace], y_title: str, x_title: str = "rou
 
 
 def bars(title: str, x: Sequence[Any], y: Sequence[Any], x_title: str, y_title: str) -> go.Figure:
-    fig = go.Figure(go.Bar(x=[label(v) if isinstance(v, str) else v for v in x], y=list(y)))
+    """Bars without outlines or gaps (a thousand of them stay visible)."""
+    xs = [label(v) if isinstance(v, str) else v for v in x]
+    fig = go.Figure(go.Bar(x=xs, y=list(y), marker_line_width=0))
+    fig.update_layout(bargap=0.1 if len(xs) < MARKERS_BELOW else 0.0)
     return _layout(fig, title, x_title, y_title)
 
 
@@ -198,8 +202,15 @@ def refused_figures(d: Data) -> Figures:
     if not d["refused"]:
         return []
     reasons, clients = d["by_reason"], d["by_client"]
+    short = [label(r if len(r) <= SHORT else r[: SHORT - 1] + "\u2026") for r in reasons["reason"]]
     fig = go.Figure(
-        go.Bar(y=[label(r) for r in reasons["reason"]], x=reasons["count"], orientation="h")
+        go.Bar(
+            y=short,
+            x=reasons["count"],
+            orientation="h",
+            hovertext=[label(r) for r in reasons["reason"]],
+            hoverinfo="text+x",
+        )
     )
     fig = _layout(fig, "Refused uploads by reason", "uploads", "")
     fig.update_yaxes(autorange="reversed", automargin=True)

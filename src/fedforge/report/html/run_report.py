@@ -9,6 +9,7 @@ record).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from fedforge.core.errors import StoreError
@@ -18,6 +19,8 @@ from fedforge.report.html.page import Section, pre, render, table, text
 from fedforge.report.progress import format_bytes, percent
 from fedforge.store.disk import os_error_text
 from fedforge.store.runstore import RunStore
+
+LISTED = 20  # skipped rounds listed by name
 
 
 def _num(value: float | None, spec: str = ".4g") -> str:
@@ -113,13 +116,17 @@ def _refused(d: Data) -> Section:
             f"{len(skipped['round'])} rounds skipped. Reasons are grouped with their numbers as #."
         )
     ]
+    reasons = d["by_reason"]
+    if reasons["reason"]:
+        rows = list(zip(reasons["reason"], reasons["count"], strict=True))
+        if reasons["others"]:
+            rows.append((f"{reasons['distinct'] - len(rows)} other reasons", reasons["others"]))
+        parts.append(table(["reason", "uploads"], rows, text_columns=1))
     if skipped["round"]:
-        parts.append(
-            table(
-                ["skipped round", "reason"],
-                list(zip(skipped["round"], skipped["reason"], strict=True)),
-            )
-        )
+        rows = list(zip(skipped["round"], skipped["reason"], strict=True))
+        if len(rows) > LISTED:
+            rows = [*rows[:LISTED], ("...", f"{len(rows) - LISTED} more")]
+        parts.append(table(["skipped round", "reason"], rows, text_columns=2))
     s.body = "".join(parts)
     return s
 
@@ -179,7 +186,9 @@ def _fields(record: Data | None, missing: str) -> str:
     """A JSON object as a two-column table of its fields, or ``missing``."""
     if not record:
         return text(missing)
-    rows = [(k, v) for k, v in sorted(record.items())]
+    rows = [
+        (k, json.dumps(v) if isinstance(v, dict | list) else v) for k, v in sorted(record.items())
+    ]
     return table(["field", "value"], rows, text_columns=2)
 
 
