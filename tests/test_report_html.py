@@ -185,6 +185,28 @@ def test_the_page_is_offline_and_escapes_every_text(
     assert set(page.empty) == {"privacy"}
 
 
+def test_without_diagnostics_the_norms_come_from_the_clients_rows(
+    report_runs: dict[str, Path], tmp_path: Path
+) -> None:
+    run = tmp_path / report_runs["robust"].name
+    shutil.copytree(report_runs["robust"], run)
+    with sqlite3.connect(run / "store.sqlite") as conn:
+        conn.execute("DROP TABLE diagnostics")
+    with RunStore.open(run, read_only=True) as store:
+        (tmp_path / "n.html").write_text(report_html(store))
+    page = read_page(tmp_path / "n.html")
+    norms: dict[int, list[float]] = {}
+    for r, norm in rows(run, "SELECT round_idx, update_norm FROM client_rounds"):
+        norms.setdefault(r + 1, []).append(norm)
+    got = page.data["updates"]
+    assert got["source"] == "client_rounds" and got["mean_cosine"] is None
+    assert got["round"] == sorted(norms)
+    assert got["norm_median"] == pytest.approx([statistics.median(norms[r]) for r in got["round"]])
+    assert got["norm_max"] == [max(norms[r]) for r in got["round"]]
+    assert "no cosine" in page.text["updates"]
+    assert [f["layout"]["title"]["text"] for f in page.figures].count("Mean pairwise cosine") == 0
+
+
 def test_a_run_without_rounds_says_so_in_every_section(tmp_path: Path) -> None:
     with RunStore.create(tmp_path, Config(name="empty")) as store:
         out = tmp_path / "empty.html"

@@ -43,7 +43,7 @@ class RoundTables:
 
     def privacy(self) -> list[tuple[int, float | None, float, float | None]]:
         """(round, epsilon, delta, clip norm) per recorded round."""
-        if not self._query("SELECT 1 FROM sqlite_master WHERE name = 'privacy'"):
+        if not self._has_table("privacy"):
             return []
         rows = self._query("SELECT * FROM privacy ORDER BY round_idx")
         return [(int(r), e, float(d), c) for r, e, d, c in rows]
@@ -70,7 +70,7 @@ class RoundTables:
         """The rows of ``table`` (one of ``ROUND_TABLES``), in key order; [] when absent."""
         if table not in ROUND_TABLES:
             raise StoreError(f"unknown table {table!r}; known: {', '.join(ROUND_TABLES)}")
-        if not self._query("SELECT 1 FROM sqlite_master WHERE name = ?", (table,)):
+        if not self._has_table(table):
             return []
         where, args = ("", ()) if round_idx is None else (" WHERE round_idx = ?", (round_idx,))
         rows = self._query(f"SELECT * FROM {table}{where} ORDER BY 1, 2", args)
@@ -79,7 +79,9 @@ class RoundTables:
     def _has_table(self, table: str) -> bool:
         return bool(self._query("SELECT 1 FROM sqlite_master WHERE name = ?", (table,)))
 
-    def group_rows(self) -> list[tuple[int, str, str, float | None, float | None, int, int]]:
+    def group_rows(
+        self,
+    ) -> list[tuple[int, str, str, float | None, float | None, int | None, int | None]]:
         """Per-group evaluation, (round, attribute, group, accuracy, loss, examples,
         clients) in round, attribute, group order; [] when the run has no
         ``group_eval`` table."""
@@ -89,9 +91,7 @@ class RoundTables:
             "SELECT round_idx, attribute, group_name, accuracy, loss, num_examples, clients "
             "FROM group_eval ORDER BY round_idx, attribute, group_name"
         )
-        return [
-            (int(r), str(a), str(g), acc, loss, int(n), int(k)) for r, a, g, acc, loss, n, k in rows
-        ]
+        return [(int(r), str(a), str(g), acc, loss, n, k) for r, a, g, acc, loss, n, k in rows]
 
     def participation(self) -> dict[int, int]:
         """How many recorded rounds each client trained in (clients never in a

@@ -25,6 +25,7 @@ from fedforge.store.runstore import RunStore
 PER_CLIENT = 5000  # clients embedded one by one; more are binned
 BINS = 50
 TOP = 20  # reasons, clients and groups shown by name
+GROUP_COLUMNS = ("round", "accuracy", "loss", "num_examples", "clients")
 # a number standing alone in a refusal's reason (not part of a name such as float32)
 _NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?(?![\w.])")
 
@@ -104,16 +105,12 @@ def groups(store: RunStore) -> Data:
     clients in its last round and says how many it left out."""
     series: dict[str, dict[str, dict[str, list[Any]]]] = {}
     for r, attribute, group, acc, loss, examples, clients in store.group_rows():
-        s = series.setdefault(attribute, {}).setdefault(
-            group, {"round": [], "accuracy": [], "loss": [], "num_examples": [], "clients": []}
-        )
-        for key, value in zip(
-            s, (r + 1, acc, loss, examples, clients), strict=True
-        ):  # the keys in order
+        s = series.setdefault(attribute, {}).setdefault(group, {k: [] for k in GROUP_COLUMNS})
+        for key, value in zip(GROUP_COLUMNS, (r + 1, acc, loss, examples, clients), strict=True):
             s[key].append(value)
     attributes = {}
     for attribute, by_group in series.items():
-        order = sorted(by_group, key=lambda g: (-by_group[g]["clients"][-1], g))
+        order = sorted(by_group, key=lambda g: (-(by_group[g]["clients"][-1] or 0), g))
         attributes[attribute] = {
             "groups": {g: by_group[g] for g in order[:TOP]},
             "left_out": len(order[TOP:]),

@@ -48,15 +48,19 @@ document.querySelectorAll('script.ff-figure').forEach(function (s) {
 """
 
 
+def _script_safe(json_text: str) -> str:
+    """JSON text that no ``</script>`` or entity can break out of (the three
+    characters appear only inside JSON strings, where the escapes mean the same)."""
+    return json_text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
 def json_block(value: Any) -> str:
-    """JSON text safe inside a script element (no ``</script>`` can appear)."""
-    text = json.dumps(value, allow_nan=False, separators=(",", ":"))
-    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    """``value`` as JSON for a script element."""
+    return _script_safe(json.dumps(value, allow_nan=False, separators=(",", ":")))
 
 
 def _figure_json(fig: Any) -> str:
-    text = plotly.io.to_json(fig, validate=False)
-    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    return _script_safe(plotly.io.to_json(fig, validate=False))
 
 
 @dataclass
