@@ -94,7 +94,7 @@ def test_the_report_holds_the_stores_numbers(
     part = d["participation"]
     assert dict(zip(part["client_id"], part["rounds"], strict=True)) == counts
     assert part["never"] == 6 - len(counts)
-    assert [w["rounds_trained"] for w in got["worst"]] == [counts.get(c, 0) for c in worst]
+    assert [w["rounds_aggregated"] for w in got["worst"]] == [counts.get(c, 0) for c in worst]
 
     diag = rows(run, "SELECT round_idx, mean_cosine, norm_median, norm_max FROM diagnostics")
     assert d["updates"]["source"] == "diagnostics"

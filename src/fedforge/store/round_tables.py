@@ -94,8 +94,8 @@ class RoundTables:
         return [(int(r), str(a), str(g), acc, loss, n, k) for r, a, g, acc, loss, n, k in rows]
 
     def participation(self) -> dict[int, int]:
-        """How many recorded rounds each client trained in (clients never in a
-        cohort are absent)."""
+        """In how many recorded rounds each client's update was aggregated
+        (``client_rounds``; clients never aggregated are absent)."""
         rows = self._query(
             "SELECT client_id, COUNT(*) FROM client_rounds GROUP BY client_id ORDER BY client_id"
         )

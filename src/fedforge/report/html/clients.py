@@ -51,8 +51,9 @@ def _per_client(ids: list[int], values: Sequence[float], key: str) -> Data:
 
 def client_accuracy(store: RunStore, participation: dict[int, int]) -> Data:
     """Per-client evaluation (``client_eval``): the last evaluated round's
-    distribution, its summary and worst clients (with the rounds each trained
-    in), and the mean, 10th percentile and minimum of every evaluated round."""
+    distribution, its summary and worst clients (with the rounds each one's
+    update was aggregated in), and the mean, 10th percentile and minimum of
+    every evaluated round."""
     rows = store.read_rows("client_eval")  # (round, client, accuracy, loss, examples)
     if not rows:
         return {"round": None}
@@ -85,7 +86,7 @@ def client_accuracy(store: RunStore, participation: dict[int, int]) -> Data:
                     "accuracy": a,
                     "loss": detail[c][0],
                     "num_examples": detail[c][1],
-                    "rounds_trained": participation.get(c, 0),
+                    "rounds_aggregated": participation.get(c, 0),
                 }
                 for c, a in summary.worst
             ],
@@ -119,8 +120,9 @@ def groups(store: RunStore) -> Data:
 
 
 def participation(counts: dict[int, int], num_clients: int) -> Data:
-    """How many rounds each client trained in (``client_rounds``), and how many of
-    the run's clients never did."""
+    """In how many rounds each client's update was aggregated (``client_rounds``:
+    refused uploads and skipped rounds are not there), and how many of the run's
+    clients never had one aggregated."""
     ids = sorted(counts)
     values = [counts[c] for c in ids]
     return {

@@ -164,9 +164,12 @@ def participation_figures(d: Data) -> Figures:
         return []
     if d["bins"] is not None:
         return [
-            ("participation", distribution("Rounds trained per client", None, d["bins"], "rounds"))
+            (
+                "participation",
+                distribution("Rounds aggregated per client", None, d["bins"], "rounds"),
+            )
         ]
-    fig = bars("Rounds trained per client", d["client_id"], d["rounds"], "client", "rounds")
+    fig = bars("Rounds aggregated per client", d["client_id"], d["rounds"], "client", "rounds")
     return [("participation", fig)]
 
 

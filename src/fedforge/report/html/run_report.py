@@ -56,14 +56,14 @@ def _clients(d: Data) -> Section:
         f"std {_num(summary['std'])}, 10th percentile {_num(summary['p10'])}, "
         f"Jain's index {_num(summary['jain'])}."
     ) + table(
-        ["worst clients", "accuracy", "loss", "examples", "rounds trained"],
+        ["worst clients", "accuracy", "loss", "examples", "rounds aggregated"],
         [
             (
                 w["client_id"],
                 percent(w["accuracy"]),
                 _num(w["loss"]),
                 w["num_examples"],
-                w["rounds_trained"],
+                w["rounds_aggregated"],
             )
             for w in d["worst"]
         ],
@@ -85,12 +85,12 @@ def _groups(d: Data) -> Section:
 def _participation(d: Data) -> Section:
     s = Section("participation", "Participation", d, figures=figures.participation_figures(d))
     if not d["clients_seen"]:
-        s.empty = "No client has trained in a recorded round."
+        s.empty = "No client's update has been aggregated in a recorded round."
         return s
     s.body = text(
-        f"{d['clients_seen']} of {d['num_clients']} clients trained in at least one round "
-        f"({d['never']} never); rounds per client: min {d['min']}, median {d['median']}, "
-        f"max {d['max']}."
+        f"{d['clients_seen']} of {d['num_clients']} clients had an update aggregated in at "
+        f"least one round ({d['never']} never; a refused upload does not count); rounds "
+        f"aggregated per client: min {d['min']}, median {d['median']}, max {d['max']}."
     )
     return s
 
