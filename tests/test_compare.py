@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
-from tests.page_parse import read_page
-from tests.report_runs import HOSTILE_NAME
+from tests.report_pages import HOSTILE_NAME, read_page
 
 from fedforge.cli import main
 from fedforge.report.progress import format_bytes, percent

@@ -17,8 +17,7 @@ from typing import Any
 import plotly.offline
 import pytest
 import torch
-from tests.page_parse import Page, read_page
-from tests.report_runs import HOSTILE_NAME
+from tests.report_pages import HOSTILE_NAME, Page, read_page
 
 from fedforge.cli import main
 from fedforge.config import Config
