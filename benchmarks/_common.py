@@ -17,6 +17,7 @@ import argparse
 import json
 import math
 import os
+import platform
 import tempfile
 import time
 from dataclasses import dataclass
@@ -214,3 +215,16 @@ def result_line(fields: dict[str, Any]) -> str:
             v = math.nan
         parts.append(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}")
     return "RESULT " + " ".join(parts)
+
+
+def machine() -> dict[str, Any]:
+    """The machine a benchmark ran on, and its load when it started."""
+    cpu = [ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if "model name" in ln]
+    return {
+        "nproc": os.cpu_count(),
+        "usable_cores": len(os.sched_getaffinity(0)),
+        "cpu": cpu[0].split(":", 1)[1].strip() if cpu else platform.machine(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "loadavg": os.getloadavg(),
+    }

@@ -42,7 +42,6 @@ import io
 import json
 import math
 import os
-import platform
 import shlex
 import shutil
 import signal
@@ -52,9 +51,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
 import yaml
 
+from _common import machine
 from deploy_lab import (
     Lab,
     LabError,
@@ -287,18 +286,6 @@ def resume(b: Bench, out: dict[str, Any]) -> None:
 
 
 PARTS = {"cnn": cnn_vs_sim, "equiv": equivalence, "secagg": secagg, "resume": resume}
-
-
-def machine() -> dict[str, Any]:
-    cpu = [ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if "model name" in ln]
-    return {
-        "nproc": os.cpu_count(),
-        "usable_cores": len(os.sched_getaffinity(0)),
-        "cpu": cpu[0].split(":", 1)[1].strip() if cpu else platform.machine(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "loadavg": os.getloadavg(),
-    }
 
 
 def figures(out: dict[str, Any]) -> dict[str, float | None]:

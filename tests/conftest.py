@@ -111,6 +111,14 @@ class SigtermAt:
         close_engine(self.inner)
 
 
+@pytest.fixture(scope="session")
+def report_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two small real runs the report tests read (tests/report_pages.py), made once."""
+    from tests.report_pages import make_report_runs
+
+    return make_report_runs(tmp_path_factory.mktemp("report"))
+
+
 RunStopped = Callable[[Any, FederatedData, int], Any]
 
 

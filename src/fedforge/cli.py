@@ -1,5 +1,5 @@
-"""The ``fedforge`` command: run, resume, runs, show, sweep, compare-iid; server,
-client, certs, keys, models (a deployment).
+"""The ``fedforge`` command: run, resume, runs, show, report, compare, sweep,
+compare-iid; server, client, certs, keys, models (a deployment).
 
 A user's mistake (bad config value, missing data, unknown run) ends in one line
 naming the value and what is allowed, with exit status 2; never a traceback.
@@ -74,6 +74,26 @@ def _parser() -> argparse.ArgumentParser:
 
     show = sub.add_parser("show", help="print the summary of one run")
     _add_run_lookup(show)
+
+    report = sub.add_parser("report", help="write one run as a self-contained HTML page")
+    _add_run_lookup(report)
+    report.add_argument(
+        "-o", "--out", type=Path, help="the HTML file (default: RUN_ID.html in this folder)"
+    )
+    compare_runs = sub.add_parser(
+        "compare", help="several runs' curves overlaid and their summaries, as one HTML page"
+    )
+    compare_runs.add_argument(
+        "runs",
+        nargs="+",
+        metavar="RUN",
+        help="a run (as for show), a glob pattern of run names ('NAME-*': a sweep's "
+        "points) or a folder of runs",
+    )
+    compare_runs.add_argument("--runs-dir", default="runs", help="where to look (default: runs)")
+    compare_runs.add_argument(
+        "-o", "--out", type=Path, default=Path("compare.html"), help="(default: compare.html)"
+    )
 
     sweep = sub.add_parser("sweep", help="run a grid of configs in sequence (resumable), one table")
     sweep.add_argument("config", type=Path, help="YAML config file")
@@ -211,6 +231,26 @@ def _cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    from fedforge.report.html import write_report
+    from fedforge.store import resolve_run
+
+    path = resolve_run(args.runs_dir, args.run)
+    out = write_report(path, args.out or Path(f"{path.name}.html"))
+    print(f"wrote {out}")
+    return 0
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from fedforge.report.html import write_compare
+    from fedforge.store.runs_dir import resolve_runs
+
+    paths = resolve_runs(args.runs_dir, args.runs)
+    out = write_compare(paths, args.out)
+    print(f"wrote {out} ({len(paths)} runs)")
+    return 0
+
+
 def _cmd_sweep(args: argparse.Namespace) -> int:
     from fedforge.server.sweep import PointResult, format_sweep, parse_grid, run_sweep
 
@@ -254,6 +294,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "resume": _cmd_resume,
         "runs": _cmd_runs,
         "show": _cmd_show,
+        "report": _cmd_report,
+        "compare": _cmd_compare,
         "sweep": _cmd_sweep,
         "compare-iid": _cmd_compare_iid,
         "server": _cmd_server,

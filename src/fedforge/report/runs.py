@@ -8,6 +8,7 @@ from typing import Any
 from fedforge.config import describe_split, describe_task, step_sizes
 from fedforge.evaluation.clients import summarize_accuracies
 from fedforge.report.facts import run_facts
+from fedforge.report.headline import headline
 from fedforge.report.progress import count, format_bytes, percent
 from fedforge.store.runs_dir import live_status
 from fedforge.store.runstore import RunInfo, RunStore
@@ -49,9 +50,8 @@ def format_run_summary(store: RunStore) -> str:
         f"seed={cfg.seed} engine={cfg.engine} dtype={cfg.dtype}",
         f"rounds    {len(rounds)} of {cfg.rounds}",
     ]
-    evaluated = [r for r in rounds if r.test_accuracy is not None]
-    best = max(evaluated, key=lambda r: r.test_accuracy or 0.0, default=None)
-    last = evaluated[-1] if evaluated else None
+    head = headline(rounds, summary)
+    best, last = head.best, head.final
     lines.append(
         f"accuracy  best {percent(best.test_accuracy)} (round {best.round_idx + 1}), "
         f"final {percent(last.test_accuracy)} (round {last.round_idx + 1})"
@@ -64,12 +64,10 @@ def format_run_summary(store: RunStore) -> str:
         ok = isinstance(reached, int | float)
         result = f"reached in {reached:.1f} rounds" if ok else "not reached"
         lines.append(f"target    {target}: {result}")
-    up, down = sum(r.bytes_up for r in rounds), sum(r.bytes_down for r in rounds)
-    lines.append(f"bytes     up {format_bytes(up)}, down {format_bytes(down)}")
-    wall = summary.get("wall_seconds")
-    if not isinstance(wall, int | float):  # an unfinished run's (or a damaged summary's)
-        wall = sum(r.seconds for r in rounds)
-    lines.append(f"wall time {_fmt_seconds(float(wall))}")
+    lines.append(
+        f"bytes     up {format_bytes(head.bytes_up)}, down {format_bytes(head.bytes_down)}"
+    )
+    lines.append(f"wall time {_fmt_seconds(head.wall_seconds)}")
     lines.extend(noniid_lines(store))
     lines += [f"{label:<9} {text}" for label, text in run_facts(summary)]
     anomalies = store.anomalies()

@@ -43,7 +43,7 @@ class RoundTables:
 
     def privacy(self) -> list[tuple[int, float | None, float, float | None]]:
         """(round, epsilon, delta, clip norm) per recorded round."""
-        if not self._query("SELECT 1 FROM sqlite_master WHERE name = 'privacy'"):
+        if not self._has_table("privacy"):
             return []
         rows = self._query("SELECT * FROM privacy ORDER BY round_idx")
         return [(int(r), e, float(d), c) for r, e, d, c in rows]
@@ -70,8 +70,53 @@ class RoundTables:
         """The rows of ``table`` (one of ``ROUND_TABLES``), in key order; [] when absent."""
         if table not in ROUND_TABLES:
             raise StoreError(f"unknown table {table!r}; known: {', '.join(ROUND_TABLES)}")
-        if not self._query("SELECT 1 FROM sqlite_master WHERE name = ?", (table,)):
+        if not self._has_table(table):
             return []
         where, args = ("", ()) if round_idx is None else (" WHERE round_idx = ?", (round_idx,))
         rows = self._query(f"SELECT * FROM {table}{where} ORDER BY 1, 2, 3", args)
         return [tuple(r) for r in rows]
+
+    def _has_table(self, table: str) -> bool:
+        return bool(self._query("SELECT 1 FROM sqlite_master WHERE name = ?", (table,)))
+
+    def group_rows(
+        self,
+    ) -> list[tuple[int, str, str, float | None, float | None, int | None, int | None]]:
+        """Per-group evaluation, (round, attribute, group, accuracy, loss, examples,
+        clients) in round, attribute, group order; [] when the run has no
+        ``group_eval`` table."""
+        if not self._has_table("group_eval"):
+            return []
+        rows = self._query(
+            "SELECT round_idx, attribute, group_name, accuracy, loss, num_examples, clients "
+            "FROM group_eval ORDER BY round_idx, attribute, group_name"
+        )
+        return [(int(r), str(a), str(g), acc, loss, n, k) for r, a, g, acc, loss, n, k in rows]
+
+    def participation(self) -> dict[int, int]:
+        """In how many recorded rounds each client's update was aggregated
+        (``client_rounds``; clients never aggregated are absent)."""
+        rows = self._query(
+            "SELECT client_id, COUNT(*) FROM client_rounds GROUP BY client_id ORDER BY client_id"
+        )
+        return {int(c): int(n) for c, n in rows}
+
+    def update_norms(self) -> dict[int, list[float]]:
+        """Each round's clients' update norms (the rows that carry one)."""
+        rows = self._query(
+            "SELECT round_idx, update_norm FROM client_rounds "
+            "WHERE update_norm IS NOT NULL ORDER BY round_idx"
+        )
+        norms: dict[int, list[float]] = {}
+        for r, norm in rows:
+            norms.setdefault(int(r), []).append(float(norm))
+        return norms
+
+    def round_column(self, column: str) -> list[tuple[int, Any]] | None:
+        """(round, value) of a column of ``rounds`` that not every store has, in
+        round order; None when this store's ``rounds`` lacks the column."""
+        have = {row[1] for row in self._query("PRAGMA table_info(rounds)")}
+        if column not in have:
+            return None
+        rows = self._query(f'SELECT round_idx, "{column}" FROM rounds ORDER BY round_idx')
+        return [(int(r), v) for r, v in rows]

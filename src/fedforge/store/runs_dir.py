@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
+import glob
+from collections.abc import Sequence
 from pathlib import Path
 
 from fedforge.core.errors import StoreError
@@ -52,7 +55,7 @@ def resolve_run(runs_dir: Path | str, ref: str | Path) -> Path:
     for direct in (Path(ref), root / text):
         if _is_run_dir(direct):
             return direct
-    runs = sorted(p for p in root.iterdir() if _is_run_dir(p)) if root.is_dir() else []
+    runs = _runs_in(root)
     found = [
         p
         for p in runs
@@ -72,3 +75,35 @@ def resolve_run(runs_dir: Path | str, ref: str | Path) -> Path:
         raise StoreError(f"'{text}' is a directory but not a run: it holds no {DB_NAME}")
     known = ", ".join(p.name for p in runs[-10:]) or "(none)"
     raise StoreError(f"no run matches '{text}' in '{root}'; runs there: {known}")
+
+
+def _runs_in(root: Path) -> list[Path]:
+    return sorted(p for p in root.iterdir() if _is_run_dir(p)) if root.is_dir() else []
+
+
+def resolve_runs(runs_dir: Path | str, refs: Sequence[str]) -> list[Path]:
+    """Several runs, in the order named, each once: each reference is a run as
+    :func:`resolve_run` finds it, a glob pattern (``'sweep-*'``: over the folder
+    names in ``runs_dir`` and their config names, and as a path), or a folder
+    holding runs (a sweep's runs directory: every run in it). A pattern or a
+    folder that finds no run is refused, as is a reference that names none."""
+    root = Path(runs_dir)
+    found: list[Path] = []
+    for ref in refs:
+        if any(ch in ref for ch in "*?["):
+            paths = {Path(p) for p in glob.glob(ref)} | {
+                p
+                for p in _runs_in(root)
+                if fnmatch.fnmatchcase(p.name, ref) or fnmatch.fnmatchcase(_config_name(p), ref)
+            }
+            matched = sorted(p for p in paths if _is_run_dir(p))
+            if not matched:
+                raise StoreError(f"no run matches the pattern '{ref}' (in '{root}' or as a path)")
+        elif ref and Path(ref).is_dir() and not _is_run_dir(Path(ref)):
+            matched = _runs_in(Path(ref))
+            if not matched:
+                raise StoreError(f"'{ref}' is a directory but holds no run (no {DB_NAME} in it)")
+        else:
+            matched = [resolve_run(root, ref)]
+        found += [p for p in matched if p.resolve() not in {q.resolve() for q in found}]
+    return found

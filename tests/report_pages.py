@@ -1,0 +1,152 @@
+"""What the report and compare tests share: two small real runs (made once a
+session by conftest's ``report_runs``: one with per-client evaluation, drift
+diagnostics and refused uploads, its name holding markup; one under central DP
+with a budget), and a page read back as a browser's parser sees it (its
+sections, the JSON of each ``<script type="application/json">`` block, every
+script and link element's attributes, each section's text)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from tests.conftest import _make_data
+
+from fedforge.config import from_dict
+from fedforge.server.loop import run
+
+# a run name is a folder name: no '/', so no closing tag; the markup must still
+# reach the page as text
+HOSTILE_NAME = "rep<b>x<script>alert(1)"
+BASE = {
+    "model": "2nn",
+    "num_clients": 6,
+    "client_fraction": 0.5,
+    "local_epochs": 1,
+    "batch_size": 8,
+    "lr": 0.05,
+    "target_accuracy": None,
+    "dtype": "float64",
+    "checkpoint_every": 0,
+}
+
+
+def make_report_runs(root: Path) -> dict[str, Path]:
+    """{'robust': run dir, 'dp': run dir}, both in ``root/runs``."""
+    runs = root / "runs"
+    data = _make_data([30, 12, 41, 25, 7, 33], num_test=40)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FEDFORGE_THREADS", "1")
+        try:
+            robust = run(
+                from_dict(
+                    {
+                        **BASE,
+                        "name": HOSTILE_NAME,
+                        "rounds": 4,
+                        "runs_dir": str(runs),
+                        "eval_clients": True,
+                        "robust": {
+                            "attack": "nan_inf",
+                            "attack_fraction": 0.34,
+                            "max_refused_fraction": None,
+                        },
+                    }
+                ),
+                data,
+            )
+            dp = run(
+                from_dict(
+                    {
+                        **BASE,
+                        "name": "rep-dp",
+                        "rounds": 3,
+                        "runs_dir": str(runs),
+                        "eval_every": 1,
+                        "privacy": {
+                            "dp": "central",
+                            "noise_multiplier": 3.0,
+                            "delta": 1e-3,
+                            "target_epsilon": 3.0,
+                        },
+                    }
+                ),
+                data,
+            )
+        finally:
+            torch.set_num_threads(before)
+    assert robust.run_dir is not None and dp.run_dir is not None
+    return {"robust": robust.run_dir, "dp": dp.run_dir}
+
+
+@dataclass
+class Page:
+    sections: list[str] = field(default_factory=list)  # ids, in order
+    data: dict[str, Any] = field(default_factory=dict)  # data-KEY blocks, parsed
+    figures: list[dict[str, Any]] = field(default_factory=list)  # figure specs, parsed
+    scripts: list[dict[str, str | None]] = field(default_factory=list)  # attributes
+    links: list[dict[str, str | None]] = field(default_factory=list)
+    tags: list[str] = field(default_factory=list)  # every start tag's name
+    text: dict[str, str] = field(default_factory=dict)  # section id -> its visible text
+    empty: dict[str, str] = field(default_factory=dict)  # section id -> its no-data sentence
+
+
+class _Reader(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.page = Page()
+        self._script: dict[str, str | None] | None = None
+        self._body: list[str] = []
+        self._section: str | None = None
+        self._in_empty = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        self.page.tags.append(tag)
+        if tag == "section":
+            self._section = a["id"]
+            self.page.sections.append(a["id"] or "")
+            self.page.text[a["id"] or ""] = ""
+        elif tag == "script":
+            self.page.scripts.append(a)
+            self._script, self._body = a, []
+        elif tag == "link":
+            self.page.links.append(a)
+        elif tag == "p" and a.get("class") == "empty":
+            self._in_empty = True
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "script" and self._script is not None:
+            body, attrs = "".join(self._body), self._script
+            if attrs.get("type") == "application/json":
+                if attrs.get("class") == "ff-figure":
+                    self.page.figures.append(json.loads(body))
+                else:
+                    self.page.data[(attrs.get("id") or "").removeprefix("data-")] = json.loads(body)
+            self._script = None
+        elif tag == "section":
+            self._section = None
+        elif tag == "p":
+            self._in_empty = False
+
+    def handle_data(self, data: str) -> None:
+        if self._script is not None:
+            self._body.append(data)
+        elif self._section is not None:
+            self.page.text[self._section] += data
+            if self._in_empty:
+                self.page.empty[self._section] = data
+
+
+def read_page(path: Path) -> Page:
+    reader = _Reader()
+    reader.feed(path.read_text(encoding="utf-8"))
+    reader.close()
+    return reader.page
