@@ -14,27 +14,36 @@
     { id: "plot-loss", title: "Loss", traces: [["train_loss", "train"], ["test_loss", "test"]],
       yaxis: { rangemode: "tozero" } },
     { id: "plot-bytes", title: "Bytes per round", traces: [["bytes_up", "up"], ["bytes_down", "down"]],
-      yaxis: { rangemode: "tozero", tickformat: ".3s" } },
+      yaxis: { rangemode: "tozero", tickformat: "~s", ticksuffix: "B" } },
   ];
+  const FEW_ROUNDS = 12; // up to this many, a tick per round (never half rounds)
+  let plotted = 0; // rounds on the plots
   let live = null; // the deployment server's last state
 
   function byId(id) { return document.getElementById(id); }
+
+  function plural(n, noun) { return `${n} ${noun}${n === 1 ? "" : "s"}`; }
 
   function showError(text) {
     byId("error").textContent = text;
     byId("error").hidden = !text;
   }
 
+  function xaxis(count) {
+    return { title: { text: "round" }, rangemode: "tozero", dtick: count <= FEW_ROUNDS ? 1 : null };
+  }
+
   function draw(rows) {
+    plotted = rows.length;
     for (const plot of PLOTS) {
       const traces = plot.traces.map(([field, name]) => ({
         x: rows.map((r) => r.round), y: rows.map((r) => r[field]), name: name,
         type: "scatter", mode: "lines+markers", connectgaps: true,
       }));
       const layout = {
-        title: { text: plot.title }, margin: { t: 40, r: 20, b: 40, l: 60 },
-        xaxis: { title: { text: "round" }, rangemode: "tozero" }, yaxis: plot.yaxis,
-        legend: { orientation: "h" },
+        title: { text: plot.title }, margin: { t: 40, r: 20, b: 80, l: 60 },
+        xaxis: xaxis(rows.length), yaxis: plot.yaxis,
+        legend: { orientation: "h", y: -0.3 },
       };
       Plotly.react(byId(plot.id), traces, layout, CONFIG);
     }
@@ -42,6 +51,8 @@
 
   function extend(rows) {
     if (!rows.length) return;
+    const few = plotted <= FEW_ROUNDS;
+    plotted += rows.length;
     for (const plot of PLOTS) {
       const div = byId(plot.id);
       const update = {
@@ -49,6 +60,7 @@
         y: plot.traces.map(([field]) => rows.map((r) => r[field])),
       };
       Plotly.extendTraces(div, update, plot.traces.map((_, i) => i));
+      if (few && plotted > FEW_ROUNDS) Plotly.relayout(div, { "xaxis.dtick": null });
     }
   }
 
@@ -74,7 +86,8 @@
 
   function showAnomalies(a) {
     byId("anomaly-total").textContent =
-      `${a.refused} updates refused (${a.clients} clients), ${a.skipped_rounds} rounds skipped`;
+      `${plural(a.refused, "update")} refused (${plural(a.clients, "client")}), ` +
+      `${plural(a.skipped_rounds, "round")} skipped`;
     fillTable(document.querySelector("#anomaly-reasons tbody"),
       a.by_reason.map((g) => [g.reason, g.count]), "none");
   }
