@@ -26,6 +26,7 @@ from fedforge.config import Config, override
 from fedforge.report.dashboard import command
 from fedforge.report.dashboard.auth import TOKEN_ENV, access_token, is_loopback
 from fedforge.report.dashboard.process import DashboardProcess, start_dashboard
+from fedforge.report.dashboard.watch import RunWatcher
 from fedforge.server.state import RunLock
 from fedforge.store import AnomalyRecord, RoundRecord, RunStore
 from fedforge.transport.hub import Hub
@@ -47,6 +48,11 @@ class Runs:
     root: Path
     finished: Path
     running: RunStore  # open for writing, its lock held: a run in progress
+    files: dict[str, bytes]  # the finished run's files as written
+
+
+def _files(run_dir: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(run_dir.iterdir()) if p.is_file()}
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +67,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     for r, acc in enumerate((0.125, 0.375)):
         refused = [AnomalyRecord(r, 4, f"update norm {10 + r}.5 exceeds the bound 3.0")]
         live.record_round(_round(r, acc), [], refused)
-    yield Runs(root, done.path, live)
+    yield Runs(root, done.path, live, _files(done.path))
     lock.release()
     live.close()
 
@@ -270,9 +276,54 @@ def test_with_a_token_every_request_needs_it(runs: Runs, dashboard: DashboardPro
     assert listing.status == 200
     ids = {r["run_id"] for r in json.loads(listing.read())["runs"]}
     assert ids == {runs.finished.name, run}
-    # read-only: no method but GET (and HEAD) is routed
+    # read-only: no method but GET (and HEAD) is routed, and a run read is a run unchanged
     where = urlsplit(dashboard.url)
     for method in ("POST", "PUT", "DELETE"):
         conn = http.client.HTTPConnection(where.hostname or "", where.port, timeout=20)
         conn.request(method, f"/api/runs/{run}", headers=bearer)
         assert conn.getresponse().status == 405, method
+    assert _get(dashboard.url, f"/api/runs/{runs.finished.name}", bearer).status == 200
+    after = _files(runs.finished)
+    assert {k: after[k] for k in runs.files} == runs.files
+    # besides, only what any SQLite reader of a WAL database makes (as `fedforge runs`
+    # does): the shared-memory index, and an empty log
+    assert set(after) - set(runs.files) <= {"store.sqlite-shm", "store.sqlite-wal"}
+    assert after.get("store.sqlite-wal", b"") == b""
+
+
+def _events(watcher: RunWatcher) -> dict[str, Any]:
+    """The watcher's events since its last poll, by name (their JSON read back)."""
+    out = {}
+    for text in watcher.poll():
+        name, data = (line.split(": ", 1)[1] for line in text.strip().splitlines())
+        out[name] = json.loads(data)
+    return out
+
+
+def test_the_feed_sends_new_rows_and_all_of_them_after_a_rewind(tmp_path: Path) -> None:
+    with RunStore.create(tmp_path, override(Config(), {"name": "feed", "rounds": 9})) as store:
+        for r in range(3):
+            store.record_round(_round(r, r / 8), [])
+        watcher = RunWatcher(store.path)
+        try:
+            first = _events(watcher)
+            assert first["rounds"]["reset"] is True
+            assert [row["round"] for row in first["rounds"]["rows"]] == [1, 2, 3]
+            assert first["status"]["rounds_done"] == 3 and first["live"] is None
+            assert _events(watcher) == {}  # nothing changed: nothing sent
+            store.record_round(_round(3, 0.5), [])
+            store.record_round(_round(4, 0.75), [])
+            grown = _events(watcher)["rounds"]
+            assert grown["reset"] is False
+            assert [(row["round"], row["test_accuracy"]) for row in grown["rows"]] == [
+                (4, 0.5),
+                (5, 0.75),
+            ]
+            store.rewind(2)  # a resume: rounds 3.. again, round 3 now different
+            store.record_round(_round(2, 0.9375), [])
+            store.record_round(_round(3, 0.25), [])
+            again = _events(watcher)["rounds"]
+            assert again["reset"] is True
+            assert [row["test_accuracy"] for row in again["rows"]] == [0, 0.125, 0.9375, 0.25]
+        finally:
+            watcher.close()

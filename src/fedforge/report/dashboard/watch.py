@@ -47,7 +47,7 @@ class RunWatcher:
         self.store = RunStore.open(path, read_only=True)
         self._mark: Mark | None = None
         self._status: dict[str, Any] | None = None
-        self._live_stamp: tuple[int, int] | None = None
+        self._live_stamp: tuple[int, int] | None = (-1, -1)  # never looked: sent first
         self._polls = 0
 
     def close(self) -> None:
