@@ -29,6 +29,7 @@ from fedforge.report.dashboard.process import DashboardProcess, start_dashboard
 from fedforge.report.dashboard.watch import RunWatcher
 from fedforge.server.state import RunLock
 from fedforge.store import AnomalyRecord, RoundRecord, RunStore
+from fedforge.store.live_state import write_live_state
 from fedforge.transport.hub import Hub
 from fedforge.transport.live import LivePublisher
 from fedforge.transport.pb import federation_pb2 as pb
@@ -212,6 +213,12 @@ def test_deployment_panel_shows_the_servers_live_state(runs: Runs, tab: Tab) -> 
         "() => document.getElementById('dep-state').textContent === 'stopped'", timeout=5_000
     )
     assert tab.page.text_content("#dep-phase") == "the run ended"
+    # a server killed (it says nothing): serving, but not heard from for a minute
+    write_live_state(runs.running.path, {**live.snapshot(), "updated": time.time() - 60})
+    tab.page.wait_for_function(
+        "() => document.getElementById('dep-state').textContent === 'not heard from'",
+        timeout=5_000,
+    )
     assert tab.errors == []
 
 

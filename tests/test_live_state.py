@@ -13,13 +13,7 @@ import time
 from pathlib import Path
 
 from deploy_procs import run_dir_of, start_client, start_server, write_config
-from fedforge.store.live_state import (
-    LIVE_NAME,
-    STALE_AFTER_S,
-    is_current,
-    read_live_state,
-    write_live_state,
-)
+from fedforge.store.live_state import LIVE_NAME, read_live_state, write_live_state
 from fedforge.transport.hub import Hub
 from fedforge.transport.live import LivePublisher
 
@@ -44,14 +38,6 @@ def test_a_damaged_file_reads_as_none(tmp_path: Path) -> None:
         assert read_live_state(tmp_path) is None, text
     path.write_bytes(b"\xff\xfe{")
     assert read_live_state(tmp_path) is None
-
-
-def test_a_state_is_current_while_its_server_serves_and_writes() -> None:
-    now = 1000.0
-    assert is_current({"serving": True, "updated": now - 1}, now)
-    assert not is_current({"serving": True, "updated": now - STALE_AFTER_S - 1}, now)  # killed
-    assert not is_current({"serving": False, "updated": now}, now)  # said it stopped
-    assert not is_current({"serving": True, "updated": "soon"}, now)
 
 
 def test_a_burst_of_refusals_is_few_writes_that_count_them_all(tmp_path: Path) -> None:

@@ -30,8 +30,9 @@ from typing import Any
 
 LIVE_NAME = "live.json"
 LIVE_VERSION = 1
-# a state older than this, from a server that did not say it stopped, is stale
-# (the server refreshes it every few seconds while it serves)
+# a state older than this, from a server that did not say it stopped, is stale: a
+# killed server says nothing (it refreshes the file every few seconds while it
+# serves); the dashboard's page judges it by this
 STALE_AFTER_S = 10.0
 
 
@@ -69,18 +70,9 @@ def read_live_state(run_dir: Path | str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def is_current(state: dict[str, Any], now: float) -> bool:
-    """Whether ``state`` is that of a server still serving: it did not say it
-    stopped, and wrote within :data:`STALE_AFTER_S` (a killed server says nothing)."""
-    updated = state.get("updated")
-    fresh = isinstance(updated, int | float) and now - updated < STALE_AFTER_S
-    return bool(state.get("serving")) and fresh
-
-
 __all__ = [
     "LIVE_NAME",
     "STALE_AFTER_S",
-    "is_current",
     "live_path",
     "read_live_state",
     "write_live_state",
