@@ -8,7 +8,7 @@ DATA_ENV := $(if $(wildcard $(SHARED_DATA)/mnist),FEDFORGE_DATA=$(SHARED_DATA),)
 CONFIG ?= configs/default.yaml
 ARGS ?=
 
-.PHONY: run test test-slow test-cuda lint typecheck venv clean proto
+.PHONY: run test test-slow test-cuda lint typecheck venv clean proto chromium
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,6 +17,20 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet "torch==2.13.0"
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $@
+
+# The dashboard's browser tests drive the system's Chromium (Playwright never
+# downloads a browser here): installed with apt-get when missing. As root (CI, on
+# a fresh Debian machine) a failed install fails; otherwise it is tried with
+# `sudo -n`, and without it those tests skip, saying why.
+chromium:
+	@if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ]; then \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+		else \
+			(sudo -n apt-get update -qq && sudo -n apt-get install -y -qq chromium) \
+				|| echo "make: no chromium (not root): the dashboard's browser tests will skip"; \
+		fi; \
+	fi
 
 # Bytecode for the editable install (pip compiles only what it copies): without it
 # every start recompiles fedforge's sources, 0.13 s here where the environment sets
@@ -30,10 +44,10 @@ venv: $(VENV)/.installed $(VENV)/.bytecode
 run: venv
 	$(DATA_ENV) $(VENV)/bin/fedforge run --config $(CONFIG) $(ARGS)
 
-test: venv lint typecheck
+test: venv chromium lint typecheck
 	$(DATA_ENV) $(PY) -m pytest
 
-test-slow: venv
+test-slow: venv chromium
 	$(DATA_ENV) $(PY) -m pytest -m slow
 
 test-cuda: venv

@@ -1,5 +1,5 @@
 """The ``fedforge`` command: run, resume, runs, show, report, compare, sweep,
-compare-iid; server, client, certs, keys, models (a deployment).
+compare-iid, dashboard; server, client, certs, keys, models (a deployment).
 
 A user's mistake (bad config value, missing data, unknown run) ends in one line
 naming the value and what is allowed, with exit status 2; never a traceback.
@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from fedforge import config as config_mod
 from fedforge.config import step_sizes
 from fedforge.core.errors import ConfigError, FedforgeError, StopNow
+from fedforge.report.dashboard import command as dashboard
 from fedforge.transport import certs_cli
 
 if TYPE_CHECKING:
@@ -74,6 +75,7 @@ def _parser() -> argparse.ArgumentParser:
 
     show = sub.add_parser("show", help="print the summary of one run")
     _add_run_lookup(show)
+    dashboard.add_parser(sub)
 
     report = sub.add_parser("report", help="write one run as a self-contained HTML page")
     _add_run_lookup(report)
@@ -298,6 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "compare": _cmd_compare,
         "sweep": _cmd_sweep,
         "compare-iid": _cmd_compare_iid,
+        "dashboard": dashboard.run,
         "server": _cmd_server,
         "client": _cmd_client,
         **certs_cli.COMMANDS,

@@ -20,15 +20,21 @@ def _fmt_seconds(s: float) -> str:
     return f"{hours}h {minutes:02d}m {sec:02d}s" if hours else f"{minutes}m {sec:02d}s"
 
 
+RUN_COLUMNS = ("RUN", "STATUS", "ROUNDS", "BEST ACC", "CREATED")
+
+
+def run_row(r: RunInfo) -> tuple[str, str, str, str, str]:
+    """One run's line of ``fedforge runs`` (and of the dashboard's list), as texts
+    under :data:`RUN_COLUMNS`."""
+    done = f"{r.rounds_done}/{r.rounds_planned or '?'}"
+    return (r.run_id, r.status, done, percent(r.best_accuracy), r.created)
+
+
 def format_run_table(runs: list[RunInfo]) -> str:
     """The table printed by ``fedforge runs``."""
     if not runs:
         return "no runs"
-    rows = [("RUN", "STATUS", "ROUNDS", "BEST ACC", "CREATED")]
-    for r in runs:
-        done = f"{r.rounds_done}/{r.rounds_planned or '?'}"
-        best = percent(r.best_accuracy)
-        rows.append((r.run_id, r.status, done, best, r.created))
+    rows = [RUN_COLUMNS, *(run_row(r) for r in runs)]
     widths = [max(len(row[i]) for row in rows) for i in range(5)]
     lines = ("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows)
     return "\n".join(line.rstrip() for line in lines)

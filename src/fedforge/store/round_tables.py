@@ -26,6 +26,15 @@ class RoundTables:
         except DB_ERRORS as exc:
             raise StoreError(f"cannot read run store '{self._path}': {exc}") from None
 
+    def rounds_mark(self, through: int | None = None) -> tuple[int, int | None, float | None]:
+        """(rows, last round_idx, newest ``created``) of ``rounds`` (``through``: of
+        the rows up to that round_idx): one cheap query whose answer changes when a
+        round is recorded, replaced or rewound, for a reader that watches a run."""
+        where, args = ("", ()) if through is None else (" WHERE round_idx <= ?", (through,))
+        sql = f"SELECT COUNT(*), MAX(round_idx), MAX(created) FROM rounds{where}"
+        count, last, newest = self._query(sql, args)[0]
+        return int(count), last, newest
+
     def record_privacy(
         self, round_idx: int, epsilon: float, delta: float, clip_norm: float | None
     ) -> None:

@@ -324,10 +324,12 @@ class RunStore(RoundTables):
             self._conn.execute(ANOMALIES)
             self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
-    def rounds(self) -> list[RoundRecord]:
+    def rounds(self, after: int | None = None) -> list[RoundRecord]:
+        """The recorded rounds in order (``after``: only those past that round_idx)."""
         have = self._round_columns()
         cols = [c if c in have else f"NULL AS {c}" for c in ROUND_COLS]
-        rows = self._query(f"SELECT {', '.join(cols)} FROM rounds ORDER BY round_idx")
+        where, args = ("", ()) if after is None else (" WHERE round_idx > ?", (after,))
+        rows = self._query(f"SELECT {', '.join(cols)} FROM rounds{where} ORDER BY round_idx", args)
         if not all(_number_or_none(v) for row in rows for v in row):  # SQLite takes text
             raise StoreError(f"run store '{self._path}' holds a damaged rounds table")
         # SQLite stores a NaN as NULL: the round's train loss was NaN (no client

@@ -55,6 +55,12 @@ class Hub:
     eval_bytes_up: int = 0  # evaluation reports taken
     accepted: int = 0  # answers taken
     phase: str = "waiting for clients"  # what the round thread awaits (metrics, logs)
+    # questions left unanswered when their round closed on its deadline or on the
+    # silence of the clients owing them (not those closed at an over-selected count)
+    dropouts: int = 0
+    # told when a client joins, the phase moves on or questions go unanswered (the
+    # live-state file); called under the hub's lock, so it must not block
+    on_change: Callable[[], None] = lambda: None
 
     def __post_init__(self) -> None:
         self.cond = threading.Condition()
@@ -92,6 +98,7 @@ class Hub:
                 del self.sessions[old]  # a session whose clients all joined again elsewhere
                 self._given.pop(old, None)
             self.cond.notify_all()
+            self.on_change()
             return session, accepted, refused
 
     def _reissue(self, cid: int) -> None:
@@ -234,6 +241,12 @@ class Hub:
         return why
 
     # ------------------------------------------------------------- round thread
+    def set_phase(self, phase: str) -> None:
+        """Say what the round thread awaits now."""
+        with self.cond:
+            self.phase = phase
+            self.on_change()
+
     def serve(self, payload_id: str, payload: bytes, alone: bool = True) -> None:
         """Serve ``payload`` under ``payload_id`` (``alone``: in place of the others)."""
         with self.cond:
@@ -286,6 +299,8 @@ class Hub:
                     if not mine:
                         now = self.clock()
                         if now >= end or self._all_silent(keys, now):
+                            self.dropouts += len(keys)
+                            self.on_change()
                             return
                         self.cond.wait(min(end - now, 0.5))
                         continue

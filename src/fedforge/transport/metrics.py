@@ -63,6 +63,9 @@ class _HubState:
         moved.add_metric(["eval_up"], hub.eval_bytes_up)
         yield moved
         yield CounterMetricFamily("fedforge_answers_accepted", "answers taken", value=hub.accepted)
+        yield CounterMetricFamily(
+            "fedforge_dropouts", "questions unanswered when their round closed", value=hub.dropouts
+        )
 
 
 class ServerMetrics:

@@ -19,6 +19,7 @@ import json
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict
+from pathlib import Path
 
 import torch
 
@@ -47,10 +48,15 @@ class RemoteEngine:
     name = "remote"
 
     def __init__(
-        self, hub: Hub, cfg: Config, on_round: Callable[[float], None] | None = None
+        self,
+        hub: Hub,
+        cfg: Config,
+        on_round: Callable[[float], None] | None = None,
+        on_store: Callable[[Path], None] | None = None,
     ) -> None:
         self.hub = hub
         self.on_round = on_round  # told each round's wall time (the metrics)
+        self.on_store = on_store  # told the run's folder (the live-state file)
         self._began: float | None = None
         self.deadline_s = cfg.deployment.round_deadline_s
         # the server samples this fraction more clients than a round needs
@@ -85,7 +91,7 @@ class RemoteEngine:
             for t in tasks
         ]
         keys: set[Key] = {(t.client_id, r, UPDATE, "") for t in tasks}
-        self.hub.phase = f"round {r + 1}: training"
+        self.hub.set_phase(f"round {r + 1}: training")
         self.hub.ask(works, self.version)
         need = None if self.needed is None else min(self.needed, len(tasks))
         for a in self.hub.gather(keys, self.deadline_s, need):
@@ -113,7 +119,7 @@ class RemoteEngine:
             for c, m in messages.items()
         ]
         keys: set[Key] = {(c, r, REPLY, phase) for c in messages}
-        self.hub.phase = f"round {r + 1}: {phase}"
+        self.hub.set_phase(f"round {r + 1}: {phase}")
         self.hub.ask(works, self.version)
         return {a.client_id: a.data for a in self.hub.gather(keys, self.deadline_s) if a.data}
 
@@ -125,12 +131,14 @@ class RemoteEngine:
         if self._began is not None and self.on_round is not None:
             self.on_round(now - self._began)
         self._began = now
-        self.hub.phase = f"round {round_idx + 1}: evaluation (cold start, canary)"
+        self.hub.set_phase(f"round {round_idx + 1}: evaluation (cold start, canary)")
         return self.rollout.begin_round(round_idx, params)
 
     def bind_store(self, store: RunStore) -> None:
         """The run's store: model versions are kept there."""
         self.rollout.bind(store)
+        if self.on_store is not None:
+            self.on_store(store.path)
 
     def end_round(self, round_idx: int, used: Sequence[int]) -> None:
         """Tell the clients whose updates the round used to keep the state they

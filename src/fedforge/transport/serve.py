@@ -24,6 +24,7 @@ from fedforge.server.loop import RunResult, resume, run
 from fedforge.store import RunStore
 from fedforge.transport.hub import Hub
 from fedforge.transport.idle import IdleStreams
+from fedforge.transport.live import LivePublisher
 from fedforge.transport.logs import log_event
 from fedforge.transport.metrics import ServerMetrics
 from fedforge.transport.pb import federation_pb2_grpc as pb_grpc
@@ -93,10 +94,16 @@ class Deployment:
             self.port = 0
         if self.port == 0:
             raise ConfigError(f"cannot listen on {address} (in use, or not an address here)")
-        self.engine = RemoteEngine(self.hub, cfg, self.metrics.round_seconds.observe)
+        # the dashboard's view, in the run's folder once the run's store is open
+        self.live = LivePublisher(self.hub, f"{options.host}:{self.port}")
+        self.hub.on_change = self.live.changed
+        self.engine = RemoteEngine(
+            self.hub, cfg, self.metrics.round_seconds.observe, on_store=self.live.bind
+        )
 
     def _refused(self, who: str, client: int | None, why: str) -> None:
         self.metrics.refused(why)
+        self.live.refused(why)
         log_event("server", "refused", sender=who, client=client, reason=why)
 
     def start(self) -> None:
@@ -104,6 +111,7 @@ class Deployment:
         self.health.set(SERVICE, health_pb2.HealthCheckResponse.SERVING)
         self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         self.metrics.watch(self.hub)
+        self.live.start()
         log_event(
             "server", "listening", host=self.opt.host, port=self.port, auth=self.opt.security.mode
         )
@@ -148,6 +156,7 @@ class Deployment:
         self.health.enter_graceful_shutdown()
         self.grpc.stop(grace=3.0).wait()
         self.metrics.close()
+        self.live.close(reason)
 
 
 def _served(cfg: Config) -> Config:

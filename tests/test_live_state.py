@@ -1,0 +1,121 @@
+"""The deployment server's live-state file (``store/live_state.py``, written by
+``transport/live.py``): replaced whole, read back tolerating absence and damage,
+written at most a few times a second however many events, and written by a
+real ``fedforge server`` with what its clients and its store say."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import stat
+import threading
+import time
+from pathlib import Path
+
+from deploy_procs import run_dir_of, start_client, start_server, write_config
+from fedforge.store.live_state import LIVE_NAME, read_live_state, write_live_state
+from fedforge.transport.hub import Hub
+from fedforge.transport.live import LivePublisher
+
+
+def test_written_whole_and_read_back(tmp_path: Path) -> None:
+    assert read_live_state(tmp_path) is None  # no server ran here
+    write_live_state(tmp_path, {"phase": "round 2: training", "joined": [0, 3], "x": float("nan")})
+    assert read_live_state(tmp_path) == {
+        "version": 1,
+        "phase": "round 2: training",
+        "joined": [0, 3],
+        "x": None,
+    }
+    assert [p.name for p in tmp_path.iterdir()] == [LIVE_NAME]  # no temporary file left
+    assert stat.S_IMODE((tmp_path / LIVE_NAME).stat().st_mode) == 0o644
+
+
+def test_a_damaged_file_reads_as_none(tmp_path: Path) -> None:
+    path = tmp_path / LIVE_NAME
+    for text in ('{"phase": "round 2: tra', "[1, 2]", "", "\udcff"):
+        path.write_text(text, errors="surrogateescape")
+        assert read_live_state(tmp_path) is None, text
+    path.write_bytes(b"\xff\xfe{")
+    assert read_live_state(tmp_path) is None
+
+
+def test_a_burst_of_refusals_is_few_writes_that_count_them_all(tmp_path: Path) -> None:
+    hub = Hub(num_clients=4, heartbeat_timeout_s=30.0)
+    live = LivePublisher(hub, "127.0.0.1:1", min_interval_s=0.2, refresh_s=60.0)
+    hub.on_change = live.changed
+    live.start()
+    live.bind(tmp_path)
+    burst = time.monotonic()
+    for k in range(300):
+        live.refused(f"client {k % 4} was not asked for a update in round 3 now")
+    hub.join("a", [(0, 5), (1, 5)])
+    time.sleep(0.7)
+    seconds = time.monotonic() - burst
+    state = read_live_state(tmp_path)
+    assert state is not None
+    assert state["refused"] == {"not_asked": 300}
+    assert state["joined"] == [0, 1] and state["connected"] == [0, 1]
+    assert 1 <= live.writes <= 1 + seconds / 0.2 + 1  # at most one per interval
+    live.close("the run ended")
+    final = read_live_state(tmp_path)
+    assert final is not None and final["serving"] is False and final["phase"] == "the run ended"
+
+
+def test_the_publisher_never_blocks_the_hub(tmp_path: Path) -> None:
+    """The hub calls it under its lock: a folder that cannot be written costs
+    nothing there, and the run goes on."""
+    hub = Hub(num_clients=2, heartbeat_timeout_s=30.0)
+    live = LivePublisher(hub, "127.0.0.1:1", min_interval_s=0.01)
+    hub.on_change = live.changed
+    live.start()
+    live.bind(tmp_path / "gone")  # no such folder: every write fails
+    took = time.monotonic()
+    for _ in range(200):
+        hub.set_phase("round 1: training")
+    assert time.monotonic() - took < 0.5
+    live.close("the server stopped")
+    assert live.writes == 0 and not (tmp_path / "gone").exists()
+
+
+def _watch(runs: Path, seen: list[dict], stop: threading.Event) -> None:
+    """Every state of the live-state file of the run under ``runs`` as it changes."""
+    while not stop.is_set():
+        for path in runs.glob(f"*/{LIVE_NAME}"):
+            state = read_live_state(path.parent)
+            if state is not None and (not seen or state != seen[-1]):
+                seen.append(state)
+        time.sleep(0.02)
+
+
+def test_a_deployment_server_publishes_its_live_state(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path / "cfg.yaml", rounds=3)
+    seen: list[dict] = []
+    stop = threading.Event()
+    watcher = threading.Thread(target=_watch, args=(tmp_path / "runs", seen, stop))
+    watcher.start()
+    try:
+        server, port = start_server(tmp_path, cfg, "--insecure")
+        clients = [start_client(tmp_path, port, ids, "--insecure") for ids in ("0-2", "3-5")]
+        assert server.wait(180) == 0, server.log.read_text()
+        for c in clients:
+            assert c.wait(60) == 0, c.log.read_text()
+    finally:
+        stop.set()
+        watcher.join()
+    run_dir = tmp_path / run_dir_of(server)
+    final = json.loads((run_dir / LIVE_NAME).read_text())
+    assert final["serving"] is False and final["phase"] == "the run ended"
+    assert final["joined"] == list(range(6)) and final["num_clients"] == 6
+    assert final["address"] == f"127.0.0.1:{port}"
+    with sqlite3.connect(run_dir / "store.sqlite") as db:
+        updates, up = db.execute("SELECT COUNT(*), SUM(bytes_up) FROM client_rounds").fetchone()
+        evaluated = db.execute("SELECT COUNT(*) FROM cold_start").fetchone()[0]
+    # every answer the server took is an update or a new client's evaluation in the store
+    assert final["accepted"] == updates + evaluated
+    assert final["bytes_up"] == up
+    assert final["dropouts"] == 0 and final["refused"] == {}
+    serving = [s for s in seen if s.get("serving")]
+    assert serving, seen
+    assert any(s["phase"].startswith("round ") for s in serving), [s["phase"] for s in serving]
+    assert seen[-1] == final
