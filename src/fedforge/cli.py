@@ -1,5 +1,5 @@
-"""The ``fedforge`` command: run, resume, runs, show, sweep, compare-iid; server,
-client, certs, keys, models (a deployment).
+"""The ``fedforge`` command: run, resume, runs, show, sweep, compare-iid, alerts,
+export; server, client, certs, keys, models (a deployment).
 
 A user's mistake (bad config value, missing data, unknown run) ends in one line
 naming the value and what is allowed, with exit status 2; never a traceback.
@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from fedforge import config as config_mod
 from fedforge.config import step_sizes
 from fedforge.core.errors import ConfigError, FedforgeError, StopNow
+from fedforge.report import observe_cli
 from fedforge.transport import certs_cli
 
 if TYPE_CHECKING:
@@ -74,6 +75,7 @@ def _parser() -> argparse.ArgumentParser:
 
     show = sub.add_parser("show", help="print the summary of one run")
     _add_run_lookup(show)
+    observe_cli.add_parsers(sub)  # alerts, export
 
     sweep = sub.add_parser("sweep", help="run a grid of configs in sequence (resumable), one table")
     sweep.add_argument("config", type=Path, help="YAML config file")
@@ -260,6 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "client": _cmd_client,
         **certs_cli.COMMANDS,
         "models": _cmd_models,
+        **observe_cli.COMMANDS,
     }
     try:
         args = _parser().parse_args(argv)
