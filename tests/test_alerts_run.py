@@ -21,6 +21,7 @@ import pytest
 from tests.conftest import MakeData, RunStopped
 from tests.test_robust_gates import tiny
 
+from deploy_sim import _free_port
 from fedforge.alerts import alert_payload
 from fedforge.cli import main
 from fedforge.config import Config, override
@@ -66,13 +67,6 @@ def http_server() -> Iterator[tuple[str, list[tuple[str, str, bytes]]]]:
     finally:
         server.shutdown()
         server.server_close()
-
-
-def _free_port() -> int:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Received)
-    port = int(server.server_address[1])
-    server.server_close()
-    return port
 
 
 def _config(tmp_path: Path, url: str, out: Path) -> Config:

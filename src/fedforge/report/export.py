@@ -126,7 +126,7 @@ def gather(store: RunStore) -> RunExport:
     return RunExport(
         name=store.path.name,
         path=store.path,
-        status=store.status,
+        status=store.info().status,  # 'stopped': a signal's clean stop
         series=series,
         params={k: _param(v) for k, v in flatten(to_dict(config)).items()},
         config_yaml=dump(config),

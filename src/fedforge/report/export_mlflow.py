@@ -24,8 +24,8 @@ RUN_TAG = "fedforge.run"
 METRICS_PER_BATCH = 1000  # MLflow's log_batch limits
 PARAMS_PER_BATCH = 100
 PARAM_LENGTH = 500  # the shortest limit of MLflow's versions (6000 since 2.x servers)
-# fedforge's run status: MLflow's
-STATUS = {"finished": "FINISHED", "failed": "FAILED"}
+# fedforge's run status: MLflow's (a running run's MLflow run stays RUNNING)
+STATUS = {"finished": "FINISHED", "failed": "FAILED", "stopped": "KILLED"}
 
 T = TypeVar("T")
 
@@ -36,7 +36,7 @@ def _batches(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
 
 
 def _refusal(uri: str, exc: Exception) -> ExportError:
-    """MLflow's refusal in one line, naming the tracking URI."""
+    """MLflow's error in one line, naming the tracking URI."""
     text = " ".join(str(exc).split())
     if "MLFLOW_ALLOW_FILE_STORE" in text:
         text = (
@@ -45,7 +45,7 @@ def _refusal(uri: str, exc: Exception) -> ExportError:
         )
     elif len(text) > 300:
         text = text[:297] + "..."
-    return ExportError(f"MLflow at {uri!r} refused the export: {text}")
+    return ExportError(f"the export to MLflow at {uri!r} failed: {text}")
 
 
 def to_mlflow(run: RunExport, uri: str, experiment: str | None = None) -> str:
