@@ -1,5 +1,6 @@
 """The ``fedforge`` command: run, resume, runs, show, report, compare, sweep,
-compare-iid, dashboard; server, client, certs, keys, models (a deployment).
+compare-iid, dashboard, alerts, export; server, client, certs, keys, models (a
+deployment).
 
 A user's mistake (bad config value, missing data, unknown run) ends in one line
 naming the value and what is allowed, with exit status 2; never a traceback.
@@ -21,6 +22,7 @@ from fedforge import config as config_mod
 from fedforge.config import step_sizes
 from fedforge.core.errors import ConfigError, FedforgeError, StopNow
 from fedforge.report.dashboard import command as dashboard
+from fedforge.report import observe_cli
 from fedforge.transport import certs_cli
 
 if TYPE_CHECKING:
@@ -96,6 +98,7 @@ def _parser() -> argparse.ArgumentParser:
     compare_runs.add_argument(
         "-o", "--out", type=Path, default=Path("compare.html"), help="(default: compare.html)"
     )
+    observe_cli.add_parsers(sub)  # alerts, export
 
     sweep = sub.add_parser("sweep", help="run a grid of configs in sequence (resumable), one table")
     sweep.add_argument("config", type=Path, help="YAML config file")
@@ -305,6 +308,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "client": _cmd_client,
         **certs_cli.COMMANDS,
         "models": _cmd_models,
+        **observe_cli.COMMANDS,
     }
     try:
         args = _parser().parse_args(argv)

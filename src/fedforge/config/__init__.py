@@ -3,6 +3,7 @@ field. ``Config`` (schema.py) holds the run's fields and one section per
 feature (data.py, local.py, evaluation.py, communication.py, privacy.py,
 robust.py); each section checks its own fields, compat.py how they combine."""
 
+from fedforge.config.alerts import AlertKind, AlertRule, AlertsConfig
 from fedforge.config.communication import CommunicationConfig, DownlinkCodec, UplinkCodec
 from fedforge.config.data import (
     Dataset,
@@ -36,6 +37,9 @@ __all__ = [
     "describe_task",
     "step_sizes",
     "AggregatorName",
+    "AlertKind",
+    "AlertRule",
+    "AlertsConfig",
     "Algorithm",
     "AttackName",
     "CommunicationConfig",

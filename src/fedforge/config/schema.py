@@ -15,6 +15,7 @@ from typing import Literal
 
 from fedforge.config import compat
 from fedforge.config import task as task_rules
+from fedforge.config.alerts import AlertsConfig, budget_rules_need_budget
 from fedforge.config.communication import CommunicationConfig
 from fedforge.config.data import SCALINGS, Dataset, InputScaling, PartitionConfig, SyntheticConfig
 from fedforge.config.deployment import DeploymentConfig
@@ -141,6 +142,8 @@ class Config:
     runs_dir: str = "runs"
     # fedforge server: waiting for clients, deadlines, over-selection (transport/)
     deployment: DeploymentConfig = field(default_factory=DeploymentConfig)
+    # rules watched after every round, and what each does when it fires (alerts/)
+    alerts: AlertsConfig = field(default_factory=AlertsConfig)
 
     def __post_init__(self) -> None:
         task_rules.check_task_name(self.task)
@@ -175,6 +178,7 @@ def check(cfg: Config) -> None:
         cfg.diagnostics,
         cfg.synthetic,
         cfg.deployment,
+        cfg.alerts,
     )
     for section in sections:
         section.check()
@@ -213,6 +217,7 @@ def check(cfg: Config) -> None:
     compat.groups_need_example_weights(cfg.communication, cfg.aggregation_weights)
     compat.central_dp_needs_dense_uplink(cfg.privacy, cfg.communication)
     compat.groups_exclude_central_dp(cfg.communication, cfg.privacy)
+    budget_rules_need_budget(cfg.alerts, cfg.privacy.target_epsilon)
 
 
 def describe_task(cfg: Config) -> str:

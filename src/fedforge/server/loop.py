@@ -2,7 +2,8 @@
 
 Each round: sample the cohort, encode the payload, let the engine run the
 clients, decode and check every update, aggregate, step the server optimizer,
-evaluate every ``eval_every`` rounds, record the round. Stops at the target
+evaluate every ``eval_every`` rounds, record the round (the alert rules of
+fedforge.alerts watch it, from the store). Stops at the target
 accuracy or after ``rounds``. Runs on the server; trusts nothing it decodes.
 
 :func:`run` starts a run, :func:`resume` continues one from its last good
@@ -23,6 +24,7 @@ from typing import Any
 
 import torch
 
+from fedforge.alerts import Monitor
 from fedforge.config import Config, override
 from fedforge.core.errors import StopNow, StoreError
 from fedforge.data import PartitionSummary
@@ -44,7 +46,6 @@ from fedforge.server.stops import over_budget, stalled
 from fedforge.server.summary import format_summary, summarize_run
 from fedforge.server.workload import say_start
 from fedforge.store import (
-    AnomalyRecord,
     CheckpointError,
     RoundRecord,
     RunStore,
@@ -285,6 +286,7 @@ def _rounds(
         state.initial_eval = _evaluate_initial(exp, state, bar)
     stopped: str | None = None
     stops: dict[str, str] = {}  # summary key: why the run stopped early
+    alerts = Monitor(cfg, bar.write)  # its rules, after each recorded round
     while state.next_round < cfg.rounds:
         budget_stop = over_budget(exp, state.next_round, state.privacy)
         if budget_stop is not None:  # the next round would spend more than target_epsilon
@@ -292,6 +294,8 @@ def _rounds(
             stops["privacy_stop"] = budget_stop
             break
         record = _one_round(exp, state, run_store, bar)
+        if run_store is not None:
+            alerts.after_round(run_store, record.round_idx)
         target = cfg.target_accuracy
         evaluated = record.test_accuracy is not None
         if target is not None and evaluated and max(state.eval_accuracy) >= target:
@@ -330,7 +334,7 @@ def _one_round(
     state.total_bytes += record.bytes_up + record.bytes_down
     state.next_round += 1
     if run_store is not None:
-        run_store.record_round(record, clients, _anomalies(state, record.round_idx))
+        run_store.record_round(record, clients, state.anomalies(record.round_idx))
         for table, rows in state.outputs.items():  # per-client eval, diagnostics
             run_store.record_rows(table, record.round_idx, rows)
     state.outputs = {}
@@ -393,9 +397,3 @@ def _result(
         stopped=stopped,
         signalled=stop.name if stopped is None and stop.signum is not None else None,
     )
-
-
-def _anomalies(state: LoopState, round_idx: int) -> list[AnomalyRecord]:
-    """The refused updates and the skip (client None) of one round, for the store."""
-    found = [AnomalyRecord(r, c, why) for r, c, why in state.rejected if r == round_idx]
-    return found + [AnomalyRecord(r, None, why) for r, why in state.skipped if r == round_idx]

@@ -21,7 +21,13 @@ from fedforge.core.errors import StopNow, StoreError
 from fedforge.server import optimizers
 from fedforge.server.experiment import Experiment, client_tables
 from fedforge.server.optimizers import ServerOptimizer
-from fedforge.store import Checkpoint, CheckpointError, ClientStateStore, RoundRecord
+from fedforge.store import (
+    AnomalyRecord,
+    Checkpoint,
+    CheckpointError,
+    ClientStateStore,
+    RoundRecord,
+)
 
 
 @dataclass
@@ -64,6 +70,11 @@ class LoopState:
         if exp.privacy is not None:
             state.privacy = exp.privacy.initial_state()
         return state
+
+    def anomalies(self, round_idx: int) -> list[AnomalyRecord]:
+        """The refused updates and the skip (client None) of one round, for the store."""
+        found = [AnomalyRecord(r, c, why) for r, c, why in self.rejected if r == round_idx]
+        return found + [AnomalyRecord(r, None, why) for r, why in self.skipped if r == round_idx]
 
     def checkpoint(self, session_seconds: float) -> Checkpoint:
         loop: dict[str, Any] = {

@@ -14,6 +14,7 @@ from fedforge.store.client_state import (
     MemoryStateStore,
     make_state_store,
 )
+from fedforge.store.records import AlertRecord
 from fedforge.store.runs_dir import list_runs, resolve_run
 from fedforge.store.runstore import (
     AnomalyRecord,
@@ -25,6 +26,7 @@ from fedforge.store.runstore import (
 )
 
 __all__ = [
+    "AlertRecord",
     "AnomalyRecord",
     "Checkpoint",
     "CheckpointError",

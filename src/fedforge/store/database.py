@@ -67,6 +67,11 @@ ROUND_TABLES: dict[str, str] = {
     "client_gaps": """CREATE TABLE IF NOT EXISTS client_gaps (round_idx INTEGER NOT NULL,
         client_id INTEGER NOT NULL, train_loss REAL, global_loss REAL, gap REAL,
         PRIMARY KEY (round_idx, client_id))""",
+    # the alerts fired after each round (fedforge.alerts): the rule, the measured value
+    # against its threshold, the client it names (client_refused), what its actions did
+    "alerts": """CREATE TABLE IF NOT EXISTS alerts (round_idx INTEGER NOT NULL,
+        rule TEXT NOT NULL, kind TEXT NOT NULL, client_id INTEGER, value REAL,
+        threshold REAL NOT NULL, message TEXT NOT NULL, outcome TEXT NOT NULL)""",
 }
 
 # The global models a deployment serves (``versions.py``), created on the first

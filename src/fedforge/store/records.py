@@ -54,6 +54,22 @@ class AnomalyRecord:
 
 
 @dataclass(frozen=True)
+class AlertRecord:
+    """One row of ``alerts``: a rule that fired after round ``round_idx``, the value
+    it measured against its threshold, the client it names (or None), and what its
+    actions did (``outcome``)."""
+
+    round_idx: int
+    rule: str
+    kind: str
+    client_id: int | None
+    value: float | None
+    threshold: float
+    message: str
+    outcome: str
+
+
+@dataclass(frozen=True)
 class RunInfo:
     """One line of ``fedforge runs``."""
 

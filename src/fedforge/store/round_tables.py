@@ -1,5 +1,5 @@
 """The run store's optional per-round tables (privacy spent, the non-IID toolkit's
-rows), each created on its first write, and the query helper the run store's
+rows, the alerts fired), each created on its first write, and the query helper the run store's
 readers share. :class:`~fedforge.store.runstore.RunStore` inherits them."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 
 from fedforge.core.errors import StoreError
 from fedforge.store.database import DB_ERRORS, PRIVACY, ROUND_TABLES
+from fedforge.store.records import AlertRecord
 
 
 class RoundTables:
@@ -129,3 +130,10 @@ class RoundTables:
             return None
         rows = self._query(f'SELECT round_idx, "{column}" FROM rounds ORDER BY round_idx')
         return [(int(r), v) for r, v in rows]
+
+    def alerts(self) -> list[AlertRecord]:
+        """The alerts fired, in round order, each round's in the order they fired."""
+        if not self._query("SELECT 1 FROM sqlite_master WHERE name = 'alerts'"):
+            return []
+        rows = self._query("SELECT * FROM alerts ORDER BY round_idx, rowid")
+        return [AlertRecord(*row) for row in rows]

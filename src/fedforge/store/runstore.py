@@ -324,12 +324,12 @@ class RunStore(RoundTables):
             self._conn.execute(ANOMALIES)
             self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
-    def rounds(self, after: int | None = None) -> list[RoundRecord]:
-        """The recorded rounds in order (``after``: only those past that round_idx)."""
+    def rounds(self, first: int = 0) -> list[RoundRecord]:
+        """The recorded rounds from round index ``first`` on, in order."""
         have = self._round_columns()
         cols = [c if c in have else f"NULL AS {c}" for c in ROUND_COLS]
-        where, args = ("", ()) if after is None else (" WHERE round_idx > ?", (after,))
-        rows = self._query(f"SELECT {', '.join(cols)} FROM rounds{where} ORDER BY round_idx", args)
+        sql = f"SELECT {', '.join(cols)} FROM rounds WHERE round_idx >= ? ORDER BY round_idx"
+        rows = self._query(sql, (first,))
         if not all(_number_or_none(v) for row in rows for v in row):  # SQLite takes text
             raise StoreError(f"run store '{self._path}' holds a damaged rounds table")
         # SQLite stores a NaN as NULL: the round's train loss was NaN (no client
@@ -344,16 +344,18 @@ class RunStore(RoundTables):
         rows = self._query(sql + " ORDER BY round_idx, client_id", args)
         return [ClientRecord(*row) for row in rows]
 
-    def anomalies(self, client_id: int | None = None) -> list[AnomalyRecord]:
+    def anomalies(
+        self, client_id: int | None = None, round_idx: int | None = None
+    ) -> list[AnomalyRecord]:
         """Refused updates and skipped rounds (of one client when ``client_id`` is
-        given), in round order."""
+        given, of one round when ``round_idx`` is), in round order."""
         if not self._query("SELECT 1 FROM sqlite_master WHERE name = 'anomalies'"):
             return []  # a version-1 store never written by this version
-        sql = "SELECT round_idx, client_id, reason FROM anomalies"
-        args: tuple[Any, ...] = ()
-        if client_id is not None:
-            sql, args = sql + " WHERE client_id = ?", (client_id,)
-        rows = self._query(sql + " ORDER BY round_idx, client_id, rowid", args)
+        wanted = {"client_id": client_id, "round_idx": round_idx}
+        said = {k: v for k, v in wanted.items() if v is not None}
+        where = " WHERE " + " AND ".join(f"{k} = ?" for k in said) if said else ""
+        sql = f"SELECT round_idx, client_id, reason FROM anomalies{where}"
+        rows = self._query(sql + " ORDER BY round_idx, client_id, rowid", tuple(said.values()))
         return [AnomalyRecord(*row) for row in rows]
 
     def anomaly_counts(self) -> dict[int, int]:

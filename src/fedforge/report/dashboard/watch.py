@@ -78,7 +78,7 @@ class RunWatcher:
         """New rows only when the rows already sent are unchanged, else all."""
         before = self._mark
         if before is not None and before[1] is not None:
-            new = self.store.rounds(after=before[1])
+            new = self.store.rounds(before[1] + 1)
             kept = self.store.rounds_mark(through=before[1])
             if kept == before and mark[0] == before[0] + len(new):
                 return {"reset": False, "rows": round_rows(new)}
