@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import html
 import json
+import os
+import platform
 import shutil
 import sqlite3
 import statistics
 from collections import Counter
+from importlib import metadata
 from itertools import accumulate
 from pathlib import Path
 from typing import Any
@@ -118,6 +121,12 @@ def test_the_report_holds_the_stores_numbers(
     assert set(page.empty) == {"privacy", "versions", "groups"}
     assert d["setup"]["config_yaml"] == (run / "config.yaml").read_text()
     assert d["setup"]["build"] == json.loads((run / "build.json").read_text())
+    versions = d["setup"]["build"]["versions"]  # what the run started with
+    assert versions["torch"] == metadata.version("torch")
+    assert versions["fedforge"] == metadata.version("fedforge")
+    assert versions["python"] == platform.python_version()
+    assert d["setup"]["build"]["environment"]["cpus"] == os.cpu_count()
+    assert "recorded no software versions" not in page.text["setup"]
     (config_json,) = rows(run, "SELECT config_json FROM runs")[0]
     assert d["run"]["client_fraction"] == json.loads(config_json)["client_fraction"]
 

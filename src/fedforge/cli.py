@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 from fedforge import config as config_mod
 from fedforge.config import step_sizes
 from fedforge.core.errors import ConfigError, FedforgeError, StopNow
-from fedforge.report.dashboard import command as dashboard
 from fedforge.report import observe_cli
+from fedforge.report.dashboard import command as dashboard
 from fedforge.transport import certs_cli
 
 if TYPE_CHECKING:

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import platform
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -62,11 +65,44 @@ def model_layout(spec: ParamSpec) -> str:
     return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
+# the packages whose versions a run records (those a result depends on)
+PACKAGES = ("fedforge", "torch", "numpy", "dp-accounting", "cryptography", "grpcio", "protobuf")
+
+
+def _version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def environment() -> dict[str, Any]:
+    """The software versions and the machine a run starts on (recorded, not checked:
+    a run may be resumed elsewhere)."""
+    return {
+        "versions": {
+            "python": platform.python_version(),
+            **{name: _version(name) for name in PACKAGES},
+        },
+        "environment": {
+            "platform": platform.platform(),
+            "machine": platform.machine(),
+            "processor": platform.processor() or None,
+            "cpus": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "cuda": torch.version.cuda,
+            "cuda_available": torch.cuda.is_available(),
+        },
+    }
+
+
 def write_build(run_dir: Path, spec: ParamSpec, fingerprint: str) -> None:
+    """Write ``build.json``: the model's size and layout, the data's fingerprint,
+    and the versions and machine it starts with."""
     path = run_dir / BUILD_NAME
     tmp = path.with_suffix(".tmp")
     record = {"num_params": spec.size, "model_layout": model_layout(spec)}
-    tmp.write_text(json.dumps({**record, "data_fingerprint": fingerprint}))
+    tmp.write_text(json.dumps({**record, "data_fingerprint": fingerprint, **environment()}))
     tmp.replace(path)
 
 
