@@ -17,7 +17,7 @@ from fedforge.config import compat
 from fedforge.config import task as task_rules
 from fedforge.config.communication import CommunicationConfig
 from fedforge.config.data import SCALINGS, Dataset, InputScaling, PartitionConfig, SyntheticConfig
-from fedforge.config.deployment import DeploymentConfig
+from fedforge.config.deployment import DeploymentConfig, remote_data_fits
 from fedforge.config.evaluation import DiagnosticsConfig, PersonalEvalConfig
 from fedforge.config.local import (
     LocalConfig,
@@ -210,6 +210,14 @@ def check(cfg: Config) -> None:
     compat.groups_need_example_weights(cfg.communication, cfg.aggregation_weights)
     compat.central_dp_needs_dense_uplink(cfg.privacy, cfg.communication)
     compat.groups_exclude_central_dp(cfg.communication, cfg.privacy)
+    remote_data_fits(
+        cfg.deployment,
+        cfg.partition,
+        cfg.eval_clients,
+        cfg.diagnostics,
+        cfg.robust,
+        cfg.communication,
+    )
 
 
 def describe_task(cfg: Config) -> str:
