@@ -17,7 +17,7 @@ from fedforge import config as config_mod
 from fedforge.cli import main
 from fedforge.core.dataspec import DataSpec
 from fedforge.core.errors import ConfigError, DataError
-from fedforge.data.folder import ClientFolder, Examples, one_client, read_folder
+from fedforge.data.folder import ClientFolder, Examples, one_client
 from fedforge.server.experiment import build
 from fedforge.server.partition_file import partition_summary
 from fedforge.server.registry import Registry
@@ -78,9 +78,7 @@ def test_a_bad_folder_is_refused_in_one_line_before_connecting(
     assert err.startswith("fedforge: error: ") and said in err
 
 
-def test_data_and_client_id_go_together(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_data_and_client_id_go_together(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     folder = _save(tmp_path / "d", x=np.zeros((2, 3)), y=np.zeros(2, np.int64))
     assert _client(tmp_path, "--data", str(folder)) == 2
     assert "--data needs --client-id N" in capsys.readouterr().err
@@ -149,7 +147,11 @@ def test_one_client_holds_its_rows_alone_sized_by_the_spec() -> None:
 
 
 def test_spec_travels_as_json() -> None:
-    for spec in (SPEC, DataSpec((80,), torch.int64, (80,), 53), DataSpec((5,), torch.float64, (1,), None)):
+    for spec in (
+        SPEC,
+        DataSpec((80,), torch.int64, (80,), 53),
+        DataSpec((5,), torch.float64, (1,), None),
+    ):
         assert DataSpec.from_json(spec.to_json()) == spec
     with pytest.raises(DataError, match="is malformed"):
         DataSpec.from_json('{"input_shape": [3], "input_dtype": "complex64"}')

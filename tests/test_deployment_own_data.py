@@ -14,8 +14,8 @@ import numpy as np
 import torch
 
 from deploy_procs import run_dir_of, start_data_client, start_server, write_config
-from fedforge import config as config_mod
 from fedforge import build, run
+from fedforge import config as config_mod
 from fedforge.data import from_tensors
 from fedforge.data.mnist import MnistData, load_mnist
 from fedforge.store.final import load_final
@@ -25,19 +25,18 @@ CLASSES = 10
 
 
 def _folders(tmp: Path, mnist: MnistData) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Three clients' folders of MNIST rows (float32, scaled as the federation
-    scales them): 30 rows, 45 rows of digits 0..4 only (fewer classes than the
-    federation's), 12 rows plus 8 held-out ones in test.npz."""
+    """Two clients' folders of MNIST rows (float32, scaled as the federation
+    scales them): 30 rows plus 8 held-out ones in test.npz; 45 rows of digits
+    0..4 only (fewer classes than the federation's)."""
     x, y = mnist.train_x.numpy(), mnist.train_y.numpy()
     low = np.flatnonzero(y < 5)
-    picks = [np.arange(0, 30), low[low >= 100][:45], np.arange(200, 212)]
     out = []
-    for k, rows in enumerate(picks):
+    for k, rows in enumerate((np.arange(0, 30), low[low >= 100][:45])):
         folder = tmp / f"own-{k}"
         folder.mkdir()
         np.savez(folder / "train.npz", x=x[rows], y=y[rows])
         out.append((x[rows], y[rows]))
-    np.savez(tmp / "own-2" / "test.npz", x=x[300:308], y=y[300:308])
+    np.savez(tmp / "own-0" / "test.npz", x=x[300:308], y=y[300:308])
     return out
 
 
@@ -48,9 +47,9 @@ def test_clients_with_their_own_data_end_where_the_simulator_ends(
         tmp_path / "cfg.yaml",
         dataset="mnist",
         data_dir=str(mnist_dir),
-        num_clients=3,
+        num_clients=2,
         client_fraction=1.0,
-        deployment={"client_data": "remote", "start_clients": 3},
+        deployment={"client_data": "remote", "start_clients": 2},
     )
     rows = _folders(tmp_path, load_mnist(mnist_dir))
     wrong = tmp_path / "wrong"  # flat rows where the federation's inputs are 1x28x28 images
@@ -60,7 +59,7 @@ def test_clients_with_their_own_data_end_where_the_simulator_ends(
     # refused before it joins, on the spec the server sent (the id of a good one)
     refused = start_data_client(tmp_path, port, wrong, 0, "--insecure")
     clients = [
-        start_data_client(tmp_path, port, tmp_path / f"own-{k}", k, "--insecure") for k in range(3)
+        start_data_client(tmp_path, port, tmp_path / f"own-{k}", k, "--insecure") for k in range(2)
     ]
     assert refused.wait(60) == 2, refused.log.read_text()
     assert (
@@ -83,7 +82,7 @@ def test_clients_with_their_own_data_end_where_the_simulator_ends(
         np.concatenate([y for _, y in rows]),
         test.test_x,
         test.test_y,
-        [np.arange(bounds[k], bounds[k + 1]) for k in range(3)],
+        [np.arange(bounds[k], bounds[k + 1]) for k in range(2)],
         num_classes=CLASSES,
         dtype=torch.float64,
     )
@@ -98,4 +97,4 @@ def test_clients_with_their_own_data_end_where_the_simulator_ends(
     assert json.loads((run_dir / "partition.json").read_text())["sizes"] == sizes
     with sqlite3.connect(run_dir / "store.sqlite") as db:
         cold = dict(db.execute("SELECT client_id, num_examples FROM cold_start").fetchall())
-    assert cold == {0: 30, 1: 45, 2: 8}
+    assert cold == {0: 8, 1: 45}

@@ -89,7 +89,9 @@ def _read(path: Path) -> Examples:
         if a.ndim == 0:
             raise DataError(f"{path}: array {name} is a single number; it needs a row per example")
     if len(x) != len(y):
-        raise DataError(f"{path}: array x has {len(x)} rows but array y has {len(y)}; one label a row")
+        raise DataError(
+            f"{path}: array x has {len(x)} rows but array y has {len(y)}; one label a row"
+        )
     return Examples(x, y, path)
 
 
@@ -116,7 +118,9 @@ def fit_spec(ex: Examples, spec: DataSpec, dtype: torch.dtype) -> tuple[torch.Te
         )
     if spec.num_classes is None:
         if y.dtype.kind != "f":
-            raise DataError(f"{at}: array y is {y.dtype}; the federation's labels are float targets")
+            raise DataError(
+                f"{at}: array y is {y.dtype}; the federation's labels are float targets"
+            )
         labels = torch.from_numpy(y).to(dtype)
     else:
         if y.dtype.kind not in "iu":

@@ -43,7 +43,9 @@ def build_hosted(
     partition (``folder`` None) or on ``folder``'s examples (``ids``: its one id)."""
     bad = [c for c in ids if not 0 <= c < cfg.num_clients]
     if bad:
-        raise ConfigError(f"client ids {bad} are outside this federation's 0..{cfg.num_clients - 1}")
+        raise ConfigError(
+            f"client ids {bad} are outside this federation's 0..{cfg.num_clients - 1}"
+        )
     remote = cfg.deployment.client_data == "remote"
     if folder is None and remote:
         raise ConfigError(

@@ -168,9 +168,7 @@ def serve(config: Config, options: ServerOptions) -> RunResult:
     """Run ``config`` as a deployment: listen, wait for clients, run, dismiss them."""
     cfg = _served(config)
     dep = Deployment(cfg, options)
-    return _drive(
-        dep, lambda: run(cfg, dep.data, progress=options.progress, engine=dep.engine)
-    )
+    return _drive(dep, lambda: run(cfg, dep.data, progress=options.progress, engine=dep.engine))
 
 
 def serve_resume(run_dir: Path | str, options: ServerOptions) -> RunResult:
