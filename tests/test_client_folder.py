@@ -17,12 +17,12 @@ from fedforge import config as config_mod
 from fedforge.cli import main
 from fedforge.core.dataspec import DataSpec
 from fedforge.core.errors import ConfigError, DataError
-from fedforge.data.folder import ClientFolder, Examples, one_client
+from fedforge.data.folder import ClientFolder, Examples, own_data
 from fedforge.server.experiment import build
 from fedforge.server.partition_file import partition_summary
 from fedforge.server.registry import Registry
 from fedforge.tasks import load_server_data
-from fedforge.transport.hosted import build_hosted
+from fedforge.transport.hosted import build_hosted, evaluation_data
 from fedforge.transport.hub import Hub
 from fedforge.transport.remote import RemoteEngine
 
@@ -41,7 +41,7 @@ def _client(tmp: Path, *args: str) -> int:
 
 
 def _save(folder: Path, name: str = "train.npz", **arrays: object) -> Path:
-    folder.mkdir(exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
     np.savez(folder / name, **arrays)  # type: ignore[arg-type]
     return folder
 
@@ -130,20 +130,44 @@ def test_examples_that_do_not_fit_the_spec_are_refused(
     x: np.ndarray, y: np.ndarray, said: str
 ) -> None:
     with pytest.raises(DataError) as err:
-        one_client(_examples(x, y), SPEC, torch.float64, 1, 3)
+        own_data({1: _examples(x, y)}, SPEC, torch.float64, 3)
     assert str(err.value) == said
 
 
-def test_one_client_holds_its_rows_alone_sized_by_the_spec() -> None:
-    """Client 1 of 3 with labels 0..1 only: a 4-class federation's data all the same."""
-    x = np.arange(6, dtype=np.float32).reshape(2, 3)
-    data = one_client(_examples(x, np.array([1, 0])), SPEC, torch.float64, 1, 3)
-    assert data.partition.sizes().tolist() == [0, 2, 0]
-    assert data.hosted == (1,)
+def test_a_process_holds_its_clients_rows_alone_sized_by_the_spec() -> None:
+    """Clients 0 (two rows, one held out in test.npz) and 2 (labels 0..1 only) of
+    3: a 4-class federation's data all the same, client 1's rows elsewhere."""
+    x = np.arange(9, dtype=np.float32).reshape(3, 3)
+    zero = ClientFolder(
+        Examples(x[:2], np.array([3, 0]), Path("0/train.npz")),
+        Examples(x[2:], np.array([2]), Path("0/test.npz")),
+    )
+    two = _examples(x[1:], np.array([1, 0]))
+    data = own_data({0: zero, 2: two}, SPEC, torch.float64, 3)
+    assert data.partition.sizes().tolist() == [2, 0, 2]
+    assert data.hosted == (0, 2)
     assert data.spec() == DataSpec((3,), torch.float64, (), 4)
-    got_x, got_y = data.client_data(1)
-    assert got_x.dtype == torch.float64 and got_x.tolist() == x.tolist()
-    assert got_y.tolist() == [1, 0] and len(data.test_y) == 0
+    for k, rows, labels in ((0, x[:2], [3, 0]), (2, x[1:], [1, 0])):
+        got_x, got_y = data.client_data(k)
+        assert got_x.dtype == torch.float64 and got_x.tolist() == rows.tolist()
+        assert got_y.tolist() == labels
+    exp = build_hosted(
+        config_mod.override(config_mod.Config(), REMOTE),
+        [0, 2],
+        {0: zero, 2: two},
+        SPEC.to_json(),
+    )
+    held_x, held_y = evaluation_data(exp, 0)  # its test.npz
+    assert held_x.tolist() == x[2:].tolist() and held_y.tolist() == [2]
+    assert evaluation_data(exp, 2)[1].tolist() == [1, 0]  # none held out: its training rows
+
+
+def test_several_clients_read_a_folder_each(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _save(tmp_path / "site" / "0", x=np.zeros((2, 3)), y=np.zeros(2, np.int64))
+    assert _client(tmp_path, "--data", str(tmp_path / "site"), "--client-id", "0-1") == 2
+    assert f"{tmp_path / 'site' / '1'}: no such folder" in capsys.readouterr().err
 
 
 def test_spec_travels_as_json() -> None:

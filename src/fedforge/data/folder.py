@@ -6,6 +6,9 @@
   examples: the cold start and canary evaluations score them (without it, the
   training examples).
 
+A process hosting several clients' data (``--client-id 0-24``: a site with its
+devices' data) reads one such folder per client, ``PATH/<id>/``.
+
 Written with ``np.savez(PATH / "train.npz", x=x, y=y)``. The rows must be what
 the federation's model reads (the server's :class:`DataSpec`): ``x`` of the
 input shape, floats (cast to the run's dtype, already scaled as the federation
@@ -20,6 +23,7 @@ the files; every error is one line naming the file, the array and the value.
 from __future__ import annotations
 
 import zipfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,25 +138,45 @@ def fit_spec(ex: Examples, spec: DataSpec, dtype: torch.dtype) -> tuple[torch.Te
     return inputs, labels
 
 
-def one_client(
-    folder: ClientFolder, spec: DataSpec, dtype: torch.dtype, client_id: int, num_clients: int
+def read_folders(path: str | Path, ids: Sequence[int]) -> dict[int, ClientFolder]:
+    """The folders of the clients ``ids`` a process hosts: ``path`` itself for
+    one client, ``path/<id>/`` each for several (a site with its devices' data)."""
+    if len(ids) == 1:
+        return {ids[0]: read_folder(path)}
+    if not Path(path).is_dir():
+        raise DataError(f"--data {path}: no such folder (it holds a folder <id>/ per client)")
+    return {k: read_folder(Path(path) / str(k)) for k in ids}
+
+
+def own_data(
+    folders: Mapping[int, ClientFolder], spec: DataSpec, dtype: torch.dtype, num_clients: int
 ) -> FederatedData:
-    """A federation's data as client ``client_id`` holds it: its own rows (checked
-    against ``spec``), every other client's held elsewhere; its test set is its
-    held-out examples (empty without ``test.npz``)."""
-    train_x, train_y = fit_spec(folder.train, spec, dtype)
-    if folder.test is not None:
-        test_x, test_y = fit_spec(folder.test, spec, dtype)
-    else:
-        test_x, test_y = train_x[:0], train_y[:0]
+    """A federation's data as a process hosting ``folders``' clients holds it: their
+    rows (checked against ``spec``), every other client's held elsewhere. A
+    client's ``test.npz`` rows are its held-out slice (``holdout``: rows of
+    ``train_x`` outside the partition, as ``eval_clients`` carves them)."""
+    xs: list[torch.Tensor] = []
+    ys: list[torch.Tensor] = []
     empty = np.zeros(0, dtype=np.int64)
-    rows = [np.arange(len(train_y)) if k == client_id else empty for k in range(num_clients)]
+    train = [empty] * num_clients
+    held = [empty] * num_clients
+    for k, folder in folders.items():
+        for slices, ex in ((train, folder.train), (held, folder.test)):
+            if ex is None:
+                continue
+            x, y = fit_spec(ex, spec, dtype)
+            start = sum(len(t) for t in ys)
+            slices[k] = np.arange(start, start + len(y))
+            xs.append(x)
+            ys.append(y)
+    train_x, train_y = torch.cat(xs), torch.cat(ys)
     return FederatedData(
         train_x,
         train_y,
-        test_x,
-        test_y,
-        Partition(tuple(rows)),
+        train_x[:0],
+        train_y[:0],
+        Partition(tuple(train)),
+        holdout=Partition(tuple(held)),
         num_classes=spec.num_classes,
-        hosted=(client_id,),
+        hosted=tuple(sorted(folders)),
     )

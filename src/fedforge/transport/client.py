@@ -80,7 +80,7 @@ class Lost(Exception):
 class ClientOptions:
     target: str  # host:port of the server
     security: ClientSecurity
-    ids: list[int]  # the client ids this process hosts (with ``data``: its one id)
+    ids: list[int]  # the client ids this process hosts
     device: str = "cpu"
     poll_s: float = 10.0  # long-poll wait
     heartbeat_s: float = 2.0
@@ -88,7 +88,7 @@ class ClientOptions:
     max_bytes: int = 256 << 20
     chunk_bytes: int = 1 << 20
     state_dir: Path | None = None  # where the hosted clients' state persists (None: memory)
-    data: ClientFolder | None = None  # the client's own examples (None: the simulator's)
+    data: dict[int, ClientFolder] | None = None  # each id's own examples (None: the simulator's)
 
 
 class ClientProcess:

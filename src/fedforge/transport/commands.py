@@ -60,7 +60,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="this client's own examples: PATH/train.npz (arrays x, y) and optionally "
         "PATH/test.npz (with --client-id; the server's deployment.client_data: remote)",
     )
-    client.add_argument("--client-id", type=int, metavar="N", help="with --data: this client's id")
+    client.add_argument(
+        "--client-id",
+        metavar="N",
+        help="with --data: this client's id (several, e.g. 0-24: PATH/<id>/ is each one's folder)",
+    )
     client.add_argument("--name", help="this process's name (its certificate or key's)")
     client.add_argument("--key", type=Path, help="--auth keys: the Ed25519 private key")
     client.add_argument("--data-dir", help="where the data sets are (else $FEDFORGE_DATA)")
@@ -96,19 +100,19 @@ def server(cfg: Config | None, args: argparse.Namespace) -> RunResult:
     return serve(cfg, opts)
 
 
-def _hosted(args: argparse.Namespace) -> tuple[ClientFolder | None, list[int], str]:
-    """The client's own examples (read before it connects: a bad folder fails
-    at once), the ids it hosts and its default name."""
-    from fedforge.data.folder import read_folder
+def _hosted(args: argparse.Namespace) -> tuple[dict[int, ClientFolder] | None, list[int], str]:
+    """The clients' own examples (read before it connects: a bad folder fails
+    at once), the ids the process hosts and its default name."""
+    from fedforge.data.folder import read_folders
 
     if args.data is None:
         if args.client_id is not None:
             raise ConfigError("--client-id N goes with --data PATH (--clients IDS names its ids)")
         return None, parse_ids(args.clients), f"clients-{args.clients}"
-    if args.client_id is None or args.client_id < 0:
-        got = "none" if args.client_id is None else str(args.client_id)
-        raise ConfigError(f"--data needs --client-id N, this client's id (>= 0); got {got}")
-    return read_folder(args.data), [args.client_id], f"client-{args.client_id}"
+    if args.client_id is None:
+        raise ConfigError("--data needs --client-id N, this client's id in the federation")
+    ids = parse_ids(args.client_id)
+    return read_folders(args.data, ids), ids, f"client-{args.client_id}"
 
 
 def client(args: argparse.Namespace) -> int:
