@@ -12,6 +12,7 @@ import contextlib
 import ctypes
 import json
 import os
+import platform
 import signal
 import sqlite3
 import subprocess
@@ -21,6 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import torch
 
 import fedforge
 
@@ -163,12 +166,24 @@ class Lab:
         raise LabError(f"the server did not listen within 180 s\n{proc.tail()}")
 
     def clients(
-        self, port: int, groups: list[list[int]], heartbeat_s: float, exit_at: dict[int, str]
+        self,
+        port: int,
+        groups: list[list[int]],
+        heartbeat_s: float,
+        exit_at: dict[int, str],
+        data: Path | None = None,
     ) -> list[Proc]:
-        """Process k hosts ``groups[k]`` as ``client-k``; ``exit_at``: k -> ROUND:PHASE."""
+        """Process k hosts ``groups[k]`` as ``client-k``; ``exit_at``: k -> ROUND:PHASE;
+        ``data``: the clients' own examples, ``data/<id>/`` each (``--data``),
+        instead of the simulator's partition."""
         out = []
         for k, ids in enumerate(groups):
-            args = ["client", "--server", f"127.0.0.1:{port}", "--clients", id_list(ids)]
+            args = ["client", "--server", f"127.0.0.1:{port}"]
+            if data is None:
+                args += ["--clients", id_list(ids)]
+            else:
+                folder = data / str(ids[0]) if len(ids) == 1 else data
+                args += ["--data", str(folder), "--client-id", id_list(ids)]
             args += ["--name", f"client-{k}", "--certs", str(self.certs)]
             args += ["--heartbeat-s", str(heartbeat_s), "--give-up-s", "120"]
             env = {"FEDFORGE_TEST_EXIT_AT": exit_at[k]} if k in exit_at else None
@@ -180,6 +195,23 @@ class Lab:
     def close(self) -> None:
         for p in self.procs:
             p.kill()
+
+
+def mib(kib: int | None) -> float | None:
+    return None if kib is None else kib / 1024
+
+
+def machine() -> dict[str, Any]:
+    """The machine a benchmark ran on, and its load then."""
+    cpu = [ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if "model name" in ln]
+    return {
+        "nproc": os.cpu_count(),
+        "usable_cores": len(os.sched_getaffinity(0)),
+        "cpu": cpu[0].split(":", 1)[1].strip() if cpu else platform.machine(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "loadavg": os.getloadavg(),
+    }
 
 
 def id_list(ids: list[int]) -> str:
