@@ -163,12 +163,24 @@ class Lab:
         raise LabError(f"the server did not listen within 180 s\n{proc.tail()}")
 
     def clients(
-        self, port: int, groups: list[list[int]], heartbeat_s: float, exit_at: dict[int, str]
+        self,
+        port: int,
+        groups: list[list[int]],
+        heartbeat_s: float,
+        exit_at: dict[int, str],
+        data: Path | None = None,
     ) -> list[Proc]:
-        """Process k hosts ``groups[k]`` as ``client-k``; ``exit_at``: k -> ROUND:PHASE."""
+        """Process k hosts ``groups[k]`` as ``client-k``; ``exit_at``: k -> ROUND:PHASE;
+        ``data``: the clients' own examples, ``data/<id>/`` each (``--data``),
+        instead of the simulator's partition."""
         out = []
         for k, ids in enumerate(groups):
-            args = ["client", "--server", f"127.0.0.1:{port}", "--clients", id_list(ids)]
+            args = ["client", "--server", f"127.0.0.1:{port}"]
+            if data is None:
+                args += ["--clients", id_list(ids)]
+            else:
+                folder = data / str(ids[0]) if len(ids) == 1 else data
+                args += ["--data", str(folder), "--client-id", id_list(ids)]
             args += ["--name", f"client-{k}", "--certs", str(self.certs)]
             args += ["--heartbeat-s", str(heartbeat_s), "--give-up-s", "120"]
             env = {"FEDFORGE_TEST_EXIT_AT": exit_at[k]} if k in exit_at else None
@@ -180,6 +192,10 @@ class Lab:
     def close(self) -> None:
         for p in self.procs:
             p.kill()
+
+
+def mib(kib: int | None) -> float | None:
+    return None if kib is None else kib / 1024
 
 
 def id_list(ids: list[int]) -> str:

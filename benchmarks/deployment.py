@@ -23,6 +23,8 @@ Figures (each deployment: ``deployment.start_clients`` = every client, mutual TL
   clipped at 1.0; in the secure run one process hosting ``--drop`` of round 2's
   cohort exits when handed its ``--drop-phase`` (FEDFORGE_TEST_EXIT_AT), so the
   round includes detecting them (``--heartbeat-timeout``) and recovering.
+- server_rss_mib_100_remote: the same with ``deployment.client_data: remote``
+  (part ``remote``: benchmarks/deploy_own_data.py), beside model_mib.
 - resume_after_kill_s: SIGKILL to the server once ``--kill-after`` rounds are
   recorded (checkpoint every round), then ``fedforge server --resume RUN --port
   SAME``: seconds from that command to the next round's row in the store (the
@@ -62,6 +64,7 @@ from deploy_lab import (
     drop_layout,
     mean_round,
     merged,
+    mib,
     participants,
     query,
     round_seconds,
@@ -70,6 +73,7 @@ from deploy_lab import (
     summary,
     wait_rows,
 )
+from deploy_own_data import own_data
 from fedforge.cli import main as fedforge_main
 from fedforge.selection.sampling import sample_cohort
 from fedforge.store.checkpoint import CHECKPOINTS_DIR, checkpoint_name
@@ -110,13 +114,19 @@ class Bench:
         return path
 
     def deploy(
-        self, name: str, cfg: Path, groups: list[list[int]], exit_at: dict[int, str] | None = None
+        self,
+        name: str,
+        cfg: Path,
+        groups: list[list[int]],
+        exit_at: dict[int, str] | None = None,
+        data: Path | None = None,
     ) -> tuple[Path, Proc]:
-        """Run ``cfg`` deployed, client process k hosting ``groups[k]``: its store."""
+        """Run ``cfg`` deployed, client process k hosting ``groups[k]`` (``data``:
+        with their own examples, ``data/<id>/``): its store."""
         runs = self.lab.root / name
         t0 = time.perf_counter()
         server, port = self.lab.server(cfg, runs)
-        clients = self.lab.clients(port, groups, self.args.heartbeat_s, exit_at or {})
+        clients = self.lab.clients(port, groups, self.args.heartbeat_s, exit_at or {}, data)
         code = server.wait(self.args.timeout, clients)
         if code != 0:
             raise LabError(f"{name}: the server exited {code}\n{server.tail()}")
@@ -143,10 +153,6 @@ class Bench:
         assert db is not None
         print(f"  {name}: simulated in {time.perf_counter() - t0:.0f} s", flush=True)
         return db, proc
-
-
-def mib(kib: int | None) -> float | None:
-    return None if kib is None else kib / 1024
 
 
 def cnn_vs_sim(b: Bench, out: dict[str, Any]) -> None:
@@ -285,7 +291,7 @@ def resume(b: Bench, out: dict[str, Any]) -> None:
     out["resume"] = rec
 
 
-PARTS = {"cnn": cnn_vs_sim, "equiv": equivalence, "secagg": secagg, "resume": resume}
+PARTS = dict(cnn=cnn_vs_sim, remote=own_data, equiv=equivalence, secagg=secagg, resume=resume)
 
 
 def figures(out: dict[str, Any]) -> dict[str, float | None]:
@@ -303,6 +309,13 @@ def figures(out: dict[str, Any]) -> dict[str, float | None]:
     }
     if big and big["server_rss_mib"] and big["sim_rss_mib"]:
         fields["server_over_sim_rss"] = big["server_rss_mib"] / big["sim_rss_mib"]
+    remote = [r for r in out.get("remote", {}).values() if r["server_rss_mib"]]
+    if remote:
+        top = max(remote, key=lambda r: r["server_rss_mib"])
+        fields["server_rss_mib_100_remote"] = top["server_rss_mib"]
+        fields["model_mib"] = top["model_mib"]
+        if big and big["sim_rss_mib"]:
+            fields["server_remote_over_sim_rss"] = top["server_rss_mib"] / big["sim_rss_mib"]
     return fields
 
 

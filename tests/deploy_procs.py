@@ -96,14 +96,24 @@ def start_server(
 
 
 def start_client(tmp: Path, port: int, ids: str, *args: str) -> Proc:
-    log = tmp / f"client-{ids}-{time.monotonic_ns()}.log"
+    """A client process hosting ``ids`` of the simulator's partition."""
+    return _client(tmp, port, ids, "--clients", ids, *args)
+
+
+def start_data_client(tmp: Path, port: int, folder: Path, client_id: int, *args: str) -> Proc:
+    """A client process with its own examples in ``folder`` (``--data``)."""
+    return _client(
+        tmp, port, str(client_id), "--data", str(folder), "--client-id", str(client_id), *args
+    )
+
+
+def _client(tmp: Path, port: int, tag: str, *args: str) -> Proc:
+    log = tmp / f"client-{tag}-{time.monotonic_ns()}.log"
     cmd = [
         *FEDFORGE,
         "client",
         "--server",
         f"127.0.0.1:{port}",
-        "--clients",
-        ids,
         "--heartbeat-s",
         "0.5",
         "--give-up-s",

@@ -130,16 +130,14 @@ def test_a_client_process_trains_on_one_thread(tmp_path: object) -> None:
     whatever torch's default (the thread plan is applied, not only made)."""
     import torch
 
-    from fedforge.config.parse import dump, from_dict
-    from fedforge.transport.client import ClientOptions, ClientProcess
-    from fedforge.transport.security import ClientSecurity
+    from fedforge.config.parse import from_dict
+    from fedforge.transport.hosted import build_hosted
 
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
         cfg = from_dict({"dataset": "synthetic", "model": "logreg", "num_clients": 4})
-        proc = ClientProcess(ClientOptions("127.0.0.1:1", ClientSecurity("insecure", "t"), [0, 1]))
-        proc._build(dump(cfg))
+        build_hosted(cfg, [0, 1], None, "")
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)

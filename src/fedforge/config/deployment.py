@@ -8,13 +8,28 @@ al. 2019, "Towards federated learning at scale"): the server samples a
 fraction ``client_fraction * (1 + over_selection)`` of the clients (at most all)
 for the K = max(1, C N) it needs and closes the round at K updates, so a few
 slow or vanished devices do not hold it up.
+
+``client_data``: where the clients' examples are. ``partition`` (the default):
+the simulator's partition of the config's data set, which the server loads too
+and each ``fedforge client --clients IDS`` trains its ids' part of. ``remote``:
+each ``fedforge client --data PATH --client-id N`` brings its own examples; the
+server loads the test set alone (it evaluates on it), takes the clients' sizes
+from their joins, and refuses what needs the clients' data on the server
+(:func:`remote_data_fits`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
-from fedforge.core.errors import raise_first
+from fedforge.config.communication import CommunicationConfig
+from fedforge.config.data import PartitionConfig
+from fedforge.config.evaluation import DiagnosticsConfig
+from fedforge.config.robust import RobustConfig
+from fedforge.core.errors import ConfigError, raise_first
+
+ClientData = Literal["partition", "remote"]
 
 
 @dataclass(frozen=True)
@@ -43,11 +58,18 @@ class DeploymentConfig:
     canary_metric: str = "accuracy"  # accuracy (higher is better) or loss
     canary_max_drop: float = 0.01
     canary_min_reports: int = 3
+    client_data: ClientData = "partition"  # the simulator's partition, or the clients' own
 
     def check(self) -> None:
         raise_first(
             "deployment.",
             [
+                (
+                    "client_data",
+                    self.client_data,
+                    self.client_data in ("partition", "remote"),
+                    "must be 'partition' (the simulator's) or 'remote' (the clients' own)",
+                ),
                 (
                     "start_clients",
                     self.start_clients,
@@ -112,3 +134,59 @@ class DeploymentConfig:
                 ),
             ],
         )
+
+
+def remote_data_fits(
+    deployment: DeploymentConfig,
+    partition: PartitionConfig,
+    eval_clients: bool,
+    diagnostics: DiagnosticsConfig,
+    robust: RobustConfig,
+    communication: CommunicationConfig,
+) -> None:
+    """With ``client_data: remote`` the server holds no client's examples, and
+    the clients' data is theirs: refuse what reads a client's rows on the server
+    (each client's held-out slice scored, the global model's loss on the
+    cohort's data) or simulates them (feature shift, label noise, attackers,
+    edge groups by majority label)."""
+    if deployment.client_data != "remote":
+        return
+    server_reads = "the server would evaluate on its clients' rows"
+    rules = [
+        ("eval_clients", eval_clients, eval_clients, server_reads, "false"),
+        ("diagnostics.loss_gap", diagnostics.loss_gap, diagnostics.loss_gap, server_reads, "false"),
+        (
+            "partition.feature_shift",
+            list(partition.feature_shift),
+            bool(partition.feature_shift),
+            "it simulates the clients' features",
+            "[]",
+        ),
+        (
+            "partition.label_noise",
+            partition.label_noise,
+            partition.label_noise > 0,
+            "it simulates the clients' labels",
+            "0",
+        ),
+        (
+            "robust.attack",
+            robust.attack,
+            robust.attack != "none",
+            "its attackers are simulated clients",
+            "'none'",
+        ),
+        (
+            "communication.group_by",
+            communication.group_by,
+            bool(communication.groups) and communication.group_by == "label",
+            "the server would read its clients' labels",
+            "'contiguous'",
+        ),
+    ]
+    for name, value, refused, why, fix in rules:
+        if refused:
+            raise ConfigError(
+                f"{name} = {value!r} cannot run with deployment.client_data = 'remote' (the "
+                f"clients bring their own data and the server holds none): {why}; set it to {fix}"
+            )

@@ -18,7 +18,7 @@ from fedforge.config import task as task_rules
 from fedforge.config.alerts import AlertsConfig, budget_rules_need_budget
 from fedforge.config.communication import CommunicationConfig
 from fedforge.config.data import SCALINGS, Dataset, InputScaling, PartitionConfig, SyntheticConfig
-from fedforge.config.deployment import DeploymentConfig
+from fedforge.config.deployment import DeploymentConfig, remote_data_fits
 from fedforge.config.evaluation import DiagnosticsConfig, PersonalEvalConfig
 from fedforge.config.local import (
     LocalConfig,
@@ -218,6 +218,14 @@ def check(cfg: Config) -> None:
     compat.central_dp_needs_dense_uplink(cfg.privacy, cfg.communication)
     compat.groups_exclude_central_dp(cfg.communication, cfg.privacy)
     budget_rules_need_budget(cfg.alerts, cfg.privacy.target_epsilon)
+    remote_data_fits(
+        cfg.deployment,
+        cfg.partition,
+        cfg.eval_clients,
+        cfg.diagnostics,
+        cfg.robust,
+        cfg.communication,
+    )
 
 
 def describe_task(cfg: Config) -> str:

@@ -46,6 +46,10 @@ class FederatedData:
     num_classes: int | None = None
     # a data source's client tags: attribute -> each client's group (data/tags.py)
     tags: Mapping[str, tuple[str, ...]] | None = None
+    # the clients whose rows this copy holds (None: every client's): a deployment
+    # server whose clients bring their own data holds none, such a client process
+    # its own; the others' index lists are empty
+    hosted: tuple[int, ...] | None = None
 
     def classes(self) -> int | None:
         """The number of classes of the labels (None: regression targets)."""
@@ -81,18 +85,40 @@ class FederatedData:
         return len(self.partition.client_indices[client_id])
 
 
-def load_federated_data(cfg: Config) -> FederatedData:
-    """The configured data set, cast to the run's dtype and partitioned."""
+def load_federated_data(cfg: Config, train: bool = True) -> FederatedData:
+    """The configured data set, cast to the run's dtype and partitioned; ``train``
+    False: its test set alone (:func:`test_set_only`; MNIST's training images are
+    then never scaled into floats)."""
     if cfg.dataset == "synthetic":
-        return load_synthetic(cfg)
-    if cfg.dataset == "shakespeare":
-        return load_shakespeare(cfg)
-    if cfg.dataset == "regression":
-        return load_regression(cfg)
-    mnist = load_mnist(cfg.data_dir, scaling=cfg.input_scaling)
+        data = load_synthetic(cfg)
+    elif cfg.dataset == "shakespeare":
+        data = load_shakespeare(cfg)
+    elif cfg.dataset == "regression":
+        data = load_regression(cfg)
+    else:
+        data = load_mnist_federation(cfg, train)
+    return data if train else test_set_only(data, cfg.num_clients)
+
+
+def test_set_only(data: FederatedData, num_clients: int) -> FederatedData:
+    """``data``'s test set, with no client's rows (``hosted`` empty): what a
+    deployment server holds whose clients bring their own data."""
+    empty = np.zeros(0, dtype=np.int64)
+    x, y = data.test_x, data.test_y
+    return FederatedData(
+        x[:0], y[:0], x, y, Partition((empty,) * num_clients), num_classes=data.classes(), hosted=()
+    )
+
+
+def load_mnist_federation(cfg: Config, train: bool = True) -> FederatedData:
+    """MNIST in the run's dtype, partitioned by ``cfg.partition`` (``train``
+    False: with no training rows, for :func:`test_set_only`)."""
+    mnist = load_mnist(cfg.data_dir, scaling=cfg.input_scaling, train=train)
     dtype = DTYPES[cfg.dtype]
-    labels = mnist.train_y.numpy()
-    partition = make_partition(cfg.partition, cfg.num_clients, labels, cfg.seed)
+    partition = Partition(())
+    if train:
+        labels = mnist.train_y.numpy()
+        partition = make_partition(cfg.partition, cfg.num_clients, labels, cfg.seed)
     return FederatedData(
         mnist.train_x.to(dtype),
         mnist.train_y,

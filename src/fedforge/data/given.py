@@ -26,7 +26,9 @@ def check_given(
     ``model`` (called ``name``) cannot train on. Labels are class ids (int64, one a
     row or one a step, in ``0..num_classes - 1``; -1 marks a sequence's padding) or
     float regression targets; float inputs are in the run's dtype, integer inputs
-    (token ids) stay integers."""
+    (token ids) stay integers. Data that holds only some clients' rows
+    (``data.hosted``: a deployment's) needs rows for those alone, and a test set
+    only when it holds none (the server's: it evaluates on it)."""
     classes = data.classes()
     for what, x, y in (("train", data.train_x, data.train_y), ("test", data.test_x, data.test_y)):
         if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
@@ -44,8 +46,9 @@ def check_given(
             continue
         if y.dtype != torch.int64:
             raise DataError(f"{what}_y must be int64 class ids or float targets; got {y.dtype}")
-        _check_classes(what, y, classes)
-    if len(data.test_y) == 0:
+        check_classes(what + "_y", y, classes)
+    hosted = data.hosted
+    if len(data.test_y) == 0 and not hosted:
         raise DataError("the test set is empty: the run evaluates on it")
     got = data.partition.num_clients
     if got != num_clients:
@@ -56,6 +59,8 @@ def check_given(
     for k, idx in enumerate(data.partition.client_indices):
         if np.ndim(idx) != 1:
             raise DataError(f"client {k}'s indices have shape {np.shape(idx)}; one row each (1-D)")
+        if len(idx) == 0 and hosted is not None and k not in hosted:
+            continue  # held elsewhere
         if len(idx) == 0:
             raise DataError(f"client {k} has no examples: every client needs at least one")
         if int(np.min(idx)) < 0 or int(np.max(idx)) >= rows:
@@ -64,8 +69,9 @@ def check_given(
     check_fits(data, model, name)
 
 
-def _check_classes(what: str, y: torch.Tensor, classes: int | None) -> None:
-    """Class ids in ``0..classes - 1`` (-1, padding, allowed in sequences)."""
+def check_classes(what: str, y: torch.Tensor, classes: int | None) -> None:
+    """Class ids in ``0..classes - 1`` (-1, padding, allowed in sequences);
+    ``what`` names the labels in the error."""
     if classes is None or not y.numel():
         return
     low = -1 if y.dim() > 1 else 0
@@ -74,7 +80,7 @@ def _check_classes(what: str, y: torch.Tensor, classes: int | None) -> None:
         bad = lo if lo < low else hi
         row = int(torch.nonzero(y == bad)[0, 0])
         raise DataError(
-            f"{what}_y holds class {bad} (row {row}); allowed: 0..{classes - 1}"
+            f"{what} holds class {bad} (row {row}); allowed: 0..{classes - 1}"
             + (" and -1 (padding)" if low < 0 else "")
         )
 
@@ -110,6 +116,8 @@ def check_fits(data: FederatedData, model: nn.Module, name: str) -> None:
         ("train_x", data.train_x, data.train_y),
         ("test_x", data.test_x, data.test_y),
     ):
+        if not len(x):  # a client process's absent test set
+            continue
         rows = min(2, len(x))
         want = (rows, *y.shape[1:], classes) if classes is not None else (rows, *y.shape[1:])
         _fits(model, x[:2], what, name, want, classes is None)

@@ -365,6 +365,7 @@ def load_mnist(
     download: bool = True,
     cache_dir: str | Path | None = None,
     scaling: str = "standard",
+    train: bool = True,
 ) -> MnistData:
     """MNIST as float32 tensors scaled by ``scaling`` (see :func:`scale_pixels`).
 
@@ -372,16 +373,19 @@ def load_mnist(
     checked ``.gz`` files in ``data_dir`` (see :func:`resolve_data_dir`), downloaded
     there first when missing and ``download`` is true. Raises :class:`DataError` with a
     one-line message when the files are missing and cannot be fetched, or fail their
-    checksum. The cache holds the decoded uint8 arrays, whatever the scaling."""
+    checksum. The cache holds the decoded uint8 arrays, whatever the scaling.
+    ``train``: False leaves the training set empty (none of its rows scaled: a
+    deployment server whose clients bring their own data needs the test set alone)."""
     _check_scaling(scaling)
     cache = _cache_path(resolve_cache_dir(cache_dir))
     arrays = _load_cache(cache)
     if arrays is None:
         arrays = _decode(resolve_data_dir(data_dir), download)
         _save_cache(cache, arrays)
+    rows = None if train else 0
     return MnistData(
-        train_x=scale_pixels(arrays["train_x"], scaling),
-        train_y=arrays["train_y"].to(torch.int64),
+        train_x=scale_pixels(arrays["train_x"][:rows], scaling),
+        train_y=arrays["train_y"][:rows].to(torch.int64),
         test_x=scale_pixels(arrays["test_x"], scaling),
         test_y=arrays["test_y"].to(torch.int64),
     )

@@ -16,7 +16,9 @@ class Engine(Protocol):
     rows for the store), ``bind_store(store)`` (the run's store), ``end_round(r, used)`` (told
     whose updates the round used: they keep the state computed with them) and
     ``over_selection`` (the fraction more clients the round samples; it closes
-    at the needed count)."""
+    at the needed count) and ``declared_sizes()`` (each client's example count as
+    it declared it when it joined: the sizes when the clients bring their own
+    data)."""
 
     name: str
 

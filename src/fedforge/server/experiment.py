@@ -85,6 +85,16 @@ class Experiment:
     # where local training and evaluation run: the model's device (core/device.py)
     device: torch.device = HOST
 
+    def client_sizes(self) -> list[int]:
+        """Each client's example count: the partition's; where the clients' rows
+        are held elsewhere (a deployment server whose clients bring their own
+        data), the counts they declared when they joined (the engine's
+        ``declared_sizes``; 0: not joined yet)."""
+        declared = getattr(self.engine, "declared_sizes", None)
+        if self.data.hosted is not None and declared is not None:
+            return list(declared())
+        return self.data.partition.sizes().tolist()
+
     def client_train_data(self, client_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The examples client ``client_id`` trains on."""
         fn = self.train_data or self.data.client_data

@@ -1,9 +1,12 @@
 """The partition a run trains on, described once at its start: sizes and label
-histograms printed and written beside the run store as ``partition.json``."""
+histograms printed and written beside the run store as ``partition.json``. A
+deployment server whose clients bring their own data knows only the counts they
+declared when they joined: no histograms, heterogeneity unknown (NaN)."""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +19,9 @@ from fedforge.server.experiment import Experiment
 
 def partition_summary(exp: Experiment) -> PartitionSummary:
     data = exp.data
+    if data.hosted is not None:  # the rows are the clients': their declared counts
+        sizes = np.asarray(exp.client_sizes(), dtype=np.int64)
+        return PartitionSummary(sizes, np.zeros((len(sizes), 0), dtype=np.int64), math.nan)
     return summarize(data.partition, *_class_labels(data), data.domains, data.noisy_clients)
 
 

@@ -6,9 +6,12 @@ upload would otherwise become the whole weighted mean. A client's weight is the
 count its upload reports, at most the count it declared when it joined, and
 that declaration is itself capped at ``robust.max_weight_ratio`` times the
 federation's median declaration (so a client that lies when it joins weighs at
-most that multiple of a typical client). In simulation the declarations are the
-partition's sizes; a deployment server records them at join. Runs on the
-server; trusts nothing a client says beyond these bounds.
+most that multiple of a typical client). In simulation and in a deployment on
+the simulator's partition the declarations are the partition's sizes; a
+deployment whose clients bring their own data takes them from the clients'
+joins (a client not joined yet declares 0, and the median is of the clients
+that declared examples). Runs on the server; trusts nothing a client says
+beyond these bounds.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ class Registry:
 
     def __init__(self, declared: Sequence[int], ratio: float | None) -> None:
         counts = np.asarray(declared, dtype=np.float64)
-        self.median = float(np.median(counts)) if len(counts) else 0.0
+        held = counts[counts > 0]
+        self.median = float(np.median(held)) if len(held) else 0.0
         self.ratio = ratio
         limit = counts if ratio is None else np.minimum(counts, ratio * self.median)
         self.limits: list[float] = limit.tolist()
@@ -49,7 +53,7 @@ class Registry:
 def weight_rule(exp: Experiment) -> str:
     """The aggregation weight rule of a run, in one line."""
     cfg = exp.cfg
-    line = Registry(exp.data.partition.sizes().tolist(), cfg.robust.max_weight_ratio).describe()
+    line = Registry(exp.client_sizes(), cfg.robust.max_weight_ratio).describe()
     if cfg.aggregation_weights != "num_examples":
         line += f"; then weighed by aggregation_weights = '{cfg.aggregation_weights}'"
     return line

@@ -85,6 +85,6 @@ def say_start(exp: Experiment, first_round: int, progress: bool) -> None:
         print(f"fedforge: {exp.probe_line}", file=sys.stderr, flush=True)
     if exp.note:
         print(f"fedforge: {exp.note}", file=sys.stderr, flush=True)
-    line = workload_warning(exp.cfg, exp.data.partition.sizes().tolist(), first_round)
+    line = workload_warning(exp.cfg, exp.client_sizes(), first_round)
     if line is not None:
         print(f"fedforge: {line}", file=sys.stderr, flush=True)

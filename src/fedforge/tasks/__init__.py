@@ -37,6 +37,15 @@ def load_task_data(cfg: Config, task: Task | None = None) -> FederatedData:
     return task.data_fn(cfg) if task.data_fn else federated.load_federated_data(cfg)
 
 
+def load_server_data(cfg: Config, task: Task | None = None) -> FederatedData:
+    """What a deployment server holds whose clients bring their own data
+    (``deployment.client_data: remote``): the task's test set, and no client's rows."""
+    task = resolve_task(cfg, task)
+    if task.data_fn is not None:
+        return federated.test_set_only(task.data_fn(cfg), cfg.num_clients)
+    return federated.load_federated_data(cfg, train=False)
+
+
 def resolve_task(cfg: Config, given: Task | None = None) -> Task:
     """The run's task: the one handed to the run, the registered one the config
     names, or the built-in one of its data set and model."""
@@ -59,6 +68,7 @@ __all__ = [
     "Scores",
     "Task",
     "cross_entropy",
+    "load_server_data",
     "load_task_data",
     "register_task",
     "resolve_task",

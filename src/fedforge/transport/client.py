@@ -1,9 +1,10 @@
 """``fedforge client``: a client process of a deployment. It connects out to the
 server (so it works behind NAT), learns the run's config, joins with the client
-ids it hosts, and then polls for work: train from a model and upload the
-update, answer a secure-aggregation phase, or evaluate. The work itself is the
-simulator's (``ClientRuntime`` through the serial engine): the same task gives
-the same bytes in a process of its own.
+ids it hosts (of the simulator's partition, or one id with its own examples:
+``hosted.py``) and their example counts, and then polls for work: train from a
+model and upload the update, answer a secure-aggregation phase, or evaluate.
+The work itself is the simulator's (``ClientRuntime`` through the serial
+engine): the same task gives the same bytes in a process of its own.
 
 When the server is unreachable (restarting after a crash) the process retries
 with exponential backoff and joins again; it gives up after ``give_up_s``.
@@ -23,16 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-import yaml
 
 from fedforge import __version__
 from fedforge.client.runtime import ClientTask
-from fedforge.config.parse import from_dict, override
 from fedforge.core import wire
-from fedforge.engines.threads import set_threads
+from fedforge.data.folder import ClientFolder
 from fedforge.evaluation.evaluate import evaluate
-from fedforge.server.experiment import Experiment, build, client_tables
+from fedforge.server.experiment import Experiment, client_tables
 from fedforge.transport.client_state import ClientStateFile
+from fedforge.transport.hosted import build_hosted, client_config, evaluation_data
 from fedforge.transport.logs import log_event
 from fedforge.transport.pb import federation_pb2 as pb
 from fedforge.transport.pb import federation_pb2_grpc as pb_grpc
@@ -80,7 +80,7 @@ class Lost(Exception):
 class ClientOptions:
     target: str  # host:port of the server
     security: ClientSecurity
-    ids: list[int]  # the client ids this process hosts (the simulator's partition)
+    ids: list[int]  # the client ids this process hosts
     device: str = "cpu"
     poll_s: float = 10.0  # long-poll wait
     heartbeat_s: float = 2.0
@@ -88,6 +88,7 @@ class ClientOptions:
     max_bytes: int = 256 << 20
     chunk_bytes: int = 1 << 20
     state_dir: Path | None = None  # where the hosted clients' state persists (None: memory)
+    data: dict[int, ClientFolder] | None = None  # each id's own examples (None: the simulator's)
 
 
 class ClientProcess:
@@ -136,7 +137,8 @@ class ClientProcess:
         )
         assert isinstance(hello, pb.HelloReply)
         if hello.config_yaml != self.config_yaml:
-            self.exp = self._build(hello.config_yaml)
+            cfg = client_config(hello.config_yaml, self.opt.device)
+            self.exp = build_hosted(cfg, self.opt.ids, self.opt.data, hello.data_spec_json)
             self.config_yaml = hello.config_yaml
             if self.opt.state_dir is not None:
                 tables = client_tables(self.exp)
@@ -162,25 +164,6 @@ class ClientProcess:
         log_event(
             "client", "joined", name=self.name, run=hello.run_name, clients=list(reply.accepted)
         )
-
-    def _build(self, config_yaml: str) -> Experiment:
-        """The run's experiment on this side: its data, model and client runtime,
-        trained one client at a time on one thread."""
-        cfg = from_dict(yaml.safe_load(config_yaml))
-        cfg = override(
-            cfg, {"engine": "serial", "workers": 1, "threads": 1, "device": self.opt.device}
-        )
-        bad = [c for c in self.opt.ids if not 0 <= c < cfg.num_clients]
-        if bad:
-            raise SystemExit(
-                f"fedforge client: client ids {bad} are outside 0..{cfg.num_clients - 1}"
-            )
-        exp = build(cfg)
-        # build only plans the threads (the simulator's loop applies them): without
-        # this the process trains on torch's default, every core, and a host's
-        # client processes oversubscribe its cores with spinning OpenMP threads
-        set_threads(1)
-        return exp
 
     # ------------------------------------------------------------------ work
     def run(self) -> int:
@@ -299,7 +282,7 @@ class ClientProcess:
         assert self.exp is not None
         exp = self.exp
         params = wire.decode(self._download(work.payload_id)).tensors["params"]
-        x, y = exp.data.client_data(work.client_id)
+        x, y = evaluation_data(exp, work.client_id)
         ev = evaluate(exp.model, exp.spec, params, x, y, exp.cfg.eval_batch_size, exp.metrics)
         report = {"accuracy": ev.accuracy, "loss": ev.loss, "num_examples": int(len(y))}
         return json.dumps(report).encode()

@@ -8,10 +8,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fedforge.core.errors import ConfigError
 from fedforge.transport.ids import parse_ids
 
 if TYPE_CHECKING:
     from fedforge.config import Config
+    from fedforge.data.folder import ClientFolder
     from fedforge.server.loop import RunResult
 
 
@@ -43,13 +45,25 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
     client = sub.add_parser("client", help="join a federation as one or more clients")
     client.add_argument("--server", required=True, metavar="HOST:PORT")
-    client.add_argument(
+    hosts = client.add_mutually_exclusive_group(required=True)
+    hosts.add_argument(
         "--simulate-client",
         "--clients",
         dest="clients",
-        required=True,
         metavar="IDS",
         help="the client ids this process hosts, on the simulator's partition: 3, 0-49, 0-9,12",
+    )
+    hosts.add_argument(
+        "--data",
+        type=Path,
+        metavar="PATH",
+        help="this client's own examples: PATH/train.npz (arrays x, y) and optionally "
+        "PATH/test.npz (with --client-id; the server's deployment.client_data: remote)",
+    )
+    client.add_argument(
+        "--client-id",
+        metavar="N",
+        help="with --data: this client's id (several, e.g. 0-24: PATH/<id>/ is each one's folder)",
     )
     client.add_argument("--name", help="this process's name (its certificate or key's)")
     client.add_argument("--key", type=Path, help="--auth keys: the Ed25519 private key")
@@ -86,6 +100,21 @@ def server(cfg: Config | None, args: argparse.Namespace) -> RunResult:
     return serve(cfg, opts)
 
 
+def _hosted(args: argparse.Namespace) -> tuple[dict[int, ClientFolder] | None, list[int], str]:
+    """The clients' own examples (read before it connects: a bad folder fails
+    at once), the ids the process hosts and its default name."""
+    from fedforge.data.folder import read_folders
+
+    if args.data is None:
+        if args.client_id is not None:
+            raise ConfigError("--client-id N goes with --data PATH (--clients IDS names its ids)")
+        return None, parse_ids(args.clients), f"clients-{args.clients}"
+    if args.client_id is None:
+        raise ConfigError("--data needs --client-id N, this client's id in the federation")
+    ids = parse_ids(args.client_id)
+    return read_folders(args.data, ids), ids, f"client-{args.client_id}"
+
+
 def client(args: argparse.Namespace) -> int:
     import os
 
@@ -94,9 +123,8 @@ def client(args: argparse.Namespace) -> int:
 
     if args.data_dir:
         os.environ["FEDFORGE_DATA"] = args.data_dir
-    ids = parse_ids(args.clients)
-    name = args.name or f"clients-{args.clients}"
-    sec = ClientSecurity(_mode(args), name, args.certs, args.key)
+    folder, ids, name = _hosted(args)
+    sec = ClientSecurity(_mode(args), args.name or name, args.certs, args.key)
     opts = ClientOptions(
         args.server,
         sec,
@@ -105,6 +133,7 @@ def client(args: argparse.Namespace) -> int:
         heartbeat_s=args.heartbeat_s,
         give_up_s=args.give_up_s,
         state_dir=args.state_dir,
+        data=folder,
     )
     code = ClientProcess(opts).run()
     said = {0: "done", 1: "gave up: the server could not be reached", 2: "refused by the server"}

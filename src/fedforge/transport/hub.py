@@ -358,6 +358,14 @@ class Hub:
                 c for c, m in self.members.items() if now - m.last_seen < self.heartbeat_timeout_s
             )
 
+    def declared(self) -> list[int]:
+        """Each client id's example count as declared when it joined (0: not joined)."""
+        with self.cond:
+            return [
+                m.num_examples if (m := self.members.get(c)) is not None else 0
+                for c in range(self.num_clients)
+            ]
+
     def wait_for(self, count: int, timeout_s: float) -> int:
         """Wait until ``count`` clients joined; how many did."""
         end = self.clock() + timeout_s

@@ -134,6 +134,11 @@ class RemoteEngine:
         self.hub.set_phase(f"round {round_idx + 1}: evaluation (cold start, canary)")
         return self.rollout.begin_round(round_idx, params)
 
+    def declared_sizes(self) -> list[int]:
+        """Each client's example count as it declared it when it joined (0: not
+        yet): the sizes of a federation whose clients bring their own data."""
+        return self.hub.declared()
+
     def bind_store(self, store: RunStore) -> None:
         """The run's store: model versions are kept there."""
         self.rollout.bind(store)

@@ -4,6 +4,10 @@ processes. It listens, waits for ``deployment.start_clients`` to join, runs the
 rounds through the network engine (``remote.py``), and at the end tells the
 clients the run is over. ``--resume RUN`` continues a run from its run store
 after a crash; the clients reconnect by themselves.
+
+With ``deployment.client_data: remote`` the clients bring their own examples:
+the server loads the task's test set alone (``tasks.load_server_data``), tells
+the clients its spec in Hello, and takes their sizes from their joins.
 """
 
 from __future__ import annotations
@@ -20,8 +24,10 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from fedforge.config import Config, override
 from fedforge.config.parse import dump
 from fedforge.core.errors import ConfigError
+from fedforge.data.federated import FederatedData
 from fedforge.server.loop import RunResult, resume, run
 from fedforge.store import RunStore
+from fedforge.tasks import load_server_data
 from fedforge.transport.hub import Hub
 from fedforge.transport.idle import IdleStreams
 from fedforge.transport.live import LivePublisher
@@ -51,6 +57,10 @@ class Deployment:
     def __init__(self, cfg: Config, options: ServerOptions) -> None:
         self.cfg, self.opt = cfg, options
         dep = cfg.deployment
+        # the clients bring their own data: the server holds the test set alone
+        self.data: FederatedData | None = None
+        if dep.client_data == "remote":
+            self.data = load_server_data(cfg)
         self.metrics = ServerMetrics(options.metrics_port)
         self.hub = Hub(
             cfg.num_clients,
@@ -79,6 +89,7 @@ class Deployment:
             dep.chunk_kib * 1024,
             self._refused,
             IdleStreams(dep.heartbeat_timeout_s),
+            self.data.spec().to_json() if self.data is not None else "",
         )
         pb_grpc.add_FederationServicer_to_server(service, self.grpc)
         self.health = health.HealthServicer()
@@ -186,7 +197,7 @@ def serve(config: Config, options: ServerOptions) -> RunResult:
     """Run ``config`` as a deployment: listen, wait for clients, run, dismiss them."""
     cfg = _served(config)
     dep = Deployment(cfg, options)
-    return _drive(dep, lambda: run(cfg, progress=options.progress, engine=dep.engine))
+    return _drive(dep, lambda: run(cfg, dep.data, progress=options.progress, engine=dep.engine))
 
 
 def serve_resume(run_dir: Path | str, options: ServerOptions) -> RunResult:
@@ -194,7 +205,9 @@ def serve_resume(run_dir: Path | str, options: ServerOptions) -> RunResult:
     with RunStore.open(run_dir, read_only=True) as stored:
         cfg = stored.config()
     dep = Deployment(cfg, options)
-    return _drive(dep, lambda: resume(run_dir, progress=options.progress, engine=dep.engine))
+    return _drive(
+        dep, lambda: resume(run_dir, dep.data, progress=options.progress, engine=dep.engine)
+    )
 
 
 def _drive(dep: Deployment, go: Callable[[], RunResult]) -> RunResult:

@@ -50,8 +50,10 @@ class FederationService(pb_grpc.FederationServicer):
         chunk_bytes: int,
         on_refusal: Callable[[str, int | None, str], None],
         idle: IdleStreams,
+        data_spec_json: str = "",
     ) -> None:
         self.hub, self.guard, self.idle = hub, guard, idle
+        self.data_spec_json = data_spec_json  # the clients bring their own data: its spec
         self.run_name, self.config_yaml = run_name, config_yaml
         self.max_bytes, self.chunk_bytes = max_bytes, chunk_bytes
         self.on_refusal = on_refusal
@@ -70,7 +72,10 @@ class FederationService(pb_grpc.FederationServicer):
             self.guard.who("Hello", request, context)
             parse(pb.HelloRequest, request.body, "HelloRequest")
             return pb.HelloReply(
-                run_name=self.run_name, config_yaml=self.config_yaml, server_version=__version__
+                run_name=self.run_name,
+                config_yaml=self.config_yaml,
+                server_version=__version__,
+                data_spec_json=self.data_spec_json,
             )
 
         return self._call(context, "Hello", go)

@@ -110,7 +110,7 @@ class Limits:
     def of(cls, exp: Experiment, params: torch.Tensor) -> Limits:
         """The limits of a round whose global model is ``params``."""
         robust = exp.cfg.robust
-        registry = Registry(exp.data.partition.sizes().tolist(), robust.max_weight_ratio)
+        registry = Registry(exp.client_sizes(), robust.max_weight_ratio)
         ratio = robust.max_update_ratio
         if ratio is None:
             return cls(registry, None)

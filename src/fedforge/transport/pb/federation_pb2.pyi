@@ -34,14 +34,16 @@ class HelloRequest(_message.Message):
     def __init__(self, client_version: _Optional[str] = ...) -> None: ...
 
 class HelloReply(_message.Message):
-    __slots__ = ("run_name", "config_yaml", "server_version")
+    __slots__ = ("run_name", "config_yaml", "server_version", "data_spec_json")
     RUN_NAME_FIELD_NUMBER: _ClassVar[int]
     CONFIG_YAML_FIELD_NUMBER: _ClassVar[int]
     SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    DATA_SPEC_JSON_FIELD_NUMBER: _ClassVar[int]
     run_name: str
     config_yaml: str
     server_version: str
-    def __init__(self, run_name: _Optional[str] = ..., config_yaml: _Optional[str] = ..., server_version: _Optional[str] = ...) -> None: ...
+    data_spec_json: str
+    def __init__(self, run_name: _Optional[str] = ..., config_yaml: _Optional[str] = ..., server_version: _Optional[str] = ..., data_spec_json: _Optional[str] = ...) -> None: ...
 
 class Member(_message.Message):
     __slots__ = ("client_id", "num_examples")
