@@ -63,7 +63,8 @@ def test_group_accuracy_by_hand() -> None:
 
 
 def test_csv_tags_and_untagged_clients(tmp_path: Path) -> None:
-    path = _csv(tmp_path / "t.csv", "client_id,region,tier\n2,eu,gold\n0, us ,\n")
+    # saved by a spreadsheet: a byte-order mark first
+    path = _csv(tmp_path / "t.csv", "\ufeffclient_id,region,tier\n2,eu,gold\n0, us ,\n")
     tags = load_client_tags(path, 4)
     assert tags == {
         "region": ("us", UNTAGGED, "eu", UNTAGGED),

@@ -34,7 +34,7 @@ def load_client_tags(path: str | Path, num_clients: int) -> Tags:
     """The attributes of a ``client_tags`` CSV for clients ``0..num_clients-1``."""
     where = Path(path)
     try:
-        with where.open(newline="", encoding="utf-8") as f:
+        with where.open(newline="", encoding="utf-8-sig") as f:  # a BOM (Excel) is not a name
             reader = csv.reader(f)
             header = next(reader, None)
             rows = list(enumerate(reader, start=2))
