@@ -12,7 +12,10 @@ import torch
 from deploy_procs import run_dir_of, start_client, start_server, write_config
 from fedforge import config as config_mod
 from fedforge import run
+from fedforge.core.params import ParamSpec
+from fedforge.server.experiment import build
 from fedforge.store.final import load_final
+from fedforge.transport.serving import load_serving
 
 
 def _simulated(cfg_path: Path, tmp: Path) -> torch.Tensor:
@@ -193,7 +196,11 @@ def test_canary_promotes_a_better_model_and_rolls_back_a_worse_one(
     }
     cfg = write_config(tmp_path / "cfg.yaml", lr=lr, rounds=3, deployment=dep)
     server, port = start_server(tmp_path, cfg, "--insecure")
-    clients = [start_client(tmp_path, port, ids, "--insecure") for ids in ("0-2", "3-5")]
+    hosts = {"0-2": tmp_path / "state-a", "3-5": tmp_path / "state-b"}
+    clients = [
+        start_client(tmp_path, port, ids, "--insecure", "--state-dir", str(d))
+        for ids, d in hosts.items()
+    ]
     assert server.wait(180) == 0, server.log.read_text()
     for c in clients:
         c.wait(60)
@@ -210,8 +217,22 @@ def test_canary_promotes_a_better_model_and_rolls_back_a_worse_one(
                 config_mod.load(cfg), {"rounds": v.round_idx, "runs_dir": str(tmp_path / "sim")}
             )
             assert (params - run(sim).params).abs().max().item() <= 1e-9
+        live = vs.serving(store)
         if verdict == "rolled_back":
-            assert vs.serving(store).version_id == versions[0].version_id
+            assert live.version_id == versions[0].version_id
+        served = vs.load_version_params(store, live.version_id)
+    # every client keeps the serving version for its own inference, as the model's
+    # named tensors: loaded into the model they are the store's version
+    model = build(config_mod.load(cfg)).model
+    spec = ParamSpec.of(model, include_buffers=True)
+    for ids, folder in hosts.items():
+        first, last = (int(x) for x in ids.split("-"))
+        for c in range(first, last + 1):
+            version_id, named = load_serving(folder, c)
+            assert version_id == live.version_id
+            model.load_state_dict(named)
+            assert torch.equal(spec.flatten(model, served.dtype), served)
+        assert len(list(folder.glob("serving-v*.safetensors"))) == 1  # older ones removed
     decisions = [e for e in server.events() if e.get("event") == "canary"]
     said = {"promoted": "promote", "rolled_back": "rollback"}[verdict]
     assert [d["decision"] for d in decisions] == [said] * 2

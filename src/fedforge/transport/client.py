@@ -38,6 +38,7 @@ from fedforge.transport.pb import federation_pb2 as pb
 from fedforge.transport.pb import federation_pb2_grpc as pb_grpc
 from fedforge.transport.remote import plan_from_json
 from fedforge.transport.security import ClientSecurity
+from fedforge.transport.serving import ServingModels
 
 # the server is away (restarting), slow, stopping (a cancelled long-poll), or has
 # forgotten the session (a restarted server): join again, with backoff
@@ -103,6 +104,7 @@ class ClientProcess:
         self.exp: Experiment | None = None
         self.state: ClientStateFile | None = None
         self._trained_round: dict[int, int] = {}
+        self.serving = ServingModels(options.state_dir)  # the models for inference
         self.config_yaml = ""
         self.session = ""
         self.stop = threading.Event()
@@ -223,8 +225,11 @@ class ClientProcess:
         commits = [w for w in reply.work if w.kind == pb.Work.COMMIT]
         if commits:  # the round's used clients arrive together (one hand-out)
             self._commit(commits)
+        serves = [w for w in reply.work if w.kind == pb.Work.SERVE]
+        if serves:
+            self._take_serving(serves)
         for work in reply.work:
-            if work.kind != pb.Work.COMMIT:
+            if work.kind not in (pb.Work.COMMIT, pb.Work.SERVE):
                 self._do(work)
         return bool(reply.done and not reply.work)
 
@@ -255,6 +260,17 @@ class ClientProcess:
         self._save()
         for w in works:
             self._upload(w, "notice", b"")
+
+    def _take_serving(self, works: list[pb.Work]) -> None:
+        """Keep the serving version each SERVE names (downloaded once for the clients
+        that lack it), then acknowledge each (unacknowledged ones come again)."""
+        assert self.exp is not None
+        for w in works:
+            new = [v.client_id for v in works if v.payload_id == w.payload_id]
+            if self.serving.needs(w.client_id, w.model_version):
+                params = wire.decode(self._download(w.payload_id)).tensors["params"]
+                self.serving.keep(w.model_version, w.round_idx, params, self.exp.spec, new)
+            self._upload(w, "served", b"")
 
     @property
     def trained_round(self) -> dict[int, int]:

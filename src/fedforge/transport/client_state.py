@@ -128,13 +128,19 @@ class ClientStateFile:
             "pending": json.dumps(sorted(held)),
             "trained_round": json.dumps({str(c): r for c, r in self.trained_round.items()}),
         }
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        save_file(tensors, str(tmp), metadata=meta)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        dir_fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        save_atomic(self.path, tensors, meta)
+
+
+def save_atomic(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> None:
+    """Write a safetensors file so that a crash leaves the old one or the new one:
+    a temporary file, synced, renamed over ``path``, the folder synced."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    save_file(tensors, str(tmp), metadata=meta)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)

@@ -22,10 +22,12 @@ from dataclasses import dataclass, field
 
 from fedforge.transport.pb import federation_pb2 as pb
 from fedforge.transport.work import (
+    ACKNOWLEDGEMENTS,
     EVALUATION,
     KINDS,
-    NOTICE,
     REPLY,
+    SERVED,
+    SERVING,
     TRAINING_PAYLOAD,
     Answer,
     Asked,
@@ -55,9 +57,8 @@ class Hub:
     eval_bytes_up: int = 0  # evaluation reports taken
     accepted: int = 0  # answers taken
     phase: str = "waiting for clients"  # what the round thread awaits (metrics, logs)
-    # questions left unanswered when their round closed on its deadline or on the
-    # silence of the clients owing them (not those closed at an over-selected count)
-    dropouts: int = 0
+    # questions unanswered when their round closed on its deadline or its clients' silence
+    dropouts: int = 0  # (not those closed at an over-selected count)
     # told when a client joins, the phase moves on or questions go unanswered (the
     # live-state file); called under the hub's lock, so it must not block
     on_change: Callable[[], None] = lambda: None
@@ -202,7 +203,7 @@ class Hub:
             assert asked.handed is not None
             del self._asked[key]
             self._answered.add(key)
-            if header.kind == NOTICE:  # an acknowledged COMMIT: nobody waits for it
+            if header.kind in ACKNOWLEDGEMENTS:  # a COMMIT's or SERVE's: nobody waits
                 return None
             seconds = self.clock() - asked.handed
             self._inbox.append(Answer(cid, r, header.kind, header.phase, data, seconds))
@@ -247,11 +248,16 @@ class Hub:
             self.phase = phase
             self.on_change()
 
+    def acknowledged(self, key: Key) -> bool:
+        """Whether the question ``key`` (of this round or the last) was answered."""
+        with self.cond:
+            return key in self._answered
+
     def serve(self, payload_id: str, payload: bytes, alone: bool = True) -> None:
-        """Serve ``payload`` under ``payload_id`` (``alone``: in place of the others)."""
+        """Serve ``payload`` as ``payload_id`` (``alone``: instead of all but the serving model)."""
         with self.cond:
             if alone:
-                self.payloads = {}
+                self.payloads = {k: v for k, v in self.payloads.items() if k.startswith(SERVING)}
             self.payloads[payload_id] = payload
 
     def withdraw(self, payload_id: str) -> None:
@@ -268,16 +274,17 @@ class Hub:
                     w.client_id,
                     w.round_idx,
                     kind,
-                    w.phase if kind in (REPLY, EVALUATION) else "",
+                    w.phase if kind in (REPLY, EVALUATION, SERVED) else "",
                 )
                 self._asked[key] = Asked(w, version, now)
                 self._answered.discard(key)
                 self._pending.setdefault(w.client_id, []).append(key)
                 self._latest = max(self._latest, w.round_idx)
             # answers of rounds long closed are refused as not asked; forget them,
-            # and COMMIT notices never acknowledged (a client gone for good)
+            # and notices never acknowledged (a client gone for good)
             self._answered = {k for k in self._answered if k[1] >= self._latest - 1}
-            for k in [k for k in self._asked if k[2] == NOTICE and k[1] < self._latest - 2]:
+            stale = [k for k in self._asked if k[2] in ACKNOWLEDGEMENTS and k[1] < self._latest - 2]
+            for k in stale:
                 del self._asked[k]
             self.cond.notify_all()
 

@@ -37,7 +37,7 @@ from fedforge.store import versions as vs
 from fedforge.transport.hub import Hub
 from fedforge.transport.logs import log_event
 from fedforge.transport.pb import federation_pb2 as pb
-from fedforge.transport.work import EVALUATION, Key
+from fedforge.transport.work import EVALUATION, SERVED, SERVING, Key
 
 Rows = dict[str, list[tuple[Any, ...]]]
 EVALUATION_DEADLINE_S = 60.0  # an evaluation is awaited at most this long
@@ -68,6 +68,9 @@ class Rollout:
             higher_is_better=dep.canary_metric == "accuracy",
         )
         self.store: RunStore | None = None
+        self.delivered: dict[int, int] = {}  # client -> the serving version it acknowledged
+        self.sent: dict[int, tuple[Key, int]] = {}  # client -> the SERVE asked, its version
+        self.serving_pid: str | None = None
 
     def bind(self, store: RunStore) -> None:
         """The run's store; a resumed run's clients that reported their cold start
@@ -82,6 +85,7 @@ class Rollout:
             rows["cold_start"] = self._cold_start(round_idx, params)
         if self.store is not None and self.every > 0 and round_idx % self.every == 0:
             self._canary(round_idx, params)
+        self._deliver(round_idx, params.dtype)
         return rows
 
     def trainable(self, ids: Iterable[int]) -> list[int]:
@@ -149,6 +153,54 @@ class Rollout:
             decision=decision.kind,
             reason=decision.reason,
         )
+
+    # ------------------------------------------------------------ serving
+    def _deliver(self, round_idx: int, dtype: torch.dtype) -> None:
+        """Send the serving version (the promoted one) to every client that has not
+        acknowledged it, for its own inference; asked again after 3 rounds without
+        an acknowledgement (the hub forgets an unanswered notice then)."""
+        live = vs.serving(self.store) if self.store is not None else None
+        if live is None:
+            return
+        for c, (key, vid) in list(self.sent.items()):
+            if self.hub.acknowledged(key):
+                self.delivered[c] = vid
+                del self.sent[c]
+        vid, pid = live.version_id, f"{SERVING}{live.version_id}"
+        todo = [c for c in sorted(self.hub.members) if self._owes(c, vid, round_idx)]
+        if not todo:
+            return
+        if self.serving_pid != pid:  # a new serving version: its payload replaces the old
+            assert self.store is not None
+            model = vs.load_version_params(self.store, vid).to(dtype)
+            if self.serving_pid is not None:
+                self.hub.withdraw(self.serving_pid)
+            self.hub.serve(pid, model_payload(model, live.round_idx), alone=False)
+            self.serving_pid = pid
+        size = len(self.hub.payloads[pid])
+        kind, r = pb.Work.SERVE, round_idx
+        works = [
+            pb.Work(
+                kind=kind,
+                client_id=c,
+                round_idx=r,
+                model_version=vid,
+                phase=pid,
+                payload_id=pid,
+                payload_size=size,
+            )
+            for c in todo
+        ]
+        self.hub.ask(works, vid)
+        self.sent.update({c: ((c, round_idx, SERVED, pid), vid) for c in todo})
+        log_event("server", "serve", round=round_idx + 1, version=vid, clients=len(todo))
+
+    def _owes(self, client_id: int, version_id: int, round_idx: int) -> bool:
+        """Whether ``client_id`` is to be sent ``version_id`` now."""
+        if self.delivered.get(client_id) == version_id:
+            return False
+        sent = self.sent.get(client_id)
+        return sent is None or sent[1] != version_id or round_idx - sent[0][1] >= 3
 
     # ------------------------------------------------------------ evaluation
     def evaluate(

@@ -13,7 +13,10 @@ Key = tuple[int, int, str, str]
 
 UPDATE, REPLY, EVALUATION = "update", "reply", "evaluation"
 NOTICE = "notice"  # a COMMIT's acknowledgement: kept until acknowledged, nobody waits
+SERVED = "served"  # a SERVE's acknowledgement (the serving model kept), likewise
+ACKNOWLEDGEMENTS = (NOTICE, SERVED)
 TRAINING_PAYLOAD = "round-"  # the prefix of the rounds' payload ids (remote.py)
+SERVING = "serving-v"  # the prefix of the serving model's payload id (rollout.py)
 
 
 KINDS = {
@@ -21,6 +24,7 @@ KINDS = {
     pb.Work.PHASE: REPLY,
     pb.Work.EVALUATE: EVALUATION,
     pb.Work.COMMIT: NOTICE,
+    pb.Work.SERVE: SERVED,
 }
 
 

@@ -95,10 +95,12 @@ class Work(_message.Message):
         PHASE: _ClassVar[Work.Kind]
         EVALUATE: _ClassVar[Work.Kind]
         COMMIT: _ClassVar[Work.Kind]
+        SERVE: _ClassVar[Work.Kind]
     TRAIN: Work.Kind
     PHASE: Work.Kind
     EVALUATE: Work.Kind
     COMMIT: Work.Kind
+    SERVE: Work.Kind
     KIND_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_IDX_FIELD_NUMBER: _ClassVar[int]
