@@ -48,7 +48,14 @@ def own_data(b: Any, out: dict[str, Any]) -> None:
         tag = f"c{round(frac * 100)}"
         remote = {"client_data": "remote"}
         row = "cnn_iid_e1_b10"
-        cfg = b.config(f"remote_{tag}", row, client_fraction=frac, rounds=nr, deployment=remote)
+        cfg = b.config(
+            f"remote_{tag}",
+            row,
+            client_fraction=frac,
+            rounds=nr,
+            deployment=remote,
+            robust={"max_weight_ratio": 10.0},
+        )
         if folders is None:
             folders = write_folders(cfg, b.lab.root / "own")
         print(f"C={frac:g}, the clients' own data: {nr} rounds, {len(groups)} processes")

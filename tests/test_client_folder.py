@@ -33,6 +33,7 @@ REMOTE = {
     "num_clients": 3,
     "dtype": "float64",
     "deployment.client_data": "remote",
+    "robust.max_weight_ratio": 10.0,
 }
 
 
@@ -238,7 +239,12 @@ def test_the_server_holds_the_test_set_and_the_joins_sizes(tmp_path: Path) -> No
 
 def test_mnist_server_data_scales_no_training_image(mnist_dir: Path) -> None:
     cfg = config_mod.override(
-        config_mod.Config(), {"data_dir": str(mnist_dir), "deployment.client_data": "remote"}
+        config_mod.Config(),
+        {
+            "data_dir": str(mnist_dir),
+            "deployment.client_data": "remote",
+            "robust.max_weight_ratio": 10.0,
+        },
     )
     data = load_server_data(cfg)
     assert (len(data.train_y), len(data.test_y)) == (0, 10_000)

@@ -115,6 +115,15 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
         {"privacy": DP, "communication": {"groups": 2}},
         "communication.groups = 2 cannot be combined with privacy.dp = 'central'",
     ),
+    "client_tags_need_client_eval": (
+        {"client_tags": "tags.csv"},
+        "config field 'client_tags' = 'tags.csv' is invalid: needs eval_clients: true",
+    ),
+    "declared_sizes_need_a_cap": (
+        {"dataset": "synthetic", "model": "logreg", "deployment": {"client_data": "remote"}},
+        "config field 'robust.max_weight_ratio' = None is invalid: must be set (e.g. 10) "
+        "with deployment.client_data: remote",
+    ),
     "over_selection_without_dp": (
         {"privacy": LOCAL_DP, "deployment": {"over_selection": 0.3}},
         "deployment.over_selection = 0.3 with privacy.dp = 'local': the round would close",

@@ -170,3 +170,31 @@ def test_client_held_state_needs_a_checkpoint_every_round(
         _served(cfg)
     assert _served(override(cfg, {"checkpoint_every": 1})).engine == "serial"
     assert _served(Config(checkpoint_every=10)).checkpoint_every == 10  # fedavg holds none
+
+
+def test_a_resume_with_client_held_state_needs_a_checkpoint_every_round(
+    tmp_path: object,
+) -> None:
+    """The same refusal when a stored run (here a simulation's) is resumed as a
+    deployment: before anything listens."""
+    from pathlib import Path
+
+    from fedforge import run
+    from fedforge.config import Config, override
+    from fedforge.core.errors import ConfigError
+    from fedforge.transport.security import ServerSecurity
+    from fedforge.transport.serve import ServerOptions, serve_resume
+
+    changes = {
+        "algorithm": "scaffold",
+        "dataset": "synthetic",
+        "model": "logreg",
+        "rounds": 1,
+        "num_clients": 4,
+        "checkpoint_every": 10,
+        "runs_dir": str(tmp_path),
+    }
+    done = run(override(Config(), changes))
+    assert done.run_dir is not None
+    with pytest.raises(ConfigError, match="checkpoint_every: 10 with SCAFFOLD"):
+        serve_resume(Path(done.run_dir), ServerOptions(ServerSecurity("insecure"), port=0))

@@ -50,6 +50,7 @@ def test_clients_with_their_own_data_end_where_the_simulator_ends(
         num_clients=2,
         client_fraction=1.0,
         deployment={"client_data": "remote", "start_clients": 2},
+        robust={"max_weight_ratio": 10.0},
     )
     rows = _folders(tmp_path, load_mnist(mnist_dir))
     wrong = tmp_path / "wrong"  # flat rows where the federation's inputs are 1x28x28 images

@@ -39,16 +39,21 @@ CFG: dict[str, Any] = {
 
 
 def _run_with_absent(
-    monkeypatch: pytest.MonkeyPatch, make_data: MakeData, tmp_path: Path, dp: str
+    monkeypatch: pytest.MonkeyPatch,
+    make_data: MakeData,
+    tmp_path: Path,
+    dp: str,
+    absent: frozenset[int] = ABSENT,
+    **extra: Any,
 ) -> RunResult:
     honest = SerialEngine.run_cohort
 
     def cohort(
         self: SerialEngine, tasks: Sequence[ClientTask], payload: bytes
     ) -> Iterator[ClientUpload]:
-        return (u for u in honest(self, tasks, payload) if u.client_id not in ABSENT)
+        return (u for u in honest(self, tasks, payload) if u.client_id not in absent)
 
-    cfg = from_dict({**CFG, "runs_dir": str(tmp_path), "privacy": {"dp": dp}})
+    cfg = from_dict({**CFG, "runs_dir": str(tmp_path), "privacy": {"dp": dp}, **extra})
     with monkeypatch.context() as patch:
         patch.setattr(SerialEngine, "run_cohort", cohort)
         return run(cfg, data=make_data([20, 30, 25, 35, 30, 20]))
@@ -96,3 +101,35 @@ def test_local_dp_counts_each_clients_real_uploads(
     with RunStore.open(result.run_dir) as store:  # type: ignore[arg-type]
         seen = {c.client_id for r in range(CFG["rounds"]) for c in store.client_rounds(r)}
     assert {int(c) for c in got} == seen  # exactly the clients whose updates arrived
+
+
+@pytest.mark.parametrize("dp", ["central", "local"])
+def test_a_round_skipped_for_what_arrived_is_still_charged(
+    monkeypatch: pytest.MonkeyPatch, make_data: MakeData, tmp_path: Path, dp: str
+) -> None:
+    """Rounds short of robust.min_clients (3) are skipped after uploads arrived:
+    the skip tells of them, so central DP charges the round and local DP charges
+    every client whose upload arrived; only rounds where nothing arrived are free."""
+    absent = frozenset({0, 1})
+    robust = {"max_skipped_rounds": 8, "min_clients": 3}
+    result = _run_with_absent(monkeypatch, make_data, tmp_path, dp, absent, robust=robust)
+    arrivals = [[c for c in cohort if c not in absent] for cohort in _cohorts()]
+    short = [r for r, a in enumerate(arrivals) if 0 < len(a) < 3]
+    assert short and [r for r, _ in result.skipped] == [
+        r for r, a in enumerate(arrivals) if len(a) < 3
+    ]
+    delta = 6**-1.1
+    if dp == "central":
+        spent = sum(1 for a in arrivals if a)
+        want = Accountant(1.0, 6, 3, delta).epsilon(spent)
+        assert result.summary["privacy"]["epsilon"] == pytest.approx(want, rel=1e-12)
+        return
+    uploads: dict[int, int] = {}
+    for a in arrivals:
+        for c in a:
+            uploads[c] = uploads.get(c, 0) + 1
+    want_local = {str(c): local_epsilon(1.0, k, delta) for c, k in sorted(uploads.items())}
+    got = result.summary["privacy"]["local_epsilon"]
+    assert got.keys() == want_local.keys()
+    for c, eps in want_local.items():
+        assert got[c] == pytest.approx(eps, rel=1e-12)

@@ -218,3 +218,27 @@ def _data_for_hand() -> Any:
     from tests.conftest import _make_data
 
     return _make_data(SIZES, seed=7)
+
+
+def test_an_update_that_weighs_nothing_is_refused_not_a_crash(
+    make_data: MakeData, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client whose declared count is 0 (a deployment client that declared none,
+    or joined after the round's limits were set) would add nothing to the weighted
+    mean; alone in its round it made the mean 0/0 and the server crashed. It is
+    refused with the reason, and a round of it alone is skipped."""
+    from fedforge.server.experiment import Experiment
+
+    data = make_data(SIZES, seed=1)
+    declared = [0 if c == 3 else n for c, n in enumerate(SIZES)]
+    monkeypatch.setattr(Experiment, "client_sizes", lambda self: declared)
+    state = _round(data)
+    assert [(c, why) for _, c, why in state.rejected] == [
+        (3, "client 3's update weighs nothing: it reports 30 examples and may claim at most 0")
+    ]
+    honest = _round(data, lambda ups: [u for u in ups if u.client_id != 3])
+    assert torch.equal(state.params, honest.params)  # as if client 3 had not answered
+    alone = _round(data, lambda ups: [u for u in ups if u.client_id == 3])
+    assert [r for r, _ in alone.skipped] == [0]
+    start = build(from_dict({**TINY_LOGREG, "num_clients": len(SIZES)}), data).initial_params
+    assert torch.equal(alone.params, start)

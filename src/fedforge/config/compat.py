@@ -161,6 +161,20 @@ def client_tags_need_client_eval(client_tags: str | None, eval_clients: bool) ->
         )
 
 
+def declared_sizes_need_a_cap(
+    client_data: str, max_weight_ratio: float | None, aggregation_weights: str
+) -> None:
+    """Clients that bring their own data declare their example counts themselves:
+    uncapped, one client's claim could be the whole weighted mean."""
+    if client_data == "remote" and aggregation_weights == "num_examples" and not max_weight_ratio:
+        raise invalid_field(
+            "robust.max_weight_ratio",
+            max_weight_ratio,
+            "must be set (e.g. 10) with deployment.client_data: remote: the clients declare "
+            "their own example counts, and a claim is capped at that multiple of the median",
+        )
+
+
 # ------------------------------------------------------------ communication
 def groups_within_clients(communication: CommunicationConfig, num_clients: int) -> None:
     groups = communication.groups

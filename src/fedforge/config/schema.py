@@ -187,6 +187,9 @@ def check(cfg: Config) -> None:
     compat.groups_within_clients(cfg.communication, cfg.num_clients)
     compat.personal_eval_needs_client_eval(cfg.personal_eval, cfg.eval_clients)
     compat.client_tags_need_client_eval(cfg.client_tags, cfg.eval_clients)
+    compat.declared_sizes_need_a_cap(
+        cfg.deployment.client_data, cfg.robust.max_weight_ratio, cfg.aggregation_weights
+    )
     compat.perfedavg_plain_sgd(cfg.algorithm, cfg.local)
     compat.perfedavg_personal_lr(cfg.algorithm, cfg.perfedavg, cfg.personal_eval)
     compat.perfedavg_no_stragglers(cfg.algorithm, cfg.stragglers)  # before the epochs' check

@@ -111,14 +111,15 @@ class PrivacyParts:
         return [start for start, _ in self._periods(rounds)]
 
     def record_participation(
-        self, state: dict[str, Any], round_idx: int, start: int, sums: bool, uploaded: list[int]
+        self, state: dict[str, Any], round_idx: int, start: int, spent: bool, uploaded: list[int]
     ) -> None:
-        """What upload round ``round_idx`` (period from ``start``) really released,
-        kept in the checkpointed ``state``: a round whose collection summed nothing
-        (no update arrived, or secure aggregation fell below its threshold) drew no
-        noise and released nothing; ``uploaded``, the clients whose updates the server
-        saw (under secure aggregation: the clients in the revealed sum)."""
-        if not sums:
+        """What upload round ``round_idx`` (period from ``start``) really cost, kept in
+        the checkpointed ``state``. ``spent`` False: no upload reached the server
+        (every sampled client dropped out), so no noise was drawn and nothing about
+        anyone's data was seen; a round skipped for what its uploads held (all
+        refused, too few valid) is spent like a released one, as its skip tells of
+        them. ``uploaded``: the clients whose updates the server saw."""
+        if not spent:
             state.setdefault("withheld", []).append(start)
         state.setdefault("since", round_idx)  # a checkpoint of older code starts later
         uploads = state.setdefault("uploads", {})

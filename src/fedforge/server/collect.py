@@ -12,6 +12,7 @@ deployment server reports the clients that really went silent instead.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from fedforge.client.runtime import ClientTask
@@ -39,6 +40,7 @@ def collect(
 ) -> Collected:
     """Run ``collector``'s phases to the end against the engine."""
     drops = secagg_drops(exp.cfg.privacy) if exp.privacy and exp.privacy.secagg else {}
+    arrived: set[int] = set()
     while (upcoming := collector.upcoming()) is not None:
         name, addressed = upcoming
         for c in sorted(dropped(exp.cfg.seed, round_idx, name, drops.get(name, 0.0), addressed)):
@@ -52,6 +54,7 @@ def collect(
         train = set(phase.train)
         trainers = [t for t in tasks if t.client_id in train]
         for upload in exp.engine.run_cohort(trainers, payload) if trainers else ():
+            arrived.add(upload.client_id)
             collector.offer(upload.client_id, upload.data)
         collector.end_phase()
-    return collector.finish()
+    return dataclasses.replace(collector.finish(), arrived=frozenset(arrived))

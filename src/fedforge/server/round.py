@@ -84,10 +84,10 @@ def run_round(
     collected = collect(exp, collector, orders.tasks, orders.payload, round_idx)
     diagnostics.end_round(exp, diag, state.diagnostics, state.outputs, bar, round_idx)
     aggregate, clients, moved = aggregate_phase(exp, state, collected, log)
-    if exp.privacy is not None:  # what the accountant counts: the releases that happened
-        seen = _uploads_seen(state, round_idx, collected, secure)
+    if exp.privacy is not None:  # what the accountant counts: what the server saw
+        nothing = not collected.arrived  # no upload arrived: no noise drawn, nothing seen
         exp.privacy.record_participation(
-            state.privacy, round_idx, start, collected.aggregate is not None, seen
+            state.privacy, round_idx, start, not nothing, _uploads_seen(collected, secure)
         )
     server_step(exp, state, aggregate, clients, moved, log)
     tell = getattr(exp.engine, "end_round", None)  # a deployment's clients keep their state
@@ -98,16 +98,15 @@ def run_round(
     return record, list(clients.values())
 
 
-def _uploads_seen(
-    state: LoopState, round_idx: int, collected: Collected, secure: bool
-) -> list[int]:
-    """The clients whose updates the server saw this round: under secure aggregation
-    those in the revealed sum (none when it was not revealed), else every upload
-    that arrived, accepted or refused."""
-    if secure:
-        return sorted(collected.clients) if collected.aggregate is not None else []
-    refused = {c for r, c, _ in state.rejected if r == round_idx}
-    return sorted(set(collected.clients) | refused)
+def _uploads_seen(collected: Collected, secure: bool) -> list[int]:
+    """The clients whose updates the server saw this round: every upload that
+    arrived, taken or refused, the round applied or skipped; under secure
+    aggregation the clients in the revealed sum when it was applied (a sum
+    revealed and then not applied, e.g. short of ``robust.min_clients``, counts
+    every masked input that arrived: conservative)."""
+    if secure and collected.aggregate is not None:
+        return sorted(collected.clients)
+    return sorted(collected.arrived)
 
 
 def sample(exp: Experiment, start: int) -> list[int]:

@@ -171,6 +171,12 @@ class Deployment:
 
 
 def _served(cfg: Config) -> Config:
+    _check_held_state(cfg)
+    # the server's own engine never trains: the serial one is built (no probe)
+    return override(cfg, {"engine": "serial", "workers": 1})
+
+
+def _check_held_state(cfg: Config) -> None:
     held = client_held_state(cfg)
     if held is not None and cfg.checkpoint_every != 1:
         raise ConfigError(
@@ -178,8 +184,6 @@ def _served(cfg: Config) -> Config:
             "(the clients keep that state on their disks; a server resumed from an older "
             "checkpoint would re-run rounds their state has already passed)"
         )
-    # the server's own engine never trains: the serial one is built (no probe)
-    return override(cfg, {"engine": "serial", "workers": 1})
 
 
 def client_held_state(cfg: Config) -> str | None:
@@ -204,6 +208,7 @@ def serve_resume(run_dir: Path | str, options: ServerOptions) -> RunResult:
     """Continue the run in ``run_dir`` (after a crash) as a deployment."""
     with RunStore.open(run_dir, read_only=True) as stored:
         cfg = stored.config()
+    _check_held_state(cfg)
     dep = Deployment(cfg, options)
     return _drive(
         dep, lambda: resume(run_dir, dep.data, progress=options.progress, engine=dep.engine)

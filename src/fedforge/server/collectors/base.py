@@ -54,6 +54,9 @@ class Collected:
     float32_up: int  # the messages that travelled up, as dense float32
     float32_down: int
     hops: int = 0  # server <-> edge messages (hierarchical aggregation)
+    # the clients whose uploads reached the server, taken or refused, the round
+    # applied or not (collect.py fills it in: what the DP accountant charges)
+    arrived: frozenset[int] = frozenset()
 
 
 class Collector(Protocol):

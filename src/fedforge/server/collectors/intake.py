@@ -169,6 +169,13 @@ class Intake:
         ctx = StageContext(self.round_idx, self.exp.cfg.seed, client_id)
         up.delta = self.exp.pipeline.run_upload(up.delta, ctx)
         up.weight = self.limits.registry.weight(client_id, up.num_examples)
+        if up.weight <= 0 and self.exp.cfg.aggregation_weights == "num_examples":
+            why = (
+                f"client {client_id}'s update weighs nothing: it reports {up.num_examples} "
+                f"examples and may claim at most {self.limits.registry.limits[client_id]:g}"
+            )
+            self.log.reject(client_id, why)
+            return why
         self.accepted += 1
         return up
 
