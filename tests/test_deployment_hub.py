@@ -198,3 +198,31 @@ def test_a_resume_with_client_held_state_needs_a_checkpoint_every_round(
     assert done.run_dir is not None
     with pytest.raises(ConfigError, match="checkpoint_every: 10 with SCAFFOLD"):
         serve_resume(Path(done.run_dir), ServerOptions(ServerSecurity("insecure"), port=0))
+
+
+@pytest.mark.parametrize(
+    ("changes", "named"),
+    [
+        ({"privacy.dp": "local"}, "deployment.cold_start with privacy.dp = 'local'"),
+        (
+            {"privacy.dp": "local", "deployment.cold_start": False, "deployment.canary_every": 2},
+            "deployment.canary_every with privacy.dp = 'local'",
+        ),
+        (
+            {"privacy.secagg": True, "privacy.tiers.high_fraction": 0.5},
+            "deployment.cold_start with privacy.dp = 'none' and tiers",
+        ),
+    ],
+)
+def test_evaluation_reports_are_refused_where_the_server_is_not_trusted(
+    changes: dict[str, object], named: str
+) -> None:
+    from fedforge.config import Config, override
+    from fedforge.core.errors import ConfigError
+    from fedforge.transport.serve import _served
+
+    cfg = override(Config(checkpoint_every=1), changes)
+    with pytest.raises(ConfigError, match=named):
+        _served(cfg)
+    quiet = {"deployment.cold_start": False, "deployment.canary_every": 0}
+    assert _served(override(cfg, quiet)).engine == "serial"

@@ -171,12 +171,25 @@ class Deployment:
 
 
 def _served(cfg: Config) -> Config:
-    _check_held_state(cfg)
+    _check_served(cfg)
     # the server's own engine never trains: the serial one is built (no probe)
     return override(cfg, {"engine": "serial", "workers": 1})
 
 
-def _check_held_state(cfg: Config) -> None:
+def _check_served(cfg: Config) -> None:
+    """What a simulation may run but a deployment may not."""
+    p, dep = cfg.privacy, cfg.deployment
+    untrusted = p.dp in ("local", "distributed") or bool(
+        p.tiers.high_fraction or p.tiers.high_clients
+    )
+    if untrusted and (dep.cold_start or dep.canary_every > 0):
+        what = "deployment.cold_start" if dep.cold_start else "deployment.canary_every"
+        raise ConfigError(
+            f"{what} with privacy.dp = {p.dp!r}{' and tiers' if p.dp == 'none' else ''}: a "
+            "client's evaluation report (its accuracy and loss, un-noised) would reach the "
+            "server it keeps its data from; set deployment.cold_start: false and "
+            "deployment.canary_every: 0"
+        )
     held = client_held_state(cfg)
     if held is not None and cfg.checkpoint_every != 1:
         raise ConfigError(
@@ -208,7 +221,7 @@ def serve_resume(run_dir: Path | str, options: ServerOptions) -> RunResult:
     """Continue the run in ``run_dir`` (after a crash) as a deployment."""
     with RunStore.open(run_dir, read_only=True) as stored:
         cfg = stored.config()
-    _check_held_state(cfg)
+    _check_served(cfg)
     dep = Deployment(cfg, options)
     return _drive(
         dep, lambda: resume(run_dir, dep.data, progress=options.progress, engine=dep.engine)
