@@ -15,6 +15,7 @@ import pytest
 
 from fedforge.alerts import Monitor, RoundFacts, Watch, evaluate, stored_facts
 from fedforge.config import Config, from_dict
+from fedforge.config.alerts import redact_alerts, redacted_command, redacted_url
 from fedforge.core.errors import ConfigError
 from fedforge.store import AnomalyRecord, ClientRecord, RoundRecord, RunStore
 
@@ -256,3 +257,31 @@ def test_a_budget_rule_needs_a_budget_and_names_are_unique() -> None:
         "refused_rate",
         "some refused",
     ]
+
+
+def test_a_rules_url_and_command_are_redacted_for_showing() -> None:
+    """What the report and the exports show of a rule: where it goes and which
+    program runs, none of the path, query, user, folders or arguments."""
+    assert redacted_url("https://me:pw@hooks.example.com/T/abc?token=x") == (
+        "https://hooks.example.com/…"
+    )
+    assert redacted_url("http://[::1]:8080/secret") == "http://[::1]:8080/…"
+    assert redacted_url("no url at all") == "…"
+    assert redacted_command(["/opt/s3cret/bin/notify-send", "--token", "s3cret"]) == [
+        "notify-send",
+        "…",
+    ]
+    rules = [{"kind": "no_progress", "url": "https://h.example/x", "command": ["a", "b"]}, "x"]
+    data = {"name": "r", "alerts": {"rules": rules}}
+    assert redact_alerts(data) == {
+        "name": "r",
+        "alerts": {
+            "rules": [
+                {"kind": "no_progress", "url": "https://h.example/…", "command": ["a", "…"]},
+                "…",  # not a rule this version reads: all of it
+            ]
+        },
+    }
+    assert rules[0]["url"] == "https://h.example/x"  # the data given is left as it was
+    assert redact_alerts({"alerts": "https://h.example/x"}) == {"alerts": "…"}
+    assert redact_alerts({"alerts": {"rules": []}}) == {"alerts": {"rules": []}}

@@ -38,7 +38,7 @@ ALERT_KINDS: tuple[str, ...] = (
 # what each kind's threshold is, as an error says it
 THRESHOLDS: dict[str, str] = {
     "accuracy_drop": "a number of percentage points in (0, 100]",
-    "refused_rate": "a fraction of a round's uploads in (0, 1]",
+    "refused_rate": "a fraction of a round's clients asked in (0, 1]",
     "client_refused": "a whole number of rounds >= 1",
     "dp_budget": "a fraction of privacy.target_epsilon in (0, 1] (default 0.9)",
     "no_progress": "a whole number of rounds >= 1",
