@@ -146,7 +146,7 @@ def test_the_report_holds_the_stores_numbers(
         )
         == fired
     )
-    assert f"{len(fired)} alerts fired." in page.text["alerts"]
+    assert len(fired) > 1 and f"{len(fired)} alerts fired." in page.text["alerts"]
     assert all(f[3] in page.text["alerts"] for f in fired)
 
     # the sections without data say so

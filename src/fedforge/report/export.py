@@ -8,10 +8,10 @@ spent (DP runs), the update diagnostics (mean cosine, update norms) when
 recorded; the config flattened to dotted names (hyper-parameters), its alert
 rules' URLs and commands cut (report/shown_config.py; as stored when this
 fedforge cannot rebuild it); the summary, whose numbers are also metrics
-``summary/<name>`` at the last round. A value
-that is not a finite number (a NaN training loss under secure aggregation) is
-left out, as TensorBoard and MLflow could not plot it. The libraries are
-imported only here, with an error naming the extra that installs them.
+``summary/<name>`` at the last round. A value that is not a finite number (a
+NaN training loss under secure aggregation) is left out, as TensorBoard and
+MLflow could not plot it. The libraries are imported only here, with an error
+naming the extra that installs them.
 
 TensorBoard stores scalars as float32: a value such as a byte count past 2^24
 reads back rounded; MLflow keeps float64.

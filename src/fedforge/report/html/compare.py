@@ -1,9 +1,9 @@
 """``fedforge compare RUN RUN ...``: several runs' curves overlaid on one page
 (test accuracy and loss by round, accuracy against bytes, cumulative wall
 time, bytes and the compression ratio each way, epsilon) and a table of their
-headline figures. Runs are named as ``fedforge show`` names
-one, or by a glob pattern or a folder of runs (a sweep's points are ordinary
-runs named after the sweep's config: ``'NAME-*'`` finds them).
+headline figures. Runs are named as ``fedforge show`` names one, or by a glob
+pattern or a folder of runs (a sweep's points are ordinary runs named after
+the sweep's config: ``'NAME-*'`` finds them).
 """
 
 from __future__ import annotations

@@ -140,7 +140,8 @@ def _alerts(d: Data) -> Section:
         watched = "" if d["rules"] is None else f" ({d['rules']} rules watched)"
         s.empty = f"No alerts fired{watched}."
         return s
-    s.body = text(f"{len(d['round'])} alerts fired.") + table(
+    fired = len(d["round"])
+    s.body = text(f"{fired} alert{'' if fired == 1 else 's'} fired.") + table(
         ["round", "rule", "kind", "message", "outcome"],
         list(zip(d["round"], d["rule"], d["kind"], d["message"], d["outcome"], strict=True)),
         text_columns=5,
