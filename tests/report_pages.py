@@ -1,9 +1,11 @@
 """What the report and compare tests share: two small real runs (made once a
-session by conftest's ``report_runs``: one with per-client evaluation, drift
-diagnostics and refused uploads, its name holding markup; one under central DP
-with a budget), and a page read back as a browser's parser sees it (its
-sections, the JSON of each ``<script type="application/json">`` block, every
-script and link element's attributes, each section's text)."""
+session by conftest's ``report_runs``: one with per-client and per-group
+evaluation (client tags from a CSV), drift diagnostics, refused uploads and
+the alerts they fire, its name holding markup, one of its alert rules holding
+a secret in its URL and command; one under central DP with a budget), and a
+page read back as a browser's parser sees it (its sections, the JSON of each
+``<script type="application/json">`` block, every script and link element's
+attributes, each section's text)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,21 @@ from fedforge.server.loop import run
 # a run name is a folder name: no '/', so no closing tag; the markup must still
 # reach the page as text
 HOSTILE_NAME = "rep<b>x<script>alert(1)"
+SECRET = "T0PSECRET"  # in an alert rule's URL and command: never on a page or in an export
+SECRET_RULE = {
+    "name": "secret",
+    "kind": "no_progress",
+    "threshold": 50,  # never fires in these runs: nothing is sent
+    "url": f"https://hooks.example.com:8443/hook/{SECRET}?token={SECRET}",
+    "command": [f"/opt/{SECRET}/bin/notify", "--token", SECRET],
+}
+# the report run's rules: the refusals fire the first two (logged, no action)
+REPORT_RULES = [
+    {"kind": "refused_rate", "threshold": 0.3},
+    {"kind": "client_refused", "threshold": 1},
+    SECRET_RULE,
+]
+TAGS_CSV = "client_id,region\n0,eu\n1,us\n2,eu\n3,us\n4,eu\n"  # client 5 untagged
 BASE = {
     "model": "2nn",
     "num_clients": 6,
@@ -39,6 +56,8 @@ BASE = {
 def make_report_runs(root: Path) -> dict[str, Path]:
     """{'robust': run dir, 'dp': run dir}, both in ``root/runs``."""
     runs = root / "runs"
+    tags = root / "tags.csv"
+    tags.write_text(TAGS_CSV)
     data = _make_data([30, 12, 41, 25, 7, 33], num_test=40)
     before = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -53,6 +72,8 @@ def make_report_runs(root: Path) -> dict[str, Path]:
                         "rounds": 4,
                         "runs_dir": str(runs),
                         "eval_clients": True,
+                        "client_tags": str(tags),
+                        "alerts": {"rules": REPORT_RULES},
                         "robust": {
                             "attack": "nan_inf",
                             "attack_fraction": 0.34,

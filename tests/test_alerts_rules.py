@@ -15,6 +15,7 @@ import pytest
 
 from fedforge.alerts import Monitor, RoundFacts, Watch, evaluate, stored_facts
 from fedforge.config import Config, from_dict
+from fedforge.config.alerts import redact_alerts, redacted_command, redacted_url
 from fedforge.core.errors import ConfigError
 from fedforge.store import AnomalyRecord, ClientRecord, RoundRecord, RunStore
 
@@ -99,7 +100,7 @@ def test_each_rule_fires_at_the_hand_computed_rounds(tmp_path: Path) -> None:
         "test accuracy 64.00% is 6.00 points below the best so far, 70.00% (round 4)"
     )
     assert by[(6, "accuracy_drop")].value == pytest.approx(10.0)
-    assert by[(3, "refused_rate")].message == "2 of 4 uploads refused (50.00%)"
+    assert by[(3, "refused_rate")].message == "2 of 4 clients asked were refused (50.00%)"
     assert by[(6, "no_progress")].value == 3.0  # the best set in round index 3
     assert by[(8, "dp_budget")].value == pytest.approx(0.9)
     assert by[(8, "dp_budget")].threshold == 0.9
@@ -128,11 +129,60 @@ def test_fire_once_clear_and_fire_again() -> None:
             history.append(RoundFacts(r, None))
             continue
         used = frozenset({0, 1} - set(range(refused)))
-        history.append(RoundFacts(r, None, used, {c: "bad" for c in range(refused)}))
+        history.append(RoundFacts(r, None, used, {c: "bad" for c in range(refused)}, asked=2))
     assert [f.round_idx for f in evaluate(cfg.alerts.rules, history)] == [1, 5, 9]
     watch = Watch(cfg.alerts.rules)
     assert [len(watch.step(f)) for f in history[:3]] == [0, 1, 0]
     assert watch.active == {("refused_rate", None)}
+
+
+# round index: (clients used, clients refused); cohort 4 every round; "skip": no
+# update used (no client row; a skip row), "local": a round of an upload period
+SKIPPING: list[tuple[str, set[int], set[int]]] = [
+    ("used", {0, 1, 2}, {3}),  # 1 of 4 refused; client 3's streak 1
+    ("skip", set(), {3}),  # 1 of 4 asked (not 1 of 1); client 3 twice running: fires
+    ("used", {0, 1}, {2, 3}),  # 2 of 4: refused_rate fires; client 2's streak 1, 3's 3
+    ("skip", set(), {2}),  # 1 of 4: cleared; client 2 twice: fires; client 3 not measured
+    ("used", {0, 1, 2}, {3}),  # client 3 still holds (streak 4, no reset in round 3)
+    ("local", set(), set()),  # nobody asked: not measured
+    ("skip", set(), {0, 1, 2, 3}),  # 4 of 4: fires again (cleared in round 3)
+]
+
+
+def _write_skipping(tmp_path: Path) -> RunStore:
+    store = RunStore.create(tmp_path, _config(tmp_path))
+    for r, (kind, used, refused) in enumerate(SKIPPING):
+        record = RoundRecord(r, 4, 0.5, None, None, 10, 10, 0, 0.1, 0.2)
+        clients = [ClientRecord(r, c, 5, 0.5, 1.0, 5, 5) for c in sorted(used)]
+        anomalies = [AnomalyRecord(r, c, f"refused {r}") for c in sorted(refused)]
+        if kind == "skip":
+            anomalies.append(AnomalyRecord(r, None, "too few updates accepted"))
+        store.record_round(record, clients, anomalies)
+    return store
+
+
+def test_a_skipped_round_is_measured_over_the_clients_asked(tmp_path: Path) -> None:
+    """A skipped round stores no client row: its refusals count against the 4
+    clients asked, not against the refused alone; the clients it did not refuse
+    keep their streaks (neither reset nor grown); a local round is not measured."""
+    rules = [{"kind": "refused_rate", "threshold": 0.5}, {"kind": "client_refused", "threshold": 2}]
+    with _write_skipping(tmp_path) as store:
+        facts = stored_facts(store, 0)
+    assert [f.asked for f in facts] == [4, 4, 4, 4, 4, 0, 4]
+    watch = Watch(_config(tmp_path, rules).alerts.rules)
+    firings = [f for fact in facts for f in watch.step(fact)]
+    assert _fired(firings) == [
+        (1, "client_refused", 3),
+        (2, "refused_rate", None),
+        (3, "client_refused", 2),
+        (6, "refused_rate", None),
+    ]
+    rates = [(f.value, f.message) for f in firings if f.kind == "refused_rate"]
+    assert rates == [
+        (0.5, "2 of 4 clients asked were refused (50.00%)"),
+        (1.0, "4 of 4 clients asked were refused (100.00%)"),
+    ]
+    assert watch.streaks == {0: 1, 1: 1, 2: 1, 3: 5}
 
 
 def test_a_monitor_started_mid_run_rebuilds_from_the_store(tmp_path: Path) -> None:
@@ -207,3 +257,31 @@ def test_a_budget_rule_needs_a_budget_and_names_are_unique() -> None:
         "refused_rate",
         "some refused",
     ]
+
+
+def test_a_rules_url_and_command_are_redacted_for_showing() -> None:
+    """What the report and the exports show of a rule: where it goes and which
+    program runs, none of the path, query, user, folders or arguments."""
+    assert redacted_url("https://me:pw@hooks.example.com/T/abc?token=x") == (
+        "https://hooks.example.com/…"
+    )
+    assert redacted_url("http://[::1]:8080/secret") == "http://[::1]:8080/…"
+    assert redacted_url("no url at all") == "…"
+    assert redacted_command(["/opt/s3cret/bin/notify-send", "--token", "s3cret"]) == [
+        "notify-send",
+        "…",
+    ]
+    rules = [{"kind": "no_progress", "url": "https://h.example/x", "command": ["a", "b"]}, "x"]
+    data = {"name": "r", "alerts": {"rules": rules}}
+    assert redact_alerts(data) == {
+        "name": "r",
+        "alerts": {
+            "rules": [
+                {"kind": "no_progress", "url": "https://h.example/…", "command": ["a", "…"]},
+                "…",  # not a rule this version reads: all of it
+            ]
+        },
+    }
+    assert rules[0]["url"] == "https://h.example/x"  # the data given is left as it was
+    assert redact_alerts({"alerts": "https://h.example/x"}) == {"alerts": "…"}
+    assert redact_alerts({"alerts": {"rules": []}}) == {"alerts": {"rules": []}}

@@ -9,6 +9,7 @@ still finishes. ``fedforge alerts RUN`` prints the recorded alerts."""
 from __future__ import annotations
 
 import json
+import sqlite3
 import sys
 import threading
 import time
@@ -171,3 +172,37 @@ def test_a_resumed_run_fires_as_the_uninterrupted_one(
 
     assert [a[:2] for a in fired(whole.run_dir)] == [(0, "refused_rate"), (1, "client_refused")]
     assert fired(resumed.run_dir) == fired(whole.run_dir)
+
+
+def test_a_skipped_round_rates_its_refusals_over_the_clients_asked(
+    make_data: MakeData, tmp_path: Path
+) -> None:
+    """robust.min_clients 4 with one client of four sending NaN: every round is
+    skipped (3 updates accepted) and stores no client row, yet 1 of the 4
+    clients asked was refused: 0.25, so a 0.5 rule stays quiet and a 0.25 one
+    fires once; ``client_refused`` 2 fires for the attacker after round 2."""
+    rules = [
+        {"name": "half", "kind": "refused_rate", "threshold": 0.5},
+        {"name": "quarter", "kind": "refused_rate", "threshold": 0.25},
+        {"kind": "client_refused", "threshold": 2},
+    ]
+    cfg = tiny(4, rounds=3, tmp=tmp_path, attack="nan_inf", attack_fraction=0.25, min_clients=4)
+    result = run(override(cfg, {"alerts.rules": rules}), data=make_data([6, 5, 7, 6]))
+    assert result.run_dir is not None
+    with sqlite3.connect(result.run_dir / "store.sqlite") as conn:
+        cohorts = conn.execute("SELECT cohort_size FROM rounds ORDER BY round_idx").fetchall()
+        used = conn.execute("SELECT COUNT(*) FROM client_rounds").fetchone()[0]
+        refused = conn.execute(
+            "SELECT round_idx, client_id FROM anomalies WHERE client_id IS NOT NULL"
+        ).fetchall()
+        skips = conn.execute("SELECT COUNT(*) FROM anomalies WHERE client_id IS NULL").fetchone()
+        alerts = conn.execute(
+            "SELECT round_idx, rule, client_id, value, message FROM alerts ORDER BY rowid"
+        ).fetchall()
+    assert cohorts == [(4,), (4,), (4,)] and used == 0 and skips == (3,)
+    ((_, attacker),) = {(0, c) for _, c in refused}
+    assert sorted(refused) == [(r, attacker) for r in range(3)]
+    assert alerts == [
+        (0, "quarter", None, 0.25, "1 of 4 clients asked were refused (25.00%)"),
+        (1, "client_refused", attacker, 2.0, alerts[1][4]),
+    ]

@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from tests.report_pages import HOSTILE_NAME, read_page
+from tests.report_pages import HOSTILE_NAME, SECRET, read_page
 
 from fedforge.cli import main
 from fedforge.report.progress import format_bytes, percent
+from fedforge.store.runs_dir import resolve_runs
 
 SWEEP = {
     "name": "swp",
@@ -74,7 +76,8 @@ def test_two_runs_overlaid_with_their_summaries(
     assert main(["compare", *map(str, runs), "-o", str(out)]) == 0
     assert capsys.readouterr().out.strip() == f"wrote {out} (2 runs)"
     page = read_page(out)
-    assert page.sections == ["summary", "accuracy", "loss", "bytes", "privacy"]
+    assert page.sections == ["summary", "accuracy", "loss", "time", "bytes", "privacy"]
+    assert SECRET not in out.read_text()  # the robust run's alert rule holds it
     for got, run in zip(page.data["summary"]["runs"], runs, strict=True):
         want = expected(run)
         assert {k: got[k] for k in want} == want
@@ -90,6 +93,25 @@ def test_two_runs_overlaid_with_their_summaries(
             with sqlite3.connect(run / "store.sqlite") as conn:
                 want = conn.execute(f"SELECT {column} FROM rounds ORDER BY round_idx").fetchall()
             assert s[column] == [w for (w,) in want]
+    # cumulative wall seconds, and float32 bytes over bytes sent each way per round
+    names = [r.name for r in runs]
+    assert [s["run_id"] for s in page.data["time"]] == names
+    assert [s["run_id"] for s in page.data["bytes"]] == names
+    for t, b, run in zip(page.data["time"], page.data["bytes"], runs, strict=True):
+        with sqlite3.connect(run / "store.sqlite") as conn:
+            r = conn.execute(
+                "SELECT seconds, float32_up, bytes_up, float32_down, bytes_down FROM rounds "
+                "ORDER BY round_idx"
+            ).fetchall()
+        assert t["cumulative_seconds"] == pytest.approx(list(accumulate(x[0] for x in r)))
+        assert b["ratio_up"] == pytest.approx([x[1] / x[2] for x in r])
+        assert b["ratio_down"] == pytest.approx([x[3] / x[4] for x in r])
+    titles = {f["layout"]["title"]["text"]: f["data"] for f in page.figures}
+    wall = titles["Wall time, cumulative"]
+    assert [t["y"] for t in wall] == [s["cumulative_seconds"] for s in page.data["time"]]
+    up = titles["Compression ratio, up (float32 bytes / bytes sent)"]
+    assert [t["y"] for t in up] == [s["ratio_up"] for s in page.data["bytes"]]
+    assert len(titles["Compression ratio, down (float32 bytes / bytes sent)"]) == 2
     accuracy = [f for f in page.figures if f["layout"]["title"]["text"] == "Test accuracy"][0]
     assert len(accuracy["data"]) == 2  # both runs drawn
     epsilon = [f for f in page.figures if f["layout"]["title"]["text"] == "Epsilon spent"][0]
@@ -98,7 +120,10 @@ def test_two_runs_overlaid_with_their_summaries(
 
 
 def test_a_sweeps_runs_by_pattern_or_folder(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], one_thread: None
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    one_thread: None,
 ) -> None:
     config = tmp_path / "swp.yaml"
     runs_dir = tmp_path / "sweep-runs"
@@ -121,6 +146,15 @@ def test_a_sweeps_runs_by_pattern_or_folder(
     argv = ["compare", str(points[0]), "swp-*", "--runs-dir", str(runs_dir), "-o", str(twice)]
     assert main(argv) == 0
     assert len(read_page(twice).data["summary"]["runs"]) == 2
+    # a pattern that finds each run twice, relative (from here) and absolute (in
+    # --runs-dir): each compared once
+    monkeypatch.chdir(runs_dir)
+    found = resolve_runs(runs_dir, ["*swp*"])
+    assert sorted(p.resolve() for p in found) == [p.resolve() for p in points]
+    assert main(["compare", "*swp*", "--runs-dir", str(runs_dir), "-o", str(twice)]) == 0
+    assert [g["run_id"] for g in read_page(twice).data["summary"]["runs"]] == [
+        p.name for p in points
+    ]
 
 
 @pytest.mark.parametrize(

@@ -3,18 +3,23 @@ read back with each tool's own reader (TensorBoard's EventAccumulator, MLflow's
 client on a file store in tmp_path); every series equals the store's rows as
 plain sqlite3 reads them (float32 in TensorBoard, exactly in MLflow), the config
 arrives as hyper-parameters and the summary as metrics. A second export of the
-same run is refused; a missing library names the extra that installs it."""
+same run is refused (also of a run whose name holds a quote); an alert rule's
+secret reaches neither tool; a config of a newer fedforge is exported as
+stored; a missing library names the extra that installs it."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import sqlite3
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from tests.conftest import _make_data
+from tests.report_pages import SECRET
 
 from fedforge.cli import main
 from fedforge.config import from_dict
@@ -176,3 +181,68 @@ def test_export_needs_a_destination(run_dir: Path, capsys: pytest.CaptureFixture
     _refused(capsys, ["export", str(run_dir)], ["--tensorboard DIR and/or --mlflow URI"])
     argv = ["export", str(run_dir), "--experiment", "x", "--tensorboard", "y"]
     _refused(capsys, argv, ["--experiment", "--mlflow"])
+
+
+def test_no_export_holds_an_alert_rules_secret(
+    report_runs: dict[str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Every file TensorBoard and MLflow are given (events, params, tags,
+    artifacts) is free of the secret in the run's alert rule URL and command."""
+    run = report_runs["robust"]
+    assert SECRET in (run / "config.yaml").read_text()  # the run keeps it, to resume
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    out = tmp_path / "out"
+    argv = ["export", str(run), "--tensorboard", str(out / "tb"), "--mlflow"]
+    assert main([*argv, (out / "mlruns").as_uri(), "--experiment", "secrets"]) == 0
+    written = [p for p in out.rglob("*") if p.is_file()]
+    assert any(p.name.startswith("events.out.tfevents.") for p in written)
+    assert [p for p in written if p.name.startswith("alerts.rules")]  # the params, one a file
+    assert [p.name for p in written if SECRET.encode() in p.read_bytes()] == []
+    (artifact,) = [p for p in written if p.name == "config.yaml"]
+    rule = yaml.safe_load(artifact.read_text())["alerts"]["rules"][2]
+    assert rule["url"] == "https://hooks.example.com:8443/…"
+    assert rule["command"] == ["notify", "…"]
+
+
+def test_a_run_whose_name_holds_a_quote_is_exported_once(
+    run_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    quoted = tmp_path / "20250101-000000-o'brien-a1b2c3"
+    shutil.copytree(run_dir, quoted)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    argv = ["export", str(quoted), "--mlflow", (tmp_path / "mlruns").as_uri()]
+    assert main(argv) == 0
+    assert "o'brien" in capsys.readouterr().out
+    _refused(capsys, argv, ["run 20250101-000000-o'brien-a1b2c3 is already in MLflow"])
+
+
+def test_a_config_of_a_newer_fedforge_is_exported_as_stored(
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    newer = tmp_path / run_dir.name
+    shutil.copytree(run_dir, newer)
+    with sqlite3.connect(newer / "store.sqlite") as conn:
+        (text,) = conn.execute("SELECT config_json FROM runs").fetchone()
+        data = {**json.loads(text), "from_the_future": {"knob": 3}}
+        conn.execute("UPDATE runs SET config_json = ?", (json.dumps(data),))
+    logdir = tmp_path / "tb"
+    assert main(["export", str(newer), "--tensorboard", str(logdir)]) == 0
+    err = capsys.readouterr().err
+    assert "cannot rebuild the run's config" in err and "from_the_future" in err
+    acc = EventAccumulator(str(logdir / newer.name), size_guidance={"scalars": 0})
+    acc.Reload()
+    content = acc.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+    hparams = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info.hparams
+    assert hparams["from_the_future.knob"].number_value == 3
+    assert [e.step for e in acc.Scalars("test/accuracy")] == [
+        s for s, _ in _rows(newer, "test/accuracy")
+    ]

@@ -20,7 +20,8 @@ from typing import Any
 import plotly.offline
 import pytest
 import torch
-from tests.report_pages import HOSTILE_NAME, Page, read_page
+import yaml
+from tests.report_pages import HOSTILE_NAME, SECRET, Page, read_page
 
 from fedforge.cli import main
 from fedforge.config import Config
@@ -30,10 +31,8 @@ from fedforge.store.versions import add_version
 
 SECTIONS = [
     "run", "progress", "time", "clients", "groups", "participation", "updates",
-    "refused", "privacy", "bytes", "versions", "setup",
+    "refused", "alerts", "privacy", "bytes", "versions", "setup",
 ]  # fmt: skip
-GROUP_EVAL = """CREATE TABLE group_eval (round_idx INTEGER, attribute TEXT, group_name TEXT,
-    accuracy REAL, loss REAL, num_examples INTEGER, clients INTEGER)"""
 HOSTILE_GROUP = "</script><img src=x onerror=alert(1)>"
 
 
@@ -114,12 +113,55 @@ def test_the_report_holds_the_stores_numbers(
     got_rounds = d["refused"]["per_round"]
     assert dict(zip(got_rounds["round"], got_rounds["count"], strict=True)) == per_round
 
+    # per-group accuracy (client tags from a CSV): the group_eval rows
+    groups = rows(run, "SELECT * FROM group_eval ORDER BY round_idx")
+    assert {a for _, a, *_ in groups} == {"region"}
+    got_groups = d["groups"]["attributes"]["region"]["groups"]
+    assert sorted(got_groups) == sorted({g for _, _, g, *_ in groups}) == ["eu", "untagged", "us"]
+    for name, got_group in got_groups.items():
+        mine = [g for g in groups if g[2] == name]
+        assert got_group["round"] == [g[0] + 1 for g in mine]
+        assert got_group["accuracy"] == [g[3] for g in mine]
+        assert got_group["num_examples"] == [g[5] for g in mine]
+        assert got_group["clients"] == [g[6] for g in mine]
+    assert [g[6] for g in groups if g[0] == groups[-1][0]] == [3, 1, 2]  # eu, untagged, us
+    drawn = figure(page, "Accuracy per group: region")["data"]
+    assert {t["name"]: t["y"] for t in drawn} == {n: g["accuracy"] for n, g in got_groups.items()}
+
+    # the alerts fired: the alerts table
+    fired = rows(run, "SELECT round_idx, rule, kind, message, outcome FROM alerts ORDER BY rowid")
+    assert fired and {f[1] for f in fired} == {"refused_rate", "client_refused"}
+    got_alerts = d["alerts"]
+    assert got_alerts["rules"] == 3
+    assert (
+        list(
+            zip(
+                [r - 1 for r in got_alerts["round"]],
+                got_alerts["rule"],
+                got_alerts["kind"],
+                got_alerts["message"],
+                got_alerts["outcome"],
+                strict=True,
+            )
+        )
+        == fired
+    )
+    assert len(fired) > 1 and f"{len(fired)} alerts fired." in page.text["alerts"]
+    assert all(f[3] in page.text["alerts"] for f in fired)
+
     # the sections without data say so
     assert "no privacy spent" in page.empty["privacy"]
     assert "no model versions" in page.empty["versions"]
-    assert "no per-group evaluation" in page.empty["groups"]
-    assert set(page.empty) == {"privacy", "versions", "groups"}
-    assert d["setup"]["config_yaml"] == (run / "config.yaml").read_text()
+    assert set(page.empty) == {"privacy", "versions"}
+    # the config as the run wrote it, but the alert rule's secrets
+    stored = yaml.safe_load((run / "config.yaml").read_text())
+    assert SECRET in str(stored["alerts"]["rules"][2])
+    stored["alerts"]["rules"][2].update(
+        url="https://hooks.example.com:8443/…", command=["notify", "…"]
+    )
+    assert yaml.safe_load(d["setup"]["config_yaml"]) == stored
+    assert d["setup"]["config_note"] is None
+    assert SECRET not in (tmp_path / "r.html").read_text()
     assert d["setup"]["build"] == json.loads((run / "build.json").read_text())
     versions = d["setup"]["build"]["versions"]  # what the run started with
     assert versions["torch"] == metadata.version("torch")
@@ -146,8 +188,9 @@ def test_a_dp_run_reports_epsilon_against_its_budget(
     traces = figure(page, "Epsilon spent")["data"]
     assert traces[1]["y"] == [budget, budget] and traces[0]["y"] == [x[1] for x in spent]
     assert page.data["run"]["epsilon"] == spent[-1][1]
-    assert set(page.empty) == {"clients", "groups", "refused", "versions"}
+    assert set(page.empty) == {"clients", "groups", "refused", "alerts", "versions"}
     assert "eval_clients was off" in page.empty["clients"]
+    assert page.empty["alerts"] == "No alerts fired (0 rules watched)."
 
 
 def test_the_page_is_offline_and_escapes_every_text(
@@ -163,7 +206,7 @@ def test_the_page_is_offline_and_escapes_every_text(
         for name, acc in (("north", 0.5 + r / 10), (HOSTILE_GROUP, 0.25))
     ]
     with sqlite3.connect(run / "store.sqlite") as conn:
-        conn.execute(GROUP_EVAL)
+        conn.execute("DELETE FROM group_eval")
         conn.executemany("INSERT INTO group_eval VALUES (?, ?, ?, ?, ?, ?, ?)", groups)
         conn.execute("ALTER TABLE rounds ADD COLUMN virtual_time REAL")
         conn.execute("UPDATE rounds SET virtual_time = 2.5 * (round_idx + 1)")
@@ -260,3 +303,31 @@ def test_an_unknown_run_is_refused_in_one_line(
     assert main(["report", "nosuch", "--runs-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("fedforge: error: no run matches 'nosuch'") and "\n" not in err
+
+
+def test_a_config_this_version_cannot_rebuild_is_shown_as_stored(
+    report_runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A key of a newer fedforge in the stored config: the report and compare are
+    still written, the config shown as stored (the secrets still cut) with a
+    sentence saying why, the settings read from it by name."""
+    run = tmp_path / "runs" / report_runs["robust"].name
+    shutil.copytree(report_runs["robust"], run)
+    (config_json,) = rows(run, "SELECT config_json FROM runs")[0]
+    newer = {**json.loads(config_json), "from_the_future": {"knob": 3}}
+    with sqlite3.connect(run / "store.sqlite") as conn:
+        conn.execute("UPDATE runs SET config_json = ?", (json.dumps(newer),))
+    page = report(run, tmp_path / "newer.html", capsys)
+    assert page.sections == SECTIONS
+    setup = page.data["setup"]
+    shown = yaml.safe_load(setup["config_yaml"])
+    assert shown["from_the_future"] == {"knob": 3}
+    assert shown["alerts"]["rules"][2]["command"] == ["notify", "…"]
+    assert "cannot rebuild the run's config" in setup["config_note"]
+    assert "from_the_future" in setup["config_note"] and setup["config_note"] in page.text["setup"]
+    assert page.data["run"]["algorithm"] == newer["algorithm"]
+    assert page.data["participation"]["num_clients"] == newer["num_clients"] == 6
+    assert SECRET not in (tmp_path / "newer.html").read_text()
+    out = tmp_path / "c.html"
+    assert main(["compare", str(run), str(report_runs["dp"]), "-o", str(out)]) == 0
+    assert read_page(out).data["summary"]["runs"][0]["local_epochs"] == newer["local_epochs"]

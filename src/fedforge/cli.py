@@ -23,22 +23,13 @@ from fedforge.config import step_sizes
 from fedforge.core.errors import ConfigError, FedforgeError, StopNow
 from fedforge.report import observe_cli
 from fedforge.report.dashboard import command as dashboard
+from fedforge.report.run_args import add_run_lookup, open_run
 from fedforge.transport import certs_cli
 
 if TYPE_CHECKING:
     from fedforge.server.loop import RunResult
 
 EXIT_USER_ERROR = 2
-
-
-def _add_run_lookup(parser: argparse.ArgumentParser) -> None:
-    """The arguments that name one existing run: RUN and --runs-dir."""
-    parser.add_argument(
-        "run",
-        help="run directory, its folder name, a unique prefix or suffix of that, "
-        "or a prefix of its config name",
-    )
-    parser.add_argument("--runs-dir", default="runs", help="where to look (default: runs)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -65,7 +56,7 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     resume = sub.add_parser("resume", help="continue a stopped run from its last checkpoint")
-    _add_run_lookup(resume)
+    add_run_lookup(resume)
     resume.add_argument("--data-dir", help="where the data sets are (else the run's own setting)")
     resume.add_argument(
         "--device", help="cpu, cuda, cuda:N or auto: where to go on training (else the run's own)"
@@ -76,11 +67,11 @@ def _parser() -> argparse.ArgumentParser:
     runs.add_argument("--runs-dir", default="runs")
 
     show = sub.add_parser("show", help="print the summary of one run")
-    _add_run_lookup(show)
+    add_run_lookup(show)
     dashboard.add_parser(sub)
 
     report = sub.add_parser("report", help="write one run as a self-contained HTML page")
-    _add_run_lookup(report)
+    add_run_lookup(report)
     report.add_argument(
         "-o", "--out", type=Path, help="the HTML file (default: RUN_ID.html in this folder)"
     )
@@ -112,14 +103,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     models = sub.add_parser("models", help="a run's model versions: list, promote, roll back")
     actions = models.add_subparsers(dest="models_command", required=True)
-    _add_run_lookup(actions.add_parser("list", help="list the versions; * marks the serving one"))
+    add_run_lookup(actions.add_parser("list", help="list the versions; * marks the serving one"))
     promote = actions.add_parser("promote", help="make a version the one serving every client")
-    _add_run_lookup(promote)
+    add_run_lookup(promote)
     promote.add_argument("version_id", type=int, metavar="ID", help="the version to promote")
     rollback = actions.add_parser(
         "rollback", help="withdraw the canary or the serving version for good"
     )
-    _add_run_lookup(rollback)
+    add_run_lookup(rollback)
     rollback.add_argument(
         "version_id",
         type=int,
@@ -229,9 +220,8 @@ def _cmd_runs(args: argparse.Namespace) -> int:
 
 def _cmd_show(args: argparse.Namespace) -> int:
     from fedforge.report.runs import format_run_summary
-    from fedforge.store import RunStore, resolve_run
 
-    with RunStore.open(resolve_run(args.runs_dir, args.run), read_only=True) as store:
+    with open_run(args) as store:
         print(format_run_summary(store))
     return 0
 

@@ -27,8 +27,11 @@ NO_ACTION = "logged"  # the outcome of a rule without a command or URL
 
 def stored_facts(store: RunStore, first: int, stop: int | None = None) -> list[RoundFacts]:
     """The facts of the recorded rounds ``first`` <= round < ``stop`` (None: all
-    from ``first``): test accuracy, the clients used and refused, epsilon spent
-    (an infinite epsilon is stored as NULL: read back as inf)."""
+    from ``first``): test accuracy, the clients used and refused, the clients
+    asked (the cohort of a round that collected updates: one with a client row
+    or an anomaly row, a skip included; 0 for a local round of an upload
+    period), epsilon spent (an infinite epsilon is stored as NULL: read back as
+    inf)."""
     rounds = [r for r in store.rounds(first) if stop is None or r.round_idx < stop]
     if not rounds:
         return []
@@ -37,7 +40,9 @@ def stored_facts(store: RunStore, first: int, stop: int | None = None) -> list[R
     for c in store.client_rounds(one):
         accepted.setdefault(c.round_idx, set()).add(c.client_id)
     refused: dict[int, dict[int, str]] = {}
+    collected = set(accepted)
     for a in store.anomalies(round_idx=one):
+        collected.add(a.round_idx)
         if a.client_id is not None:
             refused.setdefault(a.round_idx, {})[a.client_id] = a.reason
     spent = {r: math.inf if e is None else e for r, e, _, _ in store.privacy() if r >= first}
@@ -48,6 +53,7 @@ def stored_facts(store: RunStore, first: int, stop: int | None = None) -> list[R
             frozenset(accepted.get(r.round_idx, ())),
             refused.get(r.round_idx, {}),
             spent.get(r.round_idx),
+            asked=r.cohort_size if r.round_idx in collected else 0,
         )
         for r in rounds
     ]

@@ -4,12 +4,13 @@ A :class:`Watch` holds what the rules remember (the best test accuracy and its
 round, each client's run of refused uploads, which conditions hold) and steps
 one round at a time; :func:`evaluate` folds a whole history. Each rule's
 condition is tested on the rounds where it can be measured (``accuracy_drop``
-on evaluated rounds, ``refused_rate`` on rounds with uploads, ``client_refused``
-for the clients that uploaded, ``dp_budget`` where epsilon is recorded,
-``no_progress`` once there is a best); a rule fires once when its condition
-becomes true, stays quiet while it holds, and may fire again after a round
-where it was measured false. The state is a function of the stored rounds
-alone, so a resumed run rebuilds it by stepping through them.
+on evaluated rounds, ``refused_rate`` on rounds whose cohort was asked for
+updates, ``client_refused`` for the clients refused or used that round (in a
+skipped round the others are not measured), ``dp_budget`` where epsilon is
+recorded, ``no_progress`` once there is a best); a rule fires once when its
+condition becomes true, stays quiet while it holds, and may fire again after a
+round where it was measured false. The state is a function of the stored
+rounds alone, so a resumed run rebuilds it by stepping through them.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ class RoundFacts:
     accepted: frozenset[int] = frozenset()  # clients whose updates the round used
     refused: Mapping[int, str] = field(default_factory=dict)  # client: why (the last)
     epsilon: float | None = None  # spent after the round; None: not accounted (no DP)
+    # the clients asked for an update (the round's cohort); 0: none asked (a round
+    # inside an upload period, whose cohort trains on without uploading)
+    asked: int = 0
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,10 @@ class Watch:
         acc = facts.test_accuracy
         if acc is not None and (self.best is None or acc > self.best):
             self.best, self.best_round = acc, facts.round_idx
+        # a used update ends a client's streak, a refused one adds to it; in a
+        # skipped round (asked, none used: too few accepted, a secure sum not
+        # revealed) a client not refused may have sent a good update the round
+        # did not use: not measured, its streak stays as it was
         for client in facts.accepted:
             if client not in facts.refused:
                 self.streaks[client] = 0
@@ -124,18 +132,23 @@ def _accuracy_drop(watch: Watch, rule: AlertRule, facts: RoundFacts) -> Reading:
 
 
 def _refused_rate(watch: Watch, rule: AlertRule, facts: RoundFacts) -> Reading:
-    refused = len(facts.refused)
-    total = len(facts.accepted | set(facts.refused))
-    if total == 0:  # no upload this round (a local round of an upload period)
+    """The refused share of the clients asked: refused / cohort. Not the share of
+    the updates seen: a skipped round keeps no row of the updates it received
+    but did not use, and a client that sent nothing was asked all the same."""
+    if facts.asked == 0:  # nobody was asked (a local round of an upload period)
         return {}
-    rate = refused / total
-    message = f"{refused} of {total} uploads refused ({_pct(rate)})"
+    refused = len(facts.refused)
+    asked = max(facts.asked, len(facts.accepted | facts.refused.keys()))  # a stray upload
+    rate = refused / asked
+    message = f"{refused} of {asked} clients asked were refused ({_pct(rate)})"
     return {None: (rate, message) if at_least(rate, rule.limit) else None}
 
 
 def _client_refused(watch: Watch, rule: AlertRule, facts: RoundFacts) -> Reading:
+    """Each client refused or used this round, against its streak of refusals;
+    in a skipped round the clients not refused are left out (not measured)."""
     reading: Reading = {}
-    for client in sorted(facts.accepted | set(facts.refused)):
+    for client in sorted(facts.accepted | facts.refused.keys()):
         streak = watch.streaks.get(client, 0)
         if at_least(streak, rule.limit):
             why = facts.refused.get(client, "")

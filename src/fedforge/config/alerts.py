@@ -12,15 +12,18 @@
 
 The section checks its own fields, with errors naming ``alerts.rules[i].<field>``
 (``i`` counted from 0); :func:`budget_rules_need_budget` checks it against the
-privacy section.
+privacy section. A webhook URL's path and a command's arguments often carry a
+secret (a token): :func:`redact_alerts` cuts them from a config shown elsewhere
+(the report, the exports).
 """
 
 from __future__ import annotations
 
 import math
 import urllib.parse
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from fedforge.core.errors import FieldCheck, invalid_field, raise_first
 
@@ -35,7 +38,7 @@ ALERT_KINDS: tuple[str, ...] = (
 # what each kind's threshold is, as an error says it
 THRESHOLDS: dict[str, str] = {
     "accuracy_drop": "a number of percentage points in (0, 100]",
-    "refused_rate": "a fraction of a round's uploads in (0, 1]",
+    "refused_rate": "a fraction of a round's clients asked in (0, 1]",
     "client_refused": "a whole number of rounds >= 1",
     "dp_budget": "a fraction of privacy.target_epsilon in (0, 1] (default 0.9)",
     "no_progress": "a whole number of rounds >= 1",
@@ -43,6 +46,7 @@ THRESHOLDS: dict[str, str] = {
 DP_BUDGET_DEFAULT = 0.9
 MAX_TIMEOUT = 3600.0  # seconds an action may take: the loop waits for it
 MAX_NAME = 100
+CUT = "…"  # what stands for the redacted part of a URL or a command
 
 
 def _threshold_ok(kind: str | None, value: float | None) -> bool:
@@ -161,3 +165,53 @@ def budget_rules_need_budget(alerts: AlertsConfig, target_epsilon: float | None)
                 rule.kind,
                 "needs a DP budget, privacy.target_epsilon, which this run does not set",
             )
+
+
+def redacted_url(url: object) -> str:
+    """``scheme://host[:port]/…``: where an alert goes, without the path, query
+    or user name that may hold its secret."""
+    try:
+        parts = urllib.parse.urlsplit(str(url))
+        host, port = parts.hostname or "", parts.port
+    except ValueError:  # not a URL at all (a config this version cannot read)
+        return CUT
+    host = f"[{host}]" if ":" in host else host
+    where = host + (f":{port}" if port is not None else "")
+    return f"{parts.scheme}://{where}/{CUT}" if parts.scheme and host else CUT
+
+
+def redacted_command(command: object) -> list[str]:
+    """The program's file name followed by ``…``: which program, without the
+    folders and arguments that may hold a secret."""
+    if isinstance(command, list | tuple) and command:
+        program = str(command[0]).rsplit("/", 1)[-1]
+        return [program, CUT] if program else [CUT]
+    return [CUT]
+
+
+def redact_alerts(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A config's plain data (``to_dict``'s, or a run store's config JSON, which
+    may come from another version) with each alert rule's ``url`` and
+    ``command`` redacted (:func:`redacted_url`, :func:`redacted_command`); the
+    rest as it is."""
+    out = dict(data)
+    alerts = out.get("alerts")
+    if alerts is None:
+        return out
+    rules = alerts.get("rules") if isinstance(alerts, Mapping) else None
+    if not isinstance(rules, list):  # not a section this version knows: all of it
+        out["alerts"] = CUT
+        return out
+    cut: list[Any] = []
+    for rule in rules:
+        if not isinstance(rule, Mapping):
+            cut.append(CUT)
+            continue
+        rule = dict(rule)
+        if rule.get("url") is not None:
+            rule["url"] = redacted_url(rule["url"])
+        if rule.get("command"):
+            rule["command"] = redacted_command(rule["command"])
+        cut.append(rule)
+    out["alerts"] = {**alerts, "rules": cut}
+    return out

@@ -5,11 +5,13 @@ TensorBoard event files, ``--mlflow TRACKING_URI`` an MLflow run (export_mlflow.
 round number, counted from 1), the test accuracy and loss of evaluated rounds,
 the training loss, bytes up and down, seconds, the local learning rate, epsilon
 spent (DP runs), the update diagnostics (mean cosine, update norms) when
-recorded; the config flattened to dotted names (hyper-parameters); the summary,
-whose numbers are also metrics ``summary/<name>`` at the last round. A value
-that is not a finite number (a NaN training loss under secure aggregation) is
-left out, as TensorBoard and MLflow could not plot it. The libraries are
-imported only here, with an error naming the extra that installs them.
+recorded; the config flattened to dotted names (hyper-parameters), its alert
+rules' URLs and commands cut (report/shown_config.py; as stored when this
+fedforge cannot rebuild it); the summary, whose numbers are also metrics
+``summary/<name>`` at the last round. A value that is not a finite number (a
+NaN training loss under secure aggregation) is left out, as TensorBoard and
+MLflow could not plot it. The libraries are imported only here, with an error
+naming the extra that installs them.
 
 TensorBoard stores scalars as float32: a value such as a byte count past 2^24
 reads back rounded; MLflow keeps float64.
@@ -23,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedforge.config import dump, to_dict
 from fedforge.core.errors import FedforgeError
+from fedforge.report.shown_config import shown_config
 from fedforge.store.runstore import RunStore
 
 # metric name: the rounds table's column
@@ -68,6 +70,7 @@ class RunExport:
     params: dict[str, Param]  # the config, flattened to dotted names
     config_yaml: str
     summary: dict[str, Any]  # empty while the run has none (running, or killed)
+    config_note: str | None = None  # why the config is exported as stored
 
     @property
     def last_step(self) -> int:
@@ -122,15 +125,16 @@ def gather(store: RunStore) -> RunExport:
     for row in store.read_rows("diagnostics"):
         for name, value in zip(DIAGNOSTICS, row[2:], strict=True):
             add(f"diagnostics/{name}", int(row[0]), value)
-    config = store.config()
+    config = shown_config(store)
     return RunExport(
         name=store.path.name,
         path=store.path,
         status=store.info().status,  # 'stopped': a signal's clean stop
         series=series,
-        params={k: _param(v) for k, v in flatten(to_dict(config)).items()},
-        config_yaml=dump(config),
+        params={k: _param(v) for k, v in flatten(config.data).items()},
+        config_yaml=config.yaml,
         summary=store.summary() or {},
+        config_note=config.note,
     )
 
 

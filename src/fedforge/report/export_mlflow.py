@@ -5,7 +5,8 @@ round was recorded), the config as params, the summary's numbers as metrics
 artifacts (``config.yaml``, ``summary.json``: params are cut at MLflow's length
 limit, the artifacts keep everything). The MLflow run is named after the run
 directory and tagged ``fedforge.run`` with it; a second export of the same run
-into the same experiment is refused, not doubled.
+into the same experiment is refused, not doubled (the tag is compared here, not
+in an MLflow filter string, which cannot hold a name with both quotes).
 
 Needs the ``mlflow`` extra (mlflow-skinny: tracking servers over http(s), and
 ``file:`` stores, which MLflow 3.7+ opens only with MLFLOW_ALLOW_FILE_STORE=true;
@@ -23,6 +24,7 @@ from fedforge.report.export import SUMMARY, ExportError, RunExport, needs_extra
 RUN_TAG = "fedforge.run"
 METRICS_PER_BATCH = 1000  # MLflow's log_batch limits
 PARAMS_PER_BATCH = 100
+RUNS_PER_PAGE = 1000  # runs read per search while looking for an earlier export
 PARAM_LENGTH = 500  # the shortest limit of MLflow's versions (6000 since 2.x servers)
 # fedforge's run status: MLflow's (a running run's MLflow run stays RUNNING)
 STATUS = {"finished": "FINISHED", "failed": "FAILED", "stopped": "KILLED"}
@@ -48,6 +50,20 @@ def _refusal(uri: str, exc: Exception) -> ExportError:
     return ExportError(f"the export to MLflow at {uri!r} failed: {text}")
 
 
+def _exported(client: Any, experiment_id: str, name: str) -> str | None:
+    """The MLflow run id of an earlier export of run ``name`` into the experiment
+    (its ``fedforge.run`` tag), or None."""
+    token = None
+    while True:
+        page = client.search_runs([experiment_id], max_results=RUNS_PER_PAGE, page_token=token)
+        for found in page:
+            if found.data.tags.get(RUN_TAG) == name:
+                return str(found.info.run_id)
+        token = page.token
+        if not token:
+            return None
+
+
 def to_mlflow(run: RunExport, uri: str, experiment: str | None = None) -> str:
     """Log ``run`` to the MLflow tracking server or store at ``uri``, in
     ``experiment`` (made if absent; default: the run's config name). Returns
@@ -63,11 +79,11 @@ def to_mlflow(run: RunExport, uri: str, experiment: str | None = None) -> str:
         client = MlflowClient(tracking_uri=uri)
         found = client.get_experiment_by_name(name)
         experiment_id = found.experiment_id if found else client.create_experiment(name)
-        done = client.search_runs([experiment_id], f"tags.`{RUN_TAG}` = '{run.name}'")
-        if done:
+        done = _exported(client, experiment_id, run.name)
+        if done is not None:
             raise ExportError(
                 f"run {run.name} is already in MLflow experiment {name!r} at {uri!r} "
-                f"(MLflow run {done[0].info.run_id}): delete it there to export again"
+                f"(MLflow run {done}): delete it there to export again"
             )
         tags = {RUN_TAG: run.name, "fedforge.run_dir": str(run.path)}
         mlrun = client.create_run(experiment_id, run_name=run.name, tags=tags)

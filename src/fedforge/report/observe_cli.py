@@ -6,32 +6,23 @@ they work on a finished run and on one still running."""
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from fedforge.core.errors import ConfigError
+from fedforge.report.run_args import add_run_lookup, open_run
 from fedforge.store.records import AlertRecord
-from fedforge.store.runs_dir import resolve_run
-from fedforge.store.runstore import RunStore
-
-
-def _add_run_lookup(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "run",
-        help="run directory, its folder name, a unique prefix or suffix of that, "
-        "or a prefix of its config name",
-    )
-    parser.add_argument("--runs-dir", default="runs", help="where to look (default: runs)")
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """The ``alerts`` and ``export`` subcommands."""
     alerts = sub.add_parser("alerts", help="print the alerts a run fired (config: alerts)")
-    _add_run_lookup(alerts)
+    add_run_lookup(alerts)
     export = sub.add_parser(
         "export", help="write a run's rounds, config and summary for TensorBoard or MLflow"
     )
-    _add_run_lookup(export)
+    add_run_lookup(export)
     export.add_argument(
         "--tensorboard",
         type=Path,
@@ -60,12 +51,8 @@ def format_alerts(alerts: list[AlertRecord]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-def _open(args: argparse.Namespace) -> RunStore:
-    return RunStore.open(resolve_run(Path(args.runs_dir), args.run), read_only=True)
-
-
 def cmd_alerts(args: argparse.Namespace) -> int:
-    with _open(args) as store:
+    with open_run(args) as store:
         print(format_alerts(store.alerts()))
     return 0
 
@@ -77,8 +64,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise ConfigError("--experiment names an MLflow experiment: give --mlflow too")
     from fedforge.report.export import gather, to_tensorboard
 
-    with _open(args) as store:
+    with open_run(args) as store:
         run = gather(store)
+    if run.config_note is not None:
+        print(f"fedforge: {run.config_note}", file=sys.stderr)
     if args.tensorboard is not None:
         folder = to_tensorboard(run, args.tensorboard)
         print(f"tensorboard: {run.name} written to {folder} (tensorboard --logdir {folder.parent})")

@@ -69,7 +69,8 @@ def model_layout(spec: ParamSpec) -> str:
 PACKAGES = ("fedforge", "torch", "numpy", "dp-accounting", "cryptography", "grpcio", "protobuf")
 
 
-def _version(name: str) -> str | None:
+def package_version(name: str) -> str | None:
+    """The installed version of package ``name``; None when it is not installed."""
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
@@ -82,7 +83,7 @@ def environment() -> dict[str, Any]:
     return {
         "versions": {
             "python": platform.python_version(),
-            **{name: _version(name) for name in PACKAGES},
+            **{name: package_version(name) for name in PACKAGES},
         },
         "environment": {
             "platform": platform.platform(),

@@ -133,7 +133,7 @@ class RoundTables:
 
     def alerts(self) -> list[AlertRecord]:
         """The alerts fired, in round order, each round's in the order they fired."""
-        if not self._query("SELECT 1 FROM sqlite_master WHERE name = 'alerts'"):
+        if not self._has_table("alerts"):
             return []
         rows = self._query("SELECT * FROM alerts ORDER BY round_idx, rowid")
         return [AlertRecord(*row) for row in rows]

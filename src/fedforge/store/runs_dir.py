@@ -89,6 +89,7 @@ def resolve_runs(runs_dir: Path | str, refs: Sequence[str]) -> list[Path]:
     folder that finds no run is refused, as is a reference that names none."""
     root = Path(runs_dir)
     found: list[Path] = []
+    seen: set[Path] = set()  # resolved: a run reached by two paths is one run
     for ref in refs:
         if any(ch in ref for ch in "*?["):
             paths = {Path(p) for p in glob.glob(ref)} | {
@@ -105,5 +106,8 @@ def resolve_runs(runs_dir: Path | str, refs: Sequence[str]) -> list[Path]:
                 raise StoreError(f"'{ref}' is a directory but holds no run (no {DB_NAME} in it)")
         else:
             matched = [resolve_run(root, ref)]
-        found += [p for p in matched if p.resolve() not in {q.resolve() for q in found}]
+        for path in matched:
+            if path.resolve() not in seen:
+                seen.add(path.resolve())
+                found.append(path)
     return found

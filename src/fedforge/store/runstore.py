@@ -288,6 +288,10 @@ class RunStore(RoundTables):
         # run keeps its first id in the database)
         return RunInfo(self._path.name, name, self._path, created, status, done, planned, best)
 
+    def config_data(self) -> dict[str, Any]:
+        """The run's config as stored (plain data; :meth:`config` rebuilds it)."""
+        return self._json("config_json", self._run_field("config_json"))
+
     def config(self) -> Config:
         """The run's config, rebuilt from the database."""
         try:
@@ -349,7 +353,7 @@ class RunStore(RoundTables):
     ) -> list[AnomalyRecord]:
         """Refused updates and skipped rounds (of one client when ``client_id`` is
         given, of one round when ``round_idx`` is), in round order."""
-        if not self._query("SELECT 1 FROM sqlite_master WHERE name = 'anomalies'"):
+        if not self._has_table("anomalies"):
             return []  # a version-1 store never written by this version
         wanted = {"client_id": client_id, "round_idx": round_idx}
         said = {k: v for k, v in wanted.items() if v is not None}

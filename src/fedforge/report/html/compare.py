@@ -1,8 +1,9 @@
 """``fedforge compare RUN RUN ...``: several runs' curves overlaid on one page
-(test accuracy and loss by round, accuracy against bytes, bytes, epsilon) and
-a table of their headline figures. Runs are named as ``fedforge show`` names
-one, or by a glob pattern or a folder of runs (a sweep's points are ordinary
-runs named after the sweep's config: ``'NAME-*'`` finds them).
+(test accuracy and loss by round, accuracy against bytes, cumulative wall
+time, bytes and the compression ratio each way, epsilon) and a table of their
+headline figures. Runs are named as ``fedforge show`` names one, or by a glob
+pattern or a folder of runs (a sweep's points are ordinary runs named after
+the sweep's config: ``'NAME-*'`` finds them).
 """
 
 from __future__ import annotations
@@ -16,26 +17,33 @@ from fedforge.report.html.figures import Figures, Trace, lines
 from fedforge.report.html.gather import Data
 from fedforge.report.html.page import Section, render, table
 from fedforge.report.html.run_report import SUMMARY_HEADERS, summary_row, write_html
+from fedforge.report.shown_config import shown_config
 from fedforge.store.runstore import RunStore
 
 
 def gather_compared(run_dirs: Sequence[Path]) -> tuple[list[Data], list[Data]]:
-    """Each run's identity and curves: accuracy and losses by round, bytes (both
-    ways, cumulative), epsilon by round."""
+    """Each run's identity and curves: accuracy and losses by round, wall seconds
+    (cumulative), bytes (both ways, cumulative), the compression ratio each way
+    (as the report has it), epsilon by round."""
     idents, series = [], []
     for path in run_dirs:
         with RunStore.open(path, read_only=True) as store:
-            cfg, rounds = store.config(), store.rounds()
+            cfg, rounds = shown_config(store), store.rounds()
             ident = gather.identity(store, cfg, rounds)
             priv = gather.privacy(store, cfg)
+            timing = gather.timing(store, rounds)
         curves = gather.progress(rounds)
+        traffic = gather.traffic(rounds)
         total = list(accumulate(r.bytes_up + r.bytes_down for r in rounds))
         idents.append(ident)
         series.append(
             {
                 "run_id": ident["run_id"],
                 **curves,
+                "cumulative_seconds": timing["cumulative_seconds"],
                 "cumulative_bytes": total,
+                "ratio_up": traffic["ratio_up"],
+                "ratio_down": traffic["ratio_down"],
                 "privacy_round": priv["round"],
                 "epsilon": priv["epsilon"],
                 "budget": priv["budget"],
@@ -48,7 +56,8 @@ def gather_compared(run_dirs: Sequence[Path]) -> tuple[list[Data], list[Data]]:
 CURVES = {
     "accuracy": ("round", "test_accuracy", "cumulative_bytes"),
     "loss": ("round", "test_loss", "train_loss"),
-    "bytes": ("round", "cumulative_bytes"),
+    "time": ("round", "cumulative_seconds"),
+    "bytes": ("round", "cumulative_bytes", "ratio_up", "ratio_down"),
     "privacy": ("privacy_round", "epsilon", "budget"),
 }
 
@@ -98,8 +107,23 @@ def _curves(series: list[Data]) -> list[Section]:
             "a loss",
         ),
         section(
+            "time",
+            "Time",
+            [
+                (
+                    "cumulative",
+                    lines(
+                        "Wall time, cumulative",
+                        _overlay(series, "round", "cumulative_seconds"),
+                        "seconds",
+                    ),
+                )
+            ],
+            "a round",
+        ),
+        section(
             "bytes",
-            "Bytes",
+            "Bytes and compression",
             [
                 (
                     "cumulative",
@@ -108,7 +132,18 @@ def _curves(series: list[Data]) -> list[Section]:
                         _overlay(series, "round", "cumulative_bytes"),
                         "bytes",
                     ),
-                )
+                ),
+                *(
+                    (
+                        f"ratio-{way}",
+                        lines(
+                            f"Compression ratio, {way} (float32 bytes / bytes sent)",
+                            _overlay(series, "round", f"ratio_{way}"),
+                            "ratio",
+                        ),
+                    )
+                    for way in ("up", "down")
+                ),
             ],
             "a round",
         ),

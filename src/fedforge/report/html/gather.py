@@ -1,6 +1,6 @@
 """The run-wide figures of a report, read from the run store alone: who the run
 is, accuracy and loss by round, time, bytes and compression, privacy spent,
-model versions, the config and the build record.
+the alerts fired, model versions, the config and the build record.
 
 Every section is plain JSON-ready data (lists in columns, numbers or None; a
 NaN or an infinity becomes None), which the page embeds as it is and the
@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import datetime
 import math
-from importlib import metadata
 from typing import Any
 
-from fedforge.config import Config, dump
 from fedforge.report.headline import headline
-from fedforge.store.build_record import read_build
+from fedforge.report.shown_config import ShownConfig
+from fedforge.store.build_record import package_version, read_build
 from fedforge.store.records import RoundRecord
 from fedforge.store.runs_dir import live_status
 from fedforge.store.runstore import RunStore
@@ -41,7 +40,7 @@ def finite(value: Any) -> Any:
     return value
 
 
-def identity(store: RunStore, cfg: Config, rounds: list[RoundRecord]) -> Data:
+def identity(store: RunStore, cfg: ShownConfig, rounds: list[RoundRecord]) -> Data:
     """The run's name, settings and headline figures (one row of ``compare``'s table)."""
     info = store.info()
     head = headline(rounds, store.summary(), store.privacy())
@@ -52,13 +51,13 @@ def identity(store: RunStore, cfg: Config, rounds: list[RoundRecord]) -> Data:
             "status": live_status(store.path, info.status),
             "created": info.created,
             "path": str(store.path),
-            "algorithm": cfg.algorithm,
-            "client_fraction": cfg.client_fraction,
-            "local_epochs": cfg.local_epochs,
-            "batch_size": cfg.batch_size,  # None: the whole local data set
-            "num_clients": cfg.num_clients,
+            "algorithm": cfg.get("algorithm"),
+            "client_fraction": cfg.get("client_fraction"),
+            "local_epochs": cfg.get("local_epochs"),
+            "batch_size": cfg.get("batch_size"),  # None: the whole local data set
+            "num_clients": cfg.get("num_clients"),
             "rounds": head.rounds,
-            "rounds_planned": cfg.rounds,
+            "rounds_planned": cfg.get("rounds"),
             "best_accuracy": head.best_accuracy,
             "final_accuracy": head.final_accuracy,
             "rounds_to_best": head.rounds_to_best,
@@ -142,7 +141,7 @@ def traffic(rounds: list[RoundRecord]) -> Data:
     )
 
 
-def privacy(store: RunStore, cfg: Config) -> Data:
+def privacy(store: RunStore, cfg: ShownConfig) -> Data:
     """Epsilon at delta after each round (None: unbounded) and the budget,
     ``privacy.target_epsilon`` (None: no budget)."""
     rows = store.privacy()
@@ -152,8 +151,28 @@ def privacy(store: RunStore, cfg: Config) -> Data:
             "epsilon": [e for _, e, _, _ in rows],
             "delta": [d for _, _, d, _ in rows],
             "clip_norm": [c for _, _, _, c in rows],
-            "budget": cfg.privacy.target_epsilon,
-            "dp": cfg.privacy.dp,
+            "budget": cfg.get("privacy.target_epsilon"),
+            "dp": cfg.get("privacy.dp"),
+        }
+    )
+
+
+def alerts(store: RunStore, cfg: ShownConfig) -> Data:
+    """The alerts the run fired (rounds from 1), in order, and how many rules it
+    watched."""
+    rows = store.alerts()
+    rules = cfg.get("alerts.rules")
+    return finite(
+        {
+            "rules": len(rules) if isinstance(rules, list) else None,
+            "round": [a.round_idx + 1 for a in rows],
+            "rule": [a.rule for a in rows],
+            "kind": [a.kind for a in rows],
+            "client": [a.client_id for a in rows],
+            "value": [a.value for a in rows],
+            "threshold": [a.threshold for a in rows],
+            "message": [a.message for a in rows],
+            "outcome": [a.outcome for a in rows],
         }
     )
 
@@ -182,24 +201,20 @@ def versions(store: RunStore) -> Data:
     )
 
 
-def _package_version(name: str) -> str | None:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def setup(store: RunStore, cfg: Config) -> Data:
-    """The config as YAML, the run's summary, its build record (``build.json``: the
-    model's size and layout, the data's fingerprint, and whatever else it
-    records), and the versions of what wrote this report."""
+def setup(store: RunStore, cfg: ShownConfig) -> Data:
+    """The config as YAML (alert rules' secrets cut; as stored when this fedforge
+    cannot rebuild it, with the sentence saying so), the run's summary, its
+    build record (``build.json``: the model's size and layout, the data's
+    fingerprint, and whatever else it records), and the versions of what wrote
+    this report."""
     return finite(
         {
-            "config_yaml": dump(cfg),
+            "config_yaml": cfg.yaml,
+            "config_note": cfg.note,
             "summary": store.summary(),
             "build": read_build(store.path),
             "report_written_by": {
-                name: _package_version(name) for name in ("fedforge", "plotly", "torch")
+                name: package_version(name) for name in ("fedforge", "plotly", "torch")
             },
         }
     )

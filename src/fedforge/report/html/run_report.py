@@ -3,8 +3,10 @@
 Sections, in order, each present whether or not the run has data for it (a
 sentence says when it has none): accuracy and loss, time, per-client accuracy,
 per-group accuracy, participation, update norms and cosine, refused uploads,
-privacy, bytes and compression, model versions, setup (config, summary, build
-record).
+alerts fired, privacy, bytes and compression, model versions, setup (config,
+summary, build record). A config this fedforge cannot rebuild (a newer
+version's) is shown as stored, its settings read by name, with a sentence
+saying so.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from fedforge.report.html import clients, figures, gather
 from fedforge.report.html.gather import Data
 from fedforge.report.html.page import Section, pre, render, table, text
 from fedforge.report.progress import format_bytes, percent
+from fedforge.report.shown_config import shown_config
 from fedforge.store.disk import os_error_text
 from fedforge.store.runstore import RunStore
 
@@ -131,6 +134,21 @@ def _refused(d: Data) -> Section:
     return s
 
 
+def _alerts(d: Data) -> Section:
+    s = Section("alerts", "Alerts", d)
+    if not d["round"]:
+        watched = "" if d["rules"] is None else f" ({d['rules']} rules watched)"
+        s.empty = f"No alerts fired{watched}."
+        return s
+    fired = len(d["round"])
+    s.body = text(f"{fired} alert{'' if fired == 1 else 's'} fired.") + table(
+        ["round", "rule", "kind", "message", "outcome"],
+        list(zip(d["round"], d["rule"], d["kind"], d["message"], d["outcome"], strict=True)),
+        text_columns=5,
+    )
+    return s
+
+
 def _privacy(d: Data) -> Section:
     s = Section("privacy", "Privacy", d, figures=figures.privacy_figures(d))
     if not d["round"]:
@@ -201,6 +219,7 @@ def _setup(d: Data) -> Section:
     s.body = "".join(
         [
             "<h3>Config</h3>",
+            text(d["config_note"]) if d["config_note"] else "",
             pre(d["config_yaml"]),
             "<h3>Build record</h3>",
             _fields(build, "The run has no build record (build.json)."),
@@ -214,16 +233,20 @@ def _setup(d: Data) -> Section:
 
 def gather_run(store: RunStore) -> tuple[Data, dict[str, Data]]:
     """The run's identity and every section's data."""
-    cfg, rounds = store.config(), store.rounds()
+    cfg, rounds = shown_config(store), store.rounds()
     counts = store.participation()
+    num_clients = cfg.get("num_clients")
     data = {
         "progress": gather.progress(rounds),
         "time": gather.timing(store, rounds),
         "clients": clients.client_accuracy(store, counts),
         "groups": clients.groups(store),
-        "participation": clients.participation(counts, cfg.num_clients),
+        "participation": clients.participation(
+            counts, num_clients if isinstance(num_clients, int) else len(counts)
+        ),
         "updates": clients.updates(store),
         "refused": clients.refused(store),
+        "alerts": gather.alerts(store, cfg),
         "privacy": gather.privacy(store, cfg),
         "bytes": gather.traffic(rounds),
         "versions": gather.versions(store),
@@ -240,6 +263,7 @@ BUILDERS = {
     "participation": _participation,
     "updates": _updates,
     "refused": _refused,
+    "alerts": _alerts,
     "privacy": _privacy,
     "bytes": _bytes,
     "versions": _versions,
