@@ -14,6 +14,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -273,3 +274,21 @@ def test_a_silent_upload_stream_is_cancelled_and_frees_its_thread(open_server) -
     assert dep.service.idle.cancelled == before + 1
     assert dep.hub.accepted == 0
     assert stub.Hello(pb.Signed(body=b""), timeout=10).run_name == "dep"  # still serving
+
+
+def test_clients_are_not_sent_the_servers_alert_hooks(tmp_path: Path) -> None:
+    """The config a client is sent has no alert rules: a webhook URL carries its
+    secret in its path, and a client never runs the server's hooks."""
+    rule = {"kind": "no_progress", "threshold": 3, "url": "https://hooks.example/T0PSECRET"}
+    cfg = _served(config_mod.load(write_config(tmp_path / "cfg.yaml", alerts={"rules": [rule]})))
+    assert cfg.alerts.rules  # the server keeps them
+    dep = Deployment(cfg, ServerOptions(ServerSecurity("insecure"), port=0))
+    dep.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{dep.port}")
+    try:
+        hello = pb_grpc.FederationStub(channel).Hello(pb.Signed(body=b""), timeout=10)
+    finally:
+        channel.close()
+        dep.stop("done")
+    assert "T0PSECRET" not in hello.config_yaml and "hooks.example" not in hello.config_yaml
+    assert config_mod.from_dict(yaml.safe_load(hello.config_yaml)).alerts.rules == ()

@@ -12,6 +12,7 @@ the clients its spec in Hello, and takes their sizes from their joins.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from concurrent import futures
@@ -22,6 +23,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from fedforge.config import Config, override
+from fedforge.config.alerts import AlertsConfig
 from fedforge.config.parse import dump
 from fedforge.core.errors import ConfigError
 from fedforge.data.federated import FederatedData
@@ -84,7 +86,7 @@ class Deployment:
             self.hub,
             options.security.guard(),
             cfg.name,
-            dump(cfg),
+            dump(dataclasses.replace(cfg, alerts=AlertsConfig())),  # the server's own hooks
             max_bytes,
             dep.chunk_kib * 1024,
             self._refused,
