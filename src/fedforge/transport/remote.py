@@ -65,6 +65,8 @@ class RemoteEngine:
         self.needed = needed if self.over_selection > 0 else None
         self.version = 0  # the model version being served (the round that made it)
         self.round_idx = 0
+        self.commit: tuple[int, list[int]] | None = None  # (round, used) not yet told
+        self.store: RunStore | None = None
         self.rollout = Rollout(hub, cfg)
 
     def run_cohort(self, tasks: Sequence[ClientTask], payload: bytes) -> Iterator[ClientUpload]:
@@ -131,6 +133,7 @@ class RemoteEngine:
         if self._began is not None and self.on_round is not None:
             self.on_round(now - self._began)
         self._began = now
+        self.tell_commit(round_idx)
         self.hub.set_phase(f"round {round_idx + 1}: evaluation (cold start, canary)")
         return self.rollout.begin_round(round_idx, params)
 
@@ -142,19 +145,37 @@ class RemoteEngine:
     def bind_store(self, store: RunStore) -> None:
         """The run's store: model versions are kept there."""
         self.rollout.bind(store)
+        self.store = store
         if self.on_store is not None:
             self.on_store(store.path)
 
     def end_round(self, round_idx: int, used: Sequence[int]) -> None:
-        """Tell the clients whose updates the round used to keep the state they
-        computed with them (SCAFFOLD's c_k+; the others keep theirs as it was)."""
+        """The clients whose updates the round used are to keep the state they
+        computed with them (SCAFFOLD's c_k+; the others keep theirs as it was): told
+        when the next upload round begins or the run ends, after the round's
+        checkpoint, so that a server resumed from it never re-runs a round its
+        clients have already committed."""
+        self.commit = (round_idx, list(used))
+
+    def tell_commit(self, next_round: int) -> None:
+        """Post the COMMITs of the last upload round before ``next_round``; a resumed
+        server (nothing pending) posts those of the last recorded round again (its
+        client rows: a client that already kept that state ignores them)."""
+        if self.commit is None and self.store is not None and next_round > 0:
+            done = [r.round_idx for r in self.store.rounds() if r.round_idx < next_round]
+            last = max(done, default=None)
+            if last is not None:
+                used = [c.client_id for c in self.store.client_rounds(last)]
+                self.commit = (last, used)
+        if self.commit is None:
+            return
+        r, used = self.commit
+        self.commit = None
         works = [
-            pb.Work(
-                kind=pb.Work.COMMIT, client_id=c, round_idx=round_idx, model_version=self.version
-            )
-            for c in used
+            pb.Work(kind=pb.Work.COMMIT, client_id=c, round_idx=r, model_version=r) for c in used
         ]
-        self.hub.ask(works, self.version)
+        if works:
+            self.hub.ask(works, r)
 
     def close(self) -> None:
         """Nothing to release: the server (serve.py) decides whether the clients are

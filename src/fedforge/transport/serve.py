@@ -146,7 +146,9 @@ class Deployment:
         log_event("server", "clients_joined", clients=got)
 
     def finished(self, result: RunResult) -> None:
-        """Log the end, with the payload bytes that crossed the wire."""
+        """Tell the last round's COMMITs (its checkpoint is written) and log the end,
+        with the payload bytes that crossed the wire."""
+        self.engine.tell_commit(result.rounds[-1].round_idx + 1 if result.rounds else 0)
         hub = self.hub
         log_event(
             "server",
