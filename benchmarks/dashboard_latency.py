@@ -26,7 +26,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import random
 import shlex
 import shutil
@@ -37,13 +36,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _common import ROOT, machine, result_line
 from fedforge.config import Config, override
 from fedforge.report.dashboard.process import start_dashboard
 from fedforge.report.dashboard.watch import POLL_S
 from fedforge.server.state import RunLock
 from fedforge.store import RoundRecord, RunStore
 
-ROOT = Path(__file__).resolve().parent.parent
 PLOT = "plot-accuracy"
 # notes when the plot first holds each number of points (page time, ms)
 NOTE_POINTS = """id => {
@@ -113,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, help="the JSON (default: results/dashboard/)")
     args = p.parse_args(argv)
     samples = 5 if args.quick else args.samples
-    load = os.getloadavg()
+    before = machine()
     t0 = time.perf_counter()
     latencies, info = measure_samples(samples)
     ordered = sorted(latencies)
@@ -126,13 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     record = {
         "command": shlex.join([sys.executable, *sys.argv]),
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "machine": {
-            "nproc": os.cpu_count(),
-            "python": platform.python_version(),
-            "loadavg": load,
-            "loadavg_end": os.getloadavg(),
-            **info,
-        },
+        "machine": {**before, "loadavg_end": os.getloadavg(), **info},
         "samples": samples,
         "seconds": time.perf_counter() - t0,
         "figures": figures,
@@ -147,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         f"wrote {path}: median {median:.3f} s, p90 {p90:.3f} s, max {top:.3f} s "
         f"over {samples} commits (poll every {POLL_S} s)"
     )
-    print(f"RESULT dashboard_latency_s={figures['dashboard_latency_s']:.4g}")
+    print(result_line({"dashboard_latency_s": figures["dashboard_latency_s"]}))
     return 0
 
 

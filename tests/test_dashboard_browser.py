@@ -3,11 +3,14 @@ Playwright, against a dashboard started as its own process (with an access
 token) over run stores written by the real RunStore. What the page shows is
 checked against the store's rows read with plain sqlite3, and against the
 live-state file the deployment server's own writer (a real hub and its
-publisher) wrote. The browser presents the token once in the address (then its
+publisher) wrote, whose liveness the dashboard judges by its own clock (the
+browser's is set an hour off); alerts recorded by the alert monitor appear as
+they fire. The browser presents the token once in the address (then its
 cookie); plain HTTP requests check that nothing is served without it."""
 
 from __future__ import annotations
 
+import datetime
 import http.client
 import json
 import shutil
@@ -21,15 +24,13 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from fedforge.cli import main
+from fedforge.alerts.monitor import Monitor
 from fedforge.config import Config, override
-from fedforge.report.dashboard import command
-from fedforge.report.dashboard.auth import TOKEN_ENV, access_token, is_loopback
 from fedforge.report.dashboard.process import DashboardProcess, start_dashboard
 from fedforge.report.dashboard.watch import RunWatcher
 from fedforge.server.state import RunLock
 from fedforge.store import AnomalyRecord, RoundRecord, RunStore
-from fedforge.store.live_state import write_live_state
+from fedforge.store.live_state import LIVE_NAME, STALE_AFTER_S, write_live_state
 from fedforge.transport.hub import Hub
 from fedforge.transport.live import LivePublisher
 from fedforge.transport.pb import federation_pb2 as pb
@@ -174,8 +175,8 @@ def test_run_page_curves_grow_when_a_round_is_committed(runs: Runs, tab: Tab) ->
         arg=f"rounds {len(rows)}/6",
     )
     assert tab.page.text_content("#status") == "running"
-    # the store's refused updates, grouped by reason with the numbers as N
-    assert tab.page.text_content("#anomaly-reasons td") == "update norm N exceeds the bound N"
+    # the store's refused updates, grouped by reason with the numbers as # (as the report does)
+    assert tab.page.text_content("#anomaly-reasons td") == "update norm # exceeds the bound #"
     assert tab.errors == []
 
 
@@ -191,6 +192,8 @@ def test_deployment_panel_shows_the_servers_live_state(runs: Runs, tab: Tab) -> 
     hub.set_phase("round 4: training")
     hub.ask([pb.Work(kind=pb.Work.TRAIN, client_id=1, round_idx=3)], 3)
     assert list(hub.gather({(1, 3, UPDATE, "")}, deadline_s=0.0)) == []  # a dropout
+    # the browser's clock an hour off: the dashboard's own clock judges the state
+    tab.page.clock.set_fixed_time(datetime.datetime.now() + datetime.timedelta(hours=1))
     tab.open(f"runs/{runs.running.path.name}")
     tab.page.wait_for_selector("#deployment:not([hidden])")
     facts = "#dep-facts dd"
@@ -200,6 +203,8 @@ def test_deployment_panel_shows_the_servers_live_state(runs: Runs, tab: Tab) -> 
     assert tab.page.text_content("#dep-connected") == "2 of 6 (0, 1)"
     assert tab.page.text_content("#dep-dropouts") == "1"
     assert tab.page.text_content("#dep-state") == "live"
+    age = tab.page.text_content("#dep-updated") or ""
+    assert age.endswith(" s ago") and 0 <= float(age.split()[0]) < STALE_AFTER_S
     assert tab.page.eval_on_selector_all("#dep-refused tr", "rs => rs.map(r => r.innerText)") == [
         "membership\t1"
     ]
@@ -214,12 +219,22 @@ def test_deployment_panel_shows_the_servers_live_state(runs: Runs, tab: Tab) -> 
     )
     assert tab.page.text_content("#dep-phase") == "the run ended"
     # a server killed (it says nothing): serving, but not heard from for a minute
-    write_live_state(runs.running.path, {**live.snapshot(), "updated": time.time() - 60})
-    tab.page.wait_for_function(
-        "() => document.getElementById('dep-state').textContent === 'not heard from'",
-        timeout=5_000,
-    )
+    write_live_state_at(runs.running.path, live.snapshot(), time.time() - 60)
+    state_is = "s => document.getElementById('dep-state').textContent === s"
+    tab.page.wait_for_function(state_is, arg="not heard from", timeout=5_000)
+    # one gone silent now: live, then stale with no file written (judged again each second)
+    path = write_live_state_at(runs.running.path, live.snapshot(), time.time() - STALE_AFTER_S + 3)
+    tab.page.wait_for_function(state_is, arg="live", timeout=5_000)
+    written = path.stat().st_mtime_ns
+    tab.page.wait_for_function(state_is, arg="not heard from", timeout=6_000)
+    assert path.stat().st_mtime_ns == written
     assert tab.errors == []
+
+
+def write_live_state_at(run_dir: Path, state: dict[str, Any], updated: float) -> Path:
+    """The live-state file as a server writes it, ``updated`` at the time given."""
+    write_live_state(run_dir, {**state, "updated": updated})
+    return run_dir / LIVE_NAME
 
 
 def _get(url: str, path: str, headers: dict[str, str] | None = None) -> http.client.HTTPResponse:
@@ -227,36 +242,6 @@ def _get(url: str, path: str, headers: dict[str, str] | None = None) -> http.cli
     conn = http.client.HTTPConnection(where.hostname or "", where.port, timeout=20)
     conn.request("GET", path, headers=headers or {})
     return conn.getresponse()
-
-
-def test_off_loopback_the_dashboard_refuses_to_start_without_a_token(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.delenv(TOKEN_ENV, raising=False)
-
-    def listen(*args: object) -> None:  # a safety net: the check comes before it
-        raise AssertionError("the dashboard went on to listen")
-
-    monkeypatch.setattr(command, "listen", listen)
-    argv = ["dashboard", "--runs-dir", str(tmp_path), "--port", "0"]
-    for host in ("0.0.0.0", "192.168.1.7", "::", "example.org"):
-        assert main([*argv, "--host", host]) == 2
-        out, err = capsys.readouterr()
-        assert out == "" and err.count("\n") == 1
-        assert f"--host {host} is not a loopback address" in err and TOKEN_ENV in err
-    assert main([*argv, "--host", "0.0.0.0", "--token", "short"]) == 2
-    assert "at least 16 characters" in capsys.readouterr().err
-
-
-def test_the_token_comes_from_the_flag_or_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(TOKEN_ENV, raising=False)
-    assert [is_loopback(h) for h in ("127.0.0.1", "127.3.2.1", "::1", "[::1]", "localhost")] == [
-        True
-    ] * 5
-    assert access_token("127.0.0.1", None) is None
-    monkeypatch.setenv(TOKEN_ENV, TOKEN)
-    assert access_token("0.0.0.0", None) == TOKEN
-    assert access_token("0.0.0.0", TOKEN[::-1]) == TOKEN[::-1]
 
 
 def test_with_a_token_every_request_needs_it(runs: Runs, dashboard: DashboardProcess) -> None:
@@ -278,7 +263,8 @@ def test_with_a_token_every_request_needs_it(runs: Runs, dashboard: DashboardPro
     once = _get(dashboard.url, f"/api/runs?token={TOKEN}")
     assert once.status == 303 and once.getheader("location") == "/api/runs"
     cookie = once.getheader("set-cookie") or ""
-    assert cookie.startswith(f"fedforge_dashboard={TOKEN};") and "HttpOnly" in cookie
+    port = urlsplit(dashboard.url).port
+    assert cookie.startswith(f"fedforge_dashboard_{port}={TOKEN};") and "HttpOnly" in cookie
     listing = _get(dashboard.url, "/api/runs", {"Cookie": cookie.split(";")[0]})
     assert listing.status == 200
     ids = {r["run_id"] for r in json.loads(listing.read())["runs"]}
@@ -334,3 +320,42 @@ def test_the_feed_sends_new_rows_and_all_of_them_after_a_rewind(tmp_path: Path) 
             assert [row["test_accuracy"] for row in again["rows"]] == [0, 0.125, 0.9375, 0.25]
         finally:
             watcher.close()
+
+
+def _store_alerts(run_dir: Path) -> list[list[str]]:
+    """The alerts table as the page should list it: round (from 1), rule, message,
+    outcome, read with sqlite3."""
+    with sqlite3.connect(run_dir / "store.sqlite") as db:
+        rows = db.execute(
+            "SELECT round_idx, rule, message, outcome FROM alerts ORDER BY round_idx, rowid"
+        ).fetchall()
+    return [[str(r + 1), rule, message, outcome] for r, rule, message, outcome in rows]
+
+
+def test_run_page_lists_the_alerts_as_they_fire(runs: Runs, tab: Tab) -> None:
+    run = runs.running
+    rules = [
+        {"kind": "accuracy_drop", "threshold": 5, "name": "drop-5"},
+        {"kind": "accuracy_drop", "threshold": 30, "name": "drop-30"},
+    ]
+    monitor = Monitor(override(Config(), {"alerts": {"rules": rules}}), say=lambda line: None)
+    tab.open(f"runs/{run.path.name}")
+    total = "t => document.getElementById('alert-total').textContent === t"
+    tab.page.wait_for_function(total, arg="0 alerts fired")
+    assert tab.page.is_hidden("#alert-rows")
+    shown = "n => document.querySelectorAll('#alert-rows tbody tr').length === n"
+    best = max(r[2] for r in _store_rows(run.path))
+    for drop in (0.1, 0.35):  # points below the best: past 5, then past 30 too
+        first = len(_store_rows(run.path))
+        run.record_round(_round(first, best - drop), [])
+        fired = monitor.after_round(run, first)  # recorded after the round, as the loop does
+        assert [a.round_idx for a in fired] == [first]
+        expected = _store_alerts(run.path)
+        tab.page.wait_for_function(shown, arg=len(expected), timeout=5_000)
+        cells = tab.page.eval_on_selector_all(
+            "#alert-rows tbody tr", "rows => rows.map(r => [...r.cells].map(c => c.textContent))"
+        )
+        assert cells == expected
+    assert [row[1] for row in expected] == ["drop-5", "drop-30"]
+    assert tab.page.text_content("#alert-total") == "2 alerts fired"
+    assert tab.errors == []

@@ -9,6 +9,7 @@ import dataclasses
 import os
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 from fedforge.core.errors import StoreError
 from fedforge.store.records import ClientRecord, RoundRecord
@@ -114,14 +115,17 @@ def _writable(db: Path) -> bool:
 def _connect_read_only(db: Path) -> sqlite3.Connection:
     """Read-only, with the WAL's committed rounds when SQLite can read it without
     writing the database (it may make the ``-shm`` index beside it); else immutable
-    (the main file alone, which a clean close left whole)."""
+    (the main file alone, which a clean close left whole). A reader may hand its
+    connection from thread to thread, one at a time (the dashboard's live feed
+    queries it from a worker thread each poll)."""
     base = db.resolve().as_uri()
+    args: dict[str, Any] = {"uri": True, "isolation_level": None, "check_same_thread": False}
     try:
-        conn = sqlite3.connect(f"{base}?mode=ro", uri=True, isolation_level=None)
+        conn = sqlite3.connect(f"{base}?mode=ro", **args)
         conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
         return conn
     except DB_ERRORS:
-        return sqlite3.connect(f"{base}?mode=ro&immutable=1", uri=True, isolation_level=None)
+        return sqlite3.connect(f"{base}?mode=ro&immutable=1", **args)
 
 
 def connect(db: Path, create: bool = False, read_only: bool = False) -> sqlite3.Connection:

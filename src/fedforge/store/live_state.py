@@ -32,7 +32,7 @@ LIVE_NAME = "live.json"
 LIVE_VERSION = 1
 # a state older than this, from a server that did not say it stopped, is stale: a
 # killed server says nothing (it refreshes the file every few seconds while it
-# serves); the dashboard's page judges it by this
+# serves); the dashboard judges it by this
 STALE_AFTER_S = 10.0
 
 
@@ -60,12 +60,25 @@ def write_live_state(run_dir: Path | str, state: dict[str, Any]) -> None:
         raise
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999: past a float
+        raise ValueError(f"{text} is not a finite number")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")  # NaN, Infinity: Python's extension
+
+
 def read_live_state(run_dir: Path | str) -> dict[str, Any] | None:
     """The run's published live state, or None when there is none (no deployment
-    server ran it) or it cannot be read whole."""
+    server ran it) or it cannot be read whole. Strict JSON: a file holding NaN or
+    an infinity (never written by :func:`write_live_state`) reads as none."""
     try:
-        value = json.loads(live_path(run_dir).read_text())
-    except (OSError, UnicodeDecodeError, ValueError):
+        text = live_path(run_dir).read_text()
+        value = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):  # nested past the stack
         return None
     return value if isinstance(value, dict) else None
 

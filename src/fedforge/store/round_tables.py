@@ -36,6 +36,11 @@ class RoundTables:
         count, last, newest = self._query(sql, args)[0]
         return int(count), last, newest
 
+    def data_version(self) -> int:
+        """A number that changes whenever another connection commits to this
+        database (SQLite's ``PRAGMA data_version``): a watcher's cheapest look."""
+        return int(self._query("PRAGMA data_version")[0][0])
+
     def record_privacy(
         self, round_idx: int, epsilon: float, delta: float, clip_norm: float | None
     ) -> None:

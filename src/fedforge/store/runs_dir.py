@@ -11,7 +11,7 @@ from pathlib import Path
 
 from fedforge.core.errors import StoreError
 from fedforge.store.damage import StoreDamaged, written_now
-from fedforge.store.runstore import _RUN_DIR, DB_NAME, RunInfo, RunStore, _is_run_dir
+from fedforge.store.runstore import _RUN_DIR, DB_NAME, RunInfo, RunStore, is_run_dir
 
 
 def _config_name(path: Path) -> str:
@@ -44,7 +44,7 @@ def list_runs(runs_dir: Path | str) -> list[RunInfo]:
         return []  # no run yet
     if not root.is_dir():
         raise StoreError(f"runs directory '{root}' is not a directory")
-    return [_run_info(p) for p in sorted(root.iterdir()) if _is_run_dir(p)]
+    return [_run_info(p) for p in sorted(root.iterdir()) if is_run_dir(p)]
 
 
 def resolve_run(runs_dir: Path | str, ref: str | Path) -> Path:
@@ -53,7 +53,7 @@ def resolve_run(runs_dir: Path | str, ref: str | Path) -> Path:
     if not text:
         raise StoreError("empty run reference; give a run directory or part of its name")
     for direct in (Path(ref), root / text):
-        if _is_run_dir(direct):
+        if is_run_dir(direct):
             return direct
     runs = _runs_in(root)
     found = [
@@ -78,7 +78,7 @@ def resolve_run(runs_dir: Path | str, ref: str | Path) -> Path:
 
 
 def _runs_in(root: Path) -> list[Path]:
-    return sorted(p for p in root.iterdir() if _is_run_dir(p)) if root.is_dir() else []
+    return sorted(p for p in root.iterdir() if is_run_dir(p)) if root.is_dir() else []
 
 
 def resolve_runs(runs_dir: Path | str, refs: Sequence[str]) -> list[Path]:
@@ -97,10 +97,10 @@ def resolve_runs(runs_dir: Path | str, refs: Sequence[str]) -> list[Path]:
                 for p in _runs_in(root)
                 if fnmatch.fnmatchcase(p.name, ref) or fnmatch.fnmatchcase(_config_name(p), ref)
             }
-            matched = sorted(p for p in paths if _is_run_dir(p))
+            matched = sorted(p for p in paths if is_run_dir(p))
             if not matched:
                 raise StoreError(f"no run matches the pattern '{ref}' (in '{root}' or as a path)")
-        elif ref and Path(ref).is_dir() and not _is_run_dir(Path(ref)):
+        elif ref and Path(ref).is_dir() and not is_run_dir(Path(ref)):
             matched = _runs_in(Path(ref))
             if not matched:
                 raise StoreError(f"'{ref}' is a directory but holds no run (no {DB_NAME} in it)")

@@ -60,6 +60,7 @@ __all__ = [
     "RunInfo",
     "RunStore",
     "StoreDamaged",
+    "is_run_dir",
     "read_metrics",
 ]
 
@@ -68,9 +69,15 @@ CONFIG_NAME = "config.yaml"
 _RUN_DIR = re.compile(r"^(\d{8}-\d{6})-(.+)-([0-9a-f]{6})$")
 
 
-def _is_run_dir(path: Path) -> bool:
-    """A run directory (a hidden one is a run still being created, or never made)."""
-    return not path.name.startswith(".") and path.is_dir() and (path / DB_NAME).is_file()
+def is_run_dir(path: Path) -> bool:
+    """A run directory (a hidden one is a run still being created, or never made).
+    False, too, for a path the system refuses to look at (a name too long)."""
+    if path.name.startswith("."):
+        return False
+    try:
+        return path.is_dir() and (path / DB_NAME).is_file()
+    except OSError:  # ENAMETOOLONG, EACCES: not a run this process can read
+        return False
 
 
 def _initialise(db: Path, run_id: str, config: Config, now: datetime) -> None:

@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fedforge.report.reasons import refusal_label
 from fedforge.store.live_state import write_live_state
 from fedforge.transport.hub import Hub
 from fedforge.transport.logs import log_event
-from fedforge.transport.metrics import reason_kind
 
 MIN_INTERVAL_S = 0.25
 REFRESH_S = 2.0
@@ -62,8 +62,8 @@ class LivePublisher:
         self._wake.set()
 
     def refused(self, why: str) -> None:
-        """An upload or request refused, counted by the kind of its reason."""
-        kind = reason_kind(why)
+        """An upload or request refused, counted by its reason's label."""
+        kind = refusal_label(why)
         with self._lock:
             self._refused[kind] = self._refused.get(kind, 0) + 1
         self.changed()

@@ -4,7 +4,6 @@ and refused (by reason), bytes each way, and round time."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,27 +11,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 
 from fedforge.core.errors import ConfigError
+from fedforge.report.reasons import refusal_label
 from fedforge.transport.hub import Hub
-
-# a refusal's reason, reduced to a label of few values (the full reason is logged)
-KINDS = (
-    ("revoked", "revoked"),
-    ("signature|unknown client|timestamp|nonce|certificate", "unauthenticated"),
-    ("malformed|starts with its header|second upload header", "malformed"),
-    ("at most .* are taken", "oversize"),
-    ("a second", "duplicate"),
-    ("model version", "wrong_version"),
-    ("was not asked", "not_asked"),
-    ("SHA-256|longer than", "corrupt"),
-    ("hosted by|outside this federation|unknown session", "membership"),
-)
-
-
-def reason_kind(reason: str) -> str:
-    for pattern, kind in KINDS:
-        if re.search(pattern, reason):
-            return kind
-    return "other"
 
 
 class _HubState:
@@ -98,7 +78,7 @@ class ServerMetrics:
                 ) from None
 
     def refused(self, reason: str) -> None:
-        self.refusals.labels(reason_kind(reason)).inc()
+        self.refusals.labels(refusal_label(reason)).inc()
 
     def close(self) -> None:
         if self._server is not None:

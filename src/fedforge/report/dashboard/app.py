@@ -4,13 +4,15 @@ feed, and the scripts they run. GET only: it reads run folders, never writes.
     /                          the runs (the ``fedforge runs`` table, refreshed)
     /runs/{run}                one run: its curves, live; its deployment server
     /api/runs                  the runs, as JSON
-    /api/runs/{run}            one run's rounds, status, refusals, live state
+    /api/runs/{run}            one run's rounds, status, refusals, alerts, live state
     /api/runs/{run}/events     server-sent events as the run goes on (watch.py)
     /static/plotly.min.js      Plotly, from the installed ``plotly`` package
     /static/...                the pages' own scripts and style
 
 Every response says what the browser may load (a Content-Security-Policy: this
-origin's scripts only; the plots' inline styles), and is never framed.
+origin's scripts only; the plots' inline styles), and is never framed. Requests
+pass :class:`~fedforge.report.dashboard.auth.HostGate` (their Host names this
+dashboard) and, with a token, :class:`~fedforge.report.dashboard.auth.TokenGate`.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from fedforge.core.errors import StoreError
-from fedforge.report.dashboard.auth import TokenGate
+from fedforge.report.dashboard.auth import LOOPBACK_NAMES, HostGate, TokenGate
 from fedforge.report.dashboard.data import find_run, run_detail, runs_listing
 from fedforge.report.dashboard.watch import POLL_S, run_events
 from fedforge.report.runs import RUN_COLUMNS
@@ -95,12 +97,21 @@ RUN_BODY = """<header><a href="/">&larr; runs</a><h1>{run}</h1>
 <h3>Refused by the server</h3><table id="dep-refused"><tbody></tbody></table></section>
 <section id="anomalies" class="panel"><h2>Refused updates (run store)</h2>
 <p id="anomaly-total"></p><table id="anomaly-reasons"><tbody></tbody></table></section>
+<section id="alerts" class="panel"><h2>Alerts</h2><p id="alert-total"></p>
+<table id="alert-rows"><thead><tr><th>round</th><th>rule</th><th>message</th><th>outcome</th>
+</tr></thead><tbody></tbody></table></section>
 <details class="panel"><summary>fedforge show</summary><pre id="summary"></pre></details>
 <p id="error" class="error" hidden></p></main>"""
 
 
-def build_app(runs_dir: Path | str, token: str | None = None, poll_s: float = POLL_S) -> Any:
-    """The dashboard over the runs in ``runs_dir``; ``token``: required of every request."""
+def build_app(
+    runs_dir: Path | str,
+    token: str | None = None,
+    poll_s: float = POLL_S,
+    hosts: tuple[str, ...] = (),
+) -> Any:
+    """The dashboard over the runs in ``runs_dir``; ``token``: required of every
+    request; ``hosts``: the names it answers to besides the loopback ones."""
     root = Path(runs_dir)
 
     def run_path(request: Request) -> Path | None:
@@ -159,7 +170,8 @@ def build_app(runs_dir: Path | str, token: str | None = None, poll_s: float = PO
         Route("/static/plotly.min.js", plotly, methods=["GET"]),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
-    middleware = [Middleware(SecurityHeaders)]
+    names = (*LOOPBACK_NAMES, *hosts)
+    middleware = [Middleware(SecurityHeaders), Middleware(HostGate, names=names)]
     if token is not None:
         middleware.append(Middleware(TokenGate, token=token))
     return Starlette(routes=routes, middleware=middleware)

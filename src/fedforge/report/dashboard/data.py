@@ -1,32 +1,30 @@
 """What the dashboard shows, as JSON-able values read from the run folders: the
 runs list (the lines of ``fedforge runs``), a run's rounds as columns for its
-curves, its refused updates grouped by reason, and a deployment server's live
-state. Read-only: stores are opened read-only, the live state is a file."""
+curves, its refused updates grouped by reason, the alerts it fired, and a
+deployment server's live state, judged here (live, not heard from, stopped) by
+this machine's clock: the page only shows the verdict. Read-only: stores are
+opened read-only, the live state is a file."""
 
 from __future__ import annotations
 
-import math
-import re
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from fedforge.core.errors import StoreError
+from fedforge.report.html.gather import finite
+from fedforge.report.reasons import reason_kind
 from fedforge.report.runs import RUN_COLUMNS, format_run_summary, run_row
 from fedforge.store.live_state import STALE_AFTER_S, read_live_state
-from fedforge.store.records import AnomalyRecord, RoundRecord, RunInfo
+from fedforge.store.records import AlertRecord, AnomalyRecord, RoundRecord, RunInfo
 from fedforge.store.runs_dir import list_runs, live_status
-from fedforge.store.runstore import RunStore, _is_run_dir
+from fedforge.store.runstore import RunStore, is_run_dir
 
 # the columns of a run's curves, from the store's ``rounds`` rows
 ROUND_FIELDS = ("round", "train_loss", "test_accuracy", "test_loss", "bytes_up", "bytes_down")
-
-
-def _finite(value: float | int | None) -> float | int | None:
-    """JSON has no NaN or infinity: those are null (a gap in a curve)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
+# the newest alerts the run page lists (the total is shown beside them)
+ALERTS_SHOWN = 50
 
 
 def run_entry(info: RunInfo) -> dict[str, Any]:
@@ -37,7 +35,7 @@ def run_entry(info: RunInfo) -> dict[str, Any]:
         "name": info.name,
         "rounds_done": info.rounds_done,
         "rounds_planned": info.rounds_planned,
-        "best_accuracy": _finite(info.best_accuracy),
+        "best_accuracy": finite(info.best_accuracy),
     }
 
 
@@ -53,7 +51,7 @@ def find_run(runs_dir: Path, run_id: str) -> Path | None:
     if not run_id or run_id != Path(run_id).name or run_id in (".", ".."):
         return None
     path = runs_dir / run_id
-    return path if _is_run_dir(path) else None
+    return path if is_run_dir(path) else None
 
 
 def round_rows(records: list[RoundRecord]) -> list[dict[str, Any]]:
@@ -61,9 +59,9 @@ def round_rows(records: list[RoundRecord]) -> list[dict[str, Any]]:
     return [
         {
             "round": r.round_idx + 1,
-            "train_loss": _finite(r.train_loss),
-            "test_accuracy": _finite(r.test_accuracy),
-            "test_loss": _finite(r.test_loss),
+            "train_loss": finite(r.train_loss),
+            "test_accuracy": finite(r.test_accuracy),
+            "test_loss": finite(r.test_loss),
             "bytes_up": r.bytes_up,
             "bytes_down": r.bytes_down,
         }
@@ -71,16 +69,10 @@ def round_rows(records: list[RoundRecord]) -> list[dict[str, Any]]:
     ]
 
 
-def reason_group(reason: str) -> str:
-    """A refusal's reason with its numbers as N: the refusals of one cause, whatever
-    client, round or value they name, fall into one group."""
-    return re.sub(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?", "N", reason)
-
-
 def anomaly_view(anomalies: list[AnomalyRecord]) -> dict[str, Any]:
-    """Refused updates (by reason group, most frequent first) and skipped rounds."""
+    """Refused updates (by :func:`reason_kind`, most frequent first) and skipped rounds."""
     refused = [a for a in anomalies if a.client_id is not None]
-    groups = Counter(reason_group(a.reason) for a in refused)
+    groups = Counter(reason_kind(a.reason) for a in refused)
     return {
         "refused": len(refused),
         "clients": len({a.client_id for a in refused}),
@@ -100,12 +92,43 @@ def status_view(store: RunStore) -> dict[str, Any]:
     }
 
 
-def live_view(run_dir: Path) -> dict[str, Any] | None:
-    """The deployment server's published state, or None (no server ran this run)."""
-    state = read_live_state(run_dir)
-    if state is not None:
-        state["stale_after_s"] = STALE_AFTER_S
-    return state
+def alerts_view(alerts: list[AlertRecord]) -> dict[str, Any]:
+    """The alerts fired: how many, and the newest :data:`ALERTS_SHOWN` (round
+    counted from 1, the rule, its message, what its actions did), oldest first."""
+    shown = [
+        {"round": a.round_idx + 1, "rule": a.rule, "message": a.message, "outcome": a.outcome}
+        for a in alerts[-ALERTS_SHOWN:]
+    ]
+    return {"total": len(alerts), "rows": shown}
+
+
+def _age(updated: Any, now: float) -> float | None:
+    """Seconds from ``updated`` (a unix time) to ``now``, 0 for a time ahead of
+    ``now``; None when ``updated`` is no number."""
+    if not isinstance(updated, int | float) or isinstance(updated, bool):
+        return None
+    try:
+        return max(0.0, now - float(updated))
+    except OverflowError:  # an integer past a float
+        return None
+
+
+def live_view(state: dict[str, Any] | None, now: float | None = None) -> dict[str, Any] | None:
+    """A deployment server's published state (None: no server ran this run) with
+    its ``age_s`` (seconds since the server wrote it, by this machine's clock at
+    ``now``) and its ``condition``: ``stopped`` (the server said so), ``live``
+    (written within ``STALE_AFTER_S``), else ``not heard from`` (a killed server)."""
+    if state is None:
+        return None
+    age = _age(state.get("updated"), time.time() if now is None else now)
+    if not state.get("serving"):
+        condition = "stopped"
+    elif age is not None and age < STALE_AFTER_S:
+        condition = "live"
+    else:
+        condition = "not heard from"
+    rounded = None if age is None else round(age, 1)
+    return {**state, "age_s": rounded, "condition": condition, "stale_after_s": STALE_AFTER_S}
 
 
 def run_detail(path: Path) -> dict[str, Any]:
@@ -122,16 +145,18 @@ def run_detail(path: Path) -> dict[str, Any]:
             "summary": summary,
             "rounds": round_rows(rounds),
             "anomalies": anomaly_view(store.anomalies()),
+            "alerts": alerts_view(store.alerts()),
         }
-    return {**detail, "live": live_view(path)}
+    return {**detail, "live": live_view(read_live_state(path))}
 
 
 __all__ = [
+    "ALERTS_SHOWN",
     "ROUND_FIELDS",
+    "alerts_view",
     "anomaly_view",
     "find_run",
     "live_view",
-    "reason_group",
     "round_rows",
     "run_detail",
     "run_entry",

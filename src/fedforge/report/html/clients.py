@@ -10,7 +10,6 @@ reason and by client (the most frequent ``TOP`` of each; the rest summed).
 
 from __future__ import annotations
 
-import re
 import statistics
 from collections import Counter
 from collections.abc import Sequence
@@ -20,20 +19,13 @@ import numpy as np
 
 from fedforge.evaluation.clients import summarize_accuracies
 from fedforge.report.html.gather import Data, finite
+from fedforge.report.reasons import reason_kind
 from fedforge.store.runstore import RunStore
 
 PER_CLIENT = 5000  # clients embedded one by one; more are binned
 BINS = 50
 TOP = 20  # reasons, clients and groups shown by name
 GROUP_COLUMNS = ("round", "accuracy", "loss", "num_examples", "clients")
-# a number standing alone in a refusal's reason (not part of a name such as float32)
-_NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?(?![\w.])")
-
-
-def reason_kind(reason: str) -> str:
-    """A refusal's reason with its numbers as ``#``: the refusals of one rule
-    (an outlier's norm, a count out of range) counted together."""
-    return _NUMBER.sub("#", reason)
 
 
 def histogram(values: Sequence[float], bins: int = BINS) -> Data:

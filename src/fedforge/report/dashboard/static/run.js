@@ -1,6 +1,8 @@
 // The run page: curves that grow as rounds are recorded (server-sent events from
-// /api/runs/RUN/events), the run's status, its refused updates and, when a
-// deployment server runs it, that server's live state.
+// /api/runs/RUN/events), the run's status, its refused updates, its alerts and,
+// when a deployment server runs it, that server's live state. Whether that server
+// is live, and how long ago it wrote, the dashboard judges by its own clock (the
+// browser's may be off): the page shows what it is sent.
 "use strict";
 
 (function () {
@@ -18,7 +20,6 @@
   ];
   const FEW_ROUNDS = 12; // up to this many, a tick per round (never half rounds)
   let plotted = 0; // rounds on the plots
-  let live = null; // the deployment server's last state
 
   function byId(id) { return document.getElementById(id); }
 
@@ -101,15 +102,13 @@
     dl.append(dt, dd);
   }
 
-  function showLive() {
+  function showLive(live) {
     const panel = byId("deployment");
     panel.hidden = live === null;
     if (live === null) return;
-    const age = Date.now() / 1000 - (live.updated ?? 0);
-    const current = Boolean(live.serving) && age < (live.stale_after_s ?? 10);
     const state = byId("dep-state");
-    state.textContent = current ? "live" : (live.serving ? "not heard from" : "stopped");
-    state.className = "status " + (current ? "live" : "gone");
+    state.textContent = live.condition;
+    state.className = "status " + (live.condition === "live" ? "live" : "gone");
     const connected = live.connected ?? [];
     const dl = byId("dep-facts");
     dl.replaceChildren();
@@ -121,9 +120,25 @@
     fact(dl, "dropouts", "dropouts", String(live.dropouts ?? 0));
     fact(dl, "accepted", "answers taken", String(live.accepted ?? 0));
     fact(dl, "address", "address", live.address ?? "-");
-    fact(dl, "updated", "updated", `${Math.max(0, age).toFixed(1)} s ago`);
+    fact(dl, "updated", "updated", live.age_s === null ? "-" : `${live.age_s.toFixed(1)} s ago`);
     const refused = Object.entries(live.refused ?? {}).sort((a, b) => b[1] - a[1]);
     fillTable(document.querySelector("#dep-refused tbody"), refused, "none");
+  }
+
+  function showAlerts(a) {
+    byId("alert-total").textContent = a.total > a.rows.length
+      ? `${plural(a.total, "alert")} fired; the newest ${a.rows.length}:`
+      : `${plural(a.total, "alert")} fired`;
+    byId("alert-rows").hidden = a.rows.length === 0;
+    const body = document.querySelector("#alert-rows tbody");
+    body.replaceChildren();
+    for (const alert of a.rows) {
+      const row = body.insertRow();
+      for (const value of [alert.round, alert.rule, alert.message, alert.outcome]) {
+        row.insertCell().textContent = value;
+      }
+      row.cells[0].className = "num";
+    }
   }
 
   async function loadSummary() {
@@ -143,10 +158,10 @@
   on("rounds", (m) => (m.reset ? draw(m.rows) : extend(m.rows)));
   on("status", showStatus);
   on("anomalies", showAnomalies);
-  on("live", (state) => { live = state; showLive(); });
+  on("alerts", showAlerts);
+  on("live", showLive);
   on("failure", (m) => { events.close(); showError(m.error); });
   events.onerror = () => {
     if (events.readyState !== EventSource.CLOSED) showError("reconnecting to the dashboard...");
   };
-  setInterval(showLive, 1000); // the state's age, and a server gone silent
 })();
