@@ -115,7 +115,7 @@ def test_a_deployment_server_publishes_its_live_state(tmp_path: Path) -> None:
     assert final["accepted"] == updates + evaluated
     assert final["bytes_up"] == up
     assert final["dropouts"] == 0 and final["refused"] == {}
-    serving = [s for s in seen if s.get("serving")]
-    assert serving, seen  # (its round phases may all fall in one throttled write: a
-    # fast run's; tests/test_dashboard_browser.py follows phases through a real hub)
-    assert seen[-1] == final
+    # the states while serving may all fall in one throttled write that a watcher on
+    # a loaded machine misses (a 3-round run lasts about a second): the states as
+    # they move are followed through a real hub in tests/test_dashboard_browser.py
+    assert seen and seen[-1] == final
