@@ -225,6 +225,7 @@ def check(cfg: Config) -> None:
         cfg.diagnostics,
         cfg.robust,
         cfg.communication,
+        cfg.privacy,
     )
 
 
