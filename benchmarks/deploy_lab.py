@@ -179,6 +179,8 @@ class Lab:
             if data is None:
                 args += ["--clients", id_list(ids)]
             else:
+                # one id: --data names the client's own folder; several: the
+                # folder of their folders <id>/ (data/folder.py's rule)
                 folder = data / str(ids[0]) if len(ids) == 1 else data
                 args += ["--data", str(folder), "--client-id", id_list(ids)]
             args += ["--name", f"client-{k}", "--certs", str(self.certs)]

@@ -17,7 +17,7 @@ from fedforge import config as config_mod
 from fedforge.cli import main
 from fedforge.core.dataspec import DataSpec
 from fedforge.core.errors import ConfigError, DataError
-from fedforge.data.folder import ClientFolder, Examples, own_data
+from fedforge.data.folder import ClientFolder, Examples, own_data, read_folders
 from fedforge.server.experiment import build
 from fedforge.server.partition_file import partition_summary
 from fedforge.server.registry import Registry
@@ -47,6 +47,24 @@ def _save(folder: Path, name: str = "train.npz", **arrays: object) -> Path:
     return folder
 
 
+def _npy_named_npz(folder: Path) -> Path:
+    """One array saved with np.save, under the name train.npz."""
+    with (folder / "train.npz").open("wb") as f:
+        np.save(f, np.zeros((2, 3)))
+    return folder
+
+
+def _corrupted(folder: Path) -> Path:
+    """A np.savez_compressed file whose x's deflate stream is overwritten: a
+    well-formed zip whose data cannot be inflated (zlib's error)."""
+    path = folder / "train.npz"
+    np.savez_compressed(path, x=np.arange(3000.0).reshape(1000, 3), y=np.zeros(1000, np.int64))
+    raw = bytearray(path.read_bytes())
+    raw[100:140] = b"\xff" * 40  # x.npy's member is first: its compressed bytes
+    path.write_bytes(bytes(raw))
+    return folder
+
+
 @pytest.mark.parametrize(
     ("make", "said"),
     [
@@ -68,6 +86,16 @@ def _save(folder: Path, name: str = "train.npz", **arrays: object) -> Path:
             lambda d: (d / "train.npz").write_bytes(b"not a zip") and d,
             "not a readable .npz file of arrays x and y",
         ),
+        (
+            _npy_named_npz,
+            "train.npz: a single array (.npy), not an .npz file of arrays x and y (write it "
+            "with np.savez(path, x=x, y=y))",
+        ),
+        (
+            _corrupted,
+            "train.npz: not a readable .npz file of arrays x and y (Error -3 while "
+            "decompressing data",
+        ),
     ],
 )
 def test_a_bad_folder_is_refused_in_one_line_before_connecting(
@@ -77,6 +105,31 @@ def test_a_bad_folder_is_refused_in_one_line_before_connecting(
     assert _client(tmp_path, "--data", str(folder), "--client-id", "0") == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("fedforge: error: ") and said in err
+
+
+def test_one_id_reads_its_folder_and_several_a_folder_each_said_when_mixed_up(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--client-id 5 reads PATH itself; --client-id 5,6 reads PATH/5/ and PATH/6/:
+    a folder laid out for the other is refused with the --data that reads it."""
+    site, own = tmp_path / "site", tmp_path / "own"
+    for k in (5, 6):
+        _save(site / str(k), x=np.zeros((2, 3)), y=np.zeros(2, np.int64))
+    _save(own, x=np.zeros((2, 3)), y=np.zeros(2, np.int64))
+    assert _client(tmp_path, "--data", str(site), "--client-id", "5") == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (
+        f"fedforge: error: --data {site}: no train.npz; with one --client-id the folder is "
+        f"the client's own: --data {site / '5'}"
+    )
+    assert _client(tmp_path, "--data", str(own), "--client-id", "5,6") == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (
+        f"fedforge: error: --data {own}: one client's folder (train.npz); with several "
+        f"--client-id ids it holds a folder <id>/ per client ({own / '5' / 'train.npz'}, ...)"
+    )
+    assert set(read_folders(site, [5, 6])) == {5, 6}
+    assert read_folders(own, [5])[5].train.path == own / "train.npz"
 
 
 def test_data_and_client_id_go_together(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -135,6 +188,47 @@ def test_examples_that_do_not_fit_the_spec_are_refused(
     assert str(err.value) == said
 
 
+@pytest.mark.parametrize(
+    ("spec", "dtype", "x", "y", "said"),
+    [
+        (  # finite in the file, infinite in the run's float32
+            SPEC,
+            torch.float32,
+            np.array([[0, 0, 0], [0, 1e300, 0]]),
+            np.zeros(2, np.int64),
+            "own/train.npz: array x holds 1e+300, beyond the range of the run's float32 (row 1)",
+        ),
+        (
+            DataSpec((3,), torch.float32, (), None),
+            torch.float64,
+            np.zeros((3, 3), np.float32),
+            np.array([0.5, 1.0, np.nan]),
+            "own/train.npz: array y holds a NaN or infinite value (row 2)",
+        ),
+        (
+            DataSpec((3,), torch.float32, (1,), None),
+            torch.float32,
+            np.zeros((2, 3), np.float32),
+            np.array([[np.inf], [0.0]]),
+            "own/train.npz: array y holds a NaN or infinite value (row 0)",
+        ),
+        (  # 2**63 + 5 would wrap around to a negative int64
+            SPEC,
+            torch.float64,
+            np.zeros((2, 3)),
+            np.array([1, 2**63 + 5], np.uint64),
+            "own/train.npz: array y holds class 9223372036854775813 (row 1); allowed: 0..3",
+        ),
+    ],
+)
+def test_values_are_checked_as_the_run_holds_them(
+    spec: DataSpec, dtype: torch.dtype, x: np.ndarray, y: np.ndarray, said: str
+) -> None:
+    with pytest.raises(DataError) as err:
+        own_data({0: _examples(x, y)}, spec, dtype, 3)
+    assert str(err.value) == said
+
+
 def test_a_process_holds_its_clients_rows_alone_sized_by_the_spec() -> None:
     """Clients 0 (two rows, one held out in test.npz) and 2 (labels 0..1 only) of
     3: a 4-class federation's data all the same, client 1's rows elsewhere."""
@@ -190,6 +284,8 @@ def test_spec_travels_as_json() -> None:
         ("partition.label_noise", 0.2),
         ("robust.attack", "sign_flip"),
         ("communication.group_by", "label"),
+        ("partition.feature_shift", ["rotation", "invert"]),
+        ("privacy.weights", "capped"),
     ],
 )
 def test_what_needs_the_clients_data_on_the_server_is_refused(field: str, value: object) -> None:
@@ -198,6 +294,10 @@ def test_what_needs_the_clients_data_on_the_server_is_refused(field: str, value:
         changes["robust.attack_fraction"] = 0.34
     if field == "communication.group_by":
         changes["communication.groups"] = 2
+    if field == "partition.feature_shift":  # shifts images
+        changes.update({"dataset": "mnist", "model": "cnn"})
+    if field == "privacy.weights":  # central DP's expected weight sums every client's count
+        changes.update({"privacy.dp": "central", "privacy.weight_cap": 50})
     with pytest.raises(ConfigError, match=rf"^{field} = .* deployment.client_data = 'remote'"):
         config_mod.override(config_mod.Config(), changes)
     partition = {k: v for k, v in changes.items() if k != "deployment.client_data"}

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
+from pathlib import Path
 
 import pytest
+import torch
 
+from fedforge.config import Config
 from fedforge.transport.hub import Hub
 from fedforge.transport.pb import federation_pb2 as pb
-from fedforge.transport.rollout import read_report
+from fedforge.transport.rollout import Rollout, read_report
 from fedforge.transport.work import EVALUATION, UPDATE
 
 
@@ -125,11 +129,37 @@ def test_evaluation_reports_are_bounded(report: dict, ok: bool) -> None:
     assert read_report(b"\xff{", 10) is None and read_report(b"[1]", 10) is None
 
 
+def test_evaluations_are_bounded_by_the_evaluation_count_declared_at_join() -> None:
+    """Client 0 trains on 2 examples and evaluates on 8 (its test.npz); client 1
+    said no evaluation count (0: its 3 training examples). A report of 8 rows is
+    taken from 0; one of 4 from 1 is not; a negative count is refused at join."""
+    hub = _hub()
+    session, ok, refused = hub.join("a", [(0, 2), (1, 3), (2, 5)], {0: 8, 2: -1})
+    assert ok == [0, 1] and "num_eval_examples = -1" in dict(refused)[2]
+    assert [hub.members[c].num_eval_examples for c in ok] == [8, 3]
+    assert hub.declared()[:2] == [2, 3]  # the training counts weigh the updates
+
+    def client() -> None:
+        works: list[pb.Work] = []
+        while len(works) < 2:
+            works += hub.poll("a", session, 1.0, False)
+        for w in works:
+            n = 8 if w.client_id == 0 else 4
+            header = _header(session, w.client_id, w.round_idx, w.model_version, EVALUATION)
+            header.phase = w.phase
+            report = {"accuracy": 0.5, "loss": 1.0, "num_examples": n}
+            assert hub.answer("a", header, json.dumps(report).encode()) is None
+
+    answering = threading.Thread(target=client)
+    answering.start()
+    got = Rollout(hub, Config()).evaluate([0, 1], b"model", "cold-start-0", "cold_start", 0)
+    answering.join()
+    assert got == {0: {"accuracy": 0.5, "loss": 1.0, "num_examples": 8.0}}
+
+
 def test_a_client_process_trains_on_one_thread(tmp_path: object) -> None:
     """Client processes share a host's cores: each trains on one torch thread,
     whatever torch's default (the thread plan is applied, not only made)."""
-    import torch
-
     from fedforge.config.parse import from_dict
     from fedforge.transport.hosted import build_hosted
 
@@ -141,6 +171,31 @@ def test_a_client_process_trains_on_one_thread(tmp_path: object) -> None:
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_client_process_builds_without_the_servers_client_tags(tmp_path: Path) -> None:
+    """``client_tags`` names a CSV on the server's host: the server's build reads
+    it; a client process, on a host without the file, builds from the config the
+    server sends (Hello) all the same."""
+    from fedforge.config.parse import dump, from_dict
+    from fedforge.server.experiment import build
+    from fedforge.transport.hosted import build_hosted, client_config
+
+    tags = tmp_path / "tags.csv"
+    tags.write_text("client_id,region\n0,north\n1,south\n2,north\n")
+    base = {"dataset": "synthetic", "model": "logreg", "num_clients": 4, "eval_clients": True}
+    cfg = from_dict({**base, "client_tags": str(tags)})
+    served = build(cfg).data.client_tags()["region"]
+    assert served == ("north", "south", "north", "untagged")
+    sent = dump(cfg)
+    tags.unlink()  # the client's host has no such file
+    local = client_config(sent, "cpu")
+    assert local.client_tags is None and local.eval_clients and cfg.client_tags == str(tags)
+    exp = build_hosted(local, [0, 1], None, "")
+    assert "region" not in exp.data.client_tags()
+    plain = build(from_dict(base)).data  # the same rows as without tags
+    for c in (0, 1):
+        assert torch.equal(exp.data.client_data(c)[0], plain.client_data(c)[0])
 
 
 @pytest.mark.parametrize(

@@ -26,6 +26,7 @@ from typing import Literal
 from fedforge.config.communication import CommunicationConfig
 from fedforge.config.data import PartitionConfig
 from fedforge.config.evaluation import DiagnosticsConfig
+from fedforge.config.privacy import PrivacyConfig
 from fedforge.config.robust import RobustConfig
 from fedforge.core.errors import ConfigError, raise_first
 
@@ -143,12 +144,14 @@ def remote_data_fits(
     diagnostics: DiagnosticsConfig,
     robust: RobustConfig,
     communication: CommunicationConfig,
+    privacy: PrivacyConfig,
 ) -> None:
     """With ``client_data: remote`` the server holds no client's examples, and
     the clients' data is theirs: refuse what reads a client's rows on the server
     (each client's held-out slice scored, the global model's loss on the
-    cohort's data) or simulates them (feature shift, label noise, attackers,
-    edge groups by majority label)."""
+    cohort's data), simulates them (feature shift, label noise, attackers, edge
+    groups by majority label), or needs every client's example count when the
+    server is built, before any joined (central DP's capped weights)."""
     if deployment.client_data != "remote":
         return
     server_reads = "the server would evaluate on its clients' rows"
@@ -182,6 +185,14 @@ def remote_data_fits(
             bool(communication.groups) and communication.group_by == "label",
             "the server would read its clients' labels",
             "'contiguous'",
+        ),
+        (
+            "privacy.weights",
+            privacy.weights,
+            privacy.dp == "central" and privacy.weights == "capped",
+            "central DP's noise is scaled by the cohort's expected weight, a sum over every "
+            "client's example count, which the server does not know when it starts",
+            "'uniform'",
         ),
     ]
     for name, value, refused, why, fix in rules:

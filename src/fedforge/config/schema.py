@@ -228,6 +228,7 @@ def check(cfg: Config) -> None:
         cfg.diagnostics,
         cfg.robust,
         cfg.communication,
+        cfg.privacy,
     )
 
 

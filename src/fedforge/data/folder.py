@@ -6,8 +6,11 @@
   examples: the cold start and canary evaluations score them (without it, the
   training examples).
 
-A process hosting several clients' data (``--client-id 0-24``: a site with its
-devices' data) reads one such folder per client, ``PATH/<id>/``.
+Which folder: with one id (``--client-id 5``) ``PATH`` is the client's own
+folder; with several (``--client-id 0-24``: a site hosting its devices' data)
+``PATH`` holds one such folder per client, ``PATH/<id>/``. The rule goes by the
+count of ids alone; a folder laid out the other way is refused with the
+``--data`` that reads it.
 
 Written with ``np.savez(PATH / "train.npz", x=x, y=y)``. The rows must be what
 the federation's model reads (the server's :class:`DataSpec`): ``x`` of the
@@ -23,6 +26,7 @@ the files; every error is one line naming the file, the array and the value.
 from __future__ import annotations
 
 import zipfile
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +42,10 @@ from fedforge.data.partition import Partition
 
 ARRAYS = ("x", "y")
 TRAIN, TEST = "train.npz", "test.npz"
+# what numpy raises on a file that is not an .npz of plain arrays: not a zip, a
+# truncated or corrupted one (a bad CRC, broken deflate data), a compression it
+# cannot read, a pickled (object) array
+UNREADABLE = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, NotImplementedError)
 
 
 @dataclass(frozen=True)
@@ -78,7 +86,13 @@ def read_folder(path: str | Path) -> ClientFolder:
 
 def _read(path: Path) -> Examples:
     try:
-        with np.load(path, allow_pickle=False) as npz:
+        loaded = np.load(path, allow_pickle=False)
+        if not isinstance(loaded, np.lib.npyio.NpzFile):
+            raise DataError(
+                f"{path}: a single array (.npy), not an .npz file of arrays x and y "
+                "(write it with np.savez(path, x=x, y=y))"
+            )
+        with loaded as npz:
             names = sorted(npz.files)
             if names != sorted(ARRAYS):
                 raise DataError(
@@ -86,7 +100,7 @@ def _read(path: Path) -> Examples:
                     "x (the inputs) and y (the labels)"
                 )
             x, y = npz["x"], npz["y"]
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+    except UNREADABLE as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise DataError(f"{path}: not a readable .npz file of arrays x and y ({first})") from None
     for name, a in (("x", x), ("y", y)):
@@ -112,9 +126,6 @@ def fit_spec(ex: Examples, spec: DataSpec, dtype: torch.dtype) -> tuple[torch.Te
     if x.dtype.kind not in ("f" if floats else "iu"):
         need = "floats (scaled as the federation scales its inputs)" if floats else "integers"
         raise DataError(f"{at}: array x is {x.dtype}; the federation's inputs are {need}")
-    if floats and not np.isfinite(x).all():
-        row = int(np.argwhere(~np.isfinite(x))[0, 0])
-        raise DataError(f"{at}: array x holds a NaN or infinite value (row {row})")
     if tuple(y.shape[1:]) != spec.label_shape:
         raise DataError(
             f"{at}: array y rows have shape {tuple(y.shape[1:])}; the federation's labels "
@@ -125,27 +136,64 @@ def fit_spec(ex: Examples, spec: DataSpec, dtype: torch.dtype) -> tuple[torch.Te
             raise DataError(
                 f"{at}: array y is {y.dtype}; the federation's labels are float targets"
             )
-        labels = torch.from_numpy(y).to(dtype)
+        labels = torch.from_numpy(_native(y)).to(dtype)
+        _check_finite(at, "y", y, labels)
     else:
         if y.dtype.kind not in "iu":
             raise DataError(
                 f"{at}: array y is {y.dtype}; the federation's labels are integer class ids "
                 f"0..{spec.num_classes - 1}"
             )
+        check_classes(f"{at}: array y", y, spec.num_classes)  # before the cast: uint64 too
         labels = torch.from_numpy(y.astype(np.int64))
-        check_classes(f"{at}: array y", labels, spec.num_classes)
-    inputs = torch.from_numpy(np.ascontiguousarray(x)).to(dtype if floats else spec.input_dtype)
+    inputs = torch.from_numpy(_native(x)).to(dtype if floats else spec.input_dtype)
+    if floats:
+        _check_finite(at, "x", x, inputs)
     return inputs, labels
+
+
+def _native(a: np.ndarray) -> np.ndarray:
+    """``a`` contiguous in the machine's byte order (torch reads no other)."""
+    return np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("="))
+
+
+def _check_finite(at: Path, name: str, stored: np.ndarray, cast: torch.Tensor) -> None:
+    """DataError when array ``name``, ``stored`` as the file holds it and ``cast``
+    to the run's dtype, holds a NaN or an infinity: one of the file's, or a
+    number too large for the dtype."""
+    bad = ~torch.isfinite(cast)
+    if not bad.any():
+        return
+    at_bad = tuple(int(i) for i in torch.nonzero(bad)[0])
+    value = stored[at_bad]
+    if np.isfinite(value):
+        dtype = str(cast.dtype).removeprefix("torch.")
+        what = f"{float(value):g}, beyond the range of the run's {dtype}"
+    else:
+        what = "a NaN or infinite value"
+    raise DataError(f"{at}: array {name} holds {what} (row {at_bad[0]})")
 
 
 def read_folders(path: str | Path, ids: Sequence[int]) -> dict[int, ClientFolder]:
     """The folders of the clients ``ids`` a process hosts: ``path`` itself for
     one client, ``path/<id>/`` each for several (a site with its devices' data)."""
+    root = Path(path)
     if len(ids) == 1:
-        return {ids[0]: read_folder(path)}
-    if not Path(path).is_dir():
-        raise DataError(f"--data {path}: no such folder (it holds a folder <id>/ per client)")
-    return {k: read_folder(Path(path) / str(k)) for k in ids}
+        own = root / str(ids[0])
+        if not (root / TRAIN).is_file() and (own / TRAIN).is_file():
+            raise DataError(
+                f"--data {root}: no {TRAIN}; with one --client-id the folder is the "
+                f"client's own: --data {own}"
+            )
+        return {ids[0]: read_folder(root)}
+    if not root.is_dir():
+        raise DataError(f"--data {root}: no such folder (it holds a folder <id>/ per client)")
+    if (root / TRAIN).is_file() and not any((root / str(k)).is_dir() for k in ids):
+        raise DataError(
+            f"--data {root}: one client's folder ({TRAIN}); with several --client-id ids it "
+            f"holds a folder <id>/ per client ({root / str(ids[0]) / TRAIN}, ...)"
+        )
+    return {k: read_folder(root / str(k)) for k in ids}
 
 
 def own_data(

@@ -69,16 +69,20 @@ def check_given(
     check_fits(data, model, name)
 
 
-def check_classes(what: str, y: torch.Tensor, classes: int | None) -> None:
+def check_classes(what: str, y: torch.Tensor | np.ndarray, classes: int | None) -> None:
     """Class ids in ``0..classes - 1`` (-1, padding, allowed in sequences);
-    ``what`` names the labels in the error."""
-    if classes is None or not y.numel():
+    ``what`` names the labels in the error. ``y`` a tensor, or an array of any
+    integer dtype (checked before a cast to int64 could wrap a uint64 around)."""
+    if classes is None:
         return
-    low = -1 if y.dim() > 1 else 0
-    lo, hi = int(y.min()), int(y.max())
+    a = y if isinstance(y, np.ndarray) else y.detach().cpu().numpy()
+    if not a.size:
+        return
+    low = -1 if a.ndim > 1 else 0
+    lo, hi = int(a.min()), int(a.max())
     if lo < low or hi >= classes:
         bad = lo if lo < low else hi
-        row = int(torch.nonzero(y == bad)[0, 0])
+        row = int(np.argwhere(a == bad)[0, 0])
         raise DataError(
             f"{what} holds class {bad} (row {row}); allowed: 0..{classes - 1}"
             + (" and -1 (padding)" if low < 0 else "")

@@ -153,8 +153,14 @@ class ClientProcess:
                 )
                 log_event("client", "state_loaded", rows=self.state.load())
         assert self.exp is not None
+        data = self.exp.data
         members = [
-            pb.Member(client_id=c, num_examples=self.exp.data.num_examples(c)) for c in self.opt.ids
+            pb.Member(
+                client_id=c,
+                num_examples=data.num_examples(c),
+                num_eval_examples=len(evaluation_data(self.exp, c)[1]),
+            )
+            for c in self.opt.ids
         ]
         reply = self._unary("Join", pb.JoinRequest(members=members).SerializeToString(), 30)
         assert isinstance(reply, pb.JoinReply)

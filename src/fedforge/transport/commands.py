@@ -57,13 +57,15 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "--data",
         type=Path,
         metavar="PATH",
-        help="this client's own examples: PATH/train.npz (arrays x, y) and optionally "
-        "PATH/test.npz (with --client-id; the server's deployment.client_data: remote)",
+        help="this client's own examples (the server's deployment.client_data: remote): "
+        "PATH/train.npz (arrays x, y) and optionally PATH/test.npz; with several "
+        "--client-id ids, PATH/<id>/ holds each one's",
     )
     client.add_argument(
         "--client-id",
         metavar="N",
-        help="with --data: this client's id (several, e.g. 0-24: PATH/<id>/ is each one's folder)",
+        help="with --data: this client's id, its files in PATH itself; several (0-24, "
+        "3,5: a site hosting its devices' data): each one's files in PATH/<id>/",
     )
     client.add_argument("--name", help="this process's name (its certificate or key's)")
     client.add_argument("--key", type=Path, help="--auth keys: the Ed25519 private key")

@@ -34,9 +34,11 @@ from fedforge.server.experiment import Experiment, build
 
 def client_config(config_yaml: str, device: str) -> Config:
     """The server's config as this process runs it: one client at a time, serially,
-    on one thread, on ``device``."""
+    on one thread, on ``device``; without ``client_tags`` (a CSV on the server's
+    host, read by its per-tag evaluation alone)."""
     cfg = from_dict(yaml.safe_load(config_yaml))
-    return override(cfg, {"engine": "serial", "workers": 1, "threads": 1, "device": device})
+    local = {"engine": "serial", "workers": 1, "threads": 1, "device": device}
+    return override(cfg, {**local, "client_tags": None})
 
 
 def build_hosted(

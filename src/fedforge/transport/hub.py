@@ -74,9 +74,12 @@ class Hub:
         self._dismissed: set[str] = set()  # sessions told the run is over
 
     # ------------------------------------------------------------- gRPC threads
-    def join(self, owner: str, members: list[tuple[int, int]]) -> tuple[str, list[int], list]:
-        """Register ``owner``'s client ids: a new session, the ids accepted and the
-        (id, reason) refused (outside the federation, or hosted by another)."""
+    def join(
+        self, owner: str, members: list[tuple[int, int]], evals: Mapping[int, int] | None = None
+    ) -> tuple[str, list[int], list]:
+        """Register ``owner``'s client ids, each with its count of training examples
+        and, in ``evals``, of evaluation ones (absent or 0: the same): a new session,
+        the ids accepted and the (id, reason) refused (``_refuse_member``)."""
         if len(members) > self.num_clients:
             raise ValueError(
                 f"a join of {len(members)} client ids; this federation has {self.num_clients}"
@@ -86,12 +89,12 @@ class Hub:
             self.sessions[session] = owner
             accepted, refused = [], []
             for cid, n in members:
-                why = self._refuse_member(owner, cid, n)
+                e = (evals or {}).get(cid, 0)
+                why = self._refuse_member(owner, cid, n, e)
                 if why is not None:
-                    refused.append((cid, why))
-                    self.on_refusal(owner, cid, why)
+                    refused.append((cid, self._refuse(owner, cid, why)))
                     continue
-                self.members[cid] = Member(cid, owner, n, session, self.clock())
+                self.members[cid] = Member(cid, owner, n, session, self.clock(), e or n)
                 self._reissue(cid)
                 accepted.append(cid)
             live = {m.session for m in self.members.values()}
@@ -118,11 +121,11 @@ class Hub:
             if key not in pending:
                 pending.append(key)
 
-    def _refuse_member(self, owner: str, cid: int, n: int) -> str | None:
+    def _refuse_member(self, owner: str, cid: int, n: int, e: int) -> str | None:
         if not 0 <= cid < self.num_clients:
             return f"client id {cid} is outside this federation's 0..{self.num_clients - 1}"
-        if n < 0:
-            return f"client {cid} declared num_examples = {n}; it must be >= 0"
+        if min(n, e) < 0:
+            return f"client {cid} declared num_examples = {n}, num_eval_examples = {e}; >= 0 each"
         if self.allowed is not None and cid not in self.allowed.get(owner, ()):
             return f"client id {cid} is not among the ids '{owner}' may host (members.json)"
         held = self.members.get(cid)
@@ -368,10 +371,8 @@ class Hub:
     def declared(self) -> list[int]:
         """Each client id's example count as declared when it joined (0: not joined)."""
         with self.cond:
-            return [
-                m.num_examples if (m := self.members.get(c)) is not None else 0
-                for c in range(self.num_clients)
-            ]
+            sizes = {c: m.num_examples for c, m in self.members.items()}
+        return [sizes.get(c, 0) for c in range(self.num_clients)]
 
     def wait_for(self, count: int, timeout_s: float) -> int:
         """Wait until ``count`` clients joined; how many did."""
@@ -384,13 +385,8 @@ class Hub:
     def undismissed(self) -> int:
         """Sessions with clients heard from lately that were not yet told the run
         is over (the server waits for them before it stops listening)."""
-        with self.cond:
-            now = self.clock()
-            live = {
-                m.session
-                for m in self.members.values()
-                if now - m.last_seen < self.heartbeat_timeout_s
-            }
+        with self.cond:  # (the condition's lock is reentrant: alive takes it again)
+            live = {self.members[c].session for c in self.alive()}
             return len(live - self._dismissed)
 
     def finish(self, reason: str) -> None:

@@ -229,7 +229,7 @@ class Rollout:
         out: dict[int, dict[str, float]] = {}
         for a in self.hub.gather(keys, self.deadline_s):
             member = self.hub.members.get(a.client_id)
-            report = read_report(a.data, member.num_examples if member is not None else 0)
+            report = read_report(a.data, member.num_eval_examples if member is not None else 0)
             if report is None:
                 self.hub.on_refusal(
                     "?", a.client_id, f"malformed evaluation of client {a.client_id}"
@@ -242,8 +242,9 @@ class Rollout:
 
 def read_report(data: bytes, declared: int) -> dict[str, float] | None:
     """A client's evaluation report: JSON of a finite accuracy and loss and
-    num_examples within 0..``declared`` (what it declared when it joined); None
-    for anything else (a report cannot move the canary's weights past a count)."""
+    num_examples within 0..``declared`` (the count of examples it evaluates on, as
+    it declared it when it joined); None for anything else (a report cannot move
+    the canary's weights past a count)."""
     try:
         m = json.loads(data.decode())
         n = m["num_examples"]

@@ -85,8 +85,9 @@ class FederationService(pb_grpc.FederationServicer):
             who = self.guard.who("Join", request, context)
             body = parse(pb.JoinRequest, request.body, "JoinRequest")
             members = [(m.client_id, m.num_examples) for m in body.members]
+            evals = {m.client_id: m.num_eval_examples for m in body.members}
             try:
-                session, accepted, refused = self.hub.join(who, members)
+                session, accepted, refused = self.hub.join(who, members, evals)
             except ValueError as exc:
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT, str(exc), who) from None
             return pb.JoinReply(

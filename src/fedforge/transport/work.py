@@ -34,9 +34,12 @@ class Member:
 
     client_id: int
     owner: str  # the authenticated name of the process that joined it
-    num_examples: int
+    num_examples: int  # the examples it trains on
     session: str
     last_seen: float  # time.monotonic() of its process's last poll or heartbeat
+    # the examples it evaluates on (cold start, canary): its held-out ones, or
+    # its training ones when it has none
+    num_eval_examples: int
 
 
 @dataclass

@@ -46,12 +46,14 @@ class HelloReply(_message.Message):
     def __init__(self, run_name: _Optional[str] = ..., config_yaml: _Optional[str] = ..., server_version: _Optional[str] = ..., data_spec_json: _Optional[str] = ...) -> None: ...
 
 class Member(_message.Message):
-    __slots__ = ("client_id", "num_examples")
+    __slots__ = ("client_id", "num_examples", "num_eval_examples")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
+    NUM_EVAL_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
     client_id: int
     num_examples: int
-    def __init__(self, client_id: _Optional[int] = ..., num_examples: _Optional[int] = ...) -> None: ...
+    num_eval_examples: int
+    def __init__(self, client_id: _Optional[int] = ..., num_examples: _Optional[int] = ..., num_eval_examples: _Optional[int] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
     __slots__ = ("members",)
