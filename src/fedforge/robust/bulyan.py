@@ -17,7 +17,7 @@ import torch
 
 from fedforge.aggregation.mean import Accumulator
 from fedforge.robust.common import (
-    Gathered,
+    RowStack,
     by_columns,
     check_inputs,
     refuse_below,
@@ -71,4 +71,4 @@ class Bulyan:
         return by_columns(chosen, closest_mean)
 
     def start(self, size: int, dtype: torch.dtype) -> Accumulator:
-        return Gathered(self.aggregate)
+        return RowStack(self.aggregate)

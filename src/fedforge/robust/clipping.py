@@ -25,7 +25,7 @@ import torch
 
 from fedforge.aggregation.mean import Accumulator
 from fedforge.core.errors import ConfigError
-from fedforge.robust.common import Gathered, check_inputs
+from fedforge.robust.common import RowStack, check_inputs
 from fedforge.robust.geomed import distances_to
 
 
@@ -96,7 +96,7 @@ class NormBound:
         return ((w * scale) @ updates) / w.sum()
 
     def start(self, size: int, dtype: torch.dtype) -> Accumulator:
-        return Gathered(self.aggregate)
+        return RowStack(self.aggregate)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return self._bound.state_dict()
@@ -135,7 +135,7 @@ class CentredClip:
         return v
 
     def start(self, size: int, dtype: torch.dtype) -> Accumulator:
-        return Gathered(self.aggregate)
+        return RowStack(self.aggregate)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         state = {f"bound/{k}": v for k, v in self._bound.state_dict().items()}

@@ -103,7 +103,7 @@ def squared_distances(updates: torch.Tensor) -> torch.Tensor:
     return d
 
 
-class Gathered:
+class RowStack:
     """An accumulator for rules that need every update: it keeps the rows and
     calls ``aggregate`` on the stack (O(cohort) memory, like the gathered round)."""
 

@@ -18,7 +18,7 @@ import torch
 from fedforge.aggregation.mean import Accumulator
 from fedforge.core.errors import ConfigError
 from fedforge.robust.common import (
-    Gathered,
+    RowStack,
     by_columns,
     check_inputs,
     sort_columns,
@@ -41,7 +41,7 @@ class Median:
         return by_columns(updates, lambda block: sorted_median(sort_columns(block)))
 
     def start(self, size: int, dtype: torch.dtype) -> Accumulator:
-        return Gathered(self.aggregate)
+        return RowStack(self.aggregate)
 
 
 class TrimmedMean:
@@ -72,4 +72,4 @@ class TrimmedMean:
         return by_columns(updates, lambda block: sort_columns(block)[b : k - b].mean(dim=0))
 
     def start(self, size: int, dtype: torch.dtype) -> Accumulator:
-        return Gathered(self.aggregate)
+        return RowStack(self.aggregate)

@@ -25,7 +25,7 @@ import torch
 from fedforge.aggregation.mean import Accumulator
 from fedforge.core.errors import ConfigError
 from fedforge.robust.common import (
-    Gathered,
+    RowStack,
     by_columns,
     check_inputs,
     sort_columns,
@@ -85,4 +85,4 @@ class GeometricMedian:
         return z
 
     def start(self, size: int, dtype: torch.dtype) -> Accumulator:
-        return Gathered(self.aggregate)
+        return RowStack(self.aggregate)

@@ -17,7 +17,7 @@ import torch
 
 from fedforge.aggregation.mean import Accumulator
 from fedforge.core.errors import AggregationError, ConfigError
-from fedforge.robust.common import Gathered, check_inputs, refuse_below, squared_distances
+from fedforge.robust.common import RowStack, check_inputs, refuse_below, squared_distances
 
 
 def krum_scores(dist: torch.Tensor, f: int) -> torch.Tensor:
@@ -64,7 +64,7 @@ class Krum:
         return updates[self.select(updates, 1)[0]].clone()
 
     def start(self, size: int, dtype: torch.dtype) -> Accumulator:
-        return Gathered(self.aggregate)
+        return RowStack(self.aggregate)
 
 
 class MultiKrum(Krum):
