@@ -223,6 +223,7 @@ def secagg(b: Bench, out: dict[str, Any]) -> None:
     groups = drop_layout(n, procs, cohort, k)
     common: dict[str, Any] = {"client_fraction": a.secagg_fraction, "rounds": 2}
     common["communication"] = {"clip_norm": 1.0}
+    common["deployment"] = {"cold_start": False}  # refused with secure aggregation
     plain_cfg = b.config("plain", "cnn_iid_e1_b10", **common)
     secure_cfg = b.config("secagg", "cnn_iid_e1_b10", privacy={"secagg": True}, **common)
     print(

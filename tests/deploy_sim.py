@@ -26,6 +26,8 @@ from fedforge.server.loop import RunResult
 
 ALL = set(range(6))
 SECAGG = {"privacy": {"secagg": True}, "communication": {"clip_norm": 1.0}}
+# secure aggregation refuses cold start: the server must not see a client's own numbers
+QUIET = {"cold_start": False}
 # the phases of a secure-aggregation round in order; "train" is the masked
 # input's upload, after its phase message
 ORDER = ["advertise", "share_keys", "masked_input", "train", "unmask"]

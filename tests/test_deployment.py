@@ -232,7 +232,7 @@ def test_canary_promotes_a_better_model_and_rolls_back_a_worse_one(
             assert version_id == live.version_id
             model.load_state_dict(named)
             assert torch.equal(spec.flatten(model, served.dtype), served)
-        assert len(list(folder.glob("serving-v*.safetensors"))) == 1  # older ones removed
+        assert len(list(folder.glob("serving-*-v*.safetensors"))) == 1  # older ones removed
     decisions = [e for e in server.events() if e.get("event") == "canary"]
     said = {"promoted": "promote", "rolled_back": "rollback"}[verdict]
     assert [d["decision"] for d in decisions] == [said] * 2

@@ -29,6 +29,7 @@ import torch
 from deploy_procs import Proc, start_client, start_server, write_config
 from deploy_sim import (
     ALL,
+    QUIET,
     SECAGG,
     _clients,
     _close,
@@ -128,7 +129,9 @@ def test_secure_aggregation_over_the_wire_ends_where_the_simulator_ends(
     """SecAgg (t = ceil(0.66 * 6) = 4) with all six clients in three processes:
     the four phases travel as PHASE work, and the unmasked sums are the
     simulator's."""
-    cfg = write_config(tmp_path / "cfg.yaml", client_fraction=1.0, rounds=3, **SECAGG)
+    cfg = write_config(
+        tmp_path / "cfg.yaml", client_fraction=1.0, rounds=3, deployment=QUIET, **SECAGG
+    )
     server, port = start_server(tmp_path, cfg, "--insecure")
     clients = _clients(tmp_path, port, monkeypatch)
     try:
@@ -158,7 +161,7 @@ def test_secure_aggregation_recovers_the_masks_of_clients_that_died(
         tmp_path / "cfg.yaml",
         client_fraction=1.0,
         rounds=3,
-        deployment={"heartbeat_timeout_s": 2},
+        deployment={"heartbeat_timeout_s": 2, **QUIET},
         **SECAGG,
     )
     server, port = start_server(tmp_path, cfg, "--insecure")
@@ -190,7 +193,7 @@ def test_secure_aggregation_below_threshold_skips_the_round(
         tmp_path / "cfg.yaml",
         client_fraction=1.0,
         rounds=3,
-        deployment={"heartbeat_timeout_s": 2},
+        deployment={"heartbeat_timeout_s": 2, **QUIET},
         privacy={"secagg": True, "secagg_threshold": 0.8},
         communication={"clip_norm": 1.0},
     )

@@ -258,14 +258,18 @@ def test_a_resume_with_client_held_state_needs_a_checkpoint_every_round(
 @pytest.mark.parametrize(
     ("changes", "named"),
     [
-        ({"privacy.dp": "local"}, "deployment.cold_start with privacy.dp = 'local'"),
+        ({"privacy.dp": "local"}, "deployment.cold_start with privacy.dp = 'local':"),
         (
             {"privacy.dp": "local", "deployment.cold_start": False, "deployment.canary_every": 2},
-            "deployment.canary_every with privacy.dp = 'local'",
+            "deployment.canary_every with privacy.dp = 'local':",
         ),
         (
             {"privacy.secagg": True, "privacy.tiers.high_fraction": 0.5},
-            "deployment.cold_start with privacy.dp = 'none' and tiers",
+            "deployment.cold_start with privacy.secagg and privacy tiers:",
+        ),
+        (
+            {"privacy.secagg": True, "communication.clip_norm": 1.0},
+            "deployment.cold_start with privacy.secagg:",
         ),
     ],
 )
@@ -281,3 +285,42 @@ def test_evaluation_reports_are_refused_where_the_server_is_not_trusted(
         _served(cfg)
     quiet = {"deployment.cold_start": False, "deployment.canary_every": 0}
     assert _served(override(cfg, quiet)).engine == "serial"
+
+
+def test_client_held_state_needs_an_upload_every_round() -> None:
+    from fedforge.config import Config, override
+    from fedforge.core.errors import ConfigError
+    from fedforge.transport.serve import _served
+
+    cfg = override(Config(checkpoint_every=1), {"algorithm": "scaffold"})
+    with pytest.raises(ConfigError, match="communication.upload_every: 2 with SCAFFOLD"):
+        _served(override(cfg, {"communication.upload_every": 2}))
+
+
+def test_a_serving_index_of_another_run_is_not_taken(tmp_path: object) -> None:
+    """Version ids start again in every run: a state folder reused by another run
+    (another config) does not serve the old run's model; processes sharing a
+    folder keep their own index."""
+    from pathlib import Path
+
+    import torch
+
+    from fedforge.core.errors import DataError
+    from fedforge.core.params import ParamSpec
+    from fedforge.transport.serving import ServingModels, load_serving
+
+    folder = Path(str(tmp_path))
+    spec = ParamSpec.of(torch.nn.Linear(2, 1))
+    a = ServingModels(folder, [0, 1], "run: a")
+    a.keep(1, 0, torch.arange(3.0), spec, [0, 1])
+    b = ServingModels(folder, [2], "run: a")
+    b.keep(2, 5, torch.ones(3), spec, [2])
+    assert load_serving(folder, 0)[0] == 1 and load_serving(folder, 2)[0] == 2
+    assert torch.equal(load_serving(folder, 1)[1]["bias"], torch.tensor([2.0]))
+    assert ServingModels(folder, [0, 1], "run: a").needs(0, 1) is False  # a restart keeps it
+    other = ServingModels(folder, [0, 1], "run: b")  # another run's config
+    assert other.needs(0, 1) and not list(folder.glob("serving-0-1-v*.safetensors"))
+    with pytest.raises(DataError, match="client 0 serves no model version"):
+        load_serving(folder, 0)
+    with pytest.raises(DataError, match="client 7 serves no model version"):
+        load_serving(folder, 7)

@@ -104,7 +104,7 @@ class ClientProcess:
         self.exp: Experiment | None = None
         self.state: ClientStateFile | None = None
         self._trained_round: dict[int, int] = {}
-        self.serving = ServingModels(options.state_dir)  # the models for inference
+        self.serving = ServingModels(None, options.ids, "")  # the models for inference
         self.config_yaml = ""
         self.session = ""
         self.stop = threading.Event()
@@ -142,6 +142,7 @@ class ClientProcess:
             cfg = client_config(hello.config_yaml, self.opt.device)
             self.exp = build_hosted(cfg, self.opt.ids, self.opt.data, hello.data_spec_json)
             self.config_yaml = hello.config_yaml
+            self.serving = ServingModels(self.opt.state_dir, self.opt.ids, hello.config_yaml)
             if self.opt.state_dir is not None:
                 tables = client_tables(self.exp)
                 self.state = ClientStateFile(
@@ -274,8 +275,16 @@ class ClientProcess:
         for w in works:
             new = [v.client_id for v in works if v.payload_id == w.payload_id]
             if self.serving.needs(w.client_id, w.model_version):
-                params = wire.decode(self._download(w.payload_id)).tensors["params"]
-                self.serving.keep(w.model_version, w.round_idx, params, self.exp.spec, new)
+                try:
+                    data = self._download(w.payload_id)
+                except Lost:  # a version replaced meanwhile: its successor's notice follows
+                    log_event("client", "serving_gone", version=w.model_version)
+                    continue
+                decoded = wire.decode(data)
+                made = int(decoded.meta.get("round_idx", w.round_idx))
+                self.serving.keep(
+                    w.model_version, made, decoded.tensors["params"], self.exp.spec, new
+                )
             self._upload(w, "served", b"")
 
     @property

@@ -28,7 +28,7 @@ PENDING = "pending"  # the rows of state computed and not yet committed
 OUTBOX = "outbox/"  # outbox/<client>/<round>: an update not yet known to be taken
 
 
-def _span(ids: Sequence[int]) -> str:
+def span_of(ids: Sequence[int]) -> str:
     """'0-2_7' for [0, 1, 2, 7]: the hosted ids, as runs."""
     runs: list[list[int]] = []
     for c in sorted(set(ids)):
@@ -51,7 +51,7 @@ class ClientStateFile:
         pending: object | None = None,
     ) -> None:
         # one file per process: named by the ids it hosts
-        self.path = folder / f"client-state-{_span(ids)}.safetensors"
+        self.path = folder / f"client-state-{span_of(ids)}.safetensors"
         # state computed and not yet committed (SCAFFOLD's c_k+): pending() and
         # restore_pending() of the algorithm's client half
         self.pending = pending if hasattr(pending, "pending") else None

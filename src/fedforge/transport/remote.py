@@ -159,12 +159,13 @@ class RemoteEngine:
 
     def tell_commit(self, next_round: int) -> None:
         """Post the COMMITs of the last upload round before ``next_round``; a resumed
-        server (nothing pending) posts those of the last recorded round again (its
-        client rows: a client that already kept that state ignores them)."""
+        server (nothing pending) posts again those of the newest recorded round that
+        used updates (its client rows: a client that already kept that state, or
+        moved on since, ignores them)."""
         if self.commit is None and self.store is not None and next_round > 0:
-            done = [r.round_idx for r in self.store.rounds() if r.round_idx < next_round]
-            last = max(done, default=None)
-            if last is not None:
+            used_rounds = {c.round_idx for c in self.store.client_rounds()}
+            last = max((r for r in used_rounds if r < next_round), default=None)
+            if last is not None:  # the newest round that used updates (skips use none)
                 used = [c.client_id for c in self.store.client_rounds(last)]
                 self.commit = (last, used)
         if self.commit is None:

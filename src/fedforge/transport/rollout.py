@@ -173,8 +173,12 @@ class Rollout:
         if self.serving_pid != pid:  # a new serving version: its payload replaces the old
             assert self.store is not None
             model = vs.load_version_params(self.store, vid).to(dtype)
-            if self.serving_pid is not None:
+            if self.serving_pid is not None:  # and the old one's notices are withdrawn
                 self.hub.withdraw(self.serving_pid)
+                old = {c: key for c, (key, v) in self.sent.items() if v != vid}
+                self.hub.close(set(old.values()))
+                for c in old:
+                    del self.sent[c]
             self.hub.serve(pid, model_payload(model, live.round_idx), alone=False)
             self.serving_pid = pid
         size = len(self.hub.payloads[pid])

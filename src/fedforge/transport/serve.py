@@ -183,16 +183,15 @@ def _served(cfg: Config) -> Config:
 def _check_served(cfg: Config) -> None:
     """What a simulation may run but a deployment may not."""
     p, dep = cfg.privacy, cfg.deployment
-    untrusted = p.dp in ("local", "distributed") or bool(
-        p.tiers.high_fraction or p.tiers.high_clients
-    )
-    if untrusted and (dep.cold_start or dep.canary_every > 0):
+    if p.hides_updates and (dep.cold_start or dep.canary_every > 0):
         what = "deployment.cold_start" if dep.cold_start else "deployment.canary_every"
+        why = [f"privacy.dp = {p.dp!r}"] if p.dp in ("local", "distributed") else []
+        why += ["privacy.secagg"] if p.secagg else []
+        why += ["privacy tiers"] if p.tiers.enabled else []
         raise ConfigError(
-            f"{what} with privacy.dp = {p.dp!r}{' and tiers' if p.dp == 'none' else ''}: a "
-            "client's evaluation report (its accuracy and loss, un-noised) would reach the "
-            "server it keeps its data from; set deployment.cold_start: false and "
-            "deployment.canary_every: 0"
+            f"{what} with {' and '.join(why)}: a client's evaluation report (its accuracy "
+            "and loss, exact) would reach the server it keeps its own numbers from; set "
+            "deployment.cold_start: false and deployment.canary_every: 0"
         )
     held = client_held_state(cfg)
     if held is not None and cfg.checkpoint_every != 1:
@@ -200,6 +199,12 @@ def _check_served(cfg: Config) -> None:
             f"checkpoint_every: {cfg.checkpoint_every} with {held}: a deployment needs 1 "
             "(the clients keep that state on their disks; a server resumed from an older "
             "checkpoint would re-run rounds their state has already passed)"
+        )
+    if held is not None and cfg.communication.upload_every != 1:
+        raise ConfigError(
+            f"communication.upload_every: {cfg.communication.upload_every} with {held}: a "
+            "deployment needs 1 (the clients are told to keep their state when the next "
+            "upload round begins, after the round's checkpoint)"
         )
 
 
