@@ -324,3 +324,50 @@ def test_a_serving_index_of_another_run_is_not_taken(tmp_path: object) -> None:
         load_serving(folder, 0)
     with pytest.raises(DataError, match="client 7 serves no model version"):
         load_serving(folder, 7)
+
+
+@pytest.mark.parametrize("operator", ["rollback", "promote"])
+def test_an_operators_decision_during_a_canary_stands(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch, operator: str
+) -> None:
+    """`fedforge models rollback|promote` while the canary's clients evaluate: the
+    judge's own decision (here: promote, the two versions scoring the same) is not
+    applied over it, and the run does not fail."""
+    from pathlib import Path
+
+    import torch
+
+    from fedforge.config import Config, override
+    from fedforge.store import RunStore
+    from fedforge.store import versions as vs
+    from fedforge.transport.rollout import Rollout
+
+    cfg = override(
+        Config(),
+        {
+            "deployment.canary_every": 1,
+            "deployment.canary_fraction": 1.0,
+            "deployment.canary_min_reports": 2,
+        },
+    )
+    hub = Hub(4, 30.0)
+    hub.join("a", [(0, 10), (1, 10)])
+    rollout = Rollout(hub, cfg)
+    store = RunStore.create(Path(str(tmp_path)), cfg)
+    rollout.bind(store)
+    first = vs.add_version(store, torch.zeros(3), 0, None, {}, status="promoted")
+    report = {"accuracy": 0.5, "loss": 1.0, "num_examples": 10}
+
+    def evaluate(ids: list[int], *args: object) -> dict[int, dict[str, float]]:
+        cand = vs.canary(store)
+        if cand is not None:  # the operator, while the clients evaluate
+            getattr(vs, operator)(store, cand.version_id)
+        return {c: dict(report) for c in ids}
+
+    monkeypatch.setattr(rollout, "evaluate", evaluate)
+    rollout._canary(1, torch.ones(3))
+    versions = {v.version_id: v.status for v in vs.list_versions(store)}
+    want = "rolled_back" if operator == "rollback" else "promoted"
+    assert versions[first.version_id + 1] == want
+    assert versions[first.version_id] == ("promoted" if operator == "rollback" else "superseded")
+    store.close()

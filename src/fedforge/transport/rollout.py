@@ -31,6 +31,7 @@ import torch
 
 from fedforge.config import Config
 from fedforge.core import wire
+from fedforge.core.errors import StoreError
 from fedforge.server.canary import CanaryJudge, CanaryPolicy, in_canary
 from fedforge.store import RunStore
 from fedforge.store import versions as vs
@@ -141,17 +142,25 @@ class Rollout:
                 judge.report(c, vid, m, int(m["num_examples"]))
         decision = judge.decide()
         vs.update_metrics(store, cand.version_id, decision.metrics())
-        if decision.kind == "promote":
-            vs.promote(store, cand.version_id)
-        elif decision.kind == "rollback":
-            vs.rollback(store, cand.version_id)
+        kind: str = decision.kind
+        reason = decision.reason
+        try:
+            status = vs.get_version(store, cand.version_id).status
+            if status != "canary":  # an operator decided meanwhile (fedforge models)
+                kind, reason = "operator", f"left as the operator set it: {status}"
+            elif kind == "promote":
+                vs.promote(store, cand.version_id)
+            elif kind == "rollback":
+                vs.rollback(store, cand.version_id)
+        except StoreError as exc:  # the operator acted between the look and the change
+            kind, reason = "operator", f"left as the operator set it ({exc})"
         log_event(
             "server",
             "canary",
             round=round_idx + 1,
             version=cand.version_id,
-            decision=decision.kind,
-            reason=decision.reason,
+            decision=kind,
+            reason=reason,
         )
 
     # ------------------------------------------------------------ serving
