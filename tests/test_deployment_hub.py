@@ -331,8 +331,9 @@ def test_an_operators_decision_during_a_canary_stands(
     tmp_path: object, monkeypatch: pytest.MonkeyPatch, operator: str
 ) -> None:
     """`fedforge models rollback|promote` while the canary's clients evaluate: the
-    judge's own decision (here: promote, the two versions scoring the same) is not
-    applied over it, and the run does not fail."""
+    judge's own decision (here: rollback, the candidate scoring worse) is not
+    applied over it (it would undo the promotion, or fail on the rolled-back
+    version), and the run does not fail."""
     from pathlib import Path
 
     import torch
@@ -356,12 +357,15 @@ def test_an_operators_decision_during_a_canary_stands(
     store = RunStore.create(Path(str(tmp_path)), cfg)
     rollout.bind(store)
     first = vs.add_version(store, torch.zeros(3), 0, None, {}, status="promoted")
-    report = {"accuracy": 0.5, "loss": 1.0, "num_examples": 10}
 
-    def evaluate(ids: list[int], *args: object) -> dict[int, dict[str, float]]:
+    def evaluate(
+        ids: list[int], payload: bytes, pid: str, label: str, round_idx: int
+    ) -> dict[int, dict[str, float]]:
         cand = vs.canary(store)
         if cand is not None:  # the operator, while the clients evaluate
             getattr(vs, operator)(store, cand.version_id)
+        worse = label.endswith(f"-v{first.version_id + 1}")  # the candidate's scores
+        report = {"accuracy": 0.2 if worse else 0.9, "loss": 1.0, "num_examples": 10}
         return {c: dict(report) for c in ids}
 
     monkeypatch.setattr(rollout, "evaluate", evaluate)

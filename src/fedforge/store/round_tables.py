@@ -116,6 +116,12 @@ class RoundTables:
         )
         return {int(c): int(n) for c, n in rows}
 
+    def last_used_round(self, before: int) -> int | None:
+        """The newest round before ``before`` whose aggregate used client updates
+        (its ``client_rounds`` rows; a skipped round has none), or None."""
+        row = self._query("SELECT MAX(round_idx) FROM client_rounds WHERE round_idx < ?", (before,))
+        return None if row[0][0] is None else int(row[0][0])
+
     def update_norms(self) -> dict[int, list[float]]:
         """Each round's clients' update norms (the rows that carry one)."""
         rows = self._query(

@@ -163,9 +163,8 @@ class RemoteEngine:
         used updates (its client rows: a client that already kept that state, or
         moved on since, ignores them)."""
         if self.commit is None and self.store is not None and next_round > 0:
-            used_rounds = {c.round_idx for c in self.store.client_rounds()}
-            last = max((r for r in used_rounds if r < next_round), default=None)
-            if last is not None:  # the newest round that used updates (skips use none)
+            last = self.store.last_used_round(next_round)
+            if last is not None:
                 used = [c.client_id for c in self.store.client_rounds(last)]
                 self.commit = (last, used)
         if self.commit is None:

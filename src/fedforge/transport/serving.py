@@ -76,16 +76,16 @@ class ServingModels:
     ) -> None:
         """``clients`` serve ``version_id`` (its flat ``params``, made by round
         ``round_idx``) from now on."""
-        if self.folder is not None:
+        if self.folder is not None and not self._model(version_id).is_file():
             named = {n: t.contiguous().clone() for n, t in spec.views(params).items()}
             meta = {"version_id": str(version_id), "round_idx": str(round_idx)}
             save_atomic(self._model(version_id), named, meta)
         self.serving.update(dict.fromkeys(clients, version_id))
         if self.folder is not None:
-            index = {"config_sha256": self.config_sha, "clients": self.serving}
+            index = {str(c): v for c, v in self.serving.items()}
             tmp = self._index().with_name(f".{self._index().name}.tmp")
             with open(tmp, "w") as f:
-                json.dump({**index, "clients": {str(c): v for c, v in self.serving.items()}}, f)
+                json.dump({"config_sha256": self.config_sha, "clients": index}, f)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, self._index())
