@@ -81,13 +81,14 @@ def test_secret_noise_has_the_stated_variance_and_never_repeats() -> None:
         assert not torch.equal(a, b)  # same seed, round and client: not the same noise
 
 
-@pytest.mark.parametrize("secret", [False, True])
+@pytest.mark.parametrize("secret", [None, False, True])
 def test_who_knows_the_seed_strips_derived_noise_but_not_secret_noise(
-    make_data: MakeData, one_thread: None, monkeypatch: pytest.MonkeyPatch, secret: bool
+    make_data: MakeData, one_thread: None, monkeypatch: pytest.MonkeyPatch, secret: bool | None
 ) -> None:
     """Local DP, the server's view: it knows the run seed, the round and the client,
     so it can draw derived noise again and subtract it (the clipped update comes
-    back to rounding: why ``secret_noise`` exists); secret noise stays on."""
+    back to rounding: why ``secret_noise`` exists); secret noise stays on. A
+    simulation's default (None) is derived noise: runs repeat bit for bit."""
     import fedforge.server.collectors.intake as round_module
     from fedforge.core.rng import torch_generator
     from fedforge.privacy.dp import gaussian

@@ -55,14 +55,21 @@ def config_notes(cfg: Config) -> list[str]:
     tiers = p.tiers.enabled
     if p.dp == "none" and not tiers:  # the noise, its accounting and its budget
         names = ("noise_multiplier", "accountant", "delta", "target_epsilon", "adaptive_clip")
-        for name in (*names, "secret_noise"):
+        for name in (*names, "secret_noise", "trusted_server_noise"):
             if getattr(p, name) != getattr(p_default, name):
                 out.append(f"privacy.{name} = {getattr(p, name)} is ignored with privacy.dp 'none'")
-    elif not p.secret_noise:
-        out.append(
-            "the privacy noise is derived from the run seed (reproducible): whoever knows "
-            "the seed can subtract it; privacy.secret_noise = true draws it from the OS"
-        )
+    else:
+        if not p.secret_noise:
+            out.append(
+                "the privacy noise is derived from the run seed (reproducible): whoever "
+                "knows the seed can subtract it; privacy.secret_noise = true draws it from "
+                "the OS (the default of `fedforge server` runs)"
+            )
+        if p.trusted_server_noise and p.secret_noise is not False:
+            out.append(
+                "privacy.trusted_server_noise = True is ignored unless privacy.secret_noise "
+                "= false (it allows seed-derived noise in a `fedforge server` run)"
+            )
     if cfg.weight_cap is not None and cfg.aggregation_weights not in ("capped", "quality", "class"):
         out.append(
             f"weight_cap = {cfg.weight_cap} is ignored by aggregation_weights "

@@ -6,7 +6,7 @@ the field; how it combines with the rest of the run is checked in compat.py."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from fedforge.core.errors import ConfigError, FieldCheck, raise_first
@@ -48,9 +48,16 @@ class PrivacyConfig:
     delta: float | None = None  # null: 1 / num_clients**1.1
     accountant: Literal["rdp", "pld"] = "rdp"  # pld needs poisson sampling
     target_epsilon: float | None = None  # stop before a round would spend more
-    # noise seeded from the OS's CSPRNG, not derived from the run seed: whoever knows
-    # the seed cannot subtract it, and the run no longer repeats bit for bit
-    secret_noise: bool = False
+    # where the noise's randomness comes from. true: the OS's CSPRNG, which no seed
+    # reveals (runs no longer repeat bit for bit); false: derived from the run seed,
+    # so whoever knows the seed can draw the same noise and subtract it; null (the
+    # default): false in a simulation (one party), true in `fedforge server` runs
+    # (the server picks the seed and sends it to the clients)
+    secret_noise: bool | None = None
+    # `fedforge server` runs only: allow secret_noise false, stating that the
+    # server may know the noise (it can recompute it); each client still draws its
+    # own from the OS unless its operator joins with --trust-server-noise
+    trusted_server_noise: bool = False
     secagg: bool = False  # Bonawitz et al. 2017 secure aggregation of the updates
     secagg_threshold: float = 0.66  # t = ceil(threshold * cohort) shares reconstruct
     secagg_frac_bits: int = 20  # fixed point: x -> round(x 2^f) mod 2^k
@@ -74,9 +81,81 @@ class PrivacyConfig:
         its example count still travels (the weights need it)."""
         return self.dp in ("local", "distributed") or self.secagg or self.tiers.enabled
 
+    @property
+    def noise_is_secret(self) -> bool:
+        """Whether the noise comes from the OS: ``secret_noise`` true (a
+        ``fedforge server`` run has turned its null into true by then)."""
+        return self.secret_noise is True
+
     def check(self) -> None:
         """The section's own fields, each error naming ``privacy.<field>``."""
         _check(self)
+
+
+def noised(p: PrivacyConfig) -> bool:
+    """Whether the run draws privacy noise (DP of any kind, or the tiers' local DP)."""
+    return p.dp != "none" or p.tiers.enabled
+
+
+def _who_recomputes(p: PrivacyConfig) -> str:
+    """Who knows the seed and sees the noised numbers, so can subtract the noise."""
+    if p.dp == "central":
+        return "every client, sent the seed with the config, can recompute the server's noise"
+    return "the server can recompute the clients' noise"
+
+
+def served_privacy(p: PrivacyConfig) -> PrivacyConfig:
+    """The section as ``fedforge server`` runs it: the noise comes from the OS
+    unless the config asks for seed-derived noise in so many words (which
+    :func:`check_served_noise` allows only with ``trusted_server_noise``)."""
+    return replace(p, secret_noise=True) if p.secret_noise is None else p
+
+
+def check_served_noise(p: PrivacyConfig) -> None:
+    """Refuse seed-derived noise in a ``fedforge server`` run unless the config
+    says the server is trusted with it: the server picks the seed and sends it
+    to every client in Hello."""
+    if noised(p) and p.secret_noise is not True and not p.trusted_server_noise:
+        what = f"privacy.dp = '{p.dp}'" if p.dp != "none" else "privacy tiers"
+        raise ConfigError(
+            f"config field 'privacy.secret_noise' = {p.secret_noise} is refused by "
+            f"`fedforge server` with {what}: the noise would be derived from the run "
+            f"seed, which the server picks and sends to every client, so "
+            f"{_who_recomputes(p)} and subtract it; leave secret_noise out (the OS's "
+            "randomness, the default here) or set privacy.trusted_server_noise: true"
+        )
+
+
+def served_noise_warning(p: PrivacyConfig) -> str | None:
+    """The line a ``fedforge server`` run says at start when its noise is derived
+    from the run seed (allowed by ``trusted_server_noise``); None when it is not."""
+    if not noised(p) or p.secret_noise is True:
+        return None
+    return (
+        "privacy.trusted_server_noise: the privacy noise is derived from the run seed: "
+        f"{_who_recomputes(p)} and subtract it (a client draws its own noise from the "
+        "OS unless it joined with --trust-server-noise)"
+    )
+
+
+def client_privacy(p: PrivacyConfig, trust_server: bool) -> tuple[PrivacyConfig, str | None]:
+    """The section as a deployment's client runs it, and the line it says when
+    it overrides the server. Its noise hides its update from the server, which
+    knows the run seed, so it draws the noise from the OS whatever the server's
+    config says, unless its own operator trusts the server (``trust_server``:
+    ``fedforge client --trust-server-noise``) and the server asked for
+    seed-derived noise (``secret_noise: false``)."""
+    if trust_server and p.secret_noise is False:
+        return p, None
+    said = None
+    if p.secret_noise is False and noised(p):
+        said = (
+            "the server asked for privacy noise derived from the run seed "
+            "(privacy.secret_noise: false), which the server knows and could subtract; "
+            "this client draws its noise from the OS instead (--trust-server-noise "
+            "follows the server)"
+        )
+    return replace(p, secret_noise=True), said
 
 
 def secagg_drops(p: PrivacyConfig) -> dict[str, float]:

@@ -82,7 +82,7 @@ class PrivacyParts:
             del self.board.unclipped[key]  # refused or dropped clients' bits
         self.board.norms.pop(round_idx, None)
         p = self.cfg.privacy
-        gen = noise_generator(self.cfg.privacy.secret_noise, self.cfg.seed, "clip_count", round_idx)
+        gen = noise_generator(p.noise_is_secret, self.cfg.seed, "clip_count", round_idx)
         counted = list(clients)
         state["clip_norm"] = next_clip_norm(
             float(state["clip_norm"]),
@@ -257,12 +257,12 @@ def assemble(cfg: Config, num_examples: list[int]) -> PrivacyParts:
     if p.tiers.enabled:  # high: clip + local noise; low: clip; both masked
         t = p.tiers
         parts.high_tier = high_tier(cfg.num_clients, t.high_fraction, t.high_clients, cfg.seed)
-        noise = TieredNoise(p.noise_multiplier, p.clip_norm, parts.high_tier, p.secret_noise)
+        noise = TieredNoise(p.noise_multiplier, p.clip_norm, parts.high_tier, p.noise_is_secret)
         parts.client_stages = (clip, noise)
         _check_budget(parts)
         return parts
     if p.dp == "local":
-        parts.client_stages = (clip, LocalNoise(p.noise_multiplier, p.clip_norm, p.secret_noise))
+        parts.client_stages = (clip, LocalNoise(p.noise_multiplier, p.clip_norm, p.noise_is_secret))
         _check_budget(parts)
         return parts
     z = p.noise_multiplier
@@ -276,10 +276,10 @@ def assemble(cfg: Config, num_examples: list[int]) -> PrivacyParts:
     parts.aggregator = DPMean(denominator, cap)
     if p.dp == "distributed":  # the noise is the clients' (secagg is required)
         n_min = parts.secagg.min_survivors if parts.secagg is not None else 1
-        parts.client_stages = (clip, DistributedNoise(z, p.clip_norm, n_min, p.secret_noise))
+        parts.client_stages = (clip, DistributedNoise(z, p.clip_norm, n_min, p.noise_is_secret))
     else:
         parts.client_stages = (clip,)
-        parts.aggregate_stages = (CentralNoise(z, p.clip_norm, denominator, p.secret_noise),)
+        parts.aggregate_stages = (CentralNoise(z, p.clip_norm, denominator, p.noise_is_secret),)
     parts.accountant = Accountant(
         p.noise_multiplier,
         cfg.num_clients,

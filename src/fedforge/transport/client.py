@@ -90,6 +90,9 @@ class ClientOptions:
     chunk_bytes: int = 1 << 20
     state_dir: Path | None = None  # where the hosted clients' state persists (None: memory)
     data: dict[int, ClientFolder] | None = None  # each id's own examples (None: the simulator's)
+    # follow the server's privacy.secret_noise: false (noise it can recompute); else
+    # the noise comes from the OS whatever the server's config says
+    trust_server_noise: bool = False
 
 
 class ClientProcess:
@@ -139,7 +142,7 @@ class ClientProcess:
         )
         assert isinstance(hello, pb.HelloReply)
         if hello.config_yaml != self.config_yaml:
-            cfg = client_config(hello.config_yaml, self.opt.device)
+            cfg = client_config(hello.config_yaml, self.opt.device, self.opt.trust_server_noise)
             self.exp = build_hosted(cfg, self.opt.ids, self.opt.data, hello.data_spec_json)
             self.config_yaml = hello.config_yaml
             self.serving = ServingModels(self.opt.state_dir, self.opt.ids, hello.config_yaml)

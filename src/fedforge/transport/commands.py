@@ -78,6 +78,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     client.add_argument(
         "--state-dir", type=Path, help="keep the hosted clients' state here (survives restarts)"
     )
+    client.add_argument(
+        "--trust-server-noise",
+        action="store_true",
+        help="add the privacy noise the server's config derives from the run seed "
+        "(privacy.secret_noise: false), which the server can recompute; without it the "
+        "noise comes from the OS whatever the server says",
+    )
     _security_args(client)
 
 
@@ -136,6 +143,7 @@ def client(args: argparse.Namespace) -> int:
         give_up_s=args.give_up_s,
         state_dir=args.state_dir,
         data=folder,
+        trust_server_noise=args.trust_server_noise,
     )
     code = ClientProcess(opts).run()
     said = {0: "done", 1: "gave up: the server could not be reached", 2: "refused by the server"}

@@ -12,7 +12,10 @@ says:
   classes than the federation).
 
 Either way the runtime is the simulator's, on the serial engine and one torch
-thread, so a task gives the same bytes as in simulation.
+thread, so a task gives the same bytes as in simulation, save the privacy
+noise: a client draws it from the operating system, whatever the server's
+config says, unless its operator trusts the server with it
+(``--trust-server-noise``): the server knows the run seed.
 """
 
 from __future__ import annotations
@@ -24,21 +27,30 @@ import yaml
 
 from fedforge.config import Config
 from fedforge.config.parse import from_dict, override
+from fedforge.config.privacy import client_privacy
 from fedforge.core.dataspec import DataSpec
 from fedforge.core.errors import ConfigError
 from fedforge.data.federated import DTYPES
 from fedforge.data.folder import ClientFolder, own_data
 from fedforge.engines.threads import set_threads
 from fedforge.server.experiment import Experiment, build
+from fedforge.transport.logs import log_event
 
 
-def client_config(config_yaml: str, device: str) -> Config:
+def client_config(config_yaml: str, device: str, trust_server_noise: bool = False) -> Config:
     """The server's config as this process runs it: one client at a time, serially,
     on one thread, on ``device``; without ``client_tags`` (a CSV on the server's
-    host, read by its per-tag evaluation alone)."""
+    host, read by its per-tag evaluation alone); its privacy noise from the OS
+    unless its operator trusts the server with it (``config/privacy.py``:
+    ``client_privacy``; a line when that overrides the server's config)."""
     cfg = from_dict(yaml.safe_load(config_yaml))
+    privacy, said = client_privacy(cfg.privacy, trust_server_noise)
+    if said is not None:
+        log_event("client", "noise_kept_secret", warning=said)
     local = {"engine": "serial", "workers": 1, "threads": 1, "device": device}
-    return override(cfg, {**local, "client_tags": None})
+    return override(
+        cfg, {**local, "client_tags": None, "privacy.secret_noise": privacy.secret_noise}
+    )
 
 
 def build_hosted(

@@ -25,6 +25,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from fedforge.config import Config, override
 from fedforge.config.alerts import AlertsConfig
 from fedforge.config.parse import dump
+from fedforge.config.privacy import check_served_noise, served_noise_warning, served_privacy
 from fedforge.core.errors import ConfigError
 from fedforge.data.federated import FederatedData
 from fedforge.server.loop import RunResult, resume, run
@@ -175,6 +176,8 @@ class Deployment:
 
 
 def _served(cfg: Config) -> Config:
+    # the privacy noise comes from the OS unless the config says otherwise
+    cfg = dataclasses.replace(cfg, privacy=served_privacy(cfg.privacy))
     _check_served(cfg)
     # the server's own engine never trains: the serial one is built (no probe)
     return override(cfg, {"engine": "serial", "workers": 1})
@@ -183,6 +186,10 @@ def _served(cfg: Config) -> Config:
 def _check_served(cfg: Config) -> None:
     """What a simulation may run but a deployment may not."""
     p, dep = cfg.privacy, cfg.deployment
+    check_served_noise(p)
+    warning = served_noise_warning(p)
+    if warning is not None:
+        log_event("server", "noise_not_secret", warning=warning)
     if p.hides_updates and (dep.cold_start or dep.canary_every > 0):
         what = "deployment.cold_start" if dep.cold_start else "deployment.canary_every"
         why = [f"privacy.dp = {p.dp!r}"] if p.dp in ("local", "distributed") else []

@@ -1,0 +1,137 @@
+"""Local DP in a deployment, from the server's side: it picks the run seed and
+sends it with the config, so noise derived from the seed is noise it can draw
+again and subtract. Real ``fedforge server`` and ``fedforge client`` processes
+on loopback, one client in one round: the update the server received is the
+final model's move, and the clean update is the simulator's without DP."""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from deploy_procs import Proc, run_dir_of, start_client, start_server, write_config
+from fedforge import config as config_mod
+from fedforge import run
+from fedforge.core.rng import torch_generator
+from fedforge.store import RunStore
+from fedforge.store.final import load_final
+
+Z, CLIP = 0.02, 500.0  # a clip bound no update reaches: the clipped update is the update
+PRIVATE: dict[str, Any] = {
+    "num_clients": 2,
+    "client_fraction": 0.5,  # one client a round: the aggregate is its upload
+    "rounds": 1,
+    "privacy": {"dp": "local", "noise_multiplier": Z, "clip_norm": CLIP},
+    "deployment": {"cold_start": False},  # refused with local DP
+}
+
+
+def _config(tmp: Path, **privacy: Any) -> Path:
+    fields = {**PRIVATE, "privacy": {**PRIVATE["privacy"], **privacy}}
+    return write_config(tmp / "cfg.yaml", **fields)
+
+
+def _deploy(tmp: Path, privacy: dict[str, Any], *client_args: str) -> tuple[Path, Proc, Proc]:
+    cfg = _config(tmp, **privacy)
+    server, port = start_server(tmp, cfg, "--insecure")
+    client = start_client(tmp, port, "0-1", "--insecure", *client_args)
+    assert server.wait(180) == 0, server.log.read_text()
+    assert client.wait(60) == 0, client.log.read_text()
+    return cfg, server, client
+
+
+def _stripped_and_clean(
+    tmp: Path, cfg_path: Path, server: Proc
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the server gets by subtracting the noise it derives from the config and
+    seed (as the simulator draws local DP's: purpose "local_dp", round, client),
+    and the model the clean update makes (the simulator's run without DP)."""
+    run_dir = tmp / run_dir_of(server)
+    with sqlite3.connect(run_dir / "store.sqlite") as db:
+        (client,) = [c for (c,) in db.execute("SELECT client_id FROM client_rounds")]
+    cfg = config_mod.load(cfg_path)
+    deployed = load_final(run_dir)["params"]
+    gen = torch_generator(cfg.seed, "local_dp", 0, client)
+    noise = torch.randn(deployed.shape, generator=gen, dtype=torch.float64) * (Z * CLIP)
+    stripped = deployed - cfg.server_lr * noise
+    clean_cfg = config_mod.override(cfg, {"runs_dir": str(tmp / "sim"), "privacy.dp": "none"})
+    return stripped, run(clean_cfg).params
+
+
+def test_with_the_defaults_the_server_cannot_subtract_a_clients_noise(tmp_path: Path) -> None:
+    cfg, server, client = _deploy(tmp_path, {})
+    stripped, clean = _stripped_and_clean(tmp_path, cfg, server)
+    residual = stripped - clean
+    # two independent N(0, (z C)^2) draws a coordinate remain: the client's, and
+    # the server's guess of it; their difference has std sqrt(2) z C
+    expected = math.sqrt(2) * Z * CLIP
+    assert residual.abs().max().item() > expected
+    assert abs(residual.std().item() / expected - 1) < 0.15
+    with RunStore.open(tmp_path / run_dir_of(server), read_only=True) as stored:
+        assert stored.config().privacy.secret_noise is True  # what the run used
+    assert not [e for e in server.events() if e.get("event") == "noise_not_secret"]
+
+
+@pytest.mark.parametrize("trusting_client", [True, False])
+def test_a_trusted_server_recomputes_only_the_noise_of_a_client_that_trusts_it(
+    tmp_path: Path, trusting_client: bool
+) -> None:
+    """With ``trusted_server_noise`` the server asks for seed-derived noise and says
+    at start that it can recompute it; a client follows only with its operator's
+    ``--trust-server-noise`` (the exact recovery there checks the recovery itself),
+    else it draws from the OS and says why."""
+    flags = ["--trust-server-noise"] if trusting_client else []
+    privacy = {"secret_noise": False, "trusted_server_noise": True}
+    cfg, server, client = _deploy(tmp_path, privacy, *flags)
+    said = [e for e in server.events() if e.get("event") == "noise_not_secret"]
+    assert len(said) == 1 and "the server can recompute the clients' noise" in said[0]["warning"]
+    stripped, clean = _stripped_and_clean(tmp_path, cfg, server)
+    error = (stripped - clean).abs().max().item()
+    kept = [e for e in client.events() if e.get("event") == "noise_kept_secret"]
+    if trusting_client:
+        assert error <= 1e-9
+        assert not kept
+    else:
+        assert error > math.sqrt(2) * Z * CLIP
+        assert len(kept) == 1 and "--trust-server-noise" in kept[0]["warning"]
+
+
+@pytest.mark.parametrize("dp", ["local", "central"])
+def test_a_server_refuses_seed_derived_noise_it_is_not_trusted_with(
+    tmp_path: Path, dp: str
+) -> None:
+    cfg = _config(tmp_path, dp=dp, secret_noise=False)
+    who = "every client" if dp == "central" else "the server can recompute"
+    with pytest.raises(AssertionError, match="privacy.trusted_server_noise: true") as err:
+        start_server(tmp_path, cfg, "--insecure")
+    assert "'privacy.secret_noise' = False" in str(err.value) and who in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("sent", "trust", "secret", "says"),
+    [
+        (False, False, True, True),  # a server asking for noise it can recompute: refused
+        (False, True, False, False),  # ... unless this client's operator trusts it
+        (None, True, True, False),  # unsaid: a deployment's default, the OS
+        (True, False, True, False),
+    ],
+)
+def test_a_client_takes_seed_derived_noise_only_from_its_own_operator(
+    sent: bool | None, trust: bool, secret: bool, says: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What the client runs from the config a server sends, whatever that server
+    claims about being trusted (``trusted_server_noise`` is the server's word)."""
+    import yaml
+
+    from fedforge.transport.hosted import client_config
+
+    privacy = {"dp": "local", "secret_noise": sent, "trusted_server_noise": True}
+    sent_yaml = yaml.safe_dump({"dataset": "synthetic", "model": "logreg", "privacy": privacy})
+    cfg = client_config(sent_yaml, "cpu", trust_server_noise=trust)
+    assert cfg.privacy.secret_noise is secret
+    assert ("noise_kept_secret" in capsys.readouterr().err) is says
