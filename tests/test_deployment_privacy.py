@@ -139,3 +139,66 @@ def test_a_client_takes_seed_derived_noise_only_from_its_own_operator(
     cfg = client_config(sent_yaml, "cpu", trust_server_noise=trust)
     assert cfg.privacy.secret_noise is secret
     assert ("noise_kept_secret" in capsys.readouterr().err) is says
+
+
+def test_secure_aggregation_secrets_do_not_come_from_the_seed() -> None:
+    """Two clients in the same (client, round) of the same run: a client's keys and
+    self-mask seed are its own OS randomness, never a function of what the
+    server knows (the config, the seed, the round, the cohort)."""
+    from fedforge.privacy.secagg import SecAggClient
+    from fedforge.privacy.secagg_masks import FixedPoint
+
+    fp = FixedPoint(frac_bits=20, bits=40)
+    a, b = SecAggClient(3, 0, 2, fp), SecAggClient(3, 0, 2, fp)
+    assert a.advertise()[0] != b.advertise()[0] and a.advertise()[1] != b.advertise()[1]
+    assert a.b != b.b and len(a.b) == 32
+
+
+def _hosted(**privacy: Any) -> Any:
+    from fedforge.config.parse import from_dict
+    from fedforge.server.experiment import build
+
+    fields = {"dataset": "synthetic", "model": "logreg", "num_clients": 6, "client_fraction": 0.5}
+    return build(from_dict({**fields, "privacy": privacy}))
+
+
+@pytest.mark.parametrize(
+    ("privacy", "added"),
+    [
+        ({"dp": "local", "noise_multiplier": 0.8}, {0: 0.8, 4: 0.8}),
+        # a cohort of 3, t = ceil(0.66 * 3) = 2: each adds z / sqrt(2)
+        ({"dp": "distributed", "noise_multiplier": 0.8, "secagg": True}, {0: 0.8 / math.sqrt(2)}),
+        ({"secagg": True, "noise_multiplier": 0.8, "tiers": {"high_clients": [4]}}, {0: 0, 4: 0.8}),
+        ({"dp": "central", "noise_multiplier": 0.8}, {0: 0.0}),  # the server's noise
+        ({"dp": "none"}, {0: 0.0}),
+    ],
+)
+def test_a_client_can_refuse_a_config_that_noises_it_less_than_its_floor(
+    privacy: dict[str, Any], added: dict[int, float]
+) -> None:
+    from fedforge.core.errors import ConfigError
+    from fedforge.transport.hosted import check_noise_floor
+
+    exp = _hosted(**privacy)
+    for client, z in added.items():
+        check_noise_floor(exp, [client], z * 0.999)  # at its own noise: trains
+        with pytest.raises(ConfigError, match=f"client {client}: {z:g}"):
+            check_noise_floor(exp, [client], z * 1.001 + 1e-9)
+    check_noise_floor(exp, list(added), 0.0)  # no floor: anything goes
+
+
+def test_a_server_that_drops_the_noise_is_refused_by_a_client_with_a_floor(
+    tmp_path: Path,
+) -> None:
+    """A server wanting clean updates need only send privacy.dp: none; a client
+    whose operator set --min-noise-multiplier does not train for it."""
+    cfg = _config(tmp_path, dp="none")
+    server, port = start_server(tmp_path, cfg, "--insecure")
+    try:
+        client = start_client(tmp_path, port, "0-1", "--insecure", "--min-noise-multiplier", "0.5")
+        assert client.wait(60) == 2
+        said = client.log.read_text()
+        assert "--min-noise-multiplier 0.5" in said and "privacy.dp = 'none'" in said
+        assert not [e for e in client.events() if e.get("event") == "joined"]
+    finally:
+        server.kill()

@@ -1,7 +1,8 @@
 """Derived randomness (DESIGN idea 6): every draw comes from a generator seeded by
 (run seed, round, client id, purpose). Nothing reads or writes global RNG state.
-The one exception is opt-in: ``privacy.secret_noise`` seeds the privacy noise
-from the OS (``noise_generator``)."""
+The one exception is the privacy noise with ``privacy.secret_noise`` (the default
+of a deployment, whose server knows the seed): seeded from the OS
+(``noise_generator``)."""
 
 from __future__ import annotations
 

@@ -15,21 +15,24 @@ aggregate). Local DP: each client adds noise of std z C itself before upload
 adds noise of std z C / sqrt(n_min) before the secure-aggregation mask
 (``DistributedNoise``, client); the server, trusted with nothing but the sum,
 sees the masked sum of at least n_min such updates, which carries at least the
-central noise z C. Noise comes from derived
-generators (seed, round[, client], purpose): reruns are bit-identical, and
-whoever knows the run's seed can regenerate the noise and subtract it (a review
-recovered local-DP updates to 4e-16 so). With ``secret`` (``privacy.secret_noise``)
-every draw is seeded from the OS's CSPRNG instead, and runs do not repeat bit
-for bit. The cohorts stay derived from the seed: local DP, the tiers and
-distributed DP's epsilon against the server (which knows whom it sampled) need
-no more; the amplification by sampling in central and distributed DP's epsilon
-against those who see the models assumes they do not know the seed.
+central noise z C. Noise comes from derived generators (seed, round[, client],
+purpose): reruns are bit-identical, and whoever knows the run's seed can
+regenerate the noise and subtract it (a review recovered local-DP updates to
+4e-16 so). With ``secret`` (``privacy.secret_noise``, the default of ``fedforge
+server`` runs and of their clients, which do not take the server's word for it:
+``config/privacy.py``) every draw is seeded from the OS's CSPRNG instead, and
+runs do not repeat bit for bit. The cohorts stay derived from the seed: local
+DP, the tiers and distributed DP's epsilon against the server (which knows whom
+it sampled) need no more; the amplification by sampling in central and
+distributed DP's epsilon against those who see the models assumes they do not
+know the seed.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -146,6 +149,10 @@ class LocalNoise:
         self.clip_norm = clip_norm
         self.secret = secret
 
+    def multiplier_for(self, client_id: int) -> float:
+        """The std of the noise client ``client_id`` adds, over its clip bound."""
+        return self.noise_multiplier
+
     def apply(self, vec: torch.Tensor, ctx: StageContext) -> torch.Tensor:
         gen = noise_generator(self.secret, ctx.seed, "local_dp", ctx.round_idx, ctx.client_id or 0)
         return vec + gaussian(vec, self.noise_multiplier * self.clip_norm, gen)
@@ -186,10 +193,23 @@ class DistributedNoise:
         """One client's noise std: z C / sqrt(n_min)."""
         return self.noise_multiplier * self.clip_norm / math.sqrt(self.min_survivors)
 
+    def multiplier_for(self, client_id: int) -> float:
+        """The std of the noise client ``client_id`` adds, over its clip bound:
+        z / sqrt(n_min), its own share of the sum's noise."""
+        return self.std / self.clip_norm
+
     def apply(self, vec: torch.Tensor, ctx: StageContext) -> torch.Tensor:
         who = ctx.client_id or 0
         gen = noise_generator(self.secret, ctx.seed, "distributed_dp", ctx.round_idx, who)
         return vec + gaussian(vec, self.std, gen)
+
+
+@runtime_checkable
+class ClientNoise(Protocol):
+    """A client stage that noises the client's own update (local DP, distributed
+    DP, the tiers): how much noise a client adds, as its operator checks it."""
+
+    def multiplier_for(self, client_id: int) -> float: ...
 
 
 def expected_weight(

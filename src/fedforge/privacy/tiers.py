@@ -68,7 +68,12 @@ class TieredNoise:
         self.noise_multiplier = noise_multiplier
         self.clip_norm = clip_norm
         self.high = frozenset(high)
-        self.secret = secret  # see stages/dp.py
+        self.secret = secret  # see privacy/dp.py
+
+    def multiplier_for(self, client_id: int) -> float:
+        """The std of the noise client ``client_id`` adds over its clip bound: z
+        in the high tier, 0 in the low."""
+        return self.noise_multiplier if client_id in self.high else 0.0
 
     def apply(self, vec: torch.Tensor, ctx: StageContext) -> torch.Tensor:
         client = ctx.client_id or 0

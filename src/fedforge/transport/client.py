@@ -32,7 +32,12 @@ from fedforge.data.folder import ClientFolder
 from fedforge.evaluation.evaluate import evaluate
 from fedforge.server.experiment import Experiment, client_tables
 from fedforge.transport.client_state import ClientStateFile
-from fedforge.transport.hosted import build_hosted, client_config, evaluation_data
+from fedforge.transport.hosted import (
+    build_hosted,
+    check_noise_floor,
+    client_config,
+    evaluation_data,
+)
 from fedforge.transport.logs import log_event
 from fedforge.transport.pb import federation_pb2 as pb
 from fedforge.transport.pb import federation_pb2_grpc as pb_grpc
@@ -93,6 +98,9 @@ class ClientOptions:
     # follow the server's privacy.secret_noise: false (noise it can recompute); else
     # the noise comes from the OS whatever the server's config says
     trust_server_noise: bool = False
+    # refuse to train unless each hosted client adds noise of at least this many
+    # times its clip bound (0: no floor)
+    min_noise_multiplier: float = 0.0
 
 
 class ClientProcess:
@@ -143,7 +151,9 @@ class ClientProcess:
         assert isinstance(hello, pb.HelloReply)
         if hello.config_yaml != self.config_yaml:
             cfg = client_config(hello.config_yaml, self.opt.device, self.opt.trust_server_noise)
-            self.exp = build_hosted(cfg, self.opt.ids, self.opt.data, hello.data_spec_json)
+            exp = build_hosted(cfg, self.opt.ids, self.opt.data, hello.data_spec_json)
+            check_noise_floor(exp, self.opt.ids, self.opt.min_noise_multiplier)
+            self.exp = exp
             self.config_yaml = hello.config_yaml
             self.serving = ServingModels(self.opt.state_dir, self.opt.ids, hello.config_yaml)
             if self.opt.state_dir is not None:

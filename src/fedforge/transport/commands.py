@@ -85,6 +85,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "(privacy.secret_noise: false), which the server can recompute; without it the "
         "noise comes from the OS whatever the server says",
     )
+    client.add_argument(
+        "--min-noise-multiplier",
+        type=float,
+        default=0.0,
+        metavar="Z",
+        help="refuse to train unless each hosted client adds privacy noise of at least Z "
+        "times its clip bound (the server's config decides the mechanism)",
+    )
     _security_args(client)
 
 
@@ -144,6 +152,7 @@ def client(args: argparse.Namespace) -> int:
         state_dir=args.state_dir,
         data=folder,
         trust_server_noise=args.trust_server_noise,
+        min_noise_multiplier=args.min_noise_multiplier,
     )
     code = ClientProcess(opts).run()
     said = {0: "done", 1: "gave up: the server could not be reached", 2: "refused by the server"}

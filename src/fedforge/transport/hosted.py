@@ -20,6 +20,7 @@ config says, unless its operator trusts the server with it
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import torch
@@ -33,6 +34,7 @@ from fedforge.core.errors import ConfigError
 from fedforge.data.federated import DTYPES
 from fedforge.data.folder import ClientFolder, own_data
 from fedforge.engines.threads import set_threads
+from fedforge.privacy.dp import ClientNoise
 from fedforge.server.experiment import Experiment, build
 from fedforge.transport.logs import log_event
 
@@ -86,6 +88,28 @@ def build_hosted(
     # client processes oversubscribe its cores with spinning OpenMP threads
     set_threads(1)
     return exp
+
+
+def check_noise_floor(exp: Experiment, ids: list[int], floor: float) -> None:
+    """Refuse to train clients ``ids`` unless each adds privacy noise of at least
+    ``floor`` times its clip bound on this side (``fedforge client
+    --min-noise-multiplier``): the server's config decides the mechanism, and a
+    server that wants a client's clean update need only send one without noise."""
+    if floor <= 0:
+        return
+    noises = [s for s in exp.pipeline.client if isinstance(s, ClientNoise)]
+    added = {c: math.sqrt(sum(n.multiplier_for(c) ** 2 for n in noises)) for c in ids}
+    below = {c: z for c, z in added.items() if z < floor}
+    if below:
+        p = exp.cfg.privacy
+        got = ", ".join(f"client {c}: {z:g}" for c, z in sorted(below.items()))
+        tiers = "on" if p.tiers.enabled else "off"
+        raise ConfigError(
+            f"--min-noise-multiplier {floor:g}: the server's config (privacy.dp = '{p.dp}', "
+            f"noise_multiplier = {p.noise_multiplier:g}, tiers {tiers}) "
+            f"has this process's clients add noise of less than {floor:g} times the clip "
+            f"bound ({got}); they do not join"
+        )
 
 
 def evaluation_data(exp: Experiment, client_id: int) -> tuple[torch.Tensor, torch.Tensor]:
