@@ -202,3 +202,15 @@ def test_a_server_that_drops_the_noise_is_refused_by_a_client_with_a_floor(
         assert not [e for e in client.events() if e.get("event") == "joined"]
     finally:
         server.kill()
+
+
+def test_a_resumed_run_with_seed_derived_noise_is_said_at_start(tmp_path: Path) -> None:
+    """A stored config keeps its noise (a simulation's default, or an older
+    server's): the resumed server says who can recompute it, and serves."""
+    cfg = config_mod.override(config_mod.load(_config(tmp_path)), {"runs_dir": str(tmp_path / "s")})
+    stored = run(cfg).run_dir
+    server, _ = start_server(tmp_path, None, "--resume", str(stored), "--insecure")
+    server.kill()
+    said = [e for e in server.events() if e.get("event") == "noise_not_secret"]
+    assert len(said) == 1
+    assert said[0]["warning"].startswith("the run's stored config (privacy.secret_noise = None)")

@@ -128,13 +128,19 @@ def check_served_noise(p: PrivacyConfig) -> None:
 
 def served_noise_warning(p: PrivacyConfig) -> str | None:
     """The line a ``fedforge server`` run says at start when its noise is derived
-    from the run seed (allowed by ``trusted_server_noise``); None when it is not."""
+    from the run seed: allowed by ``trusted_server_noise``, or a resumed run's
+    stored config (a simulation's, or an older server's); None when it is not."""
     if not noised(p) or p.secret_noise is True:
         return None
+    why = (
+        "privacy.trusted_server_noise"
+        if p.trusted_server_noise
+        else f"the run's stored config (privacy.secret_noise = {p.secret_noise})"
+    )
     return (
-        "privacy.trusted_server_noise: the privacy noise is derived from the run seed: "
-        f"{_who_recomputes(p)} and subtract it (a client draws its own noise from the "
-        "OS unless it joined with --trust-server-noise)"
+        f"{why}: the privacy noise is derived from the run seed: {_who_recomputes(p)} "
+        "and subtract it (a client draws its own noise from the OS unless it joined "
+        "with --trust-server-noise)"
     )
 
 

@@ -176,8 +176,10 @@ class Deployment:
 
 
 def _served(cfg: Config) -> Config:
-    # the privacy noise comes from the OS unless the config says otherwise
+    # the privacy noise comes from the OS unless the config says otherwise (a
+    # resumed run keeps its stored config's and is told at start)
     cfg = dataclasses.replace(cfg, privacy=served_privacy(cfg.privacy))
+    check_served_noise(cfg.privacy)
     _check_served(cfg)
     # the server's own engine never trains: the serial one is built (no probe)
     return override(cfg, {"engine": "serial", "workers": 1})
@@ -186,7 +188,6 @@ def _served(cfg: Config) -> Config:
 def _check_served(cfg: Config) -> None:
     """What a simulation may run but a deployment may not."""
     p, dep = cfg.privacy, cfg.deployment
-    check_served_noise(p)
     warning = served_noise_warning(p)
     if warning is not None:
         log_event("server", "noise_not_secret", warning=warning)
