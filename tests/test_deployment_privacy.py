@@ -214,3 +214,14 @@ def test_a_resumed_run_with_seed_derived_noise_is_said_at_start(tmp_path: Path) 
     said = [e for e in server.events() if e.get("event") == "noise_not_secret"]
     assert len(said) == 1
     assert said[0]["warning"].startswith("the run's stored config (privacy.secret_noise = None)")
+
+
+@pytest.mark.parametrize("floor", ["-1", "nan", "inf"])
+def test_a_floor_that_is_not_a_number_of_at_least_0_is_refused(
+    floor: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fedforge.cli import main
+
+    argv = ["client", "--server", "127.0.0.1:1", "--clients", "0", "--insecure"]
+    assert main([*argv, "--min-noise-multiplier", floor]) == 2
+    assert f"--min-noise-multiplier {float(floor)} is invalid" in capsys.readouterr().err

@@ -140,6 +140,9 @@ def client(args: argparse.Namespace) -> int:
 
     if args.data_dir:
         os.environ["FEDFORGE_DATA"] = args.data_dir
+    floor = args.min_noise_multiplier
+    if not 0 <= floor < float("inf"):
+        raise ConfigError(f"--min-noise-multiplier {floor} is invalid: must be a number >= 0")
     folder, ids, name = _hosted(args)
     sec = ClientSecurity(_mode(args), args.name or name, args.certs, args.key)
     opts = ClientOptions(
