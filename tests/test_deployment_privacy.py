@@ -225,3 +225,21 @@ def test_a_floor_that_is_not_a_number_of_at_least_0_is_refused(
     argv = ["client", "--server", "127.0.0.1:1", "--clients", "0", "--insecure"]
     assert main([*argv, "--min-noise-multiplier", floor]) == 2
     assert f"--min-noise-multiplier {float(floor)} is invalid" in capsys.readouterr().err
+
+
+def test_the_run_notes_name_the_noise_settings_that_do_nothing() -> None:
+    from fedforge.config.notes import config_notes
+    from fedforge.config.parse import from_dict
+
+    trusted = {"trusted_server_noise": True}
+    assert config_notes(from_dict({"privacy": trusted})) == [
+        "privacy.trusted_server_noise = True is ignored with privacy.dp 'none'"
+    ]
+    local = {"dp": "local", **trusted}
+    notes = config_notes(from_dict({"privacy": {**local, "secret_noise": True}}))
+    assert notes == [
+        "privacy.trusted_server_noise = True is ignored unless privacy.secret_noise = false "
+        "(it allows seed-derived noise in a `fedforge server` run)"
+    ]
+    notes = config_notes(from_dict({"privacy": {**local, "secret_noise": False}}))
+    assert len(notes) == 1 and "derived from the run seed" in notes[0]
