@@ -243,3 +243,24 @@ def test_the_run_notes_name_the_noise_settings_that_do_nothing() -> None:
     ]
     notes = config_notes(from_dict({"privacy": {**local, "secret_noise": False}}))
     assert len(notes) == 1 and "derived from the run seed" in notes[0]
+
+
+def test_a_sweep_reuses_a_run_whose_noise_was_seed_derived_by_choice(
+    tmp_path: Path, one_thread: None
+) -> None:
+    """A run stored with secret_noise false drew what the default (null) draws
+    in a simulation: the same job, reused; one with secret noise is not."""
+    from fedforge.config.parse import from_dict
+    from fedforge.server.sweep import run_sweep
+
+    tiny = {"dataset": "synthetic", "model": "logreg", "num_clients": 4, "rounds": 1}
+    private = {"dp": "local", "noise_multiplier": 1.0}
+    grid = [("lr", [0.01])]
+
+    def sweep(secret: bool | None) -> Any:
+        privacy = {**private, "secret_noise": secret}
+        cfg = from_dict({**tiny, "runs_dir": str(tmp_path), "privacy": privacy})
+        (point,) = run_sweep(cfg, grid)
+        return point.status
+
+    assert [sweep(False), sweep(None), sweep(True)] == ["finished", "reused", "finished"]

@@ -81,9 +81,14 @@ def point_config(cfg: Config, point: dict[str, Any]) -> Config:
 
 def _same(a: Config, b: Config) -> bool:
     """The same job, wherever its data is read from, however its runs directory is
-    spelled (the run was found in it)."""
+    spelled (the run was found in it), and whether its noise is seed-derived by
+    default (``privacy.secret_noise`` null) or by choice (false)."""
     where = {"data_dir": None, "runs_dir": "runs"}
-    return override(a, where) == override(b, where)
+
+    def job(c: Config) -> Config:
+        return override(c, {**where, "privacy.secret_noise": c.privacy.noise_is_secret})
+
+    return job(a) == job(b)
 
 
 def _existing(cfg: Config) -> tuple[Path | None, str | None]:
