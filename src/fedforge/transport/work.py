@@ -4,6 +4,7 @@ question to one client, a joined client, an answer taken, and a question asked
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 from fedforge.transport.pb import federation_pb2 as pb
@@ -42,6 +43,27 @@ class Member:
     num_eval_examples: int
 
 
+class Verdict:
+    """The round's word on an update it was handed: None (taken into the round) or
+    why it was refused; the first word stands."""
+
+    def __init__(self) -> None:
+        self._said = threading.Event()
+        self._lock = threading.Lock()
+        self.reason: str | None = None
+
+    def settle(self, reason: str | None) -> None:
+        with self._lock:
+            if not self._said.is_set():
+                self.reason = reason
+                self._said.set()
+
+    def wait(self, timeout_s: float) -> tuple[bool, str | None]:
+        """(whether the word came within ``timeout_s``, the reason)."""
+        said = self._said.wait(timeout_s)
+        return said, self.reason
+
+
 @dataclass
 class Answer:
     """An accepted answer, waiting for the round thread."""
@@ -52,6 +74,7 @@ class Answer:
     phase: str
     data: bytes
     seconds: float  # from the work's hand-out to its answer
+    verdict: Verdict | None = None  # an update's: the uploader waits for it
 
     @property
     def key(self) -> Key:
