@@ -13,12 +13,12 @@ from pathlib import Path
 
 import grpc
 import pytest
-from attack_identity import documented_method, hello, join, refusal, signed, tls_stub
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from attack_identity import documented_method, hello, join, refusal, signed, tls_stub
 from deploy_procs import FEDFORGE, _env, start_client, start_server, write_config
 from deploy_sim import _store_file
-
 from fedforge.cli import main
 from fedforge.transport.auth import encode_key
 
@@ -93,9 +93,7 @@ def _keys_federation(tmp: Path) -> tuple[Path, Ed25519PrivateKey]:
     fed = tmp / "fed"
     _certs(fed, "--clients", "0")
     key = Ed25519PrivateKey.generate()
-    raw = key.public_key().public_bytes(
-        serialization.Encoding.Raw, serialization.PublicFormat.Raw
-    )
+    raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     (fed / "keys.json").write_text(json.dumps({"alice": encode_key(raw)}))
     (fed / "members.json").write_text('{"alice": "0-1"}')
     return fed, key
@@ -112,7 +110,8 @@ def test_a_client_signing_from_the_docstring_is_accepted_and_a_replay_after_rest
     stub = tls_stub(port, fed / "ca.pem")
     kept = signed(key, "alice", "Hello", hello())
     assert stub.Hello(kept, timeout=30).run_name == "dep"
-    assert list(stub.Join(signed(key, "alice", "Join", join([0, 1])), timeout=30).accepted) == [0, 1]
+    joined = stub.Join(signed(key, "alice", "Join", join([0, 1])), timeout=30)
+    assert list(joined.accepted) == [0, 1]
     # a name of a mebibyte costs a log line of bounded size
     size = server.log.stat().st_size
     err = refusal(stub.Hello, signed(key, "m" * (1 << 20), "Hello", hello()))
