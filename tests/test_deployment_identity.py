@@ -21,6 +21,8 @@ from deploy_procs import FEDFORGE, _env, start_client, start_server, write_confi
 from deploy_sim import _store_file
 from fedforge.cli import main
 from fedforge.transport.auth import encode_key
+from fedforge.transport.pb import federation_pb2 as pb
+from fedforge.transport.pb import federation_pb2_grpc as pb_grpc
 
 
 def _certs(out: Path, *args: str) -> None:
@@ -152,6 +154,12 @@ def test_a_nan_update_is_answered_refused_with_the_reason(tmp_path: Path) -> Non
     )
     server, port = start_server(tmp_path, cfg, "--insecure")
     clients = [start_client(tmp_path, port, ids, "--insecure") for ids in ("0-2", "3-5")]
+    # an unauthenticated claim is believed, but not one over 64 characters
+    stub = pb_grpc.FederationStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
+    long = pb.Signed(auth=pb.Auth(client="x" * 65), body=hello())
+    err = refusal(stub.Hello, long)
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.details() == "client name of 65 characters: at most 64"
     assert server.wait(180) == 0, server.log.read_text()
     for c in clients:
         assert c.wait(60) == 0, c.log.read_text()
@@ -195,3 +203,21 @@ def test_certs_members_spec_add_client_and_mistakes(
     assert main(["certs", "--out", str(other), "--clients", "0-1", "--members", "client-0=0"]) == 2
     assert "no ids for client-1" in capsys.readouterr().err
     assert not (other / "ca.key").exists()  # refused before anything was written
+
+
+def test_any_member_and_a_members_file_contradict_each_other(tmp_path: Path) -> None:
+    from fedforge.core.errors import ConfigError
+    from fedforge.transport.security import ServerSecurity
+
+    fed = tmp_path / "fed"
+    _certs(fed, "--clients", "0-1", "--ids-per-client", "2")
+    assert ServerSecurity("mtls", fed).members() == {
+        "client-0": frozenset({0, 1}),
+        "client-1": frozenset({2, 3}),
+    }
+    with pytest.raises(ConfigError, match="--any-member with .*members.json"):
+        ServerSecurity("mtls", fed, any_member=True).members()
+    (fed / "members.json").write_text('{"a": "0-3", "b": "3"}')
+    with pytest.raises(ConfigError, match="client id 3 is bound to both 'a' and 'b'"):
+        ServerSecurity("keys", fed).members()
+    assert ServerSecurity("insecure").members() is None
