@@ -192,6 +192,8 @@ def test_certs_members_spec_add_client_and_mistakes(
         ("--members", "client-0=0-5,client-1=5"): "client id 5 is bound to both",
         ("--members", "0-5"): "expected NAME=IDS first",
         ("--members", "client-0=0-1000000000"): "more than 10000000 ids",
+        ("--clients", "0-1", "--ids-per-client", "0"): "--ids-per-client 0 is invalid",
+        ("--clients", "0-1", "--ids-per-client", "10000000"): "from 1 to 5000000 for 2",
     }
     for args, said in mistakes.items():
         assert main(["certs", "--out", str(fed), *args]) == 2

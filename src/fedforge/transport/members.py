@@ -15,7 +15,7 @@ from pathlib import Path
 
 from fedforge.core.errors import ConfigError, shown
 from fedforge.transport.files import check_name, read_bytes, write_atomic
-from fedforge.transport.ids import format_ids, parse_ids
+from fedforge.transport.ids import MAX_IDS, format_ids, parse_ids
 
 MEMBERS_FILE = "members.json"
 EXAMPLE = '{"client-0": "0-24", "client-1": "25-49"}'
@@ -89,8 +89,11 @@ def parse_spec(spec: str) -> dict[str, list[int]]:
 def numbered(names: Sequence[str], per_client: int) -> dict[str, list[int]]:
     """``client-K`` hosts ids ``K * per_client`` to ``K * per_client + per_client - 1``
     (ConfigError for a name without a number)."""
-    if per_client < 1:
-        raise ConfigError(f"--ids-per-client {per_client} is invalid: a whole number >= 1")
+    if not 1 <= per_client <= MAX_IDS // max(1, len(names)):
+        raise ConfigError(
+            f"--ids-per-client {per_client} is invalid: a whole number from 1 to "
+            f"{MAX_IDS // max(1, len(names))} for {len(names)} clients"
+        )
     binding: dict[str, list[int]] = {}
     for name in names:
         match = _NUMBERED.fullmatch(name)
