@@ -29,12 +29,10 @@ from fedforge.transport.work import (
     SERVED,
     SERVING,
     TRAINING_PAYLOAD,
-    UPDATE,
     Answer,
     Asked,
     Key,
     Member,
-    Verdict,
 )
 
 
@@ -198,10 +196,7 @@ class Hub:
             return self._check(owner, header, quiet=True)
 
     def answer(self, owner: str, header: pb.UploadHeader, data: bytes) -> str | None:
-        """Take an answer: None, or the reason it is refused. An update waits for
-        the round's checks (the collector's: finite, the norm bound, ...) and is
-        refused with their reason; past ``verdict_wait_s`` without their word
-        (the round thread busy or gone) it counts as taken."""
+        """Take an answer: None, or the reason it is refused (an update: ``Answer.judged``)."""
         cid, r = header.client_id, header.round_idx
         key: Key = (cid, r, header.kind, header.phase)
         with self.cond:
@@ -215,10 +210,9 @@ class Hub:
             if header.kind in ACKNOWLEDGEMENTS:  # a COMMIT's or SERVE's: nobody waits
                 return None
             seconds = self.clock() - asked.handed
-            verdict = Verdict() if header.kind == UPDATE else None
-            self._inbox.append(Answer(cid, r, header.kind, header.phase, data, seconds, verdict))
+            self._inbox.append(answer := Answer(cid, r, header.kind, header.phase, data, seconds))
             self.cond.notify_all()
-        return None if verdict is None else verdict.wait(self.verdict_wait_s)[1]
+        return answer.judged(self.verdict_wait_s)
 
     def _check(self, owner: str, header: pb.UploadHeader, quiet: bool = False) -> str | None:
         """Why an answer with ``header`` from ``owner`` is not taken now (None: it
@@ -366,8 +360,8 @@ class Hub:
         # answers that came in while the round thread was busy, after the count
         # was reached: never taken, never counted
         for a in self._inbox:
-            if a.key in keys and a.verdict is not None:
-                a.verdict.settle(f"client {a.client_id}'s update came after its round closed")
+            if a.key in keys:
+                a.late("closed")
         self._inbox = [a for a in self._inbox if a.key not in keys]
 
     def alive(self) -> list[int]:

@@ -104,8 +104,7 @@ class RemoteEngine:
                 yield ClientUpload(a.client_id, a.data, a.seconds, settle)
         finally:  # those the round never offered (it stopped): their uploaders wait no more
             for a in handed:
-                if a.verdict is not None:
-                    a.verdict.settle(f"client {a.client_id}'s update came after its round ended")
+                a.late("ended")
 
     def run_phase(self, phase: str, messages: Mapping[int, bytes]) -> dict[int, bytes]:
         """Each addressed client's reply; a client answers every phase message (an

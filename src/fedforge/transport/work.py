@@ -5,7 +5,7 @@ question to one client, a joined client, an answer taken, and a question asked
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fedforge.transport.pb import federation_pb2 as pb
 
@@ -74,11 +74,27 @@ class Answer:
     phase: str
     data: bytes
     seconds: float  # from the work's hand-out to its answer
-    verdict: Verdict | None = None  # an update's: the uploader waits for it
+    # an update's: what the round's checks said of it (its uploader waits for it)
+    verdict: Verdict | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        if self.kind == UPDATE:
+            self.verdict = Verdict()
 
     @property
     def key(self) -> Key:
         return (self.client_id, self.round_idx, self.kind, self.phase)
+
+    def judged(self, timeout_s: float) -> str | None:
+        """The round's checks' verdict (the collector's: finite, the norm bound, ...):
+        None when taken, else why refused; no word within ``timeout_s`` (the round
+        thread busy or gone): taken."""
+        return None if self.verdict is None else self.verdict.wait(timeout_s)[1]
+
+    def late(self, what: str) -> None:
+        """The round was over before it looked at this answer: ``what`` it did."""
+        if self.verdict is not None:
+            self.verdict.settle(f"client {self.client_id}'s update came after its round {what}")
 
 
 @dataclass
