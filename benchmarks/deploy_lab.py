@@ -149,7 +149,8 @@ class Lab:
         self, config: Path | None, runs: Path, port: int = 0, resume: Path | None = None
     ) -> tuple[Proc, int]:
         """A server listening with mutual TLS; its port (read from its log)."""
-        args = ["server", "--port", str(port), "-q", "--certs", str(self.certs)]
+        # the lab lays its clients out per part: any process may host any id
+        args = ["server", "--port", str(port), "-q", "--certs", str(self.certs), "--any-member"]
         args += ["--resume", str(resume)] if resume else ["--config", str(config)]
         proc = self.start("server", [*args, "--runs-dir", str(runs)] if not resume else args)
         end = time.monotonic() + 180

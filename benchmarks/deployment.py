@@ -358,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     procs = max(args.procs, args.secagg_procs)
     with contextlib.redirect_stdout(io.StringIO()):
         fedforge_main(["certs", "--out", str(root / "certs"), "--clients", f"0-{procs - 1}"])
+    (root / "certs" / "members.json").unlink()  # each part lays its ids out: --any-member
     lab = Lab(root, root / "certs")
     out: dict[str, Any] = {"cnn": {}}
     configs: dict[str, Any] = {}

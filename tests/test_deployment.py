@@ -68,7 +68,7 @@ def test_mutual_tls_federation_refuses_the_uncertified_and_the_revoked(tmp_path:
     from fedforge.cli import main
 
     fed = tmp_path / "fed"
-    assert main(["certs", "--out", str(fed), "--clients", "0-2"]) == 0
+    assert main(["certs", "--out", str(fed), "--clients", "0-2", "--ids-per-client", "3"]) == 0
     (fed / "revoked.txt").write_text("client-2\n")
     other = tmp_path / "other"  # another CA's client
     assert main(["certs", "--out", str(other), "--clients", "0"]) == 0

@@ -19,6 +19,8 @@ from fedforge.transport.work import EVALUATION, UPDATE
 
 
 def _hub(**kw: object) -> Hub:
+    # an update's answer waits for no round thread here (test_an_update_is_answered_...)
+    kw.setdefault("verdict_wait_s", 0.0)
     return Hub(num_clients=6, heartbeat_timeout_s=5.0, **kw)  # type: ignore[arg-type]
 
 
@@ -39,6 +41,34 @@ def _header(
 
 def _train(cid: int, r: int = 0) -> pb.Work:
     return pb.Work(kind=pb.Work.TRAIN, client_id=cid, round_idx=r, payload_id=f"round-{r}")
+
+
+def test_an_update_is_answered_with_the_rounds_verdict() -> None:
+    """Each uploader hears what the round thread's collector said of its update;
+    one that arrived past the needed count hears that its round had closed."""
+    hub = _hub(verdict_wait_s=30.0)
+    session, _, _ = hub.join("a", [(c, 10) for c in range(3)])
+    hub.ask([_train(c) for c in range(3)], 0)
+    hub.poll("a", session, 0, False)
+    said: dict[int, str | None] = {}
+
+    def upload(c: int) -> None:
+        said[c] = hub.answer("a", _header(session, c), b"u")
+
+    threads = [threading.Thread(target=upload, args=(c,)) for c in range(3)]
+    for t in threads:
+        t.start()
+    while len(hub._inbox) < 3:
+        threading.Event().wait(0.01)
+    verdicts = {}
+    for n, a in enumerate(hub.gather({(c, 0, UPDATE, "") for c in range(3)}, 5.0, need=2)):
+        assert a.verdict is not None
+        verdicts[a.client_id] = None if n == 0 else "delta holds non-finite values"
+        a.verdict.settle(verdicts[a.client_id])
+    for t in threads:
+        t.join(10)
+    (late,) = set(range(3)) - set(verdicts)
+    assert said == {**verdicts, late: f"client {late}'s update came after its round closed"}
 
 
 def test_gather_stops_at_the_needed_count_and_takes_nothing_past_it() -> None:

@@ -84,6 +84,7 @@ def _federation(tmp: Path) -> Path:
         register_key(fed / "keys.json", name, generate_identity(tmp / f"{name}.key"))
     generate_identity(tmp / "mallory.key")  # never registered
     (fed / "revoked.txt").write_text("eve\n")
+    (fed / "members.json").write_text('{"alice": "0-2", "bob": "3-5"}')
     return fed
 
 

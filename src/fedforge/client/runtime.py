@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -297,8 +297,11 @@ def minibatch_generator(task: ClientTask) -> torch.Generator:
 
 @dataclass(frozen=True)
 class ClientUpload:
-    """An encoded update as it arrives at the server, with the client's wall time."""
+    """An encoded update as it arrives at the server, with the client's wall time;
+    ``settle``, if given, is told the collector's verdict (None: taken, else why
+    refused): a deployment answers the uploader with it."""
 
     client_id: int
     data: bytes
     seconds: float
+    settle: Callable[[str | None], None] | None = field(default=None, compare=False, repr=False)

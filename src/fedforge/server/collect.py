@@ -55,6 +55,8 @@ def collect(
         trainers = [t for t in tasks if t.client_id in train]
         for upload in exp.engine.run_cohort(trainers, payload) if trainers else ():
             arrived.add(upload.client_id)
-            collector.offer(upload.client_id, upload.data)
+            why = collector.offer(upload.client_id, upload.data)
+            if upload.settle is not None:
+                upload.settle(why)
         collector.end_phase()
     return dataclasses.replace(collector.finish(), arrived=frozenset(arrived))

@@ -6,21 +6,34 @@ JSON object mapping client name to the base64 of the 32-byte raw public key. For
 each request the client's :class:`Signer` makes an :class:`Envelope` and the
 server's :class:`Verifier` checks it before it acts on the request.
 
-What is signed (:func:`signed_bytes`) is the concatenation of six fields, each
-written as its length (4 bytes, big-endian) followed by its bytes:
+On the wire (``federation.proto``) a request is a ``Signed`` message: ``body`` is
+the serialized request message (``HelloRequest``, ``JoinRequest``, ``PollRequest``,
+``DownloadRequest``; for ``Upload``, the ``UploadHeader`` in the stream's first
+part, whose SHA-256 field covers the data parts that follow) and ``auth`` holds
+the client name, nonce, timestamp and signature. What is signed
+(:func:`signed_bytes`) is the concatenation of six fields, each written as its
+length (4 bytes, big-endian) followed by its bytes:
 
 1. the domain tag ``b"fedforge-request-v1"`` (a signature made here means nothing
    in another protocol, nor in a later version of this one),
-2. the RPC method, UTF-8 (e.g. ``"/fedforge.Federation/Upload"``),
-3. the client name, UTF-8,
+2. the RPC method's bare name, UTF-8: one of ``Hello``, ``Join``, ``Poll``,
+   ``Download``, ``Upload`` (not the gRPC path ``/fedforge.v1.Federation/Upload``),
+3. the client name, UTF-8 (1 to 64 characters: ``files.NAME_RULE``),
 4. the nonce: 16 random bytes,
-5. the timestamp: seconds since the Unix epoch as an IEEE-754 double, big-endian,
-6. the SHA-256 digest of the request body (32 bytes).
+5. the timestamp: seconds since the Unix epoch as an IEEE-754 double, big-endian
+   (the same double as ``Auth.timestamp``),
+6. the SHA-256 digest of ``body`` (32 bytes).
 
-Length prefixes make the encoding unambiguous: no two different tuples of fields
-give the same bytes. The server accepts a timestamp within ``max_skew_s`` of its own
-clock and remembers each nonce until its timestamp leaves that window, so a copied
-request is refused whether it is replayed early (nonce seen) or late (stale).
+The signature is Ed25519's 64 bytes over those bytes. Length prefixes make the
+encoding unambiguous: no two different tuples of fields give the same bytes.
+
+The server accepts a timestamp within ``max_skew_s`` of its own clock and not
+before the server started (``not_before``), and remembers each nonce until its
+timestamp leaves that window, so a copied request is refused whether it is
+replayed early (nonce seen), late (stale) or to a restarted server, which
+remembers no nonce from before its start (signed before it). The last refusal
+(:class:`AuthError` with ``retry`` set) asks an honest client to sign again: a
+client whose clock is behind the server's meets it for that lag after a restart.
 """
 
 from __future__ import annotations
@@ -44,7 +57,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from fedforge.core.errors import ConfigError, FedforgeError, shown
-from fedforge.transport.files import check_name, read_bytes, write_atomic
+from fedforge.transport.files import MAX_NAME_CHARS, check_name, read_bytes, write_atomic
 
 DOMAIN = b"fedforge-request-v1"
 NONCE_BYTES = 16
@@ -54,11 +67,12 @@ MAX_NONCES_PER_CLIENT = 100_000
 
 
 class AuthError(FedforgeError):
-    """A request's envelope is refused; ``reason`` (also the message) says why."""
+    """A request's envelope is refused; ``reason`` (also the message) says why;
+    ``retry``: an honest client signing it again now would be accepted."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, retry: bool = False) -> None:
         super().__init__(reason)
-        self.reason = reason
+        self.reason, self.retry = reason, retry
 
 
 @dataclass(frozen=True)
@@ -132,7 +146,9 @@ class Verifier:
     method is refused, and a signature made for one of them but presented for
     another is reported as a wrong method rather than a bad signature. At most
     ``max_nonces_per_client`` nonces of a client are remembered at once; past that
-    its requests are refused until older ones leave the window.
+    its requests are refused until older ones leave the window. A timestamp before
+    ``not_before`` (default: the clock when the verifier is made, i.e. the server's
+    start) is refused: nonces seen before it are not remembered.
     """
 
     def __init__(
@@ -144,6 +160,7 @@ class Verifier:
         *,
         methods: Collection[str] = (),
         max_nonces_per_client: int = MAX_NONCES_PER_CLIENT,
+        not_before: float | None = None,
     ) -> None:
         if not (isinstance(max_skew_s, int | float) and 0 < max_skew_s < math.inf):
             raise ConfigError(f"max_skew_s = {shown(max_skew_s)} is invalid: a number > 0")
@@ -157,6 +174,7 @@ class Verifier:
         self._skew = float(max_skew_s)
         self._clock = clock
         self._cap = max_nonces_per_client
+        self._not_before = clock() if not_before is None else float(not_before)
         self._lock = threading.Lock()
         self._latest = -math.inf  # the latest clock reading: the replay window never moves back
         self._seen: dict[str, set[bytes]] = {}  # client -> nonces inside the window
@@ -175,6 +193,8 @@ class Verifier:
     def verify(self, method: str, body: bytes, envelope: Envelope) -> None:
         """Accept the request (return) or raise :class:`AuthError` saying why not."""
         name = envelope.client_name
+        if len(name) > MAX_NAME_CHARS:  # never a registered name (files.NAME_RULE)
+            raise AuthError(f"client name of {len(name)} characters: at most {MAX_NAME_CHARS}")
         key = self._keys.get(name)
         if key is None:
             raise AuthError(
@@ -207,6 +227,12 @@ class Verifier:
             raise AuthError(
                 f"timestamp {stamp:.3f} is {self._latest - stamp:.1f} s behind the server clock: "
                 f"allowed ±{self._skew:g} s"
+            )
+        if stamp < self._not_before:
+            raise AuthError(
+                f"timestamp {stamp:.3f} is before this server started ({self._not_before:.3f}): "
+                "a request signed before a restart is refused; sign it again",
+                retry=True,
             )
 
     def _check_shape(self, envelope: Envelope) -> None:

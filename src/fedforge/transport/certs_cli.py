@@ -1,8 +1,12 @@
 """The ``fedforge certs`` and ``fedforge keys`` commands: a federation's security files.
 
 ``fedforge certs --out DIR --clients 0-9,12`` makes a CA, a server certificate and
-client certificates ``client-0`` ... ``client-9``, ``client-12``;
-``fedforge certs --out DIR --add-client NAME`` issues one more with the CA in DIR.
+client certificates ``client-0`` ... ``client-9``, ``client-12``, and binds each
+to the client ids it may host in ``DIR/members.json``: ``client-K`` hosts the
+``--ids-per-client N`` ids from ``K * N`` (default 1: id K), or each name what
+``--members client-0=0-24,client-1=25-49`` says. ``fedforge certs --out DIR
+--add-client NAME`` issues one more with the CA in DIR (``--members NAME=IDS``
+binds it); ``--members`` alone rewrites the binding of DIR's federation.
 ``fedforge keys --out FILE`` makes a client's Ed25519 identity and prints its public
 key for the server's ``keys.json``.
 
@@ -16,6 +20,7 @@ import re
 from pathlib import Path
 
 from fedforge.core.errors import ConfigError, shown
+from fedforge.transport import members
 
 CLIENT_PREFIX = "client-"
 MAX_NEW_CLIENTS = 10_000
@@ -55,7 +60,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     certs.add_argument(
         "--out", required=True, type=Path, metavar="DIR", help="the federation's folder"
     )
-    what = certs.add_mutually_exclusive_group(required=True)
+    what = certs.add_mutually_exclusive_group()
     what.add_argument(
         "--clients",
         metavar="SPEC",
@@ -64,6 +69,20 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     )
     what.add_argument(
         "--add-client", metavar="NAME", help="issue one more client certificate with DIR's CA"
+    )
+    bind = certs.add_mutually_exclusive_group()
+    bind.add_argument(
+        "--ids-per-client",
+        type=int,
+        metavar="N",
+        help="with --clients: client-K may host the N client ids from K*N (default 1: id K); "
+        "written to DIR/members.json",
+    )
+    bind.add_argument(
+        "--members",
+        metavar="SPEC",
+        help="the client ids each name may host, e.g. client-0=0-24,client-1=25-49 "
+        "(DIR/members.json); alone: rebind DIR's federation",
     )
     certs.add_argument(
         "--hosts",
@@ -90,17 +109,61 @@ def _print_written(paths: list[Path]) -> None:
         print(f"  {path}{private}")
 
 
+def _binding(args: argparse.Namespace, names: list[str]) -> members.Binding:
+    """Each new client's ids: ``--members`` (every name, no other), else numbered."""
+    if args.members is None:
+        per = 1 if args.ids_per_client is None else args.ids_per_client
+        return members.check_binding(members.numbered(names, per), "--ids-per-client")
+    binding = members.check_binding(members.parse_spec(args.members), "--members")
+    unknown = sorted(set(binding) - set(names))
+    missing = [n for n in names if n not in binding]
+    if unknown or missing:
+        what = f"names {', '.join(unknown)} not made here" if unknown else ""
+        what += "; " if unknown and missing else ""
+        what += f"no ids for {', '.join(missing[:5])}" if missing else ""
+        raise ConfigError(f"--members {shown(args.members)}: {what} (give each client its ids)")
+    return binding
+
+
+def _bound(out: Path, binding: members.Binding, keep: bool) -> Path:
+    """Write ``binding`` to ``out``'s members file (``keep``: over the bindings
+    there of other names); says what it holds."""
+    path = out / members.MEMBERS_FILE
+    whole = dict(members.load_members(path)) if keep and path.exists() else {}
+    whole.update(binding)
+    members.write_members(path, whole)
+    print(f"  {path}: {members.summary(members.load_members(path))}")
+    return path
+
+
 def run_certs(args: argparse.Namespace) -> int:
     from fedforge.transport import certs
 
+    if args.clients is None and args.add_client is None:
+        if args.members is None:
+            raise ConfigError("fedforge certs needs --clients SPEC, --add-client NAME or --members")
+        certs.load_ca(args.out)  # a federation of the CA's
+        binding = members.check_binding(members.parse_spec(args.members), "--members")
+        print(f"fedforge: bound the clients of {args.out} to their ids:")
+        _bound(args.out, binding, keep=False)
+        return 0
     if args.add_client is not None:
-        if args.hosts is not None:
-            raise ConfigError("--hosts goes with --clients; --add-client issues a client cert")
+        if args.hosts is not None or args.ids_per_client is not None:
+            raise ConfigError(
+                "--hosts and --ids-per-client go with --clients; --add-client issues a client "
+                "cert (bind it with --members NAME=IDS)"
+            )
+        added = _binding(args, [args.add_client]) if args.members is not None else None
         written = certs.add_client(args.out, args.add_client, days=args.days, force=args.force)
         print(f"fedforge: issued client certificate '{args.add_client}' with the CA in {args.out}:")
         _print_written(written)
+        if added is None:
+            print(f"'{args.add_client}' hosts no client ids until --members binds it some.")
+        else:
+            _bound(args.out, added, keep=True)
         return 0
     names = parse_clients(args.clients)
+    binding = _binding(args, names)
     hosts = [h.strip() for h in (args.hosts or ",".join(certs.DEFAULT_HOSTS)).split(",")]
     written = certs.write_federation(args.out, names, hosts, days=args.days, force=args.force)
     print(
@@ -108,6 +171,7 @@ def run_certs(args: argparse.Namespace) -> int:
         f"{', '.join(hosts)}, {len(names)} client certificates:"
     )
     _print_written(written)
+    _bound(args.out, binding, keep=False)
     print("Keep ca.key off the server; give each client its own clients/<name>.pem and .key.")
     return 0
 

@@ -41,6 +41,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     server.add_argument("--port", type=int, default=50051, help="0: any free port")
     server.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     server.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    server.add_argument(
+        "--any-member",
+        action="store_true",
+        help="without DIR/members.json: any authenticated client may claim any client id "
+        "nobody holds yet (said with a warning)",
+    )
     _security_args(server)
 
     client = sub.add_parser("client", help="join a federation as one or more clients")
@@ -105,7 +111,7 @@ def server(cfg: Config | None, args: argparse.Namespace) -> RunResult:
     from fedforge.transport.serve import ServerOptions, serve, serve_resume
 
     opts = ServerOptions(
-        ServerSecurity(_mode(args), args.certs),
+        ServerSecurity(_mode(args), args.certs, args.any_member),
         args.host,
         args.port,
         args.metrics_port,

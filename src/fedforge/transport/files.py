@@ -15,7 +15,8 @@ from fedforge.core.errors import ConfigError, shown
 
 # a letter or digit first, then letters, digits, '.', '_' or '-': safe as a file name
 # (no path separators, not '.' or '..', no leading '-' that reads as an option)
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+MAX_NAME_CHARS = 64
+_NAME = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_NAME_CHARS - 1}}}")
 NAME_RULE = "1-64 characters of A-Z a-z 0-9 . _ -, starting with a letter or digit"
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from fedforge.transport.files import MAX_NAME_CHARS
 from fedforge.transport.pb import federation_pb2 as pb
 
 MODES = ("mtls", "keys", "insecure")
@@ -47,6 +48,9 @@ class Guard:
             name = self._verified(method, signed)
         else:
             name = signed.auth.client or context.peer()
+            if len(name) > MAX_NAME_CHARS:
+                why = f"client name of {len(name)} characters: at most {MAX_NAME_CHARS}"
+                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, why)
         if name in self.revoked:
             raise Refused(grpc.StatusCode.PERMISSION_DENIED, f"client '{name}' is revoked", name)
         return name
@@ -58,6 +62,7 @@ class Guard:
         env = Envelope(a.client, a.nonce, a.timestamp, a.signature)
         try:
             self.verifier.verify(method, signed.body, env)  # type: ignore[attr-defined]
-        except AuthError as exc:
-            raise Refused(grpc.StatusCode.UNAUTHENTICATED, str(exc), a.client or None) from None
+        except AuthError as exc:  # retry: UNAVAILABLE, which a client meets by signing again
+            code = grpc.StatusCode.UNAVAILABLE if exc.retry else grpc.StatusCode.UNAUTHENTICATED
+            raise Refused(code, str(exc), a.client or None) from None
         return a.client

@@ -62,6 +62,7 @@ class Hub:
     # told when a client joins, the phase moves on or questions go unanswered (the
     # live-state file); called under the hub's lock, so it must not block
     on_change: Callable[[], None] = lambda: None
+    verdict_wait_s: float = 30.0  # how long an upload waits for the round's checks
 
     def __post_init__(self) -> None:
         self.cond = threading.Condition()
@@ -195,7 +196,7 @@ class Hub:
             return self._check(owner, header, quiet=True)
 
     def answer(self, owner: str, header: pb.UploadHeader, data: bytes) -> str | None:
-        """Take an answer: None, or the reason it is refused."""
+        """Take an answer: None, or the reason it is refused (an update: ``Answer.judged``)."""
         cid, r = header.client_id, header.round_idx
         key: Key = (cid, r, header.kind, header.phase)
         with self.cond:
@@ -209,9 +210,9 @@ class Hub:
             if header.kind in ACKNOWLEDGEMENTS:  # a COMMIT's or SERVE's: nobody waits
                 return None
             seconds = self.clock() - asked.handed
-            self._inbox.append(Answer(cid, r, header.kind, header.phase, data, seconds))
+            self._inbox.append(answer := Answer(cid, r, header.kind, header.phase, data, seconds))
             self.cond.notify_all()
-            return None
+        return answer.judged(self.verdict_wait_s)
 
     def _check(self, owner: str, header: pb.UploadHeader, quiet: bool = False) -> str | None:
         """Why an answer with ``header`` from ``owner`` is not taken now (None: it
@@ -358,6 +359,9 @@ class Hub:
             self._asked.pop(key, None)
         # answers that came in while the round thread was busy, after the count
         # was reached: never taken, never counted
+        for a in self._inbox:
+            if a.key in keys:
+                a.late("closed")
         self._inbox = [a for a in self._inbox if a.key not in keys]
 
     def alive(self) -> list[int]:

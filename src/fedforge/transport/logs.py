@@ -1,5 +1,9 @@
 """Structured logs of the deployment: one JSON object per line on stderr, so a
-log collector can read them and a person can grep them."""
+log collector can read them and a person can grep them.
+
+A peer chooses some of what is logged (the name it claims, a reason quoting its
+message): each text field is cut to a bound, names to :data:`NAME_CHARS`, so a
+call costs a line of bounded size however much the peer sent."""
 
 from __future__ import annotations
 
@@ -8,8 +12,22 @@ import sys
 import time
 from typing import Any
 
+NAME_CHARS = 64  # a client name's longest (files.MAX_NAME_CHARS)
+TEXT_CHARS = 1000
+NAME_FIELDS = frozenset({"sender", "name", "owner"})
+
+
+def clipped(text: str, most: int) -> str:
+    """``text``, or its first ``most`` characters and how many more there were."""
+    if len(text) <= most:
+        return text
+    return f"{text[:most]}...[{len(text) - most} more characters]"
+
 
 def log_event(side: str, event: str, **fields: Any) -> None:
     """Write ``event`` of ``side`` (server, client) with its fields."""
+    for key, value in fields.items():
+        if isinstance(value, str):
+            fields[key] = clipped(value, NAME_CHARS if key in NAME_FIELDS else TEXT_CHARS)
     line = {"t": round(time.time(), 3), "side": side, "event": event, **fields}
     print(json.dumps(line, default=str), file=sys.stderr, flush=True)

@@ -31,7 +31,7 @@ from fedforge.store import RunStore
 from fedforge.transport.hub import Hub
 from fedforge.transport.pb import federation_pb2 as pb
 from fedforge.transport.rollout import Rollout, Rows
-from fedforge.transport.work import REPLY, TRAINING_PAYLOAD, UPDATE, Key
+from fedforge.transport.work import REPLY, TRAINING_PAYLOAD, UPDATE, Answer, Key
 
 
 def plan_json(plan: LocalPlan) -> str:
@@ -96,8 +96,15 @@ class RemoteEngine:
         self.hub.set_phase(f"round {r + 1}: training")
         self.hub.ask(works, self.version)
         need = None if self.needed is None else min(self.needed, len(tasks))
-        for a in self.hub.gather(keys, self.deadline_s, need):
-            yield ClientUpload(a.client_id, a.data, a.seconds)
+        handed: list[Answer] = []
+        try:
+            for a in self.hub.gather(keys, self.deadline_s, need):
+                handed.append(a)
+                settle = a.verdict.settle if a.verdict is not None else None
+                yield ClientUpload(a.client_id, a.data, a.seconds, settle)
+        finally:  # those the round never offered (it stopped): their uploaders wait no more
+            for a in handed:
+                a.late("ended")
 
     def run_phase(self, phase: str, messages: Mapping[int, bytes]) -> dict[int, bytes]:
         """Each addressed client's reply; a client answers every phase message (an

@@ -1,8 +1,10 @@
 """TLS for both ends, from a federation folder made by ``fedforge certs``:
 ``ca.pem``, ``server.pem``/``server.key``, ``clients/<name>.pem``/``.key``, and
 optionally ``keys.json`` (registered Ed25519 keys), ``revoked.txt`` and
-``members.json`` (which client ids each name may host: ``{"client-0": "0-24"}``;
-without it the first name to join an id holds it).
+``members.json`` (which client ids each name may host: ``members.py``). The
+server refuses to start without ``members.json`` unless told ``any_member``
+(``--any-member``, said with a warning): then the first name to join an id
+holds it.
 
 TLS is the default; plaintext only with an explicit ``insecure`` (and a warning
 on both sides). ``mtls``: the server asks every client for a certificate signed
@@ -12,7 +14,6 @@ key the server has registered.
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,11 +22,15 @@ import grpc
 
 from fedforge.core.errors import ConfigError
 from fedforge.transport.guard import MODES, Guard
-from fedforge.transport.ids import parse_ids
+from fedforge.transport.members import MEMBERS_FILE, Binding, load_members
 
 INSECURE_WARNING = (
     "fedforge: WARNING: --insecure: plaintext gRPC, clients not authenticated; "
     "anyone on the network can read the model and send updates"
+)
+ANY_MEMBER_WARNING = (
+    "fedforge: WARNING: --any-member: no members.json; any authenticated client may "
+    "claim any client id that nobody holds yet"
 )
 
 
@@ -50,6 +55,7 @@ class ServerSecurity:
 
     mode: str  # one of guard.MODES
     certs: Path | None = None  # the federation folder (mtls, keys)
+    any_member: bool = False  # without members.json: the first to join an id holds it
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -70,18 +76,27 @@ class ServerSecurity:
         ca = _read(self.certs / "ca.pem", "CA certificate") if mtls else None
         return grpc.ssl_server_credentials([pair], root_certificates=ca, require_client_auth=mtls)
 
-    def members(self) -> dict[str, frozenset[int]] | None:
-        """``members.json``: each name's client ids (None: no such file)."""
-        if self.certs is None or not (self.certs / "members.json").is_file():
+    def members(self) -> Binding | None:
+        """``members.json``: each name's client ids (None: anyone may claim any id,
+        under ``insecure`` or ``any_member``); ConfigError without it otherwise."""
+        if self.mode == "insecure" or self.certs is None:
             return None
-        path = self.certs / "members.json"
-        try:
-            data = json.loads(path.read_text())
-            if not isinstance(data, dict):
-                raise ValueError("not an object of name -> ids")
-            return {str(k): frozenset(parse_ids(str(v))) for k, v in data.items()}
-        except (ValueError, ConfigError) as exc:
-            raise ConfigError(f'\'{path}\': {exc} (e.g. {{"client-0": "0-24"}})') from None
+        path = self.certs / MEMBERS_FILE
+        if self.any_member:
+            if path.exists():
+                raise ConfigError(
+                    f"--any-member with '{path}': the file binds each name to its ids; "
+                    "remove the file or drop --any-member"
+                )
+            print(ANY_MEMBER_WARNING, file=sys.stderr, flush=True)
+            return None
+        if not path.exists():
+            raise ConfigError(
+                f"'{path}' does not exist: without it any client of the federation may claim "
+                f"any client id; bind each name to its ids (`fedforge certs --out {self.certs} "
+                "--members client-0=0-24,client-1=25-49`), or pass --any-member"
+            )
+        return load_members(path)
 
     def guard(self) -> Guard:
         """The guard, with the revocation list as it is now (read at each start)."""

@@ -4,7 +4,8 @@ question to one client, a joined client, an answer taken, and a question asked
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 
 from fedforge.transport.pb import federation_pb2 as pb
 
@@ -42,6 +43,27 @@ class Member:
     num_eval_examples: int
 
 
+class Verdict:
+    """The round's word on an update it was handed: None (taken into the round) or
+    why it was refused; the first word stands."""
+
+    def __init__(self) -> None:
+        self._said = threading.Event()
+        self._lock = threading.Lock()
+        self.reason: str | None = None
+
+    def settle(self, reason: str | None) -> None:
+        with self._lock:
+            if not self._said.is_set():
+                self.reason = reason
+                self._said.set()
+
+    def wait(self, timeout_s: float) -> tuple[bool, str | None]:
+        """(whether the word came within ``timeout_s``, the reason)."""
+        said = self._said.wait(timeout_s)
+        return said, self.reason
+
+
 @dataclass
 class Answer:
     """An accepted answer, waiting for the round thread."""
@@ -52,10 +74,27 @@ class Answer:
     phase: str
     data: bytes
     seconds: float  # from the work's hand-out to its answer
+    # an update's: what the round's checks said of it (its uploader waits for it)
+    verdict: Verdict | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        if self.kind == UPDATE:
+            self.verdict = Verdict()
 
     @property
     def key(self) -> Key:
         return (self.client_id, self.round_idx, self.kind, self.phase)
+
+    def judged(self, timeout_s: float) -> str | None:
+        """The round's checks' verdict (the collector's: finite, the norm bound, ...):
+        None when taken, else why refused; no word within ``timeout_s`` (the round
+        thread busy or gone): taken."""
+        return None if self.verdict is None else self.verdict.wait(timeout_s)[1]
+
+    def late(self, what: str) -> None:
+        """The round was over before it looked at this answer: ``what`` it did."""
+        if self.verdict is not None:
+            self.verdict.settle(f"client {self.client_id}'s update came after its round {what}")
 
 
 @dataclass

@@ -163,9 +163,10 @@ class TokenGate:
         query = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
         given = next((v for k, v in query if k == "token"), None)
         if self._ok(given):
-            kept = f"{name}={self._token.decode()}; Path=/; HttpOnly; SameSite=Strict".encode()
+            secure = "; Secure" if scope.get("scheme") == "https" else ""
+            kept = f"{name}={self._token.decode()}; Path=/; HttpOnly; SameSite=Strict{secure}"
             where = back_to(scope, query).encode("latin-1")
-            await _respond(send, 303, b"", [(b"location", where), (b"set-cookie", kept)])
+            await _respond(send, 303, b"", [(b"location", where), (b"set-cookie", kept.encode())])
             return
         body = b"401 Unauthorized: this dashboard needs its access token\n"
         await _respond(

@@ -1,7 +1,11 @@
 """``fedforge dashboard``: serve the dashboard over a runs directory (uvicorn).
 
 fedforge dashboard [--runs-dir runs] [--port 8765] [--host 127.0.0.1] [--token T]
-                   [--allow-host NAME ...]
+                   [--allow-host NAME ...] [--certs DIR]
+
+Off loopback it needs an access token and HTTPS (``--certs DIR``: ``server.pem``
+and ``server.key`` there, e.g. a federation's folder from ``fedforge certs``):
+over plain HTTP anyone on the path would read the token.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import socket
 from pathlib import Path
 
 from fedforge.core.errors import ConfigError
-from fedforge.report.dashboard.auth import TOKEN_ENV, access_token, admitted_name
+from fedforge.report.dashboard.auth import TOKEN_ENV, access_token, admitted_name, is_loopback
 
 DEFAULT_PORT = 8765
 # open live feeds end when the server stops: the browser reconnects to the next one
@@ -43,6 +47,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="a name or address browsers reach it by, besides 127.0.0.1, localhost, [::1] "
         "and --host (repeatable); requests naming any other Host get 400",
     )
+    p.add_argument(
+        "--certs",
+        type=Path,
+        metavar="DIR",
+        help="serve HTTPS with DIR/server.pem and DIR/server.key (e.g. the federation's "
+        "folder from `fedforge certs --hosts NAME`); required off loopback",
+    )
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -55,6 +66,26 @@ def listen(host: str, port: int) -> socket.socket:
     except (OSError, OverflowError) as exc:
         why = getattr(exc, "strerror", None) or str(exc)
         raise ConfigError(f"--host {host} --port {port}: cannot listen there ({why})") from None
+
+
+def tls_files(host: str, certs: Path | None) -> tuple[str, str] | None:
+    """The certificate and key to serve HTTPS with (None: plain HTTP, on loopback
+    only); ConfigError off loopback without them, or for a file that is missing."""
+    if certs is None:
+        if not is_loopback(host):
+            raise ConfigError(
+                f"--host {host} is not a loopback address: over plain HTTP the access token "
+                "crosses the network readable; serve HTTPS with --certs DIR (server.pem and "
+                "server.key, e.g. from `fedforge certs`), or listen on 127.0.0.1"
+            )
+        return None
+    pair = (certs / "server.pem", certs / "server.key")
+    for path in pair:
+        if not path.is_file():
+            raise ConfigError(
+                f"--certs {certs}: '{path}' does not exist (`fedforge certs` makes it)"
+            )
+    return str(pair[0]), str(pair[1])
 
 
 def _unspecified(host: str) -> bool:
@@ -72,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
     from fedforge.report.dashboard.app import build_app
 
     token = access_token(args.host, args.token)
+    tls = tls_files(args.host, args.certs)
     hosts = (args.host, *args.allow_host)
     bad = [h for h in args.allow_host if admitted_name(h) is None]
     if bad:
@@ -86,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     port = sock.getsockname()[1]
     host = f"[{args.host.strip('[]')}]" if ":" in args.host else args.host
     print(
-        f"fedforge dashboard: {runs_dir.resolve()} at http://{host}:{port}/"
+        f"fedforge dashboard: {runs_dir.resolve()} at http{'s' if tls else ''}://{host}:{port}/"
         + (" (open it once with ?token=TOKEN)" if token else ""),
         flush=True,
     )
@@ -101,6 +133,8 @@ def run(args: argparse.Namespace) -> int:
         log_level="warning",
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         ws="none",  # no route takes a websocket: the upgrade is never made
+        ssl_certfile=tls[0] if tls else None,
+        ssl_keyfile=tls[1] if tls else None,
     )
     uvicorn.Server(config).run(sockets=[sock])
     return 0

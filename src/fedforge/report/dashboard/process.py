@@ -19,7 +19,7 @@ from types import TracebackType
 
 from fedforge.core.errors import FedforgeError
 
-_LISTENING = re.compile(r"fedforge dashboard: .* at (http://\S+/)")
+_LISTENING = re.compile(r"fedforge dashboard: .* at (https?://\S+/)")
 
 
 class DashboardProcess:
