@@ -33,9 +33,9 @@ def _probe_processes(runs: int, repeats: int, drain: str | None) -> None:
             )
         except subprocess.TimeoutExpired as exc:
             pytest.fail(f"the process did not exit in 40 s; its output: {exc.stdout!r}")
-        assert done.returncode == 0, done.stderr
+        assert done.returncode == 0, (done.stdout, done.stderr)
         assert done.stdout.splitlines()[-1] == "done"
-        assert "Traceback" not in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr, (done.stdout, done.stderr)
         # each timing and its pool's close take well under the manager thread's 10 s wait
         seconds = [float(line.split()[2]) for line in done.stdout.splitlines()[:-1]]
         assert len(seconds) == repeats and max(seconds) < 8, seconds

@@ -289,10 +289,12 @@ class PoolEngine:
         if manager is not None and manager.is_alive():
             # the broken pool's manager sets an error on every job it still holds,
             # and a job cancelled already refuses one (InvalidStateError, which
-            # ends that thread with a traceback): it holds only the others
-            for work_id, item in list(pending.items()):
+            # ends that thread with a traceback): a cancelled job's future is
+            # swapped for a blank one nobody reads (not removed: the thread may
+            # be reading the table meanwhile)
+            for item in list(pending.values()):
                 if item.future.cancelled():
-                    pending.pop(work_id, None)
+                    item.future = Future()
             writer = getattr(results, "_writer", None)
             if writer is not None:
                 writer.close()
