@@ -68,7 +68,7 @@ DAMAGE: dict[str, tuple[str, Callable[[Path], None], str]] = {
     "cut-final": (FINAL_NAME, _cut, f"{FINAL_NAME} has "),
     "deleted-final": (FINAL_NAME, lambda p: p.unlink(), f"{FINAL_NAME} is missing"),
     "deleted-final-json": (FINAL_META, lambda p: p.unlink(), f"its {FINAL_META} is missing"),
-    "deleted-both": (FINAL_META, _both, "its final parameters (final_params.safetensors, "),
+    "deleted-final-both": (FINAL_META, _both, "its final parameters (final_params.safetensors, "),
 }
 QUICK = ["fifo-lock", "flipped-final"]  # the rest: slow (every kind is listed by `runs`)
 
