@@ -116,7 +116,7 @@ def wal_damage(db: Path) -> str | None:
     absent, or its only bad frames are the torn tail of an unfinished write)."""
     wal = db.with_name(db.name + "-wal")
     try:
-        with open(wal, "rb", buffering=0) as f:
+        with open(wal, "rb") as f:
             return _frames_damage(f, wal.name)
     except FileNotFoundError:
         return None
