@@ -4,13 +4,16 @@ Each is one ConfigError naming the file or field and the limit, never a tracebac
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from fedforge.config import from_dict, load, parse_override
+from fedforge.config import Config, from_dict, load, parse_override
+from fedforge.config.bounds import BOUNDS, integer_fields
 from fedforge.config.parse import MAX_DEPTH, MAX_VALUES
 from fedforge.core.errors import ConfigError
 
@@ -91,3 +94,86 @@ def test_a_huge_bad_value_is_quoted_short(tmp_path: Path) -> None:
         from_dict({"name": value})
     message = str(exc.value)
     assert message.startswith("config field 'name' = [[[[...]") and len(message) < 300
+
+
+# --- every integer field's range -----------------------------------------------
+
+
+def _nested(name: str, value: object) -> dict[str, Any]:
+    """``{"a": {"b": value}}`` for the dotted name ``a.b``."""
+    out: dict[str, Any] = {}
+    node = out
+    *sections, last = name.split(".")
+    for section in sections:
+        node = node.setdefault(section, {})
+    node[last] = value
+    return out
+
+
+def test_every_integer_field_has_a_range() -> None:
+    assert set(integer_fields(Config)) == set(BOUNDS)
+
+
+def _with(name: str, value: int) -> dict[str, Any]:
+    """A config holding ``value`` in field ``name``, with what that field needs
+    to be read at all (tiers: secure aggregation)."""
+    if name == "privacy.tiers.high_clients":
+        tiers = {"secagg": True, "tiers": {"high_clients": [value]}}
+        return {"privacy": tiers, "communication": {"clip_norm": 1.0}}
+    return _nested(name, value)
+
+
+@pytest.mark.parametrize("name", sorted(BOUNDS))
+@pytest.mark.parametrize("past", [1, 2**63])
+def test_a_value_past_a_fields_range_is_one_line(name: str, past: int) -> None:
+    """``robust.norm_window: 2**63`` once ended in an OverflowError, ``batch_size:
+    2**63`` in a ValueError from torch: each field past its greatest value is one
+    line naming the field, the value and the range."""
+    low, high, _ = BOUNDS[name]
+    value = high + past
+    with pytest.raises(ConfigError) as exc:
+        from_dict(_with(name, value))
+    text = str(exc.value)
+    assert "\n" not in text and f"'{name}' = " in text and str(value) in text
+    if name not in OWN_RANGE:
+        assert f"must be an integer in [{low:,}, {high:,}]" in text
+
+
+# fields whose section checks the same range in its own words first
+OWN_RANGE = {
+    "privacy.secagg_frac_bits",
+    "privacy.secagg_neighbours",
+    "deployment.chunk_kib",
+    "threads",
+}
+
+
+def test_the_refused_window_fits_the_run() -> None:
+    """A window of upload rounds longer than the run never fills, so the stop on
+    refused updates never fires: 60% attackers once ran all 40 rounds of a run
+    with refused_window 10^9."""
+    with pytest.raises(
+        ConfigError, match=r"'robust.refused_window' = 41 .*\[1, 40\]: the run has 40"
+    ):
+        from_dict({"rounds": 40, "robust": {"refused_window": 41}})
+    with pytest.raises(ConfigError, match=r"= 21 .*\[1, 20\]: the run has 20 upload rounds"):
+        from_dict(
+            {"rounds": 40, "communication": {"upload_every": 2}, "robust": {"refused_window": 21}}
+        )
+    assert from_dict({"rounds": 40, "robust": {"refused_window": 40}}).robust.refused_window == 40
+    assert from_dict({"rounds": 3}).robust.refused_window == 10  # the default stands
+    off = {"max_refused_fraction": None, "refused_window": 1000}
+    assert from_dict({"rounds": 40, "robust": off}).robust.refused_window == 1000
+
+
+@pytest.mark.parametrize("field", ["robust.norm_window", "batch_size"])
+def test_the_command_refuses_a_huge_integer_in_one_line(tmp_path: Path, field: str) -> None:
+    runs = tmp_path / "runs"
+    cmd = [sys.executable, "-m", "fedforge.cli", "run", "--set", f"{field}={2**63}"]
+    proc = subprocess.run(
+        [*cmd, "--runs-dir", str(runs), "-q"], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"'{field}' = {2**63} is invalid: must be an integer in" in lines[0]
+    assert not runs.exists()

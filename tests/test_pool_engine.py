@@ -180,14 +180,15 @@ def test_workers_zero_keeps_the_fused_path_in_one_process(make_data: MakeData) -
 def test_more_workers_than_cores_are_lowered_to_the_cores(
     make_data: MakeData, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A million workers would fork a million processes: the engine takes the
-    usable cores and says so (results do not depend on the worker count)."""
+    """1,024 workers (the most a config may ask for) would fork 1,024 processes:
+    the engine takes the usable cores and says so (results do not depend on the
+    worker count)."""
     import fedforge.server.engine_choice as engine_choice
 
     monkeypatch.setattr(engine_choice, "usable_cores", lambda: 2)
-    exp = build(_cfg(workers=1_000_000), make_data(SIZES))
+    exp = build(_cfg(workers=1024), make_data(SIZES))
     assert exp.engine.name.endswith("x2")
-    assert "workers: 1000000 lowered to 2, the cores this process may use" in (exp.note or "")
+    assert "workers: 1024 lowered to 2, the cores this process may use" in (exp.note or "")
     monkeypatch.setattr(engine_choice, "usable_cores", lambda: 1)
     one = build(_cfg(workers=3), make_data(SIZES))
     assert not isinstance(one.engine, PoolEngine) and "lowered to 1" in (one.note or "")

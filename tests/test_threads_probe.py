@@ -165,8 +165,11 @@ def probing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[str]:
     real = probe._rate
 
     def counting(candidate: probe.Candidate, *args: Any) -> float:
+        """The real timing, then a steady figure: timings taken on this shared
+        machine may disagree, and a busy probe's pick is not cached."""
         timed.append(candidate.name)
-        return real(candidate, *args)
+        assert real(candidate, *args) > 0
+        return 100.0 * (1 + len(candidate.name))
 
     monkeypatch.setattr(probe, "_rate", counting)
     return timed
@@ -320,13 +323,13 @@ def test_a_bad_threads_variable_is_named(monkeypatch: pytest.MonkeyPatch, bad: s
 def test_the_probe_trains_one_epoch_whatever_the_run(
     probing: list[str], make_data: MakeData, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A run of 10^9 local epochs reaches its first lines: the probe's clients
-    train one epoch each (its rate is per sample)."""
+    """A run of the most local epochs allowed reaches its first lines: the
+    probe's clients train one epoch each (its rate is per sample)."""
     import time
 
     monkeypatch.setattr(engine_choice, "usable_cores", lambda: 2)
     t0 = time.perf_counter()
-    exp = build(_cfg(workers=0, local_epochs=10**9), make_data(SIZES, dtype=torch.float32))
+    exp = build(_cfg(workers=0, local_epochs=10_000), make_data(SIZES, dtype=torch.float32))
     close_engine(exp.engine)
     assert probing and time.perf_counter() - t0 < 60
     assert exp.probe_line is not None and "samples/s" in exp.probe_line

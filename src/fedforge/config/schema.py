@@ -16,6 +16,7 @@ from typing import Literal
 from fedforge.config import compat
 from fedforge.config import task as task_rules
 from fedforge.config.alerts import AlertsConfig, budget_rules_need_budget
+from fedforge.config.bounds import check_bounds, refused_window_fits_run
 from fedforge.config.communication import CommunicationConfig
 from fedforge.config.data import SCALINGS, Dataset, InputScaling, PartitionConfig, SyntheticConfig
 from fedforge.config.deployment import DeploymentConfig, remote_data_fits
@@ -182,6 +183,8 @@ def check(cfg: Config) -> None:
     )
     for section in sections:
         section.check()
+    check_bounds(cfg)
+    refused_window_fits_run(cfg)
     # how the sections combine: training and data first, then the parts a run is
     # built of in the order they are built (robustness, privacy, weights, edges)
     compat.groups_within_clients(cfg.communication, cfg.num_clients)

@@ -37,6 +37,7 @@ payload file is deleted by the next pool's first round (its name carries the pid
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import multiprocessing
@@ -68,6 +69,8 @@ _PAYLOAD: tuple[str, bytes] | None = None  # (path, bytes) of the round a worker
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _PAYLOAD_PREFIX = "fedforge-payload-"  # then the server's pid: see orphans.py
 JOB_BYTES = 64 << 20  # a vectorised job's dense updates at most (one message back)
+DRAIN_S = 10.0  # how long closing waits for the jobs running to finish
+MANAGER_S = 10.0  # how long for the executor's manager thread once the workers are killed
 # Why a run on a CUDA device trains in the server process: workers are forked, and
 # CUDA cannot be used in a process forked after it started (nor would processes
 # sharing one GPU keep it busier than one process does).
@@ -263,20 +266,48 @@ class PoolEngine:
         return self.inner.run_phase(phase, messages)
 
     def close(self) -> None:
-        """Stop the workers (idempotent): cancel what has not started and end
-        the processes (they ignore SIGTERM, so SIGKILL)."""
+        """Stop the workers (idempotent). What has not started is cancelled; the
+        jobs running finish, for up to :data:`DRAIN_S`, and the workers leave on
+        their own. Past that they are killed (they ignore SIGTERM, so SIGKILL),
+        this process's own write end of the result pipe closed first: a worker
+        killed while it sends a result leaves the executor's manager thread
+        reading that pipe, and only the last write end closing ends its read
+        (else it waits for ever, and so does this process at exit). A manager
+        thread still alive after that is an :class:`EngineError`."""
         pool, self._pool = self._pool, None
         if pool is None:
             return
         live = getattr(pool, "_processes", None) or {}  # the dict the executor updates
         manager = getattr(pool, "_executor_manager_thread", None)  # shutdown drops it
+        results = getattr(pool, "_result_queue", None)  # and this
+        pending = getattr(pool, "_pending_work_items", None) or {}
         processes = dict(live)
         pool.shutdown(wait=False, cancel_futures=True)
-        processes.update(live)
-        _kill_all(processes.values())
         if manager is not None:
-            manager.join(timeout=10)  # it reaps the workers and closes its pipes
+            manager.join(timeout=DRAIN_S)  # running jobs end, then the workers
+        processes.update(live)
+        if manager is not None and manager.is_alive():
+            # the broken pool's manager sets an error on every job it still holds,
+            # and a job cancelled already refuses one (InvalidStateError, which
+            # ends that thread with a traceback): a cancelled job's future is
+            # swapped for a blank one nobody reads (not removed: the thread may
+            # be reading the table meanwhile)
+            for item in list(pending.values()):
+                if item.future.cancelled():
+                    item.future = Future()
+            writer = getattr(results, "_writer", None)
+            if writer is not None:
+                writer.close()
+            _kill_all(processes.values())
+            manager.join(timeout=MANAGER_S)  # it reaps the workers and closes its pipes
         _kill_all({**processes, **live}.values())  # any it started meanwhile
+        if manager is not None and manager.is_alive():
+            raise EngineError(
+                f"the worker pool of {self.name} did not stop: its manager thread still "
+                f"waits {MANAGER_S:g} s after the workers were killed, and this process "
+                "may not exit (end it with Ctrl-C or kill)"
+            )
 
     def __del__(self) -> None:
-        self.close()
+        with contextlib.suppress(EngineError):  # at collection there is nobody to tell
+            self.close()

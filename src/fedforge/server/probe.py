@@ -12,18 +12,23 @@ may use and that compute the same updates (engine_choice.make_engine keeps every
 refusal: a run that cannot use workers is never offered them).
 
 A probe lasts seconds, so its figures are noisy: each candidate is timed
-:data:`REPEATS` times, interleaved (A B A B), and keeps its best; and the
+:data:`REPEATS` times, interleaved (A B A B ...), and keeps its best; and the
 configuration the measured rules pick (the incumbent: engine_choice.auto_vectorize
 and the worker layout) is replaced only by a candidate at least :data:`MARGIN`
 times as fast. A short probe of the CNN once put one process of two threads
 ahead of two one-thread workers that the full benchmark measures 1.4x faster;
 the margin keeps such a flip from changing a run's engine, and with it its
-float32 numbers.
+float32 numbers. A probe timed on a busy machine measures the other load: when
+one candidate's timings spread wider than :data:`SPREAD` of its best, or the
+repeats on their own would pick different candidates, the pick serves this run
+only, is not cached, and the probe's line says the machine looked busy (with
+the load average).
 
 The choice is cached beside the tensor cache (``engine-probe.json`` in
 :func:`~fedforge.data.mnist.resolve_cache_dir`), keyed by torch's version, the
 CPU (model name and flags), the model's name and parameter count and what was
-measured (candidates, threads, plan); a changed key probes again. The
+measured (candidates, threads, plan); a changed key probes again. A cache that
+cannot be written is said in the line (every run then probes again). The
 ``FEDFORGE_PROBE`` environment variable sets the probe's length (samples per
 candidate, default :data:`DEFAULT_SAMPLES`, each candidate stopped after
 :data:`SECONDS`), or turns it off (``off`` or 0):
@@ -54,9 +59,10 @@ from fedforge.engines.threads import set_threads
 PROBE_ENV = "FEDFORGE_PROBE"
 DEFAULT_SAMPLES = 2400  # per timing at most: 4+ clients of up to 600 examples
 SECONDS = 1.0  # per timing at most, after its warm-up (the clients done by then count)
-REPEATS = 2  # timings per candidate, interleaved; the best counts
+REPEATS = 3  # timings per candidate, interleaved; the best counts
+SPREAD = 0.25  # a candidate's timings wider apart than this share of its best: busy
 MARGIN = 1.25  # how much faster than the incumbent a candidate must be to replace it
-PROBE_VERSION = 2  # in the cache key: a changed probe measures again
+PROBE_VERSION = 3  # in the cache key: a changed probe measures again
 _WARM_ID = 1 << 30  # warm-up clients, from this id: one minibatch each
 CACHE_NAME = "engine-probe.json"
 MAX_ENTRIES = 64  # the cache keeps the newest entries
@@ -94,6 +100,7 @@ class Choice:
     candidate: Candidate
     figures: dict[str, float]
     cached: bool
+    note: str | None = None  # why the choice was not cached, in words
 
     def line(self) -> str:
         """The choice with its figures, in one line."""
@@ -102,7 +109,8 @@ class Choice:
         kept = ""
         if self.figures and self.figures.get(self.candidate.name, 0.0) < max(self.figures.values()):
             kept = f"; the rules' pick, since none was {MARGIN:g}x as fast"
-        return f"engine: auto runs {self.candidate.name} ({where}, samples/s: {figs}{kept})"
+        note = f"; {self.note}" if self.note else ""
+        return f"engine: auto runs {self.candidate.name} ({where}, samples/s: {figs}{kept}){note}"
 
 
 def probe_samples() -> int | None:
@@ -158,16 +166,19 @@ def _read_cache(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _write_cache(path: Path, entries: dict[str, Any]) -> None:
-    """Best effort: a cache that cannot be written only means a probe next time."""
+def _write_cache(path: Path, entries: dict[str, Any]) -> str | None:
+    """Best effort: a cache that cannot be written only means a probe next
+    time; returns why it was not written (None: written)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         kept = dict(list(entries.items())[-MAX_ENTRIES:])
         tmp.write_text(json.dumps(kept, indent=1))
         tmp.replace(path)
-    except OSError:
-        pass
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        return f"the probe's cache {path} cannot be written ({why}): every run probes again"
+    return None
 
 
 def choose(
@@ -203,17 +214,56 @@ def choose(
         figures = {str(k): float(v) for k, v in hit.get("figures", {}).items()}
         return Choice(names[hit["choice"]], figures, cached=True)
     probe_rt = _synthetic_runtime(runtime, info, size)
-    figures = dict.fromkeys((c.name for c in candidates), 0.0)
+    timings: dict[str, list[float]] = {c.name: [] for c in candidates}
     for _ in range(REPEATS):
         for c in candidates:
-            figures[c.name] = max(figures[c.name], _rate(c, probe_rt, make, clients, size))
-    best = max(candidates, key=lambda c: figures[c.name])
-    if figures[best.name] < MARGIN * figures[incumbent.name]:
-        best = incumbent
+            timings[c.name].append(_rate(c, probe_rt, make, clients, size))
+    figures = {name: max(rates) for name, rates in timings.items()}
+    best = _pick(candidates, incumbent, figures)
+    busy = unsteady(candidates, incumbent, timings)
+    if busy is not None:
+        return Choice(best, figures, cached=False, note=busy_line(busy))
     entries.pop(digest, None)
     entries[digest] = {"key": key, "choice": best.name, "figures": figures}
-    _write_cache(path, entries)
-    return Choice(best, figures, cached=False)
+    return Choice(best, figures, cached=False, note=_write_cache(path, entries))
+
+
+def _pick(
+    candidates: Sequence[Candidate], incumbent: Candidate, rates: dict[str, float]
+) -> Candidate:
+    """The fastest candidate if it is :data:`MARGIN` times as fast as the incumbent."""
+    best = max(candidates, key=lambda c: rates[c.name])
+    return best if rates[best.name] >= MARGIN * rates[incumbent.name] else incumbent
+
+
+def unsteady(
+    candidates: Sequence[Candidate], incumbent: Candidate, timings: dict[str, list[float]]
+) -> str | None:
+    """What says the timings were taken on a busy machine (None: they agree):
+    a candidate's repeats further apart than :data:`SPREAD` of its best, or
+    repeats that on their own pick different candidates."""
+    for name, rates in timings.items():
+        low, high = min(rates), max(rates)
+        if high - low > SPREAD * high:
+            return f"{name} timed {low:,.0f}-{high:,.0f} samples/s"
+    repeats = min(len(rates) for rates in timings.values())
+    picks = []
+    for k in range(repeats):
+        pick = _pick(candidates, incumbent, {n: rates[k] for n, rates in timings.items()}).name
+        if pick not in picks:
+            picks.append(pick)
+    if len(picks) > 1:
+        return f"its repeats picked {' and '.join(picks)}"
+    return None
+
+
+def busy_line(why: str) -> str:
+    """The probe's words for timings that disagree, with the load average."""
+    try:
+        load = f", load average {os.getloadavg()[0]:.1f} on {os.cpu_count() or 1} cores"
+    except OSError:
+        load = ""
+    return f"the machine looked busy ({why}{load}): not cached, probed again next run"
 
 
 def _workload(candidates: Sequence[Candidate], client_size: int, samples: int) -> tuple[int, int]:

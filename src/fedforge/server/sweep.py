@@ -22,6 +22,7 @@ and prints the accuracy gap (IID minus configured): the seed's control experimen
 from __future__ import annotations
 
 import itertools
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,6 +101,13 @@ def _existing(cfg: Config) -> tuple[Path | None, str | None]:
     if not runs_dir.is_dir():
         return None, None
     for info in sorted(list_runs(runs_dir), key=lambda r: r.created, reverse=True):
+        if info.name == cfg.name and info.status == "damaged":  # e.g. its final parameters
+            print(
+                f"fedforge: sweep: run {info.run_id} of point {cfg.name} is damaged "
+                "(fedforge show says how); the point runs again",
+                file=sys.stderr,
+                flush=True,
+            )
         if info.name != cfg.name or info.status in ("unreadable", "damaged"):
             continue
         with RunStore.open(info.path, read_only=True) as store:

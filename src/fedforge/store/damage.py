@@ -12,15 +12,25 @@ committed before its line is written, and a rewind rewrites the stream before
 the database), so a round named there and missing from the database was lost.
 
 While a process holds the run's lock it is writing: its WAL and stream change
-under the reader, so only ``quick_check`` (a consistent snapshot) runs then."""
+under the reader, so only ``quick_check`` (a consistent snapshot) runs then.
+
+Before any of that, :func:`file_damage` looks at the files themselves, without
+opening them: each must be a regular file (a FIFO in place of the lock, the WAL
+or the stream blocked every reader for ever; a link to ``/dev/zero`` filled its
+memory), and the WAL, its index and the stream no larger than :data:`MAX_BYTES`
+(a 16 GiB sparse WAL is no run's: SQLite checkpoints it every few MiB). The lock
+is opened without blocking, and the WAL is read a frame at a time."""
 
 from __future__ import annotations
 
 import fcntl
+import itertools
 import os
 import sqlite3
+import stat
 import struct
 from pathlib import Path
+from typing import Any
 
 from fedforge.core.errors import StoreError
 from fedforge.store.database import DB_ERRORS, DB_NAME
@@ -29,20 +39,60 @@ from fedforge.store.stream import METRICS_NAME, read_metrics
 LOCK_NAME = "lock"  # server/state.py's RunLock
 _MAGIC = (0x377F0682, 0x377F0683)  # the low bit: checksums of big-endian words
 _HEADER, _FRAME_HEADER = 32, 24
+MAX_BYTES = 1 << 30  # a run's WAL, WAL index or stream larger than this is not real
+# the run's files a reader opens, and the most bytes each may hold (None: any)
+_FILES = {
+    DB_NAME: None,  # SQLite reads the pages it needs: a large database is read as needed
+    f"{DB_NAME}-wal": MAX_BYTES,
+    f"{DB_NAME}-shm": MAX_BYTES,
+    METRICS_NAME: MAX_BYTES,
+    LOCK_NAME: 1 << 20,  # empty: only locked
+}
+_KINDS = {
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFDIR: "a directory",
+}
 
 
 class StoreDamaged(StoreError):
     """A run store whose files are damaged: reported, never read as if whole."""
 
 
+def file_damage(path: Path) -> str | None:
+    """What is wrong with the files of the run store in ``path`` as files (not
+    regular, or too large to be real), or None; nothing is opened."""
+    for name, most in _FILES.items():
+        try:
+            info = (path / name).stat()  # a link: what it points to
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            return f"its {name} cannot be looked at ({exc.strerror})"
+        if not stat.S_ISREG(info.st_mode):
+            kind = _KINDS.get(stat.S_IFMT(info.st_mode), "not a file")
+            return f"its {name} is {kind}, not a regular file"
+        if most is not None and info.st_size > most:
+            return (
+                f"its {name} holds {info.st_size:,} bytes, more than {most:,}: too large "
+                "for a run's"
+            )
+    return None
+
+
 def written_now(path: Path) -> bool:
     """Whether a process holds the run's lock (``server/state.py``'s RunLock; the
-    kernel drops it when that process dies, however)."""
+    kernel drops it when that process dies, however). The lock is opened without
+    blocking (a FIFO in its place would wait for a writer) and must be a file."""
     try:
-        fd = os.open(path / LOCK_NAME, os.O_RDONLY)
+        fd = os.open(path / LOCK_NAME, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return False
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
         return True
@@ -66,29 +116,37 @@ def wal_damage(db: Path) -> str | None:
     absent, or its only bad frames are the torn tail of an unfinished write)."""
     wal = db.with_name(db.name + "-wal")
     try:
-        data = wal.read_bytes()
+        with open(wal, "rb") as f:
+            return _frames_damage(f, wal.name)
     except FileNotFoundError:
         return None
     except OSError as exc:
         return f"its WAL file {wal.name} cannot be read ({exc.strerror})"
+
+
+def _frames_damage(f: Any, name: str) -> str | None:
+    """:func:`wal_damage` over an open WAL file, read a frame at a time."""
+    data = f.read(_HEADER)
     if len(data) < _HEADER:
         return None  # empty, or truncated after a checkpoint
     magic, version, page_size, _, salt1, salt2, c0, c1 = struct.unpack(">8I", data[:_HEADER])
     big = magic == _MAGIC[1]
     header_ok = magic in _MAGIC and version == 3007000 and page_size in _PAGE_SIZES
     if not header_ok or _checksum(data[:24], big) != (c0, c1):
-        return f"its WAL file {wal.name} has a garbled header"
+        return f"its WAL file {name} has a garbled header"
     frame = _FRAME_HEADER + page_size
     sums, bad = (c0, c1), None
-    for k in range((len(data) - _HEADER) // frame):
-        at = _HEADER + k * frame
-        head = struct.unpack(">6I", data[at : at + _FRAME_HEADER])
+    for k in itertools.count():
+        data = f.read(frame)
+        if len(data) < frame:
+            break
+        head = struct.unpack(">6I", data[:_FRAME_HEADER])
         current = head[2:4] == (salt1, salt2)
-        body = data[at : at + 8] + data[at + _FRAME_HEADER : at + frame]
+        body = data[:8] + data[_FRAME_HEADER:]
         ok = current and head[0] != 0 and _checksum(body, big, *sums) == head[4:6]
         if ok and bad is not None:
             return (
-                f"its WAL file {wal.name} has garbled bytes in frame {bad + 1} (from byte "
+                f"its WAL file {name} has garbled bytes in frame {bad + 1} (from byte "
                 f"{_HEADER + bad * frame}); what was committed after it cannot be read"
             )
         if not ok and bad is None:
@@ -104,7 +162,7 @@ def damage(path: Path, conn: sqlite3.Connection, rounds: bool = True) -> str | N
     """What is wrong with the run store in ``path`` read through ``conn``, or None.
     ``rounds``: also check the database against ``metrics.jsonl``."""
     live = written_now(path)
-    found = None if live else wal_damage(path / DB_NAME)
+    found = file_damage(path) or (None if live else wal_damage(path / DB_NAME))
     if found:
         return found
     streamed = read_metrics(path / METRICS_NAME) if rounds and not live else []

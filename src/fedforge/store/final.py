@@ -6,7 +6,8 @@ FedBN, each client's own batch-norm entries (``personal/mask``,
 parameter names and the file's size and sha256, and its own sha256. Both are
 written to temporary names, fsynced, and renamed into place, the JSON last: a
 run's final parameters without it do not exist. :func:`load_final` verifies
-both and refuses a damaged file. Runs from before the checksums have a
+both and refuses a damaged file; :func:`final_damage` says what is wrong with a
+finished run's, for every reader that shows or reuses the run. Runs from before the checksums have a
 ``final_params.pt`` (``torch.save``), which still loads, unverified: it has
 nothing to verify against.
 """
@@ -38,6 +39,7 @@ FINAL_NAME, FINAL_META = "final_params.safetensors", "final_params.json"
 LEGACY_NAME = "final_params.pt"  # torch.save, no checksum
 FORMAT = 1
 _PERSONAL = "personal/"
+_META_BYTES = 64 << 20  # a final_params.json: the parameter names and one checksum
 
 
 def _write_failed(what: Path, exc: OSError) -> StoreError:
@@ -122,3 +124,27 @@ def _load_legacy(path: Path) -> dict[str, Any]:
     if not isinstance(final, dict) or not isinstance(final.get("params"), torch.Tensor):
         raise StoreError(f"'{path}' is damaged: it holds no parameter vector")
     return final
+
+
+def final_damage(run_dir: Path, expected: bool = True) -> str | None:
+    """What is wrong with the final parameters of the finished run in
+    ``run_dir`` (missing, truncated, a flipped bit), or None when they verify.
+    ``expected``: the run wrote them (the run loop does); a store finished by a
+    caller that keeps none has none to check, unless some are there."""
+    names = (FINAL_META, FINAL_NAME, LEGACY_NAME)
+    if not any((run_dir / name).exists() for name in names):
+        if not expected:
+            return None
+        return f"it finished but its final parameters ({FINAL_NAME}, {FINAL_META}) are missing"
+    for name in names:
+        if (run_dir / name).exists() and not (run_dir / name).is_file():
+            return f"its final parameters' {name} is not a regular file"
+    if not (run_dir / FINAL_META).exists():
+        return None if (run_dir / LEGACY_NAME).exists() else f"its {FINAL_META} is missing"
+    if (run_dir / FINAL_META).stat().st_size > _META_BYTES:
+        return f"its {FINAL_META} holds more than {_META_BYTES:,} bytes: too large for one"
+    try:
+        load_final(run_dir)
+    except StoreError as exc:
+        return str(exc).replace(f" in '{run_dir}'", "")
+    return None

@@ -31,7 +31,7 @@ from typing import Any
 
 from fedforge.config import Config, dump, from_dict, to_dict
 from fedforge.core.errors import ConfigError, StoreError
-from fedforge.store.damage import StoreDamaged, damage
+from fedforge.store.damage import StoreDamaged, damage, file_damage
 from fedforge.store.database import (
     ANOMALIES,
     CLIENT_COLS,
@@ -49,6 +49,7 @@ from fedforge.store.database import (
     connect,
 )
 from fedforge.store.disk import os_error_text
+from fedforge.store.final import final_damage
 from fedforge.store.records import AnomalyRecord, ClientRecord, RoundRecord, RunInfo
 from fedforge.store.round_tables import RoundTables
 from fedforge.store.stream import METRICS_NAME, append_line, read_metrics, rewrite_before
@@ -145,6 +146,11 @@ class RunStore(RoundTables):
             raise StoreError(f"run directory '{path}' does not exist")
         if not (path / DB_NAME).is_file():
             raise StoreError(f"'{path}' is not a run directory: it has no {DB_NAME}")
+        found = file_damage(path)  # before SQLite or anything opens them
+        if found:
+            raise StoreDamaged(
+                f"run store '{path / DB_NAME}' is damaged: {found}; it was left unchanged"
+            )
         conn = connect(path / DB_NAME, read_only=True)
         try:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
@@ -166,6 +172,9 @@ class RunStore(RoundTables):
         # a writer checks too: a stream that names rounds the database lacks is an
         # earlier fedforge's interrupted rewind, which the resume's rewind repairs
         found = damage(path, conn, rounds=read_only)
+        finished = _finished_by_loop(conn) if read_only and not found else None
+        if finished is not None:  # what a reader shows or reuses of a finished run
+            found = final_damage(path, expected=finished)
         conn.close()
         if found:
             raise StoreDamaged(
@@ -377,6 +386,19 @@ class RunStore(RoundTables):
             if a.client_id is not None:
                 counts[a.client_id] = counts.get(a.client_id, 0) + 1
         return counts
+
+
+def _finished_by_loop(conn: sqlite3.Connection) -> bool | None:
+    """None unless the run finished; then whether the run loop finished it (its
+    summary names the run's folder: it wrote final parameters first) rather than
+    a caller of :meth:`RunStore.finish` that keeps none."""
+    try:
+        row = conn.execute("SELECT status, summary_json FROM runs").fetchone()
+    except DB_ERRORS:
+        return None
+    if not row or row[0] != "finished":
+        return None
+    return isinstance(row[1], str) and '"run_dir"' in row[1]
 
 
 def _signal_stop(summary_json: str | None) -> bool:
