@@ -1,0 +1,164 @@
+"""SCAFFOLD: Karimireddy et al. 2020, "SCAFFOLD: Stochastic Controlled Averaging
+for Federated Learning" (ICML), Algorithm 1.
+
+Client k keeps a control variate c_k (zero at first), the server keeps c (zero
+at first) and sends it with the payload. Local steps use the corrected
+gradient g - c_k + c (a gradient hook, so both engines run it). After K local
+steps at learning rate lr from the server model x to y_k, the client's new control is
+
+    option I:  c_k+ = grad f_k(x)                      (full batch over its data)
+    option II: c_k+ = c_k - c + (x - y_k) / (K lr)
+
+and its update carries delta y_k (through the pipeline's codec) and
+delta c_k = c_k+ - c_k (dense, beside it: its bytes are counted). The server
+applies the aggregate of the delta y_k with its optimizer (server_lr is the
+paper's global step size; the default aggregate is the n_k-weighted mean where
+the paper averages uniformly) and moves c by (|S|/N) times the mean of the
+accepted delta c_k, i.e. c += sum(delta c_k) / N.
+
+Runs on both sides. The c_k are persistent per-client state (a
+:class:`~fedforge.store.ClientStateStore`, table ``control``, saved by
+checkpoints); c is server state saved with the checkpoint. In simulation the
+client table lives beside the loop state, like error-feedback residuals.
+Trusts the clients' delta c_k once they pass the server's shape/finite checks.
+
+The paper keeps c = (1/N) sum c_k at every round; a server that refuses updates
+(a gate, a robust aggregator, too few clients, an overflowing aggregate) must
+keep it too. So a client holds its c_k+ pending until the server has used its
+update (``commit``: in a deployment, the server's acknowledgement), and a
+refused update or a skipped round leaves its c_k as it was; otherwise c_k would move
+while c never saw its delta c_k, and every later correction c - c_k would be off
+(by 0.07 in a test run whose rounds were all skipped).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from fedforge.algorithms.base import Algorithm, cross_entropy
+from fedforge.algorithms.local import ClientJob, LinearTerm, StepContext
+from fedforge.algorithms.plan import DecayedPlan, LocalPlan
+from fedforge.core.params import all_finite
+from fedforge.store.client_state import ClientStateStore
+
+Option = Literal["I", "II"]
+CONTROL = "control"  # payload: the server control c
+CONTROL_DELTA = "control_delta"  # update: delta c_k
+CORRECTION = "correction"  # per client during training: c - c_k
+
+
+@dataclass(frozen=True)
+class Correction:
+    """Adds c - c_k to every gradient: g - c_k + c (declared as a linear term,
+    which fast paths fold into their update)."""
+
+    def linear_term(self) -> LinearTerm:
+        return LinearTerm(state={CORRECTION: 1.0})
+
+    def __call__(self, grads: list[torch.Tensor], ctx: StepContext) -> None:
+        self.linear_term()(grads, ctx)
+
+
+class ScaffoldClient:
+    """The client half: reads c_k from its table, computes and stores c_k+."""
+
+    def __init__(self, store: ClientStateStore, option: Option = "II") -> None:
+        if option not in ("I", "II"):
+            raise ValueError(f"SCAFFOLD option {option!r} must be 'I' or 'II'")
+        self.store = store
+        self.option = option
+        self.tables = {CONTROL: store}
+        self._pending: dict[int, torch.Tensor] = {}  # this round's c_k+, until commit
+
+    def begin(
+        self, client_ids: Sequence[int], start: torch.Tensor, extras: Mapping[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        c = _server_control(extras, start)
+        ck = self.store.gather(client_ids).to(start.dtype)
+        return {CORRECTION: c.unsqueeze(0) - ck}
+
+    def end(self, job: ClientJob) -> dict[str, torch.Tensor]:
+        ck = self.store.gather([job.client_id])[0].to(job.start.dtype)
+        if self.option == "I":
+            new = job.grad_fn(job.start, job.x, job.y)
+        else:
+            c = _server_control(job.extras, job.start)
+            steps = max(job.result.steps, 1)
+            new = ck - c + (job.start - job.result.params) / (steps * job.lr)
+        if all_finite(new):
+            self._pending[job.client_id] = new
+        # else: a local run that blew up keeps its old control. Its update (non-
+        # finite) is refused by the server; storing the control would poison
+        # every later round of this client, and the run with it.
+        return {CONTROL_DELTA: new - ck}
+
+    def pending(self) -> dict[int, torch.Tensor]:
+        """The c_k+ computed and not yet committed (a deployment's client keeps them
+        on disk until the server says whether it used them)."""
+        return dict(self._pending)
+
+    def restore_pending(self, pending: Mapping[int, torch.Tensor]) -> None:
+        self._pending.update(pending)
+
+    def commit(self, used: Collection[int]) -> None:
+        """Store the pending c_k+ of the clients whose update the server used
+        (their delta c_k moved c); forget the others'."""
+        ids = sorted(c for c in self._pending if c in used)
+        if ids:
+            self.store.scatter(ids, torch.stack([self._pending[c] for c in ids]))
+        self._pending.clear()
+
+
+def _server_control(extras: Mapping[str, torch.Tensor], start: torch.Tensor) -> torch.Tensor:
+    c = extras.get(CONTROL)
+    if c is None or tuple(c.shape) != tuple(start.shape):
+        raise ValueError("a SCAFFOLD payload must carry the server control 'control' [P]")
+    return c.to(start.dtype)
+
+
+class ScaffoldServer:
+    """The server half: keeps c, sends it, moves it by sum(delta c_k) / N."""
+
+    update_tensors: tuple[str, ...] = (CONTROL_DELTA,)
+
+    def initial_state(self, size: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        return {CONTROL: torch.zeros(size, dtype=dtype)}
+
+    def payload(self, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {CONTROL: state[CONTROL]}
+
+    def moved(
+        self,
+        state: Mapping[str, torch.Tensor],
+        extras: Sequence[Mapping[str, torch.Tensor]],
+        num_clients: int,
+    ) -> dict[str, torch.Tensor]:
+        if not extras:
+            return dict(state)
+        total = torch.stack([e[CONTROL_DELTA] for e in extras]).sum(dim=0)
+        # (|S| / N) * mean over S of delta c_k
+        return {CONTROL: state[CONTROL] + total.to(state[CONTROL].dtype) / num_clients}
+
+
+def scaffold(
+    plan: LocalPlan,
+    store: ClientStateStore,
+    option: Option = "II",
+    lr_decay: float = 1.0,
+    drop_stragglers: bool = True,
+) -> Algorithm:
+    """SCAFFOLD on FedAvg's local ``plan`` (its lr decayed by ``lr_decay`` a round),
+    with client controls kept in ``store`` (``[N, P]``, run dtype)."""
+    return Algorithm(
+        "scaffold",
+        DecayedPlan(plan, lr_decay),
+        cross_entropy,
+        grad_hook=Correction(),
+        client=ScaffoldClient(store, option),
+        server=ScaffoldServer(),
+        drop_stragglers=drop_stragglers,
+    )

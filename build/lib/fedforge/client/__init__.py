@@ -1,0 +1,1 @@
+"""The client: its runtime (one picklable task) and local-training kernels."""

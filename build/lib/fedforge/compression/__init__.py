@@ -1,0 +1,1 @@
+"""Communication: codecs (quantise, sparsify, cast), error feedback, clipping, edge groups."""

@@ -1,0 +1,73 @@
+"""Typed, frozen run configuration: YAML in, validated, every error naming the
+field. ``Config`` (schema.py) holds the run's fields and one section per
+feature (data.py, local.py, evaluation.py, communication.py, privacy.py,
+robust.py); each section checks its own fields, compat.py how they combine."""
+
+from fedforge.config.alerts import AlertKind, AlertRule, AlertsConfig
+from fedforge.config.communication import CommunicationConfig, DownlinkCodec, UplinkCodec
+from fedforge.config.data import (
+    Dataset,
+    InputScaling,
+    PartitionConfig,
+    PartitionKind,
+    SyntheticConfig,
+)
+from fedforge.config.evaluation import DiagnosticsConfig, PersonalEvalConfig
+from fedforge.config.local import LocalConfig, PerFedAvgConfig, ScaffoldConfig, StragglerConfig
+from fedforge.config.parse import dump, from_dict, load, override, parse_override, to_dict
+from fedforge.config.privacy import PrivacyConfig
+from fedforge.config.robust import AggregatorName, AttackName, RobustConfig
+from fedforge.config.schema import (
+    Algorithm,
+    Config,
+    DType,
+    Engine,
+    ModelName,
+    ServerOptimizerConfig,
+    ServerOptimizerKind,
+    check,
+    describe_split,
+    describe_task,
+    step_sizes,
+)
+
+__all__ = [
+    "check",
+    "describe_split",
+    "describe_task",
+    "step_sizes",
+    "AggregatorName",
+    "AlertKind",
+    "AlertRule",
+    "AlertsConfig",
+    "Algorithm",
+    "AttackName",
+    "CommunicationConfig",
+    "Config",
+    "DType",
+    "Dataset",
+    "DownlinkCodec",
+    "Engine",
+    "InputScaling",
+    "ModelName",
+    "PartitionConfig",
+    "PartitionKind",
+    "PerFedAvgConfig",
+    "PersonalEvalConfig",
+    "PrivacyConfig",
+    "LocalConfig",
+    "DiagnosticsConfig",
+    "ScaffoldConfig",
+    "StragglerConfig",
+    "SyntheticConfig",
+    "RobustConfig",
+    "ServerOptimizerConfig",
+    "ServerOptimizerKind",
+    "UplinkCodec",
+    "dump",
+    "from_dict",
+    "load",
+    "override",
+    "parse_override",
+    "to_dict",
+]

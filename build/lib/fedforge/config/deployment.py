@@ -1,0 +1,203 @@
+"""The ``deployment:`` section: how a ``fedforge server`` waits for its clients
+and closes its rounds. The simulator ignores it (every client answers there).
+
+A round is open until every asked client answered, ``target`` answers were
+accepted under over-selection, or ``round_deadline_s`` passed; clients that
+did not answer by then are dropouts. Production systems over-select (Bonawitz et
+al. 2019, "Towards federated learning at scale"): the server samples a
+fraction ``client_fraction * (1 + over_selection)`` of the clients (at most all)
+for the K = max(1, C N) it needs and closes the round at K updates, so a few
+slow or vanished devices do not hold it up.
+
+``client_data``: where the clients' examples are. ``partition`` (the default):
+the simulator's partition of the config's data set, which the server loads too
+and each ``fedforge client --clients IDS`` trains its ids' part of. ``remote``:
+each ``fedforge client --data PATH --client-id N`` brings its own examples; the
+server loads the test set alone (it evaluates on it), takes the clients' sizes
+from their joins, and refuses what needs the clients' data on the server
+(:func:`remote_data_fits`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from fedforge.config.communication import CommunicationConfig
+from fedforge.config.data import PartitionConfig
+from fedforge.config.evaluation import DiagnosticsConfig
+from fedforge.config.privacy import PrivacyConfig
+from fedforge.config.robust import RobustConfig
+from fedforge.core.errors import ConfigError, raise_first
+
+ClientData = Literal["partition", "remote"]
+
+
+@dataclass(frozen=True)
+class DeploymentConfig:
+    """The deployment server's waiting rules (transport/)."""
+
+    # clients that must have joined before round 1 starts (null: every client
+    # of the run, num_clients)
+    start_clients: int | None = None
+    start_timeout_s: float = 600.0  # give up waiting for them after this long
+    round_deadline_s: float = 300.0  # a phase's answers are awaited this long at most
+    over_selection: float = 0.0  # ask this fraction more clients than the round needs
+    # seconds without a poll after which a client counts as gone (a dropout)
+    heartbeat_timeout_s: float = 30.0
+    max_message_mib: float = 256.0  # larger uploads are refused before they are read
+    chunk_kib: int = 1024  # the size of the chunks payloads are streamed in
+    # a client that joins first evaluates the current model on its own data, and
+    # trains only once it has reported (the run records new clients' scores)
+    cold_start: bool = True
+    # model versions and canary rollout: every canary_every rounds the global
+    # model is a version of the store, a candidate evaluated by canary_fraction of
+    # the clients beside the serving one and promoted unless its canary_metric is
+    # worse by more than canary_max_drop (0: no versions, no canary)
+    canary_every: int = 0
+    canary_fraction: float = 0.1
+    canary_metric: str = "accuracy"  # accuracy (higher is better) or loss
+    canary_max_drop: float = 0.01
+    canary_min_reports: int = 3
+    client_data: ClientData = "partition"  # the simulator's partition, or the clients' own
+
+    def check(self) -> None:
+        raise_first(
+            "deployment.",
+            [
+                (
+                    "client_data",
+                    self.client_data,
+                    self.client_data in ("partition", "remote"),
+                    "must be 'partition' (the simulator's) or 'remote' (the clients' own)",
+                ),
+                (
+                    "start_clients",
+                    self.start_clients,
+                    self.start_clients is None or self.start_clients >= 1,
+                    "must be an integer >= 1, or null (every client of the run)",
+                ),
+                ("start_timeout_s", self.start_timeout_s, self.start_timeout_s > 0, "must be > 0"),
+                (
+                    "round_deadline_s",
+                    self.round_deadline_s,
+                    self.round_deadline_s > 0,
+                    "must be a number of seconds > 0",
+                ),
+                (
+                    "over_selection",
+                    self.over_selection,
+                    0.0 <= self.over_selection <= 10.0,
+                    "must be in [0, 10] (0: ask exactly the clients the round needs)",
+                ),
+                (
+                    "heartbeat_timeout_s",
+                    self.heartbeat_timeout_s,
+                    self.heartbeat_timeout_s > 0,
+                    "must be a number of seconds > 0",
+                ),
+                (
+                    "max_message_mib",
+                    self.max_message_mib,
+                    0 < self.max_message_mib <= 2047,
+                    "must be in (0, 2047] (gRPC's limit is 2 GiB)",
+                ),
+                ("chunk_kib", self.chunk_kib, 1 <= self.chunk_kib <= 4096, "must be in [1, 4096]"),
+                (
+                    "canary_every",
+                    self.canary_every,
+                    self.canary_every >= 0,
+                    "must be an integer >= 0 (0: no canary rollout)",
+                ),
+                (
+                    "canary_fraction",
+                    self.canary_fraction,
+                    0.0 < self.canary_fraction <= 1.0,
+                    "must be in (0, 1]",
+                ),
+                (
+                    "canary_metric",
+                    self.canary_metric,
+                    self.canary_metric in ("accuracy", "loss"),
+                    "must be 'accuracy' or 'loss'",
+                ),
+                (
+                    "canary_max_drop",
+                    self.canary_max_drop,
+                    self.canary_max_drop >= 0,
+                    "must be >= 0",
+                ),
+                (
+                    "canary_min_reports",
+                    self.canary_min_reports,
+                    self.canary_min_reports >= 1,
+                    "must be an integer >= 1",
+                ),
+            ],
+        )
+
+
+def remote_data_fits(
+    deployment: DeploymentConfig,
+    partition: PartitionConfig,
+    eval_clients: bool,
+    diagnostics: DiagnosticsConfig,
+    robust: RobustConfig,
+    communication: CommunicationConfig,
+    privacy: PrivacyConfig,
+) -> None:
+    """With ``client_data: remote`` the server holds no client's examples, and
+    the clients' data is theirs: refuse what reads a client's rows on the server
+    (each client's held-out slice scored, the global model's loss on the
+    cohort's data), simulates them (feature shift, label noise, attackers, edge
+    groups by majority label), or needs every client's example count when the
+    server is built, before any joined (central DP's capped weights)."""
+    if deployment.client_data != "remote":
+        return
+    server_reads = "the server would evaluate on its clients' rows"
+    rules = [
+        ("eval_clients", eval_clients, eval_clients, server_reads, "false"),
+        ("diagnostics.loss_gap", diagnostics.loss_gap, diagnostics.loss_gap, server_reads, "false"),
+        (
+            "partition.feature_shift",
+            list(partition.feature_shift),
+            bool(partition.feature_shift),
+            "it simulates the clients' features",
+            "[]",
+        ),
+        (
+            "partition.label_noise",
+            partition.label_noise,
+            partition.label_noise > 0,
+            "it simulates the clients' labels",
+            "0",
+        ),
+        (
+            "robust.attack",
+            robust.attack,
+            robust.attack != "none",
+            "its attackers are simulated clients",
+            "'none'",
+        ),
+        (
+            "communication.group_by",
+            communication.group_by,
+            bool(communication.groups) and communication.group_by == "label",
+            "the server would read its clients' labels",
+            "'contiguous'",
+        ),
+        (
+            "privacy.weights",
+            privacy.weights,
+            privacy.dp == "central" and privacy.weights == "capped",
+            "central DP's noise is scaled by the cohort's expected weight, a sum over every "
+            "client's example count, which the server does not know when it starts",
+            "'uniform'",
+        ),
+    ]
+    for name, value, refused, why, fix in rules:
+        if refused:
+            raise ConfigError(
+                f"{name} = {value!r} cannot run with deployment.client_data = 'remote' (the "
+                f"clients bring their own data and the server holds none): {why}; set it to {fix}"
+            )

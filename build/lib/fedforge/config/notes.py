@@ -1,0 +1,101 @@
+"""What a run says of its config in its one-line note, without refusing it: fields
+set away from their default that it does not read, fields read against their
+algorithm's assumption, and what a figure measures where it could mislead.
+Refusing them would break sweeps, which keep one setting for the points that
+read it."""
+
+from __future__ import annotations
+
+from fedforge.config.data import SyntheticConfig
+from fedforge.config.privacy import PrivacyConfig
+from fedforge.config.robust import RobustConfig
+from fedforge.config.schema import Config, ServerOptimizerConfig
+
+
+def config_notes(cfg: Config) -> list[str]:
+    """What a run says of its config in its note: fields set away from their
+    default that it does not read (FedProx's mu under another algorithm, a server
+    optimizer's field its kind ignores), fields read against their algorithm's
+    assumption (SCAFFOLD option II's plain SGD), and what FedBN's global accuracy
+    measures. Not refused (a sweep over the algorithm or the kind keeps one
+    setting for the points that read it)."""
+    out = []
+    if cfg.algorithm != "fedprox" and cfg.mu not in (0.0, Config().mu):
+        out.append(f"mu = {cfg.mu} (FedProx's) is ignored by algorithm '{cfg.algorithm}'")
+    so, default = cfg.server_optimizer, ServerOptimizerConfig()
+    used = {  # the fields each kind reads, besides server_lr
+        "sgd": ("momentum",),
+        "adagrad": ("beta1", "tau", "bias_correction"),
+        "adam": ("beta1", "beta2", "tau", "bias_correction"),
+        "yogi": ("beta1", "beta2", "tau", "bias_correction"),
+    }
+    for name in ("momentum", "beta1", "beta2", "tau", "bias_correction"):
+        value = getattr(so, name)
+        if name not in used[so.kind] and value != getattr(default, name):
+            out.append(f"server_optimizer.{name} = {value} is ignored by kind '{so.kind}'")
+    loc = cfg.local
+    if (
+        cfg.algorithm == "scaffold"
+        and cfg.scaffold.option == "II"
+        and (loc.momentum or loc.weight_decay)
+    ):
+        out.append(
+            "scaffold.option 'II' estimates the client's corrected gradient as its "
+            "displacement / (steps * lr), which assumes plain local SGD: with "
+            f"local.momentum = {loc.momentum}, local.weight_decay = {loc.weight_decay} "
+            "the control variates carry them too (option 'I' does not)"
+        )
+    out += _robust_notes(cfg.robust)
+    syn, syn_default = cfg.synthetic, SyntheticConfig()
+    if cfg.dataset == "synthetic" and syn.iid:
+        for name in ("alpha", "beta"):
+            if getattr(syn, name) != getattr(syn_default, name):
+                out.append(f"synthetic.{name} = {getattr(syn, name)} is ignored by synthetic.iid")
+    p, p_default = cfg.privacy, PrivacyConfig()
+    tiers = p.tiers.enabled
+    if p.dp == "none" and not tiers:  # the noise, its accounting and its budget
+        names = ("noise_multiplier", "accountant", "delta", "target_epsilon", "adaptive_clip")
+        for name in (*names, "secret_noise"):
+            if getattr(p, name) != getattr(p_default, name):
+                out.append(f"privacy.{name} = {getattr(p, name)} is ignored with privacy.dp 'none'")
+    elif not p.secret_noise:
+        out.append(
+            "the privacy noise is derived from the run seed (reproducible): whoever knows "
+            "the seed can subtract it; privacy.secret_noise = true draws it from the OS"
+        )
+    if cfg.weight_cap is not None and cfg.aggregation_weights not in ("capped", "quality", "class"):
+        out.append(
+            f"weight_cap = {cfg.weight_cap} is ignored by aggregation_weights "
+            f"'{cfg.aggregation_weights}' (central DP's cap is privacy.weight_cap)"
+        )
+    if cfg.algorithm == "fedbn":
+        out.append(
+            "fedbn: the global test accuracy (and target_accuracy) is of the shared layers "
+            "with the initial batch norm, a model no client uses; each client's own "
+            "model is evaluated with eval_clients"
+        )
+    return out
+
+
+# the robust aggregators that read each field (robust.py builds them)
+_ROBUST_READERS = {
+    "byzantine": ("krum", "multi_krum", "bulyan"),
+    "trim_fraction": ("trimmed_mean",),
+    "multi_krum_m": ("multi_krum",),
+    "norm_bound": ("norm_bound", "centred_clip"),
+    "norm_window": ("norm_bound", "centred_clip"),
+    "centred_clip_iterations": ("centred_clip",),
+    "geomed_max_iter": ("geometric_median",),
+    "geomed_tol": ("geometric_median",),
+}
+
+
+def _robust_notes(r: RobustConfig) -> list[str]:
+    """Robust aggregator settings that the configured aggregator does not read
+    (e.g. robust.byzantine under the median, which assumes no f)."""
+    default = RobustConfig()
+    return [
+        f"robust.{name} = {getattr(r, name)} is ignored by robust.aggregator '{r.aggregator}'"
+        for name, readers in _ROBUST_READERS.items()
+        if r.aggregator not in readers and getattr(r, name) != getattr(default, name)
+    ]

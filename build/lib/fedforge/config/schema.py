@@ -1,0 +1,397 @@
+"""The run configuration: ``Config``, its top-level fields and its sections
+(each in the module of its feature: data.py, local.py, evaluation.py,
+communication.py, privacy.py, robust.py), and :func:`check`, the one place that
+says whether a config can run. Every error names the field and what is allowed.
+
+The words are the paper's (McMahan et al. 2017): ``client_fraction`` is C,
+``local_epochs`` is E, ``batch_size`` is B (``null``/"all" means B = infinity,
+the client's whole data set in one batch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from fedforge.config import compat
+from fedforge.config import task as task_rules
+from fedforge.config.alerts import AlertsConfig, budget_rules_need_budget
+from fedforge.config.communication import CommunicationConfig
+from fedforge.config.data import SCALINGS, Dataset, InputScaling, PartitionConfig, SyntheticConfig
+from fedforge.config.deployment import DeploymentConfig, remote_data_fits
+from fedforge.config.evaluation import DiagnosticsConfig, PersonalEvalConfig
+from fedforge.config.local import (
+    LocalConfig,
+    PerFedAvgConfig,
+    ScaffoldConfig,
+    StragglerConfig,
+    step_limit,
+)
+from fedforge.config.privacy import PrivacyConfig
+from fedforge.config.robust import RobustConfig
+from fedforge.core.device import DEVICE_NAMES, is_device_name
+from fedforge.core.errors import FieldCheck, raise_first
+from fedforge.core.errors import invalid_field as invalid  # noqa: F401  (parse.py's)
+
+WeightRule = Literal["num_examples", "uniform", "sqrt", "capped", "quality", "class"]
+_STEP = "must be a number > 0 (below 3.4e38 in a float32 run)"
+
+Algorithm = Literal["fedavg", "fedsgd", "fedprox", "scaffold", "fedbn", "perfedavg"]
+ModelName = str  # a built-in model or one given to fedforge.register_model
+Engine = Literal["auto", "serial", "vectorized"]
+DType = Literal["float32", "float64"]
+Precision = Literal["fp32", "bf16"]
+DeviceName = str  # cpu, cuda, cuda:N or auto (core/device.py)
+
+
+ServerOptimizerKind = Literal["sgd", "adagrad", "adam", "yogi"]
+
+
+# torch intra-op threads a process may ask for (a million crashed torch's pool)
+MAX_THREADS = 1024
+
+
+@dataclass(frozen=True)
+class ServerOptimizerConfig:
+    """How the server applies the aggregated delta (Reddi et al. 2021). ``sgd``
+    with ``momentum`` 0 and ``server_lr`` 1 is FedAvg; momentum > 0 is FedAvgM."""
+
+    kind: ServerOptimizerKind = "sgd"
+    momentum: float = 0.0  # sgd only
+    beta1: float = 0.9
+    beta2: float = 0.99
+    tau: float = 1e-3  # adaptivity: added to sqrt(v)
+    bias_correction: bool = False  # True: torch.optim.Adam's form
+
+    def check(self) -> None:
+        raise_first(
+            "server_optimizer.",
+            [
+                ("momentum", self.momentum, 0.0 <= self.momentum < 1.0, "must be in [0, 1)"),
+                ("beta1", self.beta1, 0.0 <= self.beta1 < 1.0, "must be in [0, 1)"),
+                ("beta2", self.beta2, 0.0 <= self.beta2 < 1.0, "must be in [0, 1)"),
+                ("tau", self.tau, self.tau > 0, "must be > 0"),
+            ],
+        )
+
+
+@dataclass(frozen=True)
+class Config:
+    """One run. Frozen: derive a changed copy with :func:`override`."""
+
+    name: str = "run"
+    seed: int = 0
+    # a built-in task (config/task.py) or one given to fedforge.register_task; it
+    # sets dataset and model, which stay a shorthand for it (null: dataset + model)
+    task: str | None = None
+    dataset: Dataset = "mnist"
+    # standard: the data set's own preprocessing; unit: MNIST pixels in [0, 1];
+    # raw: the values as stored (config/data.py says what each is per data set)
+    input_scaling: InputScaling = "standard"
+    data_dir: str | None = None
+    model: ModelName = "cnn"
+    algorithm: Algorithm = "fedavg"
+    num_clients: int = 100
+    partition: PartitionConfig = field(default_factory=PartitionConfig)
+    client_fraction: float = 0.1
+    local_epochs: int = 1
+    batch_size: int | None = 10
+    lr: float = 0.1
+    lr_decay: float = 1.0  # local lr at round t is lr * lr_decay**t
+    server_lr: float = 1.0  # server SGD on the pseudo-gradient; 1.0 is FedAvg
+    # the weighted mean's weight per client: num_examples, uniform, sqrt, capped,
+    # quality (num_examples x exp(-validation loss / T)), class (sum_c n_kc / N_c)
+    aggregation_weights: WeightRule = "num_examples"
+    weight_cap: int | None = None  # capped: min(num_examples, weight_cap)
+    quality_temperature: float = 1.0  # quality: T of exp(-loss / T)
+    quality_holdout: float = 0.1  # quality: each client's validation split (not trained on)
+    server_optimizer: ServerOptimizerConfig = field(default_factory=ServerOptimizerConfig)
+    robust: RobustConfig = field(default_factory=RobustConfig)
+    communication: CommunicationConfig = field(default_factory=CommunicationConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    mu: float = 0.01  # fedprox: the proximal coefficient (the paper's grid 0.001..1)
+    local: LocalConfig = field(default_factory=LocalConfig)
+    stragglers: StragglerConfig = field(default_factory=StragglerConfig)
+    scaffold: ScaffoldConfig = field(default_factory=ScaffoldConfig)
+    perfedavg: PerFedAvgConfig = field(default_factory=PerFedAvgConfig)
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    rounds: int = 60
+    target_accuracy: float | None = 0.99
+    eval_every: int = 1
+    eval_initial: bool = False  # also evaluate the initial model before round 1 (a baseline)
+    eval_clients: bool = False  # also evaluate on each client's held-out slice (clienteval.py)
+    eval_holdout: float = 0.2  # eval_clients: the fraction of each client's data held out
+    # eval_clients: a CSV 'client_id,<attribute>,...' of client groups (data/tags.py)
+    client_tags: str | None = None
+    # eval_clients: also score each client after a few local steps (personal.py)
+    personal_eval: PersonalEvalConfig = field(default_factory=PersonalEvalConfig)
+    diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
+    eval_batch_size: int = 250  # small batches stay in cache: 2x faster than 2000 (CNN)
+    checkpoint_every: int = 10  # rounds between checkpoints; 0 = only on SIGINT/SIGTERM
+    # auto: vectorized where it is the faster (models without convolutions) and allowed
+    engine: Engine = "auto"
+    workers: int = 1  # processes the cohort is spread over (engines/pool.py); 0: one per core
+    # torch intra-op threads of each process of the run; null: the usable cores
+    # divided among the run's processes (engines/threads.py)
+    threads: int | None = None  # at most MAX_THREADS: torch cannot start a million
+    dtype: DType = "float32"
+    precision: Precision = "fp32"  # bf16: local forward passes under bf16 autocast
+    # where local training and evaluation run (core/device.py); the global vector,
+    # aggregation, the pipeline's stages and the run store stay on the host
+    device: DeviceName = "cpu"
+    runs_dir: str = "runs"
+    # fedforge server: waiting for clients, deadlines, over-selection (transport/)
+    deployment: DeploymentConfig = field(default_factory=DeploymentConfig)
+    # rules watched after every round, and what each does when it fires (alerts/)
+    alerts: AlertsConfig = field(default_factory=AlertsConfig)
+
+    def __post_init__(self) -> None:
+        task_rules.check_task_name(self.task)
+        dataset, model = task_rules.task_data(self.task, self.dataset, self.model)
+        object.__setattr__(self, "dataset", dataset)
+        object.__setattr__(self, "model", model)
+        if self.algorithm == "fedsgd":
+            # FedSGD is FedAvg with E = 1 and B = infinity; store what really runs.
+            object.__setattr__(self, "local_epochs", 1)
+            object.__setattr__(self, "batch_size", None)
+        if self.algorithm == "perfedavg":
+            # Per-FedAvg's local work is perfedavg.steps meta-steps, not epochs.
+            object.__setattr__(self, "local_epochs", 1)
+        check(self)
+
+
+def check(cfg: Config) -> None:
+    """Whether ``cfg`` can run: the run's own fields, each section's fields, then
+    how the sections combine (compat.py), in that order; the first problem
+    raises ConfigError naming the field."""
+    _check_run(cfg)
+    sections = (
+        cfg.partition,
+        cfg.server_optimizer,
+        cfg.robust,
+        cfg.communication,
+        cfg.privacy,
+        cfg.perfedavg,
+        cfg.personal_eval,
+        cfg.local,
+        cfg.stragglers,
+        cfg.diagnostics,
+        cfg.synthetic,
+        cfg.deployment,
+        cfg.alerts,
+    )
+    for section in sections:
+        section.check()
+    # how the sections combine: training and data first, then the parts a run is
+    # built of in the order they are built (robustness, privacy, weights, edges)
+    compat.groups_within_clients(cfg.communication, cfg.num_clients)
+    compat.personal_eval_needs_client_eval(cfg.personal_eval, cfg.eval_clients)
+    compat.client_tags_need_client_eval(cfg.client_tags, cfg.eval_clients)
+    compat.declared_sizes_need_a_cap(
+        cfg.deployment.client_data, cfg.robust.max_weight_ratio, cfg.aggregation_weights
+    )
+    compat.perfedavg_plain_sgd(cfg.algorithm, cfg.local)
+    compat.perfedavg_personal_lr(cfg.algorithm, cfg.perfedavg, cfg.personal_eval)
+    compat.perfedavg_no_stragglers(cfg.algorithm, cfg.stragglers)  # before the epochs' check
+    compat.perfedavg_model(cfg.algorithm, cfg.model, cfg.precision)
+    compat.steps_fit_dtype(cfg.local, cfg.lr, cfg.dtype)
+    compat.stragglers_need_epochs(cfg.stragglers, cfg.local_epochs)
+    compat.feature_shift_needs_images(cfg.partition, cfg.dataset)
+    task_rules.model_fits_dataset(cfg.model, cfg.dataset, cfg.task)
+    task_rules.natural_needs_own_clients(cfg.partition, cfg.dataset)
+    task_rules.labels_fit_features(
+        cfg.dataset,
+        cfg.partition,
+        cfg.aggregation_weights,
+        cfg.robust,
+        cfg.communication.group_by if cfg.communication.groups else "none",
+    )
+    compat.feature_shift_needs_standard_scaling(cfg.partition, cfg.input_scaling)
+    compat.attack_needs_floats(cfg.robust, cfg.privacy)
+    compat.robust_fits_cohort(cfg.robust, cfg.num_clients, cfg.client_fraction)
+    compat.delta_below_one_over_n(cfg.privacy, cfg.num_clients)
+    compat.secagg_can_hide(cfg.privacy, cfg.communication)
+    compat.over_selection_without_dp(cfg.deployment.over_selection, cfg.privacy)
+    compat.secagg_neighbours_fit_cohort(cfg.privacy, cfg.num_clients, cfg.client_fraction)
+    compat.one_clip(cfg.privacy, cfg.communication)
+    compat.dp_noise_needs_mean(cfg.privacy, cfg.robust)
+    compat.client_gate_outside_dp(cfg.robust, cfg.privacy)
+    compat.weights_need_plain_mean(cfg.aggregation_weights, cfg.privacy, cfg.robust)
+    compat.groups_need_example_weights(cfg.communication, cfg.aggregation_weights)
+    compat.central_dp_needs_dense_uplink(cfg.privacy, cfg.communication)
+    compat.groups_exclude_central_dp(cfg.communication, cfg.privacy)
+    budget_rules_need_budget(cfg.alerts, cfg.privacy.target_epsilon)
+    remote_data_fits(
+        cfg.deployment,
+        cfg.partition,
+        cfg.eval_clients,
+        cfg.diagnostics,
+        cfg.robust,
+        cfg.communication,
+        cfg.privacy,
+    )
+
+
+def describe_task(cfg: Config) -> str:
+    """What the run trains, as the CLI and ``show`` print it: a task of the
+    caller's by its name, else the model and data set."""
+    if cfg.task is not None and cfg.task not in task_rules.BUILT_IN_TASKS:
+        return f"task {cfg.task}"
+    return f"{cfg.model} on {cfg.dataset}"
+
+
+def describe_split(cfg: Config) -> str:
+    """How the run's data is spread over clients, as the CLI and ``show`` print it."""
+    if cfg.dataset == "synthetic":  # its users are its clients: no partition
+        syn = cfg.synthetic
+        return "Synthetic-IID users" if syn.iid else f"Synthetic({syn.alpha}, {syn.beta}) users"
+    part = cfg.partition
+    if cfg.dataset == "shakespeare":
+        return (
+            "one client a speaking role" if part.kind == "natural" else "iid over the roles' text"
+        )
+    detail = {
+        "shards": f"{part.shards_per_client} shards/client",
+        "dirichlet": f"alpha={part.alpha}",
+        "hsu": f"alpha={part.alpha}",
+        "quantity": f"sigma={part.sigma}",
+    }.get(part.kind)
+    return f"{part.kind} partition" + (f" ({detail})" if detail else "")
+
+
+def step_sizes(cfg: Config) -> str:
+    """The local step sizes a run uses, as the CLI and ``fedforge show`` print them:
+    ``lr=...``, or Per-FedAvg's inner and outer steps and its meta-steps."""
+    if cfg.algorithm != "perfedavg":
+        return f"lr={cfg.lr}"
+    pfa = cfg.perfedavg
+    return f"alpha={pfa.alpha} beta={pfa.outer_lr(cfg.lr)} steps={pfa.steps}"
+
+
+def _check_run(cfg: Config) -> None:
+    """The run's own (top-level) fields."""
+    step_max = step_limit(cfg.dtype)
+    checks: list[FieldCheck] = [
+        ("num_clients", cfg.num_clients, cfg.num_clients >= 1, "must be an integer >= 1"),
+        (
+            "client_fraction",
+            cfg.client_fraction,
+            0.0 < cfg.client_fraction <= 1.0,
+            "must be in (0, 1]",
+        ),
+        ("local_epochs", cfg.local_epochs, cfg.local_epochs >= 1, "must be an integer >= 1"),
+        (
+            "batch_size",
+            cfg.batch_size,
+            cfg.batch_size is None or cfg.batch_size >= 1,
+            "must be an integer >= 1, or null/'all' for the whole client data set",
+        ),
+        ("lr", cfg.lr, 0.0 < cfg.lr < step_max, _STEP),
+        (  # which names exist is the registry's, checked when a run is built (a
+            # stored config naming a model of the caller's stays readable without it)
+            "model",
+            cfg.model,
+            isinstance(cfg.model, str) and bool(cfg.model.strip()),
+            "must be a model name: 2nn, cnn, cnn_bn, logreg, or one given to "
+            "fedforge.register_model",
+        ),
+        ("workers", cfg.workers, cfg.workers >= 0, "must be an integer >= 0 (0: one per core)"),
+        (
+            "threads",
+            cfg.threads,
+            cfg.threads is None
+            or (not isinstance(cfg.threads, bool) and 1 <= cfg.threads <= MAX_THREADS),
+            f"must be an integer in [1, {MAX_THREADS}] (torch threads of each process of "
+            "the run), or null "
+            "for the usable cores divided among the run's processes",
+        ),
+        (
+            "precision",
+            cfg.precision,
+            cfg.precision == "fp32" or cfg.dtype == "float32",
+            f"must be 'fp32' with dtype {cfg.dtype!r} (bf16 keeps float32 master weights)",
+        ),
+        ("device", cfg.device, is_device_name(cfg.device), f"must be {DEVICE_NAMES}"),
+        ("lr_decay", cfg.lr_decay, 0.0 < cfg.lr_decay <= 1.0, "must be in (0, 1]"),
+        ("server_lr", cfg.server_lr, 0.0 < cfg.server_lr < step_max, _STEP),
+        ("rounds", cfg.rounds, cfg.rounds >= 1, "must be an integer >= 1"),
+        (
+            "target_accuracy",
+            cfg.target_accuracy,
+            cfg.target_accuracy is None or 0.0 < cfg.target_accuracy <= 1.0,
+            "must be in (0, 1] (a fraction, e.g. 0.99), or null",
+        ),
+        ("eval_every", cfg.eval_every, cfg.eval_every >= 1, "must be an integer >= 1"),
+        (
+            "eval_batch_size",
+            cfg.eval_batch_size,
+            cfg.eval_batch_size >= 1,
+            "must be an integer >= 1",
+        ),
+        (
+            "checkpoint_every",
+            cfg.checkpoint_every,
+            cfg.checkpoint_every >= 0,
+            "must be an integer >= 0 (0 turns periodic checkpoints off)",
+        ),
+        (
+            "name",
+            cfg.name,
+            _run_name_ok(cfg.name),
+            "must be 1-200 printable characters without '/' or '\\' (it names the run's folder)",
+        ),
+        ("runs_dir", cfg.runs_dir, bool(cfg.runs_dir.strip()), "must be a non-empty path"),
+        _scaling_check(cfg),
+        *_training_checks(cfg, step_max),
+    ]
+    raise_first("", checks)
+
+
+def _training_checks(cfg: Config, step_max: float) -> list[FieldCheck]:
+    """The run's fields of FedProx, evaluation and the aggregation weights."""
+    return [
+        (  # float32 runs step by lr * mu: past its largest value round 1 failed
+            "mu",
+            cfg.mu,
+            cfg.mu >= 0.0 and cfg.mu * max(cfg.lr, 1.0) < step_max,
+            "must be a number >= 0 (FedProx's proximal coefficient; lr * mu below 3.4e38 "
+            "in a float32 run)",
+        ),
+        ("eval_holdout", cfg.eval_holdout, 0.0 < cfg.eval_holdout < 1.0, "must be in (0, 1)"),
+        (
+            "weight_cap",
+            cfg.weight_cap,
+            (cfg.weight_cap is None or cfg.weight_cap >= 1)
+            and (cfg.aggregation_weights != "capped" or cfg.weight_cap is not None),
+            "must be an integer >= 1 (and is needed by aggregation_weights = 'capped')",
+        ),
+        (
+            "quality_temperature",
+            cfg.quality_temperature,
+            cfg.quality_temperature > 0.0,
+            "must be a number > 0 (T of exp(-loss / T))",
+        ),
+        (
+            "quality_holdout",
+            cfg.quality_holdout,
+            0.0 < cfg.quality_holdout < 1.0,
+            "must be in (0, 1) (each client's validation split)",
+        ),
+    ]
+
+
+def _scaling_check(cfg: Config) -> FieldCheck:
+    """``input_scaling`` is one the data set has (Synthetic has no pixels to put in [0, 1])."""
+    allowed = SCALINGS.get(cfg.dataset, ("standard",))
+    return (
+        "input_scaling",
+        cfg.input_scaling,
+        cfg.input_scaling in allowed,
+        "must be one of " + ", ".join(repr(a) for a in allowed) + f" with dataset {cfg.dataset!r}",
+    )
+
+
+def _run_name_ok(name: str) -> bool:
+    """A run's name goes into its folder's name (after a 23-character date and id,
+    within the usual 255-byte limit) and into one-line tables."""
+    return 0 < len(name.encode()) <= 200 and name.isprintable() and not set(name) & {"/", "\\"}

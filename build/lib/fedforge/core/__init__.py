@@ -1,0 +1,1 @@
+"""The ground floor: flat parameters, derived randomness, errors, the wire format."""

@@ -1,0 +1,1 @@
+"""Evaluation: global, per-client, personalised, and rounds-to-target metrics."""

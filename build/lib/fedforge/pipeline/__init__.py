@@ -1,0 +1,1 @@
+"""The round as two pipelines of small stages (DESIGN idea 2): stage protocols, codecs."""

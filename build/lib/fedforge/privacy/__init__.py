@@ -1,0 +1,1 @@
+"""Privacy: DP stages and accounting, privacy tiers, secure aggregation."""

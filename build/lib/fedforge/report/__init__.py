@@ -1,0 +1,1 @@
+"""What a person sees of a run: progress, summaries, reports."""

@@ -1,0 +1,52 @@
+"""Refusal reasons, grouped: the one place that says which refusals count together.
+
+Two groupings, for two audiences:
+
+- :func:`reason_kind`: a refused update's reason as the run store holds it, with
+  its numbers as ``#`` (``update norm # exceeds the bound #``). The report's
+  refusals table and the dashboard's both count by it, so they agree.
+- :func:`refusal_label`: a deployment server's refusal of a request or upload,
+  reduced to one of a few names (:data:`LABELS`): the Prometheus metric's label
+  (``fedforge_refused{reason=...}``) and the live state's refusal counts, where
+  a label of unbounded values would grow the metric without end.
+"""
+
+from __future__ import annotations
+
+import re
+
+# a number standing alone in a refusal's reason (not part of a name such as float32)
+_NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?(?![\w.])")
+
+# (pattern searched in the reason, label), the first match wins
+LABELS = (
+    ("revoked", "revoked"),
+    ("signature|unknown client|timestamp|nonce|certificate", "unauthenticated"),
+    ("malformed|starts with its header|second upload header", "malformed"),
+    ("at most .* are taken", "oversize"),
+    ("a second", "duplicate"),
+    ("model version", "wrong_version"),
+    ("was not asked", "not_asked"),
+    ("SHA-256|longer than", "corrupt"),
+    ("hosted by|outside this federation|unknown session", "membership"),
+)
+OTHER = "other"
+
+
+def reason_kind(reason: str) -> str:
+    """A refusal's reason with its numbers as ``#``: the refusals of one rule
+    (an outlier's norm, a count out of range), whatever client, round or value
+    they name, counted together."""
+    return _NUMBER.sub("#", reason)
+
+
+def refusal_label(reason: str) -> str:
+    """The label of a deployment server's refusal: the first of :data:`LABELS`
+    whose pattern ``reason`` holds, else ``other``."""
+    for pattern, label in LABELS:
+        if re.search(pattern, reason):
+            return label
+    return OTHER
+
+
+__all__ = ["LABELS", "OTHER", "reason_kind", "refusal_label"]

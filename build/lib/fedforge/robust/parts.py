@@ -1,0 +1,111 @@
+"""A run's robustness parts, assembled from ``cfg.robust``: the aggregator, the
+simulated attackers (data poisoning, a last client stage, a faulty encoder, or
+a colluding cohort stage), the server's norm gate and the client's gate.
+
+Refuses at build time the aggregator the run's cohort size K = max(1, floor(C N))
+is too small for (Krum/Multi-Krum with K < 2f + 3, Bulyan with K < 4f + 3: the
+built aggregator's ``min_updates``); what the config alone rules out is refused
+when it is checked (config/compat.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fedforge import robust as agg
+from fedforge.client.gate import ClientGate
+from fedforge.client.runtime import ClientDataFn, TamperFn
+from fedforge.compression.feedback import ErrorFeedback
+from fedforge.config import Config, RobustConfig
+from fedforge.config.compat import describe_cohort
+from fedforge.core.errors import ConfigError
+from fedforge.pipeline.pipeline import Codec, CohortStage, Stage
+from fedforge.robust.attacks import (
+    Collusion,
+    DeltaAttack,
+    attacker_ids,
+    flipped_labels_fn,
+    uint8_tamper,
+)
+from fedforge.robust.gates import NormGate
+from fedforge.selection.sampling import cohort_size
+
+
+def make_aggregator(r: RobustConfig) -> agg.Aggregator:
+    """The aggregator ``r.aggregator`` names, with its parameters."""
+    if r.aggregator == "median":
+        return agg.Median()
+    if r.aggregator == "trimmed_mean":
+        return agg.TrimmedMean(r.trim_fraction)
+    if r.aggregator == "krum":
+        return agg.Krum(r.byzantine)
+    if r.aggregator == "multi_krum":
+        return agg.MultiKrum(r.byzantine, r.multi_krum_m)
+    if r.aggregator == "bulyan":
+        return agg.Bulyan(r.byzantine)
+    if r.aggregator == "geometric_median":
+        return agg.GeometricMedian(r.geomed_max_iter, r.geomed_tol)
+    if r.aggregator == "norm_bound":
+        return agg.NormBound(r.norm_bound, r.norm_window)
+    if r.aggregator == "centred_clip":
+        return agg.CentredClip(r.norm_bound, r.norm_window, r.centred_clip_iterations)
+    return agg.WeightedMean()
+
+
+@dataclass(frozen=True)
+class RobustParts:
+    """What ``build`` puts into the pipeline and the client runtime."""
+
+    aggregator: agg.Aggregator
+    client_stages: tuple[Stage, ...]  # the attacks: last, after clipping and noise
+    cohort_stages: tuple[CohortStage, ...]
+    data_fn: ClientDataFn  # what clients train on (poisoned, minus the held-out slice)
+    gate: ClientGate | None
+    tamper_fn: TamperFn | None
+    attackers: frozenset[int]
+
+
+def _check_cohort(
+    aggregator: agg.Aggregator, robust: RobustConfig, num_clients: int, client_fraction: float
+) -> None:
+    """Refuse an aggregator that needs more updates than a cohort holds."""
+    need = agg.min_updates(aggregator)
+    if cohort_size(num_clients, client_fraction) < need:
+        formula = "4f + 3" if robust.aggregator == "bulyan" else "2f + 3"
+        raise ConfigError(
+            f"robust.aggregator '{robust.aggregator}' with robust.byzantine f = "
+            f"{robust.byzantine} needs n >= {formula} = {need} updates a round, but "
+            f"{describe_cohort(num_clients, client_fraction)}; lower f or raise client_fraction"
+        )
+
+
+def assemble(
+    cfg: Config, data_fn: ClientDataFn, uplink: Codec | None = None, num_classes: int = 10
+) -> RobustParts:
+    """The robustness parts of ``cfg``; raises ConfigError when the cohort is too small.
+    ``uplink``: the update codec, which colluding attackers' rows go through too;
+    ``num_classes``: the data's (label flipping maps class c to num_classes - 1 - c)."""
+    r = cfg.robust
+    aggregator = make_aggregator(r)
+    _check_cohort(aggregator, r, cfg.num_clients, cfg.client_fraction)
+    attackers = attacker_ids(cfg.num_clients, r.attack_fraction, cfg.seed)
+    client: tuple[Stage, ...] = ()
+    cohort: tuple[CohortStage, ...] = ()
+    tamper: TamperFn | None = None
+    if r.attack == "label_flip":
+        data_fn = flipped_labels_fn(data_fn, attackers, num_classes)
+    elif r.attack in ("sign_flip", "scaled", "gaussian", "nan_inf"):
+        client = (DeltaAttack(r.attack, attackers, r.attack_scale, r.attack_std),)
+    elif r.attack == "uint8":
+        tamper = uint8_tamper(attackers)
+    elif r.attack in ("alie", "ipm"):
+        if isinstance(uplink, ErrorFeedback):  # the attacker keeps no residual
+            uplink = uplink.codec
+        cohort = (Collusion(r.attack, attackers, r.alie_z, r.ipm_epsilon, uplink),)
+    if r.norm_gate is not None:
+        cohort = (*cohort, NormGate(r.norm_gate))
+    gate = None
+    if r.client_gate:  # a Byzantine client does not gate itself
+        gate = ClientGate(data_fn, r.holdout_fraction, cfg.seed, exempt=attackers)
+    train_fn = gate.train_data if gate is not None else data_fn
+    return RobustParts(aggregator, client, cohort, train_fn, gate, tamper, attackers)

@@ -1,0 +1,1 @@
+"""Which clients work in which round: cohort sampling and upload periods."""

@@ -1,0 +1,28 @@
+"""Cohort sampling: each round the server picks max(1, C * N) of N clients
+uniformly without replacement (McMahan et al. 2017, Algorithm 1), from a
+generator derived from (seed, round): reruns pick the same cohorts."""
+
+from __future__ import annotations
+
+from fedforge.config.compat import cohort_size
+from fedforge.core.rng import numpy_rng
+
+
+def sample_cohort(
+    num_clients: int, client_fraction: float, seed: int, round_idx: int, poisson: bool = False
+) -> list[int]:
+    """The sorted client ids of round ``round_idx``: m = max(1, C N) of them, or
+    with ``poisson`` each client independently with probability C (DP-FedAvg's
+    sampling, McMahan et al. 2018; the cohort may be empty)."""
+    m = cohort_size(num_clients, client_fraction)
+    if poisson:
+        draws = numpy_rng(seed, "cohort_poisson", round_idx).random(num_clients)
+        return [int(c) for c in (draws < client_fraction).nonzero()[0]]
+    rng = numpy_rng(seed, "cohort", round_idx)
+    return sorted(int(c) for c in rng.choice(num_clients, size=m, replace=False))
+
+
+def over_selected(fraction: float, over: float) -> float:
+    """The fraction sampled for a round that needs ``fraction`` when ``over`` more
+    are asked (a deployment's over-selection; 0: exactly ``fraction``)."""
+    return min(1.0, fraction * (1.0 + over)) if over > 0 else fraction

@@ -1,0 +1,2 @@
+"""The server: the round in phases and its collectors, the run loop, server
+optimizers, the engine probe."""

@@ -1,0 +1,60 @@
+"""The simulator's side of collection: it plays the network between a
+collector and the engine, with function calls.
+
+Each phase the collector asks for goes out through the engine: protocol
+messages by ``Engine.run_phase`` (replies back to ``Collector.reply``), the
+payload to the clients that train by ``Engine.run_cohort`` (uploads back to
+``Collector.offer``, in the order they finish). Simulated dropouts of secure
+aggregation (``privacy.secagg_drop_<phase>``) are drawn here, from (seed,
+round, phase), and reported to the collector before the phase reaches them; a
+deployment server reports the clients that really went silent instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from fedforge.client.runtime import ClientTask
+from fedforge.config.privacy import secagg_drops
+from fedforge.core.rng import numpy_rng
+from fedforge.server.collectors import Collected, Collector
+from fedforge.server.experiment import Experiment
+
+
+def dropped(seed: int, round_idx: int, phase: str, fraction: float, alive: list[int]) -> set[int]:
+    """The simulated dropouts before ``phase``: round(fraction * alive) clients."""
+    n = int(round(fraction * len(alive)))
+    if n == 0:
+        return set()
+    pick = numpy_rng(seed, "secagg_drop", round_idx, phase).choice(len(alive), n, replace=False)
+    return {alive[i] for i in pick.tolist()}
+
+
+def collect(
+    exp: Experiment,
+    collector: Collector,
+    tasks: Sequence[ClientTask],
+    payload: bytes,
+    round_idx: int,
+) -> Collected:
+    """Run ``collector``'s phases to the end against the engine."""
+    drops = secagg_drops(exp.cfg.privacy) if exp.privacy and exp.privacy.secagg else {}
+    arrived: set[int] = set()
+    while (upcoming := collector.upcoming()) is not None:
+        name, addressed = upcoming
+        for c in sorted(dropped(exp.cfg.seed, round_idx, name, drops.get(name, 0.0), addressed)):
+            collector.dropout(c)
+        phase = collector.next_phase()
+        if phase is None:
+            break
+        if phase.messages:
+            for c, data in exp.engine.run_phase(phase.name, phase.messages).items():
+                collector.reply(c, data)
+        train = set(phase.train)
+        trainers = [t for t in tasks if t.client_id in train]
+        for upload in exp.engine.run_cohort(trainers, payload) if trainers else ():
+            arrived.add(upload.client_id)
+            collector.offer(upload.client_id, upload.data)
+        collector.end_phase()
+    return dataclasses.replace(collector.finish(), arrived=frozenset(arrived))

@@ -1,0 +1,205 @@
+"""The server's first look at every upload, whichever collector takes it: whose
+it is, whether it is a well-formed delta, and the per-upload stages.
+
+A round takes one upload per client that was asked to train; an upload from a
+client outside the round's cohort, or a second one from the same client, is
+refused with the reason and never reaches the aggregate. Each update is decoded
+by the pipeline's codec and refused when malformed (shape, dtype, non-finite
+values, a header that does not match the client and round, the algorithm's
+tensors beside the delta), or absurd: an L2 norm past ``robust.max_update_ratio``
+times ||w|| + sqrt(P) (the round's global model's norm plus that of a vector of
+ones: a bound no honest update of a sane learning rate comes near). An accepted
+update's weight is its reported ``num_examples`` within the registry's bounds
+(``server/registry.py``). Runs on the server; trusts nothing it decodes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+import torch
+
+from fedforge.client.reports import ClientReport, read_report
+from fedforge.client.runtime import split_extras
+from fedforge.core import wire
+from fedforge.core.errors import UploadError, Withheld, shown
+from fedforge.core.params import all_finite
+from fedforge.pipeline.codec import CodecContext
+from fedforge.pipeline.pipeline import StageContext
+from fedforge.server.collectors.base import RoundLog
+from fedforge.server.experiment import Experiment
+from fedforge.server.labels import read_labels
+from fedforge.server.registry import Registry
+from fedforge.store import ClientRecord
+
+
+@dataclass
+class Upload:
+    """A decoded, well-formed update."""
+
+    client_id: int
+    delta: torch.Tensor
+    num_examples: int
+    train_loss: float
+    nbytes: int
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)  # e.g. SCAFFOLD's delta c_k
+    report: ClientReport | None = None  # val_loss / label_counts for the weights
+    weight: float | None = None  # num_examples within the registry's bounds (intake)
+
+    def weighed(self) -> float:
+        """The update's aggregation weight: its bounded count, once the intake set it."""
+        return float(self.num_examples) if self.weight is None else self.weight
+
+
+def check_update(exp: Experiment, client_id: int, round_idx: int, data: bytes) -> Upload:
+    """Decode one update and refuse anything that is not a well-formed delta."""
+    msg = wire.decode(data)
+    if "withheld" in msg.meta:  # the client's own gate kept its update back
+        raise Withheld(f"withheld by the client: {msg.meta['withheld']!s:.300}")
+    dtype = exp.initial_params.dtype
+    ctx = CodecContext(exp.cfg.seed, round_idx, client_id)
+    own, extras = split_extras(msg.tensors)
+    delta = exp.pipeline.codec.decode(own, msg.meta, exp.spec.size, dtype, ctx)
+    if tuple(delta.shape) != (exp.spec.size,) or delta.dtype != dtype:
+        raise UploadError(
+            f"decoded delta has shape {shown(tuple(delta.shape))} and dtype {delta.dtype}; "
+            f"expected ({exp.spec.size},) {dtype}"
+        )
+    if not all_finite(delta):
+        raise UploadError("delta holds non-finite values (NaN or inf)")
+    n, train_loss = read_labels(msg.meta, client_id, round_idx)
+    report = read_report(msg.meta, exp.cfg.aggregation_weights, n, exp.data.classes() or 0)
+    return Upload(client_id, delta, n, train_loss, len(data), check_extras(exp, extras), report)
+
+
+def check_extras(exp: Experiment, extras: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The algorithm's tensors an update must carry beside the delta (SCAFFOLD's
+    delta c_k), each refused unless [P], the run's dtype and finite."""
+    server = exp.algorithm.server
+    wanted = () if server is None else server.update_tensors
+    unexpected = sorted(set(extras) - set(wanted))
+    if unexpected:
+        raise UploadError(
+            f"update carries unexpected algorithm tensors {', '.join(unexpected)[:200]}; "
+            f"{exp.cfg.algorithm} sends {', '.join(wanted) or 'none'}"
+        )
+    if server is None:
+        return {}
+    size, dtype = exp.spec.size, exp.initial_params.dtype
+    for name in server.update_tensors:
+        t = extras.get(name)
+        if t is None or tuple(t.shape) != (size,) or t.dtype != dtype:
+            got = "nothing" if t is None else f"{shown(tuple(t.shape))} {t.dtype}"
+            raise UploadError(f"'{name}' must be ({size},) {dtype}; the update carries {got}")
+        if not all_finite(t):
+            raise UploadError(f"'{name}' holds non-finite values (NaN or inf)")
+    return {name: extras[name] for name in server.update_tensors}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a round accepts of an update beyond its form: the weight its count may
+    claim, and the largest norm (None: no bound)."""
+
+    registry: Registry
+    max_norm: float | None
+
+    @classmethod
+    def of(cls, exp: Experiment, params: torch.Tensor) -> Limits:
+        """The limits of a round whose global model is ``params``."""
+        robust = exp.cfg.robust
+        registry = Registry(exp.client_sizes(), robust.max_weight_ratio)
+        ratio = robust.max_update_ratio
+        if ratio is None:
+            return cls(registry, None)
+        scale = float(params.norm()) + math.sqrt(params.numel())
+        return cls(registry, ratio * scale)
+
+    def check_norm(self, what: str, vec: torch.Tensor) -> None:
+        """Refuse a vector whose norm passes the bound (an infinite norm too)."""
+        if self.max_norm is None:
+            return
+        norm = float(vec.norm())
+        if not norm <= self.max_norm:
+            raise UploadError(
+                f"{what} norm {norm:.4g} passes the bound {self.max_norm:.4g} = "
+                f"robust.max_update_ratio x (||w|| + sqrt(P))"
+            )
+
+
+class Intake:
+    """One round's admission of uploads: one per expected client, well-formed,
+    through the per-upload stages. Counts what arrived."""
+
+    def __init__(
+        self,
+        exp: Experiment,
+        round_idx: int,
+        expected: Collection[int],
+        log: RoundLog,
+        payload_bytes: int,
+        limits: Limits,
+    ) -> None:
+        self.exp, self.round_idx, self.log, self.limits = exp, round_idx, log, limits
+        self.expected = frozenset(expected)
+        self.payload_bytes = payload_bytes
+        self.seen: set[int] = set()
+        self.bytes_up = 0
+        self.faulty = 0  # refused as malformed or non-finite: faults for certain
+        self.accepted = 0
+
+    def take(self, client_id: int, data: bytes) -> Upload | str:
+        """The checked upload, or why it is refused (logged)."""
+        self.bytes_up += len(data)
+        why = self._admit(client_id)
+        if why is None:
+            try:
+                up = check_update(self.exp, client_id, self.round_idx, data)
+                self.limits.check_norm("update", up.delta)
+                for name, tensor in up.extras.items():  # SCAFFOLD's delta c_k reaches c
+                    self.limits.check_norm(f"'{name}'", tensor)
+            except UploadError as exc:
+                self.faulty += not isinstance(exc, Withheld)
+                why = str(exc)
+        if why is not None:
+            self.log.reject(client_id, why)
+            return why
+        ctx = StageContext(self.round_idx, self.exp.cfg.seed, client_id)
+        up.delta = self.exp.pipeline.run_upload(up.delta, ctx)
+        up.weight = self.limits.registry.weight(client_id, up.num_examples)
+        if up.weight <= 0 and self.exp.cfg.aggregation_weights == "num_examples":
+            why = (
+                f"client {client_id}'s update weighs nothing: it reports {up.num_examples} "
+                f"examples and may claim at most {self.limits.registry.limits[client_id]:g}"
+            )
+            self.log.reject(client_id, why)
+            return why
+        self.accepted += 1
+        return up
+
+    def _admit(self, client_id: int) -> str | None:
+        if client_id not in self.expected:
+            return f"client {client_id} was not asked to train in round {self.round_idx + 1}"
+        if client_id in self.seen:
+            return f"client {client_id} already sent an update in round {self.round_idx + 1}"
+        self.seen.add(client_id)
+        return None
+
+    @property
+    def arrived(self) -> int:
+        """The cohort's update messages that arrived: refused as faulty, or decoded
+        (a withheld note carries no update)."""
+        return self.faulty + self.accepted
+
+    def record(self, up: Upload, update_norm: float) -> ClientRecord:
+        return ClientRecord(
+            self.round_idx,
+            up.client_id,
+            up.num_examples,
+            up.train_loss,
+            update_norm,
+            up.nbytes,
+            self.payload_bytes,
+        )

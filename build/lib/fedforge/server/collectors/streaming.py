@@ -1,0 +1,136 @@
+"""Collectors of one upload phase: every cohort client gets the payload, trains
+and uploads once. The streaming weighted mean keeps a running sum (memory
+O(model)): FedAvg's aggregation (McMahan et al. 2017) when the aggregator is
+linear and no cohort stage needs the updates together. Runs on the server;
+trusts nothing it decodes (``intake.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from fedforge.server.collectors.base import UPLOAD, Collected, DenseCost, Phase, RoundLog
+from fedforge.server.collectors.intake import Intake, Limits, Upload
+from fedforge.server.diagnostics import RoundDiagnostics
+from fedforge.server.experiment import Experiment
+from fedforge.store import ClientRecord
+
+
+class UploadPhase:
+    """The phase protocol of a round with one upload phase; a collector built on it
+    says what it does with each accepted upload (``_accept``) and at the end."""
+
+    def __init__(
+        self,
+        exp: Experiment,
+        round_idx: int,
+        cohort: Sequence[int],
+        log: RoundLog,
+        payload_bytes: int,
+        dense: DenseCost,
+        limits: Limits,
+        diag: RoundDiagnostics | None = None,
+    ) -> None:
+        self.exp, self.log, self.dense, self.diag = exp, log, dense, diag
+        self.cohort = list(cohort)  # each gets the payload; each may upload once
+        self.intake = Intake(exp, round_idx, cohort, log, payload_bytes, limits)
+        self.clients: dict[int, ClientRecord] = {}
+        self.extras: dict[int, dict[str, torch.Tensor]] = {}
+        self._gone: set[int] = set()
+        self._sent = 0  # payloads handed out
+        self._done = False
+        self._start()
+
+    def _start(self) -> None:
+        """What the collector sets up before the first upload."""
+
+    def upcoming(self) -> tuple[str, list[int]] | None:
+        return None if self._done else (UPLOAD, self.cohort)
+
+    def next_phase(self) -> Phase | None:
+        train = [c for c in self.cohort if c not in self._gone]
+        self._sent = len(train)
+        return Phase(UPLOAD, train=train)
+
+    def reply(self, client_id: int, data: bytes) -> None:
+        self.intake.bytes_up += len(data)  # nothing is asked of a client but its update
+
+    def offer(self, client_id: int, data: bytes) -> str | None:
+        if self._done or client_id in self._gone:  # too late, or after it was given up on
+            self.intake.bytes_up += len(data)
+            when = "its upload phase is over" if self._done else "it was reported gone"
+            why = f"client {client_id}'s update came after {when}"
+            self.log.reject(client_id, why)
+            return why
+        up = self.intake.take(client_id, data)
+        if isinstance(up, str):
+            return up
+        self.extras[up.client_id] = up.extras
+        self._accept(up)
+        return None
+
+    def dropout(self, client_id: int) -> None:
+        self._gone.add(client_id)
+
+    def end_phase(self) -> None:
+        self._done = True
+
+    def _accept(self, up: Upload) -> None:
+        raise NotImplementedError
+
+    def finish(self) -> Collected:
+        raise NotImplementedError
+
+    def _collected(
+        self,
+        aggregate: torch.Tensor | None,
+        why: str | None,
+        received: list[dict[str, torch.Tensor]],
+        hops: int = 0,
+        forwarded: tuple[int, int] = (0, 0),
+    ) -> Collected:
+        """The collection, with the round skipped for ``why`` when given: ``hops``
+        payloads to the edges, and ``forwarded`` = (messages, bytes) from them."""
+        clients = self.clients
+        if why is not None:
+            aggregate, clients, received = None, {}, []
+            self.log.skip(why)
+            if self.diag is not None:
+                self.diag.clear()
+        return Collected(
+            aggregate,
+            clients,
+            received,
+            self.intake.bytes_up + forwarded[1],
+            self.intake.payload_bytes * (self._sent + hops),
+            self.dense.up * (self.intake.arrived + forwarded[0]),
+            self.dense.down * (self._sent + hops),
+            hops,
+        )
+
+    def _too_few(self, accepted: int) -> str | None:
+        need = self.exp.cfg.robust.min_clients
+        if accepted < need:
+            return f"only {accepted} accepted update(s), fewer than min_clients = {need}"
+        return None
+
+
+class StreamingMean(UploadPhase):
+    """The aggregator's running sum of accepted updates, weighted by ``num_examples``."""
+
+    def _start(self) -> None:
+        exp = self.exp
+        self.acc = exp.pipeline.aggregator.start(exp.spec.size, exp.initial_params.dtype)
+
+    def _accept(self, up: Upload) -> None:
+        if self.diag is not None:  # accepted as it comes
+            self.diag.add(up.client_id, up.delta, up.train_loss)
+        self.clients[up.client_id] = self.intake.record(up, float(up.delta.norm()))
+        self.acc.add(up.delta, up.weighed())
+
+    def finish(self) -> Collected:
+        aggregate = self.acc.result() if self.acc.count else None
+        why = self._too_few(len(self.clients)) if self.acc.count else None
+        return self._collected(aggregate, why, [self.extras[c] for c in self.clients])

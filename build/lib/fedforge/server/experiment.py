@@ -1,0 +1,283 @@
+"""Everything a run is made of, built from a config: data, partition, model,
+algorithm, pipeline and engine. The round loop only drives it."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedforge import algorithms
+from fedforge.aggregation.mean import Aggregator
+from fedforge.aggregation.weights import Reweighted
+from fedforge.algorithms.base import Algorithm
+from fedforge.client import reports
+from fedforge.client.runtime import ClientDataFn, ClientRuntime
+from fedforge.compression import parts as communication
+from fedforge.compression.parts import CommunicationParts
+from fedforge.config import Config
+from fedforge.config.notes import config_notes
+from fedforge.core.allocator import keep_large_blocks
+from fedforge.core.device import HOST, resolve_device
+from fedforge.core.errors import ConfigError
+from fedforge.core.params import ParamSpec
+from fedforge.core.precision import precision_note
+from fedforge.data.federated import DTYPES, FederatedData, shift_data
+from fedforge.data.given import check_fits, check_given
+from fedforge.data.tags import load_client_tags
+from fedforge.engines import Engine
+from fedforge.engines.threads import ThreadPlan
+from fedforge.evaluation.clients import split_holdout
+from fedforge.models import BUILT_IN
+from fedforge.pipeline.pipeline import Pipeline
+from fedforge.privacy import parts as privacy
+from fedforge.privacy.parts import PrivacyParts
+from fedforge.robust.parts import RobustParts, assemble
+from fedforge.server import probe
+from fedforge.server.engine_choice import EngineChoice, choose_engine
+from fedforge.store.build_record import data_fingerprint
+from fedforge.store.checkpoint import RESIDUAL
+from fedforge.store.client_state import ClientStateStore
+from fedforge.tasks import Task, load_task_data, resolve_task
+from fedforge.tasks.metrics import ClassMetrics, Metrics
+from fedforge.tasks.task import check_run_fits
+
+
+def _tracks_statistics(model: nn.Module) -> bool:
+    return any(
+        isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats
+        for m in model.modules()
+    )
+
+
+def fingerprint_of(data: FederatedData) -> str:
+    """The fingerprint a run records of the data it was given or loaded."""
+    return data_fingerprint(data.train_x, data.train_y, data.test_x, data.test_y, data.partition)
+
+
+@dataclass
+class Experiment:
+    """The parts of one run."""
+
+    cfg: Config
+    data: FederatedData
+    model: nn.Module
+    spec: ParamSpec
+    algorithm: Algorithm
+    pipeline: Pipeline
+    engine: Engine
+    initial_params: torch.Tensor
+    note: str | None = None  # a one-line remark for the user (e.g. an engine fallback)
+    robust: RobustParts | None = None  # aggregator, attackers and gates of cfg.robust
+    comm: CommunicationParts | None = None  # codecs, residuals, groups of cfg.communication
+    privacy: PrivacyParts | None = None  # DP stages, accountant, secure aggregation
+    data_fingerprint: str = ""  # of the data as given or loaded (store/build_record.py)
+    # what each client trains on: its data less the gate's and the quality weights'
+    # held-out slices, an attacker's labels flipped (None: data.client_data)
+    train_data: ClientDataFn | None = None
+    threads: ThreadPlan | None = None  # torch threads of the run's processes
+    probe_line: str | None = None  # engine: auto's probe, its pick and figures
+    task: Task | None = None  # what is trained and how it is judged
+    metrics: Metrics = dataclasses.field(default_factory=ClassMetrics)  # the task's
+    # where local training and evaluation run: the model's device (core/device.py)
+    device: torch.device = HOST
+
+    def client_sizes(self) -> list[int]:
+        """Each client's example count: the partition's; where the clients' rows
+        are held elsewhere (a deployment server whose clients bring their own
+        data), the counts they declared when they joined (the engine's
+        ``declared_sizes``; 0: not joined yet)."""
+        declared = getattr(self.engine, "declared_sizes", None)
+        if self.data.hosted is not None and declared is not None:
+            return list(declared())
+        return self.data.partition.sizes().tolist()
+
+    def client_train_data(self, client_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The examples client ``client_id`` trains on."""
+        fn = self.train_data or self.data.client_data
+        return fn(client_id)
+
+
+def build(cfg: Config, data: FederatedData | None = None, task: Task | None = None) -> Experiment:
+    """Assemble a run from its config (``data`` may be given to reuse a load, or as
+    the caller's own; ``task``: the caller's, else the config's)."""
+    keep_large_blocks()  # glibc: reuse freed activation buffers (fedforge.core.allocator)
+    dtype = DTYPES[cfg.dtype]
+    device = resolve_device(cfg.device)  # before the data loads: a missing GPU fails fast
+    task = resolve_task(cfg, task)
+    data, model, fingerprint = _run_data(cfg, data, task, dtype)
+    if cfg.algorithm == "perfedavg" and _tracks_statistics(model):  # e.g. a registered one
+        raise ConfigError(
+            f"algorithm 'perfedavg' needs a model without batch norm's running statistics; "
+            f"model {cfg.model!r} has some (the three forward passes of a step would move "
+            "them three times)"
+        )
+    spec = ParamSpec.of(model, include_buffers=True)  # batch-norm statistics travel too
+    if not any(e.trainable for e in spec.entries):
+        raise ConfigError(f"model '{cfg.model}' has no parameter to train (all frozen)")
+    initial = spec.flatten(model, dtype)  # the global vector: on the host
+    model.to(device)  # every part that runs the model runs it there (a no-op on the host)
+    algorithm = algorithms.from_config(cfg, spec.size, dtype, spec)
+    if algorithm.loss_fn is not task.loss():  # the task's loss trains every algorithm
+        algorithm = dataclasses.replace(algorithm, loss_fn=task.loss())
+    metrics = task.scores()
+    parts = _assemble(cfg, data, spec, dtype, algorithm, metrics)
+    runtime = ClientRuntime(
+        model,
+        spec,
+        algorithm,
+        parts.reporter.train_data if parts.reporter is not None else parts.robust.data_fn,
+        parts.pipeline.client,
+        parts.pipeline.codec,
+        gate=parts.robust.gate,
+        tamper_fn=parts.robust.tamper_fn,
+        downlink=parts.comm.downlink,
+        reporter=parts.reporter,
+        report_loss=not cfg.privacy.hides_updates,
+    )
+    choice = _engine_for(cfg, data, runtime, _side_state(parts.comm, parts.priv))
+    ignored = "; ".join(config_notes(cfg))
+    bf16 = precision_note(cfg.precision) if device == HOST else None  # a CPU's bf16
+    notes = (*choice.notes, bf16, ignored)
+    return Experiment(
+        cfg,
+        data,
+        model,
+        spec,
+        algorithm,
+        parts.pipeline,
+        choice.engine,
+        initial,
+        "; ".join(n for n in notes if n) or None,
+        parts.robust,
+        parts.comm,
+        parts.priv,
+        fingerprint,
+        runtime.data_fn,
+        choice.threads,
+        choice.probe_line,
+        task,
+        metrics,
+        device,
+    )
+
+
+def _run_data(
+    cfg: Config, data: FederatedData | None, task: Task, dtype: torch.dtype
+) -> tuple[FederatedData, nn.Module, str]:
+    """The run's data (the caller's, checked, or loaded), shifted and with each
+    client's held-out slice carved when clients are evaluated; the model sized by
+    it; and the fingerprint of the data as given or loaded."""
+    given = data is not None
+    if data is None:  # looked up here: one place to stand in
+        data = load_task_data(cfg, task)
+    task.check_labels(data)
+    check_run_fits(cfg, task, data)
+    model = task.build_model(cfg, data.spec(), dtype)
+    name = task.name if task.model is not None else cfg.model
+    if given or task.data_fn is not None:  # the caller's: checked before anything reads it
+        check_given(data, cfg.num_clients, dtype, model, name)
+    elif cfg.model not in BUILT_IN or task.model is not None:  # a model of the caller's
+        check_fits(data, model, name)
+    fingerprint = fingerprint_of(data)
+    data = shift_data(cfg, data)
+    if cfg.client_tags is not None:  # the CSV's attributes over the data's own
+        tagged = load_client_tags(cfg.client_tags, cfg.num_clients)
+        data = dataclasses.replace(data, tags={**(data.tags or {}), **tagged})
+    data.client_tags()  # a data source's tags checked before the first round
+    if cfg.eval_clients and data.holdout is None:  # carve each client's held-out slice
+        keep, held = split_holdout(data.partition, cfg.eval_holdout, cfg.seed)
+        data = dataclasses.replace(data, partition=keep, holdout=held)
+    return data, model, fingerprint
+
+
+@dataclass
+class _Parts:
+    """The run's parts around its clients' training."""
+
+    pipeline: Pipeline
+    comm: CommunicationParts
+    robust: RobustParts
+    priv: PrivacyParts
+    reporter: reports.Reporter | None
+
+
+def _assemble(
+    cfg: Config,
+    data: FederatedData,
+    spec: ParamSpec,
+    dtype: torch.dtype,
+    algorithm: Algorithm,
+    metrics: Metrics,
+) -> _Parts:
+    """Communication, robustness, reports and privacy, and the pipeline of their stages."""
+    comm = communication.assemble(
+        cfg.communication, cfg.num_clients, spec, dtype, data.partition, data.train_y
+    )
+    classes = data.classes() or 0
+    robust = assemble(cfg, data.client_data, comm.uplink, classes)
+    reporter, weigh = reports.assemble(cfg, robust.data_fn, classes, metrics)  # quality, class
+    sizes = [data.num_examples(c) for c in range(cfg.num_clients)]
+    priv = privacy.assemble(cfg, sizes)
+    privacy.check_algorithm(cfg.privacy, algorithm)
+    pipeline = Pipeline(
+        aggregator=_weighted(cfg, priv, robust.aggregator),
+        client=(*comm.client_stages, *priv.client_stages, *robust.client_stages),
+        codec=priv.secagg or comm.uplink,  # secure aggregation: the masked update
+        cohort=(*robust.cohort_stages, *weigh),
+        server_aggregate=priv.aggregate_stages,
+    )
+    communication.check_pipeline(cfg.communication, pipeline)
+    return _Parts(pipeline, comm, robust, priv, reporter)
+
+
+def _engine_for(
+    cfg: Config, data: FederatedData, runtime: ClientRuntime, side_state: str | None
+) -> EngineChoice:
+    """The run's engine and threads; ``engine: auto`` probes with the data's shapes."""
+    sizes = data.partition.sizes()
+    first = next((c for c in range(cfg.num_clients) if data.num_examples(c)), 0)
+    info = probe.ProbeInput(
+        cfg.model, data.client_data(first), int(np.median(sizes)) if len(sizes) else 1
+    )
+    largest = int(sizes.max(initial=0))
+    return choose_engine(cfg.engine, runtime, cfg.workers, side_state, largest, cfg.threads, info)
+
+
+def _weighted(cfg: Config, priv: PrivacyParts, robust: Aggregator) -> Aggregator:
+    """The round's aggregator, its weights mapped by ``aggregation_weights`` (which
+    rules fit which aggregators: config/compat.py weights_need_plain_mean)."""
+    rule = cfg.aggregation_weights
+    if rule == "num_examples":  # DP and secure aggregation weigh themselves
+        return priv.aggregator or priv.secagg_mean or robust
+    if rule == "quality" or rule == "class":  # from the cohort's reports: client/reports.py
+        return robust
+    return Reweighted(robust, rule, cfg.weight_cap)
+
+
+def client_tables(exp: Experiment) -> dict[str, ClientStateStore]:
+    """The run's per-client tables by name (error-feedback ``residual``, SCAFFOLD's
+    ``control``): the loop state keeps them and checkpoints save them."""
+    tables: dict[str, ClientStateStore] = {}
+    if exp.comm is not None and exp.comm.client_state is not None:
+        tables[RESIDUAL] = exp.comm.client_state
+    if exp.algorithm.client is not None:
+        tables.update(exp.algorithm.client.tables)
+    if exp.algorithm.personal is not None:  # FedBN's batch norm
+        tables.update(exp.algorithm.personal.tables)
+    return tables
+
+
+def _side_state(comm: CommunicationParts, priv: PrivacyParts) -> str | None:
+    """What of a run lives in the server process between rounds besides the
+    algorithm's tables: worker processes would lose it."""
+    if comm.client_state is not None:
+        return "error feedback keeps a residual per client"
+    if priv.secagg is not None:
+        return "secure aggregation keeps its clients' keys in this process"
+    if priv.board is not None:
+        return "adaptive clipping collects its clients' reports in this process"
+    return None

@@ -1,0 +1,399 @@
+"""The round loop (McMahan et al. 2017, Algorithm 1, server side).
+
+Each round: sample the cohort, encode the payload, let the engine run the
+clients, decode and check every update, aggregate, step the server optimizer,
+evaluate every ``eval_every`` rounds, record the round (the alert rules of
+fedforge.alerts watch it, from the store). Stops at the target
+accuracy or after ``rounds``. Runs on the server; trusts nothing it decodes.
+
+:func:`run` starts a run, :func:`resume` continues one from its last good
+checkpoint; both drive the same loop over a :class:`LoopState`. A checkpoint is
+written every ``checkpoint_every`` rounds, and after the current round when
+SIGINT or SIGTERM arrives (the run is then marked stopped and can be resumed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedforge.alerts import Monitor
+from fedforge.config import Config, override
+from fedforge.core.errors import StopNow, StoreError
+from fedforge.data import PartitionSummary
+from fedforge.data.federated import FederatedData
+from fedforge.engines import Engine, close_engine
+from fedforge.engines.threads import set_threads
+from fedforge.report.progress import Progress, percent
+from fedforge.server.experiment import Experiment, build, client_tables
+from fedforge.server.partition_file import partition_summary, write_partition
+from fedforge.server.round import run_round, test_scores
+from fedforge.server.state import (
+    LoopState,
+    RunLock,
+    StopSignals,
+    aggregator_state,
+    load_aggregator_state,
+)
+from fedforge.server.stops import over_budget, stalled
+from fedforge.server.summary import format_summary, summarize_run
+from fedforge.server.workload import say_start
+from fedforge.store import (
+    CheckpointError,
+    RoundRecord,
+    RunStore,
+    list_checkpoints,
+    load_latest,
+    save_checkpoint,
+)
+from fedforge.store.build_record import check_build, write_build
+from fedforge.store.disk import os_error_text
+from fedforge.store.edited import edited_config_note
+from fedforge.store.final import save_final
+from fedforge.tasks import Task
+
+__all__ = ["RunResult", "format_summary", "resume", "run"]
+
+
+@dataclass
+class RunResult:
+    """What a finished (or signal-stopped) run hands back to Python callers."""
+
+    params: torch.Tensor
+    rounds: list[RoundRecord]
+    summary: dict[str, Any]
+    run_dir: Path | None = None
+    rejected: list[tuple[int, int, str]] = field(default_factory=list)  # round, client, why
+    skipped: list[tuple[int, str]] = field(default_factory=list)  # round, why
+    stopped: str | None = None  # the signal that stopped the run early (e.g. 'SIGTERM')
+    # a signal that came during the round that ended the run anyway (its last, or
+    # the one reaching the target): the run is finished, a sweep stops after it
+    signalled: str | None = None
+
+
+def run(
+    cfg: Config,
+    data: FederatedData | None = None,
+    progress: bool = False,
+    store: bool = True,
+    task: Task | None = None,
+    engine: Engine | None = None,
+) -> RunResult:
+    """Run ``cfg`` to its target or its last round; record it in a run store.
+    ``data``: the caller's data set (else the config's); ``task``: the caller's model,
+    loss and metrics (else the config's task); ``engine``: where the clients run
+    (else the config's: a deployment server passes its network engine)."""
+    exp = _with_engine(build(cfg, data, task), engine)
+    partition = partition_summary(exp)
+    if progress:
+        print(f"partition: {partition.format()}", flush=True)
+    say_start(exp, 0, progress)
+    if not store:
+        return _drive(exp, None, None, LoopState.fresh(exp), partition, progress)
+    run_store = RunStore.create(cfg.runs_dir, cfg)
+    try:
+        write_partition(run_store.path / "partition.json", partition)
+        write_build(run_store.path, exp.spec, exp.data_fingerprint)
+        lock = RunLock(run_store.path).acquire()
+    except BaseException as exc:  # a run that never started is removed, not left half-made
+        run_store.close()
+        shutil.rmtree(run_store.path, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise StoreError(f"cannot start run '{run_store.path}': {os_error_text(exc)}") from None
+        raise
+    return _drive(exp, run_store, lock, LoopState.fresh(exp), partition, progress)
+
+
+def resume(
+    run_dir: Path | str,
+    data: FederatedData | None = None,
+    progress: bool = False,
+    task: Task | None = None,
+    device: str | None = None,
+    engine: Engine | None = None,
+) -> RunResult:
+    """Continue the run in ``run_dir`` from its last good checkpoint, with the config
+    stored in the run; rounds recorded after that checkpoint are run again. A run
+    stopped before its first checkpoint starts again from round 0 (its state
+    there is the seed's). ``device``: where local training and evaluation go on
+    (None: the stored config's); the checkpoints are on the host, so any will do."""
+    run_store = RunStore.open(run_dir)
+    lock = RunLock(run_store.path)
+    try:
+        finished = f"run '{run_store.path}' is finished; there is nothing to resume"
+        if run_store.status == "finished":
+            raise CheckpointError(finished)
+        stored = run_store.config()
+        edited = edited_config_note(run_store.path, stored)
+        if edited is not None:  # a hand-edited config.yaml: say it is not what runs
+            print(f"fedforge: {edited}", file=sys.stderr, flush=True)
+        if device is not None:
+            stored = override(stored, {"device": device})
+        exp = _with_engine(build(stored, data, task), engine)
+        lock.acquire()  # refuses while another process writes the run, or a read-only one
+        check_build(run_store.path, exp.spec, exp.data_fingerprint, exp.cfg)  # not damage
+        if run_store.status == "finished":  # it was running, and ended while we built
+            raise CheckpointError(finished)
+        state = _resumed_state(exp, run_store)
+        run_store.rewind(state.next_round)
+    except BaseException:
+        lock.release()
+        run_store.close()
+        raise
+    partition = partition_summary(exp)
+    if progress:
+        first = " (no checkpoint yet: from the start)" if state.next_round == 0 else ""
+        print(f"resuming {run_store.path.name} at round {state.next_round + 1}{first}", flush=True)
+    say_start(exp, state.next_round, progress)
+    return _drive(exp, run_store, lock, state, partition, progress)
+
+
+def _with_engine(exp: Experiment, engine: Engine | None) -> Experiment:
+    """``exp`` with ``engine`` in place of the one it was built with (closed)."""
+    if engine is None:
+        return exp
+    close_engine(exp.engine)
+    return dataclasses.replace(exp, engine=engine)
+
+
+def _resumed_state(exp: Experiment, run_store: RunStore) -> LoopState:
+    """The newest good checkpoint's state; round 0's (the seed's) when there is no
+    checkpoint or every one is damaged."""
+    if not list_checkpoints(run_store.path):
+        return LoopState.fresh(exp)
+    tables = client_tables(exp)  # EF residuals, SCAFFOLD controls
+    try:
+        ckpt = load_latest(run_store.path, tables)
+    except CheckpointError as exc:  # every checkpoint damaged: from the start
+        for table in tables.values():
+            table.clear()  # rows a half-loaded checkpoint left
+        print(f"fedforge: {exc}; starting again from round 1", file=sys.stderr)
+        return LoopState.fresh(exp)
+    state = LoopState.from_checkpoint(exp, ckpt, run_store.rounds(), tables)
+    load_aggregator_state(exp.pipeline.aggregator, ckpt)
+    return state
+
+
+def _drive(
+    exp: Experiment,
+    run_store: RunStore | None,
+    lock: RunLock | None,
+    state: LoopState,
+    partition: PartitionSummary,
+    progress: bool,
+) -> RunResult:
+    """Run the loop on the run's torch threads (those of the caller's process are
+    restored after it), then settle the run store."""
+    before = set_threads(exp.threads.server) if exp.threads is not None else None
+    try:
+        return _drive_rounds(exp, run_store, lock, state, partition, progress)
+    finally:
+        if before is not None:
+            set_threads(before)
+
+
+def _drive_rounds(
+    exp: Experiment,
+    run_store: RunStore | None,
+    lock: RunLock | None,
+    state: LoopState,
+    partition: PartitionSummary,
+    progress: bool,
+) -> RunResult:
+    """Run the loop (under the signal guard when there is a store, whose lock the
+    caller holds), then settle the run store: final params and summary, or why not."""
+    if run_store is None or lock is None:
+        try:
+            result = _rounds(exp, state, None, progress, StopSignals(enabled=False))
+        finally:
+            close_engine(exp.engine)
+        result.summary["heterogeneity"] = partition.heterogeneity
+        return result
+    if (bind := getattr(exp.engine, "bind_store", None)) is not None:  # model versions
+        bind(run_store)
+    try:
+        with StopSignals() as stop:
+            result = _rounds(exp, state, run_store, progress, stop)
+        result.summary["heterogeneity"] = partition.heterogeneity
+        _settle(exp, run_store, result, state.next_round)
+    except BaseException as exc:
+        said: dict[str, Any] = {}
+        if isinstance(exc, StopNow):
+            # stopped on purpose, mid-round: resumable from the last checkpoint, so
+            # recorded as a signal's stop (`runs` shows it stopped), not a failure
+            exc.run_dir = run_store.path
+            said = {"error": str(exc), "stopped": exc.signal_name}
+        else:
+            kind = "interrupted" if isinstance(exc, KeyboardInterrupt) else type(exc).__name__
+            text = str(exc).splitlines()[0][:300] if str(exc) else ""
+            why = f"run stopped: {kind}" + (f": {text}" if text else "")
+            said = {"error": why + f"; resume with: fedforge resume {run_store.path}"}
+        try:
+            run_store.finish(said, status="failed")
+        except Exception as also:  # e.g. the full disk that failed the run: say both
+            exc.add_note(f"(and the run store could not record it: {also})")
+        raise
+    finally:
+        close_engine(exp.engine)
+        lock.release()
+        run_store.close()
+    return result
+
+
+def _settle(exp: Experiment, run_store: RunStore, result: RunResult, next_round: int) -> None:
+    result.run_dir = run_store.path
+    result.summary["run_dir"] = str(run_store.path)
+    if result.stopped:
+        result.summary["stopped"] = result.stopped  # a signal: `runs` shows it stopped
+        result.summary["error"] = (
+            f"stopped by {result.stopped} before round {next_round + 1}; "
+            f"resume with: fedforge resume {run_store.path}"
+        )
+        run_store.finish(result.summary, status="failed")
+    else:
+        personal = exp.algorithm.personal
+        # FedBN: each client's model is its own batch norm; a StoreError (a full
+        # disk) leaves no half-written file, and the run failed, resumable
+        save_final(
+            run_store.path,
+            result.params,
+            list(exp.spec.names),
+            None if personal is None else personal.final(),
+        )
+        run_store.finish(result.summary)
+
+
+def _rounds(
+    exp: Experiment, state: LoopState, run_store: RunStore | None, show: bool, stop: StopSignals
+) -> RunResult:
+    cfg = exp.cfg
+    bar = Progress(
+        cfg.rounds,
+        cfg.name,
+        enabled=show,
+        initial=state.next_round,
+        score_name=exp.metrics.score_name,
+    )
+    start = time.perf_counter()
+    if cfg.eval_initial and state.next_round == 0 and state.initial_eval is None:
+        state.initial_eval = _evaluate_initial(exp, state, bar)
+    stopped: str | None = None
+    stops: dict[str, str] = {}  # summary key: why the run stopped early
+    alerts = Monitor(cfg, bar.write)  # its rules, after each recorded round
+    while state.next_round < cfg.rounds:
+        budget_stop = over_budget(exp, state.next_round, state.privacy)
+        if budget_stop is not None:  # the next round would spend more than target_epsilon
+            bar.write(f"fedforge: {budget_stop}")
+            stops["privacy_stop"] = budget_stop
+            break
+        record = _one_round(exp, state, run_store, bar)
+        if run_store is not None:
+            alerts.after_round(run_store, record.round_idx)
+        target = cfg.target_accuracy
+        evaluated = record.test_accuracy is not None
+        if target is not None and evaluated and max(state.eval_accuracy) >= target:
+            break
+        stall_stop = stalled(cfg, state)  # also in the last round: the summary says so
+        if stall_stop is not None:
+            bar.write(f"fedforge: {stall_stop}")
+            stops["stall_stop"] = stall_stop
+            break
+        if state.next_round == cfg.rounds:
+            break
+        if _checkpoint_due(exp, state, run_store, stop, start, bar):
+            stopped = stop.name
+            break
+    bar.close()
+    seconds = state.seconds_before + time.perf_counter() - start
+    return _result(exp, state, seconds, stops, stopped, stop)
+
+
+def _evaluate_initial(exp: Experiment, state: LoopState, bar: Progress) -> tuple[float, float]:
+    """The initial model's test accuracy and loss (``eval_initial``: a baseline)."""
+    ev = test_scores(exp, state.params)
+    name, score = exp.metrics.score_name, ev.accuracy
+    shown = f"{score:.4f}" if name == "R^2" else percent(score)
+    bar.write(f"fedforge: initial model: {name} {shown}, loss {ev.loss:.4f}")
+    return ev.accuracy, ev.loss
+
+
+def _one_round(
+    exp: Experiment, state: LoopState, run_store: RunStore | None, bar: Progress
+) -> RoundRecord:
+    """Run round ``state.next_round`` and record it (store, privacy spend, bar)."""
+    clip = state.privacy.get("clip_norm", exp.cfg.privacy.clip_norm)  # this round's
+    record, clients = run_round(exp, state, state.next_round, bar)
+    state.records.append(record)
+    state.total_bytes += record.bytes_up + record.bytes_down
+    state.next_round += 1
+    if run_store is not None:
+        run_store.record_round(record, clients, state.anomalies(record.round_idx))
+        for table, rows in state.outputs.items():  # per-client eval, diagnostics
+            run_store.record_rows(table, record.round_idx, rows)
+    state.outputs = {}
+    priv = exp.privacy
+    epsilon = priv.epsilon(state.next_round, state.privacy) if priv is not None else None
+    if run_store is not None and epsilon is not None and exp.privacy is not None:
+        run_store.record_privacy(record.round_idx, epsilon, exp.privacy.delta, clip)
+    bar.update(record.test_accuracy, record.test_loss, state.total_bytes, epsilon)
+    return record
+
+
+def _checkpoint_due(
+    exp: Experiment,
+    state: LoopState,
+    run_store: RunStore | None,
+    stop: StopSignals,
+    start: float,
+    bar: Progress,
+) -> bool:
+    """Write the checkpoint when one is due (every ``checkpoint_every`` rounds, or
+    a signal came); True when a signal asks the loop to stop now."""
+    every = exp.cfg.checkpoint_every
+    due = stop.signum is not None or (every > 0 and state.next_round % every == 0)
+    failed = None
+    if due and run_store is not None:
+        ckpt = state.checkpoint(time.perf_counter() - start)
+        ckpt.aggregator_state = aggregator_state(exp.pipeline.aggregator)
+        try:
+            save_checkpoint(run_store.path, ckpt, state.client_state)
+        except CheckpointError as exc:  # e.g. a full disk: the older ones are whole
+            failed = f"{exc}; a resume starts from the checkpoint before"
+            bar.write(f"fedforge: {failed}" + ("" if stop.signum else "; the run goes on"))
+    if stop.signum is None:
+        return False
+    done = "no checkpoint written" if failed else "checkpoint written"
+    bar.write(f"fedforge: {done} before round {state.next_round + 1}; stopping")
+    return True
+
+
+def _result(
+    exp: Experiment,
+    state: LoopState,
+    seconds: float,
+    stops: dict[str, str],
+    stopped: str | None,
+    stop: StopSignals,
+) -> RunResult:
+    """The loop's result: parameters, rounds, summary, what was refused or skipped."""
+    evals = (state.eval_rounds, state.eval_accuracy)
+    summary = summarize_run(exp, state.records, evals, seconds, state.privacy)
+    if state.initial_eval is not None:
+        summary["initial_accuracy"], summary["initial_loss"] = state.initial_eval
+    summary.update(stops)
+    return RunResult(
+        state.params,
+        state.records,
+        summary,
+        rejected=state.rejected,
+        skipped=state.skipped,
+        stopped=stopped,
+        signalled=stop.name if stopped is None and stop.signum is not None else None,
+    )

@@ -1,0 +1,287 @@
+"""One round on the server (McMahan et al. 2017, Algorithm 1), as phases:
+
+    sample -> configure -> collect -> aggregate -> server step -> evaluate -> record
+
+``configure`` gives each cohort client its task and the payload; ``collect``
+feeds the round's collector (``server/collectors/``) one message at a time;
+``aggregate`` applies the aggregate stages (central DP noise) and the
+algorithm's server state; the server optimizer steps; the model is evaluated
+when due. A refused update or a skipped round is logged with its reason and
+never reaches the global model.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+
+from fedforge.algorithms.plan import LocalPlan
+from fedforge.client.runtime import ClientTask, encode_payload
+from fedforge.core.params import all_finite
+from fedforge.evaluation.evaluate import EvalResult, evaluate
+from fedforge.pipeline.pipeline import StageContext
+from fedforge.report.progress import Progress
+from fedforge.selection.periods import period_plan, upload_period
+from fedforge.selection.sampling import over_selected, sample_cohort
+from fedforge.server import diagnostics
+from fedforge.server.collect import collect
+from fedforge.server.collectors import (
+    Collected,
+    Collector,
+    DenseCost,
+    GatheredCohort,
+    HierarchicalMean,
+    RoundLog,
+    StreamingMean,
+)
+from fedforge.server.collectors.base import FLOAT32_BYTES
+from fedforge.server.collectors.intake import Limits
+from fedforge.server.collectors.streaming import UploadPhase
+from fedforge.server.diagnostics import RoundDiagnostics
+from fedforge.server.experiment import Experiment
+from fedforge.server.state import LoopState
+from fedforge.server.stops import ends_run
+from fedforge.server.stragglers import cohort_tasks
+from fedforge.store import ClientRecord, RoundRecord
+
+
+@dataclass(frozen=True)
+class Orders:
+    """What ``configure`` decided for a round: who trains, on what plan, from what."""
+
+    round_idx: int
+    start: int  # the upload period's first round (its cohort and plan)
+    cohort: list[int]  # the sampled clients: each gets the payload
+    tasks: list[ClientTask]  # the clients that train (stragglers may be dropped)
+    plan: LocalPlan
+    payload: bytes
+    dense: DenseCost
+    limits: Limits  # the weight a count may claim, the largest update norm
+
+
+def run_round(
+    exp: Experiment, state: LoopState, round_idx: int, bar: Progress
+) -> tuple[RoundRecord, list[ClientRecord]]:
+    """One round: the phases of the module docstring, top to bottom."""
+    t0 = time.perf_counter()
+    cfg = exp.cfg
+    start, end = upload_period(round_idx, cfg.communication.upload_every, cfg.rounds)
+    cohort = sample(exp, start)
+    if round_idx != end:  # the period's cohort trains locally: nothing travels
+        return _local_round(exp, round_idx, start, len(cohort), t0), []
+    log = RoundLog(state.rejected, state.skipped, bar, round_idx)
+    begin = getattr(exp.engine, "begin_round", None)  # a deployment: cold start, canary
+    if begin is not None:
+        state.outputs.update(begin(round_idx, state.params) or {})
+    orders = configure(exp, state, round_idx, start, cohort)
+    secure = exp.privacy is not None and exp.privacy.secagg is not None
+    trainers = [t.client_id for t in orders.tasks]
+    diag = diagnostics.start_round(exp, trainers, state.params, secure)
+    collector = collector_for(exp, orders, log, diag)
+    collected = collect(exp, collector, orders.tasks, orders.payload, round_idx)
+    diagnostics.end_round(exp, diag, state.diagnostics, state.outputs, bar, round_idx)
+    aggregate, clients, moved = aggregate_phase(exp, state, collected, log)
+    if exp.privacy is not None:  # what the accountant counts: what the server saw
+        nothing = not collected.arrived  # no upload arrived: no noise drawn, nothing seen
+        exp.privacy.record_participation(
+            state.privacy, round_idx, start, not nothing, _uploads_seen(collected, secure)
+        )
+    server_step(exp, state, aggregate, clients, moved, log)
+    tell = getattr(exp.engine, "end_round", None)  # a deployment's clients keep their state
+    if tell is not None:
+        tell(round_idx, sorted(clients) if aggregate is not None else [])
+    test_acc, test_loss = evaluate_phase(exp, state, round_idx, start)
+    record = round_record(exp, orders, collected, clients, test_acc, test_loss, t0)
+    return record, list(clients.values())
+
+
+def _uploads_seen(collected: Collected, secure: bool) -> list[int]:
+    """The clients whose updates the server saw this round: every upload that
+    arrived, taken or refused, the round applied or skipped; under secure
+    aggregation the clients in the revealed sum when it was applied (a sum
+    revealed and then not applied, e.g. short of ``robust.min_clients``, counts
+    every masked input that arrived: conservative)."""
+    if secure and collected.aggregate is not None:
+        return sorted(collected.clients)
+    return sorted(collected.arrived)
+
+
+def sample(exp: Experiment, start: int) -> list[int]:
+    """The cohort of the upload period starting at ``start``."""
+    cfg = exp.cfg
+    poisson = cfg.privacy.sampling == "poisson"  # DP-FedAvg: each client with probability C
+    # a deployment engine over-selects: it asks more clients and closes at the needed count
+    fraction = over_selected(cfg.client_fraction, getattr(exp.engine, "over_selection", 0.0))
+    return sample_cohort(cfg.num_clients, fraction, cfg.seed, start, poisson)
+
+
+def configure(
+    exp: Experiment, state: LoopState, round_idx: int, start: int, cohort: list[int]
+) -> Orders:
+    """Each cohort client's task and the round's payload."""
+    cfg = exp.cfg
+    if exp.privacy is not None:  # e.g. the round's adaptive clip norm
+        exp.privacy.begin_round(state.privacy, round_idx)
+    plan = period_plan(exp.algorithm, start, round_idx)
+    server = exp.algorithm.server  # an algorithm's server state (SCAFFOLD's c) travels too
+    more = server.payload(state.algorithm_state) if server is not None else None
+    downlink = exp.comm.downlink if exp.comm is not None else None
+    payload = encode_payload(state.params, round_idx, downlink, cfg.seed, more)
+    extra_up = len(server.update_tensors) if server is not None else 0
+    more_down = sum(t.numel() for t in (more or {}).values())
+    dense = DenseCost.of(exp.spec.size, more_down, extra_up)
+    tasks = cohort_tasks(cfg, exp.algorithm, cohort, round_idx, plan)  # stragglers
+    limits = Limits.of(exp, state.params)
+    return Orders(round_idx, start, cohort, tasks, plan, payload, dense, limits)
+
+
+def collector_for(
+    exp: Experiment, orders: Orders, log: RoundLog, diag: RoundDiagnostics | None
+) -> Collector:
+    """The collector the run's pipeline needs."""
+    round_idx, payload_bytes, dense = orders.round_idx, len(orders.payload), orders.dense
+    if exp.privacy is not None and exp.privacy.secagg is not None:
+        from fedforge.server.collectors.secure import SecureSum  # imports ``cryptography``
+
+        ids = [t.client_id for t in orders.tasks]
+        return SecureSum(exp, round_idx, ids, log, payload_bytes, dense)
+    kind: type[UploadPhase] = StreamingMean
+    if not exp.pipeline.streams:
+        kind = GatheredCohort
+    elif exp.comm is not None and exp.comm.group_of is not None:
+        kind = HierarchicalMean
+    return kind(exp, round_idx, orders.cohort, log, payload_bytes, dense, orders.limits, diag)
+
+
+def aggregate_phase(
+    exp: Experiment, state: LoopState, collected: Collected, log: RoundLog
+) -> tuple[torch.Tensor | None, dict[int, ClientRecord], dict[str, torch.Tensor] | None]:
+    """The aggregate after its stages (central DP noise), the clients it holds, and
+    the algorithm's server state it moves to (SCAFFOLD's c); None when it cannot
+    be applied (the round is skipped with the reason)."""
+    aggregate, clients = collected.aggregate, collected.clients
+    if aggregate is None:  # the round is skipped: no client's update is in the model
+        return None, {}, None
+    ctx = StageContext(log.round_idx, exp.cfg.seed, state=state.privacy)
+    aggregate = exp.pipeline.run_aggregate(aggregate, ctx)
+    if not all_finite(aggregate):  # finite updates, too large to sum
+        log.skip(f"the aggregate overflowed {state.params.dtype} (inf or NaN)")
+        return None, {}, None
+    server = exp.algorithm.server
+    if server is None:
+        return aggregate, clients, None
+    moved = server.moved(state.algorithm_state, collected.received, exp.cfg.num_clients)
+    bad = [name for name, t in moved.items() if not all_finite(t)]
+    if bad:  # finite control deltas, too large to sum: c would be inf for good
+        log.skip(f"the server's {', '.join(bad)} overflowed (inf or NaN)")
+        return None, {}, None
+    return aggregate, clients, moved
+
+
+def server_step(
+    exp: Experiment,
+    state: LoopState,
+    aggregate: torch.Tensor | None,
+    clients: dict[int, ClientRecord],
+    moved: dict[str, torch.Tensor] | None,
+    log: RoundLog,
+) -> None:
+    """The server optimizer's step on the aggregate; entries that never move
+    (FedBN's global batch norm, frozen parameters) are put back."""
+    if aggregate is not None:
+        params = state.params
+        state.params = state.optimizer.step(params, aggregate)
+        personal = exp.algorithm.personal
+        if personal is not None:  # FedBN: the global batch-norm entries never move
+            state.params = state.params.masked_scatter(personal.mask, params[personal.mask])
+        frozen = exp.spec.frozen_mask()
+        if frozen is not None:  # DP noise or server momentum would move them: they stay
+            state.params = state.params.masked_scatter(frozen, params[frozen])
+        if exp.privacy is not None:  # adaptive clipping: the next clip norm
+            exp.privacy.end_round(state.privacy, log.round_idx, clients)
+        if moved is not None:  # e.g. c += sum of the used clients' delta c_k / N
+            state.algorithm_state = moved
+    elif not log.skipped_now:
+        log.skip("no valid update")
+    if exp.algorithm.client is not None:  # SCAFFOLD: c_k+ of the used clients only
+        exp.algorithm.client.commit(clients if aggregate is not None else ())
+
+
+def test_scores(exp: Experiment, params: torch.Tensor) -> EvalResult:
+    """The task's score and loss of ``params`` on the test set."""
+    data, cfg = exp.data, exp.cfg
+    return evaluate(
+        exp.model, exp.spec, params, data.test_x, data.test_y, cfg.eval_batch_size, exp.metrics
+    )
+
+
+def evaluate_phase(
+    exp: Experiment, state: LoopState, round_idx: int, start: int
+) -> tuple[float | None, float | None]:
+    """The global model's test accuracy and loss when an evaluation is due (a
+    period's model is new at its end: due if any round of it was)."""
+    cfg = exp.cfg
+    every = cfg.eval_every
+    if not ((round_idx + 1) // every > start // every or ends_run(exp, state, round_idx)):
+        return None, None
+    ev = test_scores(exp, state.params)
+    state.eval_rounds.append(round_idx + 1)
+    state.eval_accuracy.append(ev.accuracy)
+    if cfg.eval_clients:  # each client's held-out slice, per-class test accuracy
+        state.outputs.update(diagnostics.evaluation_rows(exp, state.params, round_idx))
+    return ev.accuracy, ev.loss
+
+
+def round_record(
+    exp: Experiment,
+    orders: Orders,
+    collected: Collected,
+    clients: dict[int, ClientRecord],
+    test_acc: float | None,
+    test_loss: float | None,
+    t0: float,
+) -> RoundRecord:
+    """The round's row: the training loss weighted by examples over the clients
+    that reported a finite one (none under privacy modes that hide it: NaN)."""
+    reported = [c for c in clients.values() if math.isfinite(c.train_loss)]
+    seen = sum(c.num_examples for c in reported)
+    loss = sum(c.train_loss * c.num_examples for c in reported) / seen if seen else math.nan
+    messages = len(orders.cohort) + collected.hops
+    return RoundRecord(
+        round_idx=orders.round_idx,
+        cohort_size=len(orders.cohort),
+        train_loss=loss,
+        test_accuracy=test_acc,
+        test_loss=test_loss,
+        bytes_up=collected.bytes_up,
+        bytes_down=collected.bytes_down,
+        paper_bytes=2 * FLOAT32_BYTES * exp.spec.size * messages,
+        lr=orders.plan.lr,
+        seconds=time.perf_counter() - t0,
+        float32_up=collected.float32_up,
+        float32_down=collected.float32_down,
+    )
+
+
+def _local_round(
+    exp: Experiment, round_idx: int, start: int, cohort_size: int, t0: float
+) -> RoundRecord:
+    """A round inside an upload period (``upload_every`` > 1): its cohort trains
+    locally (the work is done with the period's last round), nothing travels."""
+    return RoundRecord(
+        round_idx=round_idx,
+        cohort_size=cohort_size,
+        train_loss=float("nan"),
+        test_accuracy=None,
+        test_loss=None,
+        bytes_up=0,
+        bytes_down=0,
+        paper_bytes=0,
+        lr=exp.algorithm.plan(start).lr,
+        seconds=time.perf_counter() - t0,
+        float32_up=0,
+        float32_down=0,
+    )

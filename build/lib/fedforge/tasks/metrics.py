@@ -1,0 +1,84 @@
+"""How a task's model is judged on a labelled set: one headline score (higher is
+better: what ``target_accuracy`` stops at) and the mean loss, from sums over
+batches. Classification: accuracy and mean cross-entropy over rows. Sequence
+prediction: accuracy and cross-entropy over every scored step (per-token: each
+character of a Shakespeare test text once). Regression: the coefficient of
+determination R^2 = 1 - SSE/SST as the score, the mean squared error as the loss."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch.nn import functional
+
+from fedforge.tasks.losses import PAD
+
+
+@dataclass(frozen=True)
+class Scores:
+    """A model's score (``score_name``), mean loss and the predictions scored."""
+
+    score: float
+    loss: float
+    scored: int
+
+
+class Metrics(Protocol):
+    score_name: str
+
+    def sums(self, outputs: torch.Tensor, labels: torch.Tensor) -> tuple[float, float, int]:
+        """One batch's (loss sum, score sum, predictions scored)."""
+        ...
+
+    def finish(self, loss: float, score: float, scored: int, labels: torch.Tensor) -> Scores:
+        """The scores from the batches' totals (``labels``: the whole set's)."""
+        ...
+
+
+class ClassMetrics:
+    """Accuracy and mean cross-entropy over rows of logits ``[B, C]``."""
+
+    score_name = "accuracy"
+
+    def sums(self, outputs: torch.Tensor, labels: torch.Tensor) -> tuple[float, float, int]:
+        loss = float(functional.cross_entropy(outputs, labels, reduction="sum"))
+        return loss, int((outputs.argmax(dim=1) == labels).sum()), len(labels)
+
+    def finish(self, loss: float, score: float, scored: int, labels: torch.Tensor) -> Scores:
+        return Scores(score / scored, loss / scored, scored)
+
+
+class TokenMetrics:
+    """Per-step accuracy and cross-entropy of logits ``[B, T, C]`` over the steps
+    whose label is not ``PAD``."""
+
+    score_name = "token accuracy"
+
+    def sums(self, outputs: torch.Tensor, labels: torch.Tensor) -> tuple[float, float, int]:
+        flat, ids = outputs.flatten(0, 1), labels.flatten()
+        loss = float(functional.cross_entropy(flat, ids, ignore_index=PAD, reduction="sum"))
+        hits = int(((flat.argmax(dim=1) == ids) & (ids != PAD)).sum())
+        return loss, hits, int((ids != PAD).sum())
+
+    def finish(self, loss: float, score: float, scored: int, labels: torch.Tensor) -> Scores:
+        return Scores(score / max(scored, 1), loss / max(scored, 1), scored)
+
+
+class RegressionMetrics:
+    """R^2 and the mean squared error of predictions against real targets."""
+
+    score_name = "R^2"
+
+    def sums(self, outputs: torch.Tensor, labels: torch.Tensor) -> tuple[float, float, int]:
+        sse = float((outputs.reshape(labels.shape) - labels).double().square().sum())
+        return sse, sse, labels.numel()
+
+    def finish(self, loss: float, score: float, scored: int, labels: torch.Tensor) -> Scores:
+        # SST about each target's own mean (several targets a row: their pooled R^2);
+        # constant targets: 1 for an exact fit, else 0
+        y = labels.double().reshape(len(labels), -1)
+        sst = float((y - y.mean(dim=0)).square().sum()) if len(y) else 0.0
+        r2 = 1.0 - score / sst if sst > 0 else float(score == 0.0)
+        return Scores(r2, loss / max(scored, 1), scored)

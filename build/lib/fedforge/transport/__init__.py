@@ -1,0 +1,1 @@
+"""Deployment: the wire format, the gRPC server and client, and their security."""

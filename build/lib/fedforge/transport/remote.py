@@ -1,0 +1,185 @@
+"""The deployment server's engine: a round's work goes to client processes over
+the network instead of function calls (DESIGN idea 4: engines change where,
+not what).
+
+``run_cohort`` posts a TRAIN work item per task (the payload is served for
+download under an id) and yields the updates as they arrive; ``run_phase``
+posts a protocol phase's messages and returns the replies that came. Both wait
+at most ``deployment.round_deadline_s``, and stop early when every client still
+owing an answer has gone silent (no poll or heartbeat within
+``heartbeat_timeout_s``): the ones that did not answer are dropouts, which the
+round's collector treats as in simulation (secure aggregation recovers their
+masks from the survivors' shares). Under over-selection the server asks more
+clients than the round needs and ``run_cohort`` closes at the needed count.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from fedforge.algorithms.plan import LocalPlan
+from fedforge.client.runtime import ClientTask, ClientUpload
+from fedforge.config import Config
+from fedforge.selection.sampling import cohort_size
+from fedforge.store import RunStore
+from fedforge.transport.hub import Hub
+from fedforge.transport.pb import federation_pb2 as pb
+from fedforge.transport.rollout import Rollout, Rows
+from fedforge.transport.work import REPLY, TRAINING_PAYLOAD, UPDATE, Key
+
+
+def plan_json(plan: LocalPlan) -> str:
+    return json.dumps(asdict(plan), sort_keys=True)
+
+
+def plan_from_json(text: str) -> LocalPlan:
+    return LocalPlan(**json.loads(text))
+
+
+class RemoteEngine:
+    """Runs a cohort on the clients connected to ``hub``."""
+
+    name = "remote"
+
+    def __init__(
+        self,
+        hub: Hub,
+        cfg: Config,
+        on_round: Callable[[float], None] | None = None,
+        on_store: Callable[[Path], None] | None = None,
+    ) -> None:
+        self.hub = hub
+        self.on_round = on_round  # told each round's wall time (the metrics)
+        self.on_store = on_store  # told the run's folder (the live-state file)
+        self._began: float | None = None
+        self.deadline_s = cfg.deployment.round_deadline_s
+        # the server samples this fraction more clients than a round needs
+        self.over_selection = cfg.deployment.over_selection
+        needed = cohort_size(cfg.num_clients, cfg.client_fraction)
+        self.needed = needed if self.over_selection > 0 else None
+        self.version = 0  # the model version being served (the round that made it)
+        self.round_idx = 0
+        self.commit: tuple[int, list[int]] | None = None  # (round, used) not yet told
+        self.store: RunStore | None = None
+        self.rollout = Rollout(hub, cfg)
+
+    def run_cohort(self, tasks: Sequence[ClientTask], payload: bytes) -> Iterator[ClientUpload]:
+        ok = set(self.rollout.trainable(t.client_id for t in tasks))
+        tasks = [t for t in tasks if t.client_id in ok]  # the others are dropouts
+        if not tasks:
+            return
+        r = tasks[0].round_idx
+        pid = f"{TRAINING_PAYLOAD}{r}"
+        self.hub.serve(pid, payload)
+        self.version = r
+        works = [
+            pb.Work(
+                kind=pb.Work.TRAIN,
+                client_id=t.client_id,
+                round_idx=r,
+                model_version=self.version,
+                plan_json=plan_json(t.plan),
+                seed=t.seed,
+                payload_id=pid,
+                payload_size=len(payload),
+                deadline_s=self.deadline_s,
+            )
+            for t in tasks
+        ]
+        keys: set[Key] = {(t.client_id, r, UPDATE, "") for t in tasks}
+        self.hub.set_phase(f"round {r + 1}: training")
+        self.hub.ask(works, self.version)
+        need = None if self.needed is None else min(self.needed, len(tasks))
+        for a in self.hub.gather(keys, self.deadline_s, need):
+            yield ClientUpload(a.client_id, a.data, a.seconds)
+
+    def run_phase(self, phase: str, messages: Mapping[int, bytes]) -> dict[int, bytes]:
+        """Each addressed client's reply; a client answers every phase message (an
+        empty reply: it has nothing to say, as in the masked-input phase, whose
+        messages set up the update that follows)."""
+        ok = set(self.rollout.trainable(messages))
+        messages = {c: m for c, m in messages.items() if c in ok}
+        if not messages:
+            return {}
+        r = self.round_idx
+        works = [
+            pb.Work(
+                kind=pb.Work.PHASE,
+                client_id=c,
+                round_idx=r,
+                model_version=self.version,
+                phase=phase,
+                message=m,
+                deadline_s=self.deadline_s,
+            )
+            for c, m in messages.items()
+        ]
+        keys: set[Key] = {(c, r, REPLY, phase) for c in messages}
+        self.hub.set_phase(f"round {r + 1}: {phase}")
+        self.hub.ask(works, self.version)
+        return {a.client_id: a.data for a in self.hub.gather(keys, self.deadline_s) if a.data}
+
+    def begin_round(self, round_idx: int, params: torch.Tensor) -> Rows:
+        """The round whose phases come next (protocol phases precede the payload):
+        new clients' cold start and, when due, a canary (their rows for the store)."""
+        self.round_idx = round_idx
+        now = time.monotonic()
+        if self._began is not None and self.on_round is not None:
+            self.on_round(now - self._began)
+        self._began = now
+        self.tell_commit(round_idx)
+        self.hub.set_phase(f"round {round_idx + 1}: evaluation (cold start, canary)")
+        return self.rollout.begin_round(round_idx, params)
+
+    def declared_sizes(self) -> list[int]:
+        """Each client's example count as it declared it when it joined (0: not
+        yet): the sizes of a federation whose clients bring their own data."""
+        return self.hub.declared()
+
+    def bind_store(self, store: RunStore) -> None:
+        """The run's store: model versions are kept there."""
+        self.rollout.bind(store)
+        self.store = store
+        if self.on_store is not None:
+            self.on_store(store.path)
+
+    def end_round(self, round_idx: int, used: Sequence[int]) -> None:
+        """The clients whose updates the round used are to keep the state they
+        computed with them (SCAFFOLD's c_k+; the others keep theirs as it was): told
+        when the next upload round begins or the run ends, after the round's
+        checkpoint, so that a server resumed from it never re-runs a round its
+        clients have already committed."""
+        self.commit = (round_idx, list(used))
+
+    def tell_commit(self, next_round: int) -> None:
+        """Post the COMMITs of the last upload round before ``next_round``; a resumed
+        server (nothing pending) posts again those of the newest recorded round that
+        used updates (its client rows: a client that already kept that state, or
+        moved on since, ignores them)."""
+        if self.commit is None and self.store is not None and next_round > 0:
+            last = self.store.last_used_round(next_round)
+            if last is not None:
+                used = [c.client_id for c in self.store.client_rounds(last)]
+                self.commit = (last, used)
+        if self.commit is None:
+            return
+        r, used = self.commit
+        self.commit = None
+        works = [
+            pb.Work(kind=pb.Work.COMMIT, client_id=c, round_idx=r, model_version=r) for c in used
+        ]
+        if works:
+            self.hub.ask(works, r)
+
+    def close(self) -> None:
+        """Nothing to release: the server (serve.py) decides whether the clients are
+        dismissed (a finished run) or wait for a resume (a stopped one)."""
+
+
+__all__ = ["RemoteEngine", "plan_from_json", "plan_json"]

@@ -1,0 +1,140 @@
+"""TLS for both ends, from a federation folder made by ``fedforge certs``:
+``ca.pem``, ``server.pem``/``server.key``, ``clients/<name>.pem``/``.key``, and
+optionally ``keys.json`` (registered Ed25519 keys), ``revoked.txt`` and
+``members.json`` (which client ids each name may host: ``{"client-0": "0-24"}``;
+without it the first name to join an id holds it).
+
+TLS is the default; plaintext only with an explicit ``insecure`` (and a warning
+on both sides). ``mtls``: the server asks every client for a certificate signed
+by the federation's CA. ``keys``: server-only TLS, and each request signed by a
+key the server has registered.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from fedforge.core.errors import ConfigError
+from fedforge.transport.guard import MODES, Guard
+from fedforge.transport.ids import parse_ids
+
+INSECURE_WARNING = (
+    "fedforge: WARNING: --insecure: plaintext gRPC, clients not authenticated; "
+    "anyone on the network can read the model and send updates"
+)
+
+
+def _read(path: Path, what: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} '{path}': {exc.strerror}") from None
+
+
+def _revoked(folder: Path) -> frozenset[str]:
+    """The folder's revocation list (none: nobody is revoked)."""
+    from fedforge.transport.certs import load_revoked
+
+    path = folder / "revoked.txt"
+    return load_revoked(path) if path.is_file() else frozenset()
+
+
+@dataclass(frozen=True)
+class ServerSecurity:
+    """The server's credentials and request guard."""
+
+    mode: str  # one of guard.MODES
+    certs: Path | None = None  # the federation folder (mtls, keys)
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError(f"auth mode {self.mode!r} is not one of {', '.join(MODES)}")
+        if self.mode != "insecure" and self.certs is None:
+            raise ConfigError(
+                f"auth mode {self.mode!r} needs --certs DIR (made by `fedforge certs`), "
+                "or --insecure for plaintext"
+            )
+
+    def credentials(self) -> grpc.ServerCredentials | None:
+        if self.mode == "insecure":
+            print(INSECURE_WARNING, file=sys.stderr, flush=True)
+            return None
+        assert self.certs is not None
+        pair = (_read(self.certs / "server.key", "key"), _read(self.certs / "server.pem", "cert"))
+        mtls = self.mode == "mtls"
+        ca = _read(self.certs / "ca.pem", "CA certificate") if mtls else None
+        return grpc.ssl_server_credentials([pair], root_certificates=ca, require_client_auth=mtls)
+
+    def members(self) -> dict[str, frozenset[int]] | None:
+        """``members.json``: each name's client ids (None: no such file)."""
+        if self.certs is None or not (self.certs / "members.json").is_file():
+            return None
+        path = self.certs / "members.json"
+        try:
+            data = json.loads(path.read_text())
+            if not isinstance(data, dict):
+                raise ValueError("not an object of name -> ids")
+            return {str(k): frozenset(parse_ids(str(v))) for k, v in data.items()}
+        except (ValueError, ConfigError) as exc:
+            raise ConfigError(f'\'{path}\': {exc} (e.g. {{"client-0": "0-24"}})') from None
+
+    def guard(self) -> Guard:
+        """The guard, with the revocation list as it is now (read at each start)."""
+        revoked = _revoked(self.certs) if self.certs is not None else frozenset()
+        verifier = None
+        if self.mode == "keys":
+            assert self.certs is not None
+            from fedforge.transport.auth import Verifier, load_keys
+
+            verifier = Verifier(load_keys(self.certs / "keys.json"), revoked)
+        return Guard(self.mode, verifier, revoked)
+
+
+@dataclass(frozen=True)
+class ClientSecurity:
+    """A client process's channel and request signer."""
+
+    mode: str
+    name: str  # the process's name: its certificate's common name, or its key's
+    certs: Path | None = None  # the federation folder (its ca.pem, clients/<name>.*)
+    key: Path | None = None  # keys mode: the Ed25519 private key
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError(f"auth mode {self.mode!r} is not one of {', '.join(MODES)}")
+        if self.mode != "insecure" and self.certs is None:
+            raise ConfigError(f"auth mode {self.mode!r} needs --certs DIR, or --insecure")
+        if self.mode == "keys" and self.key is None:
+            raise ConfigError("auth mode 'keys' needs --key FILE (made by `fedforge keys`)")
+
+    def channel(self, target: str, max_bytes: int) -> grpc.Channel:
+        options = [
+            ("grpc.max_receive_message_length", max_bytes),
+            ("grpc.max_send_message_length", max_bytes),
+        ]
+        if self.mode == "insecure":
+            print(INSECURE_WARNING, file=sys.stderr, flush=True)
+            return grpc.insecure_channel(target, options=options)
+        assert self.certs is not None
+        ca = _read(self.certs / "ca.pem", "CA certificate")
+        if self.mode == "mtls":
+            mine = self.certs / "clients" / self.name
+            creds = grpc.ssl_channel_credentials(
+                ca, _read(mine.with_suffix(".key"), "key"), _read(mine.with_suffix(".pem"), "cert")
+            )
+        else:
+            creds = grpc.ssl_channel_credentials(ca)
+        return grpc.secure_channel(target, creds, options=options)
+
+    def signer(self) -> object | None:
+        if self.mode != "keys":
+            return None
+        from fedforge.transport.auth import Signer, load_identity
+
+        assert self.key is not None
+        return Signer(self.name, load_identity(self.key))
