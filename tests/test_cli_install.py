@@ -130,7 +130,10 @@ def test_a_simulation_and_the_api_need_no_extra(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert re.search(r"rounds done\s+2\b", proc.stdout), proc.stdout
     [run_dir] = list(runs.iterdir())
-    for command in (["runs", "--runs-dir", str(runs)], ["show", run_dir.name, "--runs-dir", str(runs)]):
+    for command in (
+        ["runs", "--runs-dir", str(runs)],
+        ["show", run_dir.name, "--runs-dir", str(runs)],
+    ):
         shown = _without(OPTIONAL, *command, cwd=tmp_path)
         assert shown.returncode == 0, shown.stderr[-3000:]
         assert run_dir.name in shown.stdout
@@ -145,6 +148,25 @@ def test_a_simulation_and_the_api_need_no_extra(tmp_path: Path) -> None:
     ran = _without(OPTIONAL, "-", api, cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert "rounds 1" in ran.stdout
+
+
+def test_the_public_names_load_on_first_use_without_torch_before() -> None:
+    """``import fedforge`` alone loads no torch; each name of ``__all__`` loads on
+    first use, as the module that defines it has it."""
+    code = (
+        "import importlib, sys, fedforge\n"
+        "assert 'torch' not in sys.modules\n"
+        "for name in fedforge.__all__:\n"
+        "    home = importlib.import_module(fedforge._PUBLIC[name])\n"
+        "    assert getattr(fedforge, name) is getattr(home, name), name\n"
+        "assert sorted(fedforge._PUBLIC) == sorted(fedforge.__all__)\n"
+        "print('torch' in sys.modules, fedforge.__version__)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["True", _project_version()]
 
 
 @pytest.mark.parametrize(

@@ -44,7 +44,33 @@ _PUBLIC = {
     "register_task": "fedforge.tasks",
 }
 
-__all__ = sorted(_PUBLIC, key=str.lower)
+__all__ = [
+    "Algorithm",
+    "Config",
+    "ConfigError",
+    "DataError",
+    "FederatedData",
+    "FedforgeError",
+    "LocalPlan",
+    "ParamSpec",
+    "Partition",
+    "PartitionConfig",
+    "RunResult",
+    "RunStore",
+    "Task",
+    "UploadError",
+    "WeightedMean",
+    "build",
+    "fedavg",
+    "fedsgd",
+    "load",
+    "load_federated_data",
+    "override",
+    "register_model",
+    "register_task",
+    "resume",
+    "run",
+]
 
 
 def load_torch() -> None:

@@ -1,1 +1,0 @@
-"""The client: its runtime (one picklable task) and local-training kernels."""

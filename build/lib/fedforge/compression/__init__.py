@@ -1,1 +1,0 @@
-"""Communication: codecs (quantise, sparsify, cast), error feedback, clipping, edge groups."""

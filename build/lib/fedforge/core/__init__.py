@@ -1,1 +1,0 @@
-"""The ground floor: flat parameters, derived randomness, errors, the wire format."""

@@ -1,1 +1,0 @@
-"""Evaluation: global, per-client, personalised, and rounds-to-target metrics."""

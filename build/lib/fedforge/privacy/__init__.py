@@ -1,1 +1,0 @@
-"""Privacy: DP stages and accounting, privacy tiers, secure aggregation."""

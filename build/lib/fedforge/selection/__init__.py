@@ -1,1 +1,0 @@
-"""Which clients work in which round: cohort sampling and upload periods."""

@@ -1,1 +1,0 @@
-"""Deployment: the wire format, the gRPC server and client, and their security."""
