@@ -6,6 +6,7 @@ line and with exit status 2, never a traceback."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import re
 import subprocess
@@ -15,6 +16,8 @@ import tomllib
 from pathlib import Path
 
 import pytest
+
+from fedforge.core.extras import extra_of
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -148,6 +151,25 @@ def test_a_simulation_and_the_api_need_no_extra(tmp_path: Path) -> None:
     ran = _without(OPTIONAL, "-", api, cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert "rounds 1" in ran.stdout
+
+
+def test_every_package_of_an_extra_is_named_by_its_modules() -> None:
+    """Each package an extra of pyproject.toml installs provides a module that
+    ``core/extras.py`` maps to that extra (read from the installed packages'
+    own metadata), so a missing one is named, whichever it is."""
+    with (ROOT / "pyproject.toml").open("rb") as f:
+        optional = tomllib.load(f)["project"]["optional-dependencies"]
+    providers = importlib.metadata.packages_distributions()
+    for extra in ("deploy", "report", "tensorboard", "mlflow", "parquet"):
+        for requirement in optional[extra]:
+            package = re.split(r"[<>=!~\[; ]", requirement, maxsplit=1)[0].lower()
+            modules = [
+                m
+                for m, dists in providers.items()
+                if package in {d.lower().replace("_", "-") for d in dists}
+            ]
+            assert modules, f"{package} is not installed here"
+            assert extra in {extra_of(m) for m in modules}, (package, modules)
 
 
 def test_the_public_names_load_on_first_use_without_torch_before() -> None:

@@ -16,7 +16,6 @@ errors answer at once; each command's handler imports what it needs.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import signal
 import sys
@@ -26,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from fedforge import __version__, load_torch
 from fedforge.core.errors import ConfigError, FedforgeError, StopNow
+from fedforge.core.extras import extra_of, installed
 from fedforge.report import observe_cli
 from fedforge.report.dashboard import command as dashboard
 from fedforge.report.run_args import add_run_lookup, open_run
@@ -37,23 +37,9 @@ if TYPE_CHECKING:
 
 EXIT_USER_ERROR = 2
 
-# The optional dependencies by top-level module: the extra of pyproject.toml that
-# installs each (a simulation needs none of them).
-EXTRAS = {
-    "grpc": "deploy",
-    "grpc_health": "deploy",
-    "google": "deploy",  # google.protobuf
-    "prometheus_client": "deploy",
-    "plotly": "report",
-    "starlette": "report",
-    "uvicorn": "report",
-    "tensorboard": "tensorboard",
-    "mlflow": "mlflow",
-    "pyarrow": "parquet",
-}
 # What each command always needs beyond the core, looked for before it starts (so a
 # missing extra is named before any config is read); a need met only on some paths
-# (export's libraries, Parquet tables) is named when it is met.
+# (export's libraries, Parquet tables) is named where it is met.
 NEEDS = {
     "server": ("grpc", "grpc_health", "google.protobuf", "prometheus_client"),
     "client": ("grpc", "google.protobuf"),
@@ -61,25 +47,6 @@ NEEDS = {
     "compare": ("plotly",),
     "dashboard": ("starlette", "uvicorn", "plotly"),
 }
-
-
-def _installed(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:  # a parent package is missing
-        return False
-
-
-def missing_extra(command: str, module: str) -> str | None:
-    """The line for a command that needs ``module``, which is not installed: the
-    extra to install; None when the module is no optional dependency."""
-    extra = EXTRAS.get(module.split(".")[0])
-    if extra is None:
-        return None
-    return (
-        f"'fedforge {command}' needs the '{extra}' extra (no module '{module}'): "
-        f"pip install 'fedforge[{extra}]'"
-    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -359,16 +326,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = _parser().parse_args(argv)
         if args.command not in certs_cli.COMMANDS:  # the others load torch: first, then ours
             load_torch()
-        absent = next((m for m in NEEDS.get(args.command, ()) if not _installed(m)), None)
+        absent = next((m for m in NEEDS.get(args.command, ()) if not installed(m)), None)
         try:
             if absent is not None:
                 raise ModuleNotFoundError(absent, name=absent)
             return commands[args.command](args)
         except ModuleNotFoundError as exc:
-            line = missing_extra(args.command, exc.name or "")
-            if line is None:
+            extra = extra_of(exc.name or "")
+            if extra is None:
                 raise
-            print(f"fedforge: error: {line}", file=sys.stderr)
+            print(
+                f"fedforge: error: 'fedforge {args.command}' needs the '{extra}' extra "
+                f"(no module '{exc.name}'): pip install 'fedforge[{extra}]'",
+                file=sys.stderr,
+            )
             return EXIT_USER_ERROR
     except FedforgeError as exc:
         notes = "".join(f" {n}" for n in getattr(exc, "__notes__", []))
