@@ -58,7 +58,9 @@ WITHOUT = textwrap.dedent(
     else:
         from fedforge.cli import main
 
-        sys.exit(main(sys.argv[2:]))
+        status = main(sys.argv[2:])
+        print("torch loaded:", "torch" in sys.modules)
+        sys.exit(status)
     """
 )
 
@@ -215,6 +217,7 @@ def test_a_command_without_its_extra_names_the_pip_install(
     assert len(lines) == 1, proc.stderr
     assert f"pip install 'fedforge[{extra}]'" in lines[0]
     assert f"'fedforge {argv[0]}'" in lines[0] and missing in lines[0]
+    assert proc.stdout.splitlines()[-1] == "torch loaded: False"  # said before torch loads
     assert not (tmp_path / "runs").exists()  # refused before any run was made
 
 

@@ -324,12 +324,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     try:
         args = _parser().parse_args(argv)
-        if args.command not in certs_cli.COMMANDS:  # the others load torch: first, then ours
-            load_torch()
-        absent = next((m for m in NEEDS.get(args.command, ()) if not installed(m)), None)
         try:
-            if absent is not None:
+            absent = next((m for m in NEEDS.get(args.command, ()) if not installed(m)), None)
+            if absent is not None:  # said before torch loads, in a fraction of a second
                 raise ModuleNotFoundError(absent, name=absent)
+            if args.command not in certs_cli.COMMANDS:  # the others load torch: first, then ours
+                load_torch()
             return commands[args.command](args)
         except ModuleNotFoundError as exc:
             extra = extra_of(exc.name or "")
