@@ -8,13 +8,20 @@ DATA_ENV := $(if $(wildcard $(SHARED_DATA)/mnist),FEDFORGE_DATA=$(SHARED_DATA),)
 CONFIG ?= configs/default.yaml
 ARGS ?=
 
-.PHONY: run test test-slow test-cuda lint typecheck venv clean proto chromium
+.PHONY: run test test-slow test-cuda test-wheel lint typecheck venv clean proto chromium
 
-$(VENV)/.installed: pyproject.toml
+# `make run` installs the core alone (what a simulation needs: the slim install a
+# user gets from `pip install fedforge`); `make test` adds every extra and the dev
+# tools (`.[dev]`) into the same .venv.
+$(VENV)/.core: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first, pinned to the CPU wheel, so nothing pulls a CUDA build.
 	$(PY) -m pip install --quiet "torch==2.13.0"
+	$(PY) -m pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.core
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $@
 
@@ -35,13 +42,13 @@ chromium:
 # Bytecode for the editable install (pip compiles only what it copies): without it
 # every start recompiles fedforge's sources, 0.13 s here where the environment sets
 # PYTHONDONTWRITEBYTECODE. Redone when a source changes; stale files are ignored.
-$(VENV)/.bytecode: $(VENV)/.installed $(shell find src -name '*.py')
+$(VENV)/.bytecode: $(VENV)/.core $(shell find src -name '*.py')
 	$(PY) -m compileall -q src
 	touch $@
 
 venv: $(VENV)/.installed $(VENV)/.bytecode
 
-run: venv
+run: $(VENV)/.core $(VENV)/.bytecode
 	$(DATA_ENV) $(VENV)/bin/fedforge run --config $(CONFIG) $(ARGS)
 
 test: venv chromium lint typecheck
@@ -50,12 +57,17 @@ test: venv chromium lint typecheck
 test-slow: venv chromium
 	$(DATA_ENV) $(PY) -m pytest -m slow
 
+# The wheel as a user installs it: built, installed into a fresh venv, and its
+# `fedforge run`, `server`/`client`, `report` and `dashboard` run from there (.ci/test_wheel.py).
+test-wheel: venv
+	$(PY) .ci/test_wheel.py
+
 test-cuda: venv
 	$(DATA_ENV) $(PY) -m pytest -m cuda
 
 lint: venv
-	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks .ci
+	$(VENV)/bin/ruff format --check src tests benchmarks .ci
 	$(VENV)/bin/lint-imports --no-cache
 
 typecheck: venv

@@ -285,10 +285,11 @@ def test_start_up_imports_no_cryptography_unless_a_run_masks() -> None:
 def test_start_up_freezes_torch_objects_only_in_a_process_fedforge_starts(
     first: str, frozen: bool
 ) -> None:
-    """A fresh process that imports fedforge (the command) has torch's objects
-    frozen out of the garbage collector's full collections; a caller that
-    imported torch itself keeps its collector as it was."""
-    code = f"{first}import gc, fedforge; print(gc.get_freeze_count())"
+    """A fresh process that loads fedforge's public names (as the command does
+    before a command that needs torch) has torch's objects frozen out of the
+    garbage collector's full collections; a caller that imported torch itself
+    keeps its collector as it was."""
+    code = f"{first}import gc, fedforge; fedforge.Config; print(gc.get_freeze_count())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     count = int(out.stdout.strip())
     assert (count > 100_000) if frozen else (count == 0)

@@ -66,18 +66,6 @@ def test_ctrl_c_while_starting_is_one_line_and_130(tmp_path: Path, how: str) -> 
     assert out == ""
 
 
-def test_importing_fedforge_from_a_program_keeps_its_keyboard_interrupt() -> None:
-    from fedforge import _started_as_the_command
-
-    python = sys.executable
-    assert _started_as_the_command([python, "-m", "fedforge.cli", "run"])
-    assert _started_as_the_command([python, "-X", "dev", "/venv/bin/fedforge", "runs"])
-    assert not _started_as_the_command([python, "-m", "pytest", "tests"])
-    assert not _started_as_the_command([python, "-c", "import fedforge"])
-    assert not _started_as_the_command([python, "train.py"])
-    assert not _started_as_the_command([python])
-
-
 def test_a_second_sigterm_stops_at_once_and_the_run_is_stopped_and_resumable(
     mnist_dir: Path, tmp_path: Path
 ) -> None:

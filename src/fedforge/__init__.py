@@ -1,59 +1,48 @@
-"""fedforge: federated learning for PyTorch, fast and reproducible to the bit."""
+"""fedforge: federated learning for PyTorch, fast and reproducible to the bit.
+
+The public names load on first use (``fedforge.run``, ``from fedforge import
+Config``): importing the package alone imports no torch, so ``fedforge --help``
+and argument errors answer at once and the subpackages that need no torch
+(``fedforge.config``, ``fedforge.core.errors``) stay light.
+"""
+
+from __future__ import annotations
 
 import gc
+import importlib
 import sys
-from pathlib import Path
-
-
-def _started_as_the_command(argv: list[str]) -> bool:
-    """Whether this process is the ``fedforge`` command: ``python -m fedforge.cli``
-    or the console script (``argv``: the interpreter's own, ``sys.orig_argv``)."""
-    i = 1
-    while i < len(argv):
-        arg = argv[i]
-        if arg == "-m":
-            return argv[i + 1 : i + 2] == ["fedforge.cli"]
-        if arg == "-c":
-            return False
-        if not arg.startswith("-"):
-            return Path(arg).name == "fedforge"
-        i += 2 if arg in ("-X", "-W") else 1  # the options that take a separate value
-    return False
-
-
-try:
-    if "torch" not in sys.modules:  # fedforge starts the process's torch: typically a fresh one
-        import torch  # noqa: F401
-
-        # torch leaves ~170k objects that every full collection of the cyclic garbage
-        # collector rescans; one such collection during fedforge's own imports cost
-        # 75 ms of start-up here. Frozen, the collector skips them (reference counting
-        # still frees them; they live as long as the process anyway). Left alone when
-        # the caller imported torch first: then the process is theirs to tune.
-        gc.freeze()
-
-    from fedforge.aggregation.mean import WeightedMean
-    from fedforge.algorithms import Algorithm, LocalPlan, fedavg, fedsgd
-    from fedforge.config import Config, PartitionConfig, load, override
-    from fedforge.core.errors import ConfigError, DataError, FedforgeError, UploadError
-    from fedforge.core.params import ParamSpec
-    from fedforge.data.federated import FederatedData, load_federated_data
-    from fedforge.data.partition import Partition
-    from fedforge.models import register_model
-    from fedforge.server.experiment import build
-    from fedforge.server.loop import RunResult, resume, run
-    from fedforge.store import RunStore
-    from fedforge.tasks import Task, register_task
-except KeyboardInterrupt:
-    # Ctrl-C while the command starts (importing torch takes seconds): the one line
-    # and exit status 130 of an interrupt after start-up (cli.main), not a
-    # traceback. A program importing fedforge gets its KeyboardInterrupt.
-    if not _started_as_the_command(getattr(sys, "orig_argv", sys.argv)):
-        raise
-    print("fedforge: interrupted", file=sys.stderr)
-    raise SystemExit(130) from None
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+# public name -> the module that defines it
+_PUBLIC = {
+    "WeightedMean": "fedforge.aggregation.mean",
+    "Algorithm": "fedforge.algorithms",
+    "LocalPlan": "fedforge.algorithms",
+    "fedavg": "fedforge.algorithms",
+    "fedsgd": "fedforge.algorithms",
+    "Config": "fedforge.config",
+    "PartitionConfig": "fedforge.config",
+    "load": "fedforge.config",
+    "override": "fedforge.config",
+    "ConfigError": "fedforge.core.errors",
+    "DataError": "fedforge.core.errors",
+    "FedforgeError": "fedforge.core.errors",
+    "UploadError": "fedforge.core.errors",
+    "ParamSpec": "fedforge.core.params",
+    "FederatedData": "fedforge.data.federated",
+    "load_federated_data": "fedforge.data.federated",
+    "Partition": "fedforge.data.partition",
+    "register_model": "fedforge.models",
+    "build": "fedforge.server.experiment",
+    "RunResult": "fedforge.server.loop",
+    "resume": "fedforge.server.loop",
+    "run": "fedforge.server.loop",
+    "RunStore": "fedforge.store",
+    "Task": "fedforge.tasks",
+    "register_task": "fedforge.tasks",
+}
 
 __all__ = [
     "Algorithm",
@@ -82,3 +71,44 @@ __all__ = [
     "resume",
     "run",
 ]
+
+
+def load_torch() -> None:
+    """Import torch, and when this process's torch is fedforge's to start (not yet
+    imported by the caller), freeze the ~170k objects it leaves: every full
+    collection of the cyclic garbage collector would rescan them (one such
+    collection cost 75 ms of the command's start-up here). Reference counting
+    still frees them; they live as long as the process anyway."""
+    if "torch" not in sys.modules:
+        import torch  # noqa: F401
+
+        gc.freeze()
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fedforge' has no attribute {name!r}")
+    load_torch()
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # once: the next lookup finds it without this hook
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_PUBLIC})
+
+
+if TYPE_CHECKING:  # the names as the type checker sees them
+    from fedforge.aggregation.mean import WeightedMean
+    from fedforge.algorithms import Algorithm, LocalPlan, fedavg, fedsgd
+    from fedforge.config import Config, PartitionConfig, load, override
+    from fedforge.core.errors import ConfigError, DataError, FedforgeError, UploadError
+    from fedforge.core.params import ParamSpec
+    from fedforge.data.federated import FederatedData, load_federated_data
+    from fedforge.data.partition import Partition
+    from fedforge.models import register_model
+    from fedforge.server.experiment import build
+    from fedforge.server.loop import RunResult, resume, run
+    from fedforge.store import RunStore
+    from fedforge.tasks import Task, register_task

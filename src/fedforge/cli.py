@@ -5,7 +5,12 @@ deployment).
 A user's mistake (bad config value, missing data, unknown run) ends in one line
 naming the value and what is allowed, with exit status 2; never a traceback.
 A run stopped by SIGINT/SIGTERM checkpoints, says how to resume, and exits with
-128 + the signal number (130, 143).
+128 + the signal number (130, 143). A command whose optional dependencies are not
+installed names the extra that installs them (``pip install 'fedforge[deploy]'``).
+
+The arguments are parsed before anything heavy loads: this module and the parser's
+builders import no torch, numpy or gRPC, so ``--help``, ``--version`` and argument
+errors answer at once; each command's handler imports what it needs.
 """
 
 from __future__ import annotations
@@ -18,22 +23,35 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fedforge import config as config_mod
-from fedforge.config import step_sizes
+from fedforge import __version__, load_torch
 from fedforge.core.errors import ConfigError, FedforgeError, StopNow
+from fedforge.core.extras import extra_of, installed
 from fedforge.report import observe_cli
 from fedforge.report.dashboard import command as dashboard
 from fedforge.report.run_args import add_run_lookup, open_run
 from fedforge.transport import certs_cli
 
 if TYPE_CHECKING:
+    from fedforge.config import Config
     from fedforge.server.loop import RunResult
 
 EXIT_USER_ERROR = 2
 
+# What each command always needs beyond the core, looked for before it starts (so a
+# missing extra is named before any config is read); a need met only on some paths
+# (export's libraries, Parquet tables) is named where it is met.
+NEEDS = {
+    "server": ("grpc", "grpc_health", "google.protobuf", "prometheus_client"),
+    "client": ("grpc", "google.protobuf"),
+    "report": ("plotly",),
+    "compare": ("plotly",),
+    "dashboard": ("starlette", "uvicorn", "plotly"),
+}
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fedforge", description="Federated learning for PyTorch.")
+    parser.add_argument("--version", action="version", version=f"fedforge {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run a federated training job")
@@ -148,7 +166,9 @@ def _cmd_client(args: argparse.Namespace) -> int:
     return commands.client(args)
 
 
-def _resolve_config(args: argparse.Namespace) -> config_mod.Config:
+def _resolve_config(args: argparse.Namespace) -> Config:
+    from fedforge import config as config_mod
+
     cfg = config_mod.load(args.config) if args.config else config_mod.Config()
     overrides = dict(config_mod.parse_override(item) for item in args.set)
     if args.data_dir:
@@ -179,6 +199,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         args.runs_dir = args.runs_dir or "runs"
         return _cmd_resume(args)
     cfg = _resolve_config(args)
+    from fedforge import config as config_mod
+    from fedforge.config import step_sizes
     from fedforge.report.progress import count
     from fedforge.server.loop import run
 
@@ -193,6 +215,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_resume(args: argparse.Namespace) -> int:
+    from fedforge import config as config_mod
     from fedforge.server.loop import resume
     from fedforge.store import RunStore, resolve_run
     from fedforge.tasks import load_task_data
@@ -282,8 +305,7 @@ def _stopped_status(stopped: Iterable[str | None]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``fedforge`` command; returns the exit status. (A Ctrl-C
-    while the package imports, before this runs, is caught in ``fedforge/__init__``.)"""
+    """Entry point of the ``fedforge`` command; returns the exit status."""
     commands = {
         "run": _cmd_run,
         "resume": _cmd_resume,
@@ -302,7 +324,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     try:
         args = _parser().parse_args(argv)
-        return commands[args.command](args)
+        try:
+            absent = next((m for m in NEEDS.get(args.command, ()) if not installed(m)), None)
+            if absent is not None:  # said before torch loads, in a fraction of a second
+                raise ModuleNotFoundError(absent, name=absent)
+            if args.command not in certs_cli.COMMANDS:  # the others load torch: first, then ours
+                load_torch()
+            return commands[args.command](args)
+        except ModuleNotFoundError as exc:
+            extra = extra_of(exc.name or "")
+            if extra is None:
+                raise
+            print(
+                f"fedforge: error: 'fedforge {args.command}' needs the '{extra}' extra "
+                f"(no module '{exc.name}'): pip install 'fedforge[{extra}]'",
+                file=sys.stderr,
+            )
+            return EXIT_USER_ERROR
     except FedforgeError as exc:
         notes = "".join(f" {n}" for n in getattr(exc, "__notes__", []))
         print(f"fedforge: error: {exc}{notes}", file=sys.stderr)

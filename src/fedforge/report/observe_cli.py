@@ -9,10 +9,13 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fedforge.core.errors import ConfigError
 from fedforge.report.run_args import add_run_lookup, open_run
-from fedforge.store.records import AlertRecord
+
+if TYPE_CHECKING:
+    from fedforge.store.records import AlertRecord
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from fedforge.store.runs_dir import resolve_run
-from fedforge.store.runstore import RunStore
+if TYPE_CHECKING:  # the store loads with the command that opens one, not with its arguments
+    from fedforge.store.runstore import RunStore
 
 
 def add_run_lookup(parser: argparse.ArgumentParser) -> None:
@@ -24,4 +25,7 @@ def add_run_lookup(parser: argparse.ArgumentParser) -> None:
 
 def open_run(args: argparse.Namespace) -> RunStore:
     """The run store ``args.run`` names (in ``args.runs_dir``), read-only."""
+    from fedforge.store.runs_dir import resolve_run
+    from fedforge.store.runstore import RunStore
+
     return RunStore.open(resolve_run(Path(args.runs_dir), args.run), read_only=True)
