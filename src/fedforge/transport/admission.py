@@ -104,7 +104,12 @@ class Admission:
         with self.waiting(peer):
             got = await self.next(parts, self.request_wait_s, peer, what)
         if got is None:
-            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"a call without its {what}")
+            raise self._refuse(
+                "empty",
+                address(peer),
+                f"a call ended without its {what}",
+                grpc.StatusCode.INVALID_ARGUMENT,
+            )
         return got
 
     async def next(self, parts: AsyncIterator[T], wait_s: float, peer: str, what: str) -> T | None:
