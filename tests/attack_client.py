@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import importlib.util
 import json
 import signal
 import sys
@@ -24,10 +25,26 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import grpc
 
-from fedforge.transport.pb import federation_pb2 as pb
+
+def _wire() -> ModuleType:
+    """The messages generated from federation.proto, loaded from their file alone
+    (not through the fedforge package, whose import loads torch)."""
+    spec = importlib.util.find_spec("fedforge")
+    assert spec is not None and spec.origin is not None
+    path = Path(spec.origin).parent / "transport" / "pb" / "federation_pb2.py"
+    module_spec = importlib.util.spec_from_file_location("federation_pb2", path)
+    assert module_spec is not None and module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
+pb: Any = _wire()
 
 HELLO = "/fedforge.v1.Federation/Hello"
 PER_CONNECTION = 50  # calls on one channel (one TCP connection each)

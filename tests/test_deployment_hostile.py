@@ -90,7 +90,15 @@ def test_idle_calls_without_credentials_do_not_stop_the_federation(tmp_path: Pat
     server, port = start_server(tmp_path, cfg, "--certs", str(fed), "--auth", "keys")
     hold_s = 40.0  # the run takes about 15 s
     p, out = attack(
-        tmp_path, port, "idle", "--calls", "250", "--hold-s", str(hold_s), "--ca", str(fed / "ca.pem")
+        tmp_path,
+        port,
+        "idle",
+        "--calls",
+        "250",
+        "--hold-s",
+        str(hold_s),
+        "--ca",
+        str(fed / "ca.pem"),
     )
     try:
         holding(p, out)
@@ -123,8 +131,8 @@ def test_an_oversize_hello_is_refused_before_it_is_read_whole(tmp_path: Path) ->
         p, out = attack(tmp_path, port, "oversize", "--calls", "4", "--mib", "64")
         assert p.wait(120) == 0, out.read_text()
         after = peak_rss_mib(server)
-        assert attack_lines(out)[-1]["ended"] == {"RESOURCE_EXHAUSTED": 4}
         assert after - before < 64, (before, after)
+        assert attack_lines(out)[-1]["ended"] == {"RESOURCE_EXHAUSTED": 4}
     finally:
         server.kill()
 

@@ -112,7 +112,9 @@ class ServerSecurity:
                 file=sys.stderr,
                 flush=True,
             )
-        return grpc.ssl_server_credentials([pair], root_certificates=roots, require_client_auth=True)
+        return grpc.ssl_server_credentials(
+            [pair], root_certificates=roots, require_client_auth=True
+        )
 
     def members(self) -> dict[str, frozenset[int]] | None:
         """``members.json``: each name's client ids (None: no such file)."""

@@ -140,9 +140,7 @@ class FederationService:
             evals = {m.client_id: m.num_eval_examples for m in body.members}
             try:
                 with self.admission.working(who):
-                    session, accepted, refused = await self._hub(
-                        self.hub.join, who, members, evals
-                    )
+                    session, accepted, refused = await self._hub(self.hub.join, who, members, evals)
             except ValueError as exc:
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT, str(exc), who) from None
             return pb.JoinReply(
