@@ -18,9 +18,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import grpc
+import pytest
+
 from deploy_procs import Proc, run_dir_of, start_client, start_server, write_config
 from fedforge.store.final import load_final
 from fedforge.transport.auth import generate_identity, register_key
+from fedforge.transport.backoff import Backoff, retrying
 from fedforge.transport.certs import write_federation
 
 ATTACK = Path(__file__).with_name("attack_client.py")
@@ -203,3 +207,48 @@ def test_a_revoked_certificate_fails_the_tls_handshake(tmp_path: Path) -> None:
     assert answers["eve"]["code"] == "UNAVAILABLE", answers["eve"]
     # no call of eve's reached the server's handlers
     assert not [e for e in server.events() if "eve" in str(e.get("sender"))]
+
+
+class _Status(grpc.RpcError):
+    def __init__(self, code: grpc.StatusCode) -> None:
+        self._code = code
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+
+def test_backoff_pauses_double_to_a_cap_each_jittered() -> None:
+    """0.2 s doubling to 5 s, each drawn within half to one and a half times it."""
+    b = Backoff()
+    nominal = [0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0]
+    pauses = [b.pause() for _ in nominal]
+    assert all(n / 2 <= p <= n * 1.5 for p, n in zip(pauses, nominal, strict=True)), pauses
+    b.reset()
+    assert b.pause() <= 0.3
+
+
+def test_retrying_waits_out_transient_statuses_only() -> None:
+    """Two RESOURCE_EXHAUSTED then an answer: answered after two pauses; a
+    PERMISSION_DENIED is raised at once; a transient status past the time is raised."""
+    answers: list[object] = [
+        _Status(grpc.StatusCode.RESOURCE_EXHAUSTED),
+        _Status(grpc.StatusCode.UNAVAILABLE),
+        "hello",
+    ]
+    slept: list[float] = []
+
+    def call() -> object:
+        a = answers.pop(0)
+        if isinstance(a, Exception):
+            raise a
+        return a
+
+    assert retrying(call, 60, sleep=slept.append) == "hello"
+    assert len(slept) == 2 and 0.1 <= slept[0] <= 0.3 and 0.2 <= slept[1] <= 0.6
+    answers[:] = [_Status(grpc.StatusCode.PERMISSION_DENIED)]
+    with pytest.raises(grpc.RpcError):
+        retrying(call, 60, sleep=slept.append)
+    assert len(slept) == 2
+    answers[:] = [_Status(grpc.StatusCode.UNAVAILABLE)]
+    with pytest.raises(grpc.RpcError):
+        retrying(call, 0.0, sleep=slept.append)  # no time to wait
