@@ -252,3 +252,22 @@ def test_retrying_waits_out_transient_statuses_only() -> None:
     answers[:] = [_Status(grpc.StatusCode.UNAVAILABLE)]
     with pytest.raises(grpc.RpcError):
         retrying(call, 0.0, sleep=slept.append)  # no time to wait
+
+
+def test_a_client_without_a_server_gives_up_after_give_up_s(tmp_path: Path) -> None:
+    """Retries count toward --give-up-s: with nothing listening, the process
+    retries with backoff and exits 1 about 3 s after its first failure (not
+    after a minute of retries per call on top)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # free, and nothing listens there once closed
+    client = start_client(tmp_path, port, "0-2", "--insecure", "--give-up-s", "3")
+    assert client.wait(90) == 1, client.log.read_text()
+    events = client.events()
+    retries = [e for e in events if e.get("event") == "retry"]
+    assert retries and all(e["code"] == "UNAVAILABLE" for e in retries)
+    gave_up = next(e for e in events if e.get("event") == "gave_up")
+    # 3 s of retries, one pause of the reconnection's backoff (0.3 s at most), one try
+    assert 3 <= gave_up["t"] - retries[0]["t"] <= 5.5, (retries[0], gave_up)

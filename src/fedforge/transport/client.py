@@ -108,6 +108,7 @@ class ClientProcess:
         self.config_yaml = ""
         self.session = ""
         self.stop = threading.Event()
+        self.lost_since: float | None = None  # when the server was last out of reach
         self.exit_at = _exit_at()
 
     # ------------------------------------------------------------------ wire
@@ -130,10 +131,14 @@ class ClientProcess:
         def said(exc: grpc.RpcError, pause: float) -> None:
             log_event("client", "retry", method=method, code=exc.code().name, pause_s=pause)
 
+        start = time.monotonic()
+        since = self.lost_since or start  # out of touch since; give_up_s counts from there
+        left = self.opt.give_up_s - (start - since)
         try:
-            return retrying(call, min(self.opt.retry_s, self.opt.give_up_s), said)
+            return retrying(call, max(0.0, min(self.opt.retry_s, left)), said)
         except grpc.RpcError as exc:
             if exc.code() in RETRY:
+                self.lost_since = since
                 raise Lost(f"{method}: {exc.code().name}") from None
             raise
 
@@ -210,7 +215,6 @@ class ClientProcess:
                 beat.join()
 
     def _serve(self, beat: threading.Thread) -> int:
-        lost_since: float | None = None
         backoff = Backoff()
         while True:
             try:
@@ -220,13 +224,13 @@ class ClientProcess:
                         beat.start()
                 if self._poll_once():
                     return 0
-                lost_since = None
+                self.lost_since = None
                 backoff.reset()
             except Lost as exc:
                 self.session = ""
                 now = time.monotonic()
-                lost_since = lost_since or now
-                if now - lost_since > self.opt.give_up_s:
+                self.lost_since = self.lost_since or now
+                if now - self.lost_since > self.opt.give_up_s:
                     log_event("client", "gave_up", reason=str(exc))
                     return 1
                 time.sleep(backoff.pause())
