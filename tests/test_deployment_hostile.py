@@ -271,3 +271,51 @@ def test_a_client_without_a_server_gives_up_after_give_up_s(tmp_path: Path) -> N
     gave_up = next(e for e in events if e.get("event") == "gave_up")
     # 3 s of retries, one pause of the reconnection's backoff (0.3 s at most), one try
     assert 3 <= gave_up["t"] - retries[0]["t"] <= 5.5, (retries[0], gave_up)
+
+
+def test_one_name_holds_at_most_its_share_of_calls(tmp_path: Path) -> None:
+    """A joined name's long-polls beyond CALLS_PER_NAME are told RESOURCE_EXHAUSTED
+    at once (the rest wait for work, as polls do); another name is still served."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fedforge import config as config_mod
+    from fedforge.transport.admission import CALLS_PER_NAME
+    from fedforge.transport.pb import federation_pb2 as pb
+    from fedforge.transport.pb import federation_pb2_grpc as pb_grpc
+    from fedforge.transport.security import ServerSecurity
+    from fedforge.transport.serve import Deployment, ServerOptions, _served
+
+    cfg = _served(config_mod.load(write_config(tmp_path / "cfg.yaml")))
+    dep = Deployment(cfg, ServerOptions(ServerSecurity("insecure"), port=0))
+    dep.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{dep.port}")
+    stub = pb_grpc.FederationStub(channel)
+
+    def signed(name: str, body: bytes) -> pb.Signed:
+        return pb.Signed(auth=pb.Auth(client=name), body=body)
+
+    try:
+        join = pb.JoinRequest(members=[pb.Member(client_id=0, num_examples=10)])
+        session = stub.Join(signed("greedy", join.SerializeToString()), timeout=10).session
+        poll = pb.PollRequest(session=session, wait_s=4).SerializeToString()
+        extra = 4
+        with ThreadPoolExecutor(CALLS_PER_NAME + extra) as pool:
+            calls = [
+                pool.submit(stub.Poll.with_call, signed("greedy", poll), timeout=20)
+                for _ in range(CALLS_PER_NAME + extra)
+            ]
+            t0 = time.monotonic()
+            hello = stub.Hello(signed("other", b""), timeout=10)
+            assert hello.run_name == "dep" and time.monotonic() - t0 < 2
+            codes = []
+            for f in calls:
+                try:
+                    f.result()
+                    codes.append("OK")
+                except grpc.RpcError as exc:
+                    codes.append(exc.code().name)
+    finally:
+        channel.close()
+        dep.stop("done")
+    assert codes.count("RESOURCE_EXHAUSTED") == extra, codes
+    assert codes.count("OK") == CALLS_PER_NAME, codes
