@@ -6,15 +6,23 @@ process of its own, beside honest ``fedforge client`` processes.
   not stop the federation, and it finishes once they stop;
 - a Hello far larger than any request is refused before it is read whole;
 - an honest client told RESOURCE_EXHAUSTED backs off and finishes the run;
-- a revoked client certificate fails the TLS handshake.
+- a revoked client certificate fails the TLS handshake;
+- a client's retries count toward its --give-up-s;
+and, with the server in this process, its limits per connection and per name,
+and the client's backoff.
 """
 
 from __future__ import annotations
 
 import json
+import socket
+import sqlite3
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +30,16 @@ import grpc
 import pytest
 
 from deploy_procs import Proc, run_dir_of, start_client, start_server, write_config
+from fedforge import config as config_mod
 from fedforge.store.final import load_final
+from fedforge.transport.admission import CALLS_PER_NAME, STREAMS_PER_CONNECTION
 from fedforge.transport.auth import generate_identity, register_key
 from fedforge.transport.backoff import Backoff, retrying
 from fedforge.transport.certs import write_federation
+from fedforge.transport.pb import federation_pb2 as pb
+from fedforge.transport.pb import federation_pb2_grpc as pb_grpc
+from fedforge.transport.security import ServerSecurity
+from fedforge.transport.serve import Deployment, ServerOptions, _served
 
 ATTACK = Path(__file__).with_name("attack_client.py")
 
@@ -73,7 +87,6 @@ def keys_clients(tmp: Path, port: int, fed: Path) -> list[Proc]:
 
 def rounds_done(server: Proc) -> int:
     """The rounds the server's store holds so far."""
-    import sqlite3
 
     for db in (server.log.parent / "runs").glob("[!.]*/store.sqlite"):
         try:
@@ -258,7 +271,6 @@ def test_a_client_without_a_server_gives_up_after_give_up_s(tmp_path: Path) -> N
     """Retries count toward --give-up-s: with nothing listening, the process
     retries with backoff and exits 1 about 3 s after its first failure (not
     after a minute of retries per call on top)."""
-    import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -273,21 +285,50 @@ def test_a_client_without_a_server_gives_up_after_give_up_s(tmp_path: Path) -> N
     assert 3 <= gave_up["t"] - retries[0]["t"] <= 5.5, (retries[0], gave_up)
 
 
+def _in_process(tmp: Path) -> Deployment:
+    """An insecure server in this process (its counts can be read)."""
+
+    cfg = _served(config_mod.load(write_config(tmp / "cfg.yaml")))
+    dep = Deployment(cfg, ServerOptions(ServerSecurity("insecure"), port=0))
+    dep.start()
+    return dep
+
+
+def test_one_connection_holds_at_most_its_streams(tmp_path: Path) -> None:
+    """100 idle calls on one connection: the server lets 64 streams open (HTTP/2's
+    max_concurrent_streams), the others wait in the client."""
+
+    dep = _in_process(tmp_path)
+    channel = grpc.insecure_channel(f"127.0.0.1:{dep.port}")
+    stop = threading.Event()
+
+    def never() -> Iterator[pb.Signed]:
+        stop.wait()
+        yield from ()
+
+    hello = channel.stream_unary(
+        "/fedforge.v1.Federation/Hello",
+        request_serializer=pb.Signed.SerializeToString,
+        response_deserializer=pb.HelloReply.FromString,
+    )
+    try:
+        calls = [hello.future(never(), timeout=20) for _ in range(100)]
+        time.sleep(1.5)  # within the request wait: none cut yet
+        waiting = sum(dep.admission.pending.values())
+    finally:
+        stop.set()
+        for c in calls:
+            c.cancel()
+        channel.close()
+        dep.stop("done")
+    assert waiting == STREAMS_PER_CONNECTION == 64
+
+
 def test_one_name_holds_at_most_its_share_of_calls(tmp_path: Path) -> None:
     """A joined name's long-polls beyond CALLS_PER_NAME are told RESOURCE_EXHAUSTED
     at once (the rest wait for work, as polls do); another name is still served."""
-    from concurrent.futures import ThreadPoolExecutor
 
-    from fedforge import config as config_mod
-    from fedforge.transport.admission import CALLS_PER_NAME
-    from fedforge.transport.pb import federation_pb2 as pb
-    from fedforge.transport.pb import federation_pb2_grpc as pb_grpc
-    from fedforge.transport.security import ServerSecurity
-    from fedforge.transport.serve import Deployment, ServerOptions, _served
-
-    cfg = _served(config_mod.load(write_config(tmp_path / "cfg.yaml")))
-    dep = Deployment(cfg, ServerOptions(ServerSecurity("insecure"), port=0))
-    dep.start()
+    dep = _in_process(tmp_path)
     channel = grpc.insecure_channel(f"127.0.0.1:{dep.port}")
     stub = pb_grpc.FederationStub(channel)
 
