@@ -6,8 +6,10 @@ model and upload the update, answer a secure-aggregation phase, or evaluate.
 The work itself is the simulator's (``ClientRuntime`` through the serial
 engine): the same task gives the same bytes in a process of its own.
 
-When the server is unreachable (restarting after a crash) the process retries
-with exponential backoff and joins again; it gives up after ``give_up_s``.
+A call the server answers with a transient status (overloaded, away, slow) is
+tried again with jittered exponential backoff for ``retry_s`` (``backoff.py``);
+when the server stays unreachable (restarting after a crash) or forgot the
+session, the process joins again, with backoff; it gives up after ``give_up_s``.
 """
 
 from __future__ import annotations
@@ -16,12 +18,12 @@ import contextlib
 import hashlib
 import json
 import os
-import random
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
 
@@ -31,6 +33,7 @@ from fedforge.core import wire
 from fedforge.data.folder import ClientFolder
 from fedforge.evaluation.evaluate import evaluate
 from fedforge.server.experiment import Experiment, client_tables
+from fedforge.transport.backoff import TRANSIENT, Backoff, retrying
 from fedforge.transport.client_state import ClientStateFile
 from fedforge.transport.hosted import (
     build_hosted,
@@ -45,14 +48,9 @@ from fedforge.transport.remote import plan_from_json
 from fedforge.transport.security import ClientSecurity
 from fedforge.transport.serving import ServingModels
 
-# the server is away (restarting), slow, stopping (a cancelled long-poll), or has
-# forgotten the session (a restarted server): join again, with backoff
-RETRY = (
-    grpc.StatusCode.UNAVAILABLE,
-    grpc.StatusCode.DEADLINE_EXCEEDED,
-    grpc.StatusCode.NOT_FOUND,
-    grpc.StatusCode.CANCELLED,
-)
+# still transient after ``retry_s`` of retries, or the server has forgotten the
+# session (a restarted server): join again, with backoff
+RETRY = TRANSIENT | {grpc.StatusCode.NOT_FOUND}
 
 # Fault injection for the deployment tests (tests/test_deployment_faults.py), not
 # a user option: with FEDFORGE_TEST_EXIT_AT="ROUND:PHASE" in its environment the
@@ -62,6 +60,7 @@ RETRY = (
 # "evaluate". The work of one round and phase is posted to all of a process's
 # clients at once, so none of them answers it.
 TEST_EXIT_AT = "FEDFORGE_TEST_EXIT_AT"
+T = TypeVar("T")
 _KINDS = {pb.Work.TRAIN: "train", pb.Work.EVALUATE: "evaluate"}
 
 
@@ -91,6 +90,7 @@ class ClientOptions:
     poll_s: float = 10.0  # long-poll wait
     heartbeat_s: float = 2.0
     give_up_s: float = 300.0  # unreachable this long: exit
+    retry_s: float = 60.0  # a call failing transiently is tried again this long
     max_bytes: int = 256 << 20
     chunk_bytes: int = 1 << 20
     state_dir: Path | None = None  # where the hosted clients' state persists (None: memory)
@@ -119,6 +119,7 @@ class ClientProcess:
         self.config_yaml = ""
         self.session = ""
         self.stop = threading.Event()
+        self.lost_since: float | None = None  # when the server was last out of reach
         self.exit_at = _exit_at()
 
     # ------------------------------------------------------------------ wire
@@ -134,13 +135,27 @@ class ClientProcess:
         )
         return pb.Signed(auth=auth, body=body)
 
-    def _unary(self, method: str, body: bytes, timeout: float) -> object:
+    def _retrying(self, method: str, call: Callable[[], T]) -> T:
+        """``call()``, tried again while it fails transiently (each try signed
+        anew: a nonce is taken once); Lost: still failing, or an unknown session."""
+
+        def said(exc: grpc.RpcError, pause: float) -> None:
+            log_event("client", "retry", method=method, code=exc.code().name, pause_s=pause)
+
+        start = time.monotonic()
+        since = self.lost_since or start  # out of touch since; give_up_s counts from there
+        left = self.opt.give_up_s - (start - since)
         try:
-            return getattr(self.stub, method)(self._signed(method, body), timeout=timeout)
+            return retrying(call, max(0.0, min(self.opt.retry_s, left)), said)
         except grpc.RpcError as exc:
             if exc.code() in RETRY:
+                self.lost_since = since
                 raise Lost(f"{method}: {exc.code().name}") from None
             raise
+
+    def _unary(self, method: str, body: bytes, timeout: float) -> object:
+        stub = getattr(self.stub, method)
+        return self._retrying(method, lambda: stub(self._signed(method, body), timeout=timeout))
 
     # ------------------------------------------------------------------ session
     def connect(self) -> None:
@@ -213,8 +228,7 @@ class ClientProcess:
                 beat.join()
 
     def _serve(self, beat: threading.Thread) -> int:
-        lost_since: float | None = None
-        delay = 0.2
+        backoff = Backoff()
         while True:
             try:
                 if not self.session:
@@ -223,16 +237,16 @@ class ClientProcess:
                         beat.start()
                 if self._poll_once():
                     return 0
-                lost_since, delay = None, 0.2
+                self.lost_since = None
+                backoff.reset()
             except Lost as exc:
                 self.session = ""
                 now = time.monotonic()
-                lost_since = lost_since or now
-                if now - lost_since > self.opt.give_up_s:
+                self.lost_since = self.lost_since or now
+                if now - self.lost_since > self.opt.give_up_s:
                     log_event("client", "gave_up", reason=str(exc))
                     return 1
-                time.sleep(delay * (1 + random.random()))
-                delay = min(delay * 2, 5.0)
+                time.sleep(backoff.pause())
 
     def _poll_once(self) -> bool:
         body = pb.PollRequest(session=self.session, wait_s=self.opt.poll_s)
@@ -352,10 +366,14 @@ class ClientProcess:
     def _download(self, payload_id: str) -> bytes:
         """The model, downloaded for each client it hosts: each is a device of its
         own, and the bytes the run store counts are the bytes that were sent."""
-        body = pb.DownloadRequest(session=self.session, payload_id=payload_id)
-        try:
-            signed = self._signed("Download", body.SerializeToString())
+        body = pb.DownloadRequest(session=self.session, payload_id=payload_id).SerializeToString()
+
+        def once() -> bytes:
+            signed = self._signed("Download", body)
             return b"".join(c.data for c in self.stub.Download(signed, timeout=300))
+
+        try:
+            return self._retrying("Download", once)
         except grpc.RpcError as exc:
             raise Lost(f"Download: {exc.code().name}") from None
 
@@ -377,18 +395,17 @@ class ClientProcess:
             size=len(data),
             sha256=hashlib.sha256(data).digest(),
         )
-        signed = self._signed("Upload", header.SerializeToString())
+        body = header.SerializeToString()
 
         def parts() -> Iterator[pb.UploadPart]:
-            yield pb.UploadPart(header=signed)
+            yield pb.UploadPart(header=self._signed("Upload", body))
             for i in range(0, len(data), self.opt.chunk_bytes):
                 yield pb.UploadPart(data=data[i : i + self.opt.chunk_bytes])
 
         try:
-            reply: pb.UploadReply = self.stub.Upload(parts(), timeout=300)
+            reply: pb.UploadReply = self._retrying(
+                "Upload", lambda: self.stub.Upload(parts(), timeout=300)
+            )
         except grpc.RpcError as exc:
-            code = exc.code()
-            if code in RETRY:
-                raise Lost(f"Upload: {code.name}") from None
-            return pb.UploadReply(accepted=False, reason=f"{code.name}: {exc.details()}")
+            return pb.UploadReply(accepted=False, reason=f"{exc.code().name}: {exc.details()}")
         return reply

@@ -22,11 +22,14 @@ MODES = ("mtls", "keys", "insecure")
 
 
 class Refused(Exception):
-    """A request refused before it reaches the hub: its status code and reason."""
+    """A request refused before it reaches the hub: its status code and reason;
+    ``said``: already logged (``admission.py`` says floods of them once a second)."""
 
-    def __init__(self, code: grpc.StatusCode, reason: str, who: str | None = None) -> None:
+    def __init__(
+        self, code: grpc.StatusCode, reason: str, who: str | None = None, said: bool = False
+    ) -> None:
         super().__init__(reason)
-        self.code, self.reason, self.who = code, reason, who
+        self.code, self.reason, self.who, self.said = code, reason, who, said
 
 
 @dataclass

@@ -10,6 +10,14 @@ TLS is the default; plaintext only with an explicit ``insecure`` (and a warning
 on both sides). ``mtls``: the server asks every client for a certificate signed
 by the federation's CA. ``keys``: server-only TLS, and each request signed by a
 key the server has registered.
+
+Revocation under ``mtls`` happens in the TLS handshake. grpcio's Python API has
+no certificate revocation list (gRPC core checks CRLs only for its ``TlsCredentials``,
+which Python does not expose), but gRPC's TLS takes any certificate among its
+trust roots as trusted in itself. So while ``revoked.txt`` names anyone, the
+server trusts not the CA but each client certificate in ``clients/`` that the CA
+signed and whose name is not revoked: a revoked certificate fails the handshake,
+and so does one that is not in the server's ``clients/`` folder (said at start).
 """
 
 from __future__ import annotations
@@ -39,6 +47,33 @@ def _read(path: Path, what: str) -> bytes:
         return path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"cannot read {what} '{path}': {exc.strerror}") from None
+
+
+def client_roots(folder: Path, revoked: frozenset[str]) -> tuple[bytes, int]:
+    """The trust roots for client certificates: the CA, or, with anyone revoked,
+    the CA-signed certificates in ``clients/`` of the names not revoked; and how
+    many certificates that is (0: the CA)."""
+    from cryptography import x509
+    from cryptography.exceptions import InvalidSignature
+
+    from fedforge.transport.certs import CertError, peer_name
+
+    ca_pem = _read(folder / "ca.pem", "CA certificate")
+    if not revoked:
+        return ca_pem, 0
+    ca = x509.load_pem_x509_certificate(ca_pem)
+    kept = []
+    for path in sorted((folder / "clients").glob("*.pem")):
+        pem = _read(path, "client certificate")
+        try:
+            x509.load_pem_x509_certificate(pem).verify_directly_issued_by(ca)
+            if peer_name(pem) not in revoked:
+                kept.append(pem)
+        except (ValueError, TypeError, InvalidSignature, CertError):
+            continue  # not one of this federation's client certificates
+    if not kept:  # everyone revoked: the CA, and the guard refuses each call
+        return ca_pem, 0
+    return b"".join(kept), len(kept)
 
 
 def _revoked(folder: Path) -> frozenset[str]:
@@ -72,9 +107,20 @@ class ServerSecurity:
             return None
         assert self.certs is not None
         pair = (_read(self.certs / "server.key", "key"), _read(self.certs / "server.pem", "cert"))
-        mtls = self.mode == "mtls"
-        ca = _read(self.certs / "ca.pem", "CA certificate") if mtls else None
-        return grpc.ssl_server_credentials([pair], root_certificates=ca, require_client_auth=mtls)
+        if self.mode != "mtls":
+            return grpc.ssl_server_credentials([pair])
+        roots, pinned = client_roots(self.certs, _revoked(self.certs))
+        if pinned:
+            print(
+                f"fedforge: mtls with revocations: the server trusts the {pinned} client "
+                f"certificates in {self.certs / 'clients'} that are not revoked (a client "
+                "certificate not there fails the TLS handshake)",
+                file=sys.stderr,
+                flush=True,
+            )
+        return grpc.ssl_server_credentials(
+            [pair], root_certificates=roots, require_client_auth=True
+        )
 
     def members(self) -> Binding | None:
         """``members.json``: each name's client ids (None: anyone may claim any id,

@@ -31,17 +31,19 @@ from fedforge.data.federated import FederatedData
 from fedforge.server.loop import RunResult, resume, run
 from fedforge.store import RunStore
 from fedforge.tasks import load_server_data
+from fedforge.transport import admission as adm
+from fedforge.transport.admission import Admission
 from fedforge.transport.hub import Hub
-from fedforge.transport.idle import IdleStreams
 from fedforge.transport.live import LivePublisher
 from fedforge.transport.logs import log_event
+from fedforge.transport.loop_thread import LoopThread
 from fedforge.transport.metrics import ServerMetrics
-from fedforge.transport.pb import federation_pb2_grpc as pb_grpc
 from fedforge.transport.remote import RemoteEngine
 from fedforge.transport.security import ServerSecurity
-from fedforge.transport.service import FederationService
+from fedforge.transport.service import SERVICE, FederationService
 
-SERVICE = "fedforge.v1.Federation"
+# threads for the hub's work of authenticated calls (a long-poll holds one for its
+# wait); calls still waiting for their request hold none (``admission.py``)
 MAX_WORKERS = 256
 
 
@@ -73,40 +75,27 @@ class Deployment:
         )
         self.heartbeat_timeout_s = dep.heartbeat_timeout_s
         max_bytes = int(dep.max_message_mib * (1 << 20))
-        self.grpc = grpc.server(
-            # a long-poll holds a thread: room for many client processes, and beyond
-            # it calls are refused (RESOURCE_EXHAUSTED) rather than queued
-            futures.ThreadPoolExecutor(max_workers=MAX_WORKERS),
-            maximum_concurrent_rpcs=MAX_WORKERS - 8,
-            options=[
-                ("grpc.max_receive_message_length", max_bytes),
-                ("grpc.max_send_message_length", max_bytes),
-            ],
-        )
-        self.service = service = FederationService(
+        self.pool = futures.ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="hub")
+        self.admission = Admission(self._refused, silence_s=dep.heartbeat_timeout_s)
+        self.service = FederationService(
             self.hub,
             options.security.guard(),
             cfg.name,
             dump(dataclasses.replace(cfg, alerts=AlertsConfig())),  # the server's own hooks
             max_bytes,
             dep.chunk_kib * 1024,
-            self._refused,
-            IdleStreams(dep.heartbeat_timeout_s),
+            self.admission,
+            self.pool,
             self.data.spec().to_json() if self.data is not None else "",
         )
-        pb_grpc.add_FederationServicer_to_server(service, self.grpc)
-        self.health = health.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
-        address = f"{options.host}:{options.port}"
-        creds = options.security.credentials()
-        try:
-            if creds is None:
-                self.port = self.grpc.add_insecure_port(address)
-            else:
-                self.port = self.grpc.add_secure_port(address, creds)
-        except RuntimeError:
-            self.port = 0
+        # no message larger than a few MiB is read before its sender is known: a
+        # larger upload comes in chunks after its signed header
+        request_bytes = max(adm.REQUEST_MIB << 20, dep.chunk_kib * 1024) + (64 << 10)
+        self.loop = LoopThread("grpc-server")
+        self.port = self.loop.run(self._listen(request_bytes, max_bytes))
         if self.port == 0:
+            self.loop.close()
+            address = f"{options.host}:{options.port}"
             raise ConfigError(f"cannot listen on {address} (in use, or not an address here)")
         # the dashboard's view, in the run's folder once the run's store is open
         self.live = LivePublisher(self.hub, f"{options.host}:{self.port}")
@@ -115,15 +104,40 @@ class Deployment:
             self.hub, cfg, self.metrics.round_seconds.observe, on_store=self.live.bind
         )
 
+    async def _listen(self, request_bytes: int, max_bytes: int) -> int:
+        """Build the server on the loop, listening: its port (0: cannot listen)."""
+        self.grpc = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", request_bytes),
+                ("grpc.max_send_message_length", max_bytes),
+                ("grpc.max_concurrent_streams", adm.STREAMS_PER_CONNECTION),
+                ("grpc.server_handshake_timeout_ms", int(adm.HANDSHAKE_S * 1000)),
+            ],
+        )
+        self.grpc.add_generic_rpc_handlers((self.service.handler(),))
+        self.health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
+        address = f"{self.opt.host}:{self.opt.port}"
+        creds = self.opt.security.credentials()
+        try:
+            if creds is None:
+                return self.grpc.add_insecure_port(address)
+            return self.grpc.add_secure_port(address, creds)
+        except RuntimeError:
+            return 0
+
     def _refused(self, who: str, client: int | None, why: str) -> None:
         self.metrics.refused(why)
         self.live.refused(why)
         log_event("server", "refused", sender=who, client=client, reason=why)
 
+    async def _start(self) -> None:
+        await self.grpc.start()
+        await self.health.set(SERVICE, health_pb2.HealthCheckResponse.SERVING)
+        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+
     def start(self) -> None:
-        self.grpc.start()
-        self.health.set(SERVICE, health_pb2.HealthCheckResponse.SERVING)
-        self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        self.loop.run(self._start())
         self.metrics.watch(self.hub)
         self.live.start()
         log_event(
@@ -162,6 +176,10 @@ class Deployment:
             eval_bytes_down=hub.eval_bytes_down,
         )
 
+    async def _stop(self) -> None:
+        await self.health.enter_graceful_shutdown()
+        await self.grpc.stop(grace=3.0)
+
     def stop(self, reason: str, dismiss: bool = True) -> None:
         """Stop serving; ``dismiss``: first tell the clients the run is over."""
         if dismiss:  # and wait (a little) until every live client process heard it
@@ -169,8 +187,9 @@ class Deployment:
             end = time.monotonic() + self.heartbeat_timeout_s
             while self.hub.undismissed() and time.monotonic() < end:
                 time.sleep(0.05)
-        self.health.enter_graceful_shutdown()
-        self.grpc.stop(grace=3.0).wait()
+        self.loop.run(self._stop())
+        self.loop.close()
+        self.pool.shutdown(wait=False, cancel_futures=True)
         self.metrics.close()
         self.live.close(reason)
 

@@ -1,30 +1,42 @@
-"""The gRPC face of the deployment server: each call is authenticated, parsed
-and bounded here, then handed to the hub (``hub.py``).
+"""The gRPC face of the deployment server: each call is admitted, authenticated,
+parsed and bounded here, then handed to the hub (``hub.py``).
+
+The server is ``grpc.aio``: the handlers run on one event loop, and the hub's
+work (which takes its lock, or waits for work in a long-poll) on a thread pool,
+only after the caller is known. Every method reads its request as a stream, so
+the handler holds the call from its opening and can cancel it when the request
+does not come (``admission.py``); on the wire the calls are the .proto's, unary
+or not.
 
 Nothing a client sends is trusted: a body that does not parse is refused with
 INVALID_ARGUMENT, an unknown, revoked or unproven sender with UNAUTHENTICATED
-or PERMISSION_DENIED, an upload larger than ``deployment.max_message_mib`` or
-not matching its header's size and SHA-256 is refused before the hub sees it.
-A refusal never changes the model, and never stops the server.
+or PERMISSION_DENIED, a request that does not arrive in time is cancelled, a
+peer or name with too many calls open is told RESOURCE_EXHAUSTED, an upload
+larger than ``deployment.max_message_mib`` or not matching its header's size and
+SHA-256 is refused before the hub sees it. A refusal never changes the model,
+and never stops the server.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError, Message
 
 from fedforge import __version__
+from fedforge.transport.admission import Admission
 from fedforge.transport.guard import Guard, Refused
 from fedforge.transport.hub import Hub
-from fedforge.transport.idle import IdleStreams
 from fedforge.transport.pb import federation_pb2 as pb
-from fedforge.transport.pb import federation_pb2_grpc as pb_grpc
 
 M = TypeVar("M", bound=Message)
+R = TypeVar("R")
+SERVICE = "fedforge.v1.Federation"
 
 
 def parse(cls: type[M], data: bytes, what: str) -> M:
@@ -37,8 +49,8 @@ def parse(cls: type[M], data: bytes, what: str) -> M:
     return msg
 
 
-class FederationService(pb_grpc.FederationServicer):
-    """Authenticates and parses each call, then asks the hub."""
+class FederationService:
+    """Admits, authenticates and parses each call, then asks the hub."""
 
     def __init__(
         self,
@@ -48,28 +60,66 @@ class FederationService(pb_grpc.FederationServicer):
         config_yaml: str,
         max_bytes: int,
         chunk_bytes: int,
-        on_refusal: Callable[[str, int | None, str], None],
-        idle: IdleStreams,
+        admission: Admission,
+        pool: ThreadPoolExecutor,
         data_spec_json: str = "",
     ) -> None:
-        self.hub, self.guard, self.idle = hub, guard, idle
+        self.hub, self.guard, self.admission, self.pool = hub, guard, admission, pool
         self.data_spec_json = data_spec_json  # the clients bring their own data: its spec
         self.run_name, self.config_yaml = run_name, config_yaml
         self.max_bytes, self.chunk_bytes = max_bytes, chunk_bytes
-        self.on_refusal = on_refusal
 
-    def _call(self, context: grpc.ServicerContext, method: str, fn: Callable[[], Any]) -> Any:
+    def handler(self) -> grpc.GenericRpcHandler:
+        """The service's methods, each reading its request as a stream."""
+
+        def call(fn: Callable[..., Any], cls: type[Message], out: type[Message]) -> Any:
+            return grpc.stream_unary_rpc_method_handler(
+                fn, request_deserializer=cls.FromString, response_serializer=out.SerializeToString
+            )
+
+        return grpc.method_handlers_generic_handler(
+            SERVICE,
+            {
+                "Hello": call(self.Hello, pb.Signed, pb.HelloReply),
+                "Join": call(self.Join, pb.Signed, pb.JoinReply),
+                "Poll": call(self.Poll, pb.Signed, pb.PollReply),
+                "Download": grpc.stream_stream_rpc_method_handler(
+                    self.Download,
+                    request_deserializer=pb.Signed.FromString,
+                    response_serializer=pb.Chunk.SerializeToString,
+                ),
+                "Upload": call(self.Upload, pb.UploadPart, pb.UploadReply),
+            },
+        )
+
+    async def _hub(self, fn: Callable[..., R], *args: Any) -> R:
+        """``fn(*args)`` on the pool: the hub takes its lock, a poll waits."""
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+    async def _call(
+        self, context: grpc.aio.ServicerContext, method: str, fn: Callable[[], Any]
+    ) -> Any:
         try:
-            return fn()
+            return await fn()
         except Refused as exc:
-            self.on_refusal(exc.who or "?", None, f"{method}: {exc.reason}")
-            context.abort(exc.code, exc.reason)
+            if not exc.said:
+                self.admission.on_refusal(exc.who or "?", None, f"{method}: {exc.reason}")
+            await context.abort(exc.code, exc.reason)
         except KeyError as exc:  # an unknown session or payload: the client joins again
-            context.abort(grpc.StatusCode.NOT_FOUND, str(exc.args[0]))
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc.args[0]))
 
-    def Hello(self, request: pb.Signed, context: grpc.ServicerContext) -> pb.HelloReply:
-        def go() -> pb.HelloReply:
-            self.guard.who("Hello", request, context)
+    async def _signed(
+        self, method: str, requests: AsyncIterator[pb.Signed], context: grpc.aio.ServicerContext
+    ) -> tuple[str, pb.Signed]:
+        """The call's request, in time, and its sender's authenticated name."""
+        request = await self.admission.first(requests, context.peer(), "request")
+        return self.guard.who(method, request, context), request
+
+    async def Hello(
+        self, requests: AsyncIterator[pb.Signed], context: grpc.aio.ServicerContext
+    ) -> pb.HelloReply:
+        async def go() -> pb.HelloReply:
+            _, request = await self._signed("Hello", requests, context)
             parse(pb.HelloRequest, request.body, "HelloRequest")
             return pb.HelloReply(
                 run_name=self.run_name,
@@ -78,16 +128,19 @@ class FederationService(pb_grpc.FederationServicer):
                 data_spec_json=self.data_spec_json,
             )
 
-        return self._call(context, "Hello", go)
+        return await self._call(context, "Hello", go)
 
-    def Join(self, request: pb.Signed, context: grpc.ServicerContext) -> pb.JoinReply:
-        def go() -> pb.JoinReply:
-            who = self.guard.who("Join", request, context)
+    async def Join(
+        self, requests: AsyncIterator[pb.Signed], context: grpc.aio.ServicerContext
+    ) -> pb.JoinReply:
+        async def go() -> pb.JoinReply:
+            who, request = await self._signed("Join", requests, context)
             body = parse(pb.JoinRequest, request.body, "JoinRequest")
             members = [(m.client_id, m.num_examples) for m in body.members]
             evals = {m.client_id: m.num_eval_examples for m in body.members}
             try:
-                session, accepted, refused = self.hub.join(who, members, evals)
+                with self.admission.working(who):
+                    session, accepted, refused = await self._hub(self.hub.join, who, members, evals)
             except ValueError as exc:
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT, str(exc), who) from None
             return pb.JoinReply(
@@ -96,51 +149,59 @@ class FederationService(pb_grpc.FederationServicer):
                 refused=[pb.Refusal(client_id=c, reason=r) for c, r in refused],
             )
 
-        return self._call(context, "Join", go)
+        return await self._call(context, "Join", go)
 
-    def Poll(self, request: pb.Signed, context: grpc.ServicerContext) -> pb.PollReply:
-        def go() -> pb.PollReply:
-            who = self.guard.who("Poll", request, context)
+    async def Poll(
+        self, requests: AsyncIterator[pb.Signed], context: grpc.aio.ServicerContext
+    ) -> pb.PollReply:
+        async def go() -> pb.PollReply:
+            who, request = await self._signed("Poll", requests, context)
             body = parse(pb.PollRequest, request.body, "PollRequest")
-            work = self.hub.poll(who, body.session, body.wait_s, body.heartbeat)
+            with self.admission.working(who):
+                work = await self._hub(
+                    self.hub.poll, who, body.session, body.wait_s, body.heartbeat
+                )
             return pb.PollReply(work=work, done=self.hub.done, reason=self.hub.done_reason)
 
-        return self._call(context, "Poll", go)
+        return await self._call(context, "Poll", go)
 
-    def Download(self, request: pb.Signed, context: grpc.ServicerContext) -> Iterator[pb.Chunk]:
-        def go() -> bytes:
-            who = self.guard.who("Download", request, context)
+    async def Download(
+        self, requests: AsyncIterator[pb.Signed], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.Chunk]:
+        async def go() -> bytes:
+            who, request = await self._signed("Download", requests, context)
             body = parse(pb.DownloadRequest, request.body, "DownloadRequest")
-            return self.hub.payload(who, body.session, body.payload_id)
+            with self.admission.working(who):
+                return await self._hub(self.hub.payload, who, body.session, body.payload_id)
 
-        data: bytes = self._call(context, "Download", go)
+        data: bytes = await self._call(context, "Download", go)
         view = memoryview(data)
         for i in range(0, len(data), self.chunk_bytes):
             yield pb.Chunk(data=bytes(view[i : i + self.chunk_bytes]))
 
-    def Upload(
-        self, request_iterator: Iterator[pb.UploadPart], context: grpc.ServicerContext
+    async def Upload(
+        self, parts: AsyncIterator[pb.UploadPart], context: grpc.aio.ServicerContext
     ) -> pb.UploadReply:
-        def go() -> pb.UploadReply:
-            parts = self.idle.watch(context, request_iterator)
-            try:
-                who, header, data = self._read_upload(parts, context)
-            except grpc.RpcError:  # cancelled by the idle watch, or by the peer
-                silent = f"upload stream silent for over {self.idle.limit_s:g} s (cancelled)"
-                raise Refused(grpc.StatusCode.CANCELLED, silent) from None
-            why = self.hub.answer(who, header, data)
+        async def go() -> pb.UploadReply:
+            first = await self.admission.first(parts, context.peer(), "upload header")
+            if first.WhichOneof("part") != "header":
+                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "an upload starts with its header")
+            who = self.guard.who("Upload", first.header, context)
+            with self.admission.working(who):
+                header, data = await self._read_upload(who, first.header, parts, context)
+                why = await self._hub(self.hub.answer, who, header, data)
             return pb.UploadReply(accepted=why is None, reason=why or "")
 
-        return self._call(context, "Upload", go)
+        return await self._call(context, "Upload", go)
 
-    def _read_upload(
-        self, parts: Iterator[pb.UploadPart], context: grpc.ServicerContext
-    ) -> tuple[str, pb.UploadHeader, bytes]:
-        first = next(parts, None)
-        if first is None or first.WhichOneof("part") != "header":
-            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "an upload starts with its header")
-        who = self.guard.who("Upload", first.header, context)
-        header = parse(pb.UploadHeader, first.header.body, "UploadHeader")
+    async def _read_upload(
+        self,
+        who: str,
+        signed: pb.Signed,
+        parts: AsyncIterator[pb.UploadPart],
+        context: grpc.aio.ServicerContext,
+    ) -> tuple[pb.UploadHeader, bytes]:
+        header = parse(pb.UploadHeader, signed.body, "UploadHeader")
         if not 0 <= header.size <= self.max_bytes:
             raise Refused(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -148,11 +209,14 @@ class FederationService(pb_grpc.FederationServicer):
                 f"{self.max_bytes} are taken (deployment.max_message_mib)",
                 who,
             )
-        why = self.hub.expects(who, header)  # before a byte of the body is read
+        why = await self._hub(self.hub.expects, who, header)  # before a byte of the body
         if why is not None:
             raise Refused(grpc.StatusCode.FAILED_PRECONDITION, why, who)
         buf = bytearray()
-        for part in parts:
+        silence = self.admission.silence_s
+        while (
+            part := await self.admission.next(parts, silence, context.peer(), "upload part")
+        ) is not None:
             if part.WhichOneof("part") != "data":
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "a second upload header", who)
             buf += part.data
@@ -163,11 +227,12 @@ class FederationService(pb_grpc.FederationServicer):
                     f"{header.size} bytes",
                     who,
                 )
-        if len(buf) != header.size or hashlib.sha256(buf).digest() != header.sha256:
+        digest = await self._hub(lambda: hashlib.sha256(buf).digest())
+        if len(buf) != header.size or digest != header.sha256:
             raise Refused(
                 grpc.StatusCode.DATA_LOSS,
                 f"upload of client {header.client_id} does not match its header's size and "
                 f"SHA-256 ({len(buf)} of {header.size} bytes arrived)",
                 who,
             )
-        return who, header, bytes(buf)
+        return header, bytes(buf)

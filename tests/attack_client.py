@@ -1,0 +1,166 @@
+"""A hostile peer of a fedforge server, written against the wire alone: the
+messages and service generated from ``federation.proto`` (``fedforge.transport.pb``)
+and grpc, none of fedforge's client code. Run as a process of its own:
+
+    python tests/attack_client.py idle --target HOST:PORT --calls 250 --hold-s 20
+    python tests/attack_client.py oversize --target HOST:PORT --calls 8 --mib 120
+    python tests/attack_client.py hello --target HOST:PORT --cert c.pem --key c.key
+
+``idle`` keeps ``--calls`` calls open that never send their request (a call whose
+request stream never yields is, on the wire, a unary call whose message never
+comes), opening a new one whenever the server ends one, for ``--hold-s``
+seconds (or until SIGTERM); ``oversize`` sends Hellos of ``--mib`` MiB at once; ``hello`` makes
+one call with a certificate. Each prints one JSON line: what the server answered,
+by status code."""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import importlib.util
+import json
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import grpc
+
+
+def _wire() -> ModuleType:
+    """The messages generated from federation.proto, loaded from their file alone
+    (not through the fedforge package, whose import loads torch)."""
+    spec = importlib.util.find_spec("fedforge")
+    assert spec is not None and spec.origin is not None
+    path = Path(spec.origin).parent / "transport" / "pb" / "federation_pb2.py"
+    module_spec = importlib.util.spec_from_file_location("federation_pb2", path)
+    assert module_spec is not None and module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
+pb: Any = _wire()
+
+HELLO = "/fedforge.v1.Federation/Hello"
+PER_CONNECTION = 50  # calls on one channel (one TCP connection each)
+
+
+def _channel(args: argparse.Namespace, n: int) -> grpc.Channel:
+    # a local subchannel pool: each channel its own connection
+    options = [("grpc.use_local_subchannel_pool", 1), ("grpc.max_send_message_length", -1)]
+    target = args.target
+    if args.ca is None:
+        return grpc.insecure_channel(target, options=options)
+    key = Path(args.key).read_bytes() if args.key else None
+    cert = Path(args.cert).read_bytes() if args.cert else None
+    creds = grpc.ssl_channel_credentials(Path(args.ca).read_bytes(), key, cert)
+    return grpc.secure_channel(target, creds, options=options)
+
+
+def idle(args: argparse.Namespace) -> dict[str, object]:
+    """``args.calls`` calls held open without their request for ``args.hold_s``."""
+    stop = threading.Event()
+    codes: collections.Counter[str] = collections.Counter()
+    lock = threading.Lock()
+    opened = 0
+
+    def never() -> Iterator[pb.Signed]:
+        stop.wait()
+        return
+        yield  # a generator that yields nothing until told to stop
+
+    channels = [_channel(args, i) for i in range(-(-args.calls // PER_CONNECTION))]
+    calls = [
+        ch.stream_unary(
+            HELLO,
+            request_serializer=pb.Signed.SerializeToString,
+            response_deserializer=pb.HelloReply.FromString,
+        )
+        for ch in channels
+    ]
+
+    def open_one(slot: int) -> None:
+        nonlocal opened
+        if stop.is_set():
+            return
+        future = calls[slot // PER_CONNECTION].future(never())
+        with lock:
+            opened += 1
+
+        def ended(f: grpc.Future) -> None:
+            code = f.code().name if f.exception() is not None else "OK"
+            with lock:
+                codes[code] += 1
+            if not stop.is_set():
+                time.sleep(0.05)
+                open_one(slot)  # the server ended it: open another in its place
+
+        future.add_done_callback(ended)
+
+    for slot in range(args.calls):
+        open_one(slot)
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())  # stop early, still say what happened
+    print(json.dumps({"event": "holding", "calls": args.calls}), flush=True)
+    stop.wait(args.hold_s)
+    stop.set()
+    time.sleep(0.5)
+    for ch in channels:
+        ch.close()
+    return {"event": "idle", "opened": opened, "ended": dict(codes)}
+
+
+def oversize(args: argparse.Namespace) -> dict[str, object]:
+    """``args.calls`` Hellos of ``args.mib`` MiB each, sent at once."""
+    body = b"\0" * (args.mib << 20)
+    channel = _channel(args, 0)
+    hello = channel.unary_unary(
+        HELLO,
+        request_serializer=pb.Signed.SerializeToString,
+        response_deserializer=pb.HelloReply.FromString,
+    )
+    signed = pb.Signed(auth=pb.Auth(client="mallory"), body=body)
+    futures = [hello.future(signed, timeout=120) for _ in range(args.calls)]
+    codes = collections.Counter(
+        f.code().name if f.exception() is not None else "OK" for f in futures
+    )
+    return {"event": "oversize", "ended": dict(codes)}
+
+
+def hello(args: argparse.Namespace) -> dict[str, object]:
+    """One Hello, its status code and details."""
+    channel = _channel(args, 0)
+    call = channel.unary_unary(
+        HELLO,
+        request_serializer=pb.Signed.SerializeToString,
+        response_deserializer=pb.HelloReply.FromString,
+    )
+    try:
+        reply = call(pb.Signed(body=pb.HelloRequest().SerializeToString()), timeout=20)
+        return {"event": "hello", "code": "OK", "run_name": reply.run_name}
+    except grpc.RpcError as exc:
+        return {"event": "hello", "code": exc.code().name, "details": exc.details()}
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("attack", choices=("idle", "oversize", "hello"))
+    ap.add_argument("--target", required=True)
+    ap.add_argument("--calls", type=int, default=250)
+    ap.add_argument("--hold-s", type=float, default=20.0)
+    ap.add_argument("--mib", type=int, default=120)
+    ap.add_argument("--ca", help="the server's CA (PEM): TLS; none: plaintext")
+    ap.add_argument("--cert", help="a client certificate to present (PEM)")
+    ap.add_argument("--key", help="its private key (PEM)")
+    args = ap.parse_args(argv)
+    attack = {"idle": idle, "oversize": oversize, "hello": hello}[args.attack]
+    print(json.dumps(attack(args)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
