@@ -19,3 +19,17 @@ def parse_ids(text: str) -> list[int]:
             raise ConfigError(f"client ids {part!r}: expected 0 <= N <= M")
         ids.extend(range(a, b + 1))
     return sorted(set(ids))
+
+
+def format_ids(ids: list[int]) -> str:
+    """[0, ..., 9, 12] -> '0-9,12' (sorted runs: readable at any count); '' for none."""
+    runs: list[str] = []
+    ordered = sorted(set(ids))
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        runs.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(runs)

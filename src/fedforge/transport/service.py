@@ -102,21 +102,24 @@ class FederationService(pb_grpc.FederationServicer):
         def go() -> pb.PollReply:
             who = self.guard.who("Poll", request, context)
             body = parse(pb.PollRequest, request.body, "PollRequest")
-            work = self.hub.poll(who, body.session, body.wait_s, body.heartbeat)
+            # the call itself: its closing by the client's side tells the hub the
+            # process is gone (a heartbeat is held open while the process works)
+            work = self.hub.poll(who, body.session, body.wait_s, body.heartbeat, context)
             return pb.PollReply(work=work, done=self.hub.done, reason=self.hub.done_reason)
 
         return self._call(context, "Poll", go)
 
     def Download(self, request: pb.Signed, context: grpc.ServicerContext) -> Iterator[pb.Chunk]:
-        def go() -> bytes:
+        def go() -> tuple[str, bytes]:
             who = self.guard.who("Download", request, context)
             body = parse(pb.DownloadRequest, request.body, "DownloadRequest")
-            return self.hub.payload(who, body.session, body.payload_id)
+            return body.payload_id, self.hub.payload(who, body.session, body.payload_id)
 
-        data: bytes = self._call(context, "Download", go)
+        payload_id, data = self._call(context, "Download", go)
         view = memoryview(data)
         for i in range(0, len(data), self.chunk_bytes):
             yield pb.Chunk(data=bytes(view[i : i + self.chunk_bytes]))
+        self.hub.delivered(payload_id, len(data))  # every chunk went: on the record
 
     def Upload(
         self, request_iterator: Iterator[pb.UploadPart], context: grpc.ServicerContext
