@@ -32,6 +32,7 @@ from fedforge.store import RunStore
 from fedforge.tasks import load_server_data
 from fedforge.transport.hub import Hub
 from fedforge.transport.idle import IdleStreams
+from fedforge.transport.joins import wait_for_joins
 from fedforge.transport.live import LivePublisher
 from fedforge.transport.logs import log_event
 from fedforge.transport.metrics import ServerMetrics
@@ -137,7 +138,7 @@ class Deployment:
                 f"deployment.start_clients = {need} is more than num_clients = "
                 f"{self.cfg.num_clients}"
             )
-        got = self.hub.wait_for(need, dep.start_timeout_s)
+        got = wait_for_joins(self.hub, need, dep.start_timeout_s)  # saying who joined
         if got < need:
             raise ConfigError(
                 f"only {got} of the {need} clients needed to start joined within "
