@@ -101,13 +101,15 @@ def test_a_call_that_ended_normally_leaves_its_process_live() -> None:
 def test_a_process_that_stops_calling_is_gone_after_its_own_pauses() -> None:
     """Heartbeats 1 s apart (each ending when the next pause begins): quiet for
     more than 3 x 1 + 1 = 4 s it is gone, well inside the 30 s timeout; before it
-    showed a pause only the timeout applies."""
+    showed a pause, its pause is taken to be 2 s (3 x 2 + 1 = 7 s)."""
     now = [0.0]
     hub = Hub(num_clients=2, heartbeat_timeout_s=30.0, clock=lambda: now[0])
     sa, _, _ = hub.join("a", [(0, 5)])
     hub.poll("a", sa, 0, True)
-    now[0] = 20.0
+    now[0] = 6.9
     assert hub.alive() == [0]  # no pause seen yet
+    now[0] = 7.1
+    assert hub.alive() == []
     now[0] = 0.0
     sb, _, _ = hub.join("a", [(0, 5)])  # a new session, a fresh start
     hub.poll("a", sb, 0, True)

@@ -13,8 +13,9 @@ a call that ended normally never does. The session is then gone at once
 Between two calls (the pause of its heartbeat loop) nothing is open to close.
 A session that stays quiet longer than ``QUIET_FACTOR`` times the longest pause
 it has shown between one heartbeat's end and the next one's start, plus
-``QUIET_SLACK_S``, is gone too; before it has shown one, only the heartbeat
-timeout applies. Any new call from a gone session brings it back.
+``QUIET_SLACK_S``, is gone too; before it has shown one, its pause is taken to
+be ``ASSUMED_PAUSE_S`` (a client's default heartbeat interval). The heartbeat
+timeout bounds both. Any new call from a gone session brings it back.
 
 Nothing here locks: the hub (``hub.py``) calls it under its own lock.
 """
@@ -30,6 +31,7 @@ DEADLINE_MARGIN_S = 1.0  # ... and ends this long before the call's deadline
 QUIET_FACTOR = 3.0
 QUIET_SLACK_S = 1.0
 PAUSE_DECAY = 0.9  # the remembered pause shrinks by this factor per heartbeat
+ASSUMED_PAUSE_S = 2.0  # a session's pause before it has shown one (client.py's default)
 
 
 class CallContext(Protocol):
@@ -127,7 +129,8 @@ class Presence:
         quiet = now - line.last
         if quiet >= self.heartbeat_timeout_s:
             return False
-        return line.pause is None or quiet <= QUIET_FACTOR * line.pause + QUIET_SLACK_S
+        pause = ASSUMED_PAUSE_S if line.pause is None else line.pause
+        return quiet <= QUIET_FACTOR * pause + QUIET_SLACK_S
 
 
 __all__ = ["CallContext", "HOLD_S", "Presence", "hold_seconds"]
