@@ -19,6 +19,9 @@ import pytest
 
 from deploy_procs import Proc, run_dir_of, start_client, start_server, write_config
 from deploy_sim import _participants, _skips, deploy_env
+from fedforge.report.dashboard.data import round_rows
+from fedforge.report.headline import headline
+from fedforge.store import RunStore
 from fedforge.store.live_state import read_live_state
 
 pytestmark = pytest.mark.usefixtures("deploy_env")
@@ -124,6 +127,16 @@ def test_a_killed_process_leaves_sampling_and_the_bytes_are_those_sent(tmp_path:
             assert down == n * payload and up == up_by_round[r]
     assert sum(r[2] for r in rows) == finished["wire_bytes_down"]
     assert sum(r[1] for r in rows) == finished["wire_bytes_up"]
+    # what `show`, the report and compare (the headline) and the dashboard show
+    with RunStore.open(run_dir, read_only=True) as store:
+        records = store.rounds()
+    head = headline(records, None)
+    assert (head.bytes_up, head.bytes_down) == (
+        finished["wire_bytes_up"],
+        finished["wire_bytes_down"],
+    )
+    shown = round_rows(records)
+    assert sum(r["bytes_down"] for r in shown) == finished["wire_bytes_down"]
 
 
 @pytest.mark.parametrize(
