@@ -138,7 +138,7 @@ class Hub:
             self.owned(owner, session)
             now = self.clock()
             hold = 0.0 if self.presence.polling(session) else hold_seconds(call)
-            token = self.presence.opened(session, heartbeat, now)
+            token = self.presence.opened(session, heartbeat, now, held=heartbeat and hold > 0)
             if call is not None and not call.add_callback(lambda: self._ended(session, token)):
                 self._ended(session, token)  # already over
             try:

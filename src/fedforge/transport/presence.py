@@ -58,8 +58,8 @@ class Line:
     """One session's calls as the server has seen them."""
 
     last: float  # the latest start or end of one of its calls (or its join)
-    open: dict[int, bool] = field(default_factory=dict)  # call -> is a heartbeat
-    beat_end: float | None = None  # when its last heartbeat call ended
+    open: dict[int, bool] = field(default_factory=dict)  # call -> a heartbeat not held
+    beat_end: float | None = None  # when its last heartbeat not held open ended
     pause: float | None = None  # the longest recent pause between two heartbeats
     hung_up: bool = False  # a call was ended by the client's side: the process is gone
 
@@ -78,16 +78,21 @@ class Presence:
     def forget(self, session: str) -> None:
         self.lines.pop(session, None)
 
-    def opened(self, session: str, heartbeat: bool, now: float) -> int:
-        """A call of ``session`` begins: its id (``closed`` and ``hung_up`` name it)."""
+    def opened(self, session: str, heartbeat: bool, now: float, held: bool = False) -> int:
+        """A call of ``session`` begins (``held``: a heartbeat the hub holds open):
+        its id (``closed`` and ``hung_up`` name it). The pause before a heartbeat
+        is learnt after one that was not held (a client sends the next one held
+        at once: that is no pause of its loop)."""
         line = self.lines.setdefault(session, Line(now))
         if heartbeat and line.beat_end is not None:
             gap = now - line.beat_end
             line.pause = gap if line.pause is None else max(gap, line.pause * PAUSE_DECAY)
+        if heartbeat:
+            line.beat_end = None
         line.hung_up = False  # it called: it is there
         line.last = now
         self._next += 1
-        line.open[self._next] = heartbeat
+        line.open[self._next] = heartbeat and not held
         return self._next
 
     def closed(self, session: str, call: int, now: float) -> None:
@@ -114,7 +119,8 @@ class Presence:
         return line is not None and line.hung_up
 
     def polling(self, session: str) -> bool:
-        """Whether a long poll (not a heartbeat) of ``session`` is open."""
+        """Whether a call of ``session`` other than a quick heartbeat is open (a long
+        poll, or a held heartbeat)."""
         line = self.lines.get(session)
         return line is not None and not all(line.open.values())
 
