@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from deploy_procs import run_dir_of, start_client, start_server, write_config
+from deploy_sim import ALL, _participants, _skips
+from deploy_sim import _simulated as _simulated_without
 from fedforge import config as config_mod
 from fedforge import run
 from fedforge.core.params import ParamSpec
@@ -111,19 +113,31 @@ def test_mutual_tls_federation_refuses_the_uncertified_and_the_revoked(tmp_path:
     ids=["scaffold", "topk-error-feedback"],
 )
 def test_client_state_lives_on_the_client_and_survives_its_restart(
-    tmp_path: Path, fields: dict
+    tmp_path: Path, fields: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """SCAFFOLD's c_k and error-feedback residuals stay in the client processes (c_k
-    kept when the server says the update was used); a client process killed
-    between rounds and started again with its --state-dir carries on: the run
-    still ends where the simulator ends."""
-    cfg = write_config(tmp_path / "cfg.yaml", rounds=4, client_fraction=1.0, **fields)
+    kept when the server says the update was used); a client process that dies
+    when handed round 3's training and is started again with its --state-dir
+    carries on once round 3 is recorded. Its three clients missing, round 3 is
+    short of min_clients = 6 and skipped; round 4 waits for them
+    (deployment.live_wait_s): the run ends where the simulator without them in
+    round 3 ends."""
+    cfg = write_config(
+        tmp_path / "cfg.yaml",
+        rounds=4,
+        client_fraction=1.0,
+        robust={"min_clients": 6},
+        deployment={"live_wait_s": 120},
+        **fields,
+    )
     server, port = start_server(tmp_path, cfg, "--insecure")
     state = ["--state-dir", str(tmp_path / "state-a")]
+    monkeypatch.setenv("FEDFORGE_TEST_EXIT_AT", "2:train")
     a = start_client(tmp_path, port, "0-2", "--insecure", *state)
+    monkeypatch.delenv("FEDFORGE_TEST_EXIT_AT")
     b = start_client(tmp_path, port, "3-5", "--insecure")
-    _wait_for_round(tmp_path, 2)  # a's clients trained and kept state in rounds 1-2
-    a.kill()
+    assert a.wait(120) == 1, a.log.read_text()  # handed round 3's work: it died
+    _wait_for_round(tmp_path, 3)  # round 3 closed without it (it has not rejoined)
     a = start_client(tmp_path, port, "0-2", "--insecure", *state)
     assert server.wait(180) == 0, server.log.read_text()
     for c in (a, b):
@@ -131,7 +145,12 @@ def test_client_state_lives_on_the_client_and_survives_its_restart(
     loaded = [e for e in a.events() if e.get("event") == "state_loaded"]
     assert loaded and loaded[0]["rows"] > 0
     run_dir = tmp_path / run_dir_of(server)
-    assert (load_final(run_dir)["params"] - _simulated(cfg, tmp_path)).abs().max().item() <= 1e-9
+    assert _skips(run_dir) == {2: "only 3 accepted update(s), fewer than min_clients = 6"}
+    assert _participants(run_dir) == {0: ALL, 1: ALL, 2: set(), 3: ALL}
+    gone = _simulated_without(
+        cfg, tmp_path, monkeypatch, lambda r, p: {0, 1, 2} if r == 2 else set()
+    )
+    assert (load_final(run_dir)["params"] - gone.params).abs().max().item() <= 1e-9
 
 
 def _wait_for_round(tmp: Path, n: int, timeout: float = 120) -> None:
@@ -152,13 +171,13 @@ def _wait_for_round(tmp: Path, n: int, timeout: float = 120) -> None:
 
 
 def test_new_clients_are_judged_before_they_train(tmp_path: Path) -> None:
-    """Cold start: each client first evaluates the global model on its own data;
-    the store's cold_start rows equal the simulator's evaluation of the initial
-    model on each client's data."""
+    """Cold start (asked for: off by default): each client first evaluates the
+    global model on its own data; the store's cold_start rows equal the
+    simulator's evaluation of the initial model on each client's data."""
     from fedforge.evaluation.evaluate import evaluate
     from fedforge.server.experiment import build
 
-    cfg = write_config(tmp_path / "cfg.yaml", rounds=1)
+    cfg = write_config(tmp_path / "cfg.yaml", rounds=1, deployment={"cold_start": True})
     server, port = start_server(tmp_path, cfg, "--insecure")
     clients = [start_client(tmp_path, port, ids, "--insecure") for ids in ("0-2", "3-5")]
     assert server.wait(180) == 0, server.log.read_text()

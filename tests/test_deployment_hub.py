@@ -107,7 +107,7 @@ def test_commit_notices_come_again_until_acknowledged_and_only_as_notices() -> N
     again, _, _ = hub.join("a", [(0, 10)])  # restarted before acknowledging: it comes again
     assert [w.kind for w in hub.poll("a", again, 0, False)] == [pb.Work.COMMIT]
     assert hub.answer("a", _header(again, 0, r=1, version=1, kind="notice"), b"") is None
-    assert hub._inbox == [] and hub.accepted == 0  # nobody waits for it
+    assert hub.book.inbox == [] and hub.accepted == 0  # nobody waits for it
     later, _, _ = hub.join("a", [(0, 10)])
     assert hub.poll("a", later, 0, False) == []
 
@@ -288,17 +288,24 @@ def test_a_resume_with_client_held_state_needs_a_checkpoint_every_round(
 @pytest.mark.parametrize(
     ("changes", "named"),
     [
-        ({"privacy.dp": "local"}, "deployment.cold_start with privacy.dp = 'local':"),
         (
-            {"privacy.dp": "local", "deployment.cold_start": False, "deployment.canary_every": 2},
+            {"privacy.dp": "local", "deployment.cold_start": True},
+            "deployment.cold_start with privacy.dp = 'local':",
+        ),
+        (
+            {"privacy.dp": "local", "deployment.canary_every": 2},
             "deployment.canary_every with privacy.dp = 'local':",
         ),
         (
-            {"privacy.secagg": True, "privacy.tiers.high_fraction": 0.5},
+            {
+                "privacy.secagg": True,
+                "privacy.tiers.high_fraction": 0.5,
+                "deployment.cold_start": True,
+            },
             "deployment.cold_start with privacy.secagg and privacy tiers:",
         ),
         (
-            {"privacy.secagg": True, "communication.clip_norm": 1.0},
+            {"privacy.secagg": True, "communication.clip_norm": 1.0, "deployment.cold_start": True},
             "deployment.cold_start with privacy.secagg:",
         ),
     ],

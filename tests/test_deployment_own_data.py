@@ -51,7 +51,7 @@ def test_clients_with_their_own_data_end_where_the_simulator_ends(
         data_dir=str(mnist_dir),
         num_clients=2,
         client_fraction=1.0,
-        deployment={"client_data": "remote", "start_clients": 2},
+        deployment={"client_data": "remote", "start_clients": 2, "cold_start": True},
         robust={"max_weight_ratio": 10.0},
     )
     rows = _folders(tmp_path, load_mnist(mnist_dir))

@@ -34,7 +34,8 @@ CFG: dict[str, Any] = {
     "target_accuracy": None,
     "dtype": "float64",
     "checkpoint_every": 0,
-    "robust": {"max_skipped_rounds": 8},
+    # a round with one update applies it: only rounds with nothing to sum are skipped
+    "robust": {"max_skipped_rounds": 8, "min_clients": 1},
 }
 
 

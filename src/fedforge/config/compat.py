@@ -215,7 +215,7 @@ def robust_fits_cohort(robust: RobustConfig, num_clients: int, client_fraction: 
     m = r.multi_krum_m
     if r.aggregator == "multi_krum" and m is not None and m > k - r.byzantine:
         raise ConfigError(f"robust.multi_krum_m = {m} exceeds n - f = {k - r.byzantine}: {cohort}")
-    if r.min_clients > k:
+    if r.min_clients is not None and r.min_clients > k:
         raise ConfigError(
             f"robust.min_clients = {r.min_clients} can never be met: {cohort}; every round "
             "would be skipped"

@@ -47,9 +47,17 @@ class DeploymentConfig:
     heartbeat_timeout_s: float = 30.0
     max_message_mib: float = 256.0  # larger uploads are refused before they are read
     chunk_kib: int = 1024  # the size of the chunks payloads are streamed in
+    # a round samples the clients whose process is there (transport/presence.py);
+    # with fewer live than robust.min_clients it waits this long for them, then is
+    # skipped with the reason (0: skipped at once)
+    live_wait_s: float = 60.0
     # a client that joins first evaluates the current model on its own data, and
-    # trains only once it has reported (the run records new clients' scores)
-    cold_start: bool = True
+    # trains only once it has reported (the run records new clients' scores in
+    # the store's cold_start table; its downloads are evaluation traffic, not the
+    # rounds' bytes). Off by default: it costs every client a model download, and
+    # its reports tell the server a client's own numbers (refused with secure
+    # aggregation, local or distributed DP)
+    cold_start: bool = False
     # model versions and canary rollout: every canary_every rounds the global
     # model is a version of the store, a candidate evaluated by canary_fraction of
     # the clients beside the serving one and promoted unless its canary_metric is
@@ -89,6 +97,12 @@ class DeploymentConfig:
                     self.over_selection,
                     0.0 <= self.over_selection <= 10.0,
                     "must be in [0, 10] (0: ask exactly the clients the round needs)",
+                ),
+                (
+                    "live_wait_s",
+                    self.live_wait_s,
+                    0 <= self.live_wait_s <= 86400,
+                    "must be a number of seconds in [0, 86400] (0: skip a short round at once)",
                 ),
                 (
                     "heartbeat_timeout_s",

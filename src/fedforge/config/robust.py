@@ -49,7 +49,9 @@ class RobustConfig:
     alie_z: float | None = None  # alie: the shift in stds; null = Baruch et al.'s z_max
     ipm_epsilon: float = 0.5  # ipm: attackers send -epsilon * honest mean
     norm_gate: float | None = None  # robust z-score above which a norm is refused; null = off
-    min_clients: int = 1  # fewer accepted updates: the round is skipped
+    # fewer accepted updates: the round is skipped; null: 2 (1 when the cohort is
+    # one client), so that one update never replaces the model (min_clients_of)
+    min_clients: int | None = None
     # this many skipped rounds in a row (the model unchanged, e.g. every update
     # non-finite after a divergence) stop the run; 0: never
     max_skipped_rounds: int = 20
@@ -70,6 +72,13 @@ class RobustConfig:
     def check(self) -> None:
         """The section's own fields, each error naming ``robust.<field>``."""
         _check(self)
+
+    def min_clients_of(self, cohort: int) -> int:
+        """The fewest accepted updates a round of a ``cohort``-client cohort
+        applies: ``min_clients``, or by default 2, so that one client's update
+        never replaces the model of a cohort of several (1 when the cohort is one
+        client: every round is one update)."""
+        return self.min_clients if self.min_clients is not None else min(2, cohort)
 
 
 def _check(r: RobustConfig) -> None:
@@ -118,7 +127,12 @@ def _check(r: RobustConfig) -> None:
             r.norm_gate is None or r.norm_gate > 0,
             "must be > 0 (3.5 is Iglewicz and Hoaglin's), or null (off)",
         ),
-        ("min_clients", r.min_clients, r.min_clients >= 1, "must be an integer >= 1"),
+        (
+            "min_clients",
+            r.min_clients,
+            r.min_clients is None or r.min_clients >= 1,
+            "must be an integer >= 1, or null (2, or 1 when the cohort is one client)",
+        ),
         (
             "max_skipped_rounds",
             r.max_skipped_rounds,

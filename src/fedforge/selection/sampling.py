@@ -4,22 +4,32 @@ generator derived from (seed, round): reruns pick the same cohorts."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from fedforge.config.compat import cohort_size
 from fedforge.core.rng import numpy_rng
 
 
 def sample_cohort(
-    num_clients: int, client_fraction: float, seed: int, round_idx: int, poisson: bool = False
+    num_clients: int,
+    client_fraction: float,
+    seed: int,
+    round_idx: int,
+    poisson: bool = False,
+    among: Sequence[int] | None = None,
 ) -> list[int]:
     """The sorted client ids of round ``round_idx``: m = max(1, C N) of them, or
     with ``poisson`` each client independently with probability C (DP-FedAvg's
-    sampling, McMahan et al. 2018; the cohort may be empty)."""
-    m = cohort_size(num_clients, client_fraction)
+    sampling, McMahan et al. 2018; the cohort may be empty). ``among``: drawn
+    from these sorted ids only (a deployment's live clients; at most all of
+    them), by the same draws, so that every id among them is every client's draw."""
+    pool = list(range(num_clients)) if among is None else list(among)
+    m = min(cohort_size(num_clients, client_fraction), len(pool))
     if poisson:
-        draws = numpy_rng(seed, "cohort_poisson", round_idx).random(num_clients)
-        return [int(c) for c in (draws < client_fraction).nonzero()[0]]
+        draws = numpy_rng(seed, "cohort_poisson", round_idx).random(len(pool))
+        return [pool[int(i)] for i in (draws < client_fraction).nonzero()[0]]
     rng = numpy_rng(seed, "cohort", round_idx)
-    return sorted(int(c) for c in rng.choice(num_clients, size=m, replace=False))
+    return sorted(pool[int(i)] for i in rng.choice(len(pool), size=m, replace=False))
 
 
 def over_selected(fraction: float, over: float) -> float:

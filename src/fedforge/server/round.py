@@ -12,6 +12,7 @@ never reaches the global model.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ import torch
 
 from fedforge.algorithms.plan import LocalPlan
 from fedforge.client.runtime import ClientTask, encode_payload
+from fedforge.config.compat import cohort_size
 from fedforge.core.params import all_finite
 from fedforge.evaluation.evaluate import EvalResult, evaluate
 from fedforge.pipeline.pipeline import StageContext
@@ -69,10 +71,13 @@ def run_round(
     t0 = time.perf_counter()
     cfg = exp.cfg
     start, end = upload_period(round_idx, cfg.communication.upload_every, cfg.rounds)
-    cohort = sample(exp, start)
     if round_idx != end:  # the period's cohort trains locally: nothing travels
-        return _local_round(exp, round_idx, start, len(cohort), t0), []
+        return _local_round(exp, round_idx, start, len(sample(exp, start)), t0), []
+    pool, short = live_pool(exp, round_idx)
+    cohort = sample(exp, start, pool)
     log = RoundLog(state.rejected, state.skipped, bar, round_idx)
+    if short is not None:  # a deployment with too few clients there
+        return _short_round(exp, state, round_idx, start, log, short, t0), []
     begin = getattr(exp.engine, "begin_round", None)  # a deployment: cold start, canary
     if begin is not None:
         state.outputs.update(begin(round_idx, state.params) or {})
@@ -82,6 +87,7 @@ def run_round(
     diag = diagnostics.start_round(exp, trainers, state.params, secure)
     collector = collector_for(exp, orders, log, diag)
     collected = collect(exp, collector, orders.tasks, orders.payload, round_idx)
+    collected = _as_sent(exp, collected, orders)
     diagnostics.end_round(exp, diag, state.diagnostics, state.outputs, bar, round_idx)
     aggregate, clients, moved = aggregate_phase(exp, state, collected, log)
     if exp.privacy is not None:  # what the accountant counts: what the server saw
@@ -109,13 +115,64 @@ def _uploads_seen(collected: Collected, secure: bool) -> list[int]:
     return sorted(collected.arrived)
 
 
-def sample(exp: Experiment, start: int) -> list[int]:
-    """The cohort of the upload period starting at ``start``."""
+def sample(exp: Experiment, start: int, among: list[int] | None = None) -> list[int]:
+    """The cohort of the upload period starting at ``start`` (``among``: drawn
+    from these clients only)."""
     cfg = exp.cfg
     poisson = cfg.privacy.sampling == "poisson"  # DP-FedAvg: each client with probability C
     # a deployment engine over-selects: it asks more clients and closes at the needed count
     fraction = over_selected(cfg.client_fraction, getattr(exp.engine, "over_selection", 0.0))
-    return sample_cohort(cfg.num_clients, fraction, cfg.seed, start, poisson)
+    return sample_cohort(cfg.num_clients, fraction, cfg.seed, start, poisson, among)
+
+
+def live_pool(exp: Experiment, round_idx: int) -> tuple[list[int] | None, str | None]:
+    """The clients a round may sample: every one in simulation (None); a
+    deployment's engine names the ones whose process is there, waiting a while
+    for ``robust.min_clients_of`` of them. Fewer: nobody, and why the round is skipped."""
+    pool_fn = getattr(exp.engine, "sampling_pool", None)
+    if pool_fn is None:
+        return None, None
+    cfg = exp.cfg
+    need = cfg.robust.min_clients_of(cohort_size(cfg.num_clients, cfg.client_fraction))
+    pool: list[int] | None = pool_fn(round_idx, need)
+    if pool is not None and len(pool) < need:
+        return [], (
+            f"only {len(pool)} client(s) connected, fewer than min_clients = {need} "
+            "(deployment.live_wait_s)"
+        )
+    return pool, None
+
+
+def _as_sent(exp: Experiment, collected: Collected, orders: Orders) -> Collected:
+    """A deployment's bytes down as they crossed the wire: the models its clients
+    downloaded to the end and the protocol messages handed out since the last
+    round's record, in place of a payload counted for every cohort client."""
+    sent_fn = getattr(exp.engine, "sent_down", None)
+    if sent_fn is None:
+        return collected
+    nbytes, downloads = sent_fn()
+    return dataclasses.replace(
+        collected, bytes_down=nbytes, float32_down=orders.dense.down * downloads
+    )
+
+
+def _short_round(
+    exp: Experiment,
+    state: LoopState,
+    round_idx: int,
+    start: int,
+    log: RoundLog,
+    why: str,
+    t0: float,
+) -> RoundRecord:
+    """A round skipped before anything was sent: the model unchanged, nothing seen
+    (no privacy spent), evaluated when due."""
+    log.skip(why)
+    if exp.privacy is not None:
+        exp.privacy.record_participation(state.privacy, round_idx, start, False, [])
+    test_acc, test_loss = evaluate_phase(exp, state, round_idx, start)
+    record = _local_round(exp, round_idx, start, 0, t0)
+    return dataclasses.replace(record, test_accuracy=test_acc, test_loss=test_loss)
 
 
 def configure(

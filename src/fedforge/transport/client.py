@@ -120,6 +120,7 @@ class ClientProcess:
         self.session = ""
         self.stop = threading.Event()
         self.lost_since: float | None = None  # when the server was last out of reach
+        self.beat = threading.Event()  # set: send a heartbeat now (work arrived, or stopping)
         self.exit_at = _exit_at()
 
     # ------------------------------------------------------------------ wire
@@ -224,6 +225,7 @@ class ClientProcess:
             # process's model there, and freeing a tensor then aborts the process
             # (SIGABRT, "terminate called without an active exception")
             self.stop.set()
+            self.beat.set()
             if beat.is_alive():
                 beat.join()
 
@@ -252,6 +254,8 @@ class ClientProcess:
         body = pb.PollRequest(session=self.session, wait_s=self.opt.poll_s)
         reply = self._unary("Poll", body.SerializeToString(), self.opt.poll_s + 30)
         assert isinstance(reply, pb.PollReply)
+        if reply.work:  # busy from now: a heartbeat, which the server holds open, at once
+            self.beat.set()
         if self.exit_at is not None and any(_work_at(w) == self.exit_at for w in reply.work):
             r, phase = self.exit_at
             log_event("client", "test_exit", round=r, phase=phase)
@@ -268,12 +272,24 @@ class ClientProcess:
         return bool(reply.done and not reply.work)
 
     def _heartbeats(self) -> None:
-        while not self.stop.wait(self.opt.heartbeat_s):
+        """A heartbeat every ``heartbeat_s``; while the process works the server holds
+        each open (its closing tells the server this process died), and the next
+        follows at once: a call is open all the while."""
+        wait = self.opt.heartbeat_s
+        while not self.stop.is_set():
+            self.beat.wait(wait)
+            self.beat.clear()
+            if self.stop.is_set():
+                return
+            wait = self.opt.heartbeat_s
             if not self.session:
                 continue
             body = pb.PollRequest(session=self.session, heartbeat=True).SerializeToString()
+            began = time.monotonic()
             with contextlib.suppress(grpc.RpcError):  # the main loop notices, joins again
                 self.stub.Poll(self._signed("Poll", body), timeout=10)
+            if time.monotonic() - began >= self.opt.heartbeat_s:  # held open: again at once
+                wait = 0.0
 
     def _commit(self, works: list[pb.Work]) -> None:
         """Keep the state the used clients computed (SCAFFOLD's c_k+) in the round

@@ -3,13 +3,18 @@ thread share.
 
 The round thread (``remote.py``) *asks*: it posts work for clients (train from a
 model, answer a protocol phase, evaluate) and waits for the answers until all
-came, enough came, or the deadline passed. The gRPC threads (``service.py``)
-hand the work out to the polling client processes and bring the answers in.
-An answer is taken only when it was asked for: the right client, round, model
-version, kind and phase, once. Anything else is refused with its reason (and
+came, enough came, the deadline passed, or every client still owing one is
+gone. The gRPC threads (``service.py``) hand the work out to the polling client
+processes and bring the answers in; the book of questions (``questions.py``)
+decides what is taken, and which client processes are there is read from their
+calls (``presence.py``). Anything not asked for is refused with its reason (and
 counted), and never reaches a collector; the collector then checks what it
 does take, as in simulation. One lock guards it all; waiting is on its
 condition.
+
+Bytes are counted as they cross the wire: a model when its download was
+streamed to the end, a protocol message when its work was handed out, an answer
+when the round thread took it.
 """
 
 from __future__ import annotations
@@ -20,20 +25,12 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
+from fedforge.transport.ids import format_ids
+from fedforge.transport.logs import log_event
 from fedforge.transport.pb import federation_pb2 as pb
-from fedforge.transport.work import (
-    ACKNOWLEDGEMENTS,
-    EVALUATION,
-    KINDS,
-    REPLY,
-    SERVED,
-    SERVING,
-    TRAINING_PAYLOAD,
-    Answer,
-    Asked,
-    Key,
-    Member,
-)
+from fedforge.transport.presence import CallContext, Presence, hold_seconds
+from fedforge.transport.questions import Questions
+from fedforge.transport.work import EVALUATION, SERVING, TRAINING_PAYLOAD, Answer, Key, Member
 
 
 @dataclass
@@ -51,27 +48,25 @@ class Hub:
     payloads: dict[str, bytes] = field(default_factory=dict)
     done: bool = False
     done_reason: str = ""
-    bytes_down: int = 0  # training payload bytes handed out (the rounds' models)
+    bytes_down: int = 0  # training payload bytes downloaded to the end (the rounds' models)
+    downloads: int = 0  # ... in that many downloads
+    message_bytes_down: int = 0  # protocol messages handed out (secure aggregation's)
     bytes_up: int = 0  # training answer bytes taken (updates, protocol replies)
-    eval_bytes_down: int = 0  # models sent for evaluation (cold start, canary)
+    eval_bytes_down: int = 0  # models downloaded for evaluation (cold start, canary, serving)
     eval_bytes_up: int = 0  # evaluation reports taken
     accepted: int = 0  # answers taken
     phase: str = "waiting for clients"  # what the round thread awaits (metrics, logs)
     # questions unanswered when their round closed on its deadline or its clients' silence
     dropouts: int = 0  # (not those closed at an over-selected count)
-    # told when a client joins, the phase moves on or questions go unanswered (the
-    # live-state file); called under the hub's lock, so it must not block
+    # told when a client joins or goes, the phase moves on or questions go
+    # unanswered (the live-state file); called under the hub's lock: must not block
     on_change: Callable[[], None] = lambda: None
     verdict_wait_s: float = 30.0  # how long an upload waits for the round's checks
 
     def __post_init__(self) -> None:
         self.cond = threading.Condition()
-        self._pending: dict[int, list[Key]] = {}  # per client: work not handed out yet
-        self._asked: dict[Key, Asked] = {}
-        self._answered: set[Key] = set()
-        self._inbox: list[Answer] = []
-        self._latest = 0  # the newest round asked about
-        self._given: dict[str, set[str]] = {}  # session -> payload ids its work named
+        self.book = Questions()
+        self.presence = Presence(self.heartbeat_timeout_s)
         self._dismissed: set[str] = set()  # sessions told the run is over
 
     # ------------------------------------------------------------- gRPC threads
@@ -88,6 +83,7 @@ class Hub:
         with self.cond:
             session = secrets.token_hex(16)
             self.sessions[session] = owner
+            self.presence.joined(session, self.clock())
             accepted, refused = [], []
             for cid, n in members:
                 e = (evals or {}).get(cid, 0)
@@ -96,31 +92,16 @@ class Hub:
                     refused.append((cid, self._refuse(owner, cid, why)))
                     continue
                 self.members[cid] = Member(cid, owner, n, session, self.clock(), e or n)
-                self._reissue(cid)
+                self.book.reissue(cid)
                 accepted.append(cid)
             live = {m.session for m in self.members.values()}
             for old in [s for s in self.sessions if s not in live and s != session]:
                 del self.sessions[old]  # a session whose clients all joined again elsewhere
-                self._given.pop(old, None)
+                self.book.given.pop(old, None)
+                self.presence.forget(old)
             self.cond.notify_all()
             self.on_change()
             return session, accepted, refused
-
-    def _reissue(self, cid: int) -> None:
-        """A client joining again (its process restarted) is given again the update
-        or evaluation it had been handed and not answered: the old process took it
-        down with it (a restarted client sends the update it saved, or computes it
-        again from its saved state). Not in a secure-aggregation round: the keys of
-        its protocol died with the process, so it is a dropout there (its masks are
-        recovered from the shares), and ``_all_silent`` stops waiting for it."""
-        protocol = {k[1] for k in (*self._asked, *self._answered) if k[0] == cid and k[2] == REPLY}
-        for key, asked in self._asked.items():
-            if key[0] != cid or asked.handed is None or key[2] == REPLY or key[1] in protocol:
-                continue
-            asked.handed, asked.session = None, ""
-            pending = self._pending.setdefault(cid, [])
-            if key not in pending:
-                pending.append(key)
 
     def _refuse_member(self, owner: str, cid: int, n: int, e: int) -> str | None:
         if not 0 <= cid < self.num_clients:
@@ -140,106 +121,99 @@ class Hub:
             raise KeyError(f"unknown session for '{owner}': join again")
         return [c for c, m in self.members.items() if m.session == session]
 
-    def poll(self, owner: str, session: str, wait_s: float, heartbeat: bool) -> list[pb.Work]:
-        """Work for the session's clients, waiting up to ``wait_s`` for some;
-        every poll marks them alive."""
-        end = self.clock() + max(0.0, min(wait_s, 60.0))
+    def poll(
+        self,
+        owner: str,
+        session: str,
+        wait_s: float,
+        heartbeat: bool,
+        call: CallContext | None = None,
+    ) -> list[pb.Work]:
+        """Work for the session's clients, waiting up to ``wait_s`` for some; every
+        poll marks them alive. A heartbeat returns nothing; it is held open (up to
+        ``presence.HOLD_S``) when no long poll of the session is, so that the call
+        whose closing tells of the process's death is open while it works. With
+        ``call`` (the gRPC call) a call closed by the client's side marks the
+        session gone at once."""
         with self.cond:
-            while True:
-                ids = self.owned(owner, session)
-                now = self.clock()
-                for c in ids:
-                    self.members[c].last_seen = now
-                if heartbeat:
-                    return []
-                work = self._hand_out(ids, now, session)
-                if self.done and not work:
-                    self._dismissed.add(session)
-                if work or self.done or now >= end:
-                    return work
-                self.cond.wait(end - now)
+            self.owned(owner, session)
+            now = self.clock()
+            hold = 0.0 if self.presence.polling(session) else hold_seconds(call)
+            token = self.presence.opened(session, heartbeat, now, held=heartbeat and hold > 0)
+            if call is not None and not call.add_callback(lambda: self._ended(session, token)):
+                self._ended(session, token)  # already over
+            try:
+                return self._poll(owner, session, wait_s if not heartbeat else hold, heartbeat)
+            finally:
+                self.presence.closed(session, token, self.clock())
 
-    def _hand_out(self, ids: list[int], now: float, session: str) -> list[pb.Work]:
-        out = []
-        for c in ids:
-            for key in self._pending.pop(c, []):
-                asked = self._asked.get(key)
-                if asked is None:  # closed before it was handed out
-                    continue
-                asked.handed, asked.session = now, session
-                if asked.work.payload_id:
-                    self._given.setdefault(session, set()).add(asked.work.payload_id)
-                work = pb.Work()
-                work.CopyFrom(asked.work)
-                work.deadline_s = max(0.0, asked.work.deadline_s - (now - asked.posted))
-                out.append(work)
-        return out
+    def _poll(self, owner: str, session: str, wait_s: float, heartbeat: bool) -> list[pb.Work]:
+        end = self.clock() + max(0.0, min(wait_s, 60.0))
+        while True:
+            ids = self.owned(owner, session)
+            now = self.clock()
+            for c in ids:
+                self.members[c].last_seen = now
+            gone = self.presence.is_hung_up(session)
+            work = [] if heartbeat or gone else self.book.hand_out(ids, now, session)
+            self.message_bytes_down += sum(len(w.message) for w in work)
+            if self.done and not work and not heartbeat:
+                self._dismissed.add(session)
+            if work or self.done or gone or now >= end:
+                return work
+            self.cond.wait(end - now)
+
+    def _ended(self, session: str, token: int) -> None:
+        """gRPC ended a poll of ``session`` (the callback of ``poll``)."""
+        with self.cond:
+            if self.presence.hung_up(session, token):
+                ids = [c for c, m in self.members.items() if m.session == session]
+                log_event("server", "client_gone", clients=format_ids(ids), why="connection closed")
+                self.cond.notify_all()
+                self.on_change()
 
     def payload(self, owner: str, session: str, payload_id: str) -> bytes:
+        """The payload ``payload_id`` for ``owner``'s session (KeyError: its work did
+        not name it, or it is withdrawn); counted by ``delivered``."""
         with self.cond:
             self.owned(owner, session)
             data = self.payloads.get(payload_id)
-            if data is None or payload_id not in self._given.get(session, ()):
+            if data is None or payload_id not in self.book.given.get(session, ()):
                 raise KeyError(f"payload '{payload_id}' is not served to this session now")
-            if payload_id.startswith(TRAINING_PAYLOAD):
-                self.bytes_down += len(data)
-            else:
-                self.eval_bytes_down += len(data)
             return data
+
+    def delivered(self, payload_id: str, size: int) -> None:
+        """A download of ``payload_id`` (``size`` bytes) was streamed to the end."""
+        with self.cond:
+            if payload_id.startswith(TRAINING_PAYLOAD):
+                self.bytes_down += size
+                self.downloads += 1
+            else:
+                self.eval_bytes_down += size
 
     def expects(self, owner: str, header: pb.UploadHeader) -> str | None:
         """Whether an answer with ``header`` would be taken (None) or why not,
         without refusing it (the body is read only when it would be). KeyError: an
         unknown session (the client joins again)."""
         with self.cond:
-            self.owned(owner, header.session)
-            return self._check(owner, header, quiet=True)
+            ids = self.owned(owner, header.session)
+            return self.book.check(owner, ids, header, lambda o, c, why: why)
 
     def answer(self, owner: str, header: pb.UploadHeader, data: bytes) -> str | None:
         """Take an answer: None, or the reason it is refused (an update: ``Answer.judged``)."""
-        cid, r = header.client_id, header.round_idx
-        key: Key = (cid, r, header.kind, header.phase)
         with self.cond:
-            why = self._check(owner, header)
+            try:
+                ids = self.owned(owner, header.session)
+            except KeyError as exc:
+                return self._refuse(owner, header.client_id, str(exc.args[0]))
+            why = self.book.check(owner, ids, header, self._refuse)
             if why is not None:
                 return why
-            asked = self._asked[key]
-            assert asked.handed is not None
-            del self._asked[key]
-            self._answered.add(key)
-            if header.kind in ACKNOWLEDGEMENTS:  # a COMMIT's or SERVE's: nobody waits
+            answer = self.book.take(header, data, self.clock())
+            if answer is None:  # an acknowledgement: nobody waits
                 return None
-            seconds = self.clock() - asked.handed
-            self._inbox.append(answer := Answer(cid, r, header.kind, header.phase, data, seconds))
             self.cond.notify_all()
         return answer.judged(self.verdict_wait_s)
-
-    def _check(self, owner: str, header: pb.UploadHeader, quiet: bool = False) -> str | None:
-        """Why an answer with ``header`` from ``owner`` is not taken now (None: it
-        is); ``quiet``: without counting it as a refusal."""
-        refuse = (lambda o, c, why: why) if quiet else self._refuse
-        cid, r = header.client_id, header.round_idx
-        key: Key = (cid, r, header.kind, header.phase)
-        try:
-            ids = self.owned(owner, header.session)
-        except KeyError as exc:
-            return refuse(owner, cid, str(exc.args[0]))
-        if cid not in ids:
-            return refuse(owner, cid, f"client {cid} is not hosted by '{owner}'")
-        if key in self._answered:
-            return refuse(owner, cid, f"a second {header.kind} of client {cid} in round {r}")
-        asked = self._asked.get(key)
-        if asked is None or asked.handed is None:
-            what = f"{header.kind}" + (f" '{header.phase}'" if header.phase else "")
-            return refuse(owner, cid, f"client {cid} was not asked for a {what} in round {r} now")
-        if header.model_version != asked.version:
-            return refuse(
-                owner,
-                cid,
-                f"client {cid} answered for model version {header.model_version}; "
-                f"it was given version {asked.version}",
-            )
-        return None
 
     def _refuse(self, owner: str, cid: int | None, why: str) -> str:
         self.on_refusal(owner, cid, why)
@@ -255,7 +229,7 @@ class Hub:
     def acknowledged(self, key: Key) -> bool:
         """Whether the question ``key`` (of this round or the last) was answered."""
         with self.cond:
-            return key in self._answered
+            return key in self.book.answered
 
     def serve(self, payload_id: str, payload: bytes, alone: bool = True) -> None:
         """Serve ``payload`` as ``payload_id`` (``alone``: instead of all but the serving model)."""
@@ -271,40 +245,22 @@ class Hub:
     def ask(self, works: list[pb.Work], version: int) -> None:
         """Post ``works`` (each to its client); answers are awaited by ``gather``."""
         with self.cond:
-            now = self.clock()
-            for w in works:
-                kind = KINDS[w.kind]
-                key: Key = (
-                    w.client_id,
-                    w.round_idx,
-                    kind,
-                    w.phase if kind in (REPLY, EVALUATION, SERVED) else "",
-                )
-                self._asked[key] = Asked(w, version, now)
-                self._answered.discard(key)
-                self._pending.setdefault(w.client_id, []).append(key)
-                self._latest = max(self._latest, w.round_idx)
-            # answers of rounds long closed are refused as not asked; forget them,
-            # and notices never acknowledged (a client gone for good)
-            self._answered = {k for k in self._answered if k[1] >= self._latest - 1}
-            stale = [k for k in self._asked if k[2] in ACKNOWLEDGEMENTS and k[1] < self._latest - 2]
-            for k in stale:
-                del self._asked[k]
+            self.book.post(works, version, self.clock())
             self.cond.notify_all()
 
     def gather(
         self, keys: set[Key], deadline_s: float, need: int | None = None
     ) -> Iterator[Answer]:
         """The answers to ``keys`` as they come, until all came, ``need`` came, the
-        deadline passed, or every client still owing one has gone silent or joined
-        again since (``_all_silent``); then the rest are closed (a late answer is
+        deadline passed, or every client still owing one is gone or joined again
+        since (``_all_silent``); then the rest are closed (a late answer is
         refused)."""
         end = self.clock() + deadline_s
         got = 0
         try:
             while keys and (need is None or got < need):
                 with self.cond:
-                    mine = [a for a in self._inbox if a.key in keys]
+                    mine = [a for a in self.book.inbox if a.key in keys]
                     if need is not None:
                         mine = mine[: need - got]
                     if not mine:
@@ -316,12 +272,12 @@ class Hub:
                         self.cond.wait(min(end - now, 0.5))
                         continue
                     for a in mine:
-                        self._inbox.remove(a)
+                        self.book.inbox.remove(a)
                         keys.discard(a.key)
                         self._count(a)
                     got += len(mine)
                     if need is not None and got >= need:
-                        self._close(keys)  # at once: no answer is taken past the count
+                        self.book.close(keys)  # at once: no answer is taken past the count
                 yield from mine
         finally:
             self.close(keys)
@@ -336,41 +292,30 @@ class Hub:
 
     def _all_silent(self, keys: set[Key], now: float) -> bool:
         """Whether none of the clients owing ``keys`` can still answer: each is
-        silent, or joined again (a restarted process) after its work was handed
-        to its old session, whose answers are refused."""
+        gone (``presence.py``), or joined again (a restarted process) after its
+        work was handed to its old session, whose answers are refused."""
         for key in keys:
             m = self.members.get(key[0])
             if m is None:
                 continue
-            asked = self._asked.get(key)
+            asked = self.book.asked.get(key)
             if asked is not None and asked.handed is not None and asked.session != m.session:
                 continue
-            if now - m.last_seen < self.heartbeat_timeout_s:
+            if self.presence.live(m.session, now):
                 return False
         return True
 
     def close(self, keys: set[Key]) -> None:
         """Withdraw the questions ``keys`` (answered or not)."""
         with self.cond:
-            self._close(keys)
-
-    def _close(self, keys: set[Key]) -> None:
-        for key in keys:
-            self._asked.pop(key, None)
-        # answers that came in while the round thread was busy, after the count
-        # was reached: never taken, never counted
-        for a in self._inbox:
-            if a.key in keys:
-                a.late("closed")
-        self._inbox = [a for a in self._inbox if a.key not in keys]
+            self.book.close(keys)
 
     def alive(self) -> list[int]:
-        """The client ids heard from within the heartbeat timeout."""
+        """The client ids whose process is there (``presence.py``): the ones a
+        round may sample."""
         with self.cond:
             now = self.clock()
-            return sorted(
-                c for c, m in self.members.items() if now - m.last_seen < self.heartbeat_timeout_s
-            )
+            return sorted(c for c, m in self.members.items() if self.presence.live(m.session, now))
 
     def declared(self) -> list[int]:
         """Each client id's example count as declared when it joined (0: not joined)."""
@@ -378,13 +323,15 @@ class Hub:
             sizes = {c: m.num_examples for c, m in self.members.items()}
         return [sizes.get(c, 0) for c in range(self.num_clients)]
 
-    def wait_for(self, count: int, timeout_s: float) -> int:
-        """Wait until ``count`` clients joined; how many did."""
+    def wait_for(self, count: int, timeout_s: float, live: bool = False) -> int:
+        """Wait until ``count`` clients joined (``live``: are alive); how many did."""
         end = self.clock() + timeout_s
         with self.cond:
-            while len(self.members) < count and self.clock() < end:
-                self.cond.wait(min(1.0, end - self.clock()))
-            return len(self.members)
+            while (got := len(self.alive() if live else self.members)) < count:
+                if self.clock() >= end:
+                    break
+                self.cond.wait(min(0.25 if live else 1.0, end - self.clock()))
+            return got
 
     def undismissed(self) -> int:
         """Sessions with clients heard from lately that were not yet told the run

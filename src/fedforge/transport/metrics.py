@@ -39,6 +39,7 @@ class _HubState:
         )
         moved.add_metric(["down"], hub.bytes_down)
         moved.add_metric(["up"], hub.bytes_up)
+        moved.add_metric(["messages_down"], hub.message_bytes_down)  # secure aggregation's
         moved.add_metric(["eval_down"], hub.eval_bytes_down)
         moved.add_metric(["eval_up"], hub.eval_bytes_up)
         yield moved

@@ -6,11 +6,16 @@ not what).
 download under an id) and yields the updates as they arrive; ``run_phase``
 posts a protocol phase's messages and returns the replies that came. Both wait
 at most ``deployment.round_deadline_s``, and stop early when every client still
-owing an answer has gone silent (no poll or heartbeat within
-``heartbeat_timeout_s``): the ones that did not answer are dropouts, which the
+owing an answer is gone (its connection closed, or no call within its own
+heartbeat pauses or ``heartbeat_timeout_s``: ``presence.py``): the ones that
+did not answer are dropouts, which the
 round's collector treats as in simulation (secure aggregation recovers their
 masks from the survivors' shares). Under over-selection the server asks more
 clients than the round needs and ``run_cohort`` closes at the needed count.
+
+A round samples only the clients whose process is there (``sampling_pool``),
+and records the bytes that crossed the wire (``sent_down``), not a payload for
+every cohort client.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from fedforge.config import Config
 from fedforge.selection.sampling import cohort_size
 from fedforge.store import RunStore
 from fedforge.transport.hub import Hub
+from fedforge.transport.ids import format_ids
+from fedforge.transport.logs import log_event
 from fedforge.transport.pb import federation_pb2 as pb
 from fedforge.transport.rollout import Rollout, Rows
 from fedforge.transport.work import REPLY, TRAINING_PAYLOAD, UPDATE, Answer, Key
@@ -68,6 +75,37 @@ class RemoteEngine:
         self.commit: tuple[int, list[int]] | None = None  # (round, used) not yet told
         self.store: RunStore | None = None
         self.rollout = Rollout(hub, cfg)
+        self.live_wait_s = cfg.deployment.live_wait_s
+        self._sent = (0, 0)  # the hub's training bytes down and downloads at the last record
+
+    def sampling_pool(self, round_idx: int, need: int) -> list[int]:
+        """The clients round ``round_idx`` may sample: those whose process is there
+        (``presence.py``). With fewer than ``need``, it waits up to
+        ``deployment.live_wait_s`` for them (the round is skipped if they do not
+        come)."""
+        live = self.hub.alive()
+        if len(live) < need and self.live_wait_s > 0:
+            self.hub.set_phase(f"round {round_idx + 1}: waiting for {need} connected clients")
+            log_event(
+                "server",
+                "waiting_for_clients",
+                round=round_idx + 1,
+                connected=format_ids(live),
+                need=need,
+                wait_s=self.live_wait_s,
+            )
+            self.hub.wait_for(need, self.live_wait_s, live=True)
+            live = self.hub.alive()
+        return live
+
+    def sent_down(self) -> tuple[int, int]:
+        """Bytes down since the last call (models downloaded to the end, protocol
+        messages handed out) and the number of those downloads: a round's record."""
+        hub = self.hub
+        with hub.cond:
+            now = (hub.bytes_down + hub.message_bytes_down, hub.downloads)
+        was, self._sent = self._sent, now
+        return now[0] - was[0], now[1] - was[1]
 
     def run_cohort(self, tasks: Sequence[ClientTask], payload: bytes) -> Iterator[ClientUpload]:
         ok = set(self.rollout.trainable(t.client_id for t in tasks))

@@ -34,6 +34,7 @@ from fedforge.tasks import load_server_data
 from fedforge.transport import admission as adm
 from fedforge.transport.admission import Admission
 from fedforge.transport.hub import Hub
+from fedforge.transport.joins import wait_for_joins
 from fedforge.transport.live import LivePublisher
 from fedforge.transport.logs import log_event
 from fedforge.transport.loop_thread import LoopThread
@@ -152,7 +153,7 @@ class Deployment:
                 f"deployment.start_clients = {need} is more than num_clients = "
                 f"{self.cfg.num_clients}"
             )
-        got = self.hub.wait_for(need, dep.start_timeout_s)
+        got = wait_for_joins(self.hub, need, dep.start_timeout_s)  # saying who joined
         if got < need:
             raise ConfigError(
                 f"only {got} of the {need} clients needed to start joined within "

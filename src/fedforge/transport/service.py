@@ -49,6 +49,21 @@ def parse(cls: type[M], data: bytes, what: str) -> M:
     return msg
 
 
+class Call:
+    """An aio call as the hub sees it (``presence.CallContext``): a callback run
+    when gRPC ends the call (on the event loop's thread), and its time left."""
+
+    def __init__(self, context: grpc.aio.ServicerContext) -> None:
+        self.context = context
+
+    def add_callback(self, callback: Callable[[], None]) -> bool:
+        self.context.add_done_callback(lambda _ended: callback())
+        return True
+
+    def time_remaining(self) -> float | None:
+        return self.context.time_remaining()
+
+
 class FederationService:
     """Admits, authenticates and parses each call, then asks the hub."""
 
@@ -158,8 +173,10 @@ class FederationService:
             who, request = await self._signed("Poll", requests, context)
             body = parse(pb.PollRequest, request.body, "PollRequest")
             with self.admission.working(who):
+                # the call itself: its closing by the client's side tells the hub
+                # the process is gone (a heartbeat is held open while it works)
                 work = await self._hub(
-                    self.hub.poll, who, body.session, body.wait_s, body.heartbeat
+                    self.hub.poll, who, body.session, body.wait_s, body.heartbeat, Call(context)
                 )
             return pb.PollReply(work=work, done=self.hub.done, reason=self.hub.done_reason)
 
@@ -168,16 +185,18 @@ class FederationService:
     async def Download(
         self, requests: AsyncIterator[pb.Signed], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.Chunk]:
-        async def go() -> bytes:
+        async def go() -> tuple[str, bytes]:
             who, request = await self._signed("Download", requests, context)
             body = parse(pb.DownloadRequest, request.body, "DownloadRequest")
             with self.admission.working(who):
-                return await self._hub(self.hub.payload, who, body.session, body.payload_id)
+                data = await self._hub(self.hub.payload, who, body.session, body.payload_id)
+            return body.payload_id, data
 
-        data: bytes = await self._call(context, "Download", go)
+        payload_id, data = await self._call(context, "Download", go)
         view = memoryview(data)
         for i in range(0, len(data), self.chunk_bytes):
             yield pb.Chunk(data=bytes(view[i : i + self.chunk_bytes]))
+        self.hub.delivered(payload_id, len(data))  # every chunk went: on the record
 
     async def Upload(
         self, parts: AsyncIterator[pb.UploadPart], context: grpc.aio.ServicerContext

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedforge.config.compat import cohort_size
 from fedforge.core import wire
 from fedforge.core.errors import UploadError
 from fedforge.privacy import secagg_codec as sc
@@ -248,7 +249,8 @@ class SecureSum:
         if self.reason is None and self.aggregate is None:  # finished before unmasking
             self.reason = f"{PREFIX}the round ended before its sum was unmasked"
         if self.reason is None and self.aggregate is not None:
-            need = self.exp.cfg.robust.min_clients
+            cfg = self.exp.cfg
+            need = cfg.robust.min_clients_of(cohort_size(cfg.num_clients, cfg.client_fraction))
             if len(self.clients) < need:
                 self.reason = (
                     f"only {len(self.clients)} accepted update(s), fewer than min_clients = {need}"

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
+from fedforge.config.compat import cohort_size
 from fedforge.server.collectors.base import UPLOAD, Collected, DenseCost, Phase, RoundLog
 from fedforge.server.collectors.intake import Intake, Limits, Upload
 from fedforge.server.diagnostics import RoundDiagnostics
@@ -111,7 +112,8 @@ class UploadPhase:
         )
 
     def _too_few(self, accepted: int) -> str | None:
-        need = self.exp.cfg.robust.min_clients
+        cfg = self.exp.cfg
+        need = cfg.robust.min_clients_of(cohort_size(cfg.num_clients, cfg.client_fraction))
         if accepted < need:
             return f"only {accepted} accepted update(s), fewer than min_clients = {need}"
         return None
