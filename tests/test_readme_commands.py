@@ -63,10 +63,12 @@ def run_bash(script: str, cwd: Path, timeout: float) -> subprocess.CompletedProc
     )
     try:
         out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as late:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
-        raise AssertionError(f"the README's commands did not finish in {timeout} s:\n{out}")
+        raise AssertionError(
+            f"the README's commands did not finish in {timeout} s:\n{out}"
+        ) from late
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
 
 

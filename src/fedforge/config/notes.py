@@ -16,9 +16,9 @@ def config_notes(cfg: Config) -> list[str]:
     """What a run says of its config in its note: fields set away from their
     default that it does not read (FedProx's mu under another algorithm, a server
     optimizer's field its kind ignores), fields read against their algorithm's
-    assumption (SCAFFOLD option II's plain SGD), and what FedBN's global accuracy
-    measures. Not refused (a sweep over the algorithm or the kind keeps one
-    setting for the points that read it)."""
+    assumption (SCAFFOLD option II's plain SGD), and what FedBN's and a
+    feature-shifted run's global accuracy measure. Not refused (a sweep over the
+    algorithm or the kind keeps one setting for the points that read it)."""
     out = []
     if cfg.algorithm != "fedprox" and cfg.mu not in (0.0, Config().mu):
         out.append(f"mu = {cfg.mu} (FedProx's) is ignored by algorithm '{cfg.algorithm}'")
@@ -73,6 +73,14 @@ def config_notes(cfg: Config) -> list[str]:
             "fedbn: the global test accuracy (and target_accuracy) is of the shared layers "
             "with the initial batch norm, a model no client uses; each client's own "
             "model is evaluated with eval_clients"
+        )
+    shift = cfg.partition.feature_shift
+    if any(domain != "none" for domain in shift):
+        where = f"domain 'none', one of {len(shift)}" if "none" in shift else "no client's domain"
+        out.append(
+            f"partition.feature_shift = [{', '.join(shift)}]: the global test accuracy (and "
+            f"target_accuracy) is of the unshifted test set ({where}); eval_clients scores "
+            "each client in its own domain"
         )
     return out
 
