@@ -26,6 +26,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from fedforge.report.runs import run_row
 from fedforge.store.runstore import RunStore
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,6 +92,9 @@ def test_the_readme_deployment_example_runs_as_written(tmp_path: Path, mnist_dir
         assert store.status == "finished", done.stdout
         config = store.config()
         assert len(store.rounds()) == config.rounds
+
+    with RunStore.open(runs[0], read_only=True) as store:  # `fedforge runs` says who ran it
+        assert run_row(store.info())[3] == "deployment"
 
     after = [line for line in blocks[1].splitlines() if "fedforge models list" in line]
     assert after, "the README shows how to list the run's model versions"

@@ -22,6 +22,25 @@ def percent(accuracy: float | None) -> str:
     return "-" if accuracy is None else f"{100 * accuracy:.2f}%"
 
 
+# the short labels of the built-in scores; another task's score shows by its name
+_SCORE_LABELS = {"accuracy": "acc", "token accuracy": "token acc"}
+
+
+def score_text(value: float | None, score_name: str = "accuracy") -> str:
+    """A task's score as every screen shows it: R^2 as it is (``0.3272``), an
+    accuracy (a fraction) in percent; ``-``: none."""
+    if value is None:
+        return "-"
+    return f"{value:.4f}" if score_name == "R^2" else percent(value)
+
+
+def named_score(value: float | None, score_name: str = "accuracy") -> str:
+    """The score with what it is: ``acc 95.12%``, ``R^2 0.3272``; ``-``: none."""
+    if value is None:
+        return "-"
+    return f"{_SCORE_LABELS.get(score_name, score_name)} {score_text(value, score_name)}"
+
+
 def count(n: int, noun: str) -> str:
     """``n`` and the noun, plural but for 1: 1 round, 2 rounds."""
     return f"{n} {noun}" + ("" if n == 1 else "s")
@@ -66,10 +85,8 @@ class Progress:
         total_bytes: int,
         epsilon: float | None = None,  # privacy spent so far (DP runs)
     ) -> None:
-        if self._score == "R^2":
-            acc = "R^2 " + ("-" if accuracy is None else f"{accuracy:.4f}")
-        else:
-            acc = "acc " + percent(accuracy)
+        label = "R^2" if self._score == "R^2" else "acc"
+        acc = f"{label} {score_text(accuracy, self._score)}"
         eps = "" if epsilon is None else f" eps {epsilon:.3f}"
         los = "-" if loss is None else f"{loss:.4f}"
         self._done += 1

@@ -14,6 +14,7 @@ from typing import Any
 
 from fedforge.core.errors import StoreError
 from fedforge.report.html.gather import finite
+from fedforge.report.progress import named_score
 from fedforge.report.reasons import reason_kind
 from fedforge.report.runs import RUN_COLUMNS, format_run_summary, run_row
 from fedforge.store.live_state import STALE_AFTER_S, read_live_state
@@ -29,7 +30,8 @@ ALERTS_SHOWN = 50
 
 def run_entry(info: RunInfo) -> dict[str, Any]:
     """One run of the list: the texts ``fedforge runs`` prints, and the numbers."""
-    texts = dict(zip(("run_id", "status", "rounds", "best", "created"), run_row(info), strict=True))
+    keys = ("run_id", "status", "algorithm", "mode", "rounds", "best", "created")
+    texts = dict(zip(keys, run_row(info), strict=True))
     return {
         **texts,
         "name": info.name,
@@ -88,7 +90,7 @@ def status_view(store: RunStore) -> dict[str, Any]:
         "status": live_status(store.path, info.status),
         "rounds_done": info.rounds_done,
         "rounds_planned": info.rounds_planned,
-        "best": run_row(info)[3],
+        "best": named_score(info.best_accuracy, info.score_name),
     }
 
 

@@ -70,7 +70,7 @@
     status.textContent = s.status;
     status.className = "status " + s.status;
     byId("progress").textContent =
-      `rounds ${s.rounds_done}/${s.rounds_planned ?? "?"}, best accuracy ${s.best}`;
+      `rounds ${s.rounds_done}/${s.rounds_planned ?? "?"}, best ${s.best}`;
     loadSummary();
   }
 
