@@ -6,7 +6,7 @@ read it."""
 
 from __future__ import annotations
 
-from fedforge.config.data import SyntheticConfig
+from fedforge.config.data import PartitionConfig, SyntheticConfig
 from fedforge.config.privacy import PrivacyConfig
 from fedforge.config.robust import RobustConfig
 from fedforge.config.schema import Config, ServerOptimizerConfig
@@ -83,6 +83,28 @@ def config_notes(cfg: Config) -> list[str]:
             "each client in its own domain"
         )
     return out
+
+
+# the partition fields that split a data set the config loads
+_SPLIT_FIELDS = ("kind", "shards_per_client", "alpha", "sigma", "min_size")
+
+
+def own_split_note(cfg: Config) -> str | None:
+    """What a run on data given with its own split over clients says of the
+    partition fields that would have split a loaded data set (None: all default)."""
+    part, default = cfg.partition, PartitionConfig()
+    changed = [
+        f"partition.{n} = {getattr(part, n)!r}"
+        for n in _SPLIT_FIELDS
+        if getattr(part, n) != getattr(default, n)
+    ]
+    if not changed:
+        return None
+    return (
+        f"{', '.join(changed)} ignored: the data came with its own split over clients "
+        "(to split your labels this way: fedforge.data.dirichlet(labels, num_clients, "
+        "alpha, numpy.random.default_rng(seed)) and the other partitioners of fedforge.data)"
+    )
 
 
 # the robust aggregators that read each field (robust.py builds them)
