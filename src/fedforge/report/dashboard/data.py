@@ -14,7 +14,7 @@ from typing import Any
 
 from fedforge.core.errors import StoreError
 from fedforge.report.html.gather import finite
-from fedforge.report.progress import named_score
+from fedforge.report.progress import id_ranges, named_score
 from fedforge.report.reasons import reason_kind
 from fedforge.report.runs import RUN_COLUMNS, format_run_summary, run_row
 from fedforge.store.live_state import STALE_AFTER_S, read_live_state
@@ -130,7 +130,38 @@ def live_view(state: dict[str, Any] | None, now: float | None = None) -> dict[st
     else:
         condition = "not heard from"
     rounded = None if age is None else round(age, 1)
-    return {**state, "age_s": rounded, "condition": condition, "stale_after_s": STALE_AFTER_S}
+    return {
+        **state,
+        **client_counts(state),
+        "age_s": rounded,
+        "condition": condition,
+        "stale_after_s": STALE_AFTER_S,
+    }
+
+
+def _ids(value: Any) -> list[int]:
+    """A list of client ids from the state file (anything else: none)."""
+    if not isinstance(value, list):
+        return []
+    return [i for i in value if isinstance(i, int) and not isinstance(i, bool)]
+
+
+def client_counts(state: dict[str, Any]) -> dict[str, str]:
+    """The connected and joined clients, and the federation's clients not
+    connected, as counts and id ranges (``75 of 100: 0-24, 50-99``): a line each
+    however many clients there are."""
+    total = state.get("num_clients")
+    total = total if isinstance(total, int) and not isinstance(total, bool) else None
+    connected, joined = _ids(state.get("connected")), _ids(state.get("joined"))
+    of = "?" if total is None else f"{total:,}"
+    texts = {
+        "connected_text": f"{len(set(connected)):,} of {of}: {id_ranges(connected)}",
+        "joined_text": f"{len(set(joined)):,} of {of}: {id_ranges(joined)}",
+    }
+    if total is not None:
+        away = set(range(total)) - set(connected)
+        texts["away_text"] = f"{len(away):,}: {id_ranges(away)}"
+    return texts
 
 
 def run_detail(path: Path) -> dict[str, Any]:
