@@ -72,3 +72,24 @@ def test_a_classification_run_is_shown_by_its_accuracy(
     assert main(["runs", "--runs-dir", str(runs)]) == 0
     row = capsys.readouterr().out.splitlines()[1].split()
     assert row[2:7] == ["fedavg", "sim", "2/2", "acc", f"{100 * best:.2f}%"]
+
+
+def test_a_regression_sweep_tables_its_r2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "reg.yaml"
+    config.write_text(
+        "task: linear-regression\nnum_clients: 4\nclient_fraction: 1.0\nrounds: 2\n"
+        f"target_accuracy: null\ndtype: float64\nname: regsweep\nruns_dir: {tmp_path / 'runs'}\n"
+    )
+    assert main(["sweep", str(config), "--grid", "lr=0.02,0.05"]) == 0
+    table = capsys.readouterr().out
+    bests = []
+    for run_dir in sorted((tmp_path / "runs").iterdir()):
+        with RunStore.open(run_dir, read_only=True) as store:
+            bests.append(
+                max(r.test_accuracy for r in store.rounds() if r.test_accuracy is not None)
+            )
+    for best in bests:
+        assert f"R^2 {best:.4f}" in table
+    assert "%" not in table
