@@ -126,12 +126,20 @@ def _store_rows(run_dir: Path) -> list[tuple[Any, ...]]:
         ).fetchall()
 
 
-def _store_line(run_dir: Path) -> tuple[str, tuple[str, str, str]]:
-    """A run's id and (status, rounds done/planned, best accuracy), from sqlite3."""
+def _store_line(run_dir: Path) -> tuple[str, tuple[str, ...]]:
+    """A run's id and (status, algorithm, sim, rounds done/planned, best accuracy),
+    from sqlite3 (these runs are the simulator's)."""
     with sqlite3.connect(run_dir / "store.sqlite") as db:
         run_id, status, config = db.execute("SELECT id, status, config_json FROM runs").fetchone()
         done, best = db.execute("SELECT COUNT(*), MAX(test_accuracy) FROM rounds").fetchone()
-    return run_id, (status, f"{done}/{json.loads(config)['rounds']}", f"{100 * best:.2f}%")
+    cfg = json.loads(config)
+    return run_id, (
+        status,
+        cfg["algorithm"],
+        "sim",
+        f"{done}/{cfg['rounds']}",
+        f"acc {100 * best:.2f}%",
+    )
 
 
 def test_runs_page_lists_the_stores_runs(runs: Runs, tab: Tab) -> None:
@@ -140,7 +148,7 @@ def test_runs_page_lists_the_stores_runs(runs: Runs, tab: Tab) -> None:
     cells = tab.page.eval_on_selector_all(
         "#runs tbody tr", "rows => rows.map(r => [...r.cells].map(c => c.textContent))"
     )
-    shown = {row[0]: tuple(row[1:4]) for row in cells}
+    shown = {row[0]: tuple(row[1:6]) for row in cells}
     assert shown == dict(_store_line(p) for p in (runs.finished, runs.running.path))
     link = tab.page.get_attribute(f"tr[data-run-id='{runs.running.path.name}'] a", "href")
     assert link == f"/runs/{runs.running.path.name}"
@@ -200,7 +208,8 @@ def test_deployment_panel_shows_the_servers_live_state(runs: Runs, tab: Tab) -> 
     tab.page.wait_for_function(
         "s => document.getElementById('dep-phase')?.textContent === s", arg="round 4: training"
     )
-    assert tab.page.text_content("#dep-connected") == "2 of 6 (0, 1)"
+    assert tab.page.text_content("#dep-connected") == "2 of 6: 0-1"
+    assert tab.page.text_content("#dep-away") == "4: 2-5"
     assert tab.page.text_content("#dep-dropouts") == "1"
     assert tab.page.text_content("#dep-state") == "live"
     age = tab.page.text_content("#dep-updated") or ""

@@ -205,3 +205,20 @@ def test_composes_with_shards_on_real_mnist(mnist_dir: Path, one_thread: None) -
 def test_federated_data_fields_default_to_none(make_data: MakeData) -> None:
     data: FederatedData = make_data([2, 2])
     assert data.domains is None and data.noisy_clients is None
+
+
+def test_a_shifted_run_says_its_headline_is_of_the_unshifted_test_set(
+    make_data: MakeData, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fedforge.config.notes import config_notes
+
+    assert config_notes(from_dict({**BASE, "partition": {"feature_shift": ["none"]}})) == []
+    (note,) = config_notes(from_dict({**BASE, "partition": {"feature_shift": ["invert", "blur"]}}))
+    assert note.startswith("partition.feature_shift = [invert, blur]: the global test accuracy")
+    assert "unshifted test set (no client's domain)" in note
+    cfg = from_dict(
+        {**BASE, "partition": {"feature_shift": ["invert", "none"]}, "runs_dir": str(tmp_path)}
+    )
+    run(cfg, data=make_data([6, 6, 6], dtype=F64))
+    err = capsys.readouterr().err  # the run's start lines
+    assert "the unshifted test set (domain 'none', one of 2)" in err

@@ -120,3 +120,26 @@ def test_a_deployment_server_publishes_its_live_state(tmp_path: Path) -> None:
     # a loaded machine misses (a 3-round run lasts about a second): the states as
     # they move are followed through a real hub in tests/test_dashboard_browser.py
     assert seen and seen[-1] == final
+
+
+def test_the_dashboard_shows_clients_as_counts_and_ranges_at_any_scale() -> None:
+    from fedforge.report.dashboard.data import live_view
+
+    state = {"num_clients": 100, "connected": [*range(25), 30, *range(50, 100)]}
+    view = live_view({**state, "joined": list(range(100)), "serving": True, "updated": 0.0}, 1.0)
+    assert view is not None
+    assert view["connected_text"] == "76 of 100: 0-24, 30, 50-99"
+    assert view["joined_text"] == "100 of 100: 0-99"
+    assert view["away_text"] == "24: 25-29, 31-49"
+    # 10,000 clients, every other one connected: a short line, the rest counted
+    many = {"num_clients": 10_000, "connected": list(range(0, 10_000, 2)), "joined": []}
+    big = live_view(many, 1.0)
+    assert big is not None
+    assert big["connected_text"] == (
+        "5,000 of 10,000: 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, and 4,988 more ranges"
+    )
+    assert big["away_text"].startswith("5,000: 1, 3, 5,") and len(big["away_text"]) < 120
+    assert big["joined_text"] == "0 of 10,000: -"
+    odd = live_view({"connected": "all", "joined": [1, True, "2"]}, 1.0)  # a hand-made file
+    assert odd is not None and odd["connected_text"] == "0 of ?: -" and "away_text" not in odd
+    assert odd["joined_text"] == "1 of ?: 1"

@@ -336,7 +336,9 @@ def test_models_refusals_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixt
     with RunStore.create(runs, Config(name="refused")) as s:
         run = s.path.name
     assert _cli(runs, "list", run) == 0
-    assert capsys.readouterr().out == "no model versions\n"
+    out = capsys.readouterr().out
+    assert out.startswith("no model versions: ") and out.count("\n") == 1
+    assert "deployment.canary_every" in out  # how to get them
     assert _cli(runs, "rollback", run) == 2
     err = capsys.readouterr().err
     assert err.startswith("fedforge: error: nothing to roll back in run") and err.count("\n") == 1
@@ -351,3 +353,24 @@ def test_models_refusals_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixt
     assert _cli(runs, "list", "nosuchrun") == 2
     assert "no run matches 'nosuchrun'" in capsys.readouterr().err
     assert os.listdir(runs) == [run]
+
+
+def test_a_change_to_a_finished_run_says_no_client_hears_of_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runs = tmp_path / "runs"
+    with RunStore.create(runs, Config(name="done")) as s:
+        run = s.path.name
+        add_version(s, _params(), 0, status="promoted")
+        add_version(s, _params(), 1, parent_id=1, status="canary")
+    assert _cli(runs, "rollback", run) == 0  # a running run: its server tells the clients
+    assert capsys.readouterr().out == "version 2 rolled back; version 1 serves every client\n"
+    with RunStore.open(runs / run) as s:
+        add_version(s, _params(), 2, parent_id=1, status="canary")
+        s.finish({})
+    assert _cli(runs, "rollback", run) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("version 3 rolled back; version 1 serves every client; ")
+    assert "finished" in out and "none will hear of it" in out
+    assert _cli(runs, "promote", run, "1") == 0  # already serving: nothing changed, nothing to hear
+    assert "hear" not in capsys.readouterr().out

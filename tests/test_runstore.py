@@ -212,7 +212,7 @@ def test_list_runs_skips_non_runs_and_marks_corrupt(tmp_path: Path) -> None:
     status = {r.name: r.status for r in runs}
     assert status == {"alpha": "died", "beta": "died", "broken": "unreadable"}  # no writer
     table = format_run_table(runs)
-    assert table.splitlines()[0].split()[:3] == ["RUN", "STATUS", "ROUNDS"]
+    assert table.splitlines()[0].split()[:5] == ["RUN", "STATUS", "ALGORITHM", "MODE", "ROUNDS"]
     assert paths[0].name in table and "unreadable" in table
     assert format_run_table([]) == "no runs"
 

@@ -6,7 +6,7 @@ read it."""
 
 from __future__ import annotations
 
-from fedforge.config.data import SyntheticConfig
+from fedforge.config.data import PartitionConfig, SyntheticConfig
 from fedforge.config.privacy import PrivacyConfig
 from fedforge.config.robust import RobustConfig
 from fedforge.config.schema import Config, ServerOptimizerConfig
@@ -16,9 +16,9 @@ def config_notes(cfg: Config) -> list[str]:
     """What a run says of its config in its note: fields set away from their
     default that it does not read (FedProx's mu under another algorithm, a server
     optimizer's field its kind ignores), fields read against their algorithm's
-    assumption (SCAFFOLD option II's plain SGD), and what FedBN's global accuracy
-    measures. Not refused (a sweep over the algorithm or the kind keeps one
-    setting for the points that read it)."""
+    assumption (SCAFFOLD option II's plain SGD), and what FedBN's and a
+    feature-shifted run's global accuracy measure. Not refused (a sweep over the
+    algorithm or the kind keeps one setting for the points that read it)."""
     out = []
     if cfg.algorithm != "fedprox" and cfg.mu not in (0.0, Config().mu):
         out.append(f"mu = {cfg.mu} (FedProx's) is ignored by algorithm '{cfg.algorithm}'")
@@ -81,7 +81,37 @@ def config_notes(cfg: Config) -> list[str]:
             "with the initial batch norm, a model no client uses; each client's own "
             "model is evaluated with eval_clients"
         )
+    shift = cfg.partition.feature_shift
+    if any(domain != "none" for domain in shift):
+        where = f"domain 'none', one of {len(shift)}" if "none" in shift else "no client's domain"
+        out.append(
+            f"partition.feature_shift = [{', '.join(shift)}]: the global test accuracy (and "
+            f"target_accuracy) is of the unshifted test set ({where}); eval_clients scores "
+            "each client in its own domain"
+        )
     return out
+
+
+# the partition fields that split a data set the config loads
+_SPLIT_FIELDS = ("kind", "shards_per_client", "alpha", "sigma", "min_size")
+
+
+def own_split_note(cfg: Config) -> str | None:
+    """What a run on data given with its own split over clients says of the
+    partition fields that would have split a loaded data set (None: all default)."""
+    part, default = cfg.partition, PartitionConfig()
+    changed = [
+        f"partition.{n} = {getattr(part, n)!r}"
+        for n in _SPLIT_FIELDS
+        if getattr(part, n) != getattr(default, n)
+    ]
+    if not changed:
+        return None
+    return (
+        f"{', '.join(changed)} ignored: the data came with its own split over clients "
+        "(to split your labels this way: fedforge.data.dirichlet(labels, num_clients, "
+        "alpha, numpy.random.default_rng(seed)) and the other partitioners of fedforge.data)"
+    )
 
 
 # the robust aggregators that read each field (robust.py builds them)

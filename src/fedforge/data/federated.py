@@ -50,6 +50,9 @@ class FederatedData:
     # server whose clients bring their own data holds none, such a client process
     # its own; the others' index lists are empty
     hosted: tuple[int, ...] | None = None
+    # split over clients by the config's partition (load_federated_data); False:
+    # the caller's own split, which partition.kind and its fields do not touch
+    split_by_config: bool = False
 
     def classes(self) -> int | None:
         """The number of classes of the labels (None: regression targets)."""
@@ -97,7 +100,9 @@ def load_federated_data(cfg: Config, train: bool = True) -> FederatedData:
         data = load_regression(cfg)
     else:
         data = load_mnist_federation(cfg, train)
-    return data if train else test_set_only(data, cfg.num_clients)
+    if not train:
+        return test_set_only(data, cfg.num_clients)
+    return dataclasses.replace(data, split_by_config=True)
 
 
 def test_set_only(data: FederatedData, num_clients: int) -> FederatedData:

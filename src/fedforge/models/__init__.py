@@ -1,7 +1,9 @@
 """Model registry: build a model by the name used in configs. The built-in ones
-are sized by the data (its :class:`DataSpec`: input features, classes); besides
-them, a caller registers its own (:func:`register_model`) before it builds, runs
-or resumes a config naming it."""
+are sized by the data (its :class:`DataSpec`): every one by its classes, ``logreg``
+and ``linear`` by its input features too; the MNIST models take 28x28 images
+alone, and data of another shape is refused by name before any forward pass.
+Besides them, a caller registers its own (:func:`register_model`) before it
+builds, runs or resumes a config naming it."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import torch
 from torch import nn
 
 from fedforge.core.dataspec import MNIST_SPEC, SYNTHETIC_SPEC, DataSpec
-from fedforge.core.errors import ConfigError
+from fedforge.core.errors import ConfigError, DataError
 from fedforge.models.bn import MnistCNNBN
 from fedforge.models.char_lstm import CharLSTM
 from fedforge.models.linear import LinearRegression
@@ -27,6 +29,8 @@ SIZED: dict[str, Callable[[DataSpec], nn.Module]] = {
     "char_lstm": lambda d: CharLSTM(d.outputs),
     "linear": lambda d: LinearRegression(d.input_features, d.outputs),
 }
+# the built-in models that take rows of one shape alone (the others: any shape)
+FIXED_INPUT: dict[str, tuple[int, ...]] = {name: (1, 28, 28) for name in ("2nn", "cnn", "cnn_bn")}
 # a caller's models (register_model): built by calling them with no argument
 MODELS: dict[str, Callable[[], nn.Module]] = {}
 BUILT_IN = frozenset(SIZED)
@@ -58,6 +62,13 @@ def build_model(
             "own: fedforge.register_model(name, factory) before the run, and before its resume)"
         )
     spec = SPECS[data] if isinstance(data, str) else data
+    want = FIXED_INPUT.get(name)
+    if want is not None and spec.input_shape != want:
+        raise DataError(
+            f"train_x rows of shape {spec.input_shape} do not fit model {name!r}: it takes "
+            f"rows of shape {want} (28x28 images); use 'logreg' (sized by the inputs) or a "
+            "model of your own (fedforge.register_model)"
+        )
     make = (lambda: SIZED[name](spec)) if name in SIZED else MODELS[name]
     return seeded(make, seed, dtype, repr(name))
 

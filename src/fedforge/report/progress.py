@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from typing import TextIO
 
 from tqdm import tqdm
@@ -20,6 +21,42 @@ def format_bytes(n: float) -> str:
 def percent(accuracy: float | None) -> str:
     """An accuracy (a fraction) as every screen shows it, e.g. ``95.12%``; ``-``: none."""
     return "-" if accuracy is None else f"{100 * accuracy:.2f}%"
+
+
+# the short labels of the built-in scores; another task's score shows by its name
+_SCORE_LABELS = {"accuracy": "acc", "token accuracy": "token acc"}
+
+
+def score_text(value: float | None, score_name: str = "accuracy") -> str:
+    """A task's score as every screen shows it: R^2 as it is (``0.3272``), an
+    accuracy (a fraction) in percent; ``-``: none."""
+    if value is None:
+        return "-"
+    return f"{value:.4f}" if score_name == "R^2" else percent(value)
+
+
+def named_score(value: float | None, score_name: str = "accuracy") -> str:
+    """The score with what it is: ``acc 95.12%``, ``R^2 0.3272``; ``-``: none."""
+    if value is None:
+        return "-"
+    return f"{_SCORE_LABELS.get(score_name, score_name)} {score_text(value, score_name)}"
+
+
+def id_ranges(ids: Iterable[int], most: int = 12) -> str:
+    """Client ids as sorted runs, ``0-24, 30, 50-99`` (``-``: none); past ``most``
+    runs, the rest counted: ``..., and 4,990 more ranges`` (readable at any count)."""
+    runs: list[list[int]] = []
+    for i in sorted(set(ids)):
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    if not runs:
+        return "-"
+    shown = [str(a) if a == b else f"{a}-{b}" for a, b in runs[:most]]
+    if len(runs) > most:
+        shown.append(f"and {len(runs) - most:,} more ranges")
+    return ", ".join(shown)
 
 
 def count(n: int, noun: str) -> str:
@@ -66,10 +103,8 @@ class Progress:
         total_bytes: int,
         epsilon: float | None = None,  # privacy spent so far (DP runs)
     ) -> None:
-        if self._score == "R^2":
-            acc = "R^2 " + ("-" if accuracy is None else f"{accuracy:.4f}")
-        else:
-            acc = "acc " + percent(accuracy)
+        label = "R^2" if self._score == "R^2" else "acc"
+        acc = f"{label} {score_text(accuracy, self._score)}"
         eps = "" if epsilon is None else f" eps {epsilon:.3f}"
         los = "-" if loss is None else f"{loss:.4f}"
         self._done += 1

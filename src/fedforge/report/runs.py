@@ -9,7 +9,7 @@ from fedforge.config import describe_split, describe_task, step_sizes
 from fedforge.evaluation.clients import summarize_accuracies
 from fedforge.report.facts import run_facts
 from fedforge.report.headline import headline
-from fedforge.report.progress import count, format_bytes, percent
+from fedforge.report.progress import count, format_bytes, named_score, percent, score_text
 from fedforge.store.runs_dir import live_status
 from fedforge.store.runstore import RunInfo, RunStore
 
@@ -20,14 +20,20 @@ def _fmt_seconds(s: float) -> str:
     return f"{hours}h {minutes:02d}m {sec:02d}s" if hours else f"{minutes}m {sec:02d}s"
 
 
-RUN_COLUMNS = ("RUN", "STATUS", "ROUNDS", "BEST ACC", "CREATED")
+RUN_COLUMNS = ("RUN", "STATUS", "ALGORITHM", "MODE", "ROUNDS", "BEST", "CREATED")
 
 
-def run_row(r: RunInfo) -> tuple[str, str, str, str, str]:
+def run_mode(r: RunInfo) -> str:
+    """``deployment`` for a run of `fedforge server`, else ``sim``."""
+    return "deployment" if r.deployment else "sim"
+
+
+def run_row(r: RunInfo) -> tuple[str, ...]:
     """One run's line of ``fedforge runs`` (and of the dashboard's list), as texts
-    under :data:`RUN_COLUMNS`."""
+    under :data:`RUN_COLUMNS`; the best score named (``acc 95.12%``, ``R^2 0.33``)."""
     done = f"{r.rounds_done}/{r.rounds_planned or '?'}"
-    return (r.run_id, r.status, done, percent(r.best_accuracy), r.created)
+    best = named_score(r.best_accuracy, r.score_name)
+    return (r.run_id, r.status, r.algorithm or "-", run_mode(r), done, best, r.created)
 
 
 def format_run_table(runs: list[RunInfo]) -> str:
@@ -35,7 +41,7 @@ def format_run_table(runs: list[RunInfo]) -> str:
     if not runs:
         return "no runs"
     rows = [RUN_COLUMNS, *(run_row(r) for r in runs)]
-    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(RUN_COLUMNS))]
     lines = ("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows)
     return "\n".join(line.rstrip() for line in lines)
 
@@ -51,6 +57,7 @@ def format_run_summary(store: RunStore) -> str:
         f"path      {store.path}",
         f"created   {info.created}",
         f"config    {cfg.algorithm} {describe_task(cfg)}, {cfg.num_clients} clients, "
+        f"{run_mode(info)}, "
         f"{describe_split(cfg)}",
         f"          C={cfg.client_fraction} E={cfg.local_epochs} B={batch} {step_sizes(cfg)} "
         f"seed={cfg.seed} engine={cfg.engine} dtype={cfg.dtype}",
@@ -58,11 +65,12 @@ def format_run_summary(store: RunStore) -> str:
     ]
     head = headline(rounds, summary)
     best, last = head.best, head.final
+    score = info.score_name
     lines.append(
-        f"accuracy  best {percent(best.test_accuracy)} (round {best.round_idx + 1}), "
-        f"final {percent(last.test_accuracy)} (round {last.round_idx + 1})"
+        f"{score:<9} best {score_text(best.test_accuracy, score)} (round {best.round_idx + 1}), "
+        f"final {score_text(last.test_accuracy, score)} (round {last.round_idx + 1})"
         if best and last
-        else "accuracy  not evaluated"
+        else f"{score:<9} not evaluated"
     )
     target = summary.get("target_accuracy", cfg.target_accuracy)
     if "rounds_to_target" in summary and isinstance(target, int | float):

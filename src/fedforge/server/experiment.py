@@ -19,7 +19,7 @@ from fedforge.client.runtime import ClientDataFn, ClientRuntime
 from fedforge.compression import parts as communication
 from fedforge.compression.parts import CommunicationParts
 from fedforge.config import Config
-from fedforge.config.notes import config_notes
+from fedforge.config.notes import config_notes, own_split_note
 from fedforge.core.allocator import keep_large_blocks
 from fedforge.core.device import HOST, resolve_device
 from fedforge.core.errors import ConfigError
@@ -108,6 +108,7 @@ def build(cfg: Config, data: FederatedData | None = None, task: Task | None = No
     dtype = DTYPES[cfg.dtype]
     device = resolve_device(cfg.device)  # before the data loads: a missing GPU fails fast
     task = resolve_task(cfg, task)
+    own_split = data is not None and not data.split_by_config
     data, model, fingerprint = _run_data(cfg, data, task, dtype)
     if cfg.algorithm == "perfedavg" and _tracks_statistics(model):  # e.g. a registered one
         raise ConfigError(
@@ -139,7 +140,8 @@ def build(cfg: Config, data: FederatedData | None = None, task: Task | None = No
         report_loss=not cfg.privacy.hides_updates,
     )
     choice = _engine_for(cfg, data, runtime, _side_state(parts.comm, parts.priv))
-    ignored = "; ".join(config_notes(cfg))
+    said = [*config_notes(cfg), own_split_note(cfg) if own_split else None]
+    ignored = "; ".join(n for n in said if n)
     bf16 = precision_note(cfg.precision) if device == HOST else None  # a CPU's bf16
     notes = (*choice.notes, bf16, ignored)
     return Experiment(

@@ -100,7 +100,9 @@ def run(
     run_store = RunStore.create(cfg.runs_dir, cfg)
     try:
         write_partition(run_store.path / "partition.json", partition)
-        write_build(run_store.path, exp.spec, exp.data_fingerprint)
+        write_build(
+            run_store.path, exp.spec, exp.data_fingerprint, exp.metrics.score_name, exp.engine.name
+        )
         lock = RunLock(run_store.path).acquire()
     except BaseException as exc:  # a run that never started is removed, not left half-made
         run_store.close()

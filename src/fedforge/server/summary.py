@@ -7,7 +7,7 @@ from typing import Any
 
 from fedforge.evaluation.metrics import bytes_at, rounds_to_target
 from fedforge.report.facts import run_facts
-from fedforge.report.progress import format_bytes, percent
+from fedforge.report.progress import format_bytes, score_text
 from fedforge.server.experiment import Experiment
 from fedforge.store import RoundRecord
 
@@ -37,6 +37,7 @@ def summarize_run(
         "rounds_done": len(records),
         "target_accuracy": target,
         "rounds_to_target": rtt,
+        "score_name": exp.metrics.score_name,  # what best/final_accuracy hold
         "best_accuracy": max(evals[1]) if evals[1] else None,
         "final_accuracy": final.test_accuracy if final else None,
         "final_loss": final.test_loss if final else None,
@@ -69,15 +70,16 @@ def format_summary(summary: dict[str, Any]) -> str:
     """The end-of-run lines the CLI prints."""
     rtt = summary.get("rounds_to_target")
     target = summary.get("target_accuracy")
+    score = summary.get("score_name", "accuracy")  # what the task scores by
+    goal = f"R^2 {target}" if score == "R^2" else f"{100 * (target or 0):.1f}%"
     reached = (
-        f"{rtt:.1f} rounds to {100 * target:.1f}%"
+        f"{rtt:.1f} rounds to {goal}"
         if rtt is not None and target is not None
         else ("target not reached" if target is not None else "no target")
     )
-    best = summary.get("best_accuracy")
-    best_txt = percent(best)
+    best = score_text(summary.get("best_accuracy"), score)
     lines = [
-        f"rounds done      {summary['rounds_done']} ({reached}); best accuracy {best_txt}",
+        f"rounds done      {summary['rounds_done']} ({reached}); best {score} {best}",
         f"bytes up / down  {format_bytes(summary['bytes_up'])} / "
         f"{format_bytes(summary['bytes_down'])} "
         f"(paper estimate 2|w|Kb: {format_bytes(summary['paper_bytes'])})",

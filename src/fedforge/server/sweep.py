@@ -50,6 +50,7 @@ class PointResult:
     rounds_to_target: float | None
     total_bytes: int
     stopped: str | None = None  # a signal that came during the point (e.g. 'SIGINT')
+    score_name: str = "accuracy"  # what final_accuracy and best_accuracy hold
 
 
 def parse_grid(items: Sequence[str]) -> list[tuple[str, list[Any]]]:
@@ -128,6 +129,7 @@ def _result(
     with RunStore.open(run_dir, read_only=True) as store:
         rounds = store.rounds()
         summary = store.summary() or {}
+        score_name, _ = store.score_and_engine()
     evaluated = [r.test_accuracy for r in rounds if r.test_accuracy is not None]
     return PointResult(
         point,
@@ -139,6 +141,7 @@ def _result(
         summary.get("rounds_to_target"),
         sum(r.bytes_up + r.bytes_down for r in rounds),
         stopped,
+        score_name,
     )
 
 
@@ -239,21 +242,21 @@ def _fmt(value: float | None, spec: str) -> str:
 
 def format_sweep(results: Sequence[PointResult]) -> str:
     """One table: a row per point, the knee marked with ``*``."""
-    from fedforge.report.progress import format_bytes, percent
+    from fedforge.report.progress import format_bytes, named_score
 
     if not results:
         return "no points"
     keys = list(results[0].point)
     at = knee(results)
-    head = [*keys, "ROUNDS", "FINAL ACC", "BEST ACC", "TO TARGET", "BYTES", "RUN", ""]
+    head = [*keys, "ROUNDS", "FINAL", "BEST", "TO TARGET", "BYTES", "RUN", ""]
     rows = [head]
     for i, r in enumerate(results):
         rows.append(
             [
                 *(str(r.point[k]) for k in keys),
                 str(r.rounds),
-                percent(r.final_accuracy),
-                percent(r.best_accuracy),
+                named_score(r.final_accuracy, r.score_name),
+                named_score(r.best_accuracy, r.score_name),
                 _fmt(r.rounds_to_target, ".1f"),
                 format_bytes(r.total_bytes),
                 r.run_dir.name if r.run_dir else "-",

@@ -97,12 +97,24 @@ def environment() -> dict[str, Any]:
     }
 
 
-def write_build(run_dir: Path, spec: ParamSpec, fingerprint: str) -> None:
+def write_build(
+    run_dir: Path,
+    spec: ParamSpec,
+    fingerprint: str,
+    score_name: str = "accuracy",
+    engine: str | None = None,
+) -> None:
     """Write ``build.json``: the model's size and layout, the data's fingerprint,
-    and the versions and machine it starts with."""
+    what the task scores by and the engine (``remote``: a deployment), and the
+    versions and machine it starts with."""
     path = run_dir / BUILD_NAME
     tmp = path.with_suffix(".tmp")
-    record = {"num_params": spec.size, "model_layout": model_layout(spec)}
+    record = {
+        "num_params": spec.size,
+        "model_layout": model_layout(spec),
+        "score_name": score_name,
+        "engine": engine,
+    }
     tmp.write_text(json.dumps({**record, "data_fingerprint": fingerprint, **environment()}))
     tmp.replace(path)
 

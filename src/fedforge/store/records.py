@@ -82,4 +82,7 @@ class RunInfo:
     # (running, no writer), 'unreadable'
     rounds_done: int
     rounds_planned: int | None
-    best_accuracy: float | None
+    best_accuracy: float | None  # the best of the task's score (``score_name``)
+    algorithm: str | None = None  # the config's
+    score_name: str = "accuracy"  # what the task scores by: accuracy, R^2, ...
+    deployment: bool = False  # run by `fedforge server` (else the simulator)

@@ -31,6 +31,7 @@ from typing import Any
 
 from fedforge.config import Config, dump, from_dict, to_dict
 from fedforge.core.errors import ConfigError, StoreError
+from fedforge.store.build_record import read_build
 from fedforge.store.damage import StoreDamaged, damage, file_damage
 from fedforge.store.database import (
     ANOMALIES,
@@ -300,9 +301,37 @@ class RunStore(RoundTables):
         planned = self._json("config_json", config_json).get("rounds")
         if not _number_or_none(best) or not _number_or_none(planned):  # hand-damaged
             raise StoreError(f"run store '{self._path}' holds a damaged rounds table or config")
+        config = self._json("config_json", config_json)
+        algorithm = config.get("algorithm")
+        score, engine = self.score_and_engine()
         # the directory's name, which `show` and `resume` take (a copied or renamed
         # run keeps its first id in the database)
-        return RunInfo(self._path.name, name, self._path, created, status, done, planned, best)
+        return RunInfo(
+            self._path.name,
+            name,
+            self._path,
+            created,
+            status,
+            done,
+            planned,
+            best,
+            algorithm if isinstance(algorithm, str) else None,
+            score,
+            engine == "remote",
+        )
+
+    def score_and_engine(self) -> tuple[str, str | None]:
+        """What the run's task scores by and the engine it ran on, from its summary,
+        else ``build.json`` (a run still going); a run from before they were
+        recorded: accuracy, engine unknown."""
+        summary = self.summary() or {}
+        build = read_build(self._path) or {}
+        score = summary.get("score_name", build.get("score_name"))
+        engine = summary.get("engine", build.get("engine"))
+        return (
+            score if isinstance(score, str) else "accuracy",
+            engine if isinstance(engine, str) else None,
+        )
 
     def config_data(self) -> dict[str, Any]:
         """The run's config as stored (plain data; :meth:`config` rebuilds it)."""

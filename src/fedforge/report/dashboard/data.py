@@ -14,6 +14,7 @@ from typing import Any
 
 from fedforge.core.errors import StoreError
 from fedforge.report.html.gather import finite
+from fedforge.report.progress import id_ranges, named_score
 from fedforge.report.reasons import reason_kind
 from fedforge.report.runs import RUN_COLUMNS, format_run_summary, run_row
 from fedforge.store.live_state import STALE_AFTER_S, read_live_state
@@ -29,7 +30,8 @@ ALERTS_SHOWN = 50
 
 def run_entry(info: RunInfo) -> dict[str, Any]:
     """One run of the list: the texts ``fedforge runs`` prints, and the numbers."""
-    texts = dict(zip(("run_id", "status", "rounds", "best", "created"), run_row(info), strict=True))
+    keys = ("run_id", "status", "algorithm", "mode", "rounds", "best", "created")
+    texts = dict(zip(keys, run_row(info), strict=True))
     return {
         **texts,
         "name": info.name,
@@ -88,7 +90,7 @@ def status_view(store: RunStore) -> dict[str, Any]:
         "status": live_status(store.path, info.status),
         "rounds_done": info.rounds_done,
         "rounds_planned": info.rounds_planned,
-        "best": run_row(info)[3],
+        "best": named_score(info.best_accuracy, info.score_name),
     }
 
 
@@ -128,7 +130,38 @@ def live_view(state: dict[str, Any] | None, now: float | None = None) -> dict[st
     else:
         condition = "not heard from"
     rounded = None if age is None else round(age, 1)
-    return {**state, "age_s": rounded, "condition": condition, "stale_after_s": STALE_AFTER_S}
+    return {
+        **state,
+        **client_counts(state),
+        "age_s": rounded,
+        "condition": condition,
+        "stale_after_s": STALE_AFTER_S,
+    }
+
+
+def _ids(value: Any) -> list[int]:
+    """A list of client ids from the state file (anything else: none)."""
+    if not isinstance(value, list):
+        return []
+    return [i for i in value if isinstance(i, int) and not isinstance(i, bool)]
+
+
+def client_counts(state: dict[str, Any]) -> dict[str, str]:
+    """The connected and joined clients, and the federation's clients not
+    connected, as counts and id ranges (``75 of 100: 0-24, 50-99``): a line each
+    however many clients there are."""
+    total = state.get("num_clients")
+    total = total if isinstance(total, int) and not isinstance(total, bool) else None
+    connected, joined = _ids(state.get("connected")), _ids(state.get("joined"))
+    of = "?" if total is None else f"{total:,}"
+    texts = {
+        "connected_text": f"{len(set(connected)):,} of {of}: {id_ranges(connected)}",
+        "joined_text": f"{len(set(joined)):,} of {of}: {id_ranges(joined)}",
+    }
+    if total is not None:
+        away = set(range(total)) - set(connected)
+        texts["away_text"] = f"{len(away):,}: {id_ranges(away)}"
+    return texts
 
 
 def run_detail(path: Path) -> dict[str, Any]:

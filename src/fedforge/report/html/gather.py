@@ -52,6 +52,8 @@ def identity(store: RunStore, cfg: ShownConfig, rounds: list[RoundRecord]) -> Da
             "created": info.created,
             "path": str(store.path),
             "algorithm": cfg.get("algorithm"),
+            "mode": "deployment" if info.deployment else "sim",
+            "score_name": info.score_name,  # what best/final_accuracy hold
             "client_fraction": cfg.get("client_fraction"),
             "local_epochs": cfg.get("local_epochs"),
             "batch_size": cfg.get("batch_size"),  # None: the whole local data set

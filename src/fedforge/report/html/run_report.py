@@ -18,7 +18,7 @@ from fedforge.core.errors import StoreError
 from fedforge.report.html import clients, figures, gather
 from fedforge.report.html.gather import Data
 from fedforge.report.html.page import Section, pre, render, table, text
-from fedforge.report.progress import format_bytes, percent
+from fedforge.report.progress import format_bytes, named_score, percent
 from fedforge.report.shown_config import shown_config
 from fedforge.store.disk import os_error_text
 from fedforge.store.runstore import RunStore
@@ -280,8 +280,8 @@ def report_html(store: RunStore) -> str:
     batch = ident["batch_size"] if ident["batch_size"] is not None else "all"
     subtitle = [
         f"{ident['name']} [{ident['status']}], created {ident['created']}",
-        f"{ident['algorithm']}, {ident['num_clients']} clients, C={ident['client_fraction']} "
-        f"E={ident['local_epochs']} B={batch}, "
+        f"{ident['algorithm']} ({ident['mode']}), {ident['num_clients']} clients, "
+        f"C={ident['client_fraction']} E={ident['local_epochs']} B={batch}, "
         f"{ident['rounds']} of {ident['rounds_planned']} rounds",
     ]
     return render(f"fedforge report: {ident['run_id']}", subtitle, sections)
@@ -295,8 +295,8 @@ SUMMARY_HEADERS = [
     "E",
     "B",
     "rounds",
-    "best accuracy",
-    "final accuracy",
+    "best score",
+    "final score",
     "bytes",
     "wall s",
     "epsilon",
@@ -305,7 +305,8 @@ SUMMARY_HEADERS = [
 
 def summary_row(ident: Data) -> list[str]:
     """A run's line in a summary table (the report's header, ``compare``'s table)."""
-    best = percent(ident["best_accuracy"])
+    score = ident["score_name"]
+    best = named_score(ident["best_accuracy"], score)
     if ident["rounds_to_best"] is not None:
         best += f" (round {ident['rounds_to_best']})"
     return [
@@ -317,7 +318,7 @@ def summary_row(ident: Data) -> list[str]:
         str(ident["batch_size"] if ident["batch_size"] is not None else "all"),
         str(ident["rounds"]),
         best,
-        percent(ident["final_accuracy"]),
+        named_score(ident["final_accuracy"], score),
         format_bytes(ident["total_bytes"]),
         f"{ident['wall_seconds']:.1f}",
         _num(ident["epsilon"], ".3f"),

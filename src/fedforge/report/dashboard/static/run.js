@@ -70,7 +70,7 @@
     status.textContent = s.status;
     status.className = "status " + s.status;
     byId("progress").textContent =
-      `rounds ${s.rounds_done}/${s.rounds_planned ?? "?"}, best accuracy ${s.best}`;
+      `rounds ${s.rounds_done}/${s.rounds_planned ?? "?"}, best ${s.best}`;
     loadSummary();
   }
 
@@ -109,14 +109,13 @@
     const state = byId("dep-state");
     state.textContent = live.condition;
     state.className = "status " + (live.condition === "live" ? "live" : "gone");
-    const connected = live.connected ?? [];
     const dl = byId("dep-facts");
     dl.replaceChildren();
     fact(dl, "phase", "phase", live.phase ?? "-");
-    fact(dl, "connected", "connected clients",
-      `${connected.length} of ${live.num_clients ?? "?"}` +
-      (connected.length ? ` (${connected.join(", ")})` : ""));
-    fact(dl, "joined", "joined", String((live.joined ?? []).length));
+    // counts and id ranges, made by the dashboard: one line at any number of clients
+    fact(dl, "connected", "connected clients", live.connected_text);
+    fact(dl, "joined", "joined", live.joined_text);
+    if (live.away_text !== undefined) fact(dl, "away", "not connected", live.away_text);
     fact(dl, "dropouts", "dropouts", String(live.dropouts ?? 0));
     fact(dl, "accepted", "answers taken", String(live.accepted ?? 0));
     fact(dl, "address", "address", live.address ?? "-");

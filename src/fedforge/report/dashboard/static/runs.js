@@ -24,6 +24,8 @@
       link.textContent = run.run_id;
       cell(row, "").appendChild(link);
       cell(row, run.status, "status " + run.status);
+      cell(row, run.algorithm);
+      cell(row, run.mode);
       cell(row, run.rounds, "num");
       cell(row, run.best, "num");
       cell(row, run.created);
