@@ -123,6 +123,7 @@ def measure(procs: int = 10, repeats: int = 2, kill_after: int = 3) -> dict[str,
     root = Path(tempfile.mkdtemp(prefix="practice-dead-"))
     with contextlib.redirect_stdout(io.StringIO()):
         fedforge_main(["certs", "--out", str(root / "certs"), "--clients", f"0-{procs - 1}"])
+    (root / "certs" / "members.json").unlink()  # the lab's server takes --any-member
     lab = Lab(root, root / "certs")
     runs = []
     try:

@@ -40,6 +40,7 @@ import yaml
 from _common import result_line
 from fedforge.transport.auth import Signer, generate_identity, load_identity, register_key
 from fedforge.transport.certs import write_federation
+from fedforge.transport.members import write_members
 from fedforge.transport.pb import federation_pb2 as pb
 from fedforge.transport.pb import federation_pb2_grpc as pb_grpc
 
@@ -115,6 +116,7 @@ def measure(calls: int = 250, hold_s: float = 20.0) -> dict[str, Any]:
         fed = tmp / "fed"
         write_federation(fed, [], ("localhost", "127.0.0.1"))
         register_key(fed / "keys.json", "honest", generate_identity(tmp / "honest.key"))
+        write_members(fed / "members.json", {"honest": [0]})
         signer = Signer("honest", load_identity(tmp / "honest.key"))
         server, log, port = _server(tmp, fed)
         creds = grpc.ssl_channel_credentials((fed / "ca.pem").read_bytes())

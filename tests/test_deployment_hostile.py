@@ -36,6 +36,7 @@ from fedforge.transport.admission import CALLS_PER_NAME, STREAMS_PER_CONNECTION
 from fedforge.transport.auth import generate_identity, register_key
 from fedforge.transport.backoff import Backoff, retrying
 from fedforge.transport.certs import write_federation
+from fedforge.transport.members import write_members
 from fedforge.transport.pb import federation_pb2 as pb
 from fedforge.transport.pb import federation_pb2_grpc as pb_grpc
 from fedforge.transport.security import ServerSecurity
@@ -73,6 +74,7 @@ def keys_federation(tmp: Path) -> Path:
     write_federation(fed, [], ("localhost", "127.0.0.1"))
     for name in ("alice", "bob"):
         register_key(fed / "keys.json", name, generate_identity(tmp / f"{name}.key"))
+    write_members(fed / "members.json", {"alice": [0, 1, 2], "bob": [3, 4, 5]})
     return fed
 
 
@@ -205,7 +207,7 @@ def test_a_revoked_certificate_fails_the_tls_handshake(tmp_path: Path) -> None:
     write_federation(fed, ["alice", "eve"], ("localhost", "127.0.0.1"))
     (fed / "revoked.txt").write_text("eve\n")
     cfg = write_config(tmp_path / "cfg.yaml")
-    server, port = start_server(tmp_path, cfg, "--certs", str(fed))
+    server, port = start_server(tmp_path, cfg, "--certs", str(fed), "--any-member")
     try:
         answers = {}
         for name in ("alice", "eve"):

@@ -58,7 +58,7 @@ def test_an_update_is_answered_with_the_rounds_verdict() -> None:
     threads = [threading.Thread(target=upload, args=(c,)) for c in range(3)]
     for t in threads:
         t.start()
-    while len(hub._inbox) < 3:
+    while len(hub.book.inbox) < 3:
         threading.Event().wait(0.01)
     verdicts = {}
     for n, a in enumerate(hub.gather({(c, 0, UPDATE, "") for c in range(3)}, 5.0, need=2)):
