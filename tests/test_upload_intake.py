@@ -108,8 +108,9 @@ def test_duplicate_and_foreign_uploads_are_refused_with_a_reason(
 
 def test_an_absurd_update_is_refused_by_default(make_data: MakeData) -> None:
     """A delta of 1e30 per coordinate: refused by the default bound (the model
-    stays finite and equals the round without that client); with the bound off
-    it is averaged in and the model leaves any sane range."""
+    stays finite and equals the round without that client), and by the bound
+    relative to the others' norms alone; with both bounds off it is averaged in
+    and the model leaves any sane range."""
     data = make_data(SIZES, seed=3)
 
     def huge(ups: list[ClientUpload]) -> list[ClientUpload]:
@@ -128,7 +129,10 @@ def test_an_absurd_update_is_refused_by_default(make_data: MakeData) -> None:
     state = _round(data, huge)
     assert any(c == 5 and "passes the bound" in why for _, c, why in state.rejected)
     assert torch.equal(state.params, _round(data, without_5).params)
-    off = _round(data, huge, max_update_ratio=None)
+    relative = _round(data, huge, max_update_ratio=None)
+    assert any(c == 5 and "max_norm_multiple" in why for _, c, why in relative.rejected)
+    assert torch.equal(relative.params, _round(data, without_5).params)
+    off = _round(data, huge, max_update_ratio=None, max_norm_multiple=None)
     assert float(off.params.abs().max()) > 1e20
 
 
