@@ -346,11 +346,13 @@ def test_a_run_whose_every_round_is_skipped_stops_after_max_skipped_rounds(
 
 def test_multi_krum_with_fewer_updates_than_m_skips_the_round(make_data: MakeData) -> None:
     """m = 8 of a cohort of 10 with f = 2 is fine at build; when the norm gate
-    refuses the two scaled attackers, n - f = 6 < m: the round is skipped with
-    the reason (it raised a ConfigError out of the run)."""
+    refuses the two scaled attackers (the default bound relative to the others'
+    norms, which would refuse them first and lower f, off), n - f = 6 < m: the
+    round is skipped with the reason (it raised a ConfigError out of the run)."""
     data = make_data([4, 6, 5, 7, 4, 6, 5, 7, 4, 6])
     cfg = tiny(10, aggregator="multi_krum", byzantine=2, multi_krum_m=8, attack="scaled",
-               attack_fraction=0.2, attack_scale=1000.0, norm_gate=3.5)  # fmt: skip
+               attack_fraction=0.2, attack_scale=1000.0, norm_gate=3.5,
+               max_norm_multiple=None)  # fmt: skip
     result = run(cfg, data=data, progress=False, store=False)
     assert [r for r, _ in result.skipped] == [0, 1]
     assert all("m = 8 exceeds n - f = 8 - 2 = 6" in why for _, why in result.skipped)

@@ -6,10 +6,12 @@ The typical norm is the median norm of the updates the model took in the last
 ``robust.norm_window`` rounds that took any (the run's loop state keeps them,
 checkpointed). A round with none behind it (the run's first) judges its
 uploads by the median of their own norms: they wait for the round's end before
-any reaches the aggregate. A median is what one client, or any minority,
-cannot move far: an attacker's huge update is refused however few honest
-updates stand beside it, and the honest ones are far inside the bound (their
-norms differ by a small factor, not by ``multiple``).
+any reaches the aggregate. The median of an even count is the lower middle
+value, so one honest update beside one attacker's sets the bound. A median is
+what one client, or any minority, cannot move far: an attacker's huge update
+is refused however few honest updates stand beside it, and the honest ones are
+far inside the bound (their norms differ by a small factor, not by
+``multiple``).
 
 A median of zero (every update empty) sets no bound. Under secure aggregation
 the server never sees an update's norm and this bound does not apply (the
@@ -25,8 +27,6 @@ from dataclasses import dataclass
 
 import torch
 
-from fedforge.robust.gates import median
-
 
 def typical_norm(recent: Sequence[Sequence[float]]) -> float | None:
     """The median of the norms in ``recent`` (rounds of norms); None when there
@@ -34,7 +34,7 @@ def typical_norm(recent: Sequence[Sequence[float]]) -> float | None:
     flat = [x for r in recent for x in r]
     if not flat:
         return None
-    med = float(median(torch.tensor(flat, dtype=torch.float64)))
+    med = float(torch.tensor(flat, dtype=torch.float64).median())  # the lower middle value
     return med if med > 0 and math.isfinite(med) else None
 
 

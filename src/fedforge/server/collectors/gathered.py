@@ -86,8 +86,8 @@ class GatheredCohort(UploadPhase):
     def _aggregate(self) -> tuple[torch.Tensor | None, dict[int, float]]:
         """The aggregate (None if nothing is left) and the clients it used, each with
         the norm of the row it took (a colluding attacker's rewritten row, not its
-        honest one). Uploads refused as malformed or non-finite count among Krum's
-        and Bulyan's f (``discount_faulty``)."""
+        honest one). Uploads refused as malformed, non-finite or past a norm bound
+        count among Krum's and Bulyan's f (``discount_faulty``)."""
         uploads = self.gathering.uploads
         if not uploads:
             return None, {}

@@ -104,11 +104,6 @@ def check_extras(exp: Experiment, extras: dict[str, torch.Tensor]) -> dict[str, 
     return {name: extras[name] for name in server.update_tensors}
 
 
-class NormOutlier(UploadError):
-    """An update refused by the bound relative to the others' norms: a statistical
-    judgement, not proof of a fault (Krum's f is not lowered for it)."""
-
-
 @dataclass(frozen=True)
 class Limits:
     """What a round accepts of an update beyond its form: the weight its count may
@@ -153,8 +148,8 @@ class Limits:
     def check_relative(self, norm: float) -> None:
         """Refuse an update norm past the multiple of the recent rounds' median."""
         why = None if self.relative is None else self.relative.refusal(norm)
-        if why is not None:
-            raise NormOutlier(why)
+        if why is not None:  # as absurd as the absolute bound's: a fault (Krum's f)
+            raise UploadError(why)
 
 
 class Intake:
@@ -175,8 +170,7 @@ class Intake:
         self.payload_bytes = payload_bytes
         self.seen: set[int] = set()
         self.bytes_up = 0
-        self.faulty = 0  # refused as malformed or non-finite: faults for certain
-        self.outliers = 0  # refused by the bound relative to the others' norms
+        self.faulty = 0  # refused as malformed, non-finite or past a norm bound: faults
         self.accepted = 0
         self.norms: dict[int, float] = {}  # the accepted updates' norms (before stages)
 
@@ -191,9 +185,6 @@ class Intake:
                 self.limits.check_relative(up.norm)
                 for name, tensor in up.extras.items():  # SCAFFOLD's delta c_k reaches c
                     self.limits.check_norm(f"'{name}'", tensor)
-            except NormOutlier as exc:
-                self.outliers += 1
-                why = str(exc)
             except UploadError as exc:
                 self.faulty += not isinstance(exc, Withheld)
                 why = str(exc)
@@ -228,7 +219,7 @@ class Intake:
                 continue
             self.log.reject(up.client_id, why)
             self.accepted -= 1
-            self.outliers += 1
+            self.faulty += 1
             del self.norms[up.client_id]
         return kept
 
@@ -242,9 +233,9 @@ class Intake:
 
     @property
     def arrived(self) -> int:
-        """The cohort's update messages that arrived: refused as faulty or as
-        outliers, or decoded (a withheld note carries no update)."""
-        return self.faulty + self.outliers + self.accepted
+        """The cohort's update messages that arrived: refused as faulty, or decoded
+        (a withheld note carries no update)."""
+        return self.faulty + self.accepted
 
     def record(self, up: Upload, update_norm: float) -> ClientRecord:
         return ClientRecord(
