@@ -72,6 +72,6 @@ def test_one_lying_client_flips_no_canary(tmp_path: Path) -> None:
     assert decisions == truth and "promote" in truth, (decisions, truth)
     refused = [e["reason"] for e in events if e.get("event") == "refused" and e["client"] == 5]
     assert refused and all(
-        r == "evaluation of client 5 refused: accuracy = -1000000000.0: must be in [0, 1]"
+        r == "malformed evaluation of client 5: accuracy = -1000000000.0: must be in [0, 1]"
         for r in refused
     ), refused

@@ -258,7 +258,7 @@ class Rollout:
             report = read_report(a.data, declared, self.score_range)
             if isinstance(report, str):
                 self.hub.on_refusal(
-                    "?", a.client_id, f"evaluation of client {a.client_id} refused: {report}"
+                    "?", a.client_id, f"malformed evaluation of client {a.client_id}: {report}"
                 )
                 continue
             out[a.client_id] = report
