@@ -108,7 +108,6 @@ def start_data_client(tmp: Path, port: int, folder: Path, client_id: int, *args:
 
 
 def _client(tmp: Path, port: int, tag: str, *args: str) -> Proc:
-    log = tmp / f"client-{tag}-{time.monotonic_ns()}.log"
     cmd = [
         *FEDFORGE,
         "client",
@@ -120,6 +119,13 @@ def _client(tmp: Path, port: int, tag: str, *args: str) -> Proc:
         "60",
         *args,
     ]
+    return start_process(tmp, f"client-{tag}", cmd)
+
+
+def start_process(tmp: Path, tag: str, cmd: list[str]) -> Proc:
+    """``cmd`` as a process in ``tmp``, its output in a log file named by ``tag``
+    (e.g. a hostile client written for a test)."""
+    log = tmp / f"{tag}-{time.monotonic_ns()}.log"
     with log.open("wb") as f:
         p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=_env(), cwd=tmp)
     return Proc(p, log)

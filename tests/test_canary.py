@@ -1,6 +1,6 @@
 """Tests of the canary rollout's decision logic: the policy's checks, the
 deterministic canary assignment, and the judge's decisions on hand-computed
-example-weighted means."""
+medians of the clients' changes, which one lying client cannot swing."""
 
 from __future__ import annotations
 
@@ -90,28 +90,64 @@ def test_wait_until_min_reports_clients_reported_on_both() -> None:
     assert decision.metrics() == {"canary_clients": 2.0}
 
 
-def test_rollback_on_a_weighted_drop_past_the_limit() -> None:
-    # candidate (0.90*100 + 0.95*300 + 0.80*100) / 500 = 455 / 500 = 0.910
-    # serving   (0.92*100 + 0.95*300 + 0.85*100) / 500 = 462 / 500 = 0.924: dropped 0.014
+def test_rollback_on_a_median_drop_past_the_limit() -> None:
+    # changes (candidate - serving): -0.02, 0.00, -0.05: median -0.02, a drop of
+    # 0.02 > 0.01; the shown scores are the medians 0.90 (of 0.90, 0.95, 0.80) and
+    # 0.92 (of 0.92, 0.95, 0.85)
     judge = _judge()
     _both(judge, 1, 0.90, 0.92, 100)
     _both(judge, 2, 0.95, 0.95, 300)
     _both(judge, 3, 0.80, 0.85, 100)
     decision = judge.decide()
     assert decision.kind == "rollback"
-    assert decision.candidate == pytest.approx(0.910) and decision.serving == pytest.approx(0.924)
+    assert decision.candidate == pytest.approx(0.90) and decision.serving == pytest.approx(0.92)
+    assert decision.change == pytest.approx(-0.02)
     assert decision.reason == (
-        "accuracy 0.910 vs 0.924 serving on 3 canary clients: dropped 0.014 > 0.01 allowed"
+        "accuracy 0.900 vs 0.920 serving (medians of 3 canary clients): dropped 0.02 > "
+        "0.01 allowed (the clients' median change)"
     )
     assert decision.metrics() == pytest.approx(
-        {"canary_clients": 3.0, "canary_accuracy": 0.91, "canary_serving_accuracy": 0.924}
+        {"canary_clients": 3.0, "canary_accuracy": 0.90, "canary_serving_accuracy": 0.92}
     )
-    # an unweighted mean would say 0.8833 vs 0.9067 (dropped 0.0233): weights matter
-    assert _judge(max_drop=0.015).decide().kind == "wait"
-    loose = _judge(max_drop=0.015)
-    for client, cand, serv, n in ((1, 0.90, 0.92, 100), (2, 0.95, 0.95, 300), (3, 0.8, 0.85, 100)):
+    # example counts do not weigh: the same scores on other counts decide the same
+    loose = _judge(max_drop=0.025)
+    for client, cand, serv, n in ((1, 0.90, 0.92, 1), (2, 0.95, 0.95, 1), (3, 0.8, 0.85, 10**12)):
         _both(loose, client, cand, serv, n)
-    assert loose.decide().kind == "promote"
+    assert loose.decide().kind == "promote" and loose.decide().change == decision.change
+
+
+def test_one_liar_among_five_cannot_flip_the_decision() -> None:
+    """Four honest clients see the candidate better by 0.01 to 0.03; a fifth claims
+    10^12 examples and 0.0 for the candidate against 1.0 serving. An
+    example-weighted mean would say dropped ~1.0 (rollback); the median of the
+    changes (+0.01, +0.02, +0.02, +0.03, -1.0) is +0.02: promoted. The same liar
+    cannot save a worse candidate either, nor can two liars beat three honest."""
+    honest = ((1, 0.91, 0.90), (2, 0.92, 0.90), (3, 0.93, 0.91), (4, 0.94, 0.91))
+    judge = _judge(min_reports=5)
+    for client, cand, serv in honest:
+        _both(judge, client, cand, serv, 100)
+    _both(judge, 5, 0.0, 1.0, 10**12)
+    decision = judge.decide()
+    assert decision.kind == "promote" and decision.change == pytest.approx(0.02)
+    worse = _judge(min_reports=5)
+    for client, _, serv in honest:  # each honest client now sees a drop of 0.05
+        _both(worse, client, serv - 0.05, serv, 100)
+    _both(worse, 5, 1.0, 0.0, 10**12)
+    assert worse.decide().kind == "rollback" and worse.decide().change == pytest.approx(-0.05)
+    # the honest majority decides: three see a drop of 0.05, two liars claim +1
+    majority = _judge(min_reports=5)
+    for client in (1, 2, 3):
+        _both(majority, client, 0.85, 0.90, 100)
+    for client in (4, 5):
+        _both(majority, client, 1.0, 0.0, 10**12)
+    assert majority.decide().kind == "rollback"
+    # and when the majority lies, the majority decides (the rule's limit)
+    captured = _judge(min_reports=5)
+    for client in (1, 2):
+        _both(captured, client, 0.95, 0.90, 100)
+    for client in (3, 4, 5):
+        _both(captured, client, 0.0, 1.0, 100)
+    assert captured.decide().kind == "rollback"
 
 
 def test_a_drop_equal_to_the_limit_promotes() -> None:
@@ -122,48 +158,58 @@ def test_a_drop_equal_to_the_limit_promotes() -> None:
     decision = judge.decide()
     assert decision.kind == "promote"
     assert decision.reason == (
-        "accuracy 0.920 vs 0.930 serving on 3 canary clients: dropped 0.01 <= 0.01 allowed"
+        "accuracy 0.920 vs 0.930 serving (medians of 3 canary clients): dropped 0.01 <= "
+        "0.01 allowed (the clients' median change)"
     )
     past = _judge(max_drop=0.01)
     for client, n in ((1, 10), (2, 20), (3, 30)):
         _both(past, client, 0.9199, 0.93, n)
     assert past.decide().kind == "rollback"
-    assert past.decide().reason.endswith("dropped 0.0101 > 0.01 allowed")
+    assert "dropped 0.0101 > 0.01 allowed" in past.decide().reason
     closer = _judge(max_drop=0.01)
     for client in (1, 2, 3):
         _both(closer, client, 0.5, 0.5100001, 1)
-    assert closer.decide().reason.endswith("dropped 0.0100001 > 0.01 allowed")
+    assert "dropped 0.0100001 > 0.01 allowed" in closer.decide().reason
 
 
 def test_better_equal_and_lower_is_better() -> None:
     better = _judge(min_reports=1)
     _both(better, 4, 0.95, 0.90, 50)
     assert better.decide().kind == "promote"
-    assert better.decide().reason.endswith("on 1 canary clients: better by 0.05")
+    assert "(medians of 1 canary clients): better by 0.05" in better.decide().reason
     same = _judge(min_reports=1, max_drop=0)
     _both(same, 4, 0.9, 0.9, 50)
-    assert same.decide().reason.endswith(": the same") and same.decide().kind == "promote"
-    # loss: (0.30*1 + 0.40*3) / 4 = 0.375 vs (0.30*1 + 0.32*3) / 4 = 0.315: rose 0.06
+    assert ": the same" in same.decide().reason and same.decide().kind == "promote"
+    # loss: changes 0.00 and +0.08, their median (of two: the mean) +0.04: rose 0.04;
+    # shown: the medians (0.30 + 0.40) / 2 = 0.35 and (0.30 + 0.32) / 2 = 0.31
     loss = _judge(metric="loss", higher_is_better=False, min_reports=2)
     _both(loss, 1, 0.30, 0.30, 1, "loss")
     _both(loss, 2, 0.40, 0.32, 3, "loss")
     decision = loss.decide()
     assert decision.kind == "rollback"
-    assert (
-        decision.reason
-        == "loss 0.375 vs 0.315 serving on 2 canary clients: rose 0.06 > 0.01 allowed"
+    assert decision.reason == (
+        "loss 0.350 vs 0.310 serving (medians of 2 canary clients): rose 0.04 > 0.01 "
+        "allowed (the clients' median change)"
     )
     lower = _judge(metric="loss", higher_is_better=False, min_reports=1)
     _both(lower, 1, 0.20, 0.30, 5, "loss")
     assert lower.decide().kind == "promote"
 
 
-def test_a_nan_score_rolls_back() -> None:
+def test_a_score_that_is_not_finite_is_refused_and_does_not_count() -> None:
+    """One client's NaN or infinity would decide alone (a NaN compares false): it
+    is refused like a report without the metric, and the others decide."""
     judge = _judge(min_reports=2)
     _both(judge, 1, 0.9, 0.9, 10)
-    _both(judge, 2, math.nan, 0.9, 10)
-    decision = judge.decide()
-    assert decision.kind == "rollback" and decision.reason.endswith(": a score is not a number")
+    assert judge.report(2, CANDIDATE, {"accuracy": math.nan}, 10) == (
+        "client 2's 'accuracy' on version 2 is nan: not finite"
+    )
+    assert judge.report(3, SERVING, {"accuracy": -math.inf}, 10) == (
+        "client 3's 'accuracy' on version 1 is -inf: not finite"
+    )
+    assert judge.decide().kind == "wait"
+    _both(judge, 4, 0.91, 0.9, 10)
+    assert judge.decide().kind == "promote" and judge.paired_clients() == [1, 4]
 
 
 def test_reports_that_are_refused_do_not_count() -> None:

@@ -181,9 +181,9 @@ def test_a_mislabelled_or_padded_update_is_refused(
 
 
 def test_finite_updates_whose_sum_overflows_skip_the_round(data: FederatedData) -> None:
-    """Each delta is finite (3e38 < float32's max), so with the norm bound off each
+    """Each delta is finite (3e38 < float32's max), so with the norm bounds off each
     is accepted, but the weighted sum is inf: the round is skipped and the model
-    kept, not made inf. (The default bound refuses such an update on its own.)"""
+    kept, not made inf. (The default bounds refuse such an update on their own.)"""
 
     def huge(raw: bytes) -> bytes:
         msg = wire.decode(raw)
@@ -191,7 +191,7 @@ def test_finite_updates_whose_sum_overflows_skip_the_round(data: FederatedData) 
 
     from fedforge.selection.sampling import sample_cohort
 
-    cfg = _cfg({}, dtype="float32", robust={"max_update_ratio": None})
+    cfg = _cfg({}, dtype="float32", robust={"max_update_ratio": None, "max_norm_multiple": None})
     victim = sample_cohort(6, 0.5, 0, 0)[1]
     exp = build(cfg, _f32(data))
     state = _one_round(cfg, _f32(data), victim, huge)

@@ -202,9 +202,12 @@ def test_canary_promotes_a_better_model_and_rolls_back_a_worse_one(
     tmp_path: Path, lr: float, verdict: str
 ) -> None:
     """Every round's model is a candidate judged on every client's data (loss,
-    at most 0.001 worse): at a sane step size each is promoted; at a step size
-    that blows the model up each is rolled back and the first model stays served.
-    A version's parameters are the simulator's model after that many rounds."""
+    at most 0.001 worse for the median client): at a sane step size each is
+    promoted; at a step size that blows the model up each is rolled back and the
+    first model stays served. Every client trains each round (client_fraction
+    1): on these non-IID clients a model trained by half of them can be worse
+    for the other half, the median client among them. A version's parameters
+    are the simulator's model after that many rounds."""
     from fedforge.store import RunStore
     from fedforge.store import versions as vs
 
@@ -215,7 +218,7 @@ def test_canary_promotes_a_better_model_and_rolls_back_a_worse_one(
         "canary_max_drop": 0.001,
         "canary_min_reports": 6,
     }
-    cfg = write_config(tmp_path / "cfg.yaml", lr=lr, rounds=3, deployment=dep)
+    cfg = write_config(tmp_path / "cfg.yaml", lr=lr, rounds=3, client_fraction=1.0, deployment=dep)
     server, port = start_server(tmp_path, cfg, "--insecure")
     hosts = {"0-2": tmp_path / "state-a", "3-5": tmp_path / "state-b"}
     clients = [

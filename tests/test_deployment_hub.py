@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import threading
 from pathlib import Path
 
@@ -138,25 +139,40 @@ def test_a_session_downloads_only_the_models_its_work_named() -> None:
 
 
 @pytest.mark.parametrize(
-    "report,ok",
+    "report,why",
     [
-        ({"accuracy": 0.5, "loss": 1.25, "num_examples": 10}, True),
-        ({"accuracy": 0.5, "loss": 1.25, "num_examples": 11}, False),  # over the declared 10
-        ({"accuracy": 0.5, "loss": 1.25, "num_examples": 10**400}, False),
-        ({"accuracy": float("nan"), "loss": 1.0, "num_examples": 3}, False),
-        ({"accuracy": 0.5, "loss": float("inf"), "num_examples": 3}, False),
-        ({"accuracy": True, "loss": 1.0, "num_examples": 3}, False),
-        ({"accuracy": 0.5, "loss": 1.0, "num_examples": -1}, False),
-        ({"accuracy": 0.5, "num_examples": 3}, False),
+        ({"accuracy": 0.5, "loss": 1.25, "num_examples": 10}, None),
+        ({"accuracy": 0.5, "loss": 1.25, "num_examples": 11}, "num_examples = 11: must be an"),
+        ({"accuracy": 0.5, "loss": 1.25, "num_examples": 10**400}, "num_examples = 1000000000"),
+        ({"accuracy": float("nan"), "loss": 1.0, "num_examples": 3}, "accuracy = nan: must be"),
+        ({"accuracy": 0.5, "loss": float("inf"), "num_examples": 3}, "loss = inf: must be a"),
+        ({"accuracy": True, "loss": 1.0, "num_examples": 3}, "accuracy = True: must be"),
+        ({"accuracy": 0.5, "loss": 1.0, "num_examples": -1}, "num_examples = -1: must be"),
+        ({"accuracy": 0.5, "num_examples": 3}, "loss = None: must be a finite number >= 0"),
+        # scores no model can have, and a negative loss
+        ({"accuracy": -1e9, "loss": 1.0, "num_examples": 3}, "accuracy = -1000000000.0: must "),
+        ({"accuracy": 1.5, "loss": 1.0, "num_examples": 3}, "accuracy = 1.5: must be in [0, 1]"),
+        ({"accuracy": 0.5, "loss": -0.1, "num_examples": 3}, "loss = -0.1: must be a finite"),
+        ({"accuracy": 10**400, "loss": 1.0, "num_examples": 3}, "accuracy = 1000000000"),
     ],
 )
-def test_evaluation_reports_are_bounded(report: dict, ok: bool) -> None:
+def test_evaluation_reports_are_bounded(report: dict, why: str | None) -> None:
     got = read_report(json.dumps(report).encode(), declared=10)
-    if ok:
+    if why is None:
         assert got == {"accuracy": 0.5, "loss": 1.25, "num_examples": 10.0}
     else:
-        assert got is None
-    assert read_report(b"\xff{", 10) is None and read_report(b"[1]", 10) is None
+        assert isinstance(got, str) and got.startswith(why), got
+    assert read_report(b"\xff{", 10) == "not a JSON report"
+    assert read_report(b"[1]", 10) == "not a JSON object"
+
+
+def test_a_regression_score_may_be_negative_but_not_past_one() -> None:
+    """R^2 lies in (-inf, 1]: a bad model's -3.5 is a real score, 1.5 is not."""
+    r2 = (-math.inf, 1.0)
+    report = {"accuracy": -3.5, "loss": 2.0, "num_examples": 4}
+    assert read_report(json.dumps(report).encode(), 4, r2) == {**report, "num_examples": 4.0}
+    report["accuracy"] = 1.5
+    assert read_report(json.dumps(report).encode(), 4, r2) == "accuracy = 1.5: must be in [-inf, 1]"
 
 
 def test_evaluations_are_bounded_by_the_evaluation_count_declared_at_join() -> None:

@@ -77,7 +77,13 @@ def run_without(
 BAD_UPLOADS = {
     "nan_inf": ({}, "delta holds non-finite values"),
     "uint8": ({}, "'delta' has shape (24902,) and dtype torch.float64; expected (199210,)"),
-    "scaled": ({"attack_scale": 1000.0, "norm_gate": 3.5}, "norm_gate: update norm"),
+    # the norm gate alone (the default bound relative to the others' norms off)
+    "scaled": (
+        {"attack_scale": 1000.0, "norm_gate": 3.5, "max_norm_multiple": None},
+        "norm_gate: update norm",
+    ),
+    # the default bound: 10 x the median norm, of round 1's uploads, then of round 1's taken
+    "scaled_default": ({"attack_scale": 1000.0}, "robust.max_norm_multiple (10) x"),
 }
 
 
@@ -87,7 +93,7 @@ def test_bad_upload_is_refused_and_the_model_is_as_if_the_client_was_absent(
 ) -> None:
     extra, reason = BAD_UPLOADS[attack]
     data = make_data([5, 7, 9, 6, 8, 4], seed=1)
-    cfg = tiny(6, attack=attack, attack_fraction=1 / 6, **extra)
+    cfg = tiny(6, attack=attack.removesuffix("_default"), attack_fraction=1 / 6, **extra)
     (bad,) = attacker_ids(6, 1 / 6, cfg.seed)
     result = run(cfg, data=data, progress=False, store=False)
     assert [(r, c) for r, c, _ in result.rejected] == [(0, bad), (1, bad)]
@@ -119,12 +125,13 @@ def test_round_is_skipped_below_min_clients_and_anomalies_are_stored(
 
 
 def test_krum_left_with_too_few_updates_skips_the_round(make_data: MakeData) -> None:
-    """A statistical gate (here the norm gate) is no proof of a fault: f stays, and
-    Krum left with 4 < 2f + 3 updates skips the round."""
+    """A statistical gate (here the norm gate; the default bound relative to the
+    others' norms, which would refuse first, off) is no proof of a fault: f
+    stays, and Krum left with 4 < 2f + 3 updates skips the round."""
     data = make_data([4, 6, 5, 5, 7])
     cfg = tiny(
         5, aggregator="krum", byzantine=1, attack="scaled", attack_fraction=0.2,
-        attack_scale=1000.0, norm_gate=3.5,
+        attack_scale=1000.0, norm_gate=3.5, max_norm_multiple=None,
     )  # fmt: skip
     result = run(cfg, data=data, progress=False, store=False)
     assert all("norm_gate" in why for _, _, why in result.rejected) and result.rejected
@@ -339,11 +346,13 @@ def test_a_run_whose_every_round_is_skipped_stops_after_max_skipped_rounds(
 
 def test_multi_krum_with_fewer_updates_than_m_skips_the_round(make_data: MakeData) -> None:
     """m = 8 of a cohort of 10 with f = 2 is fine at build; when the norm gate
-    refuses the two scaled attackers, n - f = 6 < m: the round is skipped with
-    the reason (it raised a ConfigError out of the run)."""
+    refuses the two scaled attackers (the default bound relative to the others'
+    norms, which would refuse them first and lower f, off), n - f = 6 < m: the
+    round is skipped with the reason (it raised a ConfigError out of the run)."""
     data = make_data([4, 6, 5, 7, 4, 6, 5, 7, 4, 6])
     cfg = tiny(10, aggregator="multi_krum", byzantine=2, multi_krum_m=8, attack="scaled",
-               attack_fraction=0.2, attack_scale=1000.0, norm_gate=3.5)  # fmt: skip
+               attack_fraction=0.2, attack_scale=1000.0, norm_gate=3.5,
+               max_norm_multiple=None)  # fmt: skip
     result = run(cfg, data=data, progress=False, store=False)
     assert [r for r, _ in result.skipped] == [0, 1]
     assert all("m = 8 exceeds n - f = 8 - 2 = 6" in why for _, why in result.skipped)

@@ -108,8 +108,9 @@ def test_duplicate_and_foreign_uploads_are_refused_with_a_reason(
 
 def test_an_absurd_update_is_refused_by_default(make_data: MakeData) -> None:
     """A delta of 1e30 per coordinate: refused by the default bound (the model
-    stays finite and equals the round without that client); with the bound off
-    it is averaged in and the model leaves any sane range."""
+    stays finite and equals the round without that client), and by the bound
+    relative to the others' norms alone; with both bounds off it is averaged in
+    and the model leaves any sane range."""
     data = make_data(SIZES, seed=3)
 
     def huge(ups: list[ClientUpload]) -> list[ClientUpload]:
@@ -128,8 +129,50 @@ def test_an_absurd_update_is_refused_by_default(make_data: MakeData) -> None:
     state = _round(data, huge)
     assert any(c == 5 and "passes the bound" in why for _, c, why in state.rejected)
     assert torch.equal(state.params, _round(data, without_5).params)
-    off = _round(data, huge, max_update_ratio=None)
+    relative = _round(data, huge, max_update_ratio=None)
+    assert any(c == 5 and "max_norm_multiple" in why for _, c, why in relative.rejected)
+    assert torch.equal(relative.params, _round(data, without_5).params)
+    off = _round(data, huge, max_update_ratio=None, max_norm_multiple=None)
     assert float(off.params.abs().max()) > 1e20
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{}, {"robust": {"aggregator": "median"}}, {"communication": {"groups": 2}}],
+    ids=["streaming", "gathered", "hierarchical"],
+)
+def test_a_first_round_holds_its_uploads_and_refuses_past_its_median(
+    make_data: MakeData, changes: dict[str, Any]
+) -> None:
+    """A round with no norms behind it judges its uploads by their own median
+    before any reaches the aggregate, in each collector: client 5's update
+    scaled 10^3 is refused (10 x the median is far below it) and the round
+    equals the round without client 5; the taken norms are remembered."""
+    data = make_data(SIZES, seed=7)
+
+    def scaled(ups: list[ClientUpload]) -> list[ClientUpload]:
+        out = []
+        for u in ups:
+            if u.client_id == 5:
+                msg = wire.decode(u.data)
+                delta = msg.tensors["delta"] * 1e3
+                u = ClientUpload(5, wire.encode({**msg.tensors, "delta": delta}, msg.meta), 0.0)
+            out.append(u)
+        return out
+
+    def one_round(rewrite: Rewrite) -> LoopState:
+        cfg = from_dict({**TINY_LOGREG, "num_clients": len(SIZES), **changes})
+        exp = build(cfg, data)
+        exp.engine = _Hostile(exp.engine, rewrite)
+        state = LoopState.fresh(exp)
+        run_round(exp, state, 0, Progress(1, "t", enabled=False))
+        return state
+
+    state = one_round(scaled)
+    without = one_round(lambda ups: [u for u in ups if u.client_id != 5])
+    assert [(c, "this round's uploads" in why) for _, c, why in state.rejected] == [(5, True)]
+    assert torch.equal(state.params, without.params)
+    assert state.update_norms == without.update_norms and len(state.update_norms[0]) == 9
 
 
 @pytest.mark.parametrize("aggregator", ["mean", "median"])

@@ -134,5 +134,7 @@ def _robust_notes(r: RobustConfig) -> list[str]:
     return [
         f"robust.{name} = {getattr(r, name)} is ignored by robust.aggregator '{r.aggregator}'"
         for name, readers in _ROBUST_READERS.items()
-        if r.aggregator not in readers and getattr(r, name) != getattr(default, name)
+        if r.aggregator not in readers
+        and getattr(r, name) != getattr(default, name)
+        and not (name == "norm_window" and r.max_norm_multiple is not None)
     ]

@@ -38,7 +38,7 @@ class RobustConfig:
     trim_fraction: float = 0.1  # trimmed_mean: beta, trimmed at each end
     multi_krum_m: int | None = None  # multi_krum: updates averaged; null = n - f
     norm_bound: float | None = None  # norm_bound/centred_clip: tau; null = median of recent norms
-    norm_window: int = 5  # rounds of norms behind the adaptive bound
+    norm_window: int = 5  # rounds of norms behind the adaptive bounds (and max_norm_multiple)
     centred_clip_iterations: int = 1
     geomed_max_iter: int = 100  # geometric_median: Weiszfeld steps at most
     geomed_tol: float = 1e-6  # ... until the objective improves by less (relative)
@@ -62,6 +62,10 @@ class RobustConfig:
     # an update whose L2 norm passes this multiple of ||w|| + sqrt(P) (the global
     # model's norm plus that of a vector of ones) is refused as absurd; null: off
     max_update_ratio: float | None = 100.0
+    # an update whose L2 norm passes this multiple of the median norm of the
+    # updates taken in the last norm_window rounds (a round with none behind it:
+    # of its own uploads) is refused; null: off (robust/typical_norm.py)
+    max_norm_multiple: float | None = 10.0
     # more than this fraction of the updates asked for refused over the last
     # refused_window upload rounds (withheld ones aside) stops the run; null: never
     max_refused_fraction: float | None = 0.5
@@ -150,6 +154,13 @@ def _check(r: RobustConfig) -> None:
             r.max_update_ratio,
             r.max_update_ratio is None or 0.0 < r.max_update_ratio < math.inf,
             "must be a finite number > 0 (a multiple of ||w|| + sqrt(P)), or null (off)",
+        ),
+        (
+            "max_norm_multiple",
+            r.max_norm_multiple,
+            r.max_norm_multiple is None or 1.0 <= r.max_norm_multiple < math.inf,
+            "must be a finite number >= 1 (a multiple of the median recent update norm), "
+            "or null (off)",
         ),
         (
             "max_refused_fraction",

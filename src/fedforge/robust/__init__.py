@@ -36,7 +36,9 @@ def discount_faulty(aggregator: Aggregator, faulty: int) -> Aggregator:
     Multi-Krum and Bulyan; any other aggregator unchanged.
 
     f bounds the Byzantine updates in a cohort. An upload the server refused as
-    malformed or non-finite was faulty for certain (Byzantine covers any fault),
+    malformed, non-finite or past a norm bound (``robust.max_update_ratio``, or
+    ``robust.max_norm_multiple`` times the median norm: sizes no honest client of
+    a sane configuration comes near) was faulty (Byzantine covers any fault),
     so among the updates the rule still sees at most f - faulty are. Without
     this, a gate that refuses the attackers leaves Krum with n < 2f + 3 and the
     round is skipped: the model freezes exactly when the attack was stopped.

@@ -7,12 +7,17 @@ evaluation reports to a :class:`CanaryJudge`, and acts on its
 
 The candidate is judged against the serving version on the same clients and
 the same examples: each canary client evaluates both on its own data, and a
-client counts once both of its reports are in. Each version's score is the
-mean of the client metrics weighted by their example counts. The candidate is
-rolled back when it is worse than the serving version by more than
-``max_drop`` (in the metric's own units); a drop equal to ``max_drop`` (to
-1e-9, the rounding of the means) promotes it. A score that is not a number (a
-client reporting NaN) rolls back: such a candidate is kept from everyone.
+client counts once both of its reports are in. The verdict is the median, over
+those clients, of each client's change (candidate minus serving, on its own
+data): the candidate is rolled back when that median is worse than the serving
+version by more than ``max_drop`` (in the metric's own units); a drop equal to
+``max_drop`` (to 1e-9, the rounding of the scores) promotes it. A median is a
+rule no one client can swing: a liar among three or more honest reports moves
+it at most to a neighbouring honest value, and an honest majority decides.
+Example counts do not weigh (a client's count is its own say, and one count of
+10^12 would otherwise decide). The versions' shown scores are the medians of
+their per-client scores. A score that is not a finite number is refused, as a
+report of no such metric is: it does not count.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import statistics
 from collections.abc import Mapping
 from typing import Literal
 
@@ -97,9 +103,10 @@ class Decision:
     kind: DecisionKind
     reason: str
     metric: str
-    candidate: float | None  # example-weighted means over the clients counted
+    candidate: float | None  # medians of the per-client scores of the clients counted
     serving: float | None
     clients: int
+    change: float | None = None  # the median of the clients' candidate - serving
 
     def metrics(self) -> dict[str, float]:
         """The canary's numbers, for the candidate's stored metrics."""
@@ -157,6 +164,8 @@ class CanaryJudge:
         value = metrics.get(name)
         if isinstance(value, bool) or not isinstance(value, int | float):
             return f"client {client_id}'s report on version {version_id} has no number '{name}'"
+        if not math.isfinite(value):
+            return f"client {client_id}'s '{name}' on version {version_id} is {value}: not finite"
         other_id = self.serving_id if version_id == self.candidate_id else self.candidate_id
         other = self._reports[other_id].get(client_id)
         if other is not None and other.num_examples != num_examples:
@@ -171,15 +180,13 @@ class CanaryJudge:
         """The clients that reported on both versions, ascending."""
         return sorted(set(self._reports[self.candidate_id]) & set(self._reports[self.serving_id]))
 
-    def _mean(self, version_id: int, clients: list[int]) -> float:
-        reports = [self._reports[version_id][c] for c in clients]
-        total = sum(r.num_examples for r in reports)
-        return math.fsum(r.value * r.num_examples for r in reports) / total
+    def _median(self, version_id: int, clients: list[int]) -> float:
+        return statistics.median(self._reports[version_id][c].value for c in clients)
 
     def decide(self) -> Decision:
         """'wait' until ``min_reports`` clients reported on both versions; then
-        'rollback' if the candidate is worse by more than ``max_drop`` (or a score
-        is not a number), else 'promote'."""
+        'rollback' if the median of the clients' changes is worse by more than
+        ``max_drop``, else 'promote'."""
         policy, name = self.policy, self.policy.metric
         clients = self.paired_clients()
         n = len(clients)
@@ -193,19 +200,25 @@ class CanaryJudge:
                 None,
                 n,
             )
-        cand, serv = self._mean(self.candidate_id, clients), self._mean(self.serving_id, clients)
-        drop = serv - cand if policy.higher_is_better else cand - serv
+        cand_of, serv_of = self._reports[self.candidate_id], self._reports[self.serving_id]
+        change = statistics.median(cand_of[c].value - serv_of[c].value for c in clients)
+        cand, serv = (
+            self._median(self.candidate_id, clients),
+            self._median(self.serving_id, clients),
+        )
+        drop = -change if policy.higher_is_better else change
         tolerance = _TOLERANCE * max(1.0, abs(cand), abs(serv))
-        ok = drop <= policy.max_drop + tolerance  # False for a NaN
-        head = f"{name} {cand:.3f} vs {serv:.3f} serving on {n} canary clients"
+        ok = drop <= policy.max_drop + tolerance
+        head = f"{name} {cand:.3f} vs {serv:.3f} serving (medians of {n} canary clients)"
         worse = "dropped" if policy.higher_is_better else "rose"
-        if math.isnan(drop):
-            why = "a score is not a number"
-        elif drop < 0:
+        if drop < 0:
             why = f"better by {-drop:.3g}"
         elif drop == 0:
             why = "the same"
         else:
             shown_drop, allowed = _apart(drop, policy.max_drop, ok)
             why = f"{worse} {shown_drop} {'<=' if ok else '>'} {allowed} allowed"
-        return Decision("promote" if ok else "rollback", f"{head}: {why}", name, cand, serv, n)
+        kind: DecisionKind = "promote" if ok else "rollback"
+        return Decision(
+            kind, f"{head}: {why} (the clients' median change)", name, cand, serv, n, change
+        )

@@ -7,7 +7,8 @@ feeds the round's collector (``server/collectors/``) one message at a time;
 ``aggregate`` applies the aggregate stages (central DP noise) and the
 algorithm's server state; the server optimizer steps; the model is evaluated
 when due. A refused update or a skipped round is logged with its reason and
-never reaches the global model.
+never reaches the global model; nor does a step that would make the model
+non-finite (the round is skipped, the last good model kept).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from fedforge.core.params import all_finite
 from fedforge.evaluation.evaluate import EvalResult, evaluate
 from fedforge.pipeline.pipeline import StageContext
 from fedforge.report.progress import Progress
+from fedforge.robust.typical_norm import remember
 from fedforge.selection.periods import period_plan, upload_period
 from fedforge.selection.sampling import over_selected, sample_cohort
 from fedforge.server import diagnostics
@@ -95,10 +97,13 @@ def run_round(
         exp.privacy.record_participation(
             state.privacy, round_idx, start, not nothing, _uploads_seen(collected, secure)
         )
-    server_step(exp, state, aggregate, clients, moved, log)
+    clients = server_step(exp, state, aggregate, clients, moved, log)
+    if clients and cfg.robust.max_norm_multiple is not None:  # the next rounds' bound
+        taken = [collected.norms[c] for c in sorted(clients) if c in collected.norms]
+        state.update_norms = remember(state.update_norms, taken, cfg.robust.norm_window)
     tell = getattr(exp.engine, "end_round", None)  # a deployment's clients keep their state
     if tell is not None:
-        tell(round_idx, sorted(clients) if aggregate is not None else [])
+        tell(round_idx, sorted(clients))
     test_acc, test_loss = evaluate_phase(exp, state, round_idx, start)
     record = round_record(exp, orders, collected, clients, test_acc, test_loss, t0)
     return record, list(clients.values())
@@ -191,7 +196,7 @@ def configure(
     more_down = sum(t.numel() for t in (more or {}).values())
     dense = DenseCost.of(exp.spec.size, more_down, extra_up)
     tasks = cohort_tasks(cfg, exp.algorithm, cohort, round_idx, plan)  # stragglers
-    limits = Limits.of(exp, state.params)
+    limits = Limits.of(exp, state.params, state.update_norms)
     return Orders(round_idx, start, cohort, tasks, plan, payload, dense, limits)
 
 
@@ -245,26 +250,40 @@ def server_step(
     clients: dict[int, ClientRecord],
     moved: dict[str, torch.Tensor] | None,
     log: RoundLog,
-) -> None:
+) -> dict[int, ClientRecord]:
     """The server optimizer's step on the aggregate; entries that never move
-    (FedBN's global batch norm, frozen parameters) are put back."""
+    (FedBN's global batch norm, frozen parameters) are put back. A step to a
+    model holding inf or NaN is not taken: the round is skipped, the model and
+    the optimizer's state are as before. Returns the clients whose updates the
+    model took (none when skipped)."""
     if aggregate is not None:
         params = state.params
-        state.params = state.optimizer.step(params, aggregate)
+        before = state.optimizer.state_dict()  # copies: put back if the step is refused
+        stepped = state.optimizer.step(params, aggregate)
         personal = exp.algorithm.personal
         if personal is not None:  # FedBN: the global batch-norm entries never move
-            state.params = state.params.masked_scatter(personal.mask, params[personal.mask])
+            stepped = stepped.masked_scatter(personal.mask, params[personal.mask])
         frozen = exp.spec.frozen_mask()
         if frozen is not None:  # DP noise or server momentum would move them: they stay
-            state.params = state.params.masked_scatter(frozen, params[frozen])
-        if exp.privacy is not None:  # adaptive clipping: the next clip norm
-            exp.privacy.end_round(state.privacy, log.round_idx, clients)
-        if moved is not None:  # e.g. c += sum of the used clients' delta c_k / N
-            state.algorithm_state = moved
+            stepped = stepped.masked_scatter(frozen, params[frozen])
+        if all_finite(stepped):
+            state.params = stepped
+            if exp.privacy is not None:  # adaptive clipping: the next clip norm
+                exp.privacy.end_round(state.privacy, log.round_idx, clients)
+            if moved is not None:  # e.g. c += sum of the used clients' delta c_k / N
+                state.algorithm_state = moved
+        else:
+            state.optimizer.load_state_dict(before)
+            log.skip(
+                f"the server step would make the model non-finite (inf or NaN in "
+                f"{state.params.dtype}); the last good model is kept"
+            )
+            aggregate, clients = None, {}
     elif not log.skipped_now:
         log.skip("no valid update")
     if exp.algorithm.client is not None:  # SCAFFOLD: c_k+ of the used clients only
         exp.algorithm.client.commit(clients if aggregate is not None else ())
+    return clients if aggregate is not None else {}
 
 
 def test_scores(exp: Experiment, params: torch.Tensor) -> EvalResult:

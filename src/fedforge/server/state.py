@@ -56,6 +56,9 @@ class LoopState:
     outputs: dict[str, list[tuple[Any, ...]]] = field(default_factory=dict)
     # eval_initial: the initial model's test accuracy and loss (checkpointed)
     initial_eval: tuple[float, float] | None = None
+    # the norms of the updates taken in the last robust.norm_window rounds that
+    # took any, oldest first: robust.max_norm_multiple's reference (checkpointed)
+    update_norms: list[list[float]] = field(default_factory=list)
 
     @classmethod
     def fresh(cls, exp: Experiment) -> LoopState:
@@ -86,6 +89,7 @@ class LoopState:
             "wall_seconds": self.seconds_before + session_seconds,
             "privacy": self.privacy,
             "diagnostics": self.diagnostics,
+            "update_norms": self.update_norms,  # finite floats: JSON round-trips them
         }
         if self.initial_eval is not None:
             loop["initial_eval"] = list(self.initial_eval)
@@ -140,6 +144,7 @@ class LoopState:
             privacy=dict(loop.get("privacy", {})),
             diagnostics=dict(loop.get("diagnostics", {})),
             initial_eval=_initial_eval(loop.get("initial_eval")),
+            update_norms=[[float(x) for x in r] for r in loop.get("update_norms", [])],
         )
 
 

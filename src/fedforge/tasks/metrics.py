@@ -7,6 +7,7 @@ determination R^2 = 1 - SSE/SST as the score, the mean squared error as the loss
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -26,7 +27,7 @@ class Scores:
 
 
 class Metrics(Protocol):
-    score_name: str
+    score_name: str  # a task's own metrics may also say ``score_range`` (low, high)
 
     def sums(self, outputs: torch.Tensor, labels: torch.Tensor) -> tuple[float, float, int]:
         """One batch's (loss sum, score sum, predictions scored)."""
@@ -41,6 +42,7 @@ class ClassMetrics:
     """Accuracy and mean cross-entropy over rows of logits ``[B, C]``."""
 
     score_name = "accuracy"
+    score_range = (0.0, 1.0)  # the values a score can take
 
     def sums(self, outputs: torch.Tensor, labels: torch.Tensor) -> tuple[float, float, int]:
         loss = float(functional.cross_entropy(outputs, labels, reduction="sum"))
@@ -55,6 +57,7 @@ class TokenMetrics:
     whose label is not ``PAD``."""
 
     score_name = "token accuracy"
+    score_range = (0.0, 1.0)  # the values a score can take
 
     def sums(self, outputs: torch.Tensor, labels: torch.Tensor) -> tuple[float, float, int]:
         flat, ids = outputs.flatten(0, 1), labels.flatten()
@@ -70,6 +73,7 @@ class RegressionMetrics:
     """R^2 and the mean squared error of predictions against real targets."""
 
     score_name = "R^2"
+    score_range = (-math.inf, 1.0)  # the values a score can take
 
     def sums(self, outputs: torch.Tensor, labels: torch.Tensor) -> tuple[float, float, int]:
         sse = float((outputs.reshape(labels.shape) - labels).double().square().sum())

@@ -17,6 +17,12 @@ metric regressed by more than ``canary_max_drop``. Training goes on from the
 global model either way: a rollback keeps a model from being served, it does
 not rewind the federation.
 
+Every evaluation report, cold start's and the canary's, is checked field by
+field before it counts (:func:`read_report`): a score within the task's range
+(accuracy in [0, 1]; R^2 at most 1), a finite loss >= 0, and an example count
+at most the evaluation rows the client declared when it joined. A report that
+fails is refused with the reason (logged, counted) and does not count.
+
 Evaluation traffic is not counted in the rounds' bytes (it is not training).
 """
 
@@ -31,10 +37,11 @@ import torch
 
 from fedforge.config import Config
 from fedforge.core import wire
-from fedforge.core.errors import StoreError
+from fedforge.core.errors import StoreError, shown
 from fedforge.server.canary import CanaryJudge, CanaryPolicy, in_canary
 from fedforge.store import RunStore
 from fedforge.store import versions as vs
+from fedforge.tasks import resolve_task
 from fedforge.transport.hub import Hub
 from fedforge.transport.logs import log_event
 from fedforge.transport.pb import federation_pb2 as pb
@@ -67,6 +74,11 @@ class Rollout:
             dep.canary_max_drop,
             dep.canary_min_reports,
             higher_is_better=dep.canary_metric == "accuracy",
+        )
+        # the values the task's score can take: a report outside them is refused
+        metrics = resolve_task(cfg).scores()
+        self.score_range: tuple[float, float] = getattr(
+            metrics, "score_range", (-math.inf, math.inf)
         )
         self.store: RunStore | None = None
         self.delivered: dict[int, int] = {}  # client -> the serving version it acknowledged
@@ -242,10 +254,11 @@ class Rollout:
         out: dict[int, dict[str, float]] = {}
         for a in self.hub.gather(keys, self.deadline_s):
             member = self.hub.members.get(a.client_id)
-            report = read_report(a.data, member.num_eval_examples if member is not None else 0)
-            if report is None:
+            declared = member.num_eval_examples if member is not None else 0
+            report = read_report(a.data, declared, self.score_range)
+            if isinstance(report, str):
                 self.hub.on_refusal(
-                    "?", a.client_id, f"malformed evaluation of client {a.client_id}"
+                    "?", a.client_id, f"malformed evaluation of client {a.client_id}: {report}"
                 )
                 continue
             out[a.client_id] = report
@@ -253,22 +266,43 @@ class Rollout:
         return out
 
 
-def read_report(data: bytes, declared: int) -> dict[str, float] | None:
-    """A client's evaluation report: JSON of a finite accuracy and loss and
-    num_examples within 0..``declared`` (the count of examples it evaluates on, as
-    it declared it when it joined); None for anything else (a report cannot move
-    the canary's weights past a count)."""
+def read_report(
+    data: bytes, declared: int, score_range: tuple[float, float] = (0.0, 1.0)
+) -> dict[str, float] | str:
+    """A client's evaluation report: JSON of an accuracy (the task's score) within
+    ``score_range``, a finite loss >= 0 and num_examples within 0..``declared``
+    (the count of examples it evaluates on, as it declared it when it joined);
+    else why it is refused, in one line (a report cannot move a decision with a
+    count past its declaration or a score no model can have)."""
     try:
         m = json.loads(data.decode())
-        n = m["num_examples"]
-        if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= declared:
-            return None
-        out = {"num_examples": float(n)}
-        for k in ("accuracy", "loss"):
-            v = m[k]
-            if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v):
-                return None
-            out[k] = float(v)
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError, AttributeError, RecursionError):
-        return None
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return "not a JSON report"
+    if not isinstance(m, dict):
+        return "not a JSON object"
+    n = m.get("num_examples")
+    if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= declared:
+        return f"num_examples = {shown(n)}: must be an integer in 0..{declared} (declared at join)"
+    low, high = score_range
+    checks = (
+        ("accuracy", lambda v: low <= v <= high, f"in [{low:g}, {high:g}]"),
+        ("loss", lambda v: 0.0 <= v < math.inf, "a finite number >= 0"),
+    )
+    out = {"num_examples": float(n)}
+    for key, fits, allowed in checks:
+        v = m.get(key)
+        value = _number(v)
+        if value is None or not fits(value):
+            return f"{key} = {shown(v)}: must be {allowed}"
+        out[key] = value
     return out
+
+
+def _number(v: object) -> float | None:
+    """``v`` as a float when it is a JSON number that fits one (else None)."""
+    if not isinstance(v, int | float) or isinstance(v, bool):
+        return None
+    try:
+        return float(v)
+    except OverflowError:  # an integer past float's range
+        return None

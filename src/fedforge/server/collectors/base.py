@@ -57,6 +57,9 @@ class Collected:
     # the clients whose uploads reached the server, taken or refused, the round
     # applied or not (collect.py fills it in: what the DP accountant charges)
     arrived: frozenset[int] = frozenset()
+    # each used client's update norm as decoded, before any stage (the bound
+    # relative to recent norms remembers them); none under secure aggregation
+    norms: dict[int, float] = field(default_factory=dict)
 
 
 class Collector(Protocol):

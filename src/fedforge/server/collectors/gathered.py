@@ -43,6 +43,20 @@ class Gathering:
         up.delta = row
         self.uploads.append(up)
 
+    def keep(self, kept: list[Upload]) -> None:
+        """Keep only ``kept`` (a subsequence of the uploads, in order): their rows
+        move up in place."""
+        ids = {id(up) for up in kept}
+        at = 0
+        for up in self.uploads:
+            if id(up) not in ids:
+                continue
+            if self._rows is not None and up.delta.data_ptr() != self._rows[at].data_ptr():
+                self._rows[at].copy_(up.delta)
+                up.delta = self._rows[at]
+            at += 1
+        self.uploads = list(kept)
+
     def updates(self) -> torch.Tensor:
         """The ``[K, P]`` accepted deltas so far, in arrival order (a view)."""
         assert self._rows is not None, "no upload gathered"
@@ -59,7 +73,12 @@ class GatheredCohort(UploadPhase):
         self.clients[up.client_id] = self.intake.record(up, math.nan)  # norm: after stages
         self.gathering.add(up)
 
-    def finish(self) -> Collected:
+    def _hold(self, up: Upload) -> None:
+        self._accept(up)  # the rows wait for the round's end anyway: judged in _finish
+
+    def _finish(self) -> Collected:
+        if self.intake.limits.waits:  # the round's own median bounds its rows
+            self.gathering.keep(self.intake.settle(self.gathering.uploads))
         aggregate, used = self._aggregate()
         self.clients = {c: _with_norm(r, used[c]) for c, r in self.clients.items() if c in used}
         return self._collected(aggregate, None, [self.extras[c] for c in self.clients])
@@ -67,8 +86,8 @@ class GatheredCohort(UploadPhase):
     def _aggregate(self) -> tuple[torch.Tensor | None, dict[int, float]]:
         """The aggregate (None if nothing is left) and the clients it used, each with
         the norm of the row it took (a colluding attacker's rewritten row, not its
-        honest one). Uploads refused as malformed or non-finite count among Krum's
-        and Bulyan's f (``discount_faulty``)."""
+        honest one). Uploads refused as malformed, non-finite or past a norm bound
+        count among Krum's and Bulyan's f (``discount_faulty``)."""
         uploads = self.gathering.uploads
         if not uploads:
             return None, {}

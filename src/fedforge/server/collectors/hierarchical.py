@@ -123,7 +123,7 @@ class HierarchicalMean(UploadPhase):
         self.clients[up.client_id] = self.intake.record(up, float(up.delta.norm()))
         self.edges.add(up.client_id, up.delta, up.weighed(), up.extras)
 
-    def finish(self) -> Collected:
+    def _finish(self) -> Collected:
         edges, round_idx = self.edges, self.intake.round_idx
         sent = edges.forward(self.acc, round_idx, lambda e: check_extras(self.exp, e))
         aggregate = self.acc.result() if self.acc.count else None

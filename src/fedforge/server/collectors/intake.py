@@ -8,15 +8,19 @@ by the pipeline's codec and refused when malformed (shape, dtype, non-finite
 values, a header that does not match the client and round, the algorithm's
 tensors beside the delta), or absurd: an L2 norm past ``robust.max_update_ratio``
 times ||w|| + sqrt(P) (the round's global model's norm plus that of a vector of
-ones: a bound no honest update of a sane learning rate comes near). An accepted
-update's weight is its reported ``num_examples`` within the registry's bounds
-(``server/registry.py``). Runs on the server; trusts nothing it decodes.
+ones: a bound no honest update of a sane learning rate comes near), or past
+``robust.max_norm_multiple`` times the median norm of the updates taken in the
+recent rounds (``robust/typical_norm.py``; in a round with none behind it the
+collector holds the uploads and judges them by their own median at the end:
+:meth:`Intake.settle`). An accepted update's weight is its reported
+``num_examples`` within the registry's bounds (``server/registry.py``). Runs on
+the server; trusts nothing it decodes.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -28,6 +32,7 @@ from fedforge.core.errors import UploadError, Withheld, shown
 from fedforge.core.params import all_finite
 from fedforge.pipeline.codec import CodecContext
 from fedforge.pipeline.pipeline import StageContext
+from fedforge.robust.typical_norm import RelativeBound
 from fedforge.server.collectors.base import RoundLog
 from fedforge.server.experiment import Experiment
 from fedforge.server.labels import read_labels
@@ -47,6 +52,7 @@ class Upload:
     extras: dict[str, torch.Tensor] = field(default_factory=dict)  # e.g. SCAFFOLD's delta c_k
     report: ClientReport | None = None  # val_loss / label_counts for the weights
     weight: float | None = None  # num_examples within the registry's bounds (intake)
+    norm: float = math.nan  # the decoded delta's L2 norm, before the per-upload stages
 
     def weighed(self) -> float:
         """The update's aggregation weight: its bounded count, once the intake set it."""
@@ -101,32 +107,49 @@ def check_extras(exp: Experiment, extras: dict[str, torch.Tensor]) -> dict[str, 
 @dataclass(frozen=True)
 class Limits:
     """What a round accepts of an update beyond its form: the weight its count may
-    claim, and the largest norm (None: no bound)."""
+    claim, the largest norm (None: no bound), and the bound relative to the
+    recent rounds' norms (None: off)."""
 
     registry: Registry
     max_norm: float | None
+    relative: RelativeBound | None = None
 
     @classmethod
-    def of(cls, exp: Experiment, params: torch.Tensor) -> Limits:
-        """The limits of a round whose global model is ``params``."""
+    def of(
+        cls, exp: Experiment, params: torch.Tensor, recent: Sequence[Sequence[float]] = ()
+    ) -> Limits:
+        """The limits of a round whose global model is ``params``, after rounds that
+        took updates of the norms in ``recent``."""
         robust = exp.cfg.robust
         registry = Registry(exp.client_sizes(), robust.max_weight_ratio)
+        multiple = robust.max_norm_multiple
+        relative = None if multiple is None else RelativeBound.of(multiple, recent)
         ratio = robust.max_update_ratio
         if ratio is None:
-            return cls(registry, None)
+            return cls(registry, None, relative)
         scale = float(params.norm()) + math.sqrt(params.numel())
-        return cls(registry, ratio * scale)
+        return cls(registry, ratio * scale, relative)
 
-    def check_norm(self, what: str, vec: torch.Tensor) -> None:
-        """Refuse a vector whose norm passes the bound (an infinite norm too)."""
-        if self.max_norm is None:
-            return
+    @property
+    def waits(self) -> bool:
+        """Whether the round's updates wait for the median of their own norms."""
+        return self.relative is not None and self.relative.waits
+
+    def check_norm(self, what: str, vec: torch.Tensor) -> float:
+        """Refuse a vector whose norm passes the bound (an infinite norm too); its norm."""
         norm = float(vec.norm())
-        if not norm <= self.max_norm:
+        if self.max_norm is not None and not norm <= self.max_norm:
             raise UploadError(
                 f"{what} norm {norm:.4g} passes the bound {self.max_norm:.4g} = "
                 f"robust.max_update_ratio x (||w|| + sqrt(P))"
             )
+        return norm
+
+    def check_relative(self, norm: float) -> None:
+        """Refuse an update norm past the multiple of the recent rounds' median."""
+        why = None if self.relative is None else self.relative.refusal(norm)
+        if why is not None:  # as absurd as the absolute bound's: a fault (Krum's f)
+            raise UploadError(why)
 
 
 class Intake:
@@ -147,8 +170,9 @@ class Intake:
         self.payload_bytes = payload_bytes
         self.seen: set[int] = set()
         self.bytes_up = 0
-        self.faulty = 0  # refused as malformed or non-finite: faults for certain
+        self.faulty = 0  # refused as malformed, non-finite or past a norm bound: faults
         self.accepted = 0
+        self.norms: dict[int, float] = {}  # the accepted updates' norms (before stages)
 
     def take(self, client_id: int, data: bytes) -> Upload | str:
         """The checked upload, or why it is refused (logged)."""
@@ -157,7 +181,8 @@ class Intake:
         if why is None:
             try:
                 up = check_update(self.exp, client_id, self.round_idx, data)
-                self.limits.check_norm("update", up.delta)
+                up.norm = self.limits.check_norm("update", up.delta)
+                self.limits.check_relative(up.norm)
                 for name, tensor in up.extras.items():  # SCAFFOLD's delta c_k reaches c
                     self.limits.check_norm(f"'{name}'", tensor)
             except UploadError as exc:
@@ -177,7 +202,26 @@ class Intake:
             self.log.reject(client_id, why)
             return why
         self.accepted += 1
+        self.norms[client_id] = up.norm
         return up
+
+    def settle(self, held: Sequence[Upload]) -> list[Upload]:
+        """Of the uploads a round without norms behind it held back, the ones within
+        ``robust.max_norm_multiple`` x the median of their norms, in order; the
+        others are refused (logged)."""
+        relative = self.limits.relative
+        if relative is None or not held:
+            return list(held)
+        kept = []
+        for up, why in zip(held, relative.cohort_refusals([u.norm for u in held]), strict=True):
+            if why is None:
+                kept.append(up)
+                continue
+            self.log.reject(up.client_id, why)
+            self.accepted -= 1
+            self.faulty += 1
+            del self.norms[up.client_id]
+        return kept
 
     def _admit(self, client_id: int) -> str | None:
         if client_id not in self.expected:

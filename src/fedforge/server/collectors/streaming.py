@@ -39,6 +39,7 @@ class UploadPhase:
         self.intake = Intake(exp, round_idx, cohort, log, payload_bytes, limits)
         self.clients: dict[int, ClientRecord] = {}
         self.extras: dict[int, dict[str, torch.Tensor]] = {}
+        self.held: list[Upload] = []  # a round without norms behind it: until its end
         self._gone: set[int] = set()
         self._sent = 0  # payloads handed out
         self._done = False
@@ -69,7 +70,10 @@ class UploadPhase:
         if isinstance(up, str):
             return up
         self.extras[up.client_id] = up.extras
-        self._accept(up)
+        if self.intake.limits.waits:  # judged by the round's own median at the end
+            self._hold(up)
+        else:
+            self._accept(up)
         return None
 
     def dropout(self, client_id: int) -> None:
@@ -81,7 +85,19 @@ class UploadPhase:
     def _accept(self, up: Upload) -> None:
         raise NotImplementedError
 
+    def _hold(self, up: Upload) -> None:
+        """Keep an upload until the round's median norm is known."""
+        self.held.append(up)
+
     def finish(self) -> Collected:
+        """The held uploads within the round's bound are accepted, in arrival order;
+        then the collector's own end (``_finish``)."""
+        held, self.held = self.held, []
+        for up in self.intake.settle(held):
+            self._accept(up)
+        return self._finish()
+
+    def _finish(self) -> Collected:
         raise NotImplementedError
 
     def _collected(
@@ -109,6 +125,7 @@ class UploadPhase:
             self.dense.up * (self.intake.arrived + forwarded[0]),
             self.dense.down * (self._sent + hops),
             hops,
+            norms={c: self.intake.norms[c] for c in clients},
         )
 
     def _too_few(self, accepted: int) -> str | None:
@@ -132,7 +149,7 @@ class StreamingMean(UploadPhase):
         self.clients[up.client_id] = self.intake.record(up, float(up.delta.norm()))
         self.acc.add(up.delta, up.weighed())
 
-    def finish(self) -> Collected:
+    def _finish(self) -> Collected:
         aggregate = self.acc.result() if self.acc.count else None
         why = self._too_few(len(self.clients)) if self.acc.count else None
         return self._collected(aggregate, why, [self.extras[c] for c in self.clients])

@@ -1,0 +1,95 @@
+"""The default bound on an update's size, relative to what the federation's
+clients send (``robust.max_norm_multiple``).
+
+An update whose L2 norm passes ``multiple`` times the typical norm is refused.
+The typical norm is the median norm of the updates the model took in the last
+``robust.norm_window`` rounds that took any (the run's loop state keeps them,
+checkpointed). A round with none behind it (the run's first) judges its
+uploads by the median of their own norms: they wait for the round's end before
+any reaches the aggregate. The median of an even count is the lower middle
+value, so one honest update beside one attacker's sets the bound. A median is
+what one client, or any minority, cannot move far: an attacker's huge update
+is refused however few honest updates stand beside it, and the honest ones are
+far inside the bound (their norms differ by a small factor, not by
+``multiple``).
+
+A median of zero (every update empty) sets no bound. Under secure aggregation
+the server never sees an update's norm and this bound does not apply (the
+clients' own clipping and the checks of the masked inputs stand instead).
+Runs on the server; pure arithmetic, no state of its own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+def typical_norm(recent: Sequence[Sequence[float]]) -> float | None:
+    """The median of the norms in ``recent`` (rounds of norms); None when there
+    are none or the median is not a positive number."""
+    flat = [x for r in recent for x in r]
+    if not flat:
+        return None
+    med = float(torch.tensor(flat, dtype=torch.float64).median())  # the lower middle value
+    return med if med > 0 and math.isfinite(med) else None
+
+
+def remember(
+    recent: Sequence[Sequence[float]], taken: Sequence[float], window: int
+) -> list[list[float]]:
+    """``recent`` with a round that took updates of norms ``taken`` appended,
+    the last ``window`` rounds kept (a round that took none leaves it as it was)."""
+    rounds = [[float(x) for x in r] for r in recent]
+    if taken:
+        rounds.append([float(x) for x in taken])
+    return rounds[-window:]
+
+
+@dataclass(frozen=True)
+class RelativeBound:
+    """``multiple`` x the typical norm of ``rounds`` recent rounds; ``typical``
+    None: the round has none behind it and waits for its own median."""
+
+    multiple: float
+    typical: float | None
+    rounds: int
+
+    @classmethod
+    def of(cls, multiple: float, recent: Sequence[Sequence[float]]) -> RelativeBound:
+        return cls(multiple, typical_norm(recent), len(recent))
+
+    @property
+    def waits(self) -> bool:
+        """Whether the round's uploads wait for the median of their own norms."""
+        return self.typical is None
+
+    def refusal(self, norm: float) -> str | None:
+        """Why an update of norm ``norm`` is refused against the recent rounds'
+        median; None when it is within the bound (or the round waits)."""
+        if self.typical is None:
+            return None
+        rounds = f"{self.rounds} round{'s' if self.rounds != 1 else ''}"
+        return _past(norm, self.multiple, self.typical, f"the updates taken in the last {rounds}")
+
+    def cohort_refusals(self, norms: Sequence[float]) -> list[str | None]:
+        """For a round that waits: each upload's refusal against the median of
+        the round's own norms (None: taken)."""
+        med = typical_norm([norms])
+        if med is None:
+            return [None] * len(norms)
+        what = "this round's uploads (no earlier round took any)"
+        return [_past(n, self.multiple, med, what) for n in norms]
+
+
+def _past(norm: float, multiple: float, typical: float, what: str) -> str | None:
+    bound = multiple * typical
+    if norm <= bound:
+        return None
+    return (
+        f"update norm {norm:.4g} passes the bound {bound:.4g} = robust.max_norm_multiple "
+        f"({multiple:g}) x {typical:.4g}, the median norm of {what}"
+    )
