@@ -78,6 +78,7 @@ def make_report_runs(root: Path) -> dict[str, Path]:
                             "attack": "nan_inf",
                             "attack_fraction": 0.34,
                             "max_refused_fraction": None,
+                            "min_clients": 1,  # rounds with one honest client still step
                         },
                     }
                 ),

@@ -50,6 +50,7 @@ def test_one_lying_client_flips_no_canary(tmp_path: Path) -> None:
         "canary_metric": "loss",
         "canary_max_drop": 0.001,
         "canary_min_reports": 6,
+        "cold_start": True,
     }
     cfg = write_config(tmp_path / "cfg.yaml", rounds=3, deployment=dep)
     server, port = start_server(tmp_path, cfg, "--insecure")

