@@ -8,7 +8,7 @@ DATA_ENV := $(if $(wildcard $(SHARED_DATA)/mnist),FEDFORGE_DATA=$(SHARED_DATA),)
 CONFIG ?= configs/default.yaml
 ARGS ?=
 
-.PHONY: run test test-slow test-cuda test-wheel lint typecheck venv clean proto chromium
+.PHONY: run test test-slow test-cuda test-wheel lint typecheck docs venv clean proto chromium
 
 # `make run` installs the core alone (what a simulation needs: the slim install a
 # user gets from `pip install fedforge`); `make test` adds every extra and the dev
@@ -51,7 +51,7 @@ venv: $(VENV)/.installed $(VENV)/.bytecode
 run: $(VENV)/.core $(VENV)/.bytecode
 	$(DATA_ENV) $(VENV)/bin/fedforge run --config $(CONFIG) $(ARGS)
 
-test: venv chromium lint typecheck
+test: venv chromium lint typecheck docs
 	$(DATA_ENV) $(PY) -m pytest
 
 test-slow: venv chromium
@@ -72,6 +72,12 @@ lint: venv
 
 typecheck: venv
 	$(VENV)/bin/mypy
+
+# The site (mkdocs.yml): README's guides, the design map, the results and the API
+# reference from the docstrings, offline, in build/site; --strict: a docstring or
+# a page that references what is not there fails the build (and `make test`).
+docs: venv
+	$(VENV)/bin/mkdocs build --quiet
 
 # The gRPC code of the wire's schema, committed (tests/test_proto.py checks it matches).
 proto: venv
