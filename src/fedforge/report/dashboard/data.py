@@ -17,10 +17,11 @@ from fedforge.report.html.gather import finite
 from fedforge.report.progress import id_ranges, named_score
 from fedforge.report.reasons import reason_kind
 from fedforge.report.runs import RUN_COLUMNS, format_run_summary, run_row
+from fedforge.store.directory import is_run_dir
 from fedforge.store.live_state import STALE_AFTER_S, read_live_state
 from fedforge.store.records import AlertRecord, AnomalyRecord, RoundRecord, RunInfo
 from fedforge.store.runs_dir import list_runs, live_status
-from fedforge.store.runstore import RunStore, is_run_dir
+from fedforge.store.runstore import RunStore
 
 # the columns of a run's curves, from the store's ``rounds`` rows
 ROUND_FIELDS = ("round", "train_loss", "test_accuracy", "test_loss", "bytes_up", "bytes_down")
