@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 import sys
 
-from fedforge.transport.client import ClientOptions, ClientProcess
+from fedforge.transport.client import ClientProcess
+from fedforge.transport.client_options import ClientOptions
 from fedforge.transport.pb import federation_pb2 as pb
 from fedforge.transport.security import ClientSecurity
 

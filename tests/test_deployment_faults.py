@@ -13,7 +13,7 @@ them (``_Absent``): float64, to 1e-9 (the server sums the updates in the order
 they arrive, the simulator in client order).
 
 Where a client must die at an exact phase, its process is started with
-FEDFORGE_TEST_EXIT_AT="ROUND:PHASE" (transport/client.py: it exits, answering
+FEDFORGE_TEST_EXIT_AT="ROUND:PHASE" (transport/client_options.py: it exits, answering
 nothing, when handed that work); the first test kills a process with SIGKILL
 at whatever point of the run it is, and reads from the run store what followed.
 """

@@ -24,7 +24,8 @@ from fedforge import run
 from fedforge.selection.sampling import sample_cohort
 from fedforge.transport.auth import Signer, generate_identity, load_identity, register_key
 from fedforge.transport.certs import write_federation
-from fedforge.transport.client import ClientOptions, ClientProcess
+from fedforge.transport.client import ClientProcess
+from fedforge.transport.client_options import ClientOptions
 from fedforge.transport.pb import federation_pb2 as pb
 from fedforge.transport.pb import federation_pb2_grpc as pb_grpc
 from fedforge.transport.security import ClientSecurity, ServerSecurity

@@ -293,20 +293,20 @@ def test_a_checkpoint_that_cannot_be_written_does_not_end_the_run(
 ) -> None:
     """A full disk at a periodic checkpoint: the run goes on (the older checkpoint
     is whole) and ends as an uninterrupted run does."""
-    from fedforge.server import loop
+    from fedforge.server import run_rounds
     from fedforge.store import CheckpointError as StoreCheckpointError
 
     data = make_data([7, 12, 5, 9], dtype=torch.float64)
     base = {**SMALL, "checkpoint_every": 1}
     want = run(from_dict({**base, "runs_dir": str(tmp_path / "a")}), data)
-    real = loop.save_checkpoint
+    real = run_rounds.save_checkpoint
 
     def full_at_round_2(run_dir: Path, ckpt: Any, tables: Any) -> Any:
         if ckpt.next_round == 2:
             raise StoreCheckpointError(f"cannot write checkpoint '{run_dir}': No space left")
         return real(run_dir, ckpt, tables)
 
-    monkeypatch.setattr(loop, "save_checkpoint", full_at_round_2)
+    monkeypatch.setattr(run_rounds, "save_checkpoint", full_at_round_2)
     capsys.readouterr()
     got = run(from_dict({**base, "runs_dir": str(tmp_path / "b")}), data)
     said = capsys.readouterr()

@@ -24,7 +24,7 @@ from fedforge.store import (
     list_runs,
     resolve_run,
 )
-from fedforge.store import runstore as runstore_module
+from fedforge.store.directory import config_name
 
 
 def _round(idx: int, acc: float | None = 0.5, loss: float = 1.0) -> RoundRecord:
@@ -51,7 +51,7 @@ def test_create_writes_layout_and_reopens(tmp_path: Path) -> None:
     with RunStore.create(tmp_path / "runs", cfg) as store:
         path = store.path
         assert path.parent == tmp_path / "runs"
-        assert runstore_module._RUN_DIR.match(path.name)
+        assert config_name(path) == "mnist-cnn"
         assert path.name.split("-")[2:4] == ["mnist", "cnn"]
         for name in ("config.yaml", "store.sqlite", "metrics.jsonl"):
             assert (path / name).is_file()

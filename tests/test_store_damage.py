@@ -156,9 +156,9 @@ def _limit_pages(monkeypatch: pytest.MonkeyPatch) -> None:
     """SQLite's own 'database or disk is full' while a run's database is made."""
     import sqlite3
 
-    from fedforge.store import runstore
+    from fedforge.store import directory
 
-    real = runstore.connect
+    real = directory.connect
 
     def full(db: Path, create: bool = False, read_only: bool = False) -> sqlite3.Connection:
         conn = real(db, create=create, read_only=read_only)
@@ -166,7 +166,7 @@ def _limit_pages(monkeypatch: pytest.MonkeyPatch) -> None:
             conn.execute("PRAGMA max_page_count = 1")
         return conn
 
-    monkeypatch.setattr(runstore, "connect", full)
+    monkeypatch.setattr(directory, "connect", full)
 
 
 def _no_space(*args: Any, **kwargs: Any) -> None:
@@ -188,12 +188,12 @@ def test_a_full_disk_at_the_start_leaves_no_half_made_run(
     that `fedforge runs` listed as unreadable (or as a run that died), and said so
     in a traceback; now one line says the disk is full, and nothing is left."""
     from fedforge.server import loop
-    from fedforge.store import runstore
+    from fedforge.store import directory
 
     runs = tmp_path / "runs"
     cfg = from_dict({**TINY_LOGREG, "name": "full", "runs_dir": str(runs)})
     if where == "config":
-        monkeypatch.setattr(runstore, "dump", _no_space)
+        monkeypatch.setattr(directory, "dump", _no_space)
         said = r"cannot create run directory '.*full.*': the disk is full"
     elif where == "database":
         _limit_pages(monkeypatch)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable
 from typing import TextIO
 
 from tqdm import tqdm
@@ -40,23 +39,6 @@ def named_score(value: float | None, score_name: str = "accuracy") -> str:
     if value is None:
         return "-"
     return f"{_SCORE_LABELS.get(score_name, score_name)} {score_text(value, score_name)}"
-
-
-def id_ranges(ids: Iterable[int], most: int = 12) -> str:
-    """Client ids as sorted runs, ``0-24, 30, 50-99`` (``-``: none); past ``most``
-    runs, the rest counted: ``..., and 4,990 more ranges`` (readable at any count)."""
-    runs: list[list[int]] = []
-    for i in sorted(set(ids)):
-        if runs and i == runs[-1][1] + 1:
-            runs[-1][1] = i
-        else:
-            runs.append([i, i])
-    if not runs:
-        return "-"
-    shown = [str(a) if a == b else f"{a}-{b}" for a, b in runs[:most]]
-    if len(runs) > most:
-        shown.append(f"and {len(runs) - most:,} more ranges")
-    return ", ".join(shown)
 
 
 def count(n: int, noun: str) -> str:

@@ -7,9 +7,11 @@ fedforge.alerts watch it, from the store). Stops at the target
 accuracy or after ``rounds``. Runs on the server; trusts nothing it decodes.
 
 :func:`run` starts a run, :func:`resume` continues one from its last good
-checkpoint; both drive the same loop over a :class:`LoopState`. A checkpoint is
-written every ``checkpoint_every`` rounds, and after the current round when
-SIGINT or SIGTERM arrives (the run is then marked stopped and can be resumed).
+checkpoint; both drive the same loop (``run_rounds.py``) over a :class:`LoopState`,
+then settle the run store: final parameters and summary, or why the run stopped.
+A checkpoint is written every ``checkpoint_every`` rounds, and after the current
+round when SIGINT or SIGTERM arrives (the run is then marked stopped and can be
+resumed).
 """
 
 from __future__ import annotations
@@ -17,42 +19,22 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import sys
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from fedforge.alerts import Monitor
 from fedforge.config import Config, override
 from fedforge.core.errors import StopNow, StoreError
 from fedforge.data import PartitionSummary
 from fedforge.data.federated import FederatedData
 from fedforge.engines import Engine, close_engine
 from fedforge.engines.threads import set_threads
-from fedforge.report.progress import Progress, percent
 from fedforge.server.experiment import Experiment, build, client_tables
 from fedforge.server.partition_file import partition_summary, write_partition
-from fedforge.server.round import run_round, test_scores
-from fedforge.server.state import (
-    LoopState,
-    RunLock,
-    StopSignals,
-    aggregator_state,
-    load_aggregator_state,
-)
-from fedforge.server.stops import over_budget, stalled
-from fedforge.server.summary import format_summary, summarize_run
+from fedforge.server.run_rounds import RunResult, run_rounds
+from fedforge.server.state import LoopState, RunLock, StopSignals, load_aggregator_state
+from fedforge.server.summary import format_summary
 from fedforge.server.workload import say_start
-from fedforge.store import (
-    CheckpointError,
-    RoundRecord,
-    RunStore,
-    list_checkpoints,
-    load_latest,
-    save_checkpoint,
-)
+from fedforge.store import CheckpointError, RunStore, list_checkpoints, load_latest
 from fedforge.store.build_record import check_build, write_build
 from fedforge.store.disk import os_error_text
 from fedforge.store.edited import edited_config_note
@@ -60,22 +42,6 @@ from fedforge.store.final import save_final
 from fedforge.tasks import Task
 
 __all__ = ["RunResult", "format_summary", "resume", "run"]
-
-
-@dataclass
-class RunResult:
-    """What a finished (or signal-stopped) run hands back to Python callers."""
-
-    params: torch.Tensor
-    rounds: list[RoundRecord]
-    summary: dict[str, Any]
-    run_dir: Path | None = None
-    rejected: list[tuple[int, int, str]] = field(default_factory=list)  # round, client, why
-    skipped: list[tuple[int, str]] = field(default_factory=list)  # round, why
-    stopped: str | None = None  # the signal that stopped the run early (e.g. 'SIGTERM')
-    # a signal that came during the round that ended the run anyway (its last, or
-    # the one reaching the target): the run is finished, a sweep stops after it
-    signalled: str | None = None
 
 
 def run(
@@ -213,7 +179,7 @@ def _drive_rounds(
     caller holds), then settle the run store: final params and summary, or why not."""
     if run_store is None or lock is None:
         try:
-            result = _rounds(exp, state, None, progress, StopSignals(enabled=False))
+            result = run_rounds(exp, state, None, progress, StopSignals(enabled=False))
         finally:
             close_engine(exp.engine)
         result.summary["heterogeneity"] = partition.heterogeneity
@@ -222,7 +188,7 @@ def _drive_rounds(
         bind(run_store)
     try:
         with StopSignals() as stop:
-            result = _rounds(exp, state, run_store, progress, stop)
+            result = run_rounds(exp, state, run_store, progress, stop)
         result.summary["heterogeneity"] = partition.heterogeneity
         _settle(exp, run_store, result, state.next_round)
     except BaseException as exc:
@@ -270,132 +236,3 @@ def _settle(exp: Experiment, run_store: RunStore, result: RunResult, next_round:
             None if personal is None else personal.final(),
         )
         run_store.finish(result.summary)
-
-
-def _rounds(
-    exp: Experiment, state: LoopState, run_store: RunStore | None, show: bool, stop: StopSignals
-) -> RunResult:
-    cfg = exp.cfg
-    bar = Progress(
-        cfg.rounds,
-        cfg.name,
-        enabled=show,
-        initial=state.next_round,
-        score_name=exp.metrics.score_name,
-    )
-    start = time.perf_counter()
-    if cfg.eval_initial and state.next_round == 0 and state.initial_eval is None:
-        state.initial_eval = _evaluate_initial(exp, state, bar)
-    stopped: str | None = None
-    stops: dict[str, str] = {}  # summary key: why the run stopped early
-    alerts = Monitor(cfg, bar.write)  # its rules, after each recorded round
-    while state.next_round < cfg.rounds:
-        budget_stop = over_budget(exp, state.next_round, state.privacy)
-        if budget_stop is not None:  # the next round would spend more than target_epsilon
-            bar.write(f"fedforge: {budget_stop}")
-            stops["privacy_stop"] = budget_stop
-            break
-        record = _one_round(exp, state, run_store, bar)
-        if run_store is not None:
-            alerts.after_round(run_store, record.round_idx)
-        target = cfg.target_accuracy
-        evaluated = record.test_accuracy is not None
-        if target is not None and evaluated and max(state.eval_accuracy) >= target:
-            break
-        stall_stop = stalled(cfg, state)  # also in the last round: the summary says so
-        if stall_stop is not None:
-            bar.write(f"fedforge: {stall_stop}")
-            stops["stall_stop"] = stall_stop
-            break
-        if state.next_round == cfg.rounds:
-            break
-        if _checkpoint_due(exp, state, run_store, stop, start, bar):
-            stopped = stop.name
-            break
-    bar.close()
-    seconds = state.seconds_before + time.perf_counter() - start
-    return _result(exp, state, seconds, stops, stopped, stop)
-
-
-def _evaluate_initial(exp: Experiment, state: LoopState, bar: Progress) -> tuple[float, float]:
-    """The initial model's test accuracy and loss (``eval_initial``: a baseline)."""
-    ev = test_scores(exp, state.params)
-    name, score = exp.metrics.score_name, ev.accuracy
-    shown = f"{score:.4f}" if name == "R^2" else percent(score)
-    bar.write(f"fedforge: initial model: {name} {shown}, loss {ev.loss:.4f}")
-    return ev.accuracy, ev.loss
-
-
-def _one_round(
-    exp: Experiment, state: LoopState, run_store: RunStore | None, bar: Progress
-) -> RoundRecord:
-    """Run round ``state.next_round`` and record it (store, privacy spend, bar)."""
-    clip = state.privacy.get("clip_norm", exp.cfg.privacy.clip_norm)  # this round's
-    record, clients = run_round(exp, state, state.next_round, bar)
-    state.records.append(record)
-    state.total_bytes += record.bytes_up + record.bytes_down
-    state.next_round += 1
-    if run_store is not None:
-        run_store.record_round(record, clients, state.anomalies(record.round_idx))
-        for table, rows in state.outputs.items():  # per-client eval, diagnostics
-            run_store.record_rows(table, record.round_idx, rows)
-    state.outputs = {}
-    priv = exp.privacy
-    epsilon = priv.epsilon(state.next_round, state.privacy) if priv is not None else None
-    if run_store is not None and epsilon is not None and exp.privacy is not None:
-        run_store.record_privacy(record.round_idx, epsilon, exp.privacy.delta, clip)
-    bar.update(record.test_accuracy, record.test_loss, state.total_bytes, epsilon)
-    return record
-
-
-def _checkpoint_due(
-    exp: Experiment,
-    state: LoopState,
-    run_store: RunStore | None,
-    stop: StopSignals,
-    start: float,
-    bar: Progress,
-) -> bool:
-    """Write the checkpoint when one is due (every ``checkpoint_every`` rounds, or
-    a signal came); True when a signal asks the loop to stop now."""
-    every = exp.cfg.checkpoint_every
-    due = stop.signum is not None or (every > 0 and state.next_round % every == 0)
-    failed = None
-    if due and run_store is not None:
-        ckpt = state.checkpoint(time.perf_counter() - start)
-        ckpt.aggregator_state = aggregator_state(exp.pipeline.aggregator)
-        try:
-            save_checkpoint(run_store.path, ckpt, state.client_state)
-        except CheckpointError as exc:  # e.g. a full disk: the older ones are whole
-            failed = f"{exc}; a resume starts from the checkpoint before"
-            bar.write(f"fedforge: {failed}" + ("" if stop.signum else "; the run goes on"))
-    if stop.signum is None:
-        return False
-    done = "no checkpoint written" if failed else "checkpoint written"
-    bar.write(f"fedforge: {done} before round {state.next_round + 1}; stopping")
-    return True
-
-
-def _result(
-    exp: Experiment,
-    state: LoopState,
-    seconds: float,
-    stops: dict[str, str],
-    stopped: str | None,
-    stop: StopSignals,
-) -> RunResult:
-    """The loop's result: parameters, rounds, summary, what was refused or skipped."""
-    evals = (state.eval_rounds, state.eval_accuracy)
-    summary = summarize_run(exp, state.records, evals, seconds, state.privacy)
-    if state.initial_eval is not None:
-        summary["initial_accuracy"], summary["initial_loss"] = state.initial_eval
-    summary.update(stops)
-    return RunResult(
-        state.params,
-        state.records,
-        summary,
-        rejected=state.rejected,
-        skipped=state.skipped,
-        stopped=stopped,
-        signalled=stop.name if stopped is None and stop.signum is not None else None,
-    )

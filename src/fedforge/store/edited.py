@@ -12,7 +12,7 @@ from typing import Any
 
 from fedforge.config import Config, load, to_dict
 from fedforge.core.errors import ConfigError, shown
-from fedforge.store.runstore import CONFIG_NAME
+from fedforge.store.directory import CONFIG_NAME
 
 _LISTED = 6  # fields named in the note; the rest are counted
 

@@ -11,12 +11,10 @@ from pathlib import Path
 
 from fedforge.core.errors import StoreError
 from fedforge.store.damage import StoreDamaged, written_now
-from fedforge.store.runstore import _RUN_DIR, DB_NAME, RunInfo, RunStore, is_run_dir
-
-
-def _config_name(path: Path) -> str:
-    match = _RUN_DIR.match(path.name)
-    return match.group(2) if match else ""
+from fedforge.store.database import DB_NAME
+from fedforge.store.directory import config_name, is_run_dir
+from fedforge.store.records import RunInfo
+from fedforge.store.runstore import RunStore
 
 
 def _run_info(path: Path) -> RunInfo:
@@ -25,7 +23,7 @@ def _run_info(path: Path) -> RunInfo:
         with RunStore.open(path, read_only=True) as store:
             info = store.info()
     except (StoreError, ValueError, AttributeError) as exc:
-        name = _config_name(path) or path.name
+        name = config_name(path) or path.name
         status = "damaged" if isinstance(exc, StoreDamaged) else "unreadable"
         return RunInfo(path.name, name, path, "", status, 0, None, None)
     return dataclasses.replace(info, status=live_status(path, info.status))
@@ -59,9 +57,9 @@ def resolve_run(runs_dir: Path | str, ref: str | Path) -> Path:
     found = [
         p
         for p in runs
-        if p.name.startswith(text) or p.name.endswith(text) or _config_name(p).startswith(text)
+        if p.name.startswith(text) or p.name.endswith(text) or config_name(p).startswith(text)
     ]
-    exact = [p for p in found if _config_name(p) == text]  # 'sig' is not also 'sig2'
+    exact = [p for p in found if config_name(p) == text]  # 'sig' is not also 'sig2'
     if exact and len(exact) < len(found):
         found = exact
     if len(found) == 1:
@@ -95,7 +93,7 @@ def resolve_runs(runs_dir: Path | str, refs: Sequence[str]) -> list[Path]:
             paths = {Path(p) for p in glob.glob(ref)} | {
                 p
                 for p in _runs_in(root)
-                if fnmatch.fnmatchcase(p.name, ref) or fnmatch.fnmatchcase(_config_name(p), ref)
+                if fnmatch.fnmatchcase(p.name, ref) or fnmatch.fnmatchcase(config_name(p), ref)
             }
             matched = sorted(p for p in paths if is_run_dir(p))
             if not matched:

@@ -21,8 +21,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import TypeVar
 
 import grpc
@@ -30,10 +28,10 @@ import grpc
 from fedforge import __version__
 from fedforge.client.runtime import ClientTask
 from fedforge.core import wire
-from fedforge.data.folder import ClientFolder
 from fedforge.evaluation.evaluate import evaluate
 from fedforge.server.experiment import Experiment, client_tables
-from fedforge.transport.backoff import TRANSIENT, Backoff, retrying
+from fedforge.transport.backoff import Backoff, retrying
+from fedforge.transport.client_options import RETRY, ClientOptions, Lost, exit_at, work_at
 from fedforge.transport.client_state import ClientStateFile
 from fedforge.transport.hosted import (
     build_hosted,
@@ -45,62 +43,9 @@ from fedforge.transport.logs import log_event
 from fedforge.transport.pb import federation_pb2 as pb
 from fedforge.transport.pb import federation_pb2_grpc as pb_grpc
 from fedforge.transport.remote import plan_from_json
-from fedforge.transport.security import ClientSecurity
 from fedforge.transport.serving import ServingModels
 
-# still transient after ``retry_s`` of retries, or the server has forgotten the
-# session (a restarted server): join again, with backoff
-RETRY = TRANSIENT | {grpc.StatusCode.NOT_FOUND}
-
-# Fault injection for the deployment tests (tests/test_deployment_faults.py), not
-# a user option: with FEDFORGE_TEST_EXIT_AT="ROUND:PHASE" in its environment the
-# process exits at once (os._exit(1): no answer, no goodbye, as if killed) when a
-# poll hands it work of round ROUND (0-based) and PHASE: a secure-aggregation
-# phase's name (advertise, share_keys, masked_input, unmask), "train" or
-# "evaluate". The work of one round and phase is posted to all of a process's
-# clients at once, so none of them answers it.
-TEST_EXIT_AT = "FEDFORGE_TEST_EXIT_AT"
 T = TypeVar("T")
-_KINDS = {pb.Work.TRAIN: "train", pb.Work.EVALUATE: "evaluate"}
-
-
-def _exit_at() -> tuple[int, str] | None:
-    text = os.environ.get(TEST_EXIT_AT, "")
-    if not text:
-        return None
-    r, _, phase = text.partition(":")
-    return int(r), phase
-
-
-def _work_at(work: pb.Work) -> tuple[int, str]:
-    """The (round, phase) of ``work`` as FEDFORGE_TEST_EXIT_AT names it."""
-    return work.round_idx, work.phase if work.kind == pb.Work.PHASE else _KINDS.get(work.kind, "")
-
-
-class Lost(Exception):
-    """The server went away or forgot the session: join again."""
-
-
-@dataclass
-class ClientOptions:
-    target: str  # host:port of the server
-    security: ClientSecurity
-    ids: list[int]  # the client ids this process hosts
-    device: str = "cpu"
-    poll_s: float = 10.0  # long-poll wait
-    heartbeat_s: float = 2.0
-    give_up_s: float = 300.0  # unreachable this long: exit
-    retry_s: float = 60.0  # a call failing transiently is tried again this long
-    max_bytes: int = 256 << 20
-    chunk_bytes: int = 1 << 20
-    state_dir: Path | None = None  # where the hosted clients' state persists (None: memory)
-    data: dict[int, ClientFolder] | None = None  # each id's own examples (None: the simulator's)
-    # follow the server's privacy.secret_noise: false (noise it can recompute); else
-    # the noise comes from the OS whatever the server's config says
-    trust_server_noise: bool = False
-    # refuse to train unless each hosted client adds noise of at least this many
-    # times its clip bound (0: no floor)
-    min_noise_multiplier: float = 0.0
 
 
 class ClientProcess:
@@ -121,7 +66,7 @@ class ClientProcess:
         self.stop = threading.Event()
         self.lost_since: float | None = None  # when the server was last out of reach
         self.beat = threading.Event()  # set: send a heartbeat now (work arrived, or stopping)
-        self.exit_at = _exit_at()
+        self.exit_at = exit_at()
 
     # ------------------------------------------------------------------ wire
     def _signed(self, method: str, body: bytes) -> pb.Signed:
@@ -256,7 +201,7 @@ class ClientProcess:
         assert isinstance(reply, pb.PollReply)
         if reply.work:  # busy from now: a heartbeat, which the server holds open, at once
             self.beat.set()
-        if self.exit_at is not None and any(_work_at(w) == self.exit_at for w in reply.work):
+        if self.exit_at is not None and any(work_at(w) == self.exit_at for w in reply.work):
             r, phase = self.exit_at
             log_event("client", "test_exit", round=r, phase=phase)
             os._exit(1)

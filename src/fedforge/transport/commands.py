@@ -141,7 +141,8 @@ def _hosted(args: argparse.Namespace) -> tuple[dict[int, ClientFolder] | None, l
 def client(args: argparse.Namespace) -> int:
     import os
 
-    from fedforge.transport.client import ClientOptions, ClientProcess
+    from fedforge.transport.client import ClientProcess
+    from fedforge.transport.client_options import ClientOptions
     from fedforge.transport.security import ClientSecurity
 
     if args.data_dir:

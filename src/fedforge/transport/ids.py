@@ -1,14 +1,21 @@
-"""Client ids as people write them: ``3``, ``0-49``, ``0-9,12``."""
+"""Client ids as people write them: ``3``, ``0-49``, ``0-9,12``. :func:`parse_ids`
+reads them; :func:`format_ids` (``core/ids.py``) writes them, and
+:func:`logged_ids` writes them for a log line, bounded."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
 from fedforge.core.errors import ConfigError
+from fedforge.core.ids import format_ids
+
+__all__ = ["LOGGED_RANGES", "MAX_IDS", "format_ids", "logged_ids", "parse_ids"]
 
 # more ids than any federation this code runs: a typo such as 0-1000000000 is
 # refused in one line instead of filling the memory
 MAX_IDS = 10_000_000
+# the ranges a log line names of a set of client ids; the rest are counted
+LOGGED_RANGES = 20
 
 
 def parse_ids(text: str) -> list[int]:
@@ -29,17 +36,7 @@ def parse_ids(text: str) -> list[int]:
     return sorted(set(ids))
 
 
-def format_ids(ids: Iterable[int]) -> str:
-    """[0, 1, 2, 5] -> '0-2,5': what :func:`parse_ids` reads back."""
-    parts: list[str] = []
-    run: list[int] = []
-    for i in sorted(set(ids)):
-        if run and i == run[-1] + 1:
-            run.append(i)
-            continue
-        if run:
-            parts.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
-        run = [i]
-    if run:
-        parts.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
-    return ",".join(parts)
+def logged_ids(ids: Iterable[int]) -> str:
+    """``ids`` as ranges for a log line: at most ``LOGGED_RANGES`` of them, then
+    how many more (a federation of 10,000 scattered ids is still one short line)."""
+    return format_ids(ids, most=LOGGED_RANGES)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from fedforge.transport.hub import Hub
-from fedforge.transport.ids import format_ids
+from fedforge.transport.ids import logged_ids
 from fedforge.transport.logs import log_event
 
 REPORT_S = 5.0  # a line at least this often while nothing changes
@@ -24,7 +24,7 @@ def progress_line(joined: list[int], num_clients: int, need: int, until: str) ->
     needed = f" ({need} needed to start)" if need < num_clients else ""
     return (
         f"{len(joined)} of {num_clients} joined{needed}; waiting for ids "
-        f"{format_ids(waiting)} until {until}"
+        f"{logged_ids(waiting)} until {until}"
     )
 
 

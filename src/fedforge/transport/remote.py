@@ -34,7 +34,7 @@ from fedforge.config import Config
 from fedforge.selection.sampling import cohort_size
 from fedforge.store import RunStore
 from fedforge.transport.hub import Hub
-from fedforge.transport.ids import format_ids
+from fedforge.transport.ids import logged_ids
 from fedforge.transport.logs import log_event
 from fedforge.transport.pb import federation_pb2 as pb
 from fedforge.transport.rollout import Rollout, Rows
@@ -90,7 +90,7 @@ class RemoteEngine:
                 "server",
                 "waiting_for_clients",
                 round=round_idx + 1,
-                connected=format_ids(live),
+                connected=logged_ids(live),
                 need=need,
                 wait_s=self.live_wait_s,
             )

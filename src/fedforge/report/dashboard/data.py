@@ -9,23 +9,28 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from fedforge.core.errors import StoreError
+from fedforge.core.ids import format_ids
 from fedforge.report.html.gather import finite
-from fedforge.report.progress import id_ranges, named_score
+from fedforge.report.progress import named_score
 from fedforge.report.reasons import reason_kind
 from fedforge.report.runs import RUN_COLUMNS, format_run_summary, run_row
+from fedforge.store.directory import is_run_dir
 from fedforge.store.live_state import STALE_AFTER_S, read_live_state
 from fedforge.store.records import AlertRecord, AnomalyRecord, RoundRecord, RunInfo
 from fedforge.store.runs_dir import list_runs, live_status
-from fedforge.store.runstore import RunStore, is_run_dir
+from fedforge.store.runstore import RunStore
 
 # the columns of a run's curves, from the store's ``rounds`` rows
 ROUND_FIELDS = ("round", "train_loss", "test_accuracy", "test_loss", "bytes_up", "bytes_down")
 # the newest alerts the run page lists (the total is shown beside them)
 ALERTS_SHOWN = 50
+# the id ranges a line of client ids names; the rest are counted
+SHOWN_RANGES = 12
 
 
 def run_entry(info: RunInfo) -> dict[str, Any]:
@@ -139,6 +144,12 @@ def live_view(state: dict[str, Any] | None, now: float | None = None) -> dict[st
     }
 
 
+def _ranges(ids: Iterable[int]) -> str:
+    """Client ids as a person reads them at any count: ``0-24, 30, 50-99``, the
+    first ``SHOWN_RANGES`` ranges and then how many more; ``-``: none."""
+    return format_ids(ids, most=SHOWN_RANGES, sep=", ") or "-"
+
+
 def _ids(value: Any) -> list[int]:
     """A list of client ids from the state file (anything else: none)."""
     if not isinstance(value, list):
@@ -155,12 +166,12 @@ def client_counts(state: dict[str, Any]) -> dict[str, str]:
     connected, joined = _ids(state.get("connected")), _ids(state.get("joined"))
     of = "?" if total is None else f"{total:,}"
     texts = {
-        "connected_text": f"{len(set(connected)):,} of {of}: {id_ranges(connected)}",
-        "joined_text": f"{len(set(joined)):,} of {of}: {id_ranges(joined)}",
+        "connected_text": f"{len(set(connected)):,} of {of}: {_ranges(connected)}",
+        "joined_text": f"{len(set(joined)):,} of {of}: {_ranges(joined)}",
     }
     if total is not None:
         away = set(range(total)) - set(connected)
-        texts["away_text"] = f"{len(away):,}: {id_ranges(away)}"
+        texts["away_text"] = f"{len(away):,}: {_ranges(away)}"
     return texts
 
 

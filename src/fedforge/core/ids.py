@@ -1,0 +1,34 @@
+"""Client ids written as sorted ranges of consecutive ids, ``0-4,7``: the form
+``fedforge client --clients`` and ``members.json`` take (``transport/ids.py``
+reads it back), and, bounded, the form a log line or a screen shows of any
+number of clients: the first ranges, then how many more there are."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+def id_runs(ids: Iterable[int]) -> list[tuple[int, int]]:
+    """[5, 0, 1, 2, 2] -> [(0, 2), (5, 5)]: the ids' runs of consecutive values,
+    first and last, ascending (repeats count once)."""
+    runs: list[tuple[int, int]] = []
+    for i in sorted(set(ids)):
+        if runs and i == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], i)
+        else:
+            runs.append((i, i))
+    return runs
+
+
+def format_ids(ids: Iterable[int], most: int | None = None, sep: str = ",") -> str:
+    """[0, 1, 2, 5] -> '0-2,5' ('' for none); ``sep``: what stands between ranges
+    (', ' for people). ``most`` (1 or more): at most that many ranges, then the
+    rest counted, so a line stays short at any number of clients:
+    '0,2,4, and 4,997 more ranges' (which no parser reads back)."""
+    runs = id_runs(ids)
+    shown = runs if most is None else runs[: max(most, 1)]
+    text = sep.join(str(a) if a == b else f"{a}-{b}" for a, b in shown)
+    if len(shown) < len(runs):
+        left = len(runs) - len(shown)
+        text += f"{sep.rstrip()} and {left:,} more range{'' if left == 1 else 's'}"
+    return text

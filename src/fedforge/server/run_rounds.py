@@ -1,0 +1,171 @@
+"""The rounds of one run, from a :class:`LoopState` to a :class:`RunResult`:
+each round run (``round.py``) and recorded (store, privacy spent, progress bar,
+the alert rules), until the last round, the target accuracy, the privacy budget
+or a stall (``stops.py``) ends the run; a checkpoint every ``checkpoint_every``
+rounds, and one before stopping when SIGINT or SIGTERM came. ``loop.py`` makes
+or resumes the run's store around it and settles the store after it."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedforge.alerts import Monitor
+from fedforge.report.progress import Progress, percent
+from fedforge.server.experiment import Experiment
+from fedforge.server.round import run_round, test_scores
+from fedforge.server.state import LoopState, StopSignals, aggregator_state
+from fedforge.server.stops import over_budget, stalled
+from fedforge.server.summary import summarize_run
+from fedforge.store import CheckpointError, RoundRecord, RunStore, save_checkpoint
+
+
+@dataclass
+class RunResult:
+    """What a finished (or signal-stopped) run hands back to Python callers."""
+
+    params: torch.Tensor
+    rounds: list[RoundRecord]
+    summary: dict[str, Any]
+    run_dir: Path | None = None
+    rejected: list[tuple[int, int, str]] = field(default_factory=list)  # round, client, why
+    skipped: list[tuple[int, str]] = field(default_factory=list)  # round, why
+    stopped: str | None = None  # the signal that stopped the run early (e.g. 'SIGTERM')
+    # a signal that came during the round that ended the run anyway (its last, or
+    # the one reaching the target): the run is finished, a sweep stops after it
+    signalled: str | None = None
+
+
+def run_rounds(
+    exp: Experiment, state: LoopState, run_store: RunStore | None, show: bool, stop: StopSignals
+) -> RunResult:
+    """Run the rounds from ``state.next_round`` (recorded in ``run_store`` when there
+    is one) until one of the run's stops, under ``stop``'s signal guard."""
+    cfg = exp.cfg
+    bar = Progress(
+        cfg.rounds,
+        cfg.name,
+        enabled=show,
+        initial=state.next_round,
+        score_name=exp.metrics.score_name,
+    )
+    start = time.perf_counter()
+    if cfg.eval_initial and state.next_round == 0 and state.initial_eval is None:
+        state.initial_eval = _evaluate_initial(exp, state, bar)
+    stopped: str | None = None
+    stops: dict[str, str] = {}  # summary key: why the run stopped early
+    alerts = Monitor(cfg, bar.write)  # its rules, after each recorded round
+    while state.next_round < cfg.rounds:
+        budget_stop = over_budget(exp, state.next_round, state.privacy)
+        if budget_stop is not None:  # the next round would spend more than target_epsilon
+            bar.write(f"fedforge: {budget_stop}")
+            stops["privacy_stop"] = budget_stop
+            break
+        record = _one_round(exp, state, run_store, bar)
+        if run_store is not None:
+            alerts.after_round(run_store, record.round_idx)
+        target = cfg.target_accuracy
+        evaluated = record.test_accuracy is not None
+        if target is not None and evaluated and max(state.eval_accuracy) >= target:
+            break
+        stall_stop = stalled(cfg, state)  # also in the last round: the summary says so
+        if stall_stop is not None:
+            bar.write(f"fedforge: {stall_stop}")
+            stops["stall_stop"] = stall_stop
+            break
+        if state.next_round == cfg.rounds:
+            break
+        if _checkpoint_due(exp, state, run_store, stop, start, bar):
+            stopped = stop.name
+            break
+    bar.close()
+    seconds = state.seconds_before + time.perf_counter() - start
+    return _result(exp, state, seconds, stops, stopped, stop)
+
+
+def _evaluate_initial(exp: Experiment, state: LoopState, bar: Progress) -> tuple[float, float]:
+    """The initial model's test accuracy and loss (``eval_initial``: a baseline)."""
+    ev = test_scores(exp, state.params)
+    name, score = exp.metrics.score_name, ev.accuracy
+    shown = f"{score:.4f}" if name == "R^2" else percent(score)
+    bar.write(f"fedforge: initial model: {name} {shown}, loss {ev.loss:.4f}")
+    return ev.accuracy, ev.loss
+
+
+def _one_round(
+    exp: Experiment, state: LoopState, run_store: RunStore | None, bar: Progress
+) -> RoundRecord:
+    """Run round ``state.next_round`` and record it (store, privacy spend, bar)."""
+    clip = state.privacy.get("clip_norm", exp.cfg.privacy.clip_norm)  # this round's
+    record, clients = run_round(exp, state, state.next_round, bar)
+    state.records.append(record)
+    state.total_bytes += record.bytes_up + record.bytes_down
+    state.next_round += 1
+    if run_store is not None:
+        run_store.record_round(record, clients, state.anomalies(record.round_idx))
+        for table, rows in state.outputs.items():  # per-client eval, diagnostics
+            run_store.record_rows(table, record.round_idx, rows)
+    state.outputs = {}
+    priv = exp.privacy
+    epsilon = priv.epsilon(state.next_round, state.privacy) if priv is not None else None
+    if run_store is not None and epsilon is not None and exp.privacy is not None:
+        run_store.record_privacy(record.round_idx, epsilon, exp.privacy.delta, clip)
+    bar.update(record.test_accuracy, record.test_loss, state.total_bytes, epsilon)
+    return record
+
+
+def _checkpoint_due(
+    exp: Experiment,
+    state: LoopState,
+    run_store: RunStore | None,
+    stop: StopSignals,
+    start: float,
+    bar: Progress,
+) -> bool:
+    """Write the checkpoint when one is due (every ``checkpoint_every`` rounds, or
+    a signal came); True when a signal asks the loop to stop now."""
+    every = exp.cfg.checkpoint_every
+    due = stop.signum is not None or (every > 0 and state.next_round % every == 0)
+    failed = None
+    if due and run_store is not None:
+        ckpt = state.checkpoint(time.perf_counter() - start)
+        ckpt.aggregator_state = aggregator_state(exp.pipeline.aggregator)
+        try:
+            save_checkpoint(run_store.path, ckpt, state.client_state)
+        except CheckpointError as exc:  # e.g. a full disk: the older ones are whole
+            failed = f"{exc}; a resume starts from the checkpoint before"
+            bar.write(f"fedforge: {failed}" + ("" if stop.signum else "; the run goes on"))
+    if stop.signum is None:
+        return False
+    done = "no checkpoint written" if failed else "checkpoint written"
+    bar.write(f"fedforge: {done} before round {state.next_round + 1}; stopping")
+    return True
+
+
+def _result(
+    exp: Experiment,
+    state: LoopState,
+    seconds: float,
+    stops: dict[str, str],
+    stopped: str | None,
+    stop: StopSignals,
+) -> RunResult:
+    """The loop's result: parameters, rounds, summary, what was refused or skipped."""
+    evals = (state.eval_rounds, state.eval_accuracy)
+    summary = summarize_run(exp, state.records, evals, seconds, state.privacy)
+    if state.initial_eval is not None:
+        summary["initial_accuracy"], summary["initial_loss"] = state.initial_eval
+    summary.update(stops)
+    return RunResult(
+        state.params,
+        state.records,
+        summary,
+        rejected=state.rejected,
+        skipped=state.skipped,
+        stopped=stopped,
+        signalled=stop.name if stopped is None and stop.signum is not None else None,
+    )
