@@ -69,7 +69,7 @@ class Hub:
     # told when a client joins or goes, the phase moves on or questions go
     # unanswered (the live-state file); called under the hub's lock: must not block
     on_change: Callable[[], None] = lambda: None
-    verdict_wait_s: float = 30.0  # how long an upload waits for the round's checks
+    verdict_wait_s: float = 30.0  # how long an upload waits for the round's checks (its end)
 
     def __post_init__(self) -> None:
         self.cond = threading.Condition()
