@@ -36,7 +36,8 @@ ALICE_IDS = [0, 1, 2]
 
 class Tampering(ClientProcess):
     """Alice: each update is first sent for another model version, then for the
-    right one, then once more; the server's verdicts are kept."""
+    right one, then once more (a retry after a lost reply), then changed; the
+    server's verdicts are kept."""
 
     verdicts: list[tuple[str, pb.UploadReply]]
 
@@ -51,6 +52,7 @@ class Tampering(ClientProcess):
         self.verdicts.append(("corrupt", self._corrupt(work, data)))
         self.verdicts.append(("answer", self.send(work, kind, data)))
         self.verdicts.append(("again", self.send(work, kind, data)))
+        self.verdicts.append(("changed", self.send(work, kind, data[:-1] + bytes([data[-1] ^ 1]))))
 
 
 def _corrupt_upload(self: ClientProcess, work: pb.Work, data: bytes) -> pb.UploadReply:
@@ -173,20 +175,23 @@ def test_refusals_leave_the_model_as_the_simulator_makes_it(tmp_path: Path) -> N
         t.join(30)
     simulated = run(config_mod.override(cfg, {"runs_dir": str(tmp_path / "sim")})).params
     assert (deployed - simulated).abs().max().item() <= 1e-9
-    # alice's clients in the cohorts: each sent one wrong-version, one good, one repeated update
+    # alice's clients in the cohorts: each sent one wrong-version, one good, one
+    # repeated and one changed update
     asked = sum(len(set(sample_cohort(6, 0.5, cfg.seed, r)) & set(ALICE_IDS)) for r in range(3))
     assert asked > 0
     by_kind: dict[str, list[pb.UploadReply]] = {}
     for kind, reply in alice.verdicts:
         by_kind.setdefault(kind, []).append(reply)
     assert [r.accepted for r in by_kind["answer"]] == [True] * asked
+    assert by_kind["again"] == by_kind["answer"]  # the repeat hears the first's verdict
     assert all(
         "model version 7" in r.reason or "version" in r.reason for r in by_kind["wrong version"]
     )
-    assert not any(r.accepted for r in by_kind["wrong version"] + by_kind["again"])
+    assert not any(r.accepted for r in by_kind["wrong version"] + by_kind["changed"])
     assert all("DATA_LOSS" in r.reason and "SHA-256" in r.reason for r in by_kind["corrupt"])
     assert len(by_kind["corrupt"]) == asked
-    assert all("a second update of client" in r.reason for r in by_kind["again"])
+    assert len(by_kind["changed"]) == asked
+    assert all("a second, different update of client" in r.reason for r in by_kind["changed"])
     count = dep.metrics.registry.get_sample_value
     assert count("fedforge_refused_total", {"reason": "duplicate"}) == asked
     assert count("fedforge_refused_total", {"reason": "wrong_version"}) == asked

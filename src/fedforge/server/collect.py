@@ -4,7 +4,9 @@ collector and the engine, with function calls.
 Each phase the collector asks for goes out through the engine: protocol
 messages by ``Engine.run_phase`` (replies back to ``Collector.reply``), the
 payload to the clients that train by ``Engine.run_cohort`` (uploads back to
-``Collector.offer``, in the order they finish). Simulated dropouts of secure
+``Collector.offer``, in the order they finish; each uploader is told the
+verdict, at once or, when the collector ``holds`` its uploads, at the round's
+end). Simulated dropouts of secure
 aggregation (``privacy.secagg_drop_<phase>``) are drawn here, from (seed,
 round, phase), and reported to the collector before the phase reaches them; a
 deployment server reports the clients that really went silent instead.
@@ -15,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from fedforge.client.runtime import ClientTask
+from fedforge.client.runtime import ClientTask, ClientUpload
 from fedforge.config.privacy import secagg_drops
 from fedforge.core.rng import numpy_rng
 from fedforge.server.collectors import Collected, Collector
@@ -41,22 +43,43 @@ def collect(
     """Run ``collector``'s phases to the end against the engine."""
     drops = secagg_drops(exp.cfg.privacy) if exp.privacy and exp.privacy.secagg else {}
     arrived: set[int] = set()
-    while (upcoming := collector.upcoming()) is not None:
-        name, addressed = upcoming
-        for c in sorted(dropped(exp.cfg.seed, round_idx, name, drops.get(name, 0.0), addressed)):
-            collector.dropout(c)
-        phase = collector.next_phase()
-        if phase is None:
-            break
-        if phase.messages:
-            for c, data in exp.engine.run_phase(phase.name, phase.messages).items():
-                collector.reply(c, data)
-        train = set(phase.train)
-        trainers = [t for t in tasks if t.client_id in train]
-        for upload in exp.engine.run_cohort(trainers, payload) if trainers else ():
-            arrived.add(upload.client_id)
-            why = collector.offer(upload.client_id, upload.data)
-            if upload.settle is not None:
-                upload.settle(why)
-        collector.end_phase()
-    return dataclasses.replace(collector.finish(), arrived=frozenset(arrived))
+    held: list[ClientUpload] = []  # taken, judged again at the end (``Collector.holds``)
+    try:
+        while (upcoming := collector.upcoming()) is not None:
+            name, addressed = upcoming
+            for c in sorted(
+                dropped(exp.cfg.seed, round_idx, name, drops.get(name, 0.0), addressed)
+            ):
+                collector.dropout(c)
+            phase = collector.next_phase()
+            if phase is None:
+                break
+            if phase.messages:
+                for c, data in exp.engine.run_phase(phase.name, phase.messages).items():
+                    collector.reply(c, data)
+            train = set(phase.train)
+            trainers = [t for t in tasks if t.client_id in train]
+            for upload in exp.engine.run_cohort(trainers, payload) if trainers else ():
+                arrived.add(upload.client_id)
+                why = collector.offer(upload.client_id, upload.data)
+                if why is None and collector.holds:
+                    held.append(upload)
+                elif upload.settle is not None:
+                    upload.settle(why)
+            collector.end_phase()
+        collected = collector.finish()
+    except BaseException:
+        for up in held:
+            _settle(
+                up, f"round {round_idx + 1} stopped before it judged client {up.client_id}'s update"
+            )
+        raise
+    for up in held:
+        _settle(up, collected.refused_at_end.get(up.client_id))
+    return dataclasses.replace(collected, arrived=frozenset(arrived))
+
+
+def _settle(upload: ClientUpload, why: str | None) -> None:
+    """Tell ``upload``'s uploader the round's verdict (a deployment's; none in simulation)."""
+    if upload.settle is not None:
+        upload.settle(why)

@@ -39,11 +39,13 @@ from fedforge.transport.hosted import (
     client_config,
     evaluation_data,
 )
+from fedforge.transport.in_flight import InFlight
 from fedforge.transport.logs import log_event
 from fedforge.transport.pb import federation_pb2 as pb
 from fedforge.transport.pb import federation_pb2_grpc as pb_grpc
 from fedforge.transport.remote import plan_from_json
 from fedforge.transport.serving import ServingModels
+from fedforge.transport.work import UNJUDGED
 
 T = TypeVar("T")
 
@@ -67,6 +69,7 @@ class ClientProcess:
         self.lost_since: float | None = None  # when the server was last out of reach
         self.beat = threading.Event()  # set: send a heartbeat now (work arrived, or stopping)
         self.exit_at = exit_at()
+        self.in_flight = InFlight(len(options.ids))  # updates awaiting their verdicts
 
     # ------------------------------------------------------------------ wire
     def _signed(self, method: str, body: bytes) -> pb.Signed:
@@ -173,6 +176,7 @@ class ClientProcess:
             self.beat.set()
             if beat.is_alive():
                 beat.join()
+            self.in_flight.close()
 
     def _serve(self, beat: threading.Thread) -> int:
         backoff = Backoff()
@@ -214,6 +218,7 @@ class ClientProcess:
         for work in reply.work:
             if work.kind not in (pb.Work.COMMIT, pb.Work.SERVE):
                 self._do(work)
+        self.in_flight.wait()
         return bool(reply.done and not reply.work)
 
     def _heartbeats(self) -> None:
@@ -292,7 +297,8 @@ class ClientProcess:
             reply = engine.run_phase(work.phase, {work.client_id: work.message})
             self._upload(work, "reply", reply.get(work.client_id, b""))
         elif work.kind == pb.Work.TRAIN:
-            self._upload(work, "update", self._train(work))
+            data = self._train(work)
+            self.in_flight.send(lambda: self._upload(work, "update", data))
         elif work.kind == pb.Work.EVALUATE:
             self._upload(work, "evaluation", self._evaluate(work))
 
@@ -340,8 +346,13 @@ class ClientProcess:
 
     def _upload(self, work: pb.Work, kind: str, data: bytes) -> None:
         reply = self.send(work, kind, data)
-        if not reply.accepted:
-            log_event("client", "upload_refused", client=work.client_id, reason=reply.reason)
+        at = {"client": work.client_id, "round": work.round_idx + 1}
+        if reply.accepted and kind == "update":
+            log_event("client", "upload_accepted", **at)
+        elif reply.reason.startswith(UNJUDGED):  # it may yet be taken
+            log_event("client", "upload_unjudged", **at, reason=reply.reason)
+        elif not reply.accepted:
+            log_event("client", "upload_refused", **at, reason=reply.reason)
 
     def send(self, work: pb.Work, kind: str, data: bytes) -> pb.UploadReply:
         """Upload ``data`` as the answer of ``kind`` to ``work``: the signed header,

@@ -22,7 +22,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 
 from fedforge.transport.ids import format_ids
@@ -30,7 +30,15 @@ from fedforge.transport.logs import log_event
 from fedforge.transport.pb import federation_pb2 as pb
 from fedforge.transport.presence import CallContext, Presence, hold_seconds
 from fedforge.transport.questions import Questions
-from fedforge.transport.work import EVALUATION, SERVING, TRAINING_PAYLOAD, Answer, Key, Member
+from fedforge.transport.work import (
+    EVALUATION,
+    SERVING,
+    TRAINING_PAYLOAD,
+    Answer,
+    Key,
+    Member,
+    Verdict,
+)
 
 
 @dataclass
@@ -61,7 +69,7 @@ class Hub:
     # told when a client joins or goes, the phase moves on or questions go
     # unanswered (the live-state file); called under the hub's lock: must not block
     on_change: Callable[[], None] = lambda: None
-    verdict_wait_s: float = 30.0  # how long an upload waits for the round's checks
+    verdict_wait_s: float = 30.0  # how long an upload waits for the round's checks (its end)
 
     def __post_init__(self) -> None:
         self.cond = threading.Condition()
@@ -200,20 +208,26 @@ class Hub:
             return self.book.check(owner, ids, header, lambda o, c, why: why)
 
     def answer(self, owner: str, header: pb.UploadHeader, data: bytes) -> str | None:
-        """Take an answer: None, or the reason it is refused (an update: ``Answer.judged``)."""
+        """Take an answer and wait for its verdict: None, or the reason it is
+        refused (an update's: the round's checks', ``collect.py``; none within
+        ``verdict_wait_s``: that none came)."""
+        return self.submit(owner, header, data).wait(self.verdict_wait_s)
+
+    def submit(self, owner: str, header: pb.UploadHeader, data: bytes) -> Verdict:
+        """Take an answer: its verdict, said at once when it is refused here or
+        when the same answer was taken before (a repeat gets the first's)."""
         with self.cond:
             try:
                 ids = self.owned(owner, header.session)
             except KeyError as exc:
-                return self._refuse(owner, header.client_id, str(exc.args[0]))
-            why = self.book.check(owner, ids, header, self._refuse)
+                why: str | None = self._refuse(owner, header.client_id, str(exc.args[0]))
+            else:
+                why = self.book.check(owner, ids, header, self._refuse)
             if why is not None:
-                return why
-            answer = self.book.take(header, data, self.clock())
-            if answer is None:  # an acknowledgement: nobody waits
-                return None
+                return Verdict.said(header.client_id, header.round_idx, why)
+            verdict = self.book.take(header, data, self.clock())
             self.cond.notify_all()
-        return answer.judged(self.verdict_wait_s)
+            return verdict
 
     def _refuse(self, owner: str, cid: int | None, why: str) -> str:
         self.on_refusal(owner, cid, why)
@@ -250,37 +264,41 @@ class Hub:
 
     def gather(
         self, keys: set[Key], deadline_s: float, need: int | None = None
-    ) -> Iterator[Answer]:
-        """The answers to ``keys`` as they come, until all came, ``need`` came, the
-        deadline passed, or every client still owing one is gone or joined again
-        since (``_all_silent``); then the rest are closed (a late answer is
-        refused)."""
+    ) -> Generator[Answer, None, None]:
+        """The answers to ``keys`` as they come, one at a time, until all came,
+        ``need`` came, the deadline passed, or every client still owing one is
+        gone or joined again since (``_all_silent``); then the rest are closed (a
+        late answer is refused). The caller gives each answer it read its verdict;
+        if it stops reading early, those it read and did not judge are refused as
+        come after their round ended."""
         end = self.clock() + deadline_s
-        got = 0
+        got: list[Verdict] = []  # of the answers read (not their bytes: the round has those)
+        read_all = False
         try:
-            while keys and (need is None or got < need):
+            while keys and (need is None or len(got) < need):
                 with self.cond:
-                    mine = [a for a in self.book.inbox if a.key in keys]
-                    if need is not None:
-                        mine = mine[: need - got]
-                    if not mine:
+                    a = next((a for a in self.book.inbox if a.key in keys), None)
+                    if a is None:
                         now = self.clock()
                         if now >= end or self._all_silent(keys, now):
                             self.dropouts += len(keys)
                             self.on_change()
-                            return
+                            break
                         self.cond.wait(min(end - now, 0.5))
                         continue
-                    for a in mine:
-                        self.book.inbox.remove(a)
-                        keys.discard(a.key)
-                        self._count(a)
-                    got += len(mine)
-                    if need is not None and got >= need:
+                    self.book.inbox.remove(a)
+                    keys.discard(a.key)
+                    self._count(a)
+                    got.append(a.verdict)
+                    if need is not None and len(got) >= need:
                         self.book.close(keys)  # at once: no answer is taken past the count
-                yield from mine
+                yield a
+            read_all = True
         finally:
             self.close(keys)
+            if not read_all:  # the caller stopped: nobody will judge these
+                for verdict in got:
+                    verdict.late("ended")
 
     def _count(self, a: Answer) -> None:
         """An answer the round thread takes: its bytes are on the record."""

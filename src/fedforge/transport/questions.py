@@ -2,7 +2,9 @@
 which session it was handed, the answers that came and which were taken.
 
 An answer is taken only when it was asked for: the right client, round, model
-version, kind and phase, once. Everything else is refused with its reason. The
+version, kind and phase, once. The same answer again (a client retrying after
+its reply was lost: the same SHA-256) is given the first one's verdict; a
+different second answer, and everything else, is refused with its reason. The
 hub (``hub.py``) keeps one book and calls it under its lock; nothing here
 locks, waits or counts bytes.
 """
@@ -21,6 +23,7 @@ from fedforge.transport.work import (
     Answer,
     Asked,
     Key,
+    Verdict,
 )
 
 Refuse = Callable[[str, int | None, str], str]
@@ -38,7 +41,8 @@ class Questions:
     def __init__(self) -> None:
         self.pending: dict[int, list[Key]] = {}  # per client: work not handed out yet
         self.asked: dict[Key, Asked] = {}
-        self.answered: set[Key] = set()
+        # each taken answer's SHA-256 and verdict (what a repeat of it is given)
+        self.answered: dict[Key, tuple[bytes, Verdict]] = {}
         self.inbox: list[Answer] = []  # taken answers the round thread has not read yet
         self.latest = 0  # the newest round asked about
         self.given: dict[str, set[str]] = {}  # session -> payload ids its work named
@@ -47,12 +51,12 @@ class Questions:
         for w in works:
             key = key_of(w)
             self.asked[key] = Asked(w, version, now)
-            self.answered.discard(key)
+            self.answered.pop(key, None)
             self.pending.setdefault(w.client_id, []).append(key)
             self.latest = max(self.latest, w.round_idx)
         # answers of rounds long closed are refused as not asked; forget them, and
         # notices never acknowledged (a client gone for good)
-        self.answered = {k for k in self.answered if k[1] >= self.latest - 1}
+        self.answered = {k: a for k, a in self.answered.items() if k[1] >= self.latest - 1}
         stale = [k for k in self.asked if k[2] in ACKNOWLEDGEMENTS and k[1] < self.latest - 2]
         for k in stale:
             del self.asked[k]
@@ -99,8 +103,13 @@ class Questions:
         key: Key = (cid, r, header.kind, header.phase)
         if cid not in ids:
             return refuse(owner, cid, f"client {cid} is not hosted by '{owner}'")
-        if key in self.answered:
-            return refuse(owner, cid, f"a second {header.kind} of client {cid} in round {r}")
+        first = self.answered.get(key)
+        if first is not None:
+            if header.sha256 == first[0]:
+                return None  # a repeat: given the first one's verdict (``take``)
+            return refuse(
+                owner, cid, f"a second, different {header.kind} of client {cid} in round {r}"
+            )
         asked = self.asked.get(key)
         if asked is None or asked.handed is None:
             what = f"{header.kind}" + (f" '{header.phase}'" if header.phase else "")
@@ -114,19 +123,21 @@ class Questions:
             )
         return None
 
-    def take(self, header: pb.UploadHeader, data: bytes, now: float) -> Answer | None:
-        """Take a checked answer: the one put in the inbox (None: an acknowledgement,
-        nobody waits for it)."""
+    def take(self, header: pb.UploadHeader, data: bytes, now: float) -> Verdict:
+        """Take a checked answer: the verdict its uploader waits for. A new answer
+        other than an acknowledgement goes to the inbox; a repeat of a taken one
+        is given that one's verdict."""
         key: Key = (header.client_id, header.round_idx, header.kind, header.phase)
+        first = self.answered.get(key)
+        if first is not None:
+            return first[1]
         asked = self.asked.pop(key)
         assert asked.handed is not None
-        self.answered.add(key)
-        if header.kind in ACKNOWLEDGEMENTS:  # a COMMIT's or SERVE's: nobody waits
-            return None
-        seconds = now - asked.handed
-        answer = Answer(key[0], key[1], header.kind, header.phase, data, seconds)
-        self.inbox.append(answer)
-        return answer
+        answer = Answer(*key, data, now - asked.handed)
+        self.answered[key] = (header.sha256, answer.verdict)
+        if header.kind not in ACKNOWLEDGEMENTS:  # a COMMIT's or SERVE's: nobody waits
+            self.inbox.append(answer)
+        return answer.verdict
 
     def close(self, keys: set[Key]) -> None:
         """Withdraw ``keys``; answers that came in while the round thread was busy,

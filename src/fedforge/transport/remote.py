@@ -20,6 +20,7 @@ every cohort client.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -38,7 +39,7 @@ from fedforge.transport.ids import logged_ids
 from fedforge.transport.logs import log_event
 from fedforge.transport.pb import federation_pb2 as pb
 from fedforge.transport.rollout import Rollout, Rows
-from fedforge.transport.work import REPLY, TRAINING_PAYLOAD, UPDATE, Answer, Key
+from fedforge.transport.work import REPLY, TRAINING_PAYLOAD, UPDATE, Key
 
 
 def plan_json(plan: LocalPlan) -> str:
@@ -134,15 +135,11 @@ class RemoteEngine:
         self.hub.set_phase(f"round {r + 1}: training")
         self.hub.ask(works, self.version)
         need = None if self.needed is None else min(self.needed, len(tasks))
-        handed: list[Answer] = []
-        try:
-            for a in self.hub.gather(keys, self.deadline_s, need):
-                handed.append(a)
-                settle = a.verdict.settle if a.verdict is not None else None
-                yield ClientUpload(a.client_id, a.data, a.seconds, settle)
-        finally:  # those the round never offered (it stopped): their uploaders wait no more
-            for a in handed:
-                a.late("ended")
+        # closed with this generator: the answers read and never judged (the round
+        # stopped) are refused at once, not left to their uploaders' wait
+        with contextlib.closing(self.hub.gather(keys, self.deadline_s, need)) as answers:
+            for a in answers:
+                yield ClientUpload(a.client_id, a.data, a.seconds, a.verdict.settle)
 
     def run_phase(self, phase: str, messages: Mapping[int, bytes]) -> dict[int, bytes]:
         """Each addressed client's reply; a client answers every phase message (an

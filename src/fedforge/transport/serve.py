@@ -73,6 +73,8 @@ class Deployment:
             dep.heartbeat_timeout_s,
             on_refusal=self._refused,
             allowed=options.security.members(),
+            # a round that judges its updates together answers them at its end
+            verdict_wait_s=dep.round_deadline_s,
         )
         self.heartbeat_timeout_s = dep.heartbeat_timeout_s
         max_bytes = int(dep.max_message_mib * (1 << 20))

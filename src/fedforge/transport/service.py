@@ -208,7 +208,10 @@ class FederationService:
             who = self.guard.who("Upload", first.header, context)
             with self.admission.working(who):
                 header, data = await self._read_upload(who, first.header, parts, context)
-                why = await self._hub(self.hub.answer, who, header, data)
+                verdict = await self._hub(self.hub.submit, who, header, data)
+            # an update's verdict may come only at its round's end: awaited on the
+            # event loop, holding no thread of the pool nor a place at work
+            why = await verdict.awaited(self.hub.verdict_wait_s)
             return pb.UploadReply(accepted=why is None, reason=why or "")
 
         return await self._call(context, "Upload", go)

@@ -4,7 +4,9 @@ question to one client, a joined client, an answer taken, and a question asked
 
 from __future__ import annotations
 
-import threading
+import asyncio
+import contextlib
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 
 from fedforge.transport.pb import federation_pb2 as pb
@@ -18,6 +20,8 @@ SERVED = "served"  # a SERVE's acknowledgement (the serving model kept), likewis
 ACKNOWLEDGEMENTS = (NOTICE, SERVED)
 TRAINING_PAYLOAD = "round-"  # the prefix of the rounds' payload ids (remote.py)
 SERVING = "serving-v"  # the prefix of the serving model's payload id (rollout.py)
+# how the reply to an update the round did not judge within the hub's wait begins
+UNJUDGED = "no verdict"
 
 
 KINDS = {
@@ -44,29 +48,61 @@ class Member:
 
 
 class Verdict:
-    """The round's word on an update it was handed: None (taken into the round) or
-    why it was refused; the first word stands."""
+    """The round's word on an answer it was handed: None (taken) or why it was
+    refused; the first word stands. An update's comes from the round's checks
+    (``collect.py``), possibly only at the round's end; every other kind is
+    taken as it comes. A thread waits for it with ``wait``, the gRPC event loop
+    with ``awaited`` (no thread held)."""
 
-    def __init__(self) -> None:
-        self._said = threading.Event()
-        self._lock = threading.Lock()
-        self.reason: str | None = None
+    def __init__(self, client_id: int, round_idx: int) -> None:
+        self.client_id, self.round_idx = client_id, round_idx
+        self.future: Future[str | None] = Future()
+
+    @classmethod
+    def said(cls, client_id: int, round_idx: int, reason: str | None) -> Verdict:
+        """A verdict given at once."""
+        verdict = cls(client_id, round_idx)
+        verdict.settle(reason)
+        return verdict
 
     def settle(self, reason: str | None) -> None:
-        with self._lock:
-            if not self._said.is_set():
-                self.reason = reason
-                self._said.set()
+        with contextlib.suppress(InvalidStateError):  # a word was said already
+            self.future.set_result(reason)
 
-    def wait(self, timeout_s: float) -> tuple[bool, str | None]:
-        """(whether the word came within ``timeout_s``, the reason)."""
-        said = self._said.wait(timeout_s)
-        return said, self.reason
+    @property
+    def settled(self) -> bool:
+        return self.future.done()
+
+    def wait(self, timeout_s: float) -> str | None:
+        """The word, or, when none came within ``timeout_s``, that none came."""
+        try:
+            return self.future.result(timeout_s)
+        except TimeoutError:
+            return self.unjudged(timeout_s)
+
+    async def awaited(self, timeout_s: float) -> str | None:
+        """``wait`` on an event loop (the shield keeps the word for a repeat's wait)."""
+        try:
+            return await asyncio.wait_for(
+                asyncio.shield(asyncio.wrap_future(self.future)), timeout_s
+            )
+        except TimeoutError:
+            return self.unjudged(timeout_s)
+
+    def late(self, what: str) -> None:
+        """The round was over before it judged the answer: ``what`` it did."""
+        self.settle(f"client {self.client_id}'s update came after its round {what}")
+
+    def unjudged(self, timeout_s: float) -> str:
+        return (
+            f"{UNJUDGED} on client {self.client_id}'s update of round {self.round_idx + 1} "
+            f"within {timeout_s:g} s: the round had not judged it yet"
+        )
 
 
 @dataclass
 class Answer:
-    """An accepted answer, waiting for the round thread."""
+    """A taken answer, waiting for the round thread."""
 
     client_id: int
     round_idx: int
@@ -74,27 +110,22 @@ class Answer:
     phase: str
     data: bytes
     seconds: float  # from the work's hand-out to its answer
-    # an update's: what the round's checks said of it (its uploader waits for it)
-    verdict: Verdict | None = field(init=False, default=None)
+    # what the round said of it: an update's is the round's checks' (its uploader
+    # waits for it); any other kind is taken as it comes
+    verdict: Verdict = field(init=False)
 
     def __post_init__(self) -> None:
-        if self.kind == UPDATE:
-            self.verdict = Verdict()
+        self.verdict = Verdict(self.client_id, self.round_idx)
+        if self.kind != UPDATE:
+            self.verdict.settle(None)
 
     @property
     def key(self) -> Key:
         return (self.client_id, self.round_idx, self.kind, self.phase)
 
-    def judged(self, timeout_s: float) -> str | None:
-        """The round's checks' verdict (the collector's: finite, the norm bound, ...):
-        None when taken, else why refused; no word within ``timeout_s`` (the round
-        thread busy or gone): taken."""
-        return None if self.verdict is None else self.verdict.wait(timeout_s)[1]
-
     def late(self, what: str) -> None:
-        """The round was over before it looked at this answer: ``what`` it did."""
-        if self.verdict is not None:
-            self.verdict.settle(f"client {self.client_id}'s update came after its round {what}")
+        """The round was over before it judged this answer: ``what`` it did."""
+        self.verdict.late(what)
 
 
 @dataclass

@@ -5,7 +5,8 @@ A collector receives one round's messages one at a time and in any order. It
 says which phase comes next and to whom (``upcoming``), hands out that phase's
 messages (``next_phase``: a phase of model uploads, or a protocol phase such as
 secure aggregation's key agreement), takes each reply (``reply``) and each
-upload (``offer``: accepted, or refused with a reason that is recorded), is told
+upload (``offer``: accepted, or refused with a reason that is recorded; a
+collector that ``holds`` may still refuse it at the end), is told
 of clients that dropped (``dropout``), closes the phase (``end_phase``) and
 finishes with the aggregate and its accounting (``finish``). The simulator
 drives it with function calls (``server/collect.py``); a deployment server
@@ -60,6 +61,8 @@ class Collected:
     # each used client's update norm as decoded, before any stage (the bound
     # relative to recent norms remembers them); none under secure aggregation
     norms: dict[int, float] = field(default_factory=dict)
+    # the uploads ``offer`` took that the round refused at its end (``Collector.holds``)
+    refused_at_end: dict[int, str] = field(default_factory=dict)
 
 
 class Collector(Protocol):
@@ -80,6 +83,12 @@ class Collector(Protocol):
 
     def offer(self, client_id: int, data: bytes) -> str | None:
         """An upload: None when accepted, else why it was refused."""
+        ...
+
+    @property
+    def holds(self) -> bool:
+        """Whether an upload ``offer`` accepts is judged again at the round's end
+        (its verdict then: ``Collected.refused_at_end``)."""
         ...
 
     def dropout(self, client_id: int) -> None:

@@ -73,6 +73,11 @@ class GatheredCohort(UploadPhase):
         self.clients[up.client_id] = self.intake.record(up, math.nan)  # norm: after stages
         self.gathering.add(up)
 
+    @property
+    def holds(self) -> bool:
+        """A cohort stage (a norm gate) may refuse an upload at the round's end too."""
+        return self.intake.limits.waits or bool(self.exp.pipeline.cohort)
+
     def _hold(self, up: Upload) -> None:
         self._accept(up)  # the rows wait for the round's end anyway: judged in _finish
 

@@ -76,6 +76,11 @@ class UploadPhase:
             self._accept(up)
         return None
 
+    @property
+    def holds(self) -> bool:
+        """A round without norms behind it judges its uploads by their own median."""
+        return self.intake.limits.waits
+
     def dropout(self, client_id: int) -> None:
         self._gone.add(client_id)
 
@@ -91,11 +96,15 @@ class UploadPhase:
 
     def finish(self) -> Collected:
         """The held uploads within the round's bound are accepted, in arrival order;
-        then the collector's own end (``_finish``)."""
+        then the collector's own end (``_finish``). The uploads refused meanwhile
+        are said in ``refused_at_end``."""
+        mark = len(self.log.rejected)
         held, self.held = self.held, []
         for up in self.intake.settle(held):
             self._accept(up)
-        return self._finish()
+        collected = self._finish()
+        collected.refused_at_end = {c: why for _, c, why in self.log.rejected[mark:]}
+        return collected
 
     def _finish(self) -> Collected:
         raise NotImplementedError
