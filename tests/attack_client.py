@@ -5,13 +5,18 @@ and grpc, none of fedforge's client code. Run as a process of its own:
     python tests/attack_client.py idle --target HOST:PORT --calls 250 --hold-s 20
     python tests/attack_client.py oversize --target HOST:PORT --calls 8 --mib 120
     python tests/attack_client.py hello --target HOST:PORT --cert c.pem --key c.key
+    python tests/attack_client.py forged --target HOST:PORT --calls 2000 --name alice
 
 ``idle`` keeps ``--calls`` calls open that never send their request (a call whose
 request stream never yields is, on the wire, a unary call whose message never
 comes), opening a new one whenever the server ends one, for ``--hold-s``
 seconds (or until SIGTERM); ``oversize`` sends Hellos of ``--mib`` MiB at once; ``hello`` makes
-one call with a certificate. Each prints one JSON line: what the server answered,
-by status code."""
+one call with a certificate; ``forged`` sends ``--calls`` Hellos claiming
+``--name`` with a fresh nonce and timestamp and a random signature (a bad
+signature for a registered name, an unknown key for another), ``--in-flight`` at
+a time. Each prints one JSON line: what the server answered, by status code.
+``--tls-name`` is the name the server's certificate is checked against when the
+target is an address it does not name (``ipv6:[::1]:PORT``)."""
 
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ import argparse
 import collections
 import importlib.util
 import json
+import os
 import signal
 import sys
 import threading
@@ -59,6 +65,8 @@ def _channel(args: argparse.Namespace, n: int) -> grpc.Channel:
     key = Path(args.key).read_bytes() if args.key else None
     cert = Path(args.cert).read_bytes() if args.cert else None
     creds = grpc.ssl_channel_credentials(Path(args.ca).read_bytes(), key, cert)
+    if args.tls_name:
+        options.append(("grpc.ssl_target_name_override", args.tls_name))
     return grpc.secure_channel(target, creds, options=options)
 
 
@@ -146,9 +154,36 @@ def hello(args: argparse.Namespace) -> dict[str, object]:
         return {"event": "hello", "code": exc.code().name, "details": exc.details()}
 
 
+def forged(args: argparse.Namespace) -> dict[str, object]:
+    """``args.calls`` Hellos claiming ``args.name``, each signed with random bytes."""
+    channel = _channel(args, 0)
+    hello = channel.unary_unary(
+        HELLO,
+        request_serializer=pb.Signed.SerializeToString,
+        response_deserializer=pb.HelloReply.FromString,
+    )
+    body = pb.HelloRequest().SerializeToString()
+    codes: collections.Counter[str] = collections.Counter()
+    t0 = time.monotonic()
+    for start in range(0, args.calls, args.in_flight):
+        batch = []
+        for _ in range(min(args.in_flight, args.calls - start)):
+            proof = pb.Auth(
+                client=args.name,
+                nonce=os.urandom(16),
+                timestamp=time.time(),
+                signature=os.urandom(64),
+            )
+            batch.append(hello.future(pb.Signed(auth=proof, body=body), timeout=60))
+        codes.update(f.code().name if f.exception() is not None else "OK" for f in batch)
+    seconds = time.monotonic() - t0
+    channel.close()
+    return {"event": "forged", "ended": dict(codes), "seconds": round(seconds, 3)}
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("attack", choices=("idle", "oversize", "hello"))
+    ap.add_argument("attack", choices=("idle", "oversize", "hello", "forged"))
     ap.add_argument("--target", required=True)
     ap.add_argument("--calls", type=int, default=250)
     ap.add_argument("--hold-s", type=float, default=20.0)
@@ -156,8 +191,11 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--ca", help="the server's CA (PEM): TLS; none: plaintext")
     ap.add_argument("--cert", help="a client certificate to present (PEM)")
     ap.add_argument("--key", help="its private key (PEM)")
+    ap.add_argument("--tls-name", help="check the server's certificate for this name")
+    ap.add_argument("--name", default="mallory", help="the client name forged calls claim")
+    ap.add_argument("--in-flight", type=int, default=16, help="forged calls at once")
     args = ap.parse_args(argv)
-    attack = {"idle": idle, "oversize": oversize, "hello": hello}[args.attack]
+    attack = {"idle": idle, "oversize": oversize, "hello": hello, "forged": forged}[args.attack]
     print(json.dumps(attack(args)), flush=True)
     return 0
 

@@ -38,6 +38,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TypeVar
+from urllib.parse import unquote
 
 import grpc
 
@@ -63,9 +64,10 @@ def request_bytes(chunk_bytes: int) -> int:
 
 
 def address(peer: str) -> str:
-    """The address of a gRPC peer string, without its port ("ipv4:1.2.3.4:567")."""
+    """The address of a gRPC peer string, without its port ("ipv4:1.2.3.4:567"),
+    unescaped ("ipv6:%5B::1%5D:567": "ipv6:[::1]")."""
     host, sep, port = peer.rpartition(":")
-    return host if sep and port.isdigit() else peer
+    return unquote(host if sep and port.isdigit() else peer)
 
 
 @dataclass

@@ -195,6 +195,7 @@ class Deployment:
     async def _stop(self) -> None:
         await self.health.enter_graceful_shutdown()
         await self.grpc.stop(grace=3.0)
+        self.admission.log.flush()  # the refusals held back, counted in the log
 
     def stop(self, reason: str, dismiss: bool = True) -> None:
         """Stop serving; ``dismiss``: first tell the clients the run is over."""
