@@ -301,20 +301,22 @@ def test_a_client_without_a_server_gives_up_after_give_up_s(tmp_path: Path) -> N
     assert 3 <= gave_up["t"] - retries[0]["t"] <= 5.5, (retries[0], gave_up)
 
 
-def _in_process(tmp: Path) -> Deployment:
-    """An insecure server in this process (its counts can be read)."""
+def _in_process(tmp: Path, **deployment: Any) -> Deployment:
+    """An insecure server in this process (its counts can be read), with these
+    ``deployment`` settings."""
 
-    cfg = _served(config_mod.load(write_config(tmp / "cfg.yaml")))
+    cfg = _served(config_mod.load(write_config(tmp / "cfg.yaml", deployment=deployment)))
     dep = Deployment(cfg, ServerOptions(ServerSecurity("insecure"), port=0))
     dep.start()
     return dep
 
 
 def test_one_connection_holds_at_most_its_streams(tmp_path: Path) -> None:
-    """100 idle calls on one connection: the server lets 64 streams open (HTTP/2's
-    max_concurrent_streams), the others wait in the client."""
+    """100 idle calls on one connection (an address allowed 128 waiting): the
+    server lets 64 streams open (HTTP/2's max_concurrent_streams), the others
+    wait in the client."""
 
-    dep = _in_process(tmp_path)
+    dep = _in_process(tmp_path, pending_per_address=128, pending_calls=128)
     channel = grpc.insecure_channel(f"127.0.0.1:{dep.port}")
     stop = threading.Event()
 
