@@ -1,8 +1,8 @@
 """Before a caller is known: what a peer without credentials can make a
 deployment server write and hold.
 
-- 2000 Hellos with forged signatures are each refused and counted in the
-  metric, while the log holds a few lines whose counts add up to 2000, and the
+- 2000 Hellos with forged signatures or unknown names are each refused and
+  counted in the metric, while the log holds a few lines whose counts add up to 2000, and the
   honest clients' run finishes;
 - calls waiting for their request past an address's cap, or past the server's,
   are answered RESOURCE_EXHAUSTED at once, and the caps hold exactly;
@@ -38,7 +38,8 @@ from test_deployment_hostile import (
     rounds_done,
 )
 
-FORGED = 2000
+FORGED = 2000  # forged Hellos in all
+UNKNOWN = 500  # of them claiming a name without a key
 
 
 def _free_port() -> int:
@@ -54,10 +55,11 @@ def _refused_metric(port: int, label: str) -> float:
 
 
 def test_forged_signatures_are_counted_each_and_logged_in_a_few_lines(tmp_path: Path) -> None:
-    """A peer with no key sends 2000 Hellos as 'alice' with random signatures:
-    each is refused UNAUTHENTICATED and counted in fedforge_refused, the server's
-    log says the first 3 in full and then one count per 10 s window (their
-    counts add up to 2000), and the honest clients then run the federation."""
+    """A peer with no key sends 1500 Hellos as 'alice' with random signatures and
+    500 as 'mallory', whose name has no key: each is refused UNAUTHENTICATED and
+    counted in fedforge_refused, the server's log says the first 3 in full and
+    then one count per 10 s window (their counts add up to 2000), and the honest
+    clients then run the federation."""
     fed = keys_federation(tmp_path)
     cfg = write_config(tmp_path / "cfg.yaml", rounds=2)
     metrics = _free_port()
@@ -65,12 +67,14 @@ def test_forged_signatures_are_counted_each_and_logged_in_a_few_lines(tmp_path: 
     server, port = start_server(tmp_path, cfg, *keys)
     try:
         ca = str(fed / "ca.pem")
-        p, out = attack(
-            tmp_path, port, "forged", "--calls", str(FORGED), "--name", "alice", "--ca", ca
-        )
-        assert p.wait(300) == 0, out.read_text()
-        forged = attack_lines(out)[-1]
-        assert forged["ended"] == {"UNAUTHENTICATED": FORGED}, forged
+        t0 = time.monotonic()
+        for name, calls in (("alice", FORGED - UNKNOWN), ("mallory", UNKNOWN)):
+            forge = ("--calls", str(calls), "--name", name, "--ca", ca)
+            p, out = attack(tmp_path, port, "forged", *forge)
+            assert p.wait(300) == 0, out.read_text()
+            forged = attack_lines(out)[-1]
+            assert forged["ended"] == {"UNAUTHENTICATED": calls}, forged
+        seconds = time.monotonic() - t0  # the attack's span, at most
         assert _refused_metric(metrics, "unauthenticated") == FORGED
         clients = keys_clients(tmp_path, port, fed)
         assert server.wait(120) == 0, server.log.read_text()
@@ -80,13 +84,15 @@ def test_forged_signatures_are_counted_each_and_logged_in_a_few_lines(tmp_path: 
         server.kill()
     assert rounds_done(server) == 2
     lines = [
-        e for e in server.events() if e.get("event") == "refused" and "signature" in e["reason"]
+        e
+        for e in server.events()
+        if e.get("event") == "refused" and re.search("bad signature|unknown client", e["reason"])
     ]
     assert sum(e["count"] for e in lines) == FORGED
     assert [e["count"] for e in lines[: refusal_log.FIRST]] == [1] * refusal_log.FIRST
     assert {e["peer"] for e in lines} == {"ipv4:127.0.0.1"}
     # each window the attack spanned: the first few in full, then one count
-    windows = math.ceil(forged["seconds"] / refusal_log.WINDOW_S) + 1
+    windows = math.ceil(seconds / refusal_log.WINDOW_S) + 1
     assert len(lines) <= (refusal_log.FIRST + 1) * windows, [e["reason"] for e in lines]
 
 
