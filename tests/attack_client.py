@@ -10,8 +10,9 @@ and grpc, none of fedforge's client code. Run as a process of its own:
 ``idle`` keeps ``--calls`` calls open that never send their request (a call whose
 request stream never yields is, on the wire, a unary call whose message never
 comes), opening a new one whenever the server ends one, for ``--hold-s``
-seconds (or until SIGTERM); ``oversize`` sends Hellos of ``--mib`` MiB at once; ``hello`` makes
-one call with a certificate; ``forged`` sends ``--calls`` Hellos claiming
+seconds (or until SIGTERM), and counts how the server ended them; ``oversize``
+sends Hellos of ``--mib`` MiB at once; ``hello`` makes one call with a
+certificate; ``forged`` sends ``--calls`` Hellos claiming
 ``--name`` with a fresh nonce and timestamp and a random signature (a bad
 signature for a registered name, an unknown key for another), ``--in-flight`` at
 a time. Each prints one JSON line: what the server answered, by status code.
@@ -71,16 +72,17 @@ def _channel(args: argparse.Namespace, n: int) -> grpc.Channel:
 
 
 def idle(args: argparse.Namespace) -> dict[str, object]:
-    """``args.calls`` calls held open without their request for ``args.hold_s``."""
+    """``args.calls`` calls held open without their request for ``args.hold_s``:
+    a thread a slot, opening a call, waiting until the server ends it (its code
+    counted) and opening another."""
     stop = threading.Event()
     codes: collections.Counter[str] = collections.Counter()
     lock = threading.Lock()
     opened = 0
 
-    def never() -> Iterator[pb.Signed]:
-        stop.wait()
-        return
-        yield  # a generator that yields nothing until told to stop
+    def never(over: threading.Event) -> Iterator[pb.Signed]:
+        over.wait()  # a request stream that yields nothing until its call is over
+        yield from ()
 
     channels = [_channel(args, i) for i in range(-(-args.calls // PER_CONNECTION))]
     calls = [
@@ -92,34 +94,37 @@ def idle(args: argparse.Namespace) -> dict[str, object]:
         for ch in channels
     ]
 
-    def open_one(slot: int) -> None:
+    def hold(slot: int) -> None:
         nonlocal opened
-        if stop.is_set():
-            return
-        future = calls[slot // PER_CONNECTION].future(never())
-        with lock:
-            opened += 1
-
-        def ended(f: grpc.Future) -> None:
-            code = f.code().name if f.exception() is not None else "OK"
+        while not stop.is_set():
+            over = threading.Event()  # ends the request stream's thread with its call
+            future = calls[slot // PER_CONNECTION].future(never(over))
+            future.add_done_callback(lambda _f, over=over: over.set())
+            with lock:
+                opened += 1
+            while not over.wait(0.1) and not stop.is_set():
+                pass
+            if not future.done():  # still held when told to stop: not the server's doing
+                over.set()
+                future.cancel()
+                return
+            code = future.code().name if future.exception() is not None else "OK"
             with lock:
                 codes[code] += 1
-            if not stop.is_set():
-                time.sleep(0.05)
-                open_one(slot)  # the server ended it: open another in its place
+            time.sleep(0.05)
 
-        future.add_done_callback(ended)
-
-    for slot in range(args.calls):
-        open_one(slot)
+    threads = [threading.Thread(target=hold, args=(i,), daemon=True) for i in range(args.calls)]
+    for t in threads:
+        t.start()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())  # stop early, still say what happened
     print(json.dumps({"event": "holding", "calls": args.calls}), flush=True)
     stop.wait(args.hold_s)
     stop.set()
-    time.sleep(0.5)
-    for ch in channels:
-        ch.close()
-    return {"event": "idle", "opened": opened, "ended": dict(codes)}
+    end = time.monotonic() + 5
+    for t in threads:
+        t.join(max(0.0, end - time.monotonic()))
+    with lock:
+        return {"event": "idle", "opened": opened, "ended": dict(codes)}
 
 
 def oversize(args: argparse.Namespace) -> dict[str, object]:
@@ -197,7 +202,9 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     attack = {"idle": idle, "oversize": oversize, "hello": hello, "forged": forged}[args.attack]
     print(json.dumps(attack(args)), flush=True)
-    return 0
+    # said: leave now, not through gRPC's teardown of calls still open (which can
+    # outlast a test's wait for this process)
+    os._exit(0)
 
 
 if __name__ == "__main__":
