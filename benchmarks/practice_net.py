@@ -7,9 +7,12 @@ Real processes on loopback: a ``fedforge server`` (keys mode: every request
 signed by a registered Ed25519 key) and the attack client of the tests
 (``tests/attack_client.py idle``: ``--calls`` calls that open and never send
 their request, each opened again as soon as the server ends it, from a peer
-with no key). The honest side is this process: every 0.2 s it makes a signed
-Hello (a registered key), as a client process joining would, first for 3 s
-without the attack (the baseline latency), then while the attack holds.
+with no key, on IPv6 loopback: another address than the honest side's, which
+calls over IPv4, since the calls of one address waiting for their request are
+capped, ``deployment.pending_per_address``). The honest side is this process:
+every 0.2 s it makes a signed Hello (a registered key), as a client process
+joining would, first for 3 s without the attack (the baseline latency), then
+while the attack holds.
 
 Figures:
 - idle_call_block_s: the seconds of the attack during which an honest call was
@@ -64,7 +67,7 @@ def _server(tmp: Path, fed: Path) -> tuple[subprocess.Popen[bytes], Path, int]:
     cfg = tmp / "cfg.yaml"
     cfg.write_text(yaml.safe_dump(CONFIG))
     log = tmp / "server.log"
-    cmd = [*FEDFORGE, "server", "--config", str(cfg), "--port", "0", "-q"]
+    cmd = [*FEDFORGE, "server", "--config", str(cfg), "--port", "0", "--host", "localhost", "-q"]
     cmd += ["--runs-dir", str(tmp / "runs"), "--certs", str(fed), "--auth", "keys"]
     with log.open("wb") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=tmp)
@@ -125,8 +128,9 @@ def measure(calls: int = 250, hold_s: float = 20.0) -> dict[str, Any]:
         attack = None
         try:
             baseline = _probe(stub, signer, 3.0)
-            cmd = [sys.executable, str(ATTACK), "idle", "--target", f"127.0.0.1:{port}"]
+            cmd = [sys.executable, str(ATTACK), "idle", "--target", f"[::1]:{port}"]
             cmd += ["--calls", str(calls), "--hold-s", str(hold_s), "--ca", str(fed / "ca.pem")]
+            cmd += ["--tls-name", "localhost"]
             attack = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
             assert attack.stdout is not None
             assert "holding" in attack.stdout.readline()

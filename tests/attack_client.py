@@ -5,13 +5,19 @@ and grpc, none of fedforge's client code. Run as a process of its own:
     python tests/attack_client.py idle --target HOST:PORT --calls 250 --hold-s 20
     python tests/attack_client.py oversize --target HOST:PORT --calls 8 --mib 120
     python tests/attack_client.py hello --target HOST:PORT --cert c.pem --key c.key
+    python tests/attack_client.py forged --target HOST:PORT --calls 2000 --name alice
 
 ``idle`` keeps ``--calls`` calls open that never send their request (a call whose
 request stream never yields is, on the wire, a unary call whose message never
 comes), opening a new one whenever the server ends one, for ``--hold-s``
-seconds (or until SIGTERM); ``oversize`` sends Hellos of ``--mib`` MiB at once; ``hello`` makes
-one call with a certificate. Each prints one JSON line: what the server answered,
-by status code."""
+seconds (or until SIGTERM), and counts how the server ended them; ``oversize``
+sends Hellos of ``--mib`` MiB at once; ``hello`` makes one call with a
+certificate; ``forged`` sends ``--calls`` Hellos claiming
+``--name`` with a fresh nonce and timestamp and a random signature (a bad
+signature for a registered name, an unknown key for another), ``--in-flight`` at
+a time. Each prints one JSON line: what the server answered, by status code.
+``--tls-name`` is the name the server's certificate is checked against when the
+target is an address it does not name (``ipv6:[::1]:PORT``)."""
 
 from __future__ import annotations
 
@@ -19,6 +25,7 @@ import argparse
 import collections
 import importlib.util
 import json
+import os
 import signal
 import sys
 import threading
@@ -59,20 +66,23 @@ def _channel(args: argparse.Namespace, n: int) -> grpc.Channel:
     key = Path(args.key).read_bytes() if args.key else None
     cert = Path(args.cert).read_bytes() if args.cert else None
     creds = grpc.ssl_channel_credentials(Path(args.ca).read_bytes(), key, cert)
+    if args.tls_name:
+        options.append(("grpc.ssl_target_name_override", args.tls_name))
     return grpc.secure_channel(target, creds, options=options)
 
 
 def idle(args: argparse.Namespace) -> dict[str, object]:
-    """``args.calls`` calls held open without their request for ``args.hold_s``."""
+    """``args.calls`` calls held open without their request for ``args.hold_s``:
+    a thread a slot, opening a call, waiting until the server ends it (its code
+    counted) and opening another."""
     stop = threading.Event()
     codes: collections.Counter[str] = collections.Counter()
     lock = threading.Lock()
     opened = 0
 
-    def never() -> Iterator[pb.Signed]:
-        stop.wait()
-        return
-        yield  # a generator that yields nothing until told to stop
+    def never(over: threading.Event) -> Iterator[pb.Signed]:
+        over.wait()  # a request stream that yields nothing until its call is over
+        yield from ()
 
     channels = [_channel(args, i) for i in range(-(-args.calls // PER_CONNECTION))]
     calls = [
@@ -84,34 +94,37 @@ def idle(args: argparse.Namespace) -> dict[str, object]:
         for ch in channels
     ]
 
-    def open_one(slot: int) -> None:
+    def hold(slot: int) -> None:
         nonlocal opened
-        if stop.is_set():
-            return
-        future = calls[slot // PER_CONNECTION].future(never())
-        with lock:
-            opened += 1
-
-        def ended(f: grpc.Future) -> None:
-            code = f.code().name if f.exception() is not None else "OK"
+        while not stop.is_set():
+            over = threading.Event()  # ends the request stream's thread with its call
+            future = calls[slot // PER_CONNECTION].future(never(over))
+            future.add_done_callback(lambda _f, over=over: over.set())
+            with lock:
+                opened += 1
+            while not over.wait(0.1) and not stop.is_set():
+                pass
+            if not future.done():  # still held when told to stop: not the server's doing
+                over.set()
+                future.cancel()
+                return
+            code = future.code().name if future.exception() is not None else "OK"
             with lock:
                 codes[code] += 1
-            if not stop.is_set():
-                time.sleep(0.05)
-                open_one(slot)  # the server ended it: open another in its place
+            time.sleep(0.05)
 
-        future.add_done_callback(ended)
-
-    for slot in range(args.calls):
-        open_one(slot)
+    threads = [threading.Thread(target=hold, args=(i,), daemon=True) for i in range(args.calls)]
+    for t in threads:
+        t.start()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())  # stop early, still say what happened
     print(json.dumps({"event": "holding", "calls": args.calls}), flush=True)
     stop.wait(args.hold_s)
     stop.set()
-    time.sleep(0.5)
-    for ch in channels:
-        ch.close()
-    return {"event": "idle", "opened": opened, "ended": dict(codes)}
+    end = time.monotonic() + 5
+    for t in threads:
+        t.join(max(0.0, end - time.monotonic()))
+    with lock:
+        return {"event": "idle", "opened": opened, "ended": dict(codes)}
 
 
 def oversize(args: argparse.Namespace) -> dict[str, object]:
@@ -146,9 +159,36 @@ def hello(args: argparse.Namespace) -> dict[str, object]:
         return {"event": "hello", "code": exc.code().name, "details": exc.details()}
 
 
+def forged(args: argparse.Namespace) -> dict[str, object]:
+    """``args.calls`` Hellos claiming ``args.name``, each signed with random bytes."""
+    channel = _channel(args, 0)
+    hello = channel.unary_unary(
+        HELLO,
+        request_serializer=pb.Signed.SerializeToString,
+        response_deserializer=pb.HelloReply.FromString,
+    )
+    body = pb.HelloRequest().SerializeToString()
+    codes: collections.Counter[str] = collections.Counter()
+    t0 = time.monotonic()
+    for start in range(0, args.calls, args.in_flight):
+        batch = []
+        for _ in range(min(args.in_flight, args.calls - start)):
+            proof = pb.Auth(
+                client=args.name,
+                nonce=os.urandom(16),
+                timestamp=time.time(),
+                signature=os.urandom(64),
+            )
+            batch.append(hello.future(pb.Signed(auth=proof, body=body), timeout=60))
+        codes.update(f.code().name if f.exception() is not None else "OK" for f in batch)
+    seconds = time.monotonic() - t0
+    channel.close()
+    return {"event": "forged", "ended": dict(codes), "seconds": round(seconds, 3)}
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("attack", choices=("idle", "oversize", "hello"))
+    ap.add_argument("attack", choices=("idle", "oversize", "hello", "forged"))
     ap.add_argument("--target", required=True)
     ap.add_argument("--calls", type=int, default=250)
     ap.add_argument("--hold-s", type=float, default=20.0)
@@ -156,10 +196,15 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--ca", help="the server's CA (PEM): TLS; none: plaintext")
     ap.add_argument("--cert", help="a client certificate to present (PEM)")
     ap.add_argument("--key", help="its private key (PEM)")
+    ap.add_argument("--tls-name", help="check the server's certificate for this name")
+    ap.add_argument("--name", default="mallory", help="the client name forged calls claim")
+    ap.add_argument("--in-flight", type=int, default=16, help="forged calls at once")
     args = ap.parse_args(argv)
-    attack = {"idle": idle, "oversize": oversize, "hello": hello}[args.attack]
+    attack = {"idle": idle, "oversize": oversize, "hello": hello, "forged": forged}[args.attack]
     print(json.dumps(attack(args)), flush=True)
-    return 0
+    # said: leave now, not through gRPC's teardown of calls still open (which can
+    # outlast a test's wait for this process)
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -144,6 +144,7 @@ OWN_RANGE = {
     "privacy.secagg_frac_bits",
     "privacy.secagg_neighbours",
     "deployment.chunk_kib",
+    "deployment.pending_per_address",
     "threads",
 }
 

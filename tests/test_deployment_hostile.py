@@ -31,6 +31,7 @@ import pytest
 
 from deploy_procs import Proc, run_dir_of, start_client, start_server, write_config
 from fedforge import config as config_mod
+from fedforge.config.deployment import DeploymentConfig
 from fedforge.store.final import load_final
 from fedforge.transport.admission import CALLS_PER_NAME, STREAMS_PER_CONNECTION
 from fedforge.transport.auth import generate_identity, register_key
@@ -45,10 +46,13 @@ from fedforge.transport.serve import Deployment, ServerOptions, _served
 ATTACK = Path(__file__).with_name("attack_client.py")
 
 
-def attack(tmp: Path, port: int, *args: str) -> tuple[subprocess.Popen[str], Path]:
-    """The attack client as a process; its output goes to a file."""
+def attack(
+    tmp: Path, port: int, *args: str, host: str = "127.0.0.1"
+) -> tuple[subprocess.Popen[str], Path]:
+    """The attack client as a process, calling from ``host``'s loopback (IPv4 or
+    ``[::1]``: another peer address); its output goes to a file."""
     out = tmp / f"attack-{time.monotonic_ns()}.jsonl"
-    cmd = [sys.executable, str(ATTACK), args[0], "--target", f"127.0.0.1:{port}", *args[1:]]
+    cmd = [sys.executable, str(ATTACK), args[0], "--target", f"{host}:{port}", *args[1:]]
     with out.open("w") as f:
         p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, text=True)
     return p, out
@@ -100,24 +104,30 @@ def rounds_done(server: Proc) -> int:
 
 
 def test_idle_calls_without_credentials_do_not_stop_the_federation(tmp_path: Path) -> None:
-    """250 calls from a peer with no key, each opened and never sent its request
-    (and opened again whenever the server ends it), are held while two honest
-    clients join and train: rounds complete during the attack, the run finishes,
-    and every process exits 0."""
+    """A peer with no key on IPv6 loopback opens 40 calls and never sends their
+    requests (opening each again whenever the server ends it): it holds its
+    address's 32, the 8 past them are answered RESOURCE_EXHAUSTED at once, and
+    two honest clients on IPv4 loopback join and train meanwhile: rounds complete
+    during the attack, the run finishes, and every process exits 0."""
     fed = keys_federation(tmp_path)
     cfg = write_config(tmp_path / "cfg.yaml", rounds=4)
-    server, port = start_server(tmp_path, cfg, "--certs", str(fed), "--auth", "keys")
+    keys = ("--certs", str(fed), "--auth", "keys", "--host", "localhost")  # IPv4 and IPv6
+    server, port = start_server(tmp_path, cfg, *keys)
     hold_s = 40.0  # the run takes about 15 s
+    cap = DeploymentConfig().pending_per_address
     p, out = attack(
         tmp_path,
         port,
         "idle",
         "--calls",
-        "250",
+        str(cap + 8),
         "--hold-s",
         str(hold_s),
         "--ca",
         str(fed / "ca.pem"),
+        "--tls-name",
+        "localhost",
+        host="[::1]",
     )
     try:
         holding(p, out)
@@ -132,11 +142,14 @@ def test_idle_calls_without_credentials_do_not_stop_the_federation(tmp_path: Pat
         p.wait(30)
     assert rounds_done(server) == 4
     ended = attack_lines(out)[-1]
-    assert ended["event"] == "idle" and ended["opened"] >= 250
-    # the idle calls were cut by the server (none was answered; UNAVAILABLE: once it
-    # exited, the attack still holding)
-    assert set(ended["ended"]) <= {"CANCELLED", "UNAVAILABLE"}, ended
-    assert ended["ended"].get("CANCELLED", 0) >= 1, ended
+    assert ended["event"] == "idle" and ended["opened"] >= cap + 8
+    # the idle calls were cut by the server or refused past the cap, none answered
+    # (UNAVAILABLE: once it exited, the attack still holding)
+    assert set(ended["ended"]) <= {"CANCELLED", "RESOURCE_EXHAUSTED", "UNAVAILABLE"}, ended
+    assert ended["ended"].get("CANCELLED", 0) >= cap, ended
+    assert ended["ended"].get("RESOURCE_EXHAUSTED", 0) >= 8, ended
+    busy = [e["reason"] for e in server.events() if e.get("event") == "refused"]
+    assert any(f"ipv6:[::1] has {cap} calls waiting" in r for r in busy), busy[:5]
     assert load_final(tmp_path / run_dir_of(server))["params"].numel() > 0
 
 
@@ -165,12 +178,13 @@ def peak_rss_mib(proc: Proc) -> float:
 
 
 def test_an_honest_client_backs_off_when_the_server_is_busy(tmp_path: Path) -> None:
-    """600 idle calls from loopback pass the per-address limit: the honest
+    """40 idle calls from loopback pass the per-address limit (32): the honest
     client's calls from the same address are told RESOURCE_EXHAUSTED. It waits
     with backoff (logged), and once the attack stops it joins and the run ends."""
     cfg = write_config(tmp_path / "cfg.yaml")
     server, port = start_server(tmp_path, cfg, "--insecure")
-    p, out = attack(tmp_path, port, "idle", "--calls", "600", "--hold-s", "90")
+    calls = DeploymentConfig().pending_per_address + 8
+    p, out = attack(tmp_path, port, "idle", "--calls", str(calls), "--hold-s", "90")
     try:
         holding(p, out)
         clients = [start_client(tmp_path, port, ids, "--insecure") for ids in ("0-2", "3-5")]
@@ -287,20 +301,22 @@ def test_a_client_without_a_server_gives_up_after_give_up_s(tmp_path: Path) -> N
     assert 3 <= gave_up["t"] - retries[0]["t"] <= 5.5, (retries[0], gave_up)
 
 
-def _in_process(tmp: Path) -> Deployment:
-    """An insecure server in this process (its counts can be read)."""
+def _in_process(tmp: Path, **deployment: Any) -> Deployment:
+    """An insecure server in this process (its counts can be read), with these
+    ``deployment`` settings."""
 
-    cfg = _served(config_mod.load(write_config(tmp / "cfg.yaml")))
+    cfg = _served(config_mod.load(write_config(tmp / "cfg.yaml", deployment=deployment)))
     dep = Deployment(cfg, ServerOptions(ServerSecurity("insecure"), port=0))
     dep.start()
     return dep
 
 
 def test_one_connection_holds_at_most_its_streams(tmp_path: Path) -> None:
-    """100 idle calls on one connection: the server lets 64 streams open (HTTP/2's
-    max_concurrent_streams), the others wait in the client."""
+    """100 idle calls on one connection (an address allowed 128 waiting): the
+    server lets 64 streams open (HTTP/2's max_concurrent_streams), the others
+    wait in the client."""
 
-    dep = _in_process(tmp_path)
+    dep = _in_process(tmp_path, pending_per_address=128, pending_calls=128)
     channel = grpc.insecure_channel(f"127.0.0.1:{dep.port}")
     stop = threading.Event()
 

@@ -61,6 +61,9 @@ BOUNDS: dict[str, tuple[int, int, str]] = {
     "threads": (1, 1024, "torch threads"),
     "deployment.start_clients": (1, MAX_CLIENTS, "clients"),
     "deployment.chunk_kib": (1, 4096, "KiB"),
+    # each such call may hold a message of up to 4 MiB (admission.request_bytes)
+    "deployment.pending_per_address": (1, 4096, "calls waiting for their request"),
+    "deployment.pending_calls": (1, 4096, "calls waiting for their request: 16 GiB"),
     "deployment.canary_every": (0, MAX_ROUNDS, "rounds"),
     "deployment.canary_min_reports": (1, MAX_CLIENTS, "clients"),
 }

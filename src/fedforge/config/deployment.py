@@ -47,6 +47,14 @@ class DeploymentConfig:
     heartbeat_timeout_s: float = 30.0
     max_message_mib: float = 256.0  # larger uploads are refused before they are read
     chunk_kib: int = 1024  # the size of the chunks payloads are streamed in
+    # calls whose request has not arrived (their sender not yet known) one peer
+    # address may hold, and the server over all addresses: a call past either is
+    # answered RESOURCE_EXHAUSTED at once. Each may hold up to 4 MiB + 64 KiB (or
+    # chunk_kib + 64 KiB if larger), so the defaults bound what unauthenticated
+    # peers make the server hold to 520 MiB, 130 MiB from one address
+    # (transport/admission.py)
+    pending_per_address: int = 32
+    pending_calls: int = 128
     # a round samples the clients whose process is there (transport/presence.py);
     # with fewer live than robust.min_clients it waits this long for them, then is
     # skipped with the reason (0: skipped at once)
@@ -117,6 +125,18 @@ class DeploymentConfig:
                     "must be in (0, 2047] (gRPC's limit is 2 GiB)",
                 ),
                 ("chunk_kib", self.chunk_kib, 1 <= self.chunk_kib <= 4096, "must be in [1, 4096]"),
+                (
+                    "pending_calls",
+                    self.pending_calls,
+                    self.pending_calls >= 1,
+                    "must be an integer >= 1",
+                ),
+                (
+                    "pending_per_address",
+                    self.pending_per_address,
+                    1 <= self.pending_per_address <= self.pending_calls,
+                    f"must be an integer in [1, pending_calls = {self.pending_calls}]",
+                ),
                 (
                     "canary_every",
                     self.canary_every,

@@ -9,57 +9,83 @@ bounded here:
   upload's signed header likewise, and each later part within ``silence_s``),
   else the call is cancelled;
 - a peer address may hold at most ``pending_per_address`` calls whose request
-  has not arrived yet, and an authenticated name at most ``calls_per_name``
-  calls at work (a client process needs two: its poll and its heartbeat);
-- refusals of this kind are logged at most once a second per kind, with the
-  number since the last line, so a flood of calls cannot flood the log.
+  has not arrived yet, the server at most ``pending_calls`` such calls over all
+  addresses (``deployment.pending_per_address``, ``deployment.pending_calls``);
+  a call past either is answered RESOURCE_EXHAUSTED at once;
+- an authenticated name may hold at most ``calls_per_name`` calls at work (a
+  client process needs two: its poll and its heartbeat);
+- every refusal before the hub (these, and a sender unknown, revoked, unproven
+  or replaying) is counted, and logged through ``refusal_log.py``: per peer
+  address the first few in full, then a count per window, so a flood of calls
+  cannot flood the log.
 
 Connections are bounded where gRPC bounds them (``serve.py``): streams per
-connection, the TLS handshake's time, and the size of one message.
+connection, the TLS handshake's time, and the size of one message before its
+sender is known (``request_bytes``: 4 MiB, or the chunk size if larger, plus
+64 KiB). A call waiting for its request holds at most that much (gRPC core
+refuses a longer message from its length prefix), so what unauthenticated peers
+can make the server hold is at most ``pending_calls * request_bytes``, one
+address ``pending_per_address * request_bytes``. With the defaults (128 and 32
+calls, 4 MiB + 64 KiB): 520 MiB in all, 130 MiB from one address; each
+authenticated upload adds at most ``deployment.max_message_mib`` on top, one
+per call at work of a name.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TypeVar
+from urllib.parse import unquote
 
 import grpc
 
 from fedforge.transport.guard import Refused
+from fedforge.transport.refusal_log import RefusalLog
 
 T = TypeVar("T")
 
 REQUEST_WAIT_S = 5.0  # from a call's opening to its (first) request
-PENDING_PER_ADDRESS = 512  # calls of one peer address still waiting for their request
+PENDING_PER_ADDRESS = 32  # calls of one peer address still waiting for their request
+PENDING_CALLS = 128  # such calls of all addresses together
 CALLS_PER_NAME = 16  # calls of one authenticated name at work at once
 STREAMS_PER_CONNECTION = 64  # HTTP/2 streams one connection may hold open
 HANDSHAKE_S = 10.0  # a TLS handshake must end within this
 REQUEST_MIB = 4  # the largest message taken before its sender is known (plus a chunk)
 
 
+def request_bytes(chunk_bytes: int) -> int:
+    """The largest message the server reads (gRPC's limit): a request before its
+    sender is known, or an upload's chunk, whichever is larger, and room for
+    the message around it."""
+    return max(REQUEST_MIB << 20, chunk_bytes) + (64 << 10)
+
+
 def address(peer: str) -> str:
-    """The address of a gRPC peer string, without its port ("ipv4:1.2.3.4:567")."""
+    """The address of a gRPC peer string, without its port ("ipv4:1.2.3.4:567"),
+    unescaped ("ipv6:%5B::1%5D:567": "ipv6:[::1]")."""
     host, sep, port = peer.rpartition(":")
-    return host if sep and port.isdigit() else peer
+    return unquote(host if sep and port.isdigit() else peer)
 
 
 @dataclass
 class Admission:
-    """Counts of the calls in flight, by peer address and by authenticated name."""
+    """Counts of the calls in flight, by peer address and by authenticated name;
+    ``count`` counts each refusal (by its reason), ``log`` says them."""
 
-    on_refusal: Callable[[str, int | None, str], None]
+    count: Callable[[str], None]
+    log: RefusalLog
     request_wait_s: float = REQUEST_WAIT_S
     silence_s: float = 30.0  # between an upload's parts
     pending_per_address: int = PENDING_PER_ADDRESS
+    pending_calls: int = PENDING_CALLS
     calls_per_name: int = CALLS_PER_NAME
     cut: int = 0  # calls cancelled because their request (or next part) did not come
     pending: dict[str, int] = field(default_factory=dict)
+    waiting_calls: int = 0  # the sum of ``pending``
     active: dict[str, int] = field(default_factory=dict)
-    _said: dict[str, tuple[float, int]] = field(default_factory=dict)
 
     # every method runs on the server's event loop: no lock is needed
 
@@ -68,26 +94,36 @@ class Admission:
         """A call of ``peer`` until its request arrived (Refused: too many)."""
         where = address(peer)
         if self.pending.get(where, 0) >= self.pending_per_address:
-            raise self._refuse(
-                "busy",
+            raise self.refuse(
+                where,
                 where,
                 f"{where} has {self.pending_per_address} calls waiting for their request "
                 "already; try again later",
             )
+        if self.waiting_calls >= self.pending_calls:
+            raise self.refuse(
+                where,
+                where,
+                f"the server has {self.pending_calls} calls waiting for their request "
+                "already; try again later",
+            )
         self.pending[where] = self.pending.get(where, 0) + 1
+        self.waiting_calls += 1
         try:
             yield
         finally:
+            self.waiting_calls -= 1
             self.pending[where] -= 1
             if not self.pending[where]:
                 del self.pending[where]
 
     @contextmanager
     def working(self, who: str) -> Iterator[None]:
-        """A call of the authenticated ``who`` at work (Refused: too many)."""
+        """A call of the authenticated ``who`` at work (Refused: too many; logged
+        by its name)."""
         if self.active.get(who, 0) >= self.calls_per_name:
-            raise self._refuse(
-                "busy",
+            raise self.refuse(
+                who,
                 who,
                 f"'{who}' has {self.calls_per_name} calls at work already; try again later",
             )
@@ -104,8 +140,8 @@ class Admission:
         with self.waiting(peer):
             got = await self.next(parts, self.request_wait_s, peer, what)
         if got is None:
-            raise self._refuse(
-                "empty",
+            raise self.refuse(
+                address(peer),
                 address(peer),
                 f"a call ended without its {what}",
                 grpc.StatusCode.INVALID_ARGUMENT,
@@ -121,27 +157,27 @@ class Admission:
             return None
         except TimeoutError:
             self.cut += 1
-            raise self._refuse(
-                "silent",
+            raise self.refuse(
+                address(peer),
                 address(peer),
                 f"no {what} within {wait_s:g} s (cancelled)",
                 grpc.StatusCode.CANCELLED,
             ) from None
 
-    def _refuse(
+    def refuse(
         self,
-        kind: str,
+        where: str,
         who: str,
         reason: str,
         code: grpc.StatusCode = grpc.StatusCode.RESOURCE_EXHAUSTED,
     ) -> Refused:
-        """The refusal, said (counted and logged) at most once a second per kind."""
-        now = time.monotonic()
-        last, unsaid = self._said.get(kind, (-1e9, 0))
-        if now - last >= 1.0:
-            more = f" ({unsaid} more like it in the last {now - last:.0f} s)" if unsaid else ""
-            self.on_refusal(who, None, reason + more)
-            self._said[kind] = (now, 0)
-        else:
-            self._said[kind] = (last, unsaid + 1)
+        """The refusal of a call from ``where`` (a peer address, or the name of
+        an authenticated caller), counted and logged."""
+        self.refused(where, who, reason)
         return Refused(code, reason, who, said=True)
+
+    def refused(self, where: str, who: str, reason: str) -> None:
+        """Count a refused call from ``where`` and log it (at a bounded rate per
+        ``where``)."""
+        self.count(reason)
+        self.log.refused(who, where, reason)

@@ -23,7 +23,8 @@ MODES = ("mtls", "keys", "insecure")
 
 class Refused(Exception):
     """A request refused before it reaches the hub: its status code and reason;
-    ``said``: already logged (``admission.py`` says floods of them once a second)."""
+    ``said``: already counted and logged (``admission.py``, at a bounded rate per
+    address: ``refusal_log.py``)."""
 
     def __init__(
         self, code: grpc.StatusCode, reason: str, who: str | None = None, said: bool = False

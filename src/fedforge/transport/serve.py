@@ -39,6 +39,7 @@ from fedforge.transport.live import LivePublisher
 from fedforge.transport.logs import log_event
 from fedforge.transport.loop_thread import LoopThread
 from fedforge.transport.metrics import ServerMetrics
+from fedforge.transport.refusal_log import RefusalLog
 from fedforge.transport.remote import RemoteEngine
 from fedforge.transport.security import ServerSecurity
 from fedforge.transport.service import SERVICE, FederationService
@@ -79,7 +80,13 @@ class Deployment:
         self.heartbeat_timeout_s = dep.heartbeat_timeout_s
         max_bytes = int(dep.max_message_mib * (1 << 20))
         self.pool = futures.ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="hub")
-        self.admission = Admission(self._refused, silence_s=dep.heartbeat_timeout_s)
+        self.admission = Admission(
+            self._count,
+            RefusalLog(self._say_refused),
+            silence_s=dep.heartbeat_timeout_s,
+            pending_per_address=dep.pending_per_address,
+            pending_calls=dep.pending_calls,
+        )
         self.service = FederationService(
             self.hub,
             options.security.guard(),
@@ -93,7 +100,7 @@ class Deployment:
         )
         # no message larger than a few MiB is read before its sender is known: a
         # larger upload comes in chunks after its signed header
-        request_bytes = max(adm.REQUEST_MIB << 20, dep.chunk_kib * 1024) + (64 << 10)
+        request_bytes = adm.request_bytes(dep.chunk_kib * 1024)
         self.loop = LoopThread("grpc-server")
         self.port = self.loop.run(self._listen(request_bytes, max_bytes))
         if self.port == 0:
@@ -130,9 +137,17 @@ class Deployment:
             return 0
 
     def _refused(self, who: str, client: int | None, why: str) -> None:
+        self._count(why)
+        log_event("server", "refused", sender=who, client=client, reason=why)
+
+    def _count(self, why: str) -> None:
         self.metrics.refused(why)
         self.live.refused(why)
-        log_event("server", "refused", sender=who, client=client, reason=why)
+
+    def _say_refused(self, who: str, where: str, why: str, count: int) -> None:
+        """A line of the refusals before the hub (``refusal_log.py``): one call's,
+        or the count of an address's calls not said one by one."""
+        log_event("server", "refused", sender=who, peer=where, reason=why, count=count)
 
     async def _start(self) -> None:
         await self.grpc.start()
@@ -182,6 +197,7 @@ class Deployment:
     async def _stop(self) -> None:
         await self.health.enter_graceful_shutdown()
         await self.grpc.stop(grace=3.0)
+        self.admission.log.flush()  # the refusals held back, counted in the log
 
     def stop(self, reason: str, dismiss: bool = True) -> None:
         """Stop serving; ``dismiss``: first tell the clients the run is over."""

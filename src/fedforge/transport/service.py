@@ -29,7 +29,7 @@ import grpc
 from google.protobuf.message import DecodeError, Message
 
 from fedforge import __version__
-from fedforge.transport.admission import Admission
+from fedforge.transport.admission import Admission, address
 from fedforge.transport.guard import Guard, Refused
 from fedforge.transport.hub import Hub
 from fedforge.transport.pb import federation_pb2 as pb
@@ -117,8 +117,10 @@ class FederationService:
         try:
             return await fn()
         except Refused as exc:
-            if not exc.said:
-                self.admission.on_refusal(exc.who or "?", None, f"{method}: {exc.reason}")
+            if not exc.said:  # logged per peer address: before authentication, the
+                # sender's claimed name is its own to choose
+                where = address(context.peer())
+                self.admission.refused(where, exc.who or where, f"{method}: {exc.reason}")
             await context.abort(exc.code, exc.reason)
         except KeyError as exc:  # an unknown session or payload: the client joins again
             await context.abort(grpc.StatusCode.NOT_FOUND, str(exc.args[0]))
