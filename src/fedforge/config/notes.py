@@ -31,6 +31,8 @@ def config_notes(cfg: Config) -> list[str]:
     }
     for name in ("momentum", "beta1", "beta2", "tau", "bias_correction"):
         value = getattr(so, name)
+        if so.kind not in used:  # a plugin's: which fields it reads is its own
+            break
         if name not in used[so.kind] and value != getattr(default, name):
             out.append(f"server_optimizer.{name} = {value} is ignored by kind '{so.kind}'")
     loc = cfg.local

@@ -11,7 +11,7 @@ the client's whole data set in one batch).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from fedforge.config import compat
 from fedforge.config import task as task_rules
@@ -37,7 +37,10 @@ from fedforge.core.errors import invalid_field as invalid  # noqa: F401  (parse.
 WeightRule = Literal["num_examples", "uniform", "sqrt", "capped", "quality", "class"]
 _STEP = "must be a number > 0 (below 3.4e38 in a float32 run)"
 
-Algorithm = Literal["fedavg", "fedsgd", "fedprox", "scaffold", "fedbn", "perfedavg"]
+# The names of registered components (core/registry.py): any name here, checked
+# against the registry when a run is built (config/components.py:check_names), so
+# that a stored config naming a plugin stays readable where the plugin is not loaded.
+Algorithm = str  # fedavg, fedsgd, fedprox, scaffold, fedbn, perfedavg or a plugin's
 ModelName = str  # a built-in model or one given to fedforge.register_model
 Engine = Literal["auto", "serial", "vectorized"]
 DType = Literal["float32", "float64"]
@@ -45,7 +48,7 @@ Precision = Literal["fp32", "bf16"]
 DeviceName = str  # cpu, cuda, cuda:N or auto (core/device.py)
 
 
-ServerOptimizerKind = Literal["sgd", "adagrad", "adam", "yogi"]
+ServerOptimizerKind = str  # sgd, adagrad, adam, yogi or a plugin's (registered names)
 
 
 # torch intra-op threads a process may ask for (a million crashed torch's pool)
@@ -145,6 +148,12 @@ class Config:
     deployment: DeploymentConfig = field(default_factory=DeploymentConfig)
     # rules watched after every round, and what each does when it fires (alerts/)
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
+    # modules or .py files imported before the run's names are looked up (each
+    # registers its components); the run's names are checked when it is built
+    plugins: tuple[str, ...] = ()
+    # a plugin's options under its name, e.g. {fedavgm: {beta: 0.9}}: parsed by the
+    # options dataclass the plugin registered (config/components.py)
+    plugin_options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         task_rules.check_task_name(self.task)
