@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fedforge.config.parse import build_section
-from fedforge.config.schema import Config
+from fedforge.config.schema import Config, check_registered, named
 from fedforge.core import registry
 from fedforge.core.errors import ConfigError, invalid_field
 
@@ -42,21 +42,10 @@ class ComponentContext:
     dtype: torch.dtype | None = None
 
 
-def named(cfg: Config) -> list[tuple[str, str, str]]:
-    """``(kind, config field, name)`` for every component ``cfg`` names."""
-    return [
-        ("algorithm", "algorithm", cfg.algorithm),
-        ("aggregator", "robust.aggregator", cfg.robust.aggregator),
-        ("server_optimizer", "server_optimizer.kind", cfg.server_optimizer.kind),
-        ("codec", "communication.uplink", cfg.communication.uplink),
-        ("codec", "communication.downlink", cfg.communication.downlink),
-    ]
-
-
 def check_names(cfg: Config) -> None:
-    """Load the config's plugins, then refuse in one line a name nobody registered,
+    """Refuse in one line a name nobody registered (checked with the config too),
     a plugin's options that do not parse, and options for no component in use."""
-    registry.load_plugins(cfg.plugins)
+    check_registered(cfg)
     taking: dict[str, registry.Entry] = {}
     for kind, field, name in named(cfg):
         entry = registry.lookup(kind, name, field)

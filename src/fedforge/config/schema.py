@@ -30,6 +30,7 @@ from fedforge.config.local import (
 )
 from fedforge.config.privacy import PrivacyConfig
 from fedforge.config.robust import RobustConfig
+from fedforge.core import registry
 from fedforge.core.device import DEVICE_NAMES, is_device_name
 from fedforge.core.errors import FieldCheck, raise_first
 from fedforge.core.errors import invalid_field as invalid  # noqa: F401  (parse.py's)
@@ -37,9 +38,8 @@ from fedforge.core.errors import invalid_field as invalid  # noqa: F401  (parse.
 WeightRule = Literal["num_examples", "uniform", "sqrt", "capped", "quality", "class"]
 _STEP = "must be a number > 0 (below 3.4e38 in a float32 run)"
 
-# The names of registered components (core/registry.py): any name here, checked
-# against the registry when a run is built (config/components.py:check_names), so
-# that a stored config naming a plugin stays readable where the plugin is not loaded.
+# The names of registered components (core/registry.py): checked against the
+# registry's names when a config is checked (check_registered), after its plugins load
 Algorithm = str  # fedavg, fedsgd, fedprox, scaffold, fedbn, perfedavg or a plugin's
 ModelName = str  # a built-in model or one given to fedforge.register_model
 Engine = Literal["auto", "serial", "vectorized"]
@@ -148,8 +148,8 @@ class Config:
     deployment: DeploymentConfig = field(default_factory=DeploymentConfig)
     # rules watched after every round, and what each does when it fires (alerts/)
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
-    # modules or .py files imported before the run's names are looked up (each
-    # registers its components); the run's names are checked when it is built
+    # modules or .py files to import (each registers its components), once each,
+    # before the config's names are checked against the registry
     plugins: tuple[str, ...] = ()
     # a plugin's options under its name, e.g. {fedavgm: {beta: 0.9}}: parsed by the
     # options dataclass the plugin registered (config/components.py)
@@ -174,6 +174,7 @@ def check(cfg: Config) -> None:
     """Whether ``cfg`` can run: the run's own fields, each section's fields, then
     how the sections combine (compat.py), in that order; the first problem
     raises ConfigError naming the field."""
+    check_registered(cfg)
     _check_run(cfg)
     sections = (
         cfg.partition,
@@ -242,6 +243,25 @@ def check(cfg: Config) -> None:
         cfg.communication,
         cfg.privacy,
     )
+
+
+def named(cfg: Config) -> list[tuple[str, str, str]]:
+    """``(kind, config field, name)`` of every registered component ``cfg`` names."""
+    return [
+        ("algorithm", "algorithm", cfg.algorithm),
+        ("aggregator", "robust.aggregator", cfg.robust.aggregator),
+        ("server_optimizer", "server_optimizer.kind", cfg.server_optimizer.kind),
+        ("codec", "communication.uplink", cfg.communication.uplink),
+        ("codec", "communication.downlink", cfg.communication.downlink),
+    ]
+
+
+def check_registered(cfg: Config) -> None:
+    """Import the config's plugins (once each), then refuse in one line a name no
+    one registered: the registry's names are the allowed values (core/registry.py)."""
+    registry.load_plugins(cfg.plugins)
+    for kind, field_name, name in named(cfg):
+        registry.lookup(kind, name, field_name)
 
 
 def describe_task(cfg: Config) -> str:
