@@ -28,7 +28,7 @@ SMALL = {
     "model": "logreg",
     "num_clients": 6,
     "client_fraction": 0.5,
-    "rounds": 3,
+    "rounds": 2,
     "local_epochs": 2,
     "batch_size": 8,
     "lr": 0.05,

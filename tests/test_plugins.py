@@ -1,0 +1,169 @@
+"""Plugins found by the commands: a .py file given to ``fedforge run --plugin``,
+the config's ``plugins`` field, and an installed distribution's
+``fedforge.plugins`` entry point, discovered without an import."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import fedforge
+from fedforge.config import from_dict
+from fedforge.store.final import load_final
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+# a FedProx copy, in a file of its own, through the public API only
+PLUGIN = """\
+from dataclasses import dataclass
+
+import fedforge
+from fedforge.algorithms import drops_stragglers, local_plan
+from fedforge.algorithms.plan import DecayedPlan, cross_entropy
+
+
+@dataclass(frozen=True)
+class Options:
+    mu: float = 0.01
+
+
+class Proximal:
+    def __init__(self, mu):
+        self.mu = mu
+
+    def __call__(self, grads, ctx):
+        for grad, w, anchor in zip(grads, ctx.params, ctx.anchor):
+            grad.add_(w - anchor, alpha=self.mu)
+
+
+def factory(context):
+    cfg = context.cfg
+    return fedforge.Algorithm(
+        "NAME",
+        DecayedPlan(local_plan(cfg), cfg.lr_decay),
+        cross_entropy,
+        grad_hook=Proximal(context.options.mu),
+        drop_stragglers=drops_stragglers(cfg, False),
+    )
+
+
+fedforge.register_algorithm("NAME", factory, options=Options)
+"""
+
+CONFIG = """\
+dataset: synthetic
+model: logreg
+num_clients: 4
+client_fraction: 1.0
+rounds: 2
+local_epochs: 1
+batch_size: 10
+dtype: float64
+engine: serial
+"""
+
+
+def _env(*paths: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in (SRC, *paths))}
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "fedforge.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env or _env(),
+    )
+
+
+def test_fedforge_run_takes_a_plugin_file(tmp_path: Path) -> None:
+    plugin = tmp_path / "cli_prox.py"
+    plugin.write_text(PLUGIN.replace("NAME", "cli_prox"))
+    config = tmp_path / "run.yaml"
+    config.write_text(CONFIG + "algorithm: cli_prox\nplugin_options: {cli_prox: {mu: 0.2}}\n")
+    runs = tmp_path / "runs"
+    done = _cli("run", "--plugin", str(plugin), "-c", str(config), "--runs-dir", str(runs), "-q")
+    assert done.returncode == 0, done.stderr
+    [run_dir] = list(runs.iterdir())
+    builtin = from_dict(
+        {**_yaml(CONFIG), "algorithm": "fedprox", "mu": 0.2, "runs_dir": str(tmp_path / "b")}
+    )
+    expected = fedforge.run(builtin, progress=False).params
+    assert torch.equal(load_final(run_dir)["params"], expected)
+
+    refused = _cli("run", "-c", str(config), "--runs-dir", str(runs), "-q")  # no --plugin
+    [line] = refused.stderr.strip().splitlines()
+    assert refused.returncode == 2
+    assert line.startswith("fedforge: error: config field 'algorithm' = 'cli_prox' is invalid")
+
+
+def test_the_config_names_its_plugins(tmp_path: Path) -> None:
+    plugin = tmp_path / "field_prox.py"
+    plugin.write_text(PLUGIN.replace("NAME", "field_prox"))
+    cfg = from_dict({**_yaml(CONFIG), "plugins": [str(plugin)], "algorithm": "field_prox"})
+    assert fedforge.algorithms.from_config(cfg).name == "field_prox"
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("/no/such/plugin.py", "plugin '/no/such/plugin.py': no such file"),
+        ("no_such_plugin_module", "plugin 'no_such_plugin_module': no module named"),
+    ],
+)
+def test_a_missing_plugin_is_refused_in_one_line(spec: str, message: str) -> None:
+    done = _cli("run", "--plugin", spec)
+    [line] = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and line.startswith(f"fedforge: error: {message}")
+
+
+def test_a_plugin_that_fails_to_import_is_named(tmp_path: Path) -> None:
+    plugin = tmp_path / "broken.py"
+    plugin.write_text("raise RuntimeError('half written')\n")
+    with pytest.raises(fedforge.ConfigError, match=r"broken\.py' failed to import: Runtime"):
+        fedforge.load_plugin(str(plugin))
+
+
+def test_an_installed_entry_point_is_found_without_an_import(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    info = site / "ep_plug-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: ep-plug\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(
+        "[fedforge.plugins]\nby_call = ep_plug_call:register_all\nby_module = ep_plug_module\n"
+    )
+    (site / "ep_plug_call.py").write_text(
+        "import fedforge\n\n\ndef register_all():\n"
+        "    fedforge.register_algorithm('ep_prox', lambda c: None)\n"
+    )
+    (site / "ep_plug_module.py").write_text(
+        "import fedforge\nfedforge.register_aggregator('ep_mean', lambda c: None)\n"
+    )
+    code = textwrap.dedent(
+        """\
+        import sys
+        from fedforge.config import from_dict
+        assert not any(m.startswith('ep_plug') for m in sys.modules)
+        cfg = from_dict({'algorithm': 'ep_prox', 'robust': {'aggregator': 'ep_mean'}})
+        print(cfg.algorithm, cfg.robust.aggregator)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=_env(site), timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["ep_prox", "ep_mean"]
+
+
+def _yaml(text: str) -> dict[str, object]:
+    import yaml
+
+    data: dict[str, object] = yaml.safe_load(text)
+    return data
