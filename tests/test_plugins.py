@@ -167,3 +167,14 @@ def _yaml(text: str) -> dict[str, object]:
 
     data: dict[str, object] = yaml.safe_load(text)
     return data
+
+
+def test_a_config_files_plugin_paths_are_read_from_its_folder(tmp_path: Path) -> None:
+    folder = tmp_path / "experiment"
+    folder.mkdir()
+    (folder / "beside_prox.py").write_text(PLUGIN.replace("NAME", "beside_prox"))
+    config = folder / "run.yaml"
+    config.write_text(CONFIG + "algorithm: beside_prox\nplugins: [beside_prox.py]\n")
+    cfg = fedforge.load(config)  # from another working directory than the file's
+    assert cfg.plugins == (str(folder / "beside_prox.py"),)
+    assert cfg.algorithm == "beside_prox"

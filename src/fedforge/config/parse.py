@@ -207,7 +207,21 @@ def load(path: str | Path) -> Config:
         data = {}
     if not isinstance(data, Mapping):
         raise ConfigError(f"config file '{path}' must hold a mapping of fields, not {shown(data)}")
-    return from_dict(data)
+    return from_dict(_plugin_files_beside(dict(data), path.parent))
+
+
+def _plugin_files_beside(data: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """A config file's ``plugins`` that are relative ``.py`` paths, read from the
+    file's folder (a module name stays a name): the run stores where they are."""
+    plugins = data.get("plugins")
+    if isinstance(plugins, list):
+        data["plugins"] = [
+            str((folder / p).resolve())
+            if isinstance(p, str) and p.endswith(".py") and not Path(p).is_absolute()
+            else p
+            for p in plugins
+        ]
+    return data
 
 
 class TooLarge(yaml.MarkedYAMLError):
