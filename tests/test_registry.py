@@ -214,3 +214,16 @@ def test_asking_the_registry_imports_no_component() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_models_and_tasks_of_the_caller_live_in_the_registry() -> None:
+    def factory() -> torch.nn.Module:
+        return torch.nn.Linear(60, 10)
+
+    fedforge.register_model("reg_linear", factory)
+    try:
+        assert registry.lookup("model", "reg_linear").load() is factory
+        fedforge.register_model("reg_linear", factory)  # again: replaced, as documented
+    finally:
+        registry.unregister("model", "reg_linear")
+    assert "reg_linear" not in fedforge.models.MODELS

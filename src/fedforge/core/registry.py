@@ -28,7 +28,7 @@ import importlib.util
 import sys
 import threading
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -263,3 +263,39 @@ def reset_for_tests() -> None:
         _entries.clear()
         _loaded.clear()
         _ready = False
+
+
+class KindView(MutableMapping[str, Any]):
+    """The registered components of one kind as a mapping, name -> factory (its
+    ``"module:attr"`` text loaded): setting a name registers it (replacing),
+    deleting one unregisters it. ``register_model``'s and ``register_task``'s
+    tables are such views, so that they live in the one registry."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    def __getitem__(self, name: str) -> Any:
+        if not is_registered(self.kind, name):
+            raise KeyError(name)
+        return lookup(self.kind, name).load()
+
+    def __setitem__(self, name: str, factory: Any) -> None:
+        register(self.kind, name, factory, replace=True)
+
+    def __delitem__(self, name: str) -> None:
+        if not is_registered(self.kind, name):
+            raise KeyError(name)
+        unregister(self.kind, name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(names(self.kind))
+
+    def __len__(self) -> int:
+        return len(names(self.kind))
+
+
+def view(kind: str) -> KindView:
+    """The components of ``kind`` as a mapping (see :class:`KindView`)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown component kind {kind!r}")
+    return KindView(kind)
