@@ -16,8 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from fedforge.config.names import check_registered, named
 from fedforge.config.parse import build_section
-from fedforge.config.schema import Config, check_registered, named
+from fedforge.config.schema import Config
 from fedforge.core import registry
 from fedforge.core.errors import ConfigError, invalid_field
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 from fedforge.config.data import PartitionConfig, SyntheticConfig
 from fedforge.config.privacy import PrivacyConfig
 from fedforge.config.robust import RobustConfig
-from fedforge.config.schema import Config, ServerOptimizerConfig
+from fedforge.config.schema import Config
+from fedforge.config.server_optimizer import ServerOptimizerConfig
 
 
 def config_notes(cfg: Config) -> list[str]:

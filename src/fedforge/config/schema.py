@@ -28,9 +28,10 @@ from fedforge.config.local import (
     StragglerConfig,
     step_limit,
 )
+from fedforge.config.names import check_registered
 from fedforge.config.privacy import PrivacyConfig
 from fedforge.config.robust import RobustConfig
-from fedforge.core import registry
+from fedforge.config.server_optimizer import ServerOptimizerConfig
 from fedforge.core.device import DEVICE_NAMES, is_device_name
 from fedforge.core.errors import FieldCheck, raise_first
 from fedforge.core.errors import invalid_field as invalid  # noqa: F401  (parse.py's)
@@ -48,35 +49,8 @@ Precision = Literal["fp32", "bf16"]
 DeviceName = str  # cpu, cuda, cuda:N or auto (core/device.py)
 
 
-ServerOptimizerKind = str  # sgd, adagrad, adam, yogi or a plugin's (registered names)
-
-
 # torch intra-op threads a process may ask for (a million crashed torch's pool)
 MAX_THREADS = 1024
-
-
-@dataclass(frozen=True)
-class ServerOptimizerConfig:
-    """How the server applies the aggregated delta (Reddi et al. 2021). ``sgd``
-    with ``momentum`` 0 and ``server_lr`` 1 is FedAvg; momentum > 0 is FedAvgM."""
-
-    kind: ServerOptimizerKind = "sgd"
-    momentum: float = 0.0  # sgd only
-    beta1: float = 0.9
-    beta2: float = 0.99
-    tau: float = 1e-3  # adaptivity: added to sqrt(v)
-    bias_correction: bool = False  # True: torch.optim.Adam's form
-
-    def check(self) -> None:
-        raise_first(
-            "server_optimizer.",
-            [
-                ("momentum", self.momentum, 0.0 <= self.momentum < 1.0, "must be in [0, 1)"),
-                ("beta1", self.beta1, 0.0 <= self.beta1 < 1.0, "must be in [0, 1)"),
-                ("beta2", self.beta2, 0.0 <= self.beta2 < 1.0, "must be in [0, 1)"),
-                ("tau", self.tau, self.tau > 0, "must be > 0"),
-            ],
-        )
 
 
 @dataclass(frozen=True)
@@ -243,25 +217,6 @@ def check(cfg: Config) -> None:
         cfg.communication,
         cfg.privacy,
     )
-
-
-def named(cfg: Config) -> list[tuple[str, str, str]]:
-    """``(kind, config field, name)`` of every registered component ``cfg`` names."""
-    return [
-        ("algorithm", "algorithm", cfg.algorithm),
-        ("aggregator", "robust.aggregator", cfg.robust.aggregator),
-        ("server_optimizer", "server_optimizer.kind", cfg.server_optimizer.kind),
-        ("codec", "communication.uplink", cfg.communication.uplink),
-        ("codec", "communication.downlink", cfg.communication.downlink),
-    ]
-
-
-def check_registered(cfg: Config) -> None:
-    """Import the config's plugins (once each), then refuse in one line a name no
-    one registered: the registry's names are the allowed values (core/registry.py)."""
-    registry.load_plugins(cfg.plugins)
-    for kind, field_name, name in named(cfg):
-        registry.lookup(kind, name, field_name)
 
 
 def describe_task(cfg: Config) -> str:
