@@ -178,3 +178,31 @@ def test_a_config_files_plugin_paths_are_read_from_its_folder(tmp_path: Path) ->
     cfg = fedforge.load(config)  # from another working directory than the file's
     assert cfg.plugins == (str(folder / "beside_prox.py"),)
     assert cfg.algorithm == "beside_prox"
+
+
+def test_a_deployment_runs_a_plugin_given_to_server_and_clients(tmp_path: Path) -> None:
+    from deploy_procs import run_dir_of, start_client, start_server, write_config
+
+    plugin = tmp_path / "net_prox.py"
+    plugin.write_text(PLUGIN.replace("NAME", "net_prox"))
+    cfg = write_config(
+        tmp_path / "cfg.yaml",
+        algorithm="net_prox",
+        plugin_options={"net_prox": {"mu": 0.2}},
+        rounds=2,
+    )
+    with pytest.raises(AssertionError, match="config field 'algorithm' = 'net_prox' is invalid"):
+        start_server(tmp_path, cfg, "--insecure")  # no --plugin: refused at start
+    server, port = start_server(tmp_path, cfg, "--insecure", "--plugin", str(plugin))
+    clients = [
+        start_client(tmp_path, port, ids, "--insecure", "--plugin", str(plugin))
+        for ids in ("0-2", "3-5")
+    ]
+    assert server.wait(180) == 0, server.log.read_text()
+    for client in clients:
+        assert client.wait(60) == 0, client.log.read_text()
+    deployed = load_final(tmp_path / run_dir_of(server))["params"]
+    data = {**_yaml(cfg.read_text()), "algorithm": "fedprox", "mu": 0.2, "plugin_options": {}}
+    builtin = from_dict({**data, "runs_dir": str(tmp_path / "sim")})
+    simulated = fedforge.run(builtin, progress=False).params
+    assert (deployed - simulated).abs().max().item() <= 1e-9
