@@ -15,9 +15,8 @@ import torch
 
 import fedforge
 from fedforge.config import from_dict
+from fedforge.core import registry
 from fedforge.store.final import load_final
-
-SRC = Path(__file__).resolve().parents[1] / "src"
 
 # a FedProx copy, in a file of its own, through the public API only
 PLUGIN = """\
@@ -70,7 +69,9 @@ engine: serial
 
 
 def _env(*paths: Path) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in (SRC, *paths))}
+    """This process's environment (its PYTHONPATH: the fedforge under test) and ``paths``."""
+    given = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([*given, *map(str, paths)])}
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -107,8 +108,11 @@ def test_fedforge_run_takes_a_plugin_file(tmp_path: Path) -> None:
 def test_the_config_names_its_plugins(tmp_path: Path) -> None:
     plugin = tmp_path / "field_prox.py"
     plugin.write_text(PLUGIN.replace("NAME", "field_prox"))
-    cfg = from_dict({**_yaml(CONFIG), "plugins": [str(plugin)], "algorithm": "field_prox"})
-    assert fedforge.algorithms.from_config(cfg).name == "field_prox"
+    try:
+        cfg = from_dict({**_yaml(CONFIG), "plugins": [str(plugin)], "algorithm": "field_prox"})
+        assert fedforge.algorithms.from_config(cfg).name == "field_prox"
+    finally:
+        registry.unregister("algorithm", "field_prox")
 
 
 @pytest.mark.parametrize(
@@ -175,9 +179,12 @@ def test_a_config_files_plugin_paths_are_read_from_its_folder(tmp_path: Path) ->
     (folder / "beside_prox.py").write_text(PLUGIN.replace("NAME", "beside_prox"))
     config = folder / "run.yaml"
     config.write_text(CONFIG + "algorithm: beside_prox\nplugins: [beside_prox.py]\n")
-    cfg = fedforge.load(config)  # from another working directory than the file's
-    assert cfg.plugins == (str(folder / "beside_prox.py"),)
-    assert cfg.algorithm == "beside_prox"
+    try:
+        cfg = fedforge.load(config)  # from another working directory than the file's
+        assert cfg.plugins == (str(folder / "beside_prox.py"),)
+        assert cfg.algorithm == "beside_prox"
+    finally:
+        registry.unregister("algorithm", "beside_prox")
 
 
 def test_a_deployment_runs_a_plugin_given_to_server_and_clients(tmp_path: Path) -> None:

@@ -99,7 +99,7 @@ def _run(tmp_path: Path, **extra: Any) -> fedforge.RunResult:
 
 
 def test_builtins_are_registered_by_name() -> None:
-    assert registry.names("algorithm") == (
+    assert registry.names("algorithm")[:6] == (
         "fedavg", "fedsgd", "fedprox", "scaffold", "fedbn", "perfedavg"
     )  # fmt: skip
     assert {"mean", "median", "krum", "bulyan"} <= set(registry.names("aggregator"))
