@@ -18,6 +18,16 @@ __version__ = "0.1.0"
 # public name -> the module that defines it
 _PUBLIC = {
     "WeightedMean": "fedforge.aggregation.mean",
+    "register_aggregator": "fedforge.aggregation.named",
+    "register_algorithm": "fedforge.algorithms",
+    "ComponentContext": "fedforge.config.components",
+    "register": "fedforge.core.registry",
+    "load_plugin": "fedforge.core.registry",
+    "register_codec": "fedforge.pipeline.named",
+    "register_stage": "fedforge.pipeline.named",
+    "register_selection": "fedforge.selection.named",
+    "register_server_optimizer": "fedforge.server.optimizers",
+    "register_metric": "fedforge.tasks.metrics",
     "Algorithm": "fedforge.algorithms",
     "LocalPlan": "fedforge.algorithms",
     "fedavg": "fedforge.algorithms",
@@ -46,6 +56,7 @@ _PUBLIC = {
 
 __all__ = [
     "Algorithm",
+    "ComponentContext",
     "Config",
     "ConfigError",
     "DataError",
@@ -65,8 +76,17 @@ __all__ = [
     "fedsgd",
     "load",
     "load_federated_data",
+    "load_plugin",
     "override",
+    "register",
+    "register_aggregator",
+    "register_algorithm",
+    "register_codec",
+    "register_metric",
     "register_model",
+    "register_selection",
+    "register_server_optimizer",
+    "register_stage",
     "register_task",
     "resume",
     "run",
@@ -101,14 +121,21 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # the names as the type checker sees them
     from fedforge.aggregation.mean import WeightedMean
-    from fedforge.algorithms import Algorithm, LocalPlan, fedavg, fedsgd
+    from fedforge.aggregation.named import register_aggregator
+    from fedforge.algorithms import Algorithm, LocalPlan, fedavg, fedsgd, register_algorithm
     from fedforge.config import Config, PartitionConfig, load, override
+    from fedforge.config.components import ComponentContext
     from fedforge.core.errors import ConfigError, DataError, FedforgeError, UploadError
     from fedforge.core.params import ParamSpec
+    from fedforge.core.registry import load_plugin, register
     from fedforge.data.federated import FederatedData, load_federated_data
     from fedforge.data.partition import Partition
     from fedforge.models import register_model
+    from fedforge.pipeline.named import register_codec, register_stage
+    from fedforge.selection.named import register_selection
     from fedforge.server.experiment import build
     from fedforge.server.loop import RunResult, resume, run
+    from fedforge.server.optimizers import register_server_optimizer
     from fedforge.store import RunStore
     from fedforge.tasks import Task, register_task
+    from fedforge.tasks.metrics import register_metric

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from fedforge import __version__, load_torch
 from fedforge.core.errors import ConfigError, FedforgeError, StopNow
 from fedforge.core.extras import extra_of, installed
+from fedforge.core.registry import load_plugins
 from fedforge.report import observe_cli
 from fedforge.report.dashboard import command as dashboard
 from fedforge.report.run_args import add_run_lookup, open_run
@@ -47,6 +48,10 @@ NEEDS = {
     "compare": ("plotly",),
     "dashboard": ("starlette", "uvicorn", "plotly"),
 }
+
+
+# the commands that build or read runs: each takes --plugin
+PLUGIN_COMMANDS = ("run", "resume", "sweep", "compare-iid", "report", "show", "server", "client")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -149,6 +154,15 @@ def _parser() -> argparse.ArgumentParser:
 
     add_deployment(sub)  # server, client
     certs_cli.add_parsers(sub)
+    for name in PLUGIN_COMMANDS:
+        sub.choices[name].add_argument(
+            "--plugin",
+            action="append",
+            default=[],
+            metavar="MODULE_OR_FILE",
+            help="import a module or a .py file that registers components (repeatable); "
+            "installed fedforge.plugins entry points load without it",
+        )
     return parser
 
 
@@ -330,6 +344,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise ModuleNotFoundError(absent, name=absent)
             if args.command not in certs_cli.COMMANDS:  # the others load torch: first, then ours
                 load_torch()
+            if args.command in PLUGIN_COMMANDS:  # before any config names a component
+                load_plugins(args.plugin)
             return commands[args.command](args)
         except ModuleNotFoundError as exc:
             extra = extra_of(exc.name or "")

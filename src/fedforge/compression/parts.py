@@ -23,13 +23,11 @@ import torch
 from fedforge.compression.clip import Clip
 from fedforge.compression.feedback import ErrorFeedback
 from fedforge.compression.groups import assign_groups
-from fedforge.compression.quantize import CAST_DTYPES, Cast, Quantize
-from fedforge.compression.sparsify import RandomK, TopK
-from fedforge.config import CommunicationConfig
+from fedforge.config import CommunicationConfig, Config
+from fedforge.config.components import make
 from fedforge.core.errors import ConfigError
 from fedforge.core.params import ParamSpec
 from fedforge.data import Partition
-from fedforge.pipeline.codec import Dense
 from fedforge.pipeline.pipeline import Codec, Pipeline, Stage
 from fedforge.store.client_state import ClientStateStore, make_state_store, working_dir
 
@@ -45,40 +43,32 @@ class CommunicationParts:
     group_of: tuple[int, ...] | None  # hierarchical aggregation: each client's group
 
 
-def make_codec(name: str, com: CommunicationConfig, spec: ParamSpec) -> Codec:
-    """The codec ``name`` with the parameters of ``com``."""
-    if name == "dense":
-        return Dense()
-    if name in CAST_DTYPES:
-        return Cast(name)
-    if name in ("int8", "int4", "int2", "sign"):
-        bits = 1 if name == "sign" else int(name[3:])
-        chunk = com.chunk_size if com.scale == "chunk" else None
-        sizes = [e.numel for e in spec.entries]
-        return Quantize(bits, com.rounding == "stochastic", chunk, sizes)
-    if name == "topk":
-        return TopK(com.fraction)
-    if name == "randk":
-        return RandomK(com.fraction, com.randk_per_client)
-    raise ConfigError(f"unknown codec {name!r}")
+def make_codec(name: str, cfg: Config, spec: ParamSpec, field: str) -> Codec:
+    """The codec ``name`` (config field ``field``), built by its registered factory."""
+    codec: Codec = make("codec", name, cfg, field, spec)
+    return codec
 
 
 def assemble(
-    com: CommunicationConfig,
-    num_clients: int,
+    cfg: Config,
     spec: ParamSpec,
     dtype: torch.dtype,
     partition: Partition,
     labels: torch.Tensor,
 ) -> CommunicationParts:
-    """The communication parts of ``com`` for a run of ``num_clients``."""
-    uplink = make_codec(com.uplink, com, spec)
+    """The communication parts of ``cfg.communication``."""
+    com, num_clients = cfg.communication, cfg.num_clients
+    uplink = make_codec(com.uplink, cfg, spec, "communication.uplink")
     store = None
     if com.error_feedback:
         where = working_dir("residual")  # a working file only: checkpoints hold the rows
         store = make_state_store(num_clients, spec.size, dtype, where, remove_dir=True)
         uplink = ErrorFeedback(uplink, store)
-    downlink = None if com.downlink == "dense" else make_codec(com.downlink, com, spec)
+    downlink = (
+        None
+        if com.downlink == "dense"
+        else make_codec(com.downlink, cfg, spec, "communication.downlink")
+    )
     stages: tuple[Stage, ...] = () if com.clip_norm is None else (Clip(com.clip_norm),)
     groups = None
     if com.groups:

@@ -23,13 +23,12 @@ from fedforge.config.schema import (
     DType,
     Engine,
     ModelName,
-    ServerOptimizerConfig,
-    ServerOptimizerKind,
     check,
     describe_split,
     describe_task,
     step_sizes,
 )
+from fedforge.config.server_optimizer import ServerOptimizerConfig, ServerOptimizerKind
 
 __all__ = [
     "check",

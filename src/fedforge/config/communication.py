@@ -11,9 +11,9 @@ from typing import Literal
 
 from fedforge.core.errors import FieldCheck, raise_first
 
-UplinkCodec = Literal[
-    "dense", "float16", "bfloat16", "int8", "int4", "int2", "sign", "topk", "randk"
-]
+# dense, float16, bfloat16, int8, int4, int2, sign, topk, randk or a plugin's: a
+# registered codec name (core/registry.py)
+UplinkCodec = str
 DownlinkCodec = Literal["dense", "float16", "bfloat16", "int8", "int4"]
 
 

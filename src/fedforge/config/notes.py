@@ -9,7 +9,8 @@ from __future__ import annotations
 from fedforge.config.data import PartitionConfig, SyntheticConfig
 from fedforge.config.privacy import PrivacyConfig
 from fedforge.config.robust import RobustConfig
-from fedforge.config.schema import Config, ServerOptimizerConfig
+from fedforge.config.schema import Config
+from fedforge.config.server_optimizer import ServerOptimizerConfig
 
 
 def config_notes(cfg: Config) -> list[str]:
@@ -31,6 +32,8 @@ def config_notes(cfg: Config) -> list[str]:
     }
     for name in ("momentum", "beta1", "beta2", "tau", "bias_correction"):
         value = getattr(so, name)
+        if so.kind not in used:  # a plugin's: which fields it reads is its own
+            break
         if name not in used[so.kind] and value != getattr(default, name):
             out.append(f"server_optimizer.{name} = {value} is ignored by kind '{so.kind}'")
     loc = cfg.local

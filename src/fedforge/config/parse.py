@@ -61,6 +61,15 @@ def _coerce(name: str, value: Any, tp: Any) -> Any:
         if not isinstance(value, list | tuple):
             raise invalid(name, value, "must be a list")
         return tuple(_coerce(name, v, item) for v in value)
+    if origin is dict:  # a mapping by name (plugin_options): each value read later
+        key_tp, value_tp = typing.get_args(tp)
+        if not isinstance(value, Mapping):
+            raise invalid(name, value, "must be a mapping")
+        return {
+            _coerce(name, k, key_tp): _coerce(f"{name}.{k}", v, value_tp) for k, v in value.items()
+        }
+    if tp is Any:
+        return value
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, Mapping):
             raise invalid(name, value, f"must be a mapping of {getattr(tp, '__name__', tp)} fields")
@@ -114,6 +123,24 @@ def _build(cls: Any, data: Mapping[str, Any], prefix: str = "") -> Any:
             )
         kwargs[key] = _coerce(prefix + key, value, hints[key])
     return cls(**kwargs)
+
+
+def build_section(cls: Any, data: Any, prefix: str) -> Any:
+    """An instance of the dataclass ``cls`` (a section, or a plugin's options) from
+    plain ``data``, each field checked against its annotation, then its
+    ``check()`` if it has one; errors name the field as ``prefix`` + field."""
+    if not isinstance(data, Mapping):
+        raise invalid(prefix.rstrip("."), data, f"must be a mapping of {cls.__name__} fields")
+    section = _build(cls, data, prefix)
+    check = getattr(section, "check", None)
+    if callable(check):
+        try:
+            check()
+        except ConfigError:
+            raise
+        except ValueError as exc:  # a plugin's own check may say what is wrong plainly
+            raise ConfigError(f"config field '{prefix.rstrip('.')}' is invalid: {exc}") from None
+    return section
 
 
 def from_dict(data: Mapping[str, Any]) -> Config:
@@ -180,7 +207,21 @@ def load(path: str | Path) -> Config:
         data = {}
     if not isinstance(data, Mapping):
         raise ConfigError(f"config file '{path}' must hold a mapping of fields, not {shown(data)}")
-    return from_dict(data)
+    return from_dict(_plugin_files_beside(dict(data), path.parent))
+
+
+def _plugin_files_beside(data: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """A config file's ``plugins`` that are relative ``.py`` paths, read from the
+    file's folder (a module name stays a name): the run stores where they are."""
+    plugins = data.get("plugins")
+    if isinstance(plugins, list):
+        data["plugins"] = [
+            str((folder / p).resolve())
+            if isinstance(p, str) and p.endswith(".py") and not Path(p).is_absolute()
+            else p
+            for p in plugins
+        ]
+    return data
 
 
 class TooLarge(yaml.MarkedYAMLError):

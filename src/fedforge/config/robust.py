@@ -12,17 +12,9 @@ from typing import Literal
 
 from fedforge.core.errors import FieldCheck, raise_first
 
-AggregatorName = Literal[
-    "mean",
-    "median",
-    "trimmed_mean",
-    "krum",
-    "multi_krum",
-    "bulyan",
-    "geometric_median",
-    "norm_bound",
-    "centred_clip",
-]
+# mean, median, trimmed_mean, krum, multi_krum, bulyan, geometric_median,
+# norm_bound, centred_clip or a plugin's: a registered name (core/registry.py)
+AggregatorName = str
 AttackName = Literal[
     "none", "label_flip", "sign_flip", "scaled", "gaussian", "alie", "ipm", "nan_inf", "uint8"
 ]

@@ -11,7 +11,7 @@ the client's whole data set in one batch).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from fedforge.config import compat
 from fedforge.config import task as task_rules
@@ -28,8 +28,10 @@ from fedforge.config.local import (
     StragglerConfig,
     step_limit,
 )
+from fedforge.config.names import check_registered
 from fedforge.config.privacy import PrivacyConfig
 from fedforge.config.robust import RobustConfig
+from fedforge.config.server_optimizer import ServerOptimizerConfig
 from fedforge.core.device import DEVICE_NAMES, is_device_name
 from fedforge.core.errors import FieldCheck, raise_first
 from fedforge.core.errors import invalid_field as invalid  # noqa: F401  (parse.py's)
@@ -37,7 +39,9 @@ from fedforge.core.errors import invalid_field as invalid  # noqa: F401  (parse.
 WeightRule = Literal["num_examples", "uniform", "sqrt", "capped", "quality", "class"]
 _STEP = "must be a number > 0 (below 3.4e38 in a float32 run)"
 
-Algorithm = Literal["fedavg", "fedsgd", "fedprox", "scaffold", "fedbn", "perfedavg"]
+# The names of registered components (core/registry.py): checked against the
+# registry's names when a config is checked (check_registered), after its plugins load
+Algorithm = str  # fedavg, fedsgd, fedprox, scaffold, fedbn, perfedavg or a plugin's
 ModelName = str  # a built-in model or one given to fedforge.register_model
 Engine = Literal["auto", "serial", "vectorized"]
 DType = Literal["float32", "float64"]
@@ -45,35 +49,8 @@ Precision = Literal["fp32", "bf16"]
 DeviceName = str  # cpu, cuda, cuda:N or auto (core/device.py)
 
 
-ServerOptimizerKind = Literal["sgd", "adagrad", "adam", "yogi"]
-
-
 # torch intra-op threads a process may ask for (a million crashed torch's pool)
 MAX_THREADS = 1024
-
-
-@dataclass(frozen=True)
-class ServerOptimizerConfig:
-    """How the server applies the aggregated delta (Reddi et al. 2021). ``sgd``
-    with ``momentum`` 0 and ``server_lr`` 1 is FedAvg; momentum > 0 is FedAvgM."""
-
-    kind: ServerOptimizerKind = "sgd"
-    momentum: float = 0.0  # sgd only
-    beta1: float = 0.9
-    beta2: float = 0.99
-    tau: float = 1e-3  # adaptivity: added to sqrt(v)
-    bias_correction: bool = False  # True: torch.optim.Adam's form
-
-    def check(self) -> None:
-        raise_first(
-            "server_optimizer.",
-            [
-                ("momentum", self.momentum, 0.0 <= self.momentum < 1.0, "must be in [0, 1)"),
-                ("beta1", self.beta1, 0.0 <= self.beta1 < 1.0, "must be in [0, 1)"),
-                ("beta2", self.beta2, 0.0 <= self.beta2 < 1.0, "must be in [0, 1)"),
-                ("tau", self.tau, self.tau > 0, "must be > 0"),
-            ],
-        )
 
 
 @dataclass(frozen=True)
@@ -145,6 +122,12 @@ class Config:
     deployment: DeploymentConfig = field(default_factory=DeploymentConfig)
     # rules watched after every round, and what each does when it fires (alerts/)
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
+    # modules or .py files to import (each registers its components), once each,
+    # before the config's names are checked against the registry
+    plugins: tuple[str, ...] = ()
+    # a plugin's options under its name, e.g. {fedavgm: {beta: 0.9}}: parsed by the
+    # options dataclass the plugin registered (config/components.py)
+    plugin_options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         task_rules.check_task_name(self.task)
@@ -165,6 +148,7 @@ def check(cfg: Config) -> None:
     """Whether ``cfg`` can run: the run's own fields, each section's fields, then
     how the sections combine (compat.py), in that order; the first problem
     raises ConfigError naming the field."""
+    check_registered(cfg)
     _check_run(cfg)
     sections = (
         cfg.partition,

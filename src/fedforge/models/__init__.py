@@ -12,6 +12,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from fedforge.core import registry
 from fedforge.core.dataspec import MNIST_SPEC, SYNTHETIC_SPEC, DataSpec
 from fedforge.core.errors import ConfigError, DataError
 from fedforge.models.bn import MnistCNNBN
@@ -31,8 +32,8 @@ SIZED: dict[str, Callable[[DataSpec], nn.Module]] = {
 }
 # the built-in models that take rows of one shape alone (the others: any shape)
 FIXED_INPUT: dict[str, tuple[int, ...]] = {name: (1, 28, 28) for name in ("2nn", "cnn", "cnn_bn")}
-# a caller's models (register_model): built by calling them with no argument
-MODELS: dict[str, Callable[[], nn.Module]] = {}
+# a caller's models (register_model), in the registry: built by calling them with no argument
+MODELS = registry.view("model")
 BUILT_IN = frozenset(SIZED)
 SPECS = {"mnist": MNIST_SPEC, "synthetic": SYNTHETIC_SPEC}  # of the image/vector data sets
 

@@ -18,6 +18,7 @@ from fedforge.client.runtime import ClientDataFn, TamperFn
 from fedforge.compression.feedback import ErrorFeedback
 from fedforge.config import Config, RobustConfig
 from fedforge.config.compat import describe_cohort
+from fedforge.config.components import make
 from fedforge.core.errors import ConfigError
 from fedforge.pipeline.pipeline import Codec, CohortStage, Stage
 from fedforge.robust.attacks import (
@@ -31,25 +32,10 @@ from fedforge.robust.gates import NormGate
 from fedforge.selection.sampling import cohort_size
 
 
-def make_aggregator(r: RobustConfig) -> agg.Aggregator:
-    """The aggregator ``r.aggregator`` names, with its parameters."""
-    if r.aggregator == "median":
-        return agg.Median()
-    if r.aggregator == "trimmed_mean":
-        return agg.TrimmedMean(r.trim_fraction)
-    if r.aggregator == "krum":
-        return agg.Krum(r.byzantine)
-    if r.aggregator == "multi_krum":
-        return agg.MultiKrum(r.byzantine, r.multi_krum_m)
-    if r.aggregator == "bulyan":
-        return agg.Bulyan(r.byzantine)
-    if r.aggregator == "geometric_median":
-        return agg.GeometricMedian(r.geomed_max_iter, r.geomed_tol)
-    if r.aggregator == "norm_bound":
-        return agg.NormBound(r.norm_bound, r.norm_window)
-    if r.aggregator == "centred_clip":
-        return agg.CentredClip(r.norm_bound, r.norm_window, r.centred_clip_iterations)
-    return agg.WeightedMean()
+def make_aggregator(cfg: Config) -> agg.Aggregator:
+    """The aggregator ``robust.aggregator`` names, built by its registered factory."""
+    aggregator: agg.Aggregator = make("aggregator", cfg.robust.aggregator, cfg, "robust.aggregator")
+    return aggregator
 
 
 @dataclass(frozen=True)
@@ -86,7 +72,7 @@ def assemble(
     ``uplink``: the update codec, which colluding attackers' rows go through too;
     ``num_classes``: the data's (label flipping maps class c to num_classes - 1 - c)."""
     r = cfg.robust
-    aggregator = make_aggregator(r)
+    aggregator = make_aggregator(cfg)
     _check_cohort(aggregator, r, cfg.num_clients, cfg.client_fraction)
     attackers = attacker_ids(cfg.num_clients, r.attack_fraction, cfg.seed)
     client: tuple[Stage, ...] = ()

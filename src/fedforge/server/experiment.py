@@ -19,6 +19,7 @@ from fedforge.client.runtime import ClientDataFn, ClientRuntime
 from fedforge.compression import parts as communication
 from fedforge.compression.parts import CommunicationParts
 from fedforge.config import Config
+from fedforge.config.components import check_names
 from fedforge.config.notes import config_notes, own_split_note
 from fedforge.core.allocator import keep_large_blocks
 from fedforge.core.device import HOST, resolve_device
@@ -104,6 +105,7 @@ class Experiment:
 def build(cfg: Config, data: FederatedData | None = None, task: Task | None = None) -> Experiment:
     """Assemble a run from its config (``data`` may be given to reuse a load, or as
     the caller's own; ``task``: the caller's, else the config's)."""
+    check_names(cfg)  # its plugins loaded, every name registered: before anything loads
     keep_large_blocks()  # glibc: reuse freed activation buffers (fedforge.core.allocator)
     dtype = DTYPES[cfg.dtype]
     device = resolve_device(cfg.device)  # before the data loads: a missing GPU fails fast
@@ -121,7 +123,7 @@ def build(cfg: Config, data: FederatedData | None = None, task: Task | None = No
         raise ConfigError(f"model '{cfg.model}' has no parameter to train (all frozen)")
     initial = spec.flatten(model, dtype)  # the global vector: on the host
     model.to(device)  # every part that runs the model runs it there (a no-op on the host)
-    algorithm = algorithms.from_config(cfg, spec.size, dtype, spec)
+    algorithm = algorithms.from_config(cfg, dtype=dtype, spec=spec)
     if algorithm.loss_fn is not task.loss():  # the task's loss trains every algorithm
         algorithm = dataclasses.replace(algorithm, loss_fn=task.loss())
     metrics = task.scores()
@@ -216,9 +218,7 @@ def _assemble(
     metrics: Metrics,
 ) -> _Parts:
     """Communication, robustness, reports and privacy, and the pipeline of their stages."""
-    comm = communication.assemble(
-        cfg.communication, cfg.num_clients, spec, dtype, data.partition, data.train_y
-    )
+    comm = communication.assemble(cfg, spec, dtype, data.partition, data.train_y)
     classes = data.classes() or 0
     robust = assemble(cfg, data.client_data, comm.uplink, classes)
     reporter, weigh = reports.assemble(cfg, robust.data_fn, classes, metrics)  # quality, class

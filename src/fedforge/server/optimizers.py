@@ -18,11 +18,17 @@ the server; trusts the aggregate it is given.
 
 from __future__ import annotations
 
-from typing import Literal, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Literal, Protocol, cast
 
 import torch
 
 from fedforge.config import Config
+from fedforge.config.components import make
+from fedforge.core import registry
+
+if TYPE_CHECKING:
+    from fedforge.config.components import ComponentContext
 
 
 class ServerOptimizer(Protocol):
@@ -130,9 +136,41 @@ class ServerAdaptive:
         self._t = int(state["t"])
 
 
+class ServerOptimizerFactory(Protocol):
+    """Builds the server optimizer a config names, once per run; its
+    ``state_dict`` (tensors by name) is checkpointed with the run and given back
+    to ``load_state_dict`` on resume, so a resumed run steps exactly as before."""
+
+    def __call__(self, context: ComponentContext) -> ServerOptimizer: ...
+
+
+def register_server_optimizer(
+    name: str,
+    factory: ServerOptimizerFactory | Callable[[ComponentContext], ServerOptimizer],
+    *,
+    options: type | None = None,
+    replace: bool = False,
+) -> None:
+    """Register ``factory`` as the server optimizer ``name``
+    (``server_optimizer.kind: NAME``); ``options`` as for every kind."""
+    registry.register("server_optimizer", name, factory, options=options, replace=replace)
+
+
+def sgd_factory(context: ComponentContext) -> ServerOptimizer:
+    cfg = context.cfg
+    return ServerSGD(cfg.server_lr, cfg.server_optimizer.momentum)
+
+
+def adaptive_factory(context: ComponentContext) -> ServerOptimizer:
+    cfg, so = context.cfg, context.cfg.server_optimizer
+    kind = cast(AdaptiveKind, context.name)
+    return ServerAdaptive(kind, cfg.server_lr, so.beta1, so.beta2, so.tau, so.bias_correction)
+
+
 def from_config(cfg: Config) -> ServerOptimizer:
-    """The server optimizer a config names (``server_optimizer.kind``)."""
-    so = cfg.server_optimizer
-    if so.kind == "sgd":
-        return ServerSGD(cfg.server_lr, so.momentum)
-    return ServerAdaptive(so.kind, cfg.server_lr, so.beta1, so.beta2, so.tau, so.bias_correction)
+    """The server optimizer a config names (``server_optimizer.kind``), built by
+    its registered factory."""
+    optimizer: ServerOptimizer = make(
+        "server_optimizer", cfg.server_optimizer.kind, cfg, "server_optimizer.kind"
+    )
+    return optimizer

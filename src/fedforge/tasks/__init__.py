@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from fedforge.config import Config
 from fedforge.config.task import BUILT_IN_TASKS
+from fedforge.core import registry
 from fedforge.core.errors import ConfigError
 from fedforge.data import federated
 from fedforge.data.federated import FederatedData
@@ -14,7 +15,7 @@ from fedforge.tasks.losses import LossFn, cross_entropy, squared_error, token_cr
 from fedforge.tasks.metrics import Metrics, Scores
 from fedforge.tasks.task import Task, config_task
 
-TASKS: dict[str, Task] = {}  # the caller's, by name (register_task)
+TASKS = registry.view("task")  # the caller's, by name (register_task), in the registry
 
 
 def register_task(task: Task) -> None:
@@ -27,7 +28,7 @@ def register_task(task: Task) -> None:
             f"task name {task.name!r} cannot be registered: a non-empty name other than the "
             f"built-in {', '.join(BUILT_IN_TASKS)}"
         )
-    TASKS[task.name] = task
+    TASKS[task.name] = GivenTask(task)
 
 
 def load_task_data(cfg: Config, task: Task | None = None) -> FederatedData:
@@ -58,7 +59,18 @@ def resolve_task(cfg: Config, given: Task | None = None) -> Task:
             f"task {cfg.task!r} is unknown; built in: {', '.join(BUILT_IN_TASKS)}; registered: "
             f"{', '.join(TASKS) or 'none'} (fedforge.register_task before the run and its resume)"
         )
-    return TASKS[cfg.task]
+    given_task: Task = TASKS[cfg.task](None)
+    return given_task
+
+
+class GivenTask:
+    """The factory of a task registered as it is: it returns the task."""
+
+    def __init__(self, task: Task) -> None:
+        self.task = task
+
+    def __call__(self, context: object) -> Task:
+        return self.task
 
 
 __all__ = [

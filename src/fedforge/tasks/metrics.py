@@ -8,13 +8,18 @@ determination R^2 = 1 - SSE/SST as the score, the mean squared error as the loss
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch.nn import functional
 
+from fedforge.core import registry
 from fedforge.tasks.losses import PAD
+
+if TYPE_CHECKING:
+    from fedforge.config.components import ComponentContext
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,18 @@ class Metrics(Protocol):
     def finish(self, loss: float, score: float, scored: int, labels: torch.Tensor) -> Scores:
         """The scores from the batches' totals (``labels``: the whole set's)."""
         ...
+
+
+def register_metric(
+    name: str,
+    factory: Callable[[ComponentContext], Metrics],
+    *,
+    options: type | None = None,
+    replace: bool = False,
+) -> None:
+    """Register ``factory`` as the metrics ``name``: it returns a :class:`Metrics`
+    (per-batch sums, then the scores of a whole set, ``score_name`` the headline)."""
+    registry.register("metric", name, factory, options=options, replace=replace)
 
 
 class ClassMetrics:

@@ -1,0 +1,62 @@
+"""Which config fields name registered components (core/registry.py), and the
+check that each name is registered, run first when a config is checked: the
+registry's names are a field's allowed values, its plugins loaded before."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from fedforge.core import registry
+
+if TYPE_CHECKING:  # a Protocol of the fields read: schema.py imports this module
+    from typing import Protocol
+
+    class _Robust(Protocol):
+        @property
+        def aggregator(self) -> str: ...
+
+    class _ServerOptimizer(Protocol):
+        @property
+        def kind(self) -> str: ...
+
+    class _Communication(Protocol):
+        @property
+        def uplink(self) -> str: ...
+
+        @property
+        def downlink(self) -> str: ...
+
+    class Named(Protocol):
+        @property
+        def algorithm(self) -> str: ...
+
+        @property
+        def plugins(self) -> tuple[str, ...]: ...
+
+        @property
+        def robust(self) -> _Robust: ...
+
+        @property
+        def server_optimizer(self) -> _ServerOptimizer: ...
+
+        @property
+        def communication(self) -> _Communication: ...
+
+
+def named(cfg: Named) -> list[tuple[str, str, str]]:
+    """``(kind, config field, name)`` of every registered component ``cfg`` names."""
+    return [
+        ("algorithm", "algorithm", cfg.algorithm),
+        ("aggregator", "robust.aggregator", cfg.robust.aggregator),
+        ("server_optimizer", "server_optimizer.kind", cfg.server_optimizer.kind),
+        ("codec", "communication.uplink", cfg.communication.uplink),
+        ("codec", "communication.downlink", cfg.communication.downlink),
+    ]
+
+
+def check_registered(cfg: Named) -> None:
+    """Import the config's plugins (once each), then refuse in one line a name no
+    one registered."""
+    registry.load_plugins(cfg.plugins)
+    for kind, field_name, name in named(cfg):
+        registry.lookup(kind, name, field_name)
