@@ -61,6 +61,7 @@ BOUNDS: dict[str, tuple[int, int, str]] = {
     "threads": (1, 1024, "torch threads"),
     "deployment.start_clients": (1, MAX_CLIENTS, "clients"),
     "deployment.chunk_kib": (1, 4096, "KiB"),
+    "deployment.max_waiting_calls": (1, 2 * MAX_CLIENTS, "waiting calls: two a client"),
     "deployment.canary_every": (0, MAX_ROUNDS, "rounds"),
     "deployment.canary_min_reports": (1, MAX_CLIENTS, "clients"),
 }

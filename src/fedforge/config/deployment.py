@@ -68,6 +68,10 @@ class DeploymentConfig:
     canary_max_drop: float = 0.01
     canary_min_reports: int = 3
     client_data: ClientData = "partition"  # the simulator's partition, or the clients' own
+    # calls the server holds waiting at once (long polls, heartbeats held open:
+    # a client process holds one or two); past it a poll is told to come back
+    # later (RESOURCE_EXHAUSTED). Each costs a coroutine, not a thread
+    max_waiting_calls: int = 20_000
 
     def check(self) -> None:
         raise_first(
@@ -117,6 +121,12 @@ class DeploymentConfig:
                     "must be in (0, 2047] (gRPC's limit is 2 GiB)",
                 ),
                 ("chunk_kib", self.chunk_kib, 1 <= self.chunk_kib <= 4096, "must be in [1, 4096]"),
+                (
+                    "max_waiting_calls",
+                    self.max_waiting_calls,
+                    self.max_waiting_calls >= 1,
+                    "must be an integer >= 1",
+                ),
                 (
                     "canary_every",
                     self.canary_every,
