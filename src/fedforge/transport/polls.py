@@ -139,15 +139,24 @@ class Polling:
             p.closed = True
             if not delivered:
                 p.over = True
-                back = self.book.put_back(p.handed, p.session)
-                self.message_bytes_down -= sum(len(self.book.asked[k].work.message) for k in back)
-                if back:
-                    log_event(
-                        "server", "work_put_back", clients=format_ids(sorted({k[0] for k in back}))
-                    )
+                self._put_back(p)
                 self._ended(p.session, p.token)
-                self.on_wake()
             self.presence.closed(p.session, p.token, self.clock())
+
+    def unsent(self, p: Poll) -> None:
+        """The reply to ``p`` was given but its call ended before it went out:
+        the work it handed out is pending again."""
+        with self.cond:
+            p.over = True
+            self._put_back(p)
+
+    def _put_back(self, p: Poll) -> None:
+        back = self.book.put_back(p.handed, p.session)
+        p.handed = []
+        self.message_bytes_down -= sum(len(self.book.asked[k].work.message) for k in back)
+        if back:
+            log_event("server", "work_put_back", clients=format_ids(sorted({k[0] for k in back})))
+            self.on_wake()
 
     def _ended(self, session: str, token: int) -> None:
         """gRPC ended a poll of ``session`` (``token``): while its handler was

@@ -178,6 +178,7 @@ class Deployment:
             wire_bytes_down=hub.bytes_down,
             eval_bytes_up=hub.eval_bytes_up,
             eval_bytes_down=hub.eval_bytes_down,
+            peak_waiting_calls=self.service.waits.peak,  # at once (deployment.max_waiting_calls)
         )
 
     async def _stop(self) -> None:

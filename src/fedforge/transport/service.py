@@ -65,13 +65,15 @@ class Call:
     ) -> None:
         self.context, self.run = context, run
         self.ended = False
+        self.sent = False  # whether it ended with its reply sent
         self._lock = threading.Lock()  # callbacks are added from the pool's threads
         self._callbacks: list[Callable[[], None]] = []
         context.add_done_callback(self._end)
 
-    def _end(self, _context: object) -> None:
+    def _end(self, context: grpc.aio.ServicerContext) -> None:
         with self._lock:
             self.ended = True
+            self.sent = context.done()  # its status went out (not: cancelled, cut)
             callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
             self.run(callback)
@@ -224,6 +226,8 @@ class FederationService:
         reply went out is put back (``polls.py``)."""
         hub = self.hub
         p = await self._hub(hub.open_poll, who, body.session, body.wait_s, body.heartbeat, call)
+        # a reply given but never sent (the call was cut after its handler returned)
+        call.add_callback(lambda: None if call.sent else hub.unsent(p))
         delivered = False
         try:
             while True:
