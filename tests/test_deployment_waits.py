@@ -231,9 +231,7 @@ def test_a_signal_stop_answers_the_waiting_polls_at_once(tmp_path: Path) -> None
     waits; the clients say why they retry."""
     cfg = write_config(tmp_path / "cfg.yaml", rounds=50)
     server, port = start_server(tmp_path, cfg, "--insecure")
-    clients = [
-        start_client(tmp_path, port, ids, "--insecure", "--poll-s", "30") for ids in ("0-2", "3-5")
-    ]
+    clients = [start_client(tmp_path, port, ids, "--insecure") for ids in ("0-2", "3-5")]
     try:
         until(lambda: rounds_done(server) >= 1, timeout=120)
         took = time.monotonic()
