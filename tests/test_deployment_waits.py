@@ -29,10 +29,11 @@ from fedforge.transport import serve
 from fedforge.transport.ids import parse_ids
 from fedforge.transport.pb import federation_pb2 as pb
 from fedforge.transport.pb import federation_pb2_grpc as pb_grpc
+from fedforge.transport.questions import Questions, key_of
 from fedforge.transport.security import ServerSecurity
 from fedforge.transport.serve import Deployment, ServerOptions, _served
 from fedforge.transport.service import Call
-from fedforge.transport.work import UPDATE
+from fedforge.transport.work import NOTICE, UPDATE
 from test_deployment_hostile import attack, holding, rounds_done
 
 
@@ -252,3 +253,19 @@ def told(client: Any) -> bool:
         e.get("event") == "retry" and "may be resumed" in e.get("reason", "")
         for e in client.events()
     )
+
+
+def test_a_put_back_returns_exactly_the_polls_keys_ahead_of_newer_work() -> None:
+    """Client 0's training, handed to session s1, then a notice posted: put back
+    for another session it stays handed; for s1 it is pending again ahead of the
+    notice, and a hand-out gives both in that order."""
+    book = Questions()
+    book.post([pb.Work(kind=pb.Work.TRAIN, client_id=0, round_idx=0)], 0, now=0.0)
+    handed = book.hand_out([0], 1.0, "s1")
+    book.post([pb.Work(kind=pb.Work.COMMIT, client_id=0, round_idx=0)], 0, now=2.0)
+    train, notice = (0, 0, UPDATE, ""), (0, 0, NOTICE, "")
+    assert [key_of(w) for w in handed] == [train]
+    assert book.put_back([train], "s2") == [] and book.asked[train].session == "s1"
+    assert book.put_back([train], "s1") == [train]
+    assert book.pending[0] == [train, notice] and book.asked[train].handed is None
+    assert [key_of(w) for w in book.hand_out([0], 3.0, "s1")] == [train, notice]

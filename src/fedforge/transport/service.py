@@ -213,7 +213,7 @@ class FederationService:
             body = parse(pb.PollRequest, request.body, "PollRequest")
             with self.admission.working(who), self.waits.held(who):
                 work = await self._poll(who, body, call)
-            if self.hub.halted:
+            if self.hub.halted and not work:  # the server stops: come back (to a resumed one)
                 raise Refused(grpc.StatusCode.UNAVAILABLE, self.hub.halted, who, said=True)
             return pb.PollReply(work=work, done=self.hub.done, reason=self.hub.done_reason)
 
