@@ -13,12 +13,23 @@ they end).
 
 Figures, per count of waiting polls: join_p50_ms, join_max_ms. The last line is
 ``RESULT waiting=N:p50/max ...`` (ms).
+
+    python benchmarks/practice_waits.py --sigterm 3
+
+With ``--sigterm K``: K times, a ``fedforge server`` process and two ``fedforge
+client`` processes (loopback, insecure, a long run), SIGTERM to the server 3 s
+after the clients joined; the figure is the seconds from the signal to the
+server's exit (sigterm_exit_s: each, and the largest).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -84,11 +95,63 @@ def measure(waiting: int, wait_s: float, tmp: Path) -> dict[str, float]:
     return {"join_p50_ms": statistics.median(took), "join_max_ms": max(took)}
 
 
+def _events(log: Path) -> list[dict[str, Any]]:
+    out = []
+    for line in log.read_text(errors="replace").splitlines():
+        if line.startswith("{"):
+            with contextlib.suppress(json.JSONDecodeError):
+                out.append(json.loads(line))
+    return out
+
+
+def _until_event(log: Path, event: str, timeout_s: float = 120) -> dict[str, Any]:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        for e in _events(log):
+            if e.get("event") == event:
+                return e
+        time.sleep(0.1)
+    raise SystemExit(f"no {event} in {log}:\n{log.read_text()[-2000:]}")
+
+
+def sigterm_exit(tmp: Path) -> float:
+    """Seconds from SIGTERM to a serving server's exit, its clients polling."""
+    cfg = tmp / "run.yaml"
+    cfg.write_text(yaml.safe_dump({"name": "stop", "num_clients": 6, "rounds": 500}))
+    fedforge = [sys.executable, "-m", "fedforge.cli"]
+    logs = [tmp / f"{k}-{time.monotonic_ns()}.log" for k in ("server", "c0", "c1")]
+    server_cmd = [*fedforge, "server", "--insecure", "--port", "0", "-q", "--config", str(cfg)]
+    server_cmd += ["--runs-dir", str(tmp / "runs")]
+    procs = [subprocess.Popen(server_cmd, stdout=logs[0].open("wb"), stderr=subprocess.STDOUT)]
+    try:
+        port = _until_event(logs[0], "listening")["port"]
+        for ids, log in zip(("0-2", "3-5"), logs[1:], strict=True):
+            cmd = [*fedforge, "client", "--server", f"127.0.0.1:{port}", "--insecure"]
+            cmd += ["--clients", ids]
+            procs.append(subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT))
+        _until_event(logs[0], "clients_joined")
+        time.sleep(3.0)
+        t0 = time.perf_counter()
+        procs[0].send_signal(signal.SIGTERM)
+        procs[0].wait(120)
+        return time.perf_counter() - t0
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(30)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--waiting", type=int, nargs="+", default=[0, 100, 300, 600])
     p.add_argument("--wait-s", type=float, default=20.0)
+    p.add_argument("--sigterm", type=int, default=0, help="measure a signal stop K times")
     args = p.parse_args(argv)
+    if args.sigterm:
+        with tempfile.TemporaryDirectory() as d:
+            took = [sigterm_exit(Path(d)) for _ in range(args.sigterm)]
+        print("RESULT sigterm_exit_s=" + ",".join(f"{t:.2f}" for t in took), f"max={max(took):.2f}")
+        return 0
     out = []
     with tempfile.TemporaryDirectory() as d:
         for n in args.waiting:
