@@ -17,7 +17,8 @@ Figures, per count of waiting polls: join_p50_ms, join_max_ms. The last line is
     python benchmarks/practice_waits.py --sigterm 3
 
 With ``--sigterm K``: K times, a ``fedforge server`` process and two ``fedforge
-client`` processes (loopback, insecure, a long run), SIGTERM to the server 3 s
+client`` processes (loopback, insecure, a long run of quick rounds: logistic
+regression on the synthetic data), SIGTERM to the server 3 s
 after the clients joined; the figure is the seconds from the signal to the
 server's exit (sigterm_exit_s: each, and the largest).
 """
@@ -117,7 +118,11 @@ def _until_event(log: Path, event: str, timeout_s: float = 120) -> dict[str, Any
 def sigterm_exit(tmp: Path) -> float:
     """Seconds from SIGTERM to a serving server's exit, its clients polling."""
     cfg = tmp / "run.yaml"
-    cfg.write_text(yaml.safe_dump({"name": "stop", "num_clients": 6, "rounds": 500}))
+    run = {"name": "stop", "dataset": "synthetic", "model": "logreg", "num_clients": 6}
+    run |= {"rounds": 500, "batch_size": 10, "lr": 0.05, "local_epochs": 1}
+    run |= {"client_fraction": 0.5, "dtype": "float64", "target_accuracy": None}
+    run |= {"robust": {"max_refused_fraction": None}}  # (never stop on refusals)
+    cfg.write_text(yaml.safe_dump(run))
     fedforge = [sys.executable, "-m", "fedforge.cli"]
     logs = [tmp / f"{k}-{time.monotonic_ns()}.log" for k in ("server", "c0", "c1")]
     server_cmd = [*fedforge, "server", "--insecure", "--port", "0", "-q", "--config", str(cfg)]
