@@ -6,6 +6,7 @@ and grpc, none of fedforge's client code. Run as a process of its own:
     python tests/attack_client.py oversize --target HOST:PORT --calls 8 --mib 120
     python tests/attack_client.py hello --target HOST:PORT --cert c.pem --key c.key
     python tests/attack_client.py forged --target HOST:PORT --calls 2000 --name alice
+    python tests/attack_client.py polls --target HOST:PORT --names 20 --calls 16 --hold-s 20
 
 ``idle`` keeps ``--calls`` calls open that never send their request (a call whose
 request stream never yields is, on the wire, a unary call whose message never
@@ -15,7 +16,10 @@ sends Hellos of ``--mib`` MiB at once; ``hello`` makes one call with a
 certificate; ``forged`` sends ``--calls`` Hellos claiming
 ``--name`` with a fresh nonce and timestamp and a random signature (a bad
 signature for a registered name, an unknown key for another), ``--in-flight`` at
-a time. Each prints one JSON line: what the server answered, by status code.
+a time; ``polls`` joins under ``--names`` names of its own (claimed: an insecure
+server), each hosting one client id from ``--first-id`` on, and keeps ``--calls``
+long polls of each open, each opened again when answered. Each prints one JSON
+line: what the server answered, by status code.
 ``--tls-name`` is the name the server's certificate is checked against when the
 target is an address it does not name (``ipv6:[::1]:PORT``)."""
 
@@ -186,11 +190,67 @@ def forged(args: argparse.Namespace) -> dict[str, object]:
     return {"event": "forged", "ended": dict(codes), "seconds": round(seconds, 3)}
 
 
+def polls(args: argparse.Namespace) -> dict[str, object]:
+    """``args.calls`` long polls of each of ``args.names`` joined names, held."""
+    stop = threading.Event()
+    codes: collections.Counter[str] = collections.Counter()
+    lock = threading.Lock()
+    channels = [_channel(args, i) for i in range(args.names)]
+
+    def unary(ch: grpc.Channel, method: str, reply: Any) -> Any:
+        return ch.unary_unary(
+            f"/fedforge.v1.Federation/{method}",
+            request_serializer=pb.Signed.SerializeToString,
+            response_deserializer=reply.FromString,
+        )
+
+    def keep(i: int, ch: grpc.Channel) -> None:
+        name = f"poller-{i}"
+        join = unary(ch, "Join", pb.JoinReply)
+        member = pb.Member(client_id=args.first_id + i, num_examples=10)
+        body = pb.JoinRequest(members=[member]).SerializeToString()
+        session = join(pb.Signed(auth=pb.Auth(client=name), body=body), timeout=30).session
+        body = pb.PollRequest(session=session, wait_s=60).SerializeToString()
+        poll = unary(ch, "Poll", pb.PollReply)
+
+        def open_one() -> None:
+            if stop.is_set():
+                return
+            future = poll.future(pb.Signed(auth=pb.Auth(client=name), body=body), timeout=90)
+
+            def ended(f: grpc.Future) -> None:
+                code = f.code().name if f.exception() is not None else "OK"
+                with lock:
+                    codes[code] += 1
+                if not stop.is_set():
+                    time.sleep(0.2)
+                    open_one()  # answered: wait again
+
+            future.add_done_callback(ended)
+
+        for _ in range(args.calls):
+            open_one()
+
+    for i, ch in enumerate(channels):
+        keep(i, ch)
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    print(json.dumps({"event": "holding", "calls": args.names * args.calls}), flush=True)
+    stop.wait(args.hold_s)
+    stop.set()
+    for ch in channels:
+        ch.close()
+    return {"event": "polls", "ended": dict(codes)}
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("attack", choices=("idle", "oversize", "hello", "forged"))
+    ap.add_argument("attack", choices=("idle", "oversize", "hello", "forged", "polls"))
     ap.add_argument("--target", required=True)
     ap.add_argument("--calls", type=int, default=250)
+    ap.add_argument("--names", type=int, default=20)
+    ap.add_argument(
+        "--first-id", type=int, default=0, help="polls: the client id of the first name"
+    )
     ap.add_argument("--hold-s", type=float, default=20.0)
     ap.add_argument("--mib", type=int, default=120)
     ap.add_argument("--ca", help="the server's CA (PEM): TLS; none: plaintext")
@@ -200,7 +260,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--name", default="mallory", help="the client name forged calls claim")
     ap.add_argument("--in-flight", type=int, default=16, help="forged calls at once")
     args = ap.parse_args(argv)
-    attack = {"idle": idle, "oversize": oversize, "hello": hello, "forged": forged}[args.attack]
+    attacks = {"idle": idle, "oversize": oversize, "hello": hello, "forged": forged, "polls": polls}
+    attack = attacks[args.attack]
     print(json.dumps(attack(args)), flush=True)
     # said: leave now, not through gRPC's teardown of calls still open (which can
     # outlast a test's wait for this process)

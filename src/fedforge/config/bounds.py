@@ -64,6 +64,7 @@ BOUNDS: dict[str, tuple[int, int, str]] = {
     # each such call may hold a message of up to 4 MiB (admission.request_bytes)
     "deployment.pending_per_address": (1, 4096, "calls waiting for their request"),
     "deployment.pending_calls": (1, 4096, "calls waiting for their request: 16 GiB"),
+    "deployment.max_waiting_calls": (1, 2 * MAX_CLIENTS, "waiting calls: two a client"),
     "deployment.canary_every": (0, MAX_ROUNDS, "rounds"),
     "deployment.canary_min_reports": (1, MAX_CLIENTS, "clients"),
 }

@@ -76,6 +76,10 @@ class DeploymentConfig:
     canary_max_drop: float = 0.01
     canary_min_reports: int = 3
     client_data: ClientData = "partition"  # the simulator's partition, or the clients' own
+    # calls the server holds waiting at once (long polls, heartbeats held open:
+    # a client process holds one or two); past it a poll is told to come back
+    # later (RESOURCE_EXHAUSTED). Each costs a coroutine, not a thread
+    max_waiting_calls: int = 20_000
 
     def check(self) -> None:
         raise_first(
@@ -136,6 +140,12 @@ class DeploymentConfig:
                     self.pending_per_address,
                     1 <= self.pending_per_address <= self.pending_calls,
                     f"must be an integer in [1, pending_calls = {self.pending_calls}]",
+                ),
+                (
+                    "max_waiting_calls",
+                    self.max_waiting_calls,
+                    self.max_waiting_calls >= 1,
+                    "must be an integer >= 1",
                 ),
                 (
                     "canary_every",

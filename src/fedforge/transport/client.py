@@ -89,7 +89,14 @@ class ClientProcess:
         anew: a nonce is taken once); Lost: still failing, or an unknown session."""
 
         def said(exc: grpc.RpcError, pause: float) -> None:
-            log_event("client", "retry", method=method, code=exc.code().name, pause_s=pause)
+            log_event(
+                "client",
+                "retry",
+                method=method,
+                code=exc.code().name,
+                pause_s=pause,
+                reason=exc.details() or "",
+            )
 
         start = time.monotonic()
         since = self.lost_since or start  # out of touch since; give_up_s counts from there

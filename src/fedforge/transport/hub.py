@@ -4,13 +4,14 @@ thread share.
 The round thread (``remote.py``) *asks*: it posts work for clients (train from a
 model, answer a protocol phase, evaluate) and waits for the answers until all
 came, enough came, the deadline passed, or every client still owing one is
-gone. The gRPC threads (``service.py``) hand the work out to the polling client
-processes and bring the answers in; the book of questions (``questions.py``)
+gone. The gRPC side (``service.py``) hands the work out to the polling client
+processes (``polls.py``: short steps under the lock; the polls wait on the event
+loop, ``waits.py``) and brings the answers in; the book of questions (``questions.py``)
 decides what is taken, and which client processes are there is read from their
 calls (``presence.py``). Anything not asked for is refused with its reason (and
 counted), and never reaches a collector; the collector then checks what it
-does take, as in simulation. One lock guards it all; waiting is on its
-condition.
+does take, as in simulation. One lock guards it all; the round thread waits on
+its condition.
 
 Bytes are counted as they cross the wire: a model when its download was
 streamed to the end, a protocol message when its work was handed out, an answer
@@ -25,10 +26,9 @@ import time
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 
-from fedforge.transport.ids import format_ids
-from fedforge.transport.logs import log_event
 from fedforge.transport.pb import federation_pb2 as pb
-from fedforge.transport.presence import CallContext, Presence, hold_seconds
+from fedforge.transport.polls import Polling
+from fedforge.transport.presence import Presence
 from fedforge.transport.questions import Questions
 from fedforge.transport.work import (
     EVALUATION,
@@ -42,7 +42,7 @@ from fedforge.transport.work import (
 
 
 @dataclass
-class Hub:
+class Hub(Polling):
     """Clients, outstanding questions and answers of one deployment server."""
 
     num_clients: int
@@ -70,6 +70,11 @@ class Hub:
     # unanswered (the live-state file); called under the hub's lock: must not block
     on_change: Callable[[], None] = lambda: None
     verdict_wait_s: float = 30.0  # how long an upload waits for the round's checks (its end)
+    # told when pollers may have news (work asked, a join, a hang-up, the run's end
+    # or the server's stop): the waiting polls look again (``polls.py``); called
+    # under the hub's lock: must not block
+    on_wake: Callable[[], None] = lambda: None
+    halted: str = ""  # the server stops (why): polls end at once, unanswered
 
     def __post_init__(self) -> None:
         self.cond = threading.Condition()
@@ -108,6 +113,7 @@ class Hub:
                 self.book.given.pop(old, None)
                 self.presence.forget(old)
             self.cond.notify_all()
+            self.on_wake()
             self.on_change()
             return session, accepted, refused
 
@@ -122,63 +128,6 @@ class Hub:
         if held is not None and held.owner != owner:
             return f"client id {cid} is hosted by '{held.owner}', not '{owner}'"
         return None
-
-    def owned(self, owner: str, session: str) -> list[int]:
-        """The client ids of ``owner``'s ``session`` (KeyError: no such session)."""
-        if self.sessions.get(session) != owner:
-            raise KeyError(f"unknown session for '{owner}': join again")
-        return [c for c, m in self.members.items() if m.session == session]
-
-    def poll(
-        self,
-        owner: str,
-        session: str,
-        wait_s: float,
-        heartbeat: bool,
-        call: CallContext | None = None,
-    ) -> list[pb.Work]:
-        """Work for the session's clients, waiting up to ``wait_s`` for some; every
-        poll marks them alive. A heartbeat returns nothing; it is held open (up to
-        ``presence.HOLD_S``) when no long poll of the session is, so that the call
-        whose closing tells of the process's death is open while it works. With
-        ``call`` (the gRPC call) a call closed by the client's side marks the
-        session gone at once."""
-        with self.cond:
-            self.owned(owner, session)
-            now = self.clock()
-            hold = 0.0 if self.presence.polling(session) else hold_seconds(call)
-            token = self.presence.opened(session, heartbeat, now, held=heartbeat and hold > 0)
-            if call is not None and not call.add_callback(lambda: self._ended(session, token)):
-                self._ended(session, token)  # already over
-            try:
-                return self._poll(owner, session, wait_s if not heartbeat else hold, heartbeat)
-            finally:
-                self.presence.closed(session, token, self.clock())
-
-    def _poll(self, owner: str, session: str, wait_s: float, heartbeat: bool) -> list[pb.Work]:
-        end = self.clock() + max(0.0, min(wait_s, 60.0))
-        while True:
-            ids = self.owned(owner, session)
-            now = self.clock()
-            for c in ids:
-                self.members[c].last_seen = now
-            gone = self.presence.is_hung_up(session)
-            work = [] if heartbeat or gone else self.book.hand_out(ids, now, session)
-            self.message_bytes_down += sum(len(w.message) for w in work)
-            if self.done and not work and not heartbeat:
-                self._dismissed.add(session)
-            if work or self.done or gone or now >= end:
-                return work
-            self.cond.wait(end - now)
-
-    def _ended(self, session: str, token: int) -> None:
-        """gRPC ended a poll of ``session`` (the callback of ``poll``)."""
-        with self.cond:
-            if self.presence.hung_up(session, token):
-                ids = [c for c, m in self.members.items() if m.session == session]
-                log_event("server", "client_gone", clients=format_ids(ids), why="connection closed")
-                self.cond.notify_all()
-                self.on_change()
 
     def payload(self, owner: str, session: str, payload_id: str) -> bytes:
         """The payload ``payload_id`` for ``owner``'s session (KeyError: its work did
@@ -261,6 +210,7 @@ class Hub:
         with self.cond:
             self.book.post(works, version, self.clock())
             self.cond.notify_all()
+            self.on_wake()
 
     def gather(
         self, keys: set[Key], deadline_s: float, need: int | None = None
@@ -363,3 +313,12 @@ class Hub:
         with self.cond:
             self.done, self.done_reason = True, reason
             self.cond.notify_all()
+            self.on_wake()
+
+    def halt(self, reason: str) -> None:
+        """The server stops without ending the run (it may be resumed): polls end
+        at once, told ``reason``, and none hands out work from now on."""
+        with self.cond:
+            self.halted = reason
+            self.cond.notify_all()
+            self.on_wake()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -27,10 +28,23 @@ class LoopThread:
         """``coro``'s result, run on the loop (its exception, raised here)."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
-    def close(self) -> None:
-        """Stop the loop and wait for its thread."""
+    def close(self, drain_s: float = 5.0) -> None:
+        """Stop the loop and wait for its thread; the tasks still on it (a call's
+        handler ending its poll at the hub) are cancelled and given ``drain_s``
+        to end first, so none is left pending when the loop closes."""
         if self._thread.is_alive():
+            with contextlib.suppress(TimeoutError):
+                self.run(_drain(drain_s), drain_s + 1.0)
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(10)
         if not self._thread.is_alive():
             self.loop.close()
+
+
+async def _drain(timeout_s: float) -> None:
+    """Cancel the loop's other tasks and wait up to ``timeout_s`` for them to end."""
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for t in tasks:
+        t.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=timeout_s)

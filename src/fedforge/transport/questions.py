@@ -77,6 +77,23 @@ class Questions:
             if key not in pending:
                 pending.append(key)
 
+    def put_back(self, keys: Iterable[Key], session: str) -> list[Key]:
+        """Work handed to ``session`` whose reply never went out (its call ended
+        first) is pending again, ahead of newer work, to be handed out anew: the
+        keys put back (those still asked and handed to ``session``)."""
+        back: list[Key] = []
+        for key in keys:
+            asked = self.asked.get(key)
+            if asked is None or asked.handed is None or asked.session != session:
+                continue
+            asked.handed, asked.session = None, ""
+            back.append(key)
+        for cid in {k[0] for k in back}:
+            mine = [k for k in back if k[0] == cid]
+            rest = [k for k in self.pending.get(cid, []) if k not in mine]
+            self.pending[cid] = mine + rest
+        return back
+
     def hand_out(self, ids: list[int], now: float, session: str) -> list[pb.Work]:
         """The pending work of ``ids``, handed to ``session`` now."""
         out = []

@@ -44,8 +44,10 @@ from fedforge.transport.remote import RemoteEngine
 from fedforge.transport.security import ServerSecurity
 from fedforge.transport.service import SERVICE, FederationService
 
-# threads for the hub's work of authenticated calls (a long-poll holds one for its
-# wait); calls still waiting for their request hold none (``admission.py``)
+# threads for the hub's work of authenticated calls: short steps under its lock,
+# an upload's digest and its wait for the round's verdict; a long poll or a held
+# heartbeat waits on the event loop and holds none between its steps
+# (``waits.py``), nor does a call still waiting for its request (``admission.py``)
 MAX_WORKERS = 256
 
 
@@ -97,6 +99,7 @@ class Deployment:
             self.admission,
             self.pool,
             self.data.spec().to_json() if self.data is not None else "",
+            max_waiting=dep.max_waiting_calls,
         )
         # no message larger than a few MiB is read before its sender is known: a
         # larger upload comes in chunks after its signed header
@@ -192,6 +195,7 @@ class Deployment:
             wire_bytes_down=hub.bytes_down,
             eval_bytes_up=hub.eval_bytes_up,
             eval_bytes_down=hub.eval_bytes_down,
+            peak_waiting_calls=self.service.waits.peak,  # at once (deployment.max_waiting_calls)
         )
 
     async def _stop(self) -> None:
@@ -200,12 +204,16 @@ class Deployment:
         self.admission.log.flush()  # the refusals held back, counted in the log
 
     def stop(self, reason: str, dismiss: bool = True) -> None:
-        """Stop serving; ``dismiss``: first tell the clients the run is over."""
+        """Stop serving; ``dismiss``: first tell the clients the run is over. Either
+        way every waiting poll is answered before the server stops (not dismissed:
+        told to come back, to a resumed server), so no call is left waiting."""
         if dismiss:  # and wait (a little) until every live client process heard it
             self.hub.finish(reason)
             end = time.monotonic() + self.heartbeat_timeout_s
             while self.hub.undismissed() and time.monotonic() < end:
                 time.sleep(0.05)
+        else:  # the run may be resumed: the polls are told to come back
+            self.hub.halt(f"{reason}; the run may be resumed: try again later")
         self.loop.run(self._stop())
         self.loop.close()
         self.pool.shutdown(wait=False, cancel_futures=True)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import threading
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -33,6 +34,7 @@ from fedforge.transport.admission import Admission, address
 from fedforge.transport.guard import Guard, Refused
 from fedforge.transport.hub import Hub
 from fedforge.transport.pb import federation_pb2 as pb
+from fedforge.transport.waits import Waits
 
 M = TypeVar("M", bound=Message)
 R = TypeVar("R")
@@ -50,15 +52,38 @@ def parse(cls: type[M], data: bytes, what: str) -> M:
 
 
 class Call:
-    """An aio call as the hub sees it (``presence.CallContext``): a callback run
-    when gRPC ends the call (on the event loop's thread), and its time left."""
+    """An aio call as the hub sees it (``presence.CallContext``): callbacks run
+    when gRPC ends the call, each through ``run`` (the hub's pool), and its time
+    left. gRPC's own done callback is registered at once, on the loop, while the
+    call is open: one added later than the call's end would never run, so
+    ``add_callback`` says False then (the caller acts on the end itself)."""
 
-    def __init__(self, context: grpc.aio.ServicerContext) -> None:
-        self.context = context
+    def __init__(
+        self,
+        context: grpc.aio.ServicerContext,
+        run: Callable[[Callable[[], None]], None] = lambda fn: fn(),
+    ) -> None:
+        self.context, self.run = context, run
+        self.ended = False
+        self.sent = False  # whether it ended with its reply sent
+        self._lock = threading.Lock()  # callbacks are added from the pool's threads
+        self._callbacks: list[Callable[[], None]] = []
+        context.add_done_callback(self._end)
+
+    def _end(self, context: grpc.aio.ServicerContext) -> None:
+        with self._lock:
+            self.ended = True
+            self.sent = context.done()  # its status went out (not: cancelled, cut)
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            self.run(callback)
 
     def add_callback(self, callback: Callable[[], None]) -> bool:
-        self.context.add_done_callback(lambda _ended: callback())
-        return True
+        with self._lock:
+            if self.ended:
+                return False
+            self._callbacks.append(callback)
+            return True
 
     def time_remaining(self) -> float | None:
         return self.context.time_remaining()
@@ -78,8 +103,12 @@ class FederationService:
         admission: Admission,
         pool: ThreadPoolExecutor,
         data_spec_json: str = "",
+        *,
+        max_waiting: int,
     ) -> None:
         self.hub, self.guard, self.admission, self.pool = hub, guard, admission, pool
+        self.waits = Waits(max_waiting, lambda who, why: admission.refuse("waiting", who, why))
+        hub.on_wake = self.waits.ring
         self.data_spec_json = data_spec_json  # the clients bring their own data: its spec
         self.run_name, self.config_yaml = run_name, config_yaml
         self.max_bytes, self.chunk_bytes = max_bytes, chunk_bytes
@@ -108,8 +137,16 @@ class FederationService:
         )
 
     async def _hub(self, fn: Callable[..., R], *args: Any) -> R:
-        """``fn(*args)`` on the pool: the hub takes its lock, a poll waits."""
+        """``fn(*args)`` on the pool: a short step that takes the hub's lock."""
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+    def _aside(self, fn: Callable[[], None]) -> None:
+        """``fn()`` on the pool, not awaited (a call's end: the loop never blocks
+        on the hub's lock); at once when the pool is shut (the server stops)."""
+        try:
+            self.pool.submit(fn)
+        except RuntimeError:
+            fn()
 
     async def _call(
         self, context: grpc.aio.ServicerContext, method: str, fn: Callable[[], Any]
@@ -171,18 +208,46 @@ class FederationService:
     async def Poll(
         self, requests: AsyncIterator[pb.Signed], context: grpc.aio.ServicerContext
     ) -> pb.PollReply:
+        call = Call(context, self._aside)  # at once: its end is heard from its start
+
         async def go() -> pb.PollReply:
             who, request = await self._signed("Poll", requests, context)
             body = parse(pb.PollRequest, request.body, "PollRequest")
-            with self.admission.working(who):
-                # the call itself: its closing by the client's side tells the hub
-                # the process is gone (a heartbeat is held open while it works)
-                work = await self._hub(
-                    self.hub.poll, who, body.session, body.wait_s, body.heartbeat, Call(context)
-                )
+            with self.admission.working(who), self.waits.held(who):
+                work = await self._poll(who, body, call)
+            if self.hub.halted and not work:  # the server stops: come back (to a resumed one)
+                raise Refused(grpc.StatusCode.UNAVAILABLE, self.hub.halted, who, said=True)
             return pb.PollReply(work=work, done=self.hub.done, reason=self.hub.done_reason)
 
         return await self._call(context, "Poll", go)
+
+    async def _poll(self, who: str, body: pb.PollRequest, call: Call) -> list[pb.Work]:
+        """The poll's work, its waits on the loop (``waits.py``). The call itself
+        tells the hub when the client's side closed it (a heartbeat is held open
+        while the process works); work handed to a call that ended before its
+        reply went out is put back (``polls.py``)."""
+        hub = self.hub
+        p = await self._hub(hub.open_poll, who, body.session, body.wait_s, body.heartbeat, call)
+        # a reply given but never sent (the call was cut after its handler returned)
+        call.add_callback(lambda: None if call.sent else hub.unsent(p))
+        delivered = False
+        try:
+            while True:
+                bell = self.waits.bell()
+                work = await self._hub(hub.step_poll, p)
+                if work is not None:
+                    delivered = True
+                    return work
+                await self.waits.until(bell, p.end - hub.clock())
+        finally:
+            try:  # shielded: a cancelled handler still ends its poll at the hub
+                end = asyncio.get_running_loop().run_in_executor(
+                    self.pool, hub.end_poll, p, delivered
+                )
+            except RuntimeError:  # the pool is shut: the server stops
+                hub.end_poll(p, delivered)
+            else:
+                await asyncio.shield(end)
 
     async def Download(
         self, requests: AsyncIterator[pb.Signed], context: grpc.aio.ServicerContext
