@@ -9,7 +9,12 @@ after the other, so none slows another:
 - practice_net.py: seconds an honest federation is blocked by 250 idle calls of
   a peer with no credentials (target 0);
 - practice_robust.py: accuracy points one scaled upload costs at the default
-  bound (target within 1), canary decisions one lying client flips (target 0).
+  bound (target within 1), canary decisions one lying client flips (target 0);
+- practice_waits.py: the slowest of five Joins while 600 long polls wait at the
+  server (milliseconds; target under 1,000: the waits hold no thread);
+- preauth_bounds.py: log lines the server writes for 2,000 forged Hellos
+  (target: a few, each refusal still counted), and the most memory calls
+  without credentials may hold (MiB, from the defaults).
 
     python benchmarks/practice.py                      # everything (~25 min here)
     python benchmarks/practice.py --install recorded   # the install figures as last
@@ -17,7 +22,8 @@ after the other, so none slows another:
                                                        # most of the time)
 
 Last line: ``RESULT bytes_recorded_vs_sent= dead_client_detect_s= help_s=
-install_mib= idle_call_block_s= bound_attack_acc_drop= canary_flips=``.
+install_mib= idle_call_block_s= bound_attack_acc_drop= canary_flips=
+join_max_ms_600_polls= forged_log_lines= preauth_mib=``.
 """
 
 from __future__ import annotations
@@ -37,6 +43,9 @@ ORDER = (
     "idle_call_block_s",
     "bound_attack_acc_drop",
     "canary_flips",
+    "join_max_ms_600_polls",
+    "forged_log_lines",
+    "preauth_mib",
 )
 
 
@@ -81,6 +90,11 @@ def main(argv: list[str] | None = None) -> int:
         **_result("practice_net.py"),
         **_result("practice_robust.py"),
     }
+    waits = _result("practice_waits.py", ["--waiting", "600"])
+    fields["join_max_ms_600_polls"] = waits["waiting"].split(":")[1].split("/")[1]
+    preauth = _result("preauth_bounds.py", ["--calls", "2000"])
+    fields["forged_log_lines"] = preauth["log_lines"]
+    fields["preauth_mib"] = preauth["pending_mib_total"]
     print("RESULT " + " ".join(f"{k}={fields[k]}" for k in ORDER))
     return 0
 
