@@ -73,9 +73,10 @@ lint: venv
 typecheck: venv
 	$(VENV)/bin/mypy
 
-# The site (mkdocs.yml): README's guides, the design map, the results and the API
-# reference from the docstrings, offline, in build/site; --strict: a docstring or
-# a page that references what is not there fails the build (and `make test`).
+# The site (mkdocs.yml): README's guides, the design map, the results, the
+# changelog and the API reference from the docstrings, offline, in build/site;
+# --strict: a docstring or a page that references what is not there fails the
+# build (and `make test`).
 docs: venv
 	$(VENV)/bin/mkdocs build --quiet
 

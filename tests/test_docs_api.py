@@ -42,7 +42,7 @@ def test_every_api_page_is_in_the_sites_navigation() -> None:
     nav = yaml.safe_load(text)["nav"]
     pages = {p for entry in nav for v in entry.values() for p in _pages(v)}
     assert {f"api/{p.name}" for p in (DOCS / "api").glob("*.md")} <= pages
-    assert {"index.md", "design.md", "results.md"} <= pages
+    assert {"index.md", "design.md", "results.md", "changelog.md"} <= pages
 
 
 def _pages(v: object) -> list[str]:

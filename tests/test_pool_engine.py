@@ -155,7 +155,7 @@ def test_workers_zero_means_one_per_core() -> None:
 
 def test_workers_zero_keeps_the_fused_path_in_one_process(make_data: MakeData) -> None:
     """``workers: 0``: the vectorised engine's fused perceptron path runs in this
-    process (measured faster, results.md); its vmap path, the serial engine and
+    process (measured faster, changelog.md); its vmap path, the serial engine and
     an explicit count take the workers."""
     cores = usable_cores()
     if cores < 2:

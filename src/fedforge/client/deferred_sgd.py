@@ -8,7 +8,7 @@ factors: ``x W_t^T = x W^T - lr (x X^T) G`` and ``G' W_t = G' W - lr (G' G^T) X`
 two thin products each. :class:`DeferredLinear` keeps the factors of up to
 ``FOLD_ROWS`` rows of steps, then adds them in with one product of that rank.
 
-Why (``precision: bf16``, measured here, docs/results.md): at B = 10 rows a
+Why (``precision: bf16``, measured here, docs/changelog.md): at B = 10 rows a
 step of McMahan's CNN's fc1 (512 x 3136) is paid in memory traffic: its fp32
 master weights (6.4 MB) read and written and their bf16 copy written every
 step cost about as much as its bf16 forward and input gradient together.

@@ -15,7 +15,7 @@ clipping or algorithm hook: they need the whole gradient first). The CNN's
 written-out step (cnn_step.py) calls it for fc1 and fc2, but for fc1 under
 bf16, whose steps it defers (deferred_sgd.py).
 
-Which kernels, measured here (docs/results.md): in float32 the input gradient
+Which kernels, measured here (docs/changelog.md): in float32 the input gradient
 goes through oneDNN's inner product, about twice as fast as the BLAS product
 at 10 rows; in float64 (no oneDNN) the weights are walked in blocks of rows
 small enough to stay in L2 between the two products that read them. Under
@@ -64,7 +64,7 @@ def linear_step(
         weight.addmm_(grad.t(), x, alpha=-lr)  # one rank-B product into the weights
     elif _ONEDNN and weight.dtype == torch.float32 and weight.numel() >= BLOCK_FLOATS:
         # oneDNN's inner product computes G W at 10 rows about twice as fast as
-        # the BLAS product (measured here, docs/results.md)
+        # the BLAS product (measured here, docs/changelog.md)
         grad_input = _inner_product(grad, weight.t()) if want_input else None
         weight.addmm_(grad.t(), x, alpha=-lr)
     else:  # float64, small layers

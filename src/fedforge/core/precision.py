@@ -9,7 +9,7 @@ al. 2018, "Mixed Precision Training", with bf16 needing no loss scaling).
 On the CPU, bf16 pays only on CPUs that compute it natively (AMX or
 AVX512-BF16); elsewhere oneDNN emulates it and it is slower than fp32 (measured
 on an AVX512 CPU without either: 0.5x; with AVX512-BF16, 1.3x for the CNN's
-clients at B = 10 and 1.7x at B = 100: docs/results.md). :func:`native_bf16`
+clients at B = 10 and 1.7x at B = 100: docs/changelog.md). :func:`native_bf16`
 tells which, and a CPU run says so in one line when bf16 is asked for without it.
 """
 

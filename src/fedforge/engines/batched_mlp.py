@@ -12,7 +12,7 @@ each SGD step is fused into the weight-gradient product:
 
 where H_k is client k's input to the layer and G_k the loss gradient at its
 output, so no gradient tensor is ever materialised. Measured here (one thread,
-2NN, K = 10, B = 10): about 5x the vmap path (docs/results.md).
+2NN, K = 10, B = 10): about 5x the vmap path (docs/changelog.md).
 
 The maths is the serial engine's (``client.local_sgd``): for the mean
 cross-entropy over a client's minibatch of n_k examples, the gradient at the

@@ -25,7 +25,7 @@ from fedforge.server import probe
 
 def auto_vectorize(runtime: ClientRuntime) -> bool:
     """``engine: auto``: the vectorised engine where it can run and is the faster.
-    Measured here (docs/results.md, benchmarks/engine_throughput.py): 1.6x the
+    Measured here (docs/changelog.md, benchmarks/engine_throughput.py): 1.6x the
     serial engine on the 2NN, but slower on the CNN, whose vmapped convolutions
     become grouped convolutions (slow on CPU) while the serial engine runs them
     channels_last; so models with convolutions stay serial."""

@@ -30,7 +30,7 @@ from fedforge.server.experiment import Experiment
 from fedforge.server.registry import weight_rule
 
 # Training examples a second for each built-in model on this project's 2-core CPU
-# machines: the fastest engine measured for the model in docs/results.md (2 workers:
+# machines: the fastest engine measured for the model in docs/changelog.md (2 workers:
 # 2NN ~30,000, CNN ~1,200), rounded up, so that the estimate errs short and the
 # line appears only for runs that take longer even at the best speed seen here.
 # The logistic regression and a registered model are not measured: the first is
