@@ -14,13 +14,13 @@ import torch
 from torch import nn
 
 import fedforge
+from conftest import RunStopped
 from fedforge.config import from_dict, override
 from fedforge.core.errors import ConfigError
 from fedforge.core.registry import load_plugin
 from fedforge.server.experiment import build
 from fedforge.server.loop import resume, run
 from fedforge.store import RunStore
-from tests.conftest import RunStopped
 
 F64 = torch.float64
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
