@@ -149,8 +149,8 @@ ALPHA = 0.5
 
 
 def _feddyn_rounds(w: torch.Tensor, cohorts: list[list[int]], m: int) -> torch.Tensor:
-    """Acar et al. 2021, Algorithm 1, with full-batch... here one example repeated:
-    each step of client k is w' <- w' - lr (grad L_k(w') - g_k + alpha (w' - w))."""
+    """Acar et al. 2021, Algorithm 1: each local step of client k is
+    w' <- w' - lr (grad L_k(w') - g_k + alpha (w' - w)); then g_k, h and w as the paper."""
     grads = {k: torch.zeros_like(w) for k in range(m)}
     h = torch.zeros_like(w)
     for cohort in cohorts:
@@ -215,3 +215,11 @@ def test_the_vectorised_engine_equals_the_serial_one(tmp_path: Path, algorithm: 
     assert vectorised.summary["engine"] == "vectorized"
     assert torch.allclose(vectorised.params, serial.params, rtol=0, atol=1e-9)
     assert not torch.equal(serial.params, _initial(_cfg(tmp_path / "i", **extra)))
+
+
+@pytest.mark.parametrize("name", ["fednova", "feddyn"])
+def test_the_example_configs_read_with_their_plugin(name: str) -> None:
+    import yaml
+
+    cfg = from_dict(yaml.safe_load((EXAMPLES / f"{name}.yaml").read_text()))
+    assert cfg.algorithm == name and cfg.dataset == "mnist"
