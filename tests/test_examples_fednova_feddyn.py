@@ -223,3 +223,14 @@ def test_the_example_configs_read_with_their_plugin(name: str) -> None:
 
     cfg = from_dict(yaml.safe_load((EXAMPLES / f"{name}.yaml").read_text()))
     assert cfg.algorithm == name and cfg.dataset == "mnist"
+
+
+def test_update_scalars_are_taken_and_other_shapes_refused(tmp_path: Path) -> None:
+    from fedforge.core.errors import UploadError
+    from fedforge.server.collectors.intake import check_extras
+
+    exp = build(_cfg(tmp_path, algorithm="fednova"), _data())
+    scalars = {"n_a": torch.tensor([6.0], dtype=F64), "n": torch.tensor([2.0], dtype=F64)}
+    assert check_extras(exp, dict(scalars)) == scalars
+    with pytest.raises(UploadError, match=r"'n_a' must be \(3,\) or \(1,\) torch.float64"):
+        check_extras(exp, {**scalars, "n_a": torch.ones(2, dtype=F64)})
