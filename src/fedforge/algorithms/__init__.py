@@ -15,6 +15,15 @@ from fedforge.algorithms.factories import (
 from fedforge.algorithms.fedavg import fedavg, fedsgd
 from fedforge.algorithms.fedbn import fedbn, local_mask
 from fedforge.algorithms.fedprox import fedprox
+from fedforge.algorithms.local import (
+    ClientJob,
+    ClientTerms,
+    LinearTerm,
+    ServerStep,
+    ServerTerms,
+    StepContext,
+    UpdateScale,
+)
 from fedforge.algorithms.perfedavg import perfedavg
 from fedforge.algorithms.scaffold import scaffold
 from fedforge.config import Config
@@ -45,6 +54,9 @@ def from_config(
 __all__ = [
     "Algorithm",
     "AlgorithmFactory",
+    "ClientJob",
+    "ClientTerms",
+    "LinearTerm",
     "LocalPlan",
     "cross_entropy",
     "drops_stragglers",
@@ -57,5 +69,9 @@ __all__ = [
     "local_plan",
     "perfedavg",
     "register_algorithm",
+    "ServerStep",
+    "ServerTerms",
+    "StepContext",
+    "UpdateScale",
     "scaffold",
 ]

@@ -15,7 +15,9 @@ from fedforge.algorithms.local import (
     GradHook,
     LocalTrain,
     PersonalEntries,
+    ServerStep,
     ServerTerms,
+    UpdateScale,
 )
 from fedforge.algorithms.plan import LocalPlan, LossFn, cross_entropy
 from fedforge.core.params import ParamKind
@@ -37,6 +39,11 @@ class Algorithm:
     grad_hook: GradHook | None = None
     client: ClientTerms | None = None  # per-client state and extra update tensors (SCAFFOLD)
     server: ServerTerms | None = None  # server state, payload extras and their update
+    # the client's delta times a factor of its local result (FedNova's 1 / a_i)
+    update_scale: UpdateScale | None = None
+    # the aggregate the server optimizer applies and the server state after it,
+    # from the aggregate and ``server.moved``'s state (FedNova, FedDyn)
+    server_step: ServerStep | None = None
     personal: PersonalEntries | None = None  # entries each client keeps (FedBN's batch norm)
     drop_stragglers: bool = True  # FedAvg drops clients that did fewer epochs; FedProx keeps them
     # its own local loop instead of client.local_sgd (Per-FedAvg's meta-steps); the

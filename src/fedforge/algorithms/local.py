@@ -191,6 +191,27 @@ class ServerTerms(Protocol):
     ) -> dict[str, torch.Tensor]: ...
 
 
+class UpdateScale(Protocol):
+    """The factor a client's delta (its local parameters minus the round's start)
+    is multiplied by before the client's pipeline stages, from its local result
+    (FedNova's 1 / a_i, a_i its number of local steps under plain SGD). Runs on
+    the client, in every engine."""
+
+    def __call__(self, result: LocalResult) -> float: ...
+
+
+class ServerStep(Protocol):
+    """The update the server optimizer applies, and the algorithm's server state
+    after the round, from the aggregate (the stages' output: the weighted mean of
+    the deltas) and the state ``ServerTerms.moved`` returned (FedNova scales the
+    aggregate by tau_eff; FedDyn moves h by the aggregate and subtracts h / alpha).
+    Returns new tensors; the round keeps them only when the step stands."""
+
+    def __call__(
+        self, aggregate: torch.Tensor, state: Mapping[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]: ...
+
+
 @dataclass(frozen=True)
 class ClientJob:
     """One client's finished local training, as ``ClientTerms.end`` sees it."""

@@ -207,6 +207,8 @@ class ClientRuntime:
         algorithm's extra tensors ``sent``, e.g. SCAFFOLD's delta c_k, beside the delta)."""
         ctx = StageContext(task.round_idx, task.seed, task.client_id)
         delta = result.params - start
+        if self.algorithm.update_scale is not None:  # FedNova: d_i / a_i
+            delta = delta * self.algorithm.update_scale(result)
         if self.algorithm.personal is not None:  # personal entries never leave the client
             delta = delta.masked_fill(self.algorithm.personal.mask, 0.0)
         for stage in self.stages:

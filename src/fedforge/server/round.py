@@ -236,6 +236,11 @@ def aggregate_phase(
     if server is None:
         return aggregate, clients, None
     moved = server.moved(state.algorithm_state, collected.received, exp.cfg.num_clients)
+    if exp.algorithm.server_step is not None:  # FedNova's tau_eff, FedDyn's h
+        aggregate, moved = exp.algorithm.server_step(aggregate, moved)
+        if not all_finite(aggregate):
+            log.skip("the algorithm's server step overflowed the aggregate (inf or NaN)")
+            return None, {}, None
     bad = [name for name, t in moved.items() if not all_finite(t)]
     if bad:  # finite control deltas, too large to sum: c would be inf for good
         log.skip(f"the server's {', '.join(bad)} overflowed (inf or NaN)")

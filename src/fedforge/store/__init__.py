@@ -13,6 +13,7 @@ from fedforge.store.client_state import (
     MemmapStateStore,
     MemoryStateStore,
     make_state_store,
+    working_dir,
 )
 from fedforge.store.records import AlertRecord
 from fedforge.store.runs_dir import list_runs, resolve_run
@@ -45,4 +46,5 @@ __all__ = [
     "read_metrics",
     "resolve_run",
     "save_checkpoint",
+    "working_dir",
 ]

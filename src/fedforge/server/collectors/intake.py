@@ -6,7 +6,8 @@ client outside the round's cohort, or a second one from the same client, is
 refused with the reason and never reaches the aggregate. Each update is decoded
 by the pipeline's codec and refused when malformed (shape, dtype, non-finite
 values, a header that does not match the client and round, the algorithm's
-tensors beside the delta), or absurd: an L2 norm past ``robust.max_update_ratio``
+tensors beside the delta), or absurd: an L2 norm (of the delta, and of each
+model-sized tensor beside it) past ``robust.max_update_ratio``
 times ||w|| + sqrt(P) (the round's global model's norm plus that of a vector of
 ones: a bound no honest update of a sane learning rate comes near), or past
 ``robust.max_norm_multiple`` times the median norm of the updates taken in the
@@ -82,7 +83,8 @@ def check_update(exp: Experiment, client_id: int, round_idx: int, data: bytes) -
 
 def check_extras(exp: Experiment, extras: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The algorithm's tensors an update must carry beside the delta (SCAFFOLD's
-    delta c_k), each refused unless [P], the run's dtype and finite."""
+    delta c_k), each refused unless [P] or a scalar [1] (FedNova's n_i tau_i), the
+    run's dtype and finite."""
     server = exp.algorithm.server
     wanted = () if server is None else server.update_tensors
     unexpected = sorted(set(extras) - set(wanted))
@@ -96,9 +98,11 @@ def check_extras(exp: Experiment, extras: dict[str, torch.Tensor]) -> dict[str, 
     size, dtype = exp.spec.size, exp.initial_params.dtype
     for name in server.update_tensors:
         t = extras.get(name)
-        if t is None or tuple(t.shape) != (size,) or t.dtype != dtype:
+        if t is None or tuple(t.shape) not in ((size,), (1,)) or t.dtype != dtype:
             got = "nothing" if t is None else f"{shown(tuple(t.shape))} {t.dtype}"
-            raise UploadError(f"'{name}' must be ({size},) {dtype}; the update carries {got}")
+            raise UploadError(
+                f"'{name}' must be ({size},) or (1,) {dtype}; the update carries {got}"
+            )
         if not all_finite(t):
             raise UploadError(f"'{name}' holds non-finite values (NaN or inf)")
     return {name: extras[name] for name in server.update_tensors}
@@ -184,7 +188,8 @@ class Intake:
                 up.norm = self.limits.check_norm("update", up.delta)
                 self.limits.check_relative(up.norm)
                 for name, tensor in up.extras.items():  # SCAFFOLD's delta c_k reaches c
-                    self.limits.check_norm(f"'{name}'", tensor)
+                    if tensor.numel() > 1:  # a scalar (FedNova's n_i a_i) is no model vector
+                        self.limits.check_norm(f"'{name}'", tensor)
             except UploadError as exc:
                 self.faulty += not isinstance(exc, Withheld)
                 why = str(exc)

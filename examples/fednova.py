@@ -1,0 +1,137 @@
+"""FedNova: Wang et al. 2020, "Tackling the Objective Inconsistency Problem in
+Heterogeneous Federated Optimization" (NeurIPS), normalised averaging.
+
+Clients that run different numbers of local steps tau_i (equal epochs over
+unequal data, or stragglers' partial work) pull FedAvg's model towards the
+clients that stepped most. FedNova divides each client's cumulative update
+d_i = w_i - w by its normaliser a_i and rescales the weighted mean by
+tau_eff = sum_i p_i a_i:
+
+    w+ = w + tau_eff * sum_i p_i d_i / a_i,   p_i = n_i / sum_j n_j.
+
+Under plain local SGD a_i = tau_i; with local momentum rho (``local.momentum``)
+a_i = (tau_i - rho (1 - rho^tau_i) / (1 - rho)) / (1 - rho), the sum of the
+momentum's step weights, as the authors' code does. A client sends d_i / a_i as
+its delta and two scalars, n_i a_i and n_i; the server takes tau_eff from their
+sums. p_i are the aggregator's weights, so the run must weigh by example counts
+(``aggregation_weights: num_examples``, the default) with the plain mean.
+
+    fedforge run --plugin examples/fednova.py --config examples/fednova.yaml
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+
+import torch
+
+import fedforge
+from fedforge.algorithms import ClientJob, LocalPlan, drops_stragglers, local_plan
+from fedforge.algorithms.local import LocalResult
+from fedforge.algorithms.plan import DecayedPlan, cross_entropy
+from fedforge.store import ClientStateStore
+
+N_A, N = "n_a", "n"  # per update: n_i a_i and n_i, scalars
+TAU_EFF = "tau_eff"  # server state: the last round's tau_eff
+
+
+def normaliser(steps: int, momentum: float) -> float:
+    """a_i: the sum of the step weights of ``steps`` local steps (tau under plain SGD)."""
+    tau = max(steps, 1)
+    if momentum == 0.0:
+        return float(tau)
+    rho = momentum
+    return (tau - rho * (1 - rho**tau) / (1 - rho)) / (1 - rho)
+
+
+class Normalise:
+    """The client's delta times 1 / a_i."""
+
+    def __init__(self, momentum: float) -> None:
+        self.momentum = momentum
+
+    def __call__(self, result: LocalResult) -> float:
+        return 1.0 / normaliser(result.steps, self.momentum)
+
+
+class NovaClient:
+    """Sends n_i a_i and n_i beside the normalised delta; keeps no state."""
+
+    def __init__(self, momentum: float) -> None:
+        self.momentum = momentum
+        self.tables: dict[str, ClientStateStore] = {}  # nothing to checkpoint
+
+    def begin(
+        self, client_ids: Sequence[int], start: torch.Tensor, extras: Mapping[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        return {}
+
+    def end(self, job: ClientJob) -> dict[str, torch.Tensor]:
+        n = float(len(job.y))
+        a = normaliser(job.result.steps, self.momentum)
+        dtype = job.start.dtype
+        return {N_A: torch.tensor([n * a], dtype=dtype), N: torch.tensor([n], dtype=dtype)}
+
+    def commit(self, used: Collection[int]) -> None:
+        pass
+
+
+class NovaServer:
+    """tau_eff = sum n_i a_i / sum n_i over the used updates; the step scales the mean by it."""
+
+    update_tensors: tuple[str, ...] = (N_A, N)
+
+    def initial_state(self, size: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        return {TAU_EFF: torch.zeros(1, dtype=dtype)}
+
+    def payload(self, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {}
+
+    def moved(
+        self,
+        state: Mapping[str, torch.Tensor],
+        extras: Sequence[Mapping[str, torch.Tensor]],
+        num_clients: int,
+    ) -> dict[str, torch.Tensor]:
+        if not extras:
+            return dict(state)
+        n_a = torch.stack([e[N_A] for e in extras]).sum(dim=0)
+        n = torch.stack([e[N] for e in extras]).sum(dim=0)
+        return {TAU_EFF: (n_a / n).to(state[TAU_EFF].dtype)}
+
+    def __call__(
+        self, aggregate: torch.Tensor, state: Mapping[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return aggregate * state[TAU_EFF].to(aggregate.dtype), dict(state)
+
+
+def fednova(
+    plan: LocalPlan, lr_decay: float = 1.0, drop_stragglers: bool = False
+) -> fedforge.Algorithm:
+    """FedNova on FedAvg's local ``plan`` (its momentum sets a_i)."""
+    server = NovaServer()
+    return fedforge.Algorithm(
+        "fednova",
+        DecayedPlan(plan, lr_decay),
+        cross_entropy,
+        client=NovaClient(plan.momentum),
+        server=server,
+        update_scale=Normalise(plan.momentum),
+        server_step=server,
+        drop_stragglers=drop_stragglers,
+    )
+
+
+def factory(context: fedforge.ComponentContext) -> fedforge.Algorithm:
+    cfg = context.cfg
+    if cfg.aggregation_weights != "num_examples" or cfg.robust.aggregator != "mean":
+        raise fedforge.ConfigError(
+            f"algorithm 'fednova' weighs clients by their examples (p_i = n_i / n): "
+            f"aggregation_weights = {cfg.aggregation_weights!r} and robust.aggregator = "
+            f"{cfg.robust.aggregator!r} must be 'num_examples' and 'mean'"
+        )
+    # stragglers' partial work is what FedNova normalises: kept unless told otherwise
+    return fednova(local_plan(cfg), cfg.lr_decay, drops_stragglers(cfg, False))
+
+
+fedforge.register_algorithm("fednova", factory)
