@@ -33,7 +33,7 @@ from deploy_procs import Proc, run_dir_of, start_client, start_server, write_con
 from fedforge import config as config_mod
 from fedforge.config.deployment import DeploymentConfig
 from fedforge.store.final import load_final
-from fedforge.transport.admission import CALLS_PER_NAME, STREAMS_PER_CONNECTION
+from fedforge.transport.admission import CALLS_PER_NAME, REQUEST_WAIT_S, STREAMS_PER_CONNECTION
 from fedforge.transport.auth import generate_identity, register_key
 from fedforge.transport.backoff import Backoff, retrying
 from fedforge.transport.certs import write_federation
@@ -113,7 +113,7 @@ def test_idle_calls_without_credentials_do_not_stop_the_federation(tmp_path: Pat
     cfg = write_config(tmp_path / "cfg.yaml", rounds=4)
     keys = ("--certs", str(fed), "--auth", "keys", "--host", "localhost")  # IPv4 and IPv6
     server, port = start_server(tmp_path, cfg, *keys)
-    hold_s = 40.0  # the run takes about 15 s
+    hold_s = 40.0  # the run takes about 15 s after the wait below
     cap = DeploymentConfig().pending_per_address
     p, out = attack(
         tmp_path,
@@ -131,6 +131,10 @@ def test_idle_calls_without_credentials_do_not_stop_the_federation(tmp_path: Pat
     )
     try:
         holding(p, out)
+        # the honest clients come once the server has cut the idle calls that
+        # sent nothing within its request wait: the attack is then known to be
+        # held and cut, whatever the run's own length
+        time.sleep(REQUEST_WAIT_S + 1.0)
         clients = keys_clients(tmp_path, port, fed)
         assert server.wait(hold_s + 60) == 0, server.log.read_text()
         trained_during = p.poll() is None  # the whole run ran under the attack
