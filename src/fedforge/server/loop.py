@@ -184,8 +184,7 @@ def _drive_rounds(
             close_engine(exp.engine)
         result.summary["heterogeneity"] = partition.heterogeneity
         return result
-    if (bind := getattr(exp.engine, "bind_store", None)) is not None:  # model versions
-        bind(run_store)
+    exp.engine.bind_store(run_store)  # a deployment keeps its model versions there
     try:
         with StopSignals() as stop:
             result = run_rounds(exp, state, run_store, progress, stop)

@@ -80,9 +80,7 @@ def run_round(
     log = RoundLog(state.rejected, state.skipped, bar, round_idx)
     if short is not None:  # a deployment with too few clients there
         return _short_round(exp, state, round_idx, start, log, short, t0), []
-    begin = getattr(exp.engine, "begin_round", None)  # a deployment: cold start, canary
-    if begin is not None:
-        state.outputs.update(begin(round_idx, state.params) or {})
+    state.outputs.update(exp.engine.begin_round(round_idx, state.params))  # cold start, canary
     orders = configure(exp, state, round_idx, start, cohort)
     secure = exp.privacy is not None and exp.privacy.secagg is not None
     trainers = [t.client_id for t in orders.tasks]
@@ -101,9 +99,7 @@ def run_round(
     if clients and cfg.robust.max_norm_multiple is not None:  # the next rounds' bound
         taken = [collected.norms[c] for c in sorted(clients) if c in collected.norms]
         state.update_norms = remember(state.update_norms, taken, cfg.robust.norm_window)
-    tell = getattr(exp.engine, "end_round", None)  # a deployment's clients keep their state
-    if tell is not None:
-        tell(round_idx, sorted(clients))
+    exp.engine.end_round(round_idx, sorted(clients))  # a deployment's clients keep their state
     test_acc, test_loss = evaluate_phase(exp, state, round_idx, start)
     record = round_record(exp, orders, collected, clients, test_acc, test_loss, t0)
     return record, list(clients.values())
@@ -126,7 +122,7 @@ def sample(exp: Experiment, start: int, among: list[int] | None = None) -> list[
     cfg = exp.cfg
     poisson = cfg.privacy.sampling == "poisson"  # DP-FedAvg: each client with probability C
     # a deployment engine over-selects: it asks more clients and closes at the needed count
-    fraction = over_selected(cfg.client_fraction, getattr(exp.engine, "over_selection", 0.0))
+    fraction = over_selected(cfg.client_fraction, exp.engine.over_selection)
     return sample_cohort(cfg.num_clients, fraction, cfg.seed, start, poisson, among)
 
 
@@ -134,12 +130,9 @@ def live_pool(exp: Experiment, round_idx: int) -> tuple[list[int] | None, str | 
     """The clients a round may sample: every one in simulation (None); a
     deployment's engine names the ones whose process is there, waiting a while
     for ``robust.min_clients_of`` of them. Fewer: nobody, and why the round is skipped."""
-    pool_fn = getattr(exp.engine, "sampling_pool", None)
-    if pool_fn is None:
-        return None, None
     cfg = exp.cfg
     need = cfg.robust.min_clients_of(cohort_size(cfg.num_clients, cfg.client_fraction))
-    pool: list[int] | None = pool_fn(round_idx, need)
+    pool = exp.engine.sampling_pool(round_idx, need)
     if pool is not None and len(pool) < need:
         return [], (
             f"only {len(pool)} client(s) connected, fewer than min_clients = {need} "
@@ -152,10 +145,10 @@ def _as_sent(exp: Experiment, collected: Collected, orders: Orders) -> Collected
     """A deployment's bytes down as they crossed the wire: the models its clients
     downloaded to the end and the protocol messages handed out since the last
     round's record, in place of a payload counted for every cohort client."""
-    sent_fn = getattr(exp.engine, "sent_down", None)
-    if sent_fn is None:
+    sent = exp.engine.sent_down()
+    if sent is None:
         return collected
-    nbytes, downloads = sent_fn()
+    nbytes, downloads = sent
     return dataclasses.replace(
         collected, bytes_down=nbytes, float32_down=orders.dense.down * downloads
     )
