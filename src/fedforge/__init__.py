@@ -36,6 +36,9 @@ _PUBLIC = {
     "Partition": "fedforge.data.partition",
     "register_model": "fedforge.models",
     "build": "fedforge.server.experiment",
+    "RoundEnd": "fedforge.server.hooks",
+    "RoundHook": "fedforge.server.hooks",
+    "RoundInfo": "fedforge.server.hooks",
     "RunResult": "fedforge.server.loop",
     "resume": "fedforge.server.loop",
     "run": "fedforge.server.loop",
@@ -55,6 +58,9 @@ __all__ = [
     "ParamSpec",
     "Partition",
     "PartitionConfig",
+    "RoundEnd",
+    "RoundHook",
+    "RoundInfo",
     "RunResult",
     "RunStore",
     "Task",
@@ -109,6 +115,7 @@ if TYPE_CHECKING:  # the names as the type checker sees them
     from fedforge.data.partition import Partition
     from fedforge.models import register_model
     from fedforge.server.experiment import build
+    from fedforge.server.hooks import RoundEnd, RoundHook, RoundInfo
     from fedforge.server.loop import RunResult, resume, run
     from fedforge.store import RunStore
     from fedforge.tasks import Task, register_task

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from fedforge.data.federated import FederatedData
 from fedforge.engines import Engine, close_engine
 from fedforge.engines.threads import set_threads
 from fedforge.server.experiment import Experiment, build, client_tables
+from fedforge.server.hooks import RoundHook
 from fedforge.server.partition_file import partition_summary, write_partition
 from fedforge.server.run_rounds import RunResult, run_rounds
 from fedforge.server.state import LoopState, RunLock, StopSignals, load_aggregator_state
@@ -51,12 +53,14 @@ def run(
     store: bool = True,
     task: Task | None = None,
     engine: Engine | None = None,
+    hooks: Sequence[RoundHook] = (),
 ) -> RunResult:
     """Run ``cfg`` to its target or its last round; record it in a run store.
     ``data``: the caller's data set (else the config's); ``task``: the caller's model,
     loss and metrics (else the config's task); ``engine``: where the clients run
-    (else the config's: a deployment server passes its network engine)."""
-    exp = _with_engine(build(cfg, data, task), engine)
+    (else the config's: a deployment server passes its network engine);
+    ``hooks``: the caller's round hooks (server/hooks.py), told of each round."""
+    exp = _with_engine(build(cfg, data, task), engine, hooks)
     partition = partition_summary(exp)
     if progress:
         print(f"partition: {partition.format()}", flush=True)
@@ -86,12 +90,14 @@ def resume(
     task: Task | None = None,
     device: str | None = None,
     engine: Engine | None = None,
+    hooks: Sequence[RoundHook] = (),
 ) -> RunResult:
     """Continue the run in ``run_dir`` from its last good checkpoint, with the config
     stored in the run; rounds recorded after that checkpoint are run again. A run
     stopped before its first checkpoint starts again from round 0 (its state
     there is the seed's). ``device``: where local training and evaluation go on
-    (None: the stored config's); the checkpoints are on the host, so any will do."""
+    (None: the stored config's); the checkpoints are on the host, so any will do.
+    ``hooks``: the run's round hooks again (their states come from the checkpoint)."""
     run_store = RunStore.open(run_dir)
     lock = RunLock(run_store.path)
     try:
@@ -104,7 +110,7 @@ def resume(
             print(f"fedforge: {edited}", file=sys.stderr, flush=True)
         if device is not None:
             stored = override(stored, {"device": device})
-        exp = _with_engine(build(stored, data, task), engine)
+        exp = _with_engine(build(stored, data, task), engine, hooks)
         lock.acquire()  # refuses while another process writes the run, or a read-only one
         check_build(run_store.path, exp.spec, exp.data_fingerprint, exp.cfg)  # not damage
         if run_store.status == "finished":  # it was running, and ended while we built
@@ -123,8 +129,13 @@ def resume(
     return _drive(exp, run_store, lock, state, partition, progress)
 
 
-def _with_engine(exp: Experiment, engine: Engine | None) -> Experiment:
-    """``exp`` with ``engine`` in place of the one it was built with (closed)."""
+def _with_engine(
+    exp: Experiment, engine: Engine | None, hooks: Sequence[RoundHook] = ()
+) -> Experiment:
+    """``exp`` with ``engine`` in place of the one it was built with (closed), and
+    the caller's ``hooks`` after its own."""
+    if hooks:
+        exp = dataclasses.replace(exp, hooks=exp.hooks.extended(hooks))
     if engine is None:
         return exp
     close_engine(exp.engine)
@@ -146,6 +157,7 @@ def _resumed_state(exp: Experiment, run_store: RunStore) -> LoopState:
         return LoopState.fresh(exp)
     state = LoopState.from_checkpoint(exp, ckpt, run_store.rounds(), tables)
     load_aggregator_state(exp.pipeline.aggregator, ckpt)
+    exp.hooks.load_state_dict(ckpt.loop.get("hooks", {}))
     return state
 
 

@@ -17,6 +17,7 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -46,6 +47,7 @@ from fedforge.server.collectors.intake import Limits
 from fedforge.server.collectors.streaming import UploadPhase
 from fedforge.server.diagnostics import RoundDiagnostics
 from fedforge.server.experiment import Experiment
+from fedforge.server.hooks import RoundEnd, RoundInfo
 from fedforge.server.state import LoopState
 from fedforge.server.stops import ends_run
 from fedforge.server.stragglers import cohort_tasks
@@ -69,40 +71,49 @@ class Orders:
 def run_round(
     exp: Experiment, state: LoopState, round_idx: int, bar: Progress
 ) -> tuple[RoundRecord, list[ClientRecord]]:
-    """One round: the phases of the module docstring, top to bottom."""
+    """One round: the phases of the module docstring, top to bottom, with the run's
+    hooks told of its start, uploads, evaluation and end (server/hooks.py)."""
     t0 = time.perf_counter()
     cfg = exp.cfg
     start, end = upload_period(round_idx, cfg.communication.upload_every, cfg.rounds)
     if round_idx != end:  # the period's cohort trains locally: nothing travels
-        return _local_round(exp, round_idx, start, len(sample(exp, start)), t0), []
+        return _local_round(exp, state, round_idx, start, bar, t0), []
     pool, short = live_pool(exp, round_idx)
     cohort = sample(exp, start, pool)
-    log = RoundLog(state.rejected, state.skipped, bar, round_idx)
     if short is not None:  # a deployment with too few clients there
-        return _short_round(exp, state, round_idx, start, log, short, t0), []
+        info = RoundInfo(exp, state, bar, round_idx, start, "short", cohort, [], state.params)
+        return _short_round(exp, state, info, short, t0), []
     state.outputs.update(exp.engine.begin_round(round_idx, state.params))  # cold start, canary
     orders = configure(exp, state, round_idx, start, cohort)
-    secure = exp.privacy is not None and exp.privacy.secagg is not None
     trainers = [t.client_id for t in orders.tasks]
-    diag = diagnostics.start_round(exp, trainers, state.params, secure)
-    collector = collector_for(exp, orders, log, diag)
+    info = RoundInfo(exp, state, bar, round_idx, start, "upload", cohort, trainers, state.params)
+    exp.hooks.round_start(info)
+    refused = partial(exp.hooks.upload, info)  # (client, False, why) of each refusal
+    log = RoundLog(
+        state.rejected, state.skipped, bar, round_idx, lambda c, why: refused(c, False, why)
+    )
+    collector = collector_for(exp, orders, log, info.diagnostics)
     collected = collect(exp, collector, orders.tasks, orders.payload, round_idx)
     collected = _as_sent(exp, collected, orders)
-    diagnostics.end_round(exp, diag, state.diagnostics, state.outputs, bar, round_idx)
     aggregate, clients, moved = aggregate_phase(exp, state, collected, log)
-    if exp.privacy is not None:  # what the accountant counts: what the server saw
-        nothing = not collected.arrived  # no upload arrived: no noise drawn, nothing seen
-        exp.privacy.record_participation(
-            state.privacy, round_idx, start, not nothing, _uploads_seen(collected, secure)
-        )
     clients = server_step(exp, state, aggregate, clients, moved, log)
+    applied = not log.skipped_now
+    exp.hooks.taken(info, list(clients))
     if clients and cfg.robust.max_norm_multiple is not None:  # the next rounds' bound
         taken = [collected.norms[c] for c in sorted(clients) if c in collected.norms]
         state.update_norms = remember(state.update_norms, taken, cfg.robust.norm_window)
     exp.engine.end_round(round_idx, sorted(clients))  # a deployment's clients keep their state
-    test_acc, test_loss = evaluate_phase(exp, state, round_idx, start)
+    test_acc, test_loss = evaluate_phase(exp, state, round_idx, start, info)
     record = round_record(exp, orders, collected, clients, test_acc, test_loss, t0)
+    seen = _uploads_seen(collected, exp.privacy is not None and exp.privacy.secagg is not None)
+    used = sorted(clients)
+    exp.hooks.round_end(info, RoundEnd(record, used, applied, sorted(collected.arrived), seen))
     return record, list(clients.values())
+
+
+def _refused(exp: Experiment, info: RoundInfo, client_id: int, why: str) -> None:
+    """Tell the round's hooks of a refused upload."""
+    exp.hooks.upload(info, client_id, False, why)
 
 
 def _uploads_seen(collected: Collected, secure: bool) -> list[int]:
@@ -155,22 +166,18 @@ def _as_sent(exp: Experiment, collected: Collected, orders: Orders) -> Collected
 
 
 def _short_round(
-    exp: Experiment,
-    state: LoopState,
-    round_idx: int,
-    start: int,
-    log: RoundLog,
-    why: str,
-    t0: float,
+    exp: Experiment, state: LoopState, info: RoundInfo, why: str, t0: float
 ) -> RoundRecord:
     """A round skipped before anything was sent: the model unchanged, nothing seen
     (no privacy spent), evaluated when due."""
-    log.skip(why)
-    if exp.privacy is not None:
-        exp.privacy.record_participation(state.privacy, round_idx, start, False, [])
-    test_acc, test_loss = evaluate_phase(exp, state, round_idx, start)
-    record = _local_round(exp, round_idx, start, 0, t0)
-    return dataclasses.replace(record, test_accuracy=test_acc, test_loss=test_loss)
+    exp.hooks.round_start(info)
+    r, start = info.round_idx, info.start
+    RoundLog(state.rejected, state.skipped, info.bar, r).skip(why)
+    test_acc, test_loss = evaluate_phase(exp, state, r, start, info)
+    record = _record_of_nothing(exp, r, start, 0, t0)
+    record = dataclasses.replace(record, test_accuracy=test_acc, test_loss=test_loss)
+    exp.hooks.round_end(info, RoundEnd(record, [], False))
+    return record
 
 
 def configure(
@@ -178,8 +185,6 @@ def configure(
 ) -> Orders:
     """Each cohort client's task and the round's payload."""
     cfg = exp.cfg
-    if exp.privacy is not None:  # e.g. the round's adaptive clip norm
-        exp.privacy.begin_round(state.privacy, round_idx)
     plan = period_plan(exp.algorithm, start, round_idx)
     server = exp.algorithm.server  # an algorithm's server state (SCAFFOLD's c) travels too
     more = server.payload(state.algorithm_state) if server is not None else None
@@ -261,8 +266,6 @@ def server_step(
             stepped = stepped.masked_scatter(frozen, params[frozen])
         if all_finite(stepped):
             state.params = stepped
-            if exp.privacy is not None:  # adaptive clipping: the next clip norm
-                exp.privacy.end_round(state.privacy, log.round_idx, clients)
             if moved is not None:  # e.g. c += sum of the used clients' delta c_k / N
                 state.algorithm_state = moved
         else:
@@ -274,8 +277,6 @@ def server_step(
             aggregate, clients = None, {}
     elif not log.skipped_now:
         log.skip("no valid update")
-    if exp.algorithm.client is not None:  # SCAFFOLD: c_k+ of the used clients only
-        exp.algorithm.client.commit(clients if aggregate is not None else ())
     return clients if aggregate is not None else {}
 
 
@@ -288,15 +289,18 @@ def test_scores(exp: Experiment, params: torch.Tensor) -> EvalResult:
 
 
 def evaluate_phase(
-    exp: Experiment, state: LoopState, round_idx: int, start: int
+    exp: Experiment, state: LoopState, round_idx: int, start: int, info: RoundInfo | None = None
 ) -> tuple[float | None, float | None]:
     """The global model's test accuracy and loss when an evaluation is due (a
-    period's model is new at its end: due if any round of it was)."""
+    period's model is new at its end: due if any round of it was); the round's
+    hooks are told (``info``: the round's)."""
     cfg = exp.cfg
     every = cfg.eval_every
     if not ((round_idx + 1) // every > start // every or ends_run(exp, state, round_idx)):
         return None, None
     ev = test_scores(exp, state.params)
+    if info is not None:
+        exp.hooks.evaluated(info, ev.accuracy, ev.loss)
     state.eval_rounds.append(round_idx + 1)
     state.eval_accuracy.append(ev.accuracy)
     if cfg.eval_clients:  # each client's held-out slice, per-class test accuracy
@@ -336,10 +340,22 @@ def round_record(
 
 
 def _local_round(
-    exp: Experiment, round_idx: int, start: int, cohort_size: int, t0: float
+    exp: Experiment, state: LoopState, round_idx: int, start: int, bar: Progress, t0: float
 ) -> RoundRecord:
     """A round inside an upload period (``upload_every`` > 1): its cohort trains
     locally (the work is done with the period's last round), nothing travels."""
+    cohort = sample(exp, start)
+    info = RoundInfo(exp, state, bar, round_idx, start, "local", cohort, [], state.params)
+    exp.hooks.round_start(info)
+    record = _record_of_nothing(exp, round_idx, start, len(cohort), t0)
+    exp.hooks.round_end(info, RoundEnd(record, [], False))
+    return record
+
+
+def _record_of_nothing(
+    exp: Experiment, round_idx: int, start: int, cohort_size: int, t0: float
+) -> RoundRecord:
+    """The row of a round in which nothing travelled."""
     return RoundRecord(
         round_idx=round_idx,
         cohort_size=cohort_size,

@@ -84,7 +84,9 @@ def run_rounds(
             break
     bar.close()
     seconds = state.seconds_before + time.perf_counter() - start
-    return _result(exp, state, seconds, stops, stopped, stop)
+    result = _result(exp, state, seconds, stops, stopped, stop)
+    exp.hooks.run_end(result)
+    return result
 
 
 def _evaluate_initial(exp: Experiment, state: LoopState, bar: Progress) -> tuple[float, float]:
@@ -134,6 +136,7 @@ def _checkpoint_due(
     if due and run_store is not None:
         ckpt = state.checkpoint(time.perf_counter() - start)
         ckpt.aggregator_state = aggregator_state(exp.pipeline.aggregator)
+        ckpt.loop["hooks"] = exp.hooks.state_dict()  # plain JSON data, by hook name
         try:
             save_checkpoint(run_store.path, ckpt, state.client_state)
         except CheckpointError as exc:  # e.g. a full disk: the older ones are whole
