@@ -18,10 +18,10 @@ import pytest
 
 import fedforge
 from fedforge.config import Config, override
-from fedforge.server.experiment import build
+from fedforge.server.builtin_hooks import run_hooks
 from fedforge.server.hooks import RoundEnd, RoundHook, RoundInfo
 from fedforge.server.loop import run
-from fedforge.server.run_rounds import RunResult
+from fedforge.server.result import RunResult
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -128,9 +128,8 @@ def test_hooks_run_in_the_documented_order(tmp_path: Path) -> None:
     no_attack = {"robust.attack": "none", "robust.attack_fraction": 0.0}
     cfg = attacked(tmp_path, rounds=2, algorithm="scaffold", **no_attack)
     first, second = Checks("first", calls), Recorder("second", calls)
-    exp = build(cfg)
-    names = [h.name for h in exp.hooks]
-    assert names == ["privacy", "diagnostics", "client_state"]
+    names = [h.name for h in run_hooks([first, second])]
+    assert names == ["privacy", "diagnostics", "client_state", "first", "second"]
     fedforge.run(cfg, hooks=[first, second])
     starts = [c[0] for c in calls if c[1] == "start"]
     assert starts == ["first", "second"] * 2
@@ -176,7 +175,7 @@ CHILD = """
 import json, sys
 from pathlib import Path
 from tests.test_round_hooks import Tally, attacked
-from fedforge.server.loop import run
+from fedforge.server.loop import resume, run
 tally = Tally()
 if sys.argv[1] == "run":
     run(attacked(Path(sys.argv[2]), rounds=8, checkpoint_every=1, eval_every=1), hooks=[tally])

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,9 +41,7 @@ from fedforge.evaluation.evaluate import evaluate
 from fedforge.evaluation.groups import group_accuracies
 from fedforge.evaluation.personal import personal_accuracies
 from fedforge.report.progress import Progress
-
-if TYPE_CHECKING:  # the experiment builds the diagnostics hook: imported for types only
-    from fedforge.server.experiment import Experiment
+from fedforge.server.experiment import Experiment
 
 
 def mean_pairwise_cosine(updates: torch.Tensor) -> float | None:

@@ -4,7 +4,6 @@ algorithm, pipeline and engine. The round loop only drives it."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,9 +37,7 @@ from fedforge.privacy import parts as privacy
 from fedforge.privacy.parts import PrivacyParts
 from fedforge.robust.parts import RobustParts, assemble
 from fedforge.server import probe
-from fedforge.server.builtin_hooks import run_hooks
 from fedforge.server.engine_choice import EngineChoice, choose_engine
-from fedforge.server.hooks import RoundHook, RoundHooks
 from fedforge.store.build_record import data_fingerprint
 from fedforge.store.checkpoint import RESIDUAL
 from fedforge.store.client_state import ClientStateStore
@@ -87,9 +84,6 @@ class Experiment:
     metrics: Metrics = dataclasses.field(default_factory=ClassMetrics)  # the task's
     # where local training and evaluation run: the model's device (core/device.py)
     device: torch.device = HOST
-    # what acts around each round, in order (server/hooks.py): privacy, diagnostics,
-    # client state, then the user's
-    hooks: RoundHooks = dataclasses.field(default_factory=run_hooks)
 
     def client_sizes(self) -> list[int]:
         """Each client's example count: the partition's; where the clients' rows
@@ -107,15 +101,9 @@ class Experiment:
         return fn(client_id)
 
 
-def build(
-    cfg: Config,
-    data: FederatedData | None = None,
-    task: Task | None = None,
-    hooks: Sequence[RoundHook] = (),
-) -> Experiment:
+def build(cfg: Config, data: FederatedData | None = None, task: Task | None = None) -> Experiment:
     """Assemble a run from its config (``data`` may be given to reuse a load, or as
-    the caller's own; ``task``: the caller's, else the config's; ``hooks``: the
-    caller's round hooks, told of each round after the built-in ones)."""
+    the caller's own; ``task``: the caller's, else the config's)."""
     keep_large_blocks()  # glibc: reuse freed activation buffers (fedforge.core.allocator)
     dtype = DTYPES[cfg.dtype]
     device = resolve_device(cfg.device)  # before the data loads: a missing GPU fails fast
@@ -176,7 +164,6 @@ def build(
         task,
         metrics,
         device,
-        run_hooks(hooks),  # hooks a config names (the registry's) join the caller's here
     )
 
 

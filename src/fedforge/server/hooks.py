@@ -2,7 +2,8 @@
 (privacy accounting, drift diagnostics, the commit of client state, a user's
 logging, custom stopping rules' bookkeeping).
 
-A run's hooks are one ordered list, ``Experiment.hooks``, built by ``build``:
+A run's hooks are one ordered list (``builtin_hooks.run_hooks``, built by
+``fedforge.run`` / ``resume`` and handed to the round loop):
 
 1. ``privacy``: the round's adaptive clip norm published at its start, the
    next one computed at its end, and the round's participation for the
@@ -10,7 +11,7 @@ A run's hooks are one ordered list, ``Experiment.hooks``, built by ``build``:
 2. ``diagnostics``: the drift figures of the updates the round took;
 3. ``client_state``: the algorithm's per-client state (SCAFFOLD's c_k+) kept for
    the clients whose updates the model took;
-4. the user's hooks, in the order given to ``fedforge.run`` / ``build``.
+4. the user's hooks, in the order given to ``fedforge.run`` / ``resume``.
 
 The round calls every hook, in that order, at each point of its life:
 
@@ -55,7 +56,7 @@ if TYPE_CHECKING:
     from fedforge.report.progress import Progress
     from fedforge.server.diagnostics import RoundDiagnostics
     from fedforge.server.experiment import Experiment
-    from fedforge.server.run_rounds import RunResult
+    from fedforge.server.result import RunResult
     from fedforge.server.state import LoopState
     from fedforge.store import RoundRecord
 

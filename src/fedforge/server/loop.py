@@ -29,10 +29,12 @@ from fedforge.data import PartitionSummary
 from fedforge.data.federated import FederatedData
 from fedforge.engines import Engine, close_engine
 from fedforge.engines.threads import set_threads
+from fedforge.server.builtin_hooks import run_hooks
 from fedforge.server.experiment import Experiment, build, client_tables
-from fedforge.server.hooks import RoundHook
+from fedforge.server.hooks import RoundHook, RoundHooks
 from fedforge.server.partition_file import partition_summary, write_partition
-from fedforge.server.run_rounds import RunResult, run_rounds
+from fedforge.server.result import RunResult
+from fedforge.server.run_rounds import run_rounds
 from fedforge.server.state import LoopState, RunLock, StopSignals, load_aggregator_state
 from fedforge.server.summary import format_summary
 from fedforge.server.workload import say_start
@@ -60,13 +62,14 @@ def run(
     loss and metrics (else the config's task); ``engine``: where the clients run
     (else the config's: a deployment server passes its network engine);
     ``hooks``: the caller's round hooks (server/hooks.py), told of each round."""
-    exp = _with_engine(build(cfg, data, task), engine, hooks)
+    exp = _with_engine(build(cfg, data, task), engine)
+    chain = run_hooks(hooks)  # hooks a config names (the registry's) are to join these
     partition = partition_summary(exp)
     if progress:
         print(f"partition: {partition.format()}", flush=True)
     say_start(exp, 0, progress)
     if not store:
-        return _drive(exp, None, None, LoopState.fresh(exp), partition, progress)
+        return _drive(exp, None, None, LoopState.fresh(exp), partition, progress, chain)
     run_store = RunStore.create(cfg.runs_dir, cfg)
     try:
         write_partition(run_store.path / "partition.json", partition)
@@ -80,7 +83,7 @@ def run(
         if isinstance(exc, OSError):
             raise StoreError(f"cannot start run '{run_store.path}': {os_error_text(exc)}") from None
         raise
-    return _drive(exp, run_store, lock, LoopState.fresh(exp), partition, progress)
+    return _drive(exp, run_store, lock, LoopState.fresh(exp), partition, progress, chain)
 
 
 def resume(
@@ -110,12 +113,13 @@ def resume(
             print(f"fedforge: {edited}", file=sys.stderr, flush=True)
         if device is not None:
             stored = override(stored, {"device": device})
-        exp = _with_engine(build(stored, data, task), engine, hooks)
+        exp = _with_engine(build(stored, data, task), engine)
+        chain = run_hooks(hooks)
         lock.acquire()  # refuses while another process writes the run, or a read-only one
         check_build(run_store.path, exp.spec, exp.data_fingerprint, exp.cfg)  # not damage
         if run_store.status == "finished":  # it was running, and ended while we built
             raise CheckpointError(finished)
-        state = _resumed_state(exp, run_store)
+        state = _resumed_state(exp, run_store, chain)
         run_store.rewind(state.next_round)
     except BaseException:
         lock.release()
@@ -126,23 +130,18 @@ def resume(
         first = " (no checkpoint yet: from the start)" if state.next_round == 0 else ""
         print(f"resuming {run_store.path.name} at round {state.next_round + 1}{first}", flush=True)
     say_start(exp, state.next_round, progress)
-    return _drive(exp, run_store, lock, state, partition, progress)
+    return _drive(exp, run_store, lock, state, partition, progress, chain)
 
 
-def _with_engine(
-    exp: Experiment, engine: Engine | None, hooks: Sequence[RoundHook] = ()
-) -> Experiment:
-    """``exp`` with ``engine`` in place of the one it was built with (closed), and
-    the caller's ``hooks`` after its own."""
-    if hooks:
-        exp = dataclasses.replace(exp, hooks=exp.hooks.extended(hooks))
+def _with_engine(exp: Experiment, engine: Engine | None) -> Experiment:
+    """``exp`` with ``engine`` in place of the one it was built with (closed)."""
     if engine is None:
         return exp
     close_engine(exp.engine)
     return dataclasses.replace(exp, engine=engine)
 
 
-def _resumed_state(exp: Experiment, run_store: RunStore) -> LoopState:
+def _resumed_state(exp: Experiment, run_store: RunStore, hooks: RoundHooks) -> LoopState:
     """The newest good checkpoint's state; round 0's (the seed's) when there is no
     checkpoint or every one is damaged."""
     if not list_checkpoints(run_store.path):
@@ -157,7 +156,7 @@ def _resumed_state(exp: Experiment, run_store: RunStore) -> LoopState:
         return LoopState.fresh(exp)
     state = LoopState.from_checkpoint(exp, ckpt, run_store.rounds(), tables)
     load_aggregator_state(exp.pipeline.aggregator, ckpt)
-    exp.hooks.load_state_dict(ckpt.loop.get("hooks", {}))
+    hooks.load_state_dict(ckpt.loop.get("hooks", {}))
     return state
 
 
@@ -168,12 +167,13 @@ def _drive(
     state: LoopState,
     partition: PartitionSummary,
     progress: bool,
+    hooks: RoundHooks,
 ) -> RunResult:
     """Run the loop on the run's torch threads (those of the caller's process are
     restored after it), then settle the run store."""
     before = set_threads(exp.threads.server) if exp.threads is not None else None
     try:
-        return _drive_rounds(exp, run_store, lock, state, partition, progress)
+        return _drive_rounds(exp, run_store, lock, state, partition, progress, hooks)
     finally:
         if before is not None:
             set_threads(before)
@@ -186,12 +186,13 @@ def _drive_rounds(
     state: LoopState,
     partition: PartitionSummary,
     progress: bool,
+    hooks: RoundHooks,
 ) -> RunResult:
     """Run the loop (under the signal guard when there is a store, whose lock the
     caller holds), then settle the run store: final params and summary, or why not."""
     if run_store is None or lock is None:
         try:
-            result = run_rounds(exp, state, None, progress, StopSignals(enabled=False))
+            result = run_rounds(exp, state, None, progress, StopSignals(enabled=False), hooks)
         finally:
             close_engine(exp.engine)
         result.summary["heterogeneity"] = partition.heterogeneity
@@ -199,7 +200,7 @@ def _drive_rounds(
     exp.engine.bind_store(run_store)  # a deployment keeps its model versions there
     try:
         with StopSignals() as stop:
-            result = run_rounds(exp, state, run_store, progress, stop)
+            result = run_rounds(exp, state, run_store, progress, stop, hooks)
         result.summary["heterogeneity"] = partition.heterogeneity
         _settle(exp, run_store, result, state.next_round)
     except BaseException as exc:

@@ -32,6 +32,7 @@ from fedforge.robust.typical_norm import remember
 from fedforge.selection.periods import period_plan, upload_period
 from fedforge.selection.sampling import over_selected, sample_cohort
 from fedforge.server import diagnostics
+from fedforge.server.builtin_hooks import run_hooks
 from fedforge.server.collect import collect
 from fedforge.server.collectors import (
     Collected,
@@ -47,7 +48,7 @@ from fedforge.server.collectors.intake import Limits
 from fedforge.server.collectors.streaming import UploadPhase
 from fedforge.server.diagnostics import RoundDiagnostics
 from fedforge.server.experiment import Experiment
-from fedforge.server.hooks import RoundEnd, RoundInfo
+from fedforge.server.hooks import RoundEnd, RoundHooks, RoundInfo
 from fedforge.server.state import LoopState
 from fedforge.server.stops import ends_run
 from fedforge.server.stragglers import cohort_tasks
@@ -69,51 +70,54 @@ class Orders:
 
 
 def run_round(
-    exp: Experiment, state: LoopState, round_idx: int, bar: Progress
+    exp: Experiment,
+    state: LoopState,
+    round_idx: int,
+    bar: Progress,
+    hooks: RoundHooks | None = None,
 ) -> tuple[RoundRecord, list[ClientRecord]]:
     """One round: the phases of the module docstring, top to bottom, with the run's
-    hooks told of its start, uploads, evaluation and end (server/hooks.py)."""
+    ``hooks`` (None: the built-in ones) told of its start, uploads, evaluation and
+    end (server/hooks.py)."""
     t0 = time.perf_counter()
+    hooks = hooks if hooks is not None else run_hooks()
     cfg = exp.cfg
     start, end = upload_period(round_idx, cfg.communication.upload_every, cfg.rounds)
     if round_idx != end:  # the period's cohort trains locally: nothing travels
-        return _local_round(exp, state, round_idx, start, bar, t0), []
+        return _local_round(exp, state, round_idx, start, bar, hooks, t0), []
     pool, short = live_pool(exp, round_idx)
     cohort = sample(exp, start, pool)
     if short is not None:  # a deployment with too few clients there
         info = RoundInfo(exp, state, bar, round_idx, start, "short", cohort, [], state.params)
-        return _short_round(exp, state, info, short, t0), []
+        return _short_round(exp, state, info, hooks, short, t0), []
     state.outputs.update(exp.engine.begin_round(round_idx, state.params))  # cold start, canary
     orders = configure(exp, state, round_idx, start, cohort)
     trainers = [t.client_id for t in orders.tasks]
     info = RoundInfo(exp, state, bar, round_idx, start, "upload", cohort, trainers, state.params)
-    exp.hooks.round_start(info)
-    refused = partial(exp.hooks.upload, info)  # (client, False, why) of each refusal
-    log = RoundLog(
-        state.rejected, state.skipped, bar, round_idx, lambda c, why: refused(c, False, why)
-    )
+    hooks.round_start(info)
+    log = RoundLog(state.rejected, state.skipped, bar, round_idx, partial(_refused, hooks, info))
     collector = collector_for(exp, orders, log, info.diagnostics)
     collected = collect(exp, collector, orders.tasks, orders.payload, round_idx)
     collected = _as_sent(exp, collected, orders)
     aggregate, clients, moved = aggregate_phase(exp, state, collected, log)
     clients = server_step(exp, state, aggregate, clients, moved, log)
     applied = not log.skipped_now
-    exp.hooks.taken(info, list(clients))
+    hooks.taken(info, list(clients))
     if clients and cfg.robust.max_norm_multiple is not None:  # the next rounds' bound
         taken = [collected.norms[c] for c in sorted(clients) if c in collected.norms]
         state.update_norms = remember(state.update_norms, taken, cfg.robust.norm_window)
     exp.engine.end_round(round_idx, sorted(clients))  # a deployment's clients keep their state
-    test_acc, test_loss = evaluate_phase(exp, state, round_idx, start, info)
+    test_acc, test_loss = evaluate_phase(exp, state, round_idx, start, info, hooks)
     record = round_record(exp, orders, collected, clients, test_acc, test_loss, t0)
     seen = _uploads_seen(collected, exp.privacy is not None and exp.privacy.secagg is not None)
     used = sorted(clients)
-    exp.hooks.round_end(info, RoundEnd(record, used, applied, sorted(collected.arrived), seen))
+    hooks.round_end(info, RoundEnd(record, used, applied, sorted(collected.arrived), seen))
     return record, list(clients.values())
 
 
-def _refused(exp: Experiment, info: RoundInfo, client_id: int, why: str) -> None:
+def _refused(hooks: RoundHooks, info: RoundInfo, client_id: int, why: str) -> None:
     """Tell the round's hooks of a refused upload."""
-    exp.hooks.upload(info, client_id, False, why)
+    hooks.upload(info, client_id, False, why)
 
 
 def _uploads_seen(collected: Collected, secure: bool) -> list[int]:
@@ -166,17 +170,17 @@ def _as_sent(exp: Experiment, collected: Collected, orders: Orders) -> Collected
 
 
 def _short_round(
-    exp: Experiment, state: LoopState, info: RoundInfo, why: str, t0: float
+    exp: Experiment, state: LoopState, info: RoundInfo, hooks: RoundHooks, why: str, t0: float
 ) -> RoundRecord:
     """A round skipped before anything was sent: the model unchanged, nothing seen
     (no privacy spent), evaluated when due."""
-    exp.hooks.round_start(info)
+    hooks.round_start(info)
     r, start = info.round_idx, info.start
     RoundLog(state.rejected, state.skipped, info.bar, r).skip(why)
-    test_acc, test_loss = evaluate_phase(exp, state, r, start, info)
+    test_acc, test_loss = evaluate_phase(exp, state, r, start, info, hooks)
     record = _record_of_nothing(exp, r, start, 0, t0)
     record = dataclasses.replace(record, test_accuracy=test_acc, test_loss=test_loss)
-    exp.hooks.round_end(info, RoundEnd(record, [], False))
+    hooks.round_end(info, RoundEnd(record, [], False))
     return record
 
 
@@ -289,7 +293,12 @@ def test_scores(exp: Experiment, params: torch.Tensor) -> EvalResult:
 
 
 def evaluate_phase(
-    exp: Experiment, state: LoopState, round_idx: int, start: int, info: RoundInfo | None = None
+    exp: Experiment,
+    state: LoopState,
+    round_idx: int,
+    start: int,
+    info: RoundInfo | None = None,
+    hooks: RoundHooks | None = None,
 ) -> tuple[float | None, float | None]:
     """The global model's test accuracy and loss when an evaluation is due (a
     period's model is new at its end: due if any round of it was); the round's
@@ -299,8 +308,8 @@ def evaluate_phase(
     if not ((round_idx + 1) // every > start // every or ends_run(exp, state, round_idx)):
         return None, None
     ev = test_scores(exp, state.params)
-    if info is not None:
-        exp.hooks.evaluated(info, ev.accuracy, ev.loss)
+    if info is not None and hooks is not None:
+        hooks.evaluated(info, ev.accuracy, ev.loss)
     state.eval_rounds.append(round_idx + 1)
     state.eval_accuracy.append(ev.accuracy)
     if cfg.eval_clients:  # each client's held-out slice, per-class test accuracy
@@ -340,15 +349,21 @@ def round_record(
 
 
 def _local_round(
-    exp: Experiment, state: LoopState, round_idx: int, start: int, bar: Progress, t0: float
+    exp: Experiment,
+    state: LoopState,
+    round_idx: int,
+    start: int,
+    bar: Progress,
+    hooks: RoundHooks,
+    t0: float,
 ) -> RoundRecord:
     """A round inside an upload period (``upload_every`` > 1): its cohort trains
     locally (the work is done with the period's last round), nothing travels."""
     cohort = sample(exp, start)
     info = RoundInfo(exp, state, bar, round_idx, start, "local", cohort, [], state.params)
-    exp.hooks.round_start(info)
+    hooks.round_start(info)
     record = _record_of_nothing(exp, round_idx, start, len(cohort), t0)
-    exp.hooks.round_end(info, RoundEnd(record, [], False))
+    hooks.round_end(info, RoundEnd(record, [], False))
     return record
 
 
