@@ -140,7 +140,11 @@ class ClientTerms(Protocol):
     training of one client, computes its new state and returns the extra
     tensors its update carries (named without the ``alg/`` wire prefix);
     ``commit`` stores the new state of the clients whose update the server used
-    (the round's others keep theirs: the server never saw their change)."""
+    (the round's others keep theirs: the server never saw their change), and
+    ``commit_used`` does the same while the others' new state stays pending (a
+    deployment's client learns of each round's use separately). ``pending`` and
+    ``restore_pending`` read and put back the state computed and not yet
+    committed (a deployment's client keeps it on disk across a restart)."""
 
     tables: dict[str, ClientStateStore]  # its per-client tables, saved by checkpoints
 
@@ -151,6 +155,12 @@ class ClientTerms(Protocol):
     def end(self, job: ClientJob) -> dict[str, torch.Tensor]: ...
 
     def commit(self, used: Collection[int]) -> None: ...
+
+    def commit_used(self, used: Collection[int]) -> None: ...
+
+    def pending(self) -> dict[int, torch.Tensor]: ...
+
+    def restore_pending(self, pending: Mapping[int, torch.Tensor]) -> None: ...
 
 
 class PersonalEntries(Protocol):

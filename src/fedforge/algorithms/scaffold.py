@@ -102,7 +102,14 @@ class ScaffoldClient:
         return dict(self._pending)
 
     def restore_pending(self, pending: Mapping[int, torch.Tensor]) -> None:
+        """Put back c_k+ computed before a restart and not yet committed."""
         self._pending.update(pending)
+
+    def commit_used(self, used: Collection[int]) -> None:
+        """Store the pending c_k+ of ``used``; the others' stay pending."""
+        later = {c: p for c, p in self._pending.items() if c not in used}
+        self.commit(used)
+        self._pending.update(later)
 
     def commit(self, used: Collection[int]) -> None:
         """Store the pending c_k+ of the clients whose update the server used
