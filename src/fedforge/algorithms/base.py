@@ -15,6 +15,7 @@ from fedforge.algorithms.local import (
     GradHook,
     LocalTrain,
     PersonalEntries,
+    ServerDirection,
     ServerTerms,
 )
 from fedforge.algorithms.plan import LocalPlan, LossFn, cross_entropy
@@ -37,6 +38,9 @@ class Algorithm:
     grad_hook: GradHook | None = None
     client: ClientTerms | None = None  # per-client state and extra update tensors (SCAFFOLD)
     server: ServerTerms | None = None  # server state, payload extras and their update
+    # the vector the server optimizer applies, from the aggregate and the used
+    # updates' extra tensors (q-FedAvg's sum Delta_k / sum h_k); None: the aggregate
+    server_direction: ServerDirection | None = None
     personal: PersonalEntries | None = None  # entries each client keeps (FedBN's batch norm)
     drop_stragglers: bool = True  # FedAvg drops clients that did fewer epochs; FedProx keeps them
     # its own local loop instead of client.local_sgd (Per-FedAvg's meta-steps); the

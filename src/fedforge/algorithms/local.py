@@ -191,6 +191,21 @@ class ServerTerms(Protocol):
     ) -> dict[str, torch.Tensor]: ...
 
 
+class ServerDirection(Protocol):
+    """How the server turns a round's aggregate into the vector its optimizer
+    applies (``w <- w + server_lr * direction`` for plain SGD), from the aggregate
+    and the tensors each used update carried beside its delta
+    (``ServerTerms.update_tensors``, one mapping an update, in no set order).
+    q-FedAvg's ``sum_k Delta_k / sum_k h_k`` is the mean of the Delta_k times
+    K / sum_k h_k. Without one the aggregate is applied as it is. Pure: it
+    returns a new tensor and keeps no state (a round skipped after it leaves
+    nothing behind)."""
+
+    def __call__(
+        self, aggregate: torch.Tensor, extras: Sequence[Mapping[str, torch.Tensor]]
+    ) -> torch.Tensor: ...
+
+
 @dataclass(frozen=True)
 class ClientJob:
     """One client's finished local training, as ``ClientTerms.end`` sees it."""

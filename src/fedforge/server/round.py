@@ -229,6 +229,9 @@ def aggregate_phase(
         return None, {}, None
     ctx = StageContext(log.round_idx, exp.cfg.seed, state=state.privacy)
     aggregate = exp.pipeline.run_aggregate(aggregate, ctx)
+    direction = exp.algorithm.server_direction
+    if direction is not None:  # e.g. q-FedAvg: the mean of Delta_k times K / sum h_k
+        aggregate = direction(aggregate, collected.received)
     if not all_finite(aggregate):  # finite updates, too large to sum
         log.skip(f"the aggregate overflowed {state.params.dtype} (inf or NaN)")
         return None, {}, None
