@@ -1,5 +1,5 @@
-"""The examples q-FedAvg, a norm-filtered mean and signSGD with majority vote
-(examples/*.py, written on the public API), each against one round worked by
+"""The examples q-FedAvg, a norm-filtered mean, signSGD with majority vote and
+FedExP (examples/*.py, written on the public API), each against one round worked by
 hand from the paper's equations in plain torch (float64), on the serial and
 the vectorised engine, with signSGD's uplink bytes as the run store records them."""
 
@@ -40,10 +40,11 @@ def _load(name: str) -> Any:
 
 @pytest.fixture(scope="module")
 def examples() -> Iterator[dict[str, Any]]:
-    loaded = {n: _load(n) for n in ("qfedavg", "norm_filtered_mean", "signsgd")}
+    loaded = {n: _load(n) for n in ("qfedavg", "norm_filtered_mean", "signsgd", "fedexp")}
     yield loaded
     for kind, name in [
         ("algorithm", "qfedavg"),
+        ("algorithm", "fedexp"),
         ("aggregator", "norm_filtered_mean"),
         ("aggregator", "majority_vote"),
         ("codec", "signsgd"),
@@ -274,3 +275,29 @@ def test_signsgd_sends_one_bit_a_parameter(examples: dict[str, Any]) -> None:
     bad = {"signs": torch.tensor([0b01010101, 0b101], dtype=torch.uint8)}
     with pytest.raises(fedforge.UploadError, match="non-zero padding bits"):
         codec.decode(bad, meta, delta.numel(), F64)
+
+
+# ------------------------------------------------------------ FedExP
+
+
+@pytest.mark.parametrize("eps", [1e-3, 10.0])  # eta_g above 1, and held at 1
+def test_fedexp_is_one_hand_worked_round(
+    examples: dict[str, Any], tmp_path: Path, eps: float
+) -> None:
+    """Jhunjhunwala et al. 2023, Algorithm 1: eta_g = max(1, sum ||D_i||^2 /
+    (2 M (||mean D||^2 + eps))), w <- w + eta_g mean D."""
+    data = _data()
+    w0 = _initial(tmp_path, data)
+    deltas = torch.stack([_local(w0, x, y) - w0 for x, y in _clients(data)])
+    mean = deltas.mean(0)
+    eta = max(1.0, float((deltas**2).sum()) / (2 * len(SIZES) * (float(mean @ mean) + eps)))
+    assert (eta > 1) == (eps < 1)  # the two cases the parameters are for
+    extra = {
+        "algorithm": "fedexp",
+        "aggregation_weights": "uniform",
+        "plugin_options": {"fedexp": {"eps": eps}},
+    }
+    serial = _run(tmp_path, "serial", data, **extra)
+    torch.testing.assert_close(serial.params, w0 + eta * mean, rtol=0, atol=1e-12)
+    vector = _run(tmp_path, "vectorized", data, **extra)
+    torch.testing.assert_close(vector.params, serial.params, rtol=0, atol=1e-9)
