@@ -1,5 +1,5 @@
 """signSGD with majority vote (Bernstein et al. 2018, "signSGD: Compressed
-Optimisation for Non-Convex Problems", Algorithm 3; Bernstein et al. 2019,
+Optimisation for Non-Convex Problems"; Bernstein et al. 2019,
 "signSGD with Majority Vote is Communication Efficient and Fault Tolerant").
 
 Each client uploads sign(delta) of its local update, one bit a parameter (the
