@@ -8,9 +8,10 @@ of each round (:func:`local_plan` reads the config's), the loss, what is shared,
 and the optional parts a method adds: a gradient term (FedProx), per-client
 state and server state (SCAFFOLD), entries each client keeps (FedBN), its own
 local loop (Per-FedAvg) or the server's direction from the aggregate and the
-updates' extra tensors (``server_direction``: examples/qfedavg.py, fedexp.py). ``context.options`` holds the options dataclass the
-factory was registered with, parsed from ``plugin_options``; ``context.spec``
-and ``context.dtype`` size state by the model.
+updates' extra tensors (``server_direction``: examples/qfedavg.py, fedexp.py).
+``context.options`` holds the options dataclass the factory was registered
+with, parsed from ``plugin_options``; ``context.spec`` and ``context.dtype``
+size state by the model.
 """
 
 from __future__ import annotations
