@@ -211,14 +211,23 @@ class UpdateScale(Protocol):
 
 
 class ServerStep(Protocol):
-    """The update the server optimizer applies, and the algorithm's server state
-    after the round, from the aggregate (the stages' output: the weighted mean of
-    the deltas) and the state ``ServerTerms.moved`` returned (FedNova scales the
-    aggregate by tau_eff; FedDyn moves h by the aggregate and subtracts h / alpha).
-    Returns new tensors; the round keeps them only when the step stands."""
+    """The update the server optimizer applies (``w <- w + server_lr * update``
+    for plain SGD), and the algorithm's server state after the round, from the
+    aggregate (the stages' output: the weighted mean of the deltas), the state
+    ``ServerTerms.moved`` returned and the tensors each used update carried beside
+    its delta (``ServerTerms.update_tensors``, one mapping an update, in no set
+    order). FedNova scales the aggregate by tau_eff; FedDyn moves h by the
+    aggregate and subtracts h / alpha; q-FedAvg's ``sum_k Delta_k / sum_k h_k`` is
+    the mean of the Delta_k times K / sum_k h_k; FedExP extrapolates the mean by
+    eta_g from the updates' squared norms. Returns new tensors; the round keeps
+    them only when the step stands (a round skipped after it leaves nothing
+    behind)."""
 
     def __call__(
-        self, aggregate: torch.Tensor, state: Mapping[str, torch.Tensor]
+        self,
+        aggregate: torch.Tensor,
+        state: Mapping[str, torch.Tensor],
+        received: Sequence[Mapping[str, torch.Tensor]],
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]: ...
 
 

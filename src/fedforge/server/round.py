@@ -234,15 +234,17 @@ def aggregate_phase(
     if not all_finite(aggregate):  # finite updates, too large to sum
         log.skip(f"the aggregate overflowed {state.params.dtype} (inf or NaN)")
         return None, {}, None
-    server = exp.algorithm.server
-    if server is None:
-        return aggregate, clients, None
-    moved = server.moved(state.algorithm_state, collected.received, exp.cfg.num_clients)
-    if exp.algorithm.server_step is not None:  # FedNova's tau_eff, FedDyn's h
-        aggregate, moved = exp.algorithm.server_step(aggregate, moved)
+    server, step = exp.algorithm.server, exp.algorithm.server_step
+    moved: dict[str, torch.Tensor] = {}
+    if server is not None:
+        moved = server.moved(state.algorithm_state, collected.received, exp.cfg.num_clients)
+    if step is not None:  # FedNova's tau_eff, FedDyn's h, q-FedAvg's K / sum h_k
+        aggregate, moved = step(aggregate, moved, collected.received)
         if not all_finite(aggregate):
             log.skip("the algorithm's server step overflowed the aggregate (inf or NaN)")
             return None, {}, None
+    if server is None:
+        return aggregate, clients, None
     bad = [name for name, t in moved.items() if not all_finite(t)]
     if bad:  # finite control deltas, too large to sum: c would be inf for good
         log.skip(f"the server's {', '.join(bad)} overflowed (inf or NaN)")
