@@ -75,6 +75,22 @@ def _channel(args: argparse.Namespace, n: int) -> grpc.Channel:
     return grpc.secure_channel(target, creds, options=options)
 
 
+def hold_until_told(stop: threading.Event, hold_s: float, calls: int) -> None:
+    """Say "holding", then wait ``hold_s`` or until SIGTERM, and set ``stop``.
+
+    The kernel may hand SIGTERM to any thread (gRPC's among them); Python runs
+    the handler only when the main thread next runs bytecode, so the main thread
+    waits in short steps rather than one long wait, and the handler only flips a
+    flag (it takes no lock the main thread could hold)."""
+    told = [False]
+    signal.signal(signal.SIGTERM, lambda *_: told.__setitem__(0, True))
+    print(json.dumps({"event": "holding", "calls": calls}), flush=True)
+    end = time.monotonic() + hold_s
+    while not told[0] and time.monotonic() < end:
+        time.sleep(0.05)
+    stop.set()
+
+
 def idle(args: argparse.Namespace) -> dict[str, object]:
     """``args.calls`` calls held open without their request for ``args.hold_s``:
     a thread a slot, opening a call, waiting until the server ends it (its code
@@ -120,10 +136,7 @@ def idle(args: argparse.Namespace) -> dict[str, object]:
     threads = [threading.Thread(target=hold, args=(i,), daemon=True) for i in range(args.calls)]
     for t in threads:
         t.start()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())  # stop early, still say what happened
-    print(json.dumps({"event": "holding", "calls": args.calls}), flush=True)
-    stop.wait(args.hold_s)
-    stop.set()
+    hold_until_told(stop, args.hold_s, args.calls)
     end = time.monotonic() + 5
     for t in threads:
         t.join(max(0.0, end - time.monotonic()))
@@ -233,10 +246,7 @@ def polls(args: argparse.Namespace) -> dict[str, object]:
 
     for i, ch in enumerate(channels):
         keep(i, ch)
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    print(json.dumps({"event": "holding", "calls": args.names * args.calls}), flush=True)
-    stop.wait(args.hold_s)
-    stop.set()
+    hold_until_told(stop, args.hold_s, args.names * args.calls)
     for ch in channels:
         ch.close()
     return {"event": "polls", "ended": dict(codes)}

@@ -66,6 +66,7 @@ def test_ctrl_c_while_starting_is_one_line_and_130(tmp_path: Path, how: str) -> 
     assert out == ""
 
 
+@pytest.mark.slow
 def test_a_second_sigterm_stops_at_once_and_the_run_is_stopped_and_resumable(
     mnist_dir: Path, tmp_path: Path
 ) -> None:

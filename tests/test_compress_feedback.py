@@ -139,7 +139,7 @@ def test_communication_config_defaults_and_errors() -> None:
     cfg = from_dict({"communication": {"uplink": "topk", "fraction": "1e-3"}})
     assert cfg.communication.fraction == 0.001
     bad = [
-        ({"uplink": "int3"}, "'communication.uplink' = 'int3'.*one of"),
+        ({"uplink": "int3"}, "'communication.uplink' = 'int3'.*registered codec: 'dense'"),
         ({"downlink": "topk"}, "'communication.downlink' = 'topk'"),
         ({"error_feedback": True}, "'communication.error_feedback' = True.*lossy uplink"),
         ({"uplink": "topk", "fraction": 0.0}, "'communication.fraction' = 0.0"),

@@ -108,7 +108,10 @@ def test_mutual_tls_federation_refuses_the_uncertified_and_the_revoked(tmp_path:
     "fields",
     [
         {"algorithm": "scaffold"},
-        {"communication": {"uplink": "topk", "fraction": 0.1, "error_feedback": True}},
+        pytest.param(
+            {"communication": {"uplink": "topk", "fraction": 0.1, "error_feedback": True}},
+            marks=pytest.mark.slow,
+        ),
     ],
     ids=["scaffold", "topk-error-feedback"],
 )
@@ -197,7 +200,9 @@ def test_new_clients_are_judged_before_they_train(tmp_path: Path) -> None:
         assert loss == pytest.approx(ev.loss, rel=1e-9)
 
 
-@pytest.mark.parametrize("lr,verdict", [(0.05, "promoted"), (40.0, "rolled_back")])
+@pytest.mark.parametrize(
+    "lr,verdict", [pytest.param(0.05, "promoted", marks=pytest.mark.slow), (40.0, "rolled_back")]
+)
 def test_canary_promotes_a_better_model_and_rolls_back_a_worse_one(
     tmp_path: Path, lr: float, verdict: str
 ) -> None:
@@ -262,6 +267,7 @@ def test_canary_promotes_a_better_model_and_rolls_back_a_worse_one(
     assert [d["decision"] for d in decisions] == [said] * 2
 
 
+@pytest.mark.slow
 def test_over_selection_asks_more_and_closes_at_the_needed_count(tmp_path: Path) -> None:
     """C = 0.5 of 6 needs 3 updates; over-selection 1.0 asks all 6 and closes each
     round at the first 3 taken."""

@@ -56,6 +56,7 @@ def _connected(tmp: Path) -> list[int] | None:
     return None
 
 
+@pytest.mark.slow
 def test_the_server_says_who_joined_while_it_waits(tmp_path: Path) -> None:
     cfg = write_config(tmp_path / "cfg.yaml", rounds=1)
     server, port = start_server(tmp_path, cfg, "--insecure")

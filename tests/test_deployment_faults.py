@@ -53,6 +53,7 @@ assert deploy_env  # the fixture is used by name
 
 
 # ---------------------------------------------------------------- the tests
+@pytest.mark.slow
 def test_a_killed_client_process_is_a_dropout_and_the_run_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -95,6 +96,7 @@ def test_a_killed_client_process_is_a_dropout_and_the_run_goes_on(
     assert _max_diff(deployed, expected) <= 1e-9
 
 
+@pytest.mark.slow
 def test_a_client_process_dead_mid_round_is_a_dropout_at_once_and_trains_when_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -152,7 +154,7 @@ def test_secure_aggregation_over_the_wire_ends_where_the_simulator_ends(
     assert _max_diff(deployed, _simulated(cfg, tmp_path, monkeypatch).params) <= 1e-9
 
 
-@pytest.mark.parametrize("phase", ["masked_input", "unmask"])
+@pytest.mark.parametrize("phase", [pytest.param("masked_input", marks=pytest.mark.slow), "unmask"])
 def test_secure_aggregation_recovers_the_masks_of_clients_that_died(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, phase: str
 ) -> None:
@@ -187,6 +189,7 @@ def test_secure_aggregation_recovers_the_masks_of_clients_that_died(
     assert _max_diff(deployed, expected) <= 1e-9
 
 
+@pytest.mark.slow
 def test_secure_aggregation_below_threshold_skips_the_round(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -220,6 +223,7 @@ def test_secure_aggregation_below_threshold_skips_the_round(
     assert _max_diff(deployed, expected) <= 1e-9
 
 
+@pytest.mark.slow
 def test_a_server_killed_mid_run_resumes_where_it_stopped(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

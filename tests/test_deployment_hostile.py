@@ -177,6 +177,7 @@ def peak_rss_mib(proc: Proc) -> float:
     raise AssertionError("no VmHWM")
 
 
+@pytest.mark.slow
 def test_an_honest_client_backs_off_when_the_server_is_busy(tmp_path: Path) -> None:
     """40 idle calls from loopback pass the per-address limit (32): the honest
     client's calls from the same address are told RESOURCE_EXHAUSTED. It waits
@@ -283,6 +284,7 @@ def test_retrying_waits_out_transient_statuses_only() -> None:
         retrying(call, 0.0, sleep=slept.append)  # no time to wait
 
 
+@pytest.mark.slow
 def test_a_client_without_a_server_gives_up_after_give_up_s(tmp_path: Path) -> None:
     """Retries count toward --give-up-s: with nothing listening, the process
     retries with backoff and exits 1 about 3 s after its first failure (not
@@ -342,6 +344,7 @@ def test_one_connection_holds_at_most_its_streams(tmp_path: Path) -> None:
     assert waiting == STREAMS_PER_CONNECTION == 64
 
 
+@pytest.mark.slow
 def test_one_name_holds_at_most_its_share_of_calls(tmp_path: Path) -> None:
     """A joined name's long-polls beyond CALLS_PER_NAME are told RESOURCE_EXHAUSTED
     at once (the rest wait for work, as polls do); another name is still served."""

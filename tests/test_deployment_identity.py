@@ -104,6 +104,7 @@ def _keys_federation(tmp: Path) -> tuple[Path, Ed25519PrivateKey]:
     return fed, key
 
 
+@pytest.mark.slow
 def test_a_client_signing_from_the_docstring_is_accepted_and_a_replay_after_restart_is_refused(
     tmp_path: Path,
 ) -> None:

@@ -11,6 +11,7 @@ import urllib.request
 from pathlib import Path
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from deploy_procs import run_dir_of, start_client, start_server, write_config
@@ -37,6 +38,7 @@ def _rounds(run_dir_parent: Path) -> int:
     return 0
 
 
+@pytest.mark.slow
 def test_health_metrics_and_sigterm_then_resume(tmp_path: Path) -> None:
     cfg = write_config(tmp_path / "cfg.yaml", rounds=6, checkpoint_every=1)
     metrics_port, port = _free_port(), _free_port()

@@ -13,6 +13,7 @@ import sqlite3
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from deploy_procs import run_dir_of, start_data_client, start_server, write_config
@@ -42,6 +43,7 @@ def _folders(tmp: Path, mnist: MnistData) -> list[tuple[np.ndarray, np.ndarray]]
     return out
 
 
+@pytest.mark.slow
 def test_clients_with_their_own_data_end_where_the_simulator_ends(
     tmp_path: Path, mnist_dir: Path
 ) -> None:

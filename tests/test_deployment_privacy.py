@@ -80,6 +80,7 @@ def test_with_the_defaults_the_server_cannot_subtract_a_clients_noise(tmp_path: 
     assert not [e for e in server.events() if e.get("event") == "noise_not_secret"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("trusting_client", [True, False])
 def test_a_trusted_server_recomputes_only_the_noise_of_a_client_that_trusts_it(
     tmp_path: Path, trusting_client: bool

@@ -256,6 +256,7 @@ def test_fuzzed_uploads_are_refused(open_server, parts: list[tuple[bool, bytes]]
     assert stub.Hello(pb.Signed(body=b""), timeout=10).run_name == "dep"  # still serving
 
 
+@pytest.mark.slow
 def test_a_silent_upload_stream_is_cancelled_and_frees_its_thread(open_server) -> None:  # type: ignore[no-untyped-def]
     """A peer that opens an upload stream and sends nothing is cut off when its
     header has not come within the request wait, not left holding the call; the

@@ -83,6 +83,7 @@ def until(check: Any, timeout: float = 10.0) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.slow
 def test_waiting_polls_hold_no_thread_of_the_pool(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -162,6 +163,7 @@ def test_a_call_that_ended_before_a_callback_was_added_says_so() -> None:
     assert calls[0].ended and not calls[0].sent
 
 
+@pytest.mark.slow
 def test_work_handed_to_a_call_cut_before_its_reply_is_handed_out_again(
     tmp_path: Path,
 ) -> None:

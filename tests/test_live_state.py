@@ -12,6 +12,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from deploy_procs import run_dir_of, start_client, start_server, write_config
 from fedforge.store.live_state import LIVE_NAME, read_live_state, write_live_state
 from fedforge.transport.hub import Hub
@@ -88,6 +90,7 @@ def _watch(runs: Path, seen: list[dict], stop: threading.Event) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.slow
 def test_a_deployment_server_publishes_its_live_state(tmp_path: Path) -> None:
     cfg = write_config(tmp_path / "cfg.yaml", rounds=3)
     seen: list[dict] = []
