@@ -23,13 +23,20 @@ client's new grad_i is stored only once the server has used its update.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
 import fedforge
-from fedforge.algorithms import ClientJob, LinearTerm, StepContext, drops_stragglers, local_plan
+from fedforge.algorithms import (
+    ClientJob,
+    LinearTerm,
+    PendingClientTable,
+    StepContext,
+    drops_stragglers,
+    local_plan,
+)
 from fedforge.algorithms.plan import DecayedPlan, LocalPlan, cross_entropy
 from fedforge.store import ClientStateStore, make_state_store, working_dir
 
@@ -61,37 +68,23 @@ class Regulariser:
         self.linear_term()(grads, ctx)
 
 
-class DynClient:
-    """Reads grad_i from its table; holds grad_i - alpha (w_i - w) until commit."""
+class DynClient(PendingClientTable):
+    """Reads grad_i from its table; holds grad_i - alpha (w_i - w) until the server
+    used the client's update."""
 
     def __init__(self, store: ClientStateStore, alpha: float) -> None:
-        self.store, self.alpha = store, alpha
-        self.tables = {GRAD: store}
-        self._pending: dict[int, torch.Tensor] = {}
+        super().__init__(GRAD, store)
+        self.alpha = alpha
 
     def begin(
         self, client_ids: Sequence[int], start: torch.Tensor, extras: Mapping[str, torch.Tensor]
     ) -> dict[str, torch.Tensor]:
-        return {LINEAR: -self.store.gather(client_ids).to(start.dtype)}
+        return {LINEAR: -self.rows(client_ids, start.dtype)}
 
     def end(self, job: ClientJob) -> dict[str, torch.Tensor]:
-        grad = self.store.gather([job.client_id])[0].to(job.start.dtype)
-        new = grad - self.alpha * (job.result.params - job.start)
-        if bool(torch.isfinite(new).all()):  # a blown-up client keeps its old grad_i
-            self._pending[job.client_id] = new
+        grad = self.rows([job.client_id], job.start.dtype)[0]
+        self.hold(job.client_id, grad - self.alpha * (job.result.params - job.start))
         return {COUNT: torch.ones(1, dtype=job.start.dtype)}
-
-    def pending(self) -> dict[int, torch.Tensor]:
-        return dict(self._pending)
-
-    def restore_pending(self, pending: Mapping[int, torch.Tensor]) -> None:
-        self._pending.update(pending)
-
-    def commit(self, used: Collection[int]) -> None:
-        ids = sorted(c for c in self._pending if c in used)
-        if ids:
-            self.store.scatter(ids, torch.stack([self._pending[c] for c in ids]))
-        self._pending.clear()
 
 
 class DynServer:
@@ -119,7 +112,10 @@ class DynServer:
         return {H: state[H], USED: torch.stack([e[COUNT] for e in extras]).sum(dim=0)}
 
     def __call__(
-        self, aggregate: torch.Tensor, state: Mapping[str, torch.Tensor]
+        self,
+        aggregate: torch.Tensor,
+        state: Mapping[str, torch.Tensor],
+        received: Sequence[Mapping[str, torch.Tensor]],
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         # aggregate = mean (w_i - w): sum_{P_t} (w_i - w) = |P_t| aggregate
         h = state[H] - (self.alpha / self.m) * state[USED] * aggregate

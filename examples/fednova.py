@@ -21,15 +21,20 @@ sums. p_i are the aggregator's weights, so the run must weigh by example counts
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
 import fedforge
-from fedforge.algorithms import ClientJob, LocalPlan, drops_stragglers, local_plan
+from fedforge.algorithms import (
+    ClientJob,
+    LocalPlan,
+    StatelessClientTerms,
+    drops_stragglers,
+    local_plan,
+)
 from fedforge.algorithms.local import LocalResult
 from fedforge.algorithms.plan import DecayedPlan, cross_entropy
-from fedforge.store import ClientStateStore
 
 N_A, N = "n_a", "n"  # per update: n_i a_i and n_i, scalars
 TAU_EFF = "tau_eff"  # server state: the last round's tau_eff
@@ -54,26 +59,17 @@ class Normalise:
         return 1.0 / normaliser(result.steps, self.momentum)
 
 
-class NovaClient:
+class NovaClient(StatelessClientTerms):
     """Sends n_i a_i and n_i beside the normalised delta; keeps no state."""
 
     def __init__(self, momentum: float) -> None:
         self.momentum = momentum
-        self.tables: dict[str, ClientStateStore] = {}  # nothing to checkpoint
-
-    def begin(
-        self, client_ids: Sequence[int], start: torch.Tensor, extras: Mapping[str, torch.Tensor]
-    ) -> dict[str, torch.Tensor]:
-        return {}
 
     def end(self, job: ClientJob) -> dict[str, torch.Tensor]:
         n = float(len(job.y))
         a = normaliser(job.result.steps, self.momentum)
         dtype = job.start.dtype
         return {N_A: torch.tensor([n * a], dtype=dtype), N: torch.tensor([n], dtype=dtype)}
-
-    def commit(self, used: Collection[int]) -> None:
-        pass
 
 
 class NovaServer:
@@ -100,7 +96,10 @@ class NovaServer:
         return {TAU_EFF: (n_a / n).to(state[TAU_EFF].dtype)}
 
     def __call__(
-        self, aggregate: torch.Tensor, state: Mapping[str, torch.Tensor]
+        self,
+        aggregate: torch.Tensor,
+        state: Mapping[str, torch.Tensor],
+        received: Sequence[Mapping[str, torch.Tensor]],
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         return aggregate * state[TAU_EFF].to(aggregate.dtype), dict(state)
 

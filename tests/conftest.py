@@ -14,6 +14,7 @@ import torch
 
 from fedforge.data import Partition
 from fedforge.data.federated import FederatedData
+from fedforge.engines import SimulationEngine
 
 MakeData = Callable[..., FederatedData]
 
@@ -88,7 +89,7 @@ def one_thread(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-class SigtermAt:
+class SigtermAt(SimulationEngine):
     """An engine wrapper that sends this process SIGTERM while round ``at`` runs
     (the loop finishes the round, checkpoints and stops, as for an outside signal)."""
 

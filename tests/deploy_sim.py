@@ -20,7 +20,7 @@ from deploy_procs import Proc, run_dir_of, start_client
 from fedforge import config as config_mod
 from fedforge import run
 from fedforge.client.runtime import ClientTask, ClientUpload
-from fedforge.engines import close_engine
+from fedforge.engines import SimulationEngine, close_engine
 from fedforge.server import loop
 from fedforge.server.loop import RunResult
 
@@ -96,7 +96,7 @@ def _skips(run_dir: Path) -> dict[int, str]:
 
 
 # ---------------------------------------------------------------- the simulator
-class _Absent:
+class _Absent(SimulationEngine):
     """The simulator's engine without the clients ``gone(round, phase)`` names:
     they get no message of that phase, answer none, and do not train ("train")."""
 

@@ -21,6 +21,7 @@ from fedforge.cli import main
 from fedforge.config import Config, load
 from fedforge.core.errors import DataError
 from fedforge.data.federated import FederatedData
+from fedforge.engines import SimulationEngine
 from fedforge.store import RunStore, list_runs
 
 MakeData = Callable[..., FederatedData]
@@ -295,7 +296,7 @@ def test_start_up_freezes_torch_objects_only_in_a_process_fedforge_starts(
     assert (count > 100_000) if frozen else (count == 0)
 
 
-class _Signals:
+class _Signals(SimulationEngine):
     """An engine wrapper that sends this process ``count`` SIGTERMs while round 1 runs."""
 
     name = "signals"

@@ -13,6 +13,7 @@ from tests.conftest import TINY_LOGREG, MakeData
 
 from fedforge.client.runtime import ClientTask, ClientUpload
 from fedforge.config import from_dict
+from fedforge.engines import SimulationEngine
 from fedforge.report.progress import Progress
 from fedforge.robust.attacks import attacker_ids
 from fedforge.server.experiment import build
@@ -22,7 +23,7 @@ from fedforge.server.state import LoopState
 SIZES = [30, 20, 40, 30, 25, 35, 30, 30, 20, 40]
 
 
-class _Told:
+class _Told(SimulationEngine):
     """An engine whose uploads carry a ``settle`` that writes down every word said,
     and whether the cohort had all arrived when it was said."""
 

@@ -20,7 +20,7 @@ from fedforge.config import from_dict, override
 from fedforge.core import wire
 from fedforge.core.errors import ConfigError
 from fedforge.data.federated import FederatedData
-from fedforge.engines import Engine
+from fedforge.engines import Engine, SimulationEngine
 from fedforge.report.progress import Progress
 from fedforge.server.experiment import build
 from fedforge.server.loop import resume, run
@@ -71,7 +71,7 @@ def _f32(data: FederatedData) -> FederatedData:
     )
 
 
-class _Corrupt:
+class _Corrupt(SimulationEngine):
     """Wraps an engine; rewrites (or drops) the update of one client."""
 
     name = "corrupt"

@@ -15,7 +15,7 @@ from torch import nn
 from conftest import RunStopped
 from fedforge.algorithms import LocalPlan, fedprox, scaffold
 from fedforge.algorithms.fedprox import ProximalTerm
-from fedforge.algorithms.scaffold import ScaffoldServer
+from fedforge.algorithms.scaffold import ScaffoldClient, ScaffoldServer
 from fedforge.client.runtime import ClientRuntime, ClientTask, encode_payload, local_sgd
 from fedforge.config import from_dict, override
 from fedforge.core import wire
@@ -481,3 +481,18 @@ def test_the_server_moves_c_by_what_the_edges_forwarded(
     state = LoopState.fresh(exp)
     run_round(exp, state, 0, Progress(1, "t", enabled=False))
     assert float(state.algorithm_state["control"].abs().max()) == 0
+
+
+def test_scaffold_commit_used_keeps_the_others_pending() -> None:
+    # a deployment's client hears of each round's use apart: the used client's
+    # c_k+ is stored, the other's stays pending (read back, and committed later)
+    store = MemoryStateStore(3, 2, F64)
+    client = ScaffoldClient(store, "II")
+    new = {1: torch.tensor([1.0, 2.0], dtype=F64), 2: torch.tensor([-3.0, 4.0], dtype=F64)}
+    client.restore_pending(new)
+    client.commit_used({1})
+    assert torch.equal(store.gather([1])[0], new[1])
+    assert not store.has(2)
+    assert set(client.pending()) == {2} and torch.equal(client.pending()[2], new[2])
+    client.commit_used({2})
+    assert torch.equal(store.gather([2])[0], new[2]) and client.pending() == {}

@@ -264,9 +264,10 @@ import multiprocessing, sys, time
 import torch
 from tests.conftest import _make_data
 from fedforge import config as c
+from fedforge.engines import SimulationEngine
 from fedforge.server import loop
 
-class Hang:  # round 1: say who the workers are, then wait to be killed
+class Hang(SimulationEngine):  # round 1: say who the workers are, then wait to be killed
     name = "hang"
     def __init__(self, inner):
         self.inner = inner

@@ -18,7 +18,7 @@ from fedforge.config import from_dict, override
 from fedforge.core import wire
 from fedforge.core.errors import ConfigError
 from fedforge.data.federated import FederatedData
-from fedforge.engines import Engine
+from fedforge.engines import Engine, SimulationEngine
 from fedforge.engines.serial import SerialEngine
 from fedforge.privacy.secagg_masks import CIPHERTEXT_BYTES, KEY_BYTES, SHARE_BYTES
 from fedforge.server import loop
@@ -117,7 +117,7 @@ def test_masked_words_travel_packed_at_k_bits(
     assert -saved < diff < -saved + phases
 
 
-class _Filter:
+class _Filter(SimulationEngine):
     """A serial engine that trains only the clients ``keep(round, ids)`` returns:
     the plain run over a secure-aggregation run's survivors."""
 
@@ -260,7 +260,7 @@ def test_resume_with_secagg_is_bit_exact(
         assert len(got.rounds()) == 5
 
 
-class _Tamper:
+class _Tamper(SimulationEngine):
     """A serial engine whose client ``client`` has its ``phase`` reply rewritten
     by ``fn`` (tensors -> tensors): a malicious or broken client."""
 
@@ -364,7 +364,7 @@ def test_shares_that_do_not_decrypt_make_clients_abort_not_the_run(
     assert all("unmask" in why for _, why in got.skipped), got.skipped
 
 
-class _Counting:
+class _Counting(SimulationEngine):
     """A serial engine that counts every byte the server sends: the payload once
     per client trained, and each phase message."""
 

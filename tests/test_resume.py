@@ -28,6 +28,7 @@ import yaml
 from fedforge.config import Config, from_dict, override
 from fedforge.core.errors import ConfigError, FedforgeError, StoreError
 from fedforge.data.federated import FederatedData, load_federated_data
+from fedforge.engines import SimulationEngine
 from fedforge.report.runs import format_run_summary
 from fedforge.server.experiment import build
 from fedforge.server.loop import resume, run
@@ -675,7 +676,7 @@ def test_a_run_whose_every_checkpoint_is_damaged_starts_again_from_round_0(
 def _crash_in_round(round_idx: int) -> Any:
     """An engine wrapper that dies (as if killed) when round ``round_idx`` starts."""
 
-    class Crash:
+    class Crash(SimulationEngine):
         name = "crash"
 
         def __init__(self, inner: Any) -> None:

@@ -15,13 +15,14 @@ from tests.conftest import TINY_LOGREG, MakeData, wrap_engine
 from fedforge.cli import main
 from fedforge.config import from_dict
 from fedforge.core.errors import StoreError
+from fedforge.engines import SimulationEngine
 from fedforge.server.loop import run
 from fedforge.store import RunStore, list_runs
 
 WAL_HEADER, FRAME_HEADER, PAGE = 32, 24, 4096
 
 
-class CopyAt:
+class CopyAt(SimulationEngine):
     """An engine wrapper that copies the run directory (its database and WAL, as
     the open writer left them) into each of ``into`` when round ``at`` starts."""
 

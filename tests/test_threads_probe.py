@@ -14,7 +14,7 @@ from tests.conftest import MakeData
 from fedforge import config as config_mod
 from fedforge.client.runtime import ClientTask, ClientUpload
 from fedforge.core.errors import ConfigError
-from fedforge.engines import close_engine
+from fedforge.engines import SimulationEngine, close_engine
 from fedforge.engines.pool import PoolEngine
 from fedforge.engines.serial import SerialEngine
 from fedforge.engines.threads import THREADS_ENV, thread_plan
@@ -91,7 +91,7 @@ def test_build_divides_the_cores_between_server_and_workers(
     assert one.threads is not None and one.threads.server == 4 and one.threads.workers == 0
 
 
-class _Seen:
+class _Seen(SimulationEngine):
     """An engine wrapper noting torch's threads while the cohort trains."""
 
     def __init__(self, inner: Any, seen: list[int]) -> None:

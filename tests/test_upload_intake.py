@@ -14,6 +14,7 @@ from tests.conftest import TINY_LOGREG, MakeData
 from fedforge.client.runtime import ClientTask, ClientUpload
 from fedforge.config import from_dict
 from fedforge.core import wire
+from fedforge.engines import SimulationEngine
 from fedforge.report.progress import Progress
 from fedforge.server.experiment import build
 from fedforge.server.registry import Registry
@@ -24,7 +25,7 @@ Rewrite = Callable[[list[ClientUpload]], list[ClientUpload]]
 SIZES = [30, 20, 40, 30, 25, 35, 30, 30, 20, 40]
 
 
-class _Hostile:
+class _Hostile(SimulationEngine):
     """An engine whose cohort's uploads pass through ``rewrite`` first."""
 
     def __init__(self, inner: Any, rewrite: Rewrite) -> None:

@@ -46,6 +46,9 @@ _PUBLIC = {
     "Partition": "fedforge.data.partition",
     "register_model": "fedforge.models",
     "build": "fedforge.server.experiment",
+    "RoundEnd": "fedforge.server.hooks",
+    "RoundHook": "fedforge.server.hooks",
+    "RoundInfo": "fedforge.server.hooks",
     "RunResult": "fedforge.server.loop",
     "resume": "fedforge.server.loop",
     "run": "fedforge.server.loop",
@@ -66,6 +69,9 @@ __all__ = [
     "ParamSpec",
     "Partition",
     "PartitionConfig",
+    "RoundEnd",
+    "RoundHook",
+    "RoundInfo",
     "RunResult",
     "RunStore",
     "Task",
@@ -134,6 +140,7 @@ if TYPE_CHECKING:  # the names as the type checker sees them
     from fedforge.pipeline.named import register_codec, register_stage
     from fedforge.selection.named import register_selection
     from fedforge.server.experiment import build
+    from fedforge.server.hooks import RoundEnd, RoundHook, RoundInfo
     from fedforge.server.loop import RunResult, resume, run
     from fedforge.server.optimizers import register_server_optimizer
     from fedforge.store import RunStore

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from fedforge.algorithms.base import Algorithm, LocalPlan, cross_entropy
+from fedforge.algorithms.client_terms import PendingClientTable, StatelessClientTerms
 from fedforge.algorithms.factories import (
     AlgorithmFactory,
     drops_stragglers,
@@ -58,6 +59,7 @@ __all__ = [
     "ClientTerms",
     "LinearTerm",
     "LocalPlan",
+    "PendingClientTable",
     "cross_entropy",
     "drops_stragglers",
     "fedavg",
@@ -71,6 +73,7 @@ __all__ = [
     "register_algorithm",
     "ServerStep",
     "ServerTerms",
+    "StatelessClientTerms",
     "StepContext",
     "UpdateScale",
     "scaffold",

@@ -6,10 +6,12 @@ An algorithm factory takes a ``ComponentContext`` (config/components.py) and
 returns an :class:`~fedforge.algorithms.base.Algorithm` bundle: the client plan
 of each round (:func:`local_plan` reads the config's), the loss, what is shared,
 and the optional parts a method adds: a gradient term (FedProx), per-client
-state and server state (SCAFFOLD), entries each client keeps (FedBN) or its own
-local loop (Per-FedAvg). ``context.options`` holds the options dataclass the
-factory was registered with, parsed from ``plugin_options``; ``context.spec``
-and ``context.dtype`` size state by the model.
+state and server state (SCAFFOLD), entries each client keeps (FedBN), its own
+local loop (Per-FedAvg) or the server's step from the aggregate, its state and
+the updates' extra tensors (``server_step``: examples/fednova.py, qfedavg.py).
+``context.options`` holds the options dataclass the factory was registered
+with, parsed from ``plugin_options``; ``context.spec`` and ``context.dtype``
+size state by the model.
 """
 
 from __future__ import annotations

@@ -140,7 +140,11 @@ class ClientTerms(Protocol):
     training of one client, computes its new state and returns the extra
     tensors its update carries (named without the ``alg/`` wire prefix);
     ``commit`` stores the new state of the clients whose update the server used
-    (the round's others keep theirs: the server never saw their change)."""
+    (the round's others keep theirs: the server never saw their change), and
+    ``commit_used`` does the same while the others' new state stays pending (a
+    deployment's client learns of each round's use separately). ``pending`` and
+    ``restore_pending`` read and put back the state computed and not yet
+    committed (a deployment's client keeps it on disk across a restart)."""
 
     tables: dict[str, ClientStateStore]  # its per-client tables, saved by checkpoints
 
@@ -151,6 +155,12 @@ class ClientTerms(Protocol):
     def end(self, job: ClientJob) -> dict[str, torch.Tensor]: ...
 
     def commit(self, used: Collection[int]) -> None: ...
+
+    def commit_used(self, used: Collection[int]) -> None: ...
+
+    def pending(self) -> dict[int, torch.Tensor]: ...
+
+    def restore_pending(self, pending: Mapping[int, torch.Tensor]) -> None: ...
 
 
 class PersonalEntries(Protocol):
@@ -201,14 +211,23 @@ class UpdateScale(Protocol):
 
 
 class ServerStep(Protocol):
-    """The update the server optimizer applies, and the algorithm's server state
-    after the round, from the aggregate (the stages' output: the weighted mean of
-    the deltas) and the state ``ServerTerms.moved`` returned (FedNova scales the
-    aggregate by tau_eff; FedDyn moves h by the aggregate and subtracts h / alpha).
-    Returns new tensors; the round keeps them only when the step stands."""
+    """The update the server optimizer applies (``w <- w + server_lr * update``
+    for plain SGD), and the algorithm's server state after the round, from the
+    aggregate (the stages' output: the weighted mean of the deltas), the state
+    ``ServerTerms.moved`` returned and the tensors each used update carried beside
+    its delta (``ServerTerms.update_tensors``, one mapping an update, in no set
+    order). FedNova scales the aggregate by tau_eff; FedDyn moves h by the
+    aggregate and subtracts h / alpha; q-FedAvg's ``sum_k Delta_k / sum_k h_k`` is
+    the mean of the Delta_k times K / sum_k h_k; FedExP extrapolates the mean by
+    eta_g from the updates' squared norms. Returns new tensors; the round keeps
+    them only when the step stands (a round skipped after it leaves nothing
+    behind)."""
 
     def __call__(
-        self, aggregate: torch.Tensor, state: Mapping[str, torch.Tensor]
+        self,
+        aggregate: torch.Tensor,
+        state: Mapping[str, torch.Tensor],
+        received: Sequence[Mapping[str, torch.Tensor]],
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]: ...
 
 

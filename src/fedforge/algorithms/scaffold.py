@@ -33,16 +33,16 @@ while c never saw its delta c_k, and every later correction c - c_k would be off
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
 from fedforge.algorithms.base import Algorithm, cross_entropy
+from fedforge.algorithms.client_terms import PendingClientTable
 from fedforge.algorithms.local import ClientJob, LinearTerm, StepContext
 from fedforge.algorithms.plan import DecayedPlan, LocalPlan
-from fedforge.core.params import all_finite
 from fedforge.store.client_state import ClientStateStore
 
 Option = Literal["I", "II"]
@@ -63,54 +63,32 @@ class Correction:
         self.linear_term()(grads, ctx)
 
 
-class ScaffoldClient:
-    """The client half: reads c_k from its table, computes and stores c_k+."""
+class ScaffoldClient(PendingClientTable):
+    """The client half: reads c_k from its table, computes c_k+ and holds it until
+    the server has used the client's update."""
 
     def __init__(self, store: ClientStateStore, option: Option = "II") -> None:
         if option not in ("I", "II"):
             raise ValueError(f"SCAFFOLD option {option!r} must be 'I' or 'II'")
-        self.store = store
+        super().__init__(CONTROL, store)
         self.option = option
-        self.tables = {CONTROL: store}
-        self._pending: dict[int, torch.Tensor] = {}  # this round's c_k+, until commit
 
     def begin(
         self, client_ids: Sequence[int], start: torch.Tensor, extras: Mapping[str, torch.Tensor]
     ) -> dict[str, torch.Tensor]:
         c = _server_control(extras, start)
-        ck = self.store.gather(client_ids).to(start.dtype)
-        return {CORRECTION: c.unsqueeze(0) - ck}
+        return {CORRECTION: c.unsqueeze(0) - self.rows(client_ids, start.dtype)}
 
     def end(self, job: ClientJob) -> dict[str, torch.Tensor]:
-        ck = self.store.gather([job.client_id])[0].to(job.start.dtype)
+        ck = self.rows([job.client_id], job.start.dtype)[0]
         if self.option == "I":
             new = job.grad_fn(job.start, job.x, job.y)
         else:
             c = _server_control(job.extras, job.start)
             steps = max(job.result.steps, 1)
             new = ck - c + (job.start - job.result.params) / (steps * job.lr)
-        if all_finite(new):
-            self._pending[job.client_id] = new
-        # else: a local run that blew up keeps its old control. Its update (non-
-        # finite) is refused by the server; storing the control would poison
-        # every later round of this client, and the run with it.
+        self.hold(job.client_id, new)  # a blown-up run keeps its old control
         return {CONTROL_DELTA: new - ck}
-
-    def pending(self) -> dict[int, torch.Tensor]:
-        """The c_k+ computed and not yet committed (a deployment's client keeps them
-        on disk until the server says whether it used them)."""
-        return dict(self._pending)
-
-    def restore_pending(self, pending: Mapping[int, torch.Tensor]) -> None:
-        self._pending.update(pending)
-
-    def commit(self, used: Collection[int]) -> None:
-        """Store the pending c_k+ of the clients whose update the server used
-        (their delta c_k moved c); forget the others'."""
-        ids = sorted(c for c in self._pending if c in used)
-        if ids:
-            self.store.scatter(ids, torch.stack([self._pending[c] for c in ids]))
-        self._pending.clear()
 
 
 def _server_control(extras: Mapping[str, torch.Tensor], start: torch.Tensor) -> torch.Tensor:

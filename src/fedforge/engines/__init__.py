@@ -1,41 +1,111 @@
-"""Engines decide where client work runs, never what it computes (DESIGN idea 4)."""
+"""Engines decide where client work runs, never what it computes (DESIGN idea 4).
+
+:class:`Engine` states everything the round asks of an engine. A simulation
+engine (serial, vectorised, worker processes) has only ``run_cohort`` and
+``run_phase`` of its own and takes the rest from :class:`SimulationEngine`,
+whose defaults say "every client is here, nothing else to do"; the deployment's
+network engine (transport/remote.py) fills them in."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fedforge.client.runtime import ClientTask, ClientUpload
 
+if TYPE_CHECKING:
+    import torch
+
+    from fedforge.store import RunStore
+
+Rows = dict[str, list[tuple[Any, ...]]]  # rows of the run store's per-round tables, by table
+
 
 class Engine(Protocol):
-    """Runs a cohort's tasks against one payload and yields their uploads.
-
-    A deployment's engine (transport/remote.py) may also have ``begin_round(r,
-    params)`` (told the round and its model before the protocol phases; returns
-    rows for the store), ``bind_store(store)`` (the run's store), ``end_round(r, used)`` (told
-    whose updates the round used: they keep the state computed with them) and
-    ``over_selection`` (the fraction more clients the round samples; it closes
-    at the needed count) and ``declared_sizes()`` (each client's example count as
-    it declared it when it joined: the sizes when the clients bring their own
-    data)."""
+    """Runs a cohort's tasks against one payload and yields their uploads, and
+    answers the round's questions about where its clients are."""
 
     name: str
+    # the fraction more clients a round samples than it needs; it closes at the
+    # needed count (a deployment: some clients never answer)
+    over_selection: float
 
-    def run_cohort(self, tasks: Sequence[ClientTask], payload: bytes) -> Iterator[ClientUpload]: ...
+    def run_cohort(self, tasks: Sequence[ClientTask], payload: bytes) -> Iterator[ClientUpload]:
+        """Each task's upload, in the order they finish."""
+        ...
 
     def run_phase(self, phase: str, messages: Mapping[int, bytes]) -> dict[int, bytes]:
         """An extra protocol phase (secure aggregation): one message to each
         addressed client, their replies (function calls in simulation)."""
         ...
 
+    def sampling_pool(self, round_idx: int, need: int) -> list[int] | None:
+        """The clients round ``round_idx`` may sample (None: every client), waiting a
+        while for ``need`` of them."""
+        ...
 
-def close_engine(engine: object) -> None:
-    """Release what an engine holds (worker processes); engines without any
-    resources need no ``close``."""
-    close = getattr(engine, "close", None)
-    if close is not None:
-        close()
+    def sent_down(self) -> tuple[int, int] | None:
+        """The bytes down since the last call as they crossed the wire and how many
+        model downloads they hold (None: count the payload once per cohort client)."""
+        ...
+
+    def declared_sizes(self) -> list[int] | None:
+        """Each client's example count as it declared it when it joined (None: the
+        partition's sizes hold)."""
+        ...
+
+    def bind_store(self, store: RunStore) -> None:
+        """The run's store (a deployment keeps its model versions there)."""
+        ...
+
+    def begin_round(self, round_idx: int, params: torch.Tensor) -> Rows:
+        """Told the round and its model before its protocol phases; rows for the
+        run store (a deployment's cold-start and canary evaluations)."""
+        ...
+
+    def end_round(self, round_idx: int, used: Sequence[int]) -> None:
+        """Told whose updates the round used (a deployment's clients keep the state
+        computed with them)."""
+        ...
+
+    def close(self) -> None:
+        """Release what the engine holds (worker processes)."""
+        ...
 
 
-__all__ = ["Engine", "close_engine"]
+class SimulationEngine:
+    """The defaults of an engine whose clients are simulated in this machine: all
+    of them can be sampled, the payload is counted once per cohort client, the
+    partition says each client's size, and nothing is told around a round."""
+
+    name = "simulation"
+    over_selection = 0.0
+
+    def sampling_pool(self, round_idx: int, need: int) -> list[int] | None:
+        return None
+
+    def sent_down(self) -> tuple[int, int] | None:
+        return None
+
+    def declared_sizes(self) -> list[int] | None:
+        return None
+
+    def bind_store(self, store: RunStore) -> None:
+        return None
+
+    def begin_round(self, round_idx: int, params: torch.Tensor) -> Rows:
+        return {}
+
+    def end_round(self, round_idx: int, used: Sequence[int]) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+def close_engine(engine: Engine) -> None:
+    """Release what an engine holds (worker processes)."""
+    engine.close()
+
+
+__all__ = ["Engine", "Rows", "SimulationEngine", "close_engine"]

@@ -57,6 +57,7 @@ from pathlib import Path
 from fedforge.client.runtime import ClientTask, ClientUpload
 from fedforge.core.errors import EngineError
 from fedforge.core.orphans import sweep_orphans
+from fedforge.engines import SimulationEngine
 from fedforge.engines.serial import SerialEngine
 from fedforge.engines.threads import set_threads, usable_cores
 from fedforge.engines.vectorized import VectorizedEngine
@@ -185,7 +186,7 @@ def _write_payload(payload: bytes) -> str:
     raise AssertionError("unreachable")
 
 
-class PoolEngine:
+class PoolEngine(SimulationEngine):
     """``inner`` (serial or vectorised) run in ``workers`` forked processes of
     ``threads`` torch threads each (engines/threads.py: the usable cores divided
     among the workers, one each when there are as many workers as cores)."""

@@ -7,9 +7,10 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 
 from fedforge.client.runtime import ClientRuntime, ClientTask, ClientUpload
+from fedforge.engines import SimulationEngine
 
 
-class SerialEngine:
+class SerialEngine(SimulationEngine):
     """Calls the client runtime in-process for each task, in cohort order."""
 
     name = "serial"

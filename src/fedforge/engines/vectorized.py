@@ -37,6 +37,7 @@ from fedforge.client.runtime import (
 from fedforge.core.device import module_device
 from fedforge.core.params import ParamSpec
 from fedforge.core.precision import forward_context
+from fedforge.engines import SimulationEngine
 from fedforge.engines.batched_mlp import applies, batched_mlp_sgd, fits, fused_terms, mlp_layers
 from fedforge.models.layout import set_channels_last
 
@@ -262,7 +263,7 @@ def _vmap_sgd(
     return params, loss_sum
 
 
-class VectorizedEngine:
+class VectorizedEngine(SimulationEngine):
     """Trains the cohort chunk by chunk, each chunk as one vmapped computation,
     and yields the encoded updates in cohort order (streamed: the server's
     running aggregate never holds the whole cohort)."""

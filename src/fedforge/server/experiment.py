@@ -91,9 +91,9 @@ class Experiment:
         are held elsewhere (a deployment server whose clients bring their own
         data), the counts they declared when they joined (the engine's
         ``declared_sizes``; 0: not joined yet)."""
-        declared = getattr(self.engine, "declared_sizes", None)
+        declared = self.engine.declared_sizes()
         if self.data.hosted is not None and declared is not None:
-            return list(declared())
+            return list(declared)
         return self.data.partition.sizes().tolist()
 
     def client_train_data(self, client_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +29,12 @@ from fedforge.data import PartitionSummary
 from fedforge.data.federated import FederatedData
 from fedforge.engines import Engine, close_engine
 from fedforge.engines.threads import set_threads
+from fedforge.server.builtin_hooks import run_hooks
 from fedforge.server.experiment import Experiment, build, client_tables
+from fedforge.server.hooks import RoundHook, RoundHooks
 from fedforge.server.partition_file import partition_summary, write_partition
-from fedforge.server.run_rounds import RunResult, run_rounds
+from fedforge.server.result import RunResult
+from fedforge.server.run_rounds import run_rounds
 from fedforge.server.state import LoopState, RunLock, StopSignals, load_aggregator_state
 from fedforge.server.summary import format_summary
 from fedforge.server.workload import say_start
@@ -51,18 +55,21 @@ def run(
     store: bool = True,
     task: Task | None = None,
     engine: Engine | None = None,
+    hooks: Sequence[RoundHook] = (),
 ) -> RunResult:
     """Run ``cfg`` to its target or its last round; record it in a run store.
     ``data``: the caller's data set (else the config's); ``task``: the caller's model,
     loss and metrics (else the config's task); ``engine``: where the clients run
-    (else the config's: a deployment server passes its network engine)."""
+    (else the config's: a deployment server passes its network engine);
+    ``hooks``: the caller's round hooks (server/hooks.py), told of each round."""
     exp = _with_engine(build(cfg, data, task), engine)
+    chain = run_hooks(hooks)  # hooks a config names (the registry's) are to join these
     partition = partition_summary(exp)
     if progress:
         print(f"partition: {partition.format()}", flush=True)
     say_start(exp, 0, progress)
     if not store:
-        return _drive(exp, None, None, LoopState.fresh(exp), partition, progress)
+        return _drive(exp, None, None, LoopState.fresh(exp), partition, progress, chain)
     run_store = RunStore.create(cfg.runs_dir, cfg)
     try:
         write_partition(run_store.path / "partition.json", partition)
@@ -76,7 +83,7 @@ def run(
         if isinstance(exc, OSError):
             raise StoreError(f"cannot start run '{run_store.path}': {os_error_text(exc)}") from None
         raise
-    return _drive(exp, run_store, lock, LoopState.fresh(exp), partition, progress)
+    return _drive(exp, run_store, lock, LoopState.fresh(exp), partition, progress, chain)
 
 
 def resume(
@@ -86,12 +93,14 @@ def resume(
     task: Task | None = None,
     device: str | None = None,
     engine: Engine | None = None,
+    hooks: Sequence[RoundHook] = (),
 ) -> RunResult:
     """Continue the run in ``run_dir`` from its last good checkpoint, with the config
     stored in the run; rounds recorded after that checkpoint are run again. A run
     stopped before its first checkpoint starts again from round 0 (its state
     there is the seed's). ``device``: where local training and evaluation go on
-    (None: the stored config's); the checkpoints are on the host, so any will do."""
+    (None: the stored config's); the checkpoints are on the host, so any will do.
+    ``hooks``: the run's round hooks again (their states come from the checkpoint)."""
     run_store = RunStore.open(run_dir)
     lock = RunLock(run_store.path)
     try:
@@ -105,11 +114,12 @@ def resume(
         if device is not None:
             stored = override(stored, {"device": device})
         exp = _with_engine(build(stored, data, task), engine)
+        chain = run_hooks(hooks)
         lock.acquire()  # refuses while another process writes the run, or a read-only one
         check_build(run_store.path, exp.spec, exp.data_fingerprint, exp.cfg)  # not damage
         if run_store.status == "finished":  # it was running, and ended while we built
             raise CheckpointError(finished)
-        state = _resumed_state(exp, run_store)
+        state = _resumed_state(exp, run_store, chain)
         run_store.rewind(state.next_round)
     except BaseException:
         lock.release()
@@ -120,7 +130,7 @@ def resume(
         first = " (no checkpoint yet: from the start)" if state.next_round == 0 else ""
         print(f"resuming {run_store.path.name} at round {state.next_round + 1}{first}", flush=True)
     say_start(exp, state.next_round, progress)
-    return _drive(exp, run_store, lock, state, partition, progress)
+    return _drive(exp, run_store, lock, state, partition, progress, chain)
 
 
 def _with_engine(exp: Experiment, engine: Engine | None) -> Experiment:
@@ -131,7 +141,7 @@ def _with_engine(exp: Experiment, engine: Engine | None) -> Experiment:
     return dataclasses.replace(exp, engine=engine)
 
 
-def _resumed_state(exp: Experiment, run_store: RunStore) -> LoopState:
+def _resumed_state(exp: Experiment, run_store: RunStore, hooks: RoundHooks) -> LoopState:
     """The newest good checkpoint's state; round 0's (the seed's) when there is no
     checkpoint or every one is damaged."""
     if not list_checkpoints(run_store.path):
@@ -146,6 +156,7 @@ def _resumed_state(exp: Experiment, run_store: RunStore) -> LoopState:
         return LoopState.fresh(exp)
     state = LoopState.from_checkpoint(exp, ckpt, run_store.rounds(), tables)
     load_aggregator_state(exp.pipeline.aggregator, ckpt)
+    hooks.load_state_dict(ckpt.loop.get("hooks", {}))
     return state
 
 
@@ -156,12 +167,13 @@ def _drive(
     state: LoopState,
     partition: PartitionSummary,
     progress: bool,
+    hooks: RoundHooks,
 ) -> RunResult:
     """Run the loop on the run's torch threads (those of the caller's process are
     restored after it), then settle the run store."""
     before = set_threads(exp.threads.server) if exp.threads is not None else None
     try:
-        return _drive_rounds(exp, run_store, lock, state, partition, progress)
+        return _drive_rounds(exp, run_store, lock, state, partition, progress, hooks)
     finally:
         if before is not None:
             set_threads(before)
@@ -174,21 +186,21 @@ def _drive_rounds(
     state: LoopState,
     partition: PartitionSummary,
     progress: bool,
+    hooks: RoundHooks,
 ) -> RunResult:
     """Run the loop (under the signal guard when there is a store, whose lock the
     caller holds), then settle the run store: final params and summary, or why not."""
     if run_store is None or lock is None:
         try:
-            result = run_rounds(exp, state, None, progress, StopSignals(enabled=False))
+            result = run_rounds(exp, state, None, progress, StopSignals(enabled=False), hooks)
         finally:
             close_engine(exp.engine)
         result.summary["heterogeneity"] = partition.heterogeneity
         return result
-    if (bind := getattr(exp.engine, "bind_store", None)) is not None:  # model versions
-        bind(run_store)
+    exp.engine.bind_store(run_store)  # a deployment keeps its model versions there
     try:
         with StopSignals() as stop:
-            result = run_rounds(exp, state, run_store, progress, stop)
+            result = run_rounds(exp, state, run_store, progress, stop, hooks)
         result.summary["heterogeneity"] = partition.heterogeneity
         _settle(exp, run_store, result, state.next_round)
     except BaseException as exc:

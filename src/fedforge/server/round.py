@@ -17,6 +17,7 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -31,6 +32,7 @@ from fedforge.robust.typical_norm import remember
 from fedforge.selection.periods import period_plan, upload_period
 from fedforge.selection.sampling import over_selected, sample_cohort
 from fedforge.server import diagnostics
+from fedforge.server.builtin_hooks import run_hooks
 from fedforge.server.collect import collect
 from fedforge.server.collectors import (
     Collected,
@@ -46,6 +48,7 @@ from fedforge.server.collectors.intake import Limits
 from fedforge.server.collectors.streaming import UploadPhase
 from fedforge.server.diagnostics import RoundDiagnostics
 from fedforge.server.experiment import Experiment
+from fedforge.server.hooks import RoundEnd, RoundHooks, RoundInfo
 from fedforge.server.state import LoopState
 from fedforge.server.stops import ends_run
 from fedforge.server.stragglers import cohort_tasks
@@ -67,46 +70,54 @@ class Orders:
 
 
 def run_round(
-    exp: Experiment, state: LoopState, round_idx: int, bar: Progress
+    exp: Experiment,
+    state: LoopState,
+    round_idx: int,
+    bar: Progress,
+    hooks: RoundHooks | None = None,
 ) -> tuple[RoundRecord, list[ClientRecord]]:
-    """One round: the phases of the module docstring, top to bottom."""
+    """One round: the phases of the module docstring, top to bottom, with the run's
+    ``hooks`` (None: the built-in ones) told of its start, uploads, evaluation and
+    end (server/hooks.py)."""
     t0 = time.perf_counter()
+    hooks = hooks if hooks is not None else run_hooks()
     cfg = exp.cfg
     start, end = upload_period(round_idx, cfg.communication.upload_every, cfg.rounds)
     if round_idx != end:  # the period's cohort trains locally: nothing travels
-        return _local_round(exp, round_idx, start, len(sample(exp, start)), t0), []
+        return _local_round(exp, state, round_idx, start, bar, hooks, t0), []
     pool, short = live_pool(exp, round_idx)
     cohort = sample(exp, start, pool)
-    log = RoundLog(state.rejected, state.skipped, bar, round_idx)
     if short is not None:  # a deployment with too few clients there
-        return _short_round(exp, state, round_idx, start, log, short, t0), []
-    begin = getattr(exp.engine, "begin_round", None)  # a deployment: cold start, canary
-    if begin is not None:
-        state.outputs.update(begin(round_idx, state.params) or {})
+        info = RoundInfo(exp, state, bar, round_idx, start, "short", cohort, [], state.params)
+        return _short_round(exp, state, info, hooks, short, t0), []
+    state.outputs.update(exp.engine.begin_round(round_idx, state.params))  # cold start, canary
     orders = configure(exp, state, round_idx, start, cohort)
-    secure = exp.privacy is not None and exp.privacy.secagg is not None
     trainers = [t.client_id for t in orders.tasks]
-    diag = diagnostics.start_round(exp, trainers, state.params, secure)
-    collector = collector_for(exp, orders, log, diag)
+    info = RoundInfo(exp, state, bar, round_idx, start, "upload", cohort, trainers, state.params)
+    hooks.round_start(info)
+    log = RoundLog(state.rejected, state.skipped, bar, round_idx, partial(_refused, hooks, info))
+    collector = collector_for(exp, orders, log, info.diagnostics)
     collected = collect(exp, collector, orders.tasks, orders.payload, round_idx)
     collected = _as_sent(exp, collected, orders)
-    diagnostics.end_round(exp, diag, state.diagnostics, state.outputs, bar, round_idx)
     aggregate, clients, moved = aggregate_phase(exp, state, collected, log)
-    if exp.privacy is not None:  # what the accountant counts: what the server saw
-        nothing = not collected.arrived  # no upload arrived: no noise drawn, nothing seen
-        exp.privacy.record_participation(
-            state.privacy, round_idx, start, not nothing, _uploads_seen(collected, secure)
-        )
     clients = server_step(exp, state, aggregate, clients, moved, log)
+    applied = not log.skipped_now
+    hooks.taken(info, list(clients))
     if clients and cfg.robust.max_norm_multiple is not None:  # the next rounds' bound
         taken = [collected.norms[c] for c in sorted(clients) if c in collected.norms]
         state.update_norms = remember(state.update_norms, taken, cfg.robust.norm_window)
-    tell = getattr(exp.engine, "end_round", None)  # a deployment's clients keep their state
-    if tell is not None:
-        tell(round_idx, sorted(clients))
-    test_acc, test_loss = evaluate_phase(exp, state, round_idx, start)
+    exp.engine.end_round(round_idx, sorted(clients))  # a deployment's clients keep their state
+    test_acc, test_loss = evaluate_phase(exp, state, round_idx, start, info, hooks)
     record = round_record(exp, orders, collected, clients, test_acc, test_loss, t0)
+    seen = _uploads_seen(collected, exp.privacy is not None and exp.privacy.secagg is not None)
+    used = sorted(clients)
+    hooks.round_end(info, RoundEnd(record, used, applied, sorted(collected.arrived), seen))
     return record, list(clients.values())
+
+
+def _refused(hooks: RoundHooks, info: RoundInfo, client_id: int, why: str) -> None:
+    """Tell the round's hooks of a refused upload."""
+    hooks.upload(info, client_id, False, why)
 
 
 def _uploads_seen(collected: Collected, secure: bool) -> list[int]:
@@ -126,7 +137,7 @@ def sample(exp: Experiment, start: int, among: list[int] | None = None) -> list[
     cfg = exp.cfg
     poisson = cfg.privacy.sampling == "poisson"  # DP-FedAvg: each client with probability C
     # a deployment engine over-selects: it asks more clients and closes at the needed count
-    fraction = over_selected(cfg.client_fraction, getattr(exp.engine, "over_selection", 0.0))
+    fraction = over_selected(cfg.client_fraction, exp.engine.over_selection)
     return sample_cohort(cfg.num_clients, fraction, cfg.seed, start, poisson, among)
 
 
@@ -134,12 +145,9 @@ def live_pool(exp: Experiment, round_idx: int) -> tuple[list[int] | None, str | 
     """The clients a round may sample: every one in simulation (None); a
     deployment's engine names the ones whose process is there, waiting a while
     for ``robust.min_clients_of`` of them. Fewer: nobody, and why the round is skipped."""
-    pool_fn = getattr(exp.engine, "sampling_pool", None)
-    if pool_fn is None:
-        return None, None
     cfg = exp.cfg
     need = cfg.robust.min_clients_of(cohort_size(cfg.num_clients, cfg.client_fraction))
-    pool: list[int] | None = pool_fn(round_idx, need)
+    pool = exp.engine.sampling_pool(round_idx, need)
     if pool is not None and len(pool) < need:
         return [], (
             f"only {len(pool)} client(s) connected, fewer than min_clients = {need} "
@@ -152,32 +160,28 @@ def _as_sent(exp: Experiment, collected: Collected, orders: Orders) -> Collected
     """A deployment's bytes down as they crossed the wire: the models its clients
     downloaded to the end and the protocol messages handed out since the last
     round's record, in place of a payload counted for every cohort client."""
-    sent_fn = getattr(exp.engine, "sent_down", None)
-    if sent_fn is None:
+    sent = exp.engine.sent_down()
+    if sent is None:
         return collected
-    nbytes, downloads = sent_fn()
+    nbytes, downloads = sent
     return dataclasses.replace(
         collected, bytes_down=nbytes, float32_down=orders.dense.down * downloads
     )
 
 
 def _short_round(
-    exp: Experiment,
-    state: LoopState,
-    round_idx: int,
-    start: int,
-    log: RoundLog,
-    why: str,
-    t0: float,
+    exp: Experiment, state: LoopState, info: RoundInfo, hooks: RoundHooks, why: str, t0: float
 ) -> RoundRecord:
     """A round skipped before anything was sent: the model unchanged, nothing seen
     (no privacy spent), evaluated when due."""
-    log.skip(why)
-    if exp.privacy is not None:
-        exp.privacy.record_participation(state.privacy, round_idx, start, False, [])
-    test_acc, test_loss = evaluate_phase(exp, state, round_idx, start)
-    record = _local_round(exp, round_idx, start, 0, t0)
-    return dataclasses.replace(record, test_accuracy=test_acc, test_loss=test_loss)
+    hooks.round_start(info)
+    r, start = info.round_idx, info.start
+    RoundLog(state.rejected, state.skipped, info.bar, r).skip(why)
+    test_acc, test_loss = evaluate_phase(exp, state, r, start, info, hooks)
+    record = _record_of_nothing(exp, r, start, 0, t0)
+    record = dataclasses.replace(record, test_accuracy=test_acc, test_loss=test_loss)
+    hooks.round_end(info, RoundEnd(record, [], False))
+    return record
 
 
 def configure(
@@ -185,8 +189,6 @@ def configure(
 ) -> Orders:
     """Each cohort client's task and the round's payload."""
     cfg = exp.cfg
-    if exp.privacy is not None:  # e.g. the round's adaptive clip norm
-        exp.privacy.begin_round(state.privacy, round_idx)
     plan = period_plan(exp.algorithm, start, round_idx)
     server = exp.algorithm.server  # an algorithm's server state (SCAFFOLD's c) travels too
     more = server.payload(state.algorithm_state) if server is not None else None
@@ -232,15 +234,17 @@ def aggregate_phase(
     if not all_finite(aggregate):  # finite updates, too large to sum
         log.skip(f"the aggregate overflowed {state.params.dtype} (inf or NaN)")
         return None, {}, None
-    server = exp.algorithm.server
-    if server is None:
-        return aggregate, clients, None
-    moved = server.moved(state.algorithm_state, collected.received, exp.cfg.num_clients)
-    if exp.algorithm.server_step is not None:  # FedNova's tau_eff, FedDyn's h
-        aggregate, moved = exp.algorithm.server_step(aggregate, moved)
+    server, step = exp.algorithm.server, exp.algorithm.server_step
+    moved: dict[str, torch.Tensor] = {}
+    if server is not None:
+        moved = server.moved(state.algorithm_state, collected.received, exp.cfg.num_clients)
+    if step is not None:  # FedNova's tau_eff, FedDyn's h, q-FedAvg's K / sum h_k
+        aggregate, moved = step(aggregate, moved, collected.received)
         if not all_finite(aggregate):
             log.skip("the algorithm's server step overflowed the aggregate (inf or NaN)")
             return None, {}, None
+    if server is None:
+        return aggregate, clients, None
     bad = [name for name, t in moved.items() if not all_finite(t)]
     if bad:  # finite control deltas, too large to sum: c would be inf for good
         log.skip(f"the server's {', '.join(bad)} overflowed (inf or NaN)")
@@ -273,8 +277,6 @@ def server_step(
             stepped = stepped.masked_scatter(frozen, params[frozen])
         if all_finite(stepped):
             state.params = stepped
-            if exp.privacy is not None:  # adaptive clipping: the next clip norm
-                exp.privacy.end_round(state.privacy, log.round_idx, clients)
             if moved is not None:  # e.g. c += sum of the used clients' delta c_k / N
                 state.algorithm_state = moved
         else:
@@ -286,8 +288,6 @@ def server_step(
             aggregate, clients = None, {}
     elif not log.skipped_now:
         log.skip("no valid update")
-    if exp.algorithm.client is not None:  # SCAFFOLD: c_k+ of the used clients only
-        exp.algorithm.client.commit(clients if aggregate is not None else ())
     return clients if aggregate is not None else {}
 
 
@@ -300,15 +300,23 @@ def test_scores(exp: Experiment, params: torch.Tensor) -> EvalResult:
 
 
 def evaluate_phase(
-    exp: Experiment, state: LoopState, round_idx: int, start: int
+    exp: Experiment,
+    state: LoopState,
+    round_idx: int,
+    start: int,
+    info: RoundInfo | None = None,
+    hooks: RoundHooks | None = None,
 ) -> tuple[float | None, float | None]:
     """The global model's test accuracy and loss when an evaluation is due (a
-    period's model is new at its end: due if any round of it was)."""
+    period's model is new at its end: due if any round of it was); the round's
+    hooks are told (``info``: the round's)."""
     cfg = exp.cfg
     every = cfg.eval_every
     if not ((round_idx + 1) // every > start // every or ends_run(exp, state, round_idx)):
         return None, None
     ev = test_scores(exp, state.params)
+    if info is not None and hooks is not None:
+        hooks.evaluated(info, ev.accuracy, ev.loss)
     state.eval_rounds.append(round_idx + 1)
     state.eval_accuracy.append(ev.accuracy)
     if cfg.eval_clients:  # each client's held-out slice, per-class test accuracy
@@ -348,10 +356,28 @@ def round_record(
 
 
 def _local_round(
-    exp: Experiment, round_idx: int, start: int, cohort_size: int, t0: float
+    exp: Experiment,
+    state: LoopState,
+    round_idx: int,
+    start: int,
+    bar: Progress,
+    hooks: RoundHooks,
+    t0: float,
 ) -> RoundRecord:
     """A round inside an upload period (``upload_every`` > 1): its cohort trains
     locally (the work is done with the period's last round), nothing travels."""
+    cohort = sample(exp, start)
+    info = RoundInfo(exp, state, bar, round_idx, start, "local", cohort, [], state.params)
+    hooks.round_start(info)
+    record = _record_of_nothing(exp, round_idx, start, len(cohort), t0)
+    hooks.round_end(info, RoundEnd(record, [], False))
+    return record
+
+
+def _record_of_nothing(
+    exp: Experiment, round_idx: int, start: int, cohort_size: int, t0: float
+) -> RoundRecord:
+    """The row of a round in which nothing travelled."""
     return RoundRecord(
         round_idx=round_idx,
         cohort_size=cohort_size,

@@ -8,15 +8,13 @@ or resumes the run's store around it and settles the store after it."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
-
-import torch
 
 from fedforge.alerts import Monitor
 from fedforge.report.progress import Progress, percent
+from fedforge.server.builtin_hooks import run_hooks
 from fedforge.server.experiment import Experiment
+from fedforge.server.hooks import RoundHooks
+from fedforge.server.result import RunResult
 from fedforge.server.round import run_round, test_scores
 from fedforge.server.state import LoopState, StopSignals, aggregator_state
 from fedforge.server.stops import over_budget, stalled
@@ -24,28 +22,19 @@ from fedforge.server.summary import summarize_run
 from fedforge.store import CheckpointError, RoundRecord, RunStore, save_checkpoint
 
 
-@dataclass
-class RunResult:
-    """What a finished (or signal-stopped) run hands back to Python callers."""
-
-    params: torch.Tensor
-    rounds: list[RoundRecord]
-    summary: dict[str, Any]
-    run_dir: Path | None = None
-    rejected: list[tuple[int, int, str]] = field(default_factory=list)  # round, client, why
-    skipped: list[tuple[int, str]] = field(default_factory=list)  # round, why
-    stopped: str | None = None  # the signal that stopped the run early (e.g. 'SIGTERM')
-    # a signal that came during the round that ended the run anyway (its last, or
-    # the one reaching the target): the run is finished, a sweep stops after it
-    signalled: str | None = None
-
-
 def run_rounds(
-    exp: Experiment, state: LoopState, run_store: RunStore | None, show: bool, stop: StopSignals
+    exp: Experiment,
+    state: LoopState,
+    run_store: RunStore | None,
+    show: bool,
+    stop: StopSignals,
+    hooks: RoundHooks | None = None,
 ) -> RunResult:
     """Run the rounds from ``state.next_round`` (recorded in ``run_store`` when there
-    is one) until one of the run's stops, under ``stop``'s signal guard."""
+    is one) until one of the run's stops, under ``stop``'s signal guard, telling
+    ``hooks`` (None: the built-in ones) of each round."""
     cfg = exp.cfg
+    hooks = hooks if hooks is not None else run_hooks()
     bar = Progress(
         cfg.rounds,
         cfg.name,
@@ -65,7 +54,7 @@ def run_rounds(
             bar.write(f"fedforge: {budget_stop}")
             stops["privacy_stop"] = budget_stop
             break
-        record = _one_round(exp, state, run_store, bar)
+        record = _one_round(exp, state, run_store, bar, hooks)
         if run_store is not None:
             alerts.after_round(run_store, record.round_idx)
         target = cfg.target_accuracy
@@ -79,12 +68,14 @@ def run_rounds(
             break
         if state.next_round == cfg.rounds:
             break
-        if _checkpoint_due(exp, state, run_store, stop, start, bar):
+        if _checkpoint_due(exp, state, run_store, stop, start, bar, hooks):
             stopped = stop.name
             break
     bar.close()
     seconds = state.seconds_before + time.perf_counter() - start
-    return _result(exp, state, seconds, stops, stopped, stop)
+    result = _result(exp, state, seconds, stops, stopped, stop)
+    hooks.run_end(result)
+    return result
 
 
 def _evaluate_initial(exp: Experiment, state: LoopState, bar: Progress) -> tuple[float, float]:
@@ -97,11 +88,11 @@ def _evaluate_initial(exp: Experiment, state: LoopState, bar: Progress) -> tuple
 
 
 def _one_round(
-    exp: Experiment, state: LoopState, run_store: RunStore | None, bar: Progress
+    exp: Experiment, state: LoopState, run_store: RunStore | None, bar: Progress, hooks: RoundHooks
 ) -> RoundRecord:
     """Run round ``state.next_round`` and record it (store, privacy spend, bar)."""
     clip = state.privacy.get("clip_norm", exp.cfg.privacy.clip_norm)  # this round's
-    record, clients = run_round(exp, state, state.next_round, bar)
+    record, clients = run_round(exp, state, state.next_round, bar, hooks)
     state.records.append(record)
     state.total_bytes += record.bytes_up + record.bytes_down
     state.next_round += 1
@@ -125,6 +116,7 @@ def _checkpoint_due(
     stop: StopSignals,
     start: float,
     bar: Progress,
+    hooks: RoundHooks,
 ) -> bool:
     """Write the checkpoint when one is due (every ``checkpoint_every`` rounds, or
     a signal came); True when a signal asks the loop to stop now."""
@@ -134,6 +126,7 @@ def _checkpoint_due(
     if due and run_store is not None:
         ckpt = state.checkpoint(time.perf_counter() - start)
         ckpt.aggregator_state = aggregator_state(exp.pipeline.aggregator)
+        ckpt.loop["hooks"] = hooks.state_dict()  # plain JSON data, by hook name
         try:
             save_checkpoint(run_store.path, ckpt, state.client_state)
         except CheckpointError as exc:  # e.g. a full disk: the older ones are whole

@@ -257,11 +257,8 @@ class ClientProcess:
         terms = self.exp.algorithm.client
         rounds = self.trained_round
         used = [w.client_id for w in works if rounds.get(w.client_id) == w.round_idx]
-        pending = getattr(terms, "pending", None)
-        if terms is not None and pending is not None:
-            later = {c: p for c, p in pending().items() if c not in used}
-            terms.commit(used)
-            terms.restore_pending(later)  # type: ignore[attr-defined]  # others' wait
+        if terms is not None:  # the others' state waits for their own round's notice
+            terms.commit_used(used)
         for c in used:
             rounds.pop(c, None)
         self._save()

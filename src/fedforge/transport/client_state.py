@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from fedforge.algorithms.local import ClientTerms
 from fedforge.store.client_state import ClientStateStore
 from fedforge.transport.logs import log_event
 
@@ -48,13 +49,13 @@ class ClientStateFile:
         tables: Mapping[str, ClientStateStore],
         ids: Sequence[int],
         config_yaml: str,
-        pending: object | None = None,
+        pending: ClientTerms | None = None,
     ) -> None:
         # one file per process: named by the ids it hosts
         self.path = folder / f"client-state-{span_of(ids)}.safetensors"
         # state computed and not yet committed (SCAFFOLD's c_k+): pending() and
         # restore_pending() of the algorithm's client half
-        self.pending = pending if hasattr(pending, "pending") else None
+        self.pending = pending
         # (client, round) -> the update computed with the saved state and not yet
         # known to be taken: after a restart it is sent again, not recomputed (the
         # state it was computed from has moved on)
@@ -92,7 +93,7 @@ class ClientStateFile:
         held = [int(c) for c in json.loads(meta.get("pending", "[]"))]
         if held and self.pending is not None and PENDING in tensors:
             rows = tensors[PENDING]
-            self.pending.restore_pending({c: rows[i] for i, c in enumerate(held)})  # type: ignore[attr-defined]
+            self.pending.restore_pending({c: rows[i] for i, c in enumerate(held)})
             loaded += len(held)
         for name, t in tensors.items():
             if name.startswith(OUTBOX):

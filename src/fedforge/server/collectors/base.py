@@ -15,7 +15,7 @@ drives the same object from network messages.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -112,14 +112,18 @@ class RoundLog:
         skipped: list[tuple[int, str]],
         bar: Progress,
         round_idx: int,
+        on_reject: Callable[[int, str], None] | None = None,
     ) -> None:
         self.rejected, self.skipped, self.bar, self.round_idx = rejected, skipped, bar, round_idx
+        self.on_reject = on_reject  # told each refusal (the round's hooks)
 
     def reject(self, client_id: int, why: str) -> None:
         if len(why) > MAX_REASON:  # kept in every later checkpoint: a client cannot fill it
             why = why[: MAX_REASON - 3] + "..."
         self.rejected.append((self.round_idx, client_id, why))
         self.write(f"update of client {client_id} rejected: {why}")
+        if self.on_reject is not None:
+            self.on_reject(client_id, why)
 
     def skip(self, why: str) -> None:
         self.skipped.append((self.round_idx, why))

@@ -1,0 +1,71 @@
+"""The package's own round hooks (``server/hooks.py`` says when each is called):
+privacy, diagnostics and the commit of client state, first in every run's list."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from fedforge.server import diagnostics
+from fedforge.server.hooks import RoundEnd, RoundHook, RoundHooks, RoundInfo
+
+
+class PrivacyHook(RoundHook):
+    """Adaptive clipping's clip norm (published at the round's start, the next one
+    from the clients the model took at its end) and the round's participation,
+    what the accountant counts. Its state is ``LoopState.privacy``."""
+
+    name = "privacy"
+
+    def round_start(self, info: RoundInfo) -> None:
+        parts = info.exp.privacy
+        if parts is not None and info.kind == "upload":
+            parts.begin_round(info.state.privacy, info.round_idx)
+
+    def round_end(self, info: RoundInfo, end: RoundEnd) -> None:
+        parts = info.exp.privacy
+        if parts is None or info.kind == "local":  # nothing travelled: nothing released
+            return
+        if end.applied:
+            parts.end_round(info.state.privacy, info.round_idx, end.used)
+        seen = bool(end.arrived)  # no upload arrived: no noise drawn, nothing seen
+        parts.record_participation(info.state.privacy, info.round_idx, info.start, seen, end.seen)
+
+
+class DiagnosticsHook(RoundHook):
+    """The drift figures of the updates a round took (server/diagnostics.py): set
+    up before the clients train, their rows and the drift warning at the round's
+    end. Its streak is ``LoopState.diagnostics``."""
+
+    name = "diagnostics"
+
+    def round_start(self, info: RoundInfo) -> None:
+        if info.kind != "upload":
+            return
+        exp = info.exp
+        secure = exp.privacy is not None and exp.privacy.secagg is not None
+        info.diagnostics = diagnostics.start_round(exp, info.trainers, info.params, secure)
+
+    def round_end(self, info: RoundInfo, end: RoundEnd) -> None:
+        state = info.state
+        diagnostics.end_round(
+            info.exp, info.diagnostics, state.diagnostics, state.outputs, info.bar, info.round_idx
+        )
+
+
+class ClientStateHook(RoundHook):
+    """Keeps the per-client state computed in a round (SCAFFOLD's c_k+) for the
+    clients whose updates the model took; the others' is forgotten (the server
+    never saw their change). The state itself is in the algorithm's tables."""
+
+    name = "client_state"
+
+    def round_end(self, info: RoundInfo, end: RoundEnd) -> None:
+        terms = info.exp.algorithm.client
+        if terms is not None and info.kind == "upload":
+            terms.commit(end.used)
+
+
+def run_hooks(user: Sequence[RoundHook] = ()) -> RoundHooks:
+    """A run's hooks in their documented order: privacy, diagnostics, client state
+    (each does nothing where its feature is off), then the user's."""
+    return RoundHooks([PrivacyHook(), DiagnosticsHook(), ClientStateHook(), *user])

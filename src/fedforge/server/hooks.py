@@ -1,0 +1,185 @@
+"""Round hooks: what acts around a round without changing what it computes
+(privacy accounting, drift diagnostics, the commit of client state, a user's
+logging, custom stopping rules' bookkeeping).
+
+A run's hooks are one ordered list (``builtin_hooks.run_hooks``, built by
+``fedforge.run`` / ``resume`` and handed to the round loop):
+
+1. ``privacy``: the round's adaptive clip norm published at its start, the
+   next one computed at its end, and the round's participation for the
+   accountant (``PrivacyParts``);
+2. ``diagnostics``: the drift figures of the updates the round took;
+3. ``client_state``: the algorithm's per-client state (SCAFFOLD's c_k+) kept for
+   the clients whose updates the model took;
+4. the user's hooks, in the order given to ``fedforge.run`` / ``resume``.
+
+The round calls every hook, in that order, at each point of its life:
+
+- ``round_start(info)``: every round, before its clients are asked (after its
+  cohort is drawn); also a round inside an upload period (``info.kind ==
+  'local'``: its cohort trains, nothing travels) and a round skipped before
+  anything was sent (``'short'``: too few clients connected);
+- ``upload(info, client_id, taken, reason)``: each refused upload as it is
+  refused (``taken`` False, ``reason`` the line the run store keeps), then each
+  upload the model took after the server step (``taken`` True, ``reason``
+  None), in client order;
+- ``evaluated(info, accuracy, loss)``: when the round's model is evaluated on
+  the test set (``eval_every``, and the last round);
+- ``round_end(info, end)``: every round, with its record (the row the run store
+  keeps) and whose updates the model took;
+- ``run_end(result)``: once, when the rounds stop (finished, at the target, out of
+  privacy budget, stalled, or stopped by a signal after its checkpoint).
+
+Contract: hooks observe. They return nothing, and what the round computes
+(cohort, model, record) is the same with or without them; a hook that raises
+fails the run (resumable from its last checkpoint). A hook keeps its own state;
+state that must survive a resume is what ``state_dict`` returns (plain JSON
+data: numbers, strings, lists, dicts with string keys; floats round-trip
+exactly), written with every checkpoint under the hook's ``name`` and handed
+back to ``load_state_dict`` before the first resumed round. A resumed run runs
+again the rounds recorded after its checkpoint: a hook sees them again, from
+the state it had at that checkpoint, and ends as an uninterrupted run's would.
+Names are unique within a run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import torch
+
+from fedforge.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from fedforge.report.progress import Progress
+    from fedforge.server.diagnostics import RoundDiagnostics
+    from fedforge.server.experiment import Experiment
+    from fedforge.server.result import RunResult
+    from fedforge.server.state import LoopState
+    from fedforge.store import RoundRecord
+
+RoundKind = Literal["upload", "local", "short"]
+
+
+@dataclass
+class RoundInfo:
+    """What every hook call of one round is told. ``state`` is the loop's state
+    (read it; the built-in hooks keep their checkpointed state in it)."""
+
+    exp: Experiment
+    state: LoopState
+    bar: Progress  # the run's progress bar: ``bar.write`` prints a line beside it
+    round_idx: int
+    start: int  # the first round of the upload period (its cohort and plan)
+    kind: RoundKind  # 'upload': updates travel; 'local', 'short': see the module
+    cohort: list[int]  # the sampled clients (empty in a short round)
+    trainers: list[int]  # those asked to train (stragglers dropped; empty unless 'upload')
+    params: torch.Tensor  # the global model the round starts from (not to be written)
+    # the round's drift figures, set by the diagnostics hook at the round's start
+    # and fed by the round's collector with each update it takes
+    diagnostics: RoundDiagnostics | None = None
+
+
+@dataclass(frozen=True)
+class RoundEnd:
+    """How a round ended."""
+
+    record: RoundRecord  # the round's row in the run store
+    used: list[int]  # the clients whose updates the model took, sorted
+    applied: bool  # the server step was taken (False: skipped, the model unchanged)
+    arrived: list[int] = field(default_factory=list)  # every upload that arrived
+    # the clients whose updates the server saw (under secure aggregation: those in
+    # the revealed sum): what the privacy accountant counts
+    seen: list[int] = field(default_factory=list)
+
+
+class RoundHook(Protocol):
+    """One feature acting around the round (see the module for when each method
+    is called and the contract). Subclass it to take the no-op defaults and
+    override what the hook needs."""
+
+    name: str  # unique within a run: the key of its state in checkpoints
+
+    def round_start(self, info: RoundInfo) -> None:
+        return None
+
+    def upload(self, info: RoundInfo, client_id: int, taken: bool, reason: str | None) -> None:
+        return None
+
+    def evaluated(self, info: RoundInfo, accuracy: float, loss: float) -> None:
+        return None
+
+    def round_end(self, info: RoundInfo, end: RoundEnd) -> None:
+        return None
+
+    def run_end(self, result: RunResult) -> None:
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        return None
+
+
+class RoundHooks:
+    """The run's hooks in order; each call goes to every hook in turn."""
+
+    def __init__(self, hooks: Iterable[RoundHook] = ()) -> None:
+        self.hooks: tuple[RoundHook, ...] = tuple(hooks)
+        names = [h.name for h in self.hooks]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ConfigError(
+                f"round hook name(s) {twice} used more than once; each hook of a run "
+                "needs its own name (its state is checkpointed under it)"
+            )
+
+    def __iter__(self) -> Iterator[RoundHook]:
+        return iter(self.hooks)
+
+    def names(self) -> list[str]:
+        return [h.name for h in self.hooks]
+
+    def extended(self, more: Iterable[RoundHook]) -> RoundHooks:
+        """These hooks, then ``more``."""
+        return RoundHooks([*self.hooks, *more])
+
+    def round_start(self, info: RoundInfo) -> None:
+        for h in self.hooks:
+            h.round_start(info)
+
+    def upload(self, info: RoundInfo, client_id: int, taken: bool, reason: str | None) -> None:
+        for h in self.hooks:
+            h.upload(info, client_id, taken, reason)
+
+    def taken(self, info: RoundInfo, used: Sequence[int]) -> None:
+        for c in sorted(used):
+            self.upload(info, c, True, None)
+
+    def evaluated(self, info: RoundInfo, accuracy: float, loss: float) -> None:
+        for h in self.hooks:
+            h.evaluated(info, accuracy, loss)
+
+    def round_end(self, info: RoundInfo, end: RoundEnd) -> None:
+        for h in self.hooks:
+            h.round_end(info, end)
+
+    def run_end(self, result: RunResult) -> None:
+        for h in self.hooks:
+            h.run_end(result)
+
+    def state_dict(self) -> dict[str, dict[str, Any]]:
+        """Each stateful hook's state by its name (for the checkpoint)."""
+        return {h.name: s for h in self.hooks if (s := h.state_dict())}
+
+    def load_state_dict(self, state: dict[str, dict[str, Any]]) -> None:
+        """Put a checkpoint's hook states back; a hook absent from it starts fresh."""
+        for h in self.hooks:
+            if h.name in state:
+                h.load_state_dict(state[h.name])
+
+
+__all__ = ["RoundEnd", "RoundHook", "RoundHooks", "RoundInfo", "RoundKind"]
