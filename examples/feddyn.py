@@ -36,6 +36,7 @@ from fedforge.algorithms import (
     StepContext,
     drops_stragglers,
     local_plan,
+    summed,
 )
 from fedforge.algorithms.plan import DecayedPlan, LocalPlan, cross_entropy
 from fedforge.store import ClientStateStore, make_state_store, working_dir
@@ -109,7 +110,7 @@ class DynServer:
     ) -> dict[str, torch.Tensor]:
         if not extras:
             return dict(state)
-        return {H: state[H], USED: torch.stack([e[COUNT] for e in extras]).sum(dim=0)}
+        return {H: state[H], USED: summed(extras, COUNT)}
 
     def __call__(
         self,

@@ -27,7 +27,12 @@ from dataclasses import dataclass
 import torch
 
 import fedforge
-from fedforge.algorithms import StatelessClientTerms, drops_stragglers, local_plan
+from fedforge.algorithms import (
+    StatelessClientTerms,
+    StatelessServerTerms,
+    drops_stragglers,
+    local_plan,
+)
 from fedforge.algorithms.local import ClientJob
 from fedforge.algorithms.plan import DecayedPlan, cross_entropy
 
@@ -51,21 +56,6 @@ class SquaredNorm(StatelessClientTerms):
         sq = torch.zeros_like(job.start)
         sq[0] = delta @ delta
         return {SQ: sq}
-
-
-class NoState:
-    """The server half: no state; each update carries ||Delta_i||^2."""
-
-    update_tensors = (SQ,)
-
-    def initial_state(self, size: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-        return {}
-
-    def payload(self, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return {}
-
-    def moved(self, state, extras, num_clients) -> dict[str, torch.Tensor]:
-        return dict(state)
 
 
 class Extrapolate:
@@ -98,7 +88,7 @@ def factory(context: fedforge.ComponentContext) -> fedforge.Algorithm:
         DecayedPlan(local_plan(cfg), cfg.lr_decay),
         cross_entropy,
         client=SquaredNorm(),
-        server=NoState(),
+        server=StatelessServerTerms(SQ),  # each update carries ||Delta_i||^2
         server_step=Extrapolate(context.options.eps),
         drop_stragglers=drops_stragglers(cfg, True),
     )

@@ -32,6 +32,7 @@ from fedforge.algorithms import (
     StatelessClientTerms,
     drops_stragglers,
     local_plan,
+    summed,
 )
 from fedforge.algorithms.local import LocalResult
 from fedforge.algorithms.plan import DecayedPlan, cross_entropy
@@ -91,8 +92,7 @@ class NovaServer:
     ) -> dict[str, torch.Tensor]:
         if not extras:
             return dict(state)
-        n_a = torch.stack([e[N_A] for e in extras]).sum(dim=0)
-        n = torch.stack([e[N] for e in extras]).sum(dim=0)
+        n_a, n = summed(extras, N_A), summed(extras, N)
         return {TAU_EFF: (n_a / n).to(state[TAU_EFF].dtype)}
 
     def __call__(

@@ -37,7 +37,12 @@ import torch
 from torch.func import functional_call
 
 import fedforge
-from fedforge.algorithms import StatelessClientTerms, drops_stragglers, local_plan
+from fedforge.algorithms import (
+    StatelessClientTerms,
+    StatelessServerTerms,
+    drops_stragglers,
+    local_plan,
+)
 from fedforge.algorithms.local import ClientJob, LocalResult
 from fedforge.algorithms.plan import DecayedPlan, cross_entropy
 from fedforge.client.runtime import local_sgd
@@ -86,21 +91,6 @@ class QClient(StatelessClientTerms):
         return {H: h.to(job.start.device)}
 
 
-class QServer:
-    """The server half: no state; each update carries h_k."""
-
-    update_tensors = (H,)
-
-    def initial_state(self, size: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-        return {}
-
-    def payload(self, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return {}
-
-    def moved(self, state, extras, num_clients) -> dict[str, torch.Tensor]:
-        return dict(state)
-
-
 def server_step(
     aggregate: torch.Tensor,
     state: Mapping[str, torch.Tensor],
@@ -125,7 +115,7 @@ def factory(context: fedforge.ComponentContext) -> fedforge.Algorithm:
         DecayedPlan(local_plan(cfg), cfg.lr_decay),
         cross_entropy,
         client=client,
-        server=QServer(),
+        server=StatelessServerTerms(H),  # each update carries h_k
         local_train=client,
         server_step=server_step,
         drop_stragglers=drops_stragglers(cfg, True),

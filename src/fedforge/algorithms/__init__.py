@@ -6,7 +6,6 @@ from __future__ import annotations
 import torch
 
 from fedforge.algorithms.base import Algorithm, LocalPlan, cross_entropy
-from fedforge.algorithms.client_terms import PendingClientTable, StatelessClientTerms
 from fedforge.algorithms.factories import (
     AlgorithmFactory,
     drops_stragglers,
@@ -27,6 +26,12 @@ from fedforge.algorithms.local import (
 )
 from fedforge.algorithms.perfedavg import perfedavg
 from fedforge.algorithms.scaffold import scaffold
+from fedforge.algorithms.terms import (
+    PendingClientTable,
+    StatelessClientTerms,
+    StatelessServerTerms,
+    summed,
+)
 from fedforge.config import Config
 from fedforge.config.components import make
 from fedforge.core.params import ParamSpec
@@ -74,7 +79,9 @@ __all__ = [
     "ServerStep",
     "ServerTerms",
     "StatelessClientTerms",
+    "StatelessServerTerms",
     "StepContext",
     "UpdateScale",
     "scaffold",
+    "summed",
 ]

@@ -40,9 +40,9 @@ from typing import Literal
 import torch
 
 from fedforge.algorithms.base import Algorithm, cross_entropy
-from fedforge.algorithms.client_terms import PendingClientTable
 from fedforge.algorithms.local import ClientJob, LinearTerm, StepContext
 from fedforge.algorithms.plan import DecayedPlan, LocalPlan
+from fedforge.algorithms.terms import PendingClientTable, summed
 from fedforge.store.client_state import ClientStateStore
 
 Option = Literal["I", "II"]
@@ -117,7 +117,7 @@ class ScaffoldServer:
     ) -> dict[str, torch.Tensor]:
         if not extras:
             return dict(state)
-        total = torch.stack([e[CONTROL_DELTA] for e in extras]).sum(dim=0)
+        total = summed(extras, CONTROL_DELTA)
         # (|S| / N) * mean over S of delta c_k
         return {CONTROL: state[CONTROL] + total.to(state[CONTROL].dtype) / num_clients}
 

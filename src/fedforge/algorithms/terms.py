@@ -1,4 +1,5 @@
-"""Two bases for an algorithm's client half (``ClientTerms``, algorithms/local.py).
+"""Bases for an algorithm's client and server halves (``ClientTerms``,
+``ServerTerms``: algorithms/local.py).
 
 :class:`StatelessClientTerms` is the half of a method that keeps nothing per
 client and only sends tensors beside its delta (FedNova's step counts, q-FedAvg's
@@ -7,6 +8,9 @@ of a method with one row of state per client (SCAFFOLD's c_k, FedDyn's grad_i):
 a client's new row is held pending until the server says it used the client's
 update, then stored; a refused update or a skipped round leaves the old row, so
 the server's state (which saw only the used updates) and the clients' agree.
+:class:`StatelessServerTerms` is the server half of a method that keeps no
+server state and reads what the updates carry in its ``ServerStep`` alone
+(q-FedAvg, FedExP); :func:`summed` adds one carried tensor over the used updates.
 """
 
 from __future__ import annotations
@@ -96,3 +100,30 @@ class PendingClientTable(StatelessClientTerms):
         if ids:
             self.store.scatter(ids, torch.stack([self._pending[c] for c in ids]))
         self._pending.clear()
+
+
+class StatelessServerTerms:
+    """``ServerTerms`` with no server state and nothing in the payload; the used
+    updates carry ``update_tensors`` (read by the algorithm's ``ServerStep``)."""
+
+    def __init__(self, *update_tensors: str) -> None:
+        self.update_tensors = tuple(update_tensors)
+
+    def initial_state(self, size: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        return {}
+
+    def payload(self, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {}
+
+    def moved(
+        self,
+        state: Mapping[str, torch.Tensor],
+        extras: Sequence[Mapping[str, torch.Tensor]],
+        num_clients: int,
+    ) -> dict[str, torch.Tensor]:
+        return dict(state)
+
+
+def summed(extras: Sequence[Mapping[str, torch.Tensor]], name: str) -> torch.Tensor:
+    """The sum of tensor ``name`` over the used updates' extras (at least one)."""
+    return torch.stack([e[name] for e in extras]).sum(dim=0)
