@@ -9,7 +9,7 @@ import math
 import pytest
 
 from fedforge.core.errors import ConfigError
-from fedforge.server.canary import CanaryJudge, CanaryPolicy, canary_draw, in_canary
+from fedforge.transport.canary import CanaryJudge, CanaryPolicy, canary_draw, in_canary
 
 CANDIDATE, SERVING = 2, 1
 

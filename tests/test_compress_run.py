@@ -204,17 +204,17 @@ def test_finite_updates_whose_sum_overflows_skip_the_round(data: FederatedData) 
 
 def test_labels_take_a_finite_loss_or_null() -> None:
     from fedforge.core.errors import UploadError
-    from fedforge.server.labels import MAX_EXAMPLES, read_labels
+    from fedforge.server.update_header import MAX_EXAMPLES, read_update_header
 
     meta = {"client_id": 3, "round_idx": 7, "num_examples": MAX_EXAMPLES, "train_loss": 2}
-    assert read_labels(meta, 3, 7) == (2**53, 2.0)
-    n, loss = read_labels({**meta, "train_loss": None}, 3, 7)
+    assert read_update_header(meta, 3, 7) == (2**53, 2.0)
+    n, loss = read_update_header({**meta, "train_loss": None}, 3, 7)
     assert loss != loss  # NaN: the client's own loss was not finite
     for bad in (float("inf"), float("-inf"), float("nan")):  # JSON 1e999 parses to inf
         with pytest.raises(UploadError, match="train_loss"):
-            read_labels({**meta, "train_loss": bad}, 3, 7)
+            read_update_header({**meta, "train_loss": bad}, 3, 7)
     with pytest.raises(UploadError, match=r"\[1, 2\^53\]"):
-        read_labels({**meta, "num_examples": MAX_EXAMPLES + 1}, 3, 7)
+        read_update_header({**meta, "num_examples": MAX_EXAMPLES + 1}, 3, 7)
 
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "scaffold"])

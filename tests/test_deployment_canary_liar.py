@@ -10,10 +10,10 @@ from pathlib import Path
 from deploy_procs import run_dir_of, start_client, start_process, start_server, write_config
 from fedforge import config as config_mod
 from fedforge.evaluation.evaluate import evaluate
-from fedforge.server.canary import CanaryJudge, CanaryPolicy
 from fedforge.server.experiment import build
 from fedforge.store import RunStore
 from fedforge.store import versions as vs
+from fedforge.transport.canary import CanaryJudge, CanaryPolicy
 from fedforge.transport.hosted import evaluation_data
 
 LIAR = Path(__file__).with_name("lying_client.py")

@@ -15,7 +15,7 @@ import torch
 from fedforge.config import Config
 from fedforge.transport.hub import Hub
 from fedforge.transport.pb import federation_pb2 as pb
-from fedforge.transport.rollout import Rollout, read_report
+from fedforge.transport.rollout import Rollout, read_canary_report
 from fedforge.transport.work import EVALUATION, UPDATE
 
 
@@ -163,22 +163,25 @@ def test_a_session_downloads_only_the_models_its_work_named() -> None:
     ],
 )
 def test_evaluation_reports_are_bounded(report: dict, why: str | None) -> None:
-    got = read_report(json.dumps(report).encode(), declared=10)
+    got = read_canary_report(json.dumps(report).encode(), declared=10)
     if why is None:
         assert got == {"accuracy": 0.5, "loss": 1.25, "num_examples": 10.0}
     else:
         assert isinstance(got, str) and got.startswith(why), got
-    assert read_report(b"\xff{", 10) == "not a JSON report"
-    assert read_report(b"[1]", 10) == "not a JSON object"
+    assert read_canary_report(b"\xff{", 10) == "not a JSON report"
+    assert read_canary_report(b"[1]", 10) == "not a JSON object"
 
 
 def test_a_regression_score_may_be_negative_but_not_past_one() -> None:
     """R^2 lies in (-inf, 1]: a bad model's -3.5 is a real score, 1.5 is not."""
     r2 = (-math.inf, 1.0)
     report = {"accuracy": -3.5, "loss": 2.0, "num_examples": 4}
-    assert read_report(json.dumps(report).encode(), 4, r2) == {**report, "num_examples": 4.0}
+    assert read_canary_report(json.dumps(report).encode(), 4, r2) == {**report, "num_examples": 4.0}
     report["accuracy"] = 1.5
-    assert read_report(json.dumps(report).encode(), 4, r2) == "accuracy = 1.5: must be in [-inf, 1]"
+    assert (
+        read_canary_report(json.dumps(report).encode(), 4, r2)
+        == "accuracy = 1.5: must be in [-inf, 1]"
+    )
 
 
 def test_evaluations_are_bounded_by_the_evaluation_count_declared_at_join() -> None:

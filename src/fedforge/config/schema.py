@@ -41,9 +41,9 @@ _STEP = "must be a number > 0 (below 3.4e38 in a float32 run)"
 
 # The names of registered components (core/registry.py): checked against the
 # registry's names when a config is checked (check_registered), after its plugins load
-Algorithm = str  # fedavg, fedsgd, fedprox, scaffold, fedbn, perfedavg or a plugin's
+AlgorithmName = str  # fedavg, fedsgd, fedprox, scaffold, fedbn, perfedavg or a plugin's
 ModelName = str  # a built-in model or one given to fedforge.register_model
-Engine = Literal["auto", "serial", "vectorized"]
+EngineName = Literal["auto", "serial", "vectorized"]
 DType = Literal["float32", "float64"]
 Precision = Literal["fp32", "bf16"]
 DeviceName = str  # cpu, cuda, cuda:N or auto (core/device.py)
@@ -68,7 +68,7 @@ class Config:
     input_scaling: InputScaling = "standard"
     data_dir: str | None = None
     model: ModelName = "cnn"
-    algorithm: Algorithm = "fedavg"
+    algorithm: AlgorithmName = "fedavg"
     num_clients: int = 100
     partition: PartitionConfig = field(default_factory=PartitionConfig)
     client_fraction: float = 0.1
@@ -107,7 +107,7 @@ class Config:
     eval_batch_size: int = 250  # small batches stay in cache: 2x faster than 2000 (CNN)
     checkpoint_every: int = 10  # rounds between checkpoints; 0 = only on SIGINT/SIGTERM
     # auto: vectorized where it is the faster (models without convolutions) and allowed
-    engine: Engine = "auto"
+    engine: EngineName = "auto"
     workers: int = 1  # processes the cohort is spread over (engines/pool.py); 0: one per core
     # torch intra-op threads of each process of the run; null: the usable cores
     # divided among the run's processes (engines/threads.py)

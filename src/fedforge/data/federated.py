@@ -95,7 +95,7 @@ def load_federated_data(cfg: Config, train: bool = True) -> FederatedData:
     if cfg.dataset == "synthetic":
         data = load_synthetic(cfg)
     elif cfg.dataset == "shakespeare":
-        data = load_shakespeare(cfg)
+        data = federated_shakespeare(cfg)
     elif cfg.dataset == "regression":
         data = load_regression(cfg)
     else:
@@ -156,7 +156,7 @@ def load_synthetic(cfg: Config) -> FederatedData:
     )
 
 
-def load_shakespeare(cfg: Config) -> FederatedData:
+def federated_shakespeare(cfg: Config) -> FederatedData:
     """Shakespeare by speaking role (data/shakespeare.py): ``partition.kind:
     natural`` keeps one client a role that has a training window, ``iid`` deals the
     same windows evenly over ``num_clients`` (the IID control). The test set holds

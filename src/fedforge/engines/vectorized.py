@@ -42,10 +42,9 @@ from fedforge.engines.batched_mlp import applies, batched_mlp_sgd, fits, fused_t
 from fedforge.models.layout import set_channels_last
 
 DEFAULT_MEMORY_BUDGET = 2 * 1024**3  # bytes for one chunk's working set
-# The fused perceptron path's clients' weights per thread: 8 2NN clients (6.4 MB).
-# Measured here (one thread, 100 clients of 600 MNIST samples, B = 10): 8 a chunk
-# 56k samples/s, 12 53k, 20 38k, 64 35k (their weights no longer in cache);
-# two threads: 20 79k, 64 61k.
+# The fused perceptron path's clients' weights per thread: 8 2NN clients (6.4 MB),
+# as many as stay in cache; more a chunk ran slower, their weights streamed from
+# memory twice a step (the figures: docs/changelog.md, "Engine throughput").
 FUSED_CACHE_BYTES = 6_500_000
 # A client's minibatch schedule is built whole before its chunk trains: per step
 # a tensor of indices (a view of its epoch's permutation, ~700 bytes with its

@@ -6,7 +6,7 @@ is a *version*: a row of
 ``versions/v{id}.safetensors`` under the run directory (the row names the file
 relative to the run directory, so a moved run keeps its versions). A new version
 is served first to a fraction of the clients (the canary), judged on their data
-(``server/canary.py``), then promoted to every client or rolled back.
+(``transport/canary.py``), then promoted to every client or rolled back.
 
 Statuses, and what moves a version between them (each change is one SQLite
 transaction; the database keeps at most one ``promoted`` and one ``canary``):

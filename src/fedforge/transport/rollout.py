@@ -11,14 +11,14 @@ out of the round, as a dropout). The reports are rows of the run store's
 run promotes is a version in the store (``store/versions.py``). Every
 ``deployment.canary_every`` rounds the current global model becomes a candidate
 version, served first to ``canary_fraction`` of the clients (a fixed draw per
-client and version, ``server/canary.py``), which evaluate it and the serving
+client and version, ``transport/canary.py``), which evaluate it and the serving
 version on their data; the judge promotes it, or rolls it back when its
 metric regressed by more than ``canary_max_drop``. Training goes on from the
 global model either way: a rollback keeps a model from being served, it does
 not rewind the federation.
 
 Every evaluation report, cold start's and the canary's, is checked field by
-field before it counts (:func:`read_report`): a score within the task's range
+field before it counts (:func:`read_canary_report`): a score within the task's range
 (accuracy in [0, 1]; R^2 at most 1), a finite loss >= 0, and an example count
 at most the evaluation rows the client declared when it joined. A report that
 fails is refused with the reason (logged, counted) and does not count.
@@ -38,10 +38,10 @@ import torch
 from fedforge.config import Config
 from fedforge.core import wire
 from fedforge.core.errors import StoreError, shown
-from fedforge.server.canary import CanaryJudge, CanaryPolicy, in_canary
 from fedforge.store import RunStore
 from fedforge.store import versions as vs
 from fedforge.tasks import resolve_task
+from fedforge.transport.canary import CanaryJudge, CanaryPolicy, in_canary
 from fedforge.transport.hub import Hub
 from fedforge.transport.logs import log_event
 from fedforge.transport.pb import federation_pb2 as pb
@@ -255,7 +255,7 @@ class Rollout:
         for a in self.hub.gather(keys, self.deadline_s):
             member = self.hub.members.get(a.client_id)
             declared = member.num_eval_examples if member is not None else 0
-            report = read_report(a.data, declared, self.score_range)
+            report = read_canary_report(a.data, declared, self.score_range)
             if isinstance(report, str):
                 self.hub.on_refusal(
                     "?", a.client_id, f"malformed evaluation of client {a.client_id}: {report}"
@@ -266,7 +266,7 @@ class Rollout:
         return out
 
 
-def read_report(
+def read_canary_report(
     data: bytes, declared: int, score_range: tuple[float, float] = (0.0, 1.0)
 ) -> dict[str, float] | str:
     """A client's evaluation report: JSON of an accuracy (the task's score) within

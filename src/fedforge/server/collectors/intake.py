@@ -36,8 +36,8 @@ from fedforge.pipeline.pipeline import StageContext
 from fedforge.robust.typical_norm import RelativeBound
 from fedforge.server.collectors.base import RoundLog
 from fedforge.server.experiment import Experiment
-from fedforge.server.labels import read_labels
 from fedforge.server.registry import Registry
+from fedforge.server.update_header import read_update_header
 from fedforge.store import ClientRecord
 
 
@@ -76,7 +76,7 @@ def check_update(exp: Experiment, client_id: int, round_idx: int, data: bytes) -
         )
     if not all_finite(delta):
         raise UploadError("delta holds non-finite values (NaN or inf)")
-    n, train_loss = read_labels(msg.meta, client_id, round_idx)
+    n, train_loss = read_update_header(msg.meta, client_id, round_idx)
     report = read_report(msg.meta, exp.cfg.aggregation_weights, n, exp.data.classes() or 0)
     return Upload(client_id, delta, n, train_loss, len(data), check_extras(exp, extras), report)
 

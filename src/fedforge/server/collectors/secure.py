@@ -31,7 +31,7 @@ from fedforge.privacy.secagg import PHASES
 from fedforge.privacy.secagg_server import route, unmask_sum
 from fedforge.server.collectors.base import Collected, DenseCost, Phase, RoundLog
 from fedforge.server.experiment import Experiment
-from fedforge.server.labels import read_labels
+from fedforge.server.update_header import read_update_header
 from fedforge.store import ClientRecord
 
 PREFIX = "secure aggregation: "
@@ -176,7 +176,7 @@ class SecureSum:
         self.masked_updates += 1  # a masked update of the phase arrived, well-formed or not
         try:
             upd = wire.decode(data)
-            n, loss = read_labels(upd.meta, c, self.round_idx)
+            n, loss = read_update_header(upd.meta, c, self.round_idx)
             self.masked[c] = self.codec.decode_masked(upd.tensors, upd.meta, self.exp.spec.size)
         except UploadError as exc:
             self.log.reject(c, str(exc))

@@ -14,7 +14,9 @@ from fedforge.core.errors import UploadError
 MAX_EXAMPLES = 2**53
 
 
-def read_labels(meta: Mapping[str, Any], client_id: int, round_idx: int) -> tuple[int, float]:
+def read_update_header(
+    meta: Mapping[str, Any], client_id: int, round_idx: int
+) -> tuple[int, float]:
     """``(num_examples, train_loss)`` of an update that must be labelled
     ``client_id``, ``round_idx``; the loss is NaN when the client sent null (its
     own loss was not finite)."""
