@@ -8,10 +8,10 @@ and argument errors answer at once and the subpackages that need no torch
 
 from __future__ import annotations
 
-import gc
 import importlib
-import sys
 from typing import TYPE_CHECKING, Any
+
+from fedforge.core.startup import load_torch
 
 __version__ = "0.1.0"
 
@@ -97,18 +97,6 @@ __all__ = [
     "resume",
     "run",
 ]
-
-
-def load_torch() -> None:
-    """Import torch, and when this process's torch is fedforge's to start (not yet
-    imported by the caller), freeze the ~170k objects it leaves: every full
-    collection of the cyclic garbage collector would rescan them (one such
-    collection cost 75 ms of the command's start-up here). Reference counting
-    still frees them; they live as long as the process anyway."""
-    if "torch" not in sys.modules:
-        import torch  # noqa: F401
-
-        gc.freeze()
 
 
 def __getattr__(name: str) -> Any:

@@ -23,10 +23,11 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fedforge import __version__, load_torch
+from fedforge import __version__
 from fedforge.core.errors import ConfigError, FedforgeError, StopNow
 from fedforge.core.extras import extra_of, installed
 from fedforge.core.registry import load_plugins
+from fedforge.core.startup import load_torch
 from fedforge.report import observe_cli
 from fedforge.report.dashboard import command as dashboard
 from fedforge.report.run_args import add_run_lookup, open_run
