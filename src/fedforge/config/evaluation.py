@@ -8,8 +8,9 @@ they combine with the rest of the run is checked in compat.py."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
-from fedforge.core.errors import raise_first
+from fedforge.config.ranges import Range
 
 
 @dataclass(frozen=True)
@@ -18,27 +19,11 @@ class PersonalEvalConfig:
     client takes ``steps`` SGD steps from the global model on its own training data,
     in minibatches of the run's ``batch_size``, then is scored on its held-out slice."""
 
-    steps: int = 0  # 0: off
-    lr: float | None = None  # null: perfedavg.alpha under perfedavg, else the run's lr
-
-    def check(self) -> None:
-        raise_first(
-            "personal_eval.",
-            [
-                (
-                    "steps",
-                    self.steps,
-                    self.steps >= 0,
-                    "must be an integer >= 0 (0 turns personalised evaluation off)",
-                ),
-                (
-                    "lr",
-                    self.lr,
-                    self.lr is None or self.lr > 0.0,
-                    "must be a number > 0, or null (perfedavg.alpha under perfedavg, else lr)",
-                ),
-            ],
-        )
+    steps: Annotated[int, Range(">= 0", note="0 turns personalised evaluation off")] = 0
+    # null: perfedavg.alpha under perfedavg, else the run's lr
+    lr: Annotated[float | None, Range("> 0", null="perfedavg.alpha under perfedavg, else lr")] = (
+        None
+    )
 
 
 @dataclass(frozen=True)
@@ -52,24 +37,6 @@ class DiagnosticsConfig:
     # warn once when the mean cosine stays below this ... (IID MNIST at E = 1,
     # B = 10 measures ~0.09: SGD noise in many dimensions; below 0 the cohort's
     # updates disagree on average)
-    low_cosine: float = 0.0
-    low_cosine_rounds: int = 3  # ... for this many rounds in a row
-
-    def check(self) -> None:
-        raise_first(
-            "diagnostics.",
-            [
-                (
-                    "low_cosine",
-                    self.low_cosine,
-                    -1.0 <= self.low_cosine <= 1.0,
-                    "must be in [-1, 1]",
-                ),
-                (
-                    "low_cosine_rounds",
-                    self.low_cosine_rounds,
-                    self.low_cosine_rounds >= 1,
-                    "must be an integer >= 1",
-                ),
-            ],
-        )
+    low_cosine: Annotated[float, Range("[-1, 1]")] = 0.0
+    # ... for this many rounds in a row
+    low_cosine_rounds: Annotated[int, Range(">= 1")] = 3

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
-from fedforge.core.errors import raise_first
+from fedforge.config.ranges import Range
 
-# the local weight decay's allowed values (its section and compat.py check it)
-WEIGHT_DECAY_RANGE = "must be >= 0 (lr * weight_decay below 3.4e38 in a float32 run)"
+# the local weight decay's allowed values (its section checks the range, compat.py
+# the product with lr, in the same words)
+WEIGHT_DECAY = Range(">= 0", note="lr * weight_decay below 3.4e38 in a float32 run")
+WEIGHT_DECAY_RANGE = WEIGHT_DECAY.says(integer=False)
 
 
 def step_limit(dtype: str) -> float:
@@ -25,36 +27,21 @@ def step_limit(dtype: str) -> float:
 class LocalConfig:
     """Local optimizer knobs, the same in every engine (algorithms/local.py)."""
 
-    momentum: float = 0.0  # heavy-ball momentum, as torch.optim.SGD (dampening 0)
-    weight_decay: float = 0.0  # L2 term added to the gradient, as torch.optim.SGD
-    grad_clip: float | None = None  # clip each step's gradient to this L2 norm; null = off
-
-    def check(self) -> None:
-        raise_first(
-            "local.",
-            [
-                ("momentum", self.momentum, 0.0 <= self.momentum < 1.0, "must be in [0, 1)"),
-                ("weight_decay", self.weight_decay, self.weight_decay >= 0.0, WEIGHT_DECAY_RANGE),
-                (
-                    "grad_clip",
-                    self.grad_clip,
-                    self.grad_clip is None or self.grad_clip > 0.0,
-                    "must be a number > 0, or null (no clipping)",
-                ),
-            ],
-        )
+    # heavy-ball momentum, as torch.optim.SGD (dampening 0)
+    momentum: Annotated[float, Range("[0, 1)")] = 0.0
+    # L2 term added to the gradient, as torch.optim.SGD (how it fits lr: compat.py)
+    weight_decay: Annotated[float, WEIGHT_DECAY] = 0.0
+    # clip each step's gradient to this L2 norm; null = off
+    grad_clip: Annotated[float | None, Range("> 0", null="no clipping")] = None
 
 
 @dataclass(frozen=True)
 class StragglerConfig:
     """Systems heterogeneity as in FedProx (Li et al. 2020, section 5.2)."""
 
-    fraction: float = 0.0  # of each cohort, drawn from the seed, doing fewer epochs
+    # of each cohort, drawn from the seed, doing fewer epochs
+    fraction: Annotated[float, Range("[0, 1]")] = 0.0
     drop: bool | None = None  # drop stragglers' work; null = the algorithm's default
-
-    def check(self) -> None:
-        ok = 0.0 <= self.fraction <= 1.0
-        raise_first("stragglers.", [("fraction", self.fraction, ok, "must be in [0, 1]")])
 
 
 @dataclass(frozen=True)
@@ -69,27 +56,14 @@ class PerFedAvgConfig:
     """Per-FedAvg's local meta-update (Fallah et al. 2020; algorithms/perfedavg.py)."""
 
     variant: Literal["fo", "hf"] = "fo"  # fo: first order; hf: Hessian-free
-    alpha: float = 0.01  # inner step: w' = w - alpha grad f(w; D)
-    beta: float | None = None  # outer step; null: the run's lr (decayed by lr_decay like it)
-    steps: int = 10  # tau: meta-steps per round, each on fresh batches D, D' (and D'')
+    alpha: Annotated[float, Range(">= 0")] = 0.01  # inner step: w' = w - alpha grad f(w; D)
+    # outer step; null: the run's lr (decayed by lr_decay like it)
+    beta: Annotated[float | None, Range("> 0", null="the run's lr")] = None
+    # tau: meta-steps per round, each on fresh batches D, D' (and D'')
+    steps: Annotated[int, Range(">= 1", note="tau")] = 10
     hvp: Literal["exact", "finite_difference"] = "exact"  # hf: H(w; D'') v
-    delta: float = 1e-3  # finite_difference: (g(w + delta v) - g(w - delta v)) / (2 delta)
-
-    def check(self) -> None:
-        raise_first(
-            "perfedavg.",
-            [
-                ("alpha", self.alpha, self.alpha >= 0.0, "must be a number >= 0"),
-                (
-                    "beta",
-                    self.beta,
-                    self.beta is None or self.beta > 0.0,
-                    "must be a number > 0, or null (the run's lr)",
-                ),
-                ("steps", self.steps, self.steps >= 1, "must be an integer >= 1 (tau)"),
-                ("delta", self.delta, self.delta > 0.0, "must be a number > 0"),
-            ],
-        )
+    # finite_difference: (g(w + delta v) - g(w - delta v)) / (2 delta)
+    delta: Annotated[float, Range("> 0")] = 1e-3
 
     def outer_lr(self, lr: float) -> float:
         """The outer step beta: its own, or the run's ``lr``."""

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import yaml
 
+from fedforge.config.ranges import check_ranges
 from fedforge.config.schema import Config, invalid
 from fedforge.config.task import BUILT_IN_TASKS
 from fedforge.core.errors import ConfigError, shown
@@ -132,6 +133,7 @@ def build_section(cls: Any, data: Any, prefix: str) -> Any:
     if not isinstance(data, Mapping):
         raise invalid(prefix.rstrip("."), data, f"must be a mapping of {cls.__name__} fields")
     section = _build(cls, data, prefix)
+    check_ranges(section, prefix)
     check = getattr(section, "check", None)
     if callable(check):
         try:

@@ -10,8 +10,9 @@ the client's whole data set in one batch).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fedforge.config import compat
 from fedforge.config import task as task_rules
@@ -30,6 +31,7 @@ from fedforge.config.local import (
 )
 from fedforge.config.names import check_registered
 from fedforge.config.privacy import PrivacyConfig
+from fedforge.config.ranges import Range, check_ranges
 from fedforge.config.robust import RobustConfig
 from fedforge.config.server_optimizer import ServerOptimizerConfig
 from fedforge.core.device import DEVICE_NAMES, is_device_name
@@ -69,20 +71,21 @@ class Config:
     data_dir: str | None = None
     model: ModelName = "cnn"
     algorithm: AlgorithmName = "fedavg"
-    num_clients: int = 100
+    num_clients: Annotated[int, Range(">= 1")] = 100
     partition: PartitionConfig = field(default_factory=PartitionConfig)
-    client_fraction: float = 0.1
-    local_epochs: int = 1
+    client_fraction: Annotated[float, Range("(0, 1]")] = 0.1
+    local_epochs: Annotated[int, Range(">= 1")] = 1
     batch_size: int | None = 10
     lr: float = 0.1
-    lr_decay: float = 1.0  # local lr at round t is lr * lr_decay**t
+    lr_decay: Annotated[float, Range("(0, 1]")] = 1.0  # local lr at round t is lr * lr_decay**t
     server_lr: float = 1.0  # server SGD on the pseudo-gradient; 1.0 is FedAvg
     # the weighted mean's weight per client: num_examples, uniform, sqrt, capped,
     # quality (num_examples x exp(-validation loss / T)), class (sum_c n_kc / N_c)
     aggregation_weights: WeightRule = "num_examples"
     weight_cap: int | None = None  # capped: min(num_examples, weight_cap)
-    quality_temperature: float = 1.0  # quality: T of exp(-loss / T)
-    quality_holdout: float = 0.1  # quality: each client's validation split (not trained on)
+    quality_temperature: Annotated[float, Range("> 0", note="T of exp(-loss / T)")] = 1.0
+    # quality: each client's validation split (not trained on)
+    quality_holdout: Annotated[float, Range("(0, 1)", note="each client's validation split")] = 0.1
     server_optimizer: ServerOptimizerConfig = field(default_factory=ServerOptimizerConfig)
     robust: RobustConfig = field(default_factory=RobustConfig)
     communication: CommunicationConfig = field(default_factory=CommunicationConfig)
@@ -93,22 +96,28 @@ class Config:
     scaffold: ScaffoldConfig = field(default_factory=ScaffoldConfig)
     perfedavg: PerFedAvgConfig = field(default_factory=PerFedAvgConfig)
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
-    rounds: int = 60
-    target_accuracy: float | None = 0.99
-    eval_every: int = 1
+    rounds: Annotated[int, Range(">= 1")] = 60
+    target_accuracy: Annotated[
+        float | None, Range("(0, 1]", note="a fraction, e.g. 0.99", null="")
+    ] = 0.99
+    eval_every: Annotated[int, Range(">= 1")] = 1
     eval_initial: bool = False  # also evaluate the initial model before round 1 (a baseline)
     eval_clients: bool = False  # also evaluate on each client's held-out slice (clienteval.py)
-    eval_holdout: float = 0.2  # eval_clients: the fraction of each client's data held out
+    # eval_clients: the fraction of each client's data held out
+    eval_holdout: Annotated[float, Range("(0, 1)")] = 0.2
     # eval_clients: a CSV 'client_id,<attribute>,...' of client groups (data/tags.py)
     client_tags: str | None = None
     # eval_clients: also score each client after a few local steps (personal.py)
     personal_eval: PersonalEvalConfig = field(default_factory=PersonalEvalConfig)
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
-    eval_batch_size: int = 250  # small batches stay in cache: 2x faster than 2000 (CNN)
-    checkpoint_every: int = 10  # rounds between checkpoints; 0 = only on SIGINT/SIGTERM
+    # small batches stay in cache (the CNN evaluates faster at 250 than at 2,000)
+    eval_batch_size: Annotated[int, Range(">= 1")] = 250
+    # rounds between checkpoints; 0 = only on SIGINT/SIGTERM
+    checkpoint_every: Annotated[int, Range(">= 0", note="0 turns periodic checkpoints off")] = 10
     # auto: vectorized where it is the faster (models without convolutions) and allowed
     engine: EngineName = "auto"
-    workers: int = 1  # processes the cohort is spread over (engines/pool.py); 0: one per core
+    # processes the cohort is spread over (engines/pool.py); 0: one per core
+    workers: Annotated[int, Range(">= 0", note="0: one per core")] = 1
     # torch intra-op threads of each process of the run; null: the usable cores
     # divided among the run's processes (engines/threads.py)
     threads: int | None = None  # at most MAX_THREADS: torch cannot start a million
@@ -149,6 +158,7 @@ def check(cfg: Config) -> None:
     how the sections combine (compat.py), in that order; the first problem
     raises ConfigError naming the field."""
     check_registered(cfg)
+    check_ranges(cfg, "")
     _check_run(cfg)
     sections = (
         cfg.partition,
@@ -165,8 +175,12 @@ def check(cfg: Config) -> None:
         cfg.deployment,
         cfg.alerts,
     )
+    names = {id(getattr(cfg, f.name)): f.name for f in dataclasses.fields(cfg)}
     for section in sections:
-        section.check()
+        check_ranges(section, names[id(section)] + ".")
+        rules = getattr(section, "check", None)  # rules between its fields, if any
+        if rules is not None:
+            rules()
     check_bounds(cfg)
     refused_window_fits_run(cfg)
     # how the sections combine: training and data first, then the parts a run is
@@ -259,14 +273,6 @@ def _check_run(cfg: Config) -> None:
     """The run's own (top-level) fields."""
     step_max = step_limit(cfg.dtype)
     checks: list[FieldCheck] = [
-        ("num_clients", cfg.num_clients, cfg.num_clients >= 1, "must be an integer >= 1"),
-        (
-            "client_fraction",
-            cfg.client_fraction,
-            0.0 < cfg.client_fraction <= 1.0,
-            "must be in (0, 1]",
-        ),
-        ("local_epochs", cfg.local_epochs, cfg.local_epochs >= 1, "must be an integer >= 1"),
         (
             "batch_size",
             cfg.batch_size,
@@ -282,7 +288,6 @@ def _check_run(cfg: Config) -> None:
             "must be a model name: 2nn, cnn, cnn_bn, logreg, or one given to "
             "fedforge.register_model",
         ),
-        ("workers", cfg.workers, cfg.workers >= 0, "must be an integer >= 0 (0: one per core)"),
         (
             "threads",
             cfg.threads,
@@ -299,28 +304,7 @@ def _check_run(cfg: Config) -> None:
             f"must be 'fp32' with dtype {cfg.dtype!r} (bf16 keeps float32 master weights)",
         ),
         ("device", cfg.device, is_device_name(cfg.device), f"must be {DEVICE_NAMES}"),
-        ("lr_decay", cfg.lr_decay, 0.0 < cfg.lr_decay <= 1.0, "must be in (0, 1]"),
         ("server_lr", cfg.server_lr, 0.0 < cfg.server_lr < step_max, _STEP),
-        ("rounds", cfg.rounds, cfg.rounds >= 1, "must be an integer >= 1"),
-        (
-            "target_accuracy",
-            cfg.target_accuracy,
-            cfg.target_accuracy is None or 0.0 < cfg.target_accuracy <= 1.0,
-            "must be in (0, 1] (a fraction, e.g. 0.99), or null",
-        ),
-        ("eval_every", cfg.eval_every, cfg.eval_every >= 1, "must be an integer >= 1"),
-        (
-            "eval_batch_size",
-            cfg.eval_batch_size,
-            cfg.eval_batch_size >= 1,
-            "must be an integer >= 1",
-        ),
-        (
-            "checkpoint_every",
-            cfg.checkpoint_every,
-            cfg.checkpoint_every >= 0,
-            "must be an integer >= 0 (0 turns periodic checkpoints off)",
-        ),
         (
             "name",
             cfg.name,
@@ -344,25 +328,12 @@ def _training_checks(cfg: Config, step_max: float) -> list[FieldCheck]:
             "must be a number >= 0 (FedProx's proximal coefficient; lr * mu below 3.4e38 "
             "in a float32 run)",
         ),
-        ("eval_holdout", cfg.eval_holdout, 0.0 < cfg.eval_holdout < 1.0, "must be in (0, 1)"),
         (
             "weight_cap",
             cfg.weight_cap,
             (cfg.weight_cap is None or cfg.weight_cap >= 1)
             and (cfg.aggregation_weights != "capped" or cfg.weight_cap is not None),
             "must be an integer >= 1 (and is needed by aggregation_weights = 'capped')",
-        ),
-        (
-            "quality_temperature",
-            cfg.quality_temperature,
-            cfg.quality_temperature > 0.0,
-            "must be a number > 0 (T of exp(-loss / T))",
-        ),
-        (
-            "quality_holdout",
-            cfg.quality_holdout,
-            0.0 < cfg.quality_holdout < 1.0,
-            "must be in (0, 1) (each client's validation split)",
         ),
     ]
 
