@@ -116,10 +116,14 @@ def declared_ranges(cls: type) -> tuple[tuple[str, Range, bool], ...]:
 
 def check_ranges(section: Any, prefix: str) -> None:
     """Raise ConfigError for the first field of ``section`` outside its declared
-    range (named ``prefix`` + field; null passes where the range allows it)."""
-    for name, rng, integer in declared_ranges(type(section)):
+    range (named ``prefix`` + field; null passes where the range allows it, an
+    infinite or NaN number never does)."""
+    cls: type = type(section)
+    for name, rng, integer in declared_ranges(cls):
         value = getattr(section, name)
         if value is None and rng.null is not None:
             continue
-        if value is None or isinstance(value, bool) or not rng.allows(value):
+        bad = value is None or isinstance(value, bool)
+        bad = bad or (isinstance(value, float) and not math.isfinite(value))
+        if bad or not rng.allows(value):
             raise invalid_field(prefix + name, value, rng.says(integer))
