@@ -6,8 +6,9 @@ the field; how they combine with the rest of the run is checked in compat.py."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
+from fedforge.config.ranges import Range
 from fedforge.core.errors import raise_first
 
 Dataset = Literal["mnist", "synthetic", "shakespeare", "regression"]
@@ -33,15 +34,22 @@ class PartitionConfig:
     """How the training set is split over clients."""
 
     kind: PartitionKind = "iid"
-    shards_per_client: int = 2  # shards: McMahan's 200 shards of 300 = 2 per client
-    alpha: float = 0.5  # dirichlet, hsu: label-skew concentration (> 0)
-    sigma: float = 1.0  # quantity: lognormal sigma of client sizes (>= 0)
-    min_size: int = 1  # dirichlet/quantity: smallest client allowed
+    # shards: McMahan's 200 shards of 300 = 2 per client
+    shards_per_client: Annotated[int, Range(">= 1")] = 2
+    alpha: Annotated[float, Range("> 0")] = 0.5  # dirichlet, hsu: label-skew concentration
+    sigma: Annotated[float, Range(">= 0")] = 1.0  # quantity: lognormal sigma of client sizes
+    min_size: Annotated[int, Range(">= 1")] = 1  # dirichlet/quantity: smallest client allowed
     # FedBN's feature shift: domains dealt over the clients, one each; () = off
     feature_shift: tuple[FeatureDomain, ...] = ()
-    label_noise: float = 0.0  # fraction of clients whose labels are noisy
+    # fraction of clients whose labels are noisy
+    label_noise: Annotated[
+        float, Range("[0, 1]", note="the fraction of clients with noisy labels")
+    ] = 0.0
     label_noise_rule: LabelNoiseRule = "symmetric"  # symmetric: another class; pair: y + 1
-    label_noise_rate: float = 1.0  # of a noisy client's examples, the fraction relabelled
+    # of a noisy client's examples, the fraction relabelled
+    label_noise_rate: Annotated[
+        float, Range("(0, 1]", note="the fraction of a noisy client's labels that are wrong")
+    ] = 1.0
 
     def check(self) -> None:
         shift = self.feature_shift
@@ -49,31 +57,10 @@ class PartitionConfig:
             "partition.",
             [
                 (
-                    "shards_per_client",
-                    self.shards_per_client,
-                    self.shards_per_client >= 1,
-                    "must be an integer >= 1",
-                ),
-                ("alpha", self.alpha, self.alpha > 0.0, "must be > 0"),
-                ("sigma", self.sigma, self.sigma >= 0.0, "must be >= 0"),
-                ("min_size", self.min_size, self.min_size >= 1, "must be an integer >= 1"),
-                (
                     "feature_shift",
                     list(shift),
                     len(set(shift)) == len(shift),
                     "must name each domain once (domains are dealt over the clients in turn)",
-                ),
-                (
-                    "label_noise",
-                    self.label_noise,
-                    0.0 <= self.label_noise <= 1.0,
-                    "must be in [0, 1] (the fraction of clients with noisy labels)",
-                ),
-                (
-                    "label_noise_rate",
-                    self.label_noise_rate,
-                    0.0 < self.label_noise_rate <= 1.0,
-                    "must be in (0, 1] (the fraction of a noisy client's labels that are wrong)",
                 ),
             ],
         )
@@ -83,22 +70,10 @@ class PartitionConfig:
 class SyntheticConfig:
     """Synthetic(alpha, beta) of FedProx (dataset: synthetic; num_clients users)."""
 
-    alpha: float = 1.0  # std of the per-client model means (model heterogeneity)
-    beta: float = 1.0  # std of the per-client feature means (data heterogeneity)
+    # std of the per-client model means (model heterogeneity)
+    alpha: Annotated[float, Range(">= 0")] = 1.0
+    # std of the per-client feature means (data heterogeneity)
+    beta: Annotated[float, Range(">= 0")] = 1.0
     iid: bool = False  # Synthetic-IID: one W, b for all, features N(0, Sigma)
-    test_fraction: float = 0.1  # of each client's samples held out (the official 90/10)
-
-    def check(self) -> None:
-        raise_first(
-            "synthetic.",
-            [
-                ("alpha", self.alpha, self.alpha >= 0.0, "must be >= 0"),
-                ("beta", self.beta, self.beta >= 0.0, "must be >= 0"),
-                (
-                    "test_fraction",
-                    self.test_fraction,
-                    0.0 < self.test_fraction < 1.0,
-                    "must be in (0, 1)",
-                ),
-            ],
-        )
+    # of each client's samples held out (the official 90/10)
+    test_fraction: Annotated[float, Range("(0, 1)")] = 0.1

@@ -21,12 +21,13 @@ from their joins, and refuses what needs the clients' data on the server
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 from fedforge.config.communication import CommunicationConfig
 from fedforge.config.data import PartitionConfig
 from fedforge.config.evaluation import DiagnosticsConfig
 from fedforge.config.privacy import PrivacyConfig
+from fedforge.config.ranges import Range
 from fedforge.config.robust import RobustConfig
 from fedforge.core.errors import ConfigError, raise_first
 
@@ -39,14 +40,21 @@ class DeploymentConfig:
 
     # clients that must have joined before round 1 starts (null: every client
     # of the run, num_clients)
-    start_clients: int | None = None
-    start_timeout_s: float = 600.0  # give up waiting for them after this long
-    round_deadline_s: float = 300.0  # a phase's answers are awaited this long at most
-    over_selection: float = 0.0  # ask this fraction more clients than the round needs
+    start_clients: Annotated[int | None, Range(">= 1", null="every client of the run")] = None
+    # give up waiting for them after this long
+    start_timeout_s: Annotated[float, Range("> 0", note="seconds")] = 600.0
+    # a phase's answers are awaited this long at most
+    round_deadline_s: Annotated[float, Range("> 0", note="seconds")] = 300.0
+    # ask this fraction more clients than the round needs
+    over_selection: Annotated[
+        float, Range("[0, 10]", note="0: ask exactly the clients the round needs")
+    ] = 0.0
     # seconds without a poll after which a client counts as gone (a dropout)
-    heartbeat_timeout_s: float = 30.0
-    max_message_mib: float = 256.0  # larger uploads are refused before they are read
-    chunk_kib: int = 1024  # the size of the chunks payloads are streamed in
+    heartbeat_timeout_s: Annotated[float, Range("> 0", note="seconds")] = 30.0
+    # larger uploads are refused before they are read
+    max_message_mib: Annotated[float, Range("(0, 2047]", note="gRPC's limit is 2 GiB")] = 256.0
+    # the size of the chunks payloads are streamed in
+    chunk_kib: Annotated[int, Range("[1, 4096]")] = 1024
     # calls whose request has not arrived (their sender not yet known) one peer
     # address may hold, and the server over all addresses: a call past either is
     # answered RESOURCE_EXHAUSTED at once. Each may hold up to 4 MiB + 64 KiB (or
@@ -54,11 +62,13 @@ class DeploymentConfig:
     # peers make the server hold to 520 MiB, 130 MiB from one address
     # (transport/admission.py)
     pending_per_address: int = 32
-    pending_calls: int = 128
+    pending_calls: Annotated[int, Range(">= 1")] = 128
     # a round samples the clients whose process is there (transport/presence.py);
     # with fewer live than robust.min_clients it waits this long for them, then is
     # skipped with the reason (0: skipped at once)
-    live_wait_s: float = 60.0
+    live_wait_s: Annotated[
+        float, Range("[0, 86400]", note="seconds; 0: skip a short round at once")
+    ] = 60.0
     # a client that joins first evaluates the current model on its own data, and
     # trains only once it has reported (the run records new clients' scores in
     # the store's cold_start table; its downloads are evaluation traffic, not the
@@ -70,16 +80,16 @@ class DeploymentConfig:
     # model is a version of the store, a candidate evaluated by canary_fraction of
     # the clients beside the serving one and promoted unless its canary_metric is
     # worse by more than canary_max_drop (0: no versions, no canary)
-    canary_every: int = 0
-    canary_fraction: float = 0.1
+    canary_every: Annotated[int, Range(">= 0", note="0: no canary rollout")] = 0
+    canary_fraction: Annotated[float, Range("(0, 1]")] = 0.1
     canary_metric: str = "accuracy"  # accuracy (higher is better) or loss
-    canary_max_drop: float = 0.01
-    canary_min_reports: int = 3
+    canary_max_drop: Annotated[float, Range(">= 0")] = 0.01
+    canary_min_reports: Annotated[int, Range(">= 1")] = 3
     client_data: ClientData = "partition"  # the simulator's partition, or the clients' own
     # calls the server holds waiting at once (long polls, heartbeats held open:
     # a client process holds one or two); past it a poll is told to come back
     # later (RESOURCE_EXHAUSTED). Each costs a coroutine, not a thread
-    max_waiting_calls: int = 20_000
+    max_waiting_calls: Annotated[int, Range(">= 1")] = 20_000
 
     def check(self) -> None:
         raise_first(
@@ -92,90 +102,16 @@ class DeploymentConfig:
                     "must be 'partition' (the simulator's) or 'remote' (the clients' own)",
                 ),
                 (
-                    "start_clients",
-                    self.start_clients,
-                    self.start_clients is None or self.start_clients >= 1,
-                    "must be an integer >= 1, or null (every client of the run)",
-                ),
-                ("start_timeout_s", self.start_timeout_s, self.start_timeout_s > 0, "must be > 0"),
-                (
-                    "round_deadline_s",
-                    self.round_deadline_s,
-                    self.round_deadline_s > 0,
-                    "must be a number of seconds > 0",
-                ),
-                (
-                    "over_selection",
-                    self.over_selection,
-                    0.0 <= self.over_selection <= 10.0,
-                    "must be in [0, 10] (0: ask exactly the clients the round needs)",
-                ),
-                (
-                    "live_wait_s",
-                    self.live_wait_s,
-                    0 <= self.live_wait_s <= 86400,
-                    "must be a number of seconds in [0, 86400] (0: skip a short round at once)",
-                ),
-                (
-                    "heartbeat_timeout_s",
-                    self.heartbeat_timeout_s,
-                    self.heartbeat_timeout_s > 0,
-                    "must be a number of seconds > 0",
-                ),
-                (
-                    "max_message_mib",
-                    self.max_message_mib,
-                    0 < self.max_message_mib <= 2047,
-                    "must be in (0, 2047] (gRPC's limit is 2 GiB)",
-                ),
-                ("chunk_kib", self.chunk_kib, 1 <= self.chunk_kib <= 4096, "must be in [1, 4096]"),
-                (
-                    "pending_calls",
-                    self.pending_calls,
-                    self.pending_calls >= 1,
-                    "must be an integer >= 1",
-                ),
-                (
                     "pending_per_address",
                     self.pending_per_address,
                     1 <= self.pending_per_address <= self.pending_calls,
                     f"must be an integer in [1, pending_calls = {self.pending_calls}]",
                 ),
                 (
-                    "max_waiting_calls",
-                    self.max_waiting_calls,
-                    self.max_waiting_calls >= 1,
-                    "must be an integer >= 1",
-                ),
-                (
-                    "canary_every",
-                    self.canary_every,
-                    self.canary_every >= 0,
-                    "must be an integer >= 0 (0: no canary rollout)",
-                ),
-                (
-                    "canary_fraction",
-                    self.canary_fraction,
-                    0.0 < self.canary_fraction <= 1.0,
-                    "must be in (0, 1]",
-                ),
-                (
                     "canary_metric",
                     self.canary_metric,
                     self.canary_metric in ("accuracy", "loss"),
                     "must be 'accuracy' or 'loss'",
-                ),
-                (
-                    "canary_max_drop",
-                    self.canary_max_drop,
-                    self.canary_max_drop >= 0,
-                    "must be >= 0",
-                ),
-                (
-                    "canary_min_reports",
-                    self.canary_min_reports,
-                    self.canary_min_reports >= 1,
-                    "must be an integer >= 1",
                 ),
             ],
         )
