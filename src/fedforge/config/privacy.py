@@ -7,8 +7,9 @@ the field; how it combines with the rest of the run is checked in compat.py."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Annotated, Literal
 
+from fedforge.config.ranges import Range
 from fedforge.core.errors import ConfigError, FieldCheck, raise_first
 
 DPMode = Literal["none", "central", "local", "distributed"]
@@ -21,7 +22,9 @@ class TierConfig:
     The high tier is ``high_clients``, or ``round(high_fraction * num_clients)``
     clients drawn from the seed; neither set: no tiers."""
 
-    high_fraction: float = 0.0
+    high_fraction: Annotated[
+        float, Range("[0, 1]", note="the fraction of clients in the high tier")
+    ] = 0.0
     high_clients: tuple[int, ...] = ()
 
     @property
@@ -36,18 +39,24 @@ class PrivacyConfig:
     # central: noise on the server's sum; local: each client noises; distributed: each
     # client adds sigma / sqrt(n_min) before the secure-aggregation mask
     dp: DPMode = "none"
-    noise_multiplier: float = 1.0  # z: noise std = z * clip_norm
-    clip_norm: float = 1.0  # C: each delta clipped to this L2 norm (the initial C if adaptive)
+    noise_multiplier: Annotated[float, Range(">= 0")] = 1.0  # z: noise std = z * clip_norm
+    # C: each delta clipped to this L2 norm (the initial C if adaptive)
+    clip_norm: Annotated[float, Range("> 0")] = 1.0
     sampling: Literal["fixed", "poisson"] = "fixed"  # cohort: m = C N, or each client w.p. C
     weights: Literal["uniform", "capped"] = "uniform"  # central: min(n_k / weight_cap, 1)
     weight_cap: int | None = None  # capped: the num_examples that earns full weight
     adaptive_clip: bool = False  # Andrew et al. 2021: clip_norm follows a quantile
-    target_quantile: float = 0.5  # gamma
-    clip_lr: float = 0.2  # eta: C <- C exp(-eta (b - gamma))
-    clip_count_std: float | None = None  # sigma_b of the clipped count; null = cohort / 20
-    delta: float | None = None  # null: 1 / num_clients**1.1
+    target_quantile: Annotated[float, Range("(0, 1)")] = 0.5  # gamma
+    clip_lr: Annotated[float, Range("> 0")] = 0.2  # eta: C <- C exp(-eta (b - gamma))
+    # sigma_b of the clipped count; null = cohort / 20
+    clip_count_std: Annotated[float | None, Range("> 0", null="cohort / 20")] = None
+    delta: Annotated[
+        float | None,
+        Range("(0, 1)", note="well below 1 / num_clients", null="1 / num_clients**1.1"),
+    ] = None
     accountant: Literal["rdp", "pld"] = "rdp"  # pld needs poisson sampling
-    target_epsilon: float | None = None  # stop before a round would spend more
+    # stop before a round would spend more
+    target_epsilon: Annotated[float | None, Range("> 0", null="no budget")] = None
     # where the noise's randomness comes from. true: the OS's CSPRNG, which no seed
     # reveals (runs no longer repeat bit for bit); false: derived from the run seed,
     # so whoever knows the seed can draw the same noise and subtract it; null (the
@@ -59,18 +68,24 @@ class PrivacyConfig:
     # own from the OS unless its operator joins with --trust-server-noise
     trusted_server_noise: bool = False
     secagg: bool = False  # Bonawitz et al. 2017 secure aggregation of the updates
-    secagg_threshold: float = 0.66  # t = ceil(threshold * cohort) shares reconstruct
-    secagg_frac_bits: int = 20  # fixed point: x -> round(x 2^f) mod 2^k
+    # t = ceil(threshold * cohort) shares reconstruct
+    secagg_threshold: Annotated[
+        float,
+        Range("(0.5, 1]", note="t > n/2 shares keep two disjoint halves from both unmasking"),
+    ] = 0.66
+    # fixed point: x -> round(x 2^f) mod 2^k
+    secagg_frac_bits: Annotated[int, Range("[4, 40]")] = 20
     # SecAgg+ (Bell et al. 2020): each client masks with and shares among only k
     # neighbours of a random k-regular graph (t = ceil(threshold (k + 1)) of each
     # neighbourhood); null: every pair (SecAgg)
     secagg_neighbours: int | None = None
     # simulated dropouts: this fraction of the clients still in the protocol stops
     # answering before each phase (drawn from (seed, round, phase))
-    secagg_drop_advertise: float = 0.0
-    secagg_drop_share_keys: float = 0.0
-    secagg_drop_masked_input: float = 0.0  # before sending its masked update
-    secagg_drop_unmask: float = 0.0  # after its masked update arrived
+    secagg_drop_advertise: Annotated[float, Range("[0, 1)")] = 0.0
+    secagg_drop_share_keys: Annotated[float, Range("[0, 1)")] = 0.0
+    # before sending its masked update
+    secagg_drop_masked_input: Annotated[float, Range("[0, 1)")] = 0.0
+    secagg_drop_unmask: Annotated[float, Range("[0, 1)")] = 0.0  # after its masked update arrived
     tiers: TierConfig = field(default_factory=TierConfig)  # high: + local DP; low: SecAgg only
 
     @property
@@ -181,46 +196,12 @@ def delta_of(p: PrivacyConfig, num_clients: int) -> float:
 
 def _check(p: PrivacyConfig) -> None:
     checks: list[FieldCheck] = [
-        ("noise_multiplier", p.noise_multiplier, p.noise_multiplier >= 0, "must be >= 0"),
-        ("clip_norm", p.clip_norm, p.clip_norm > 0, "must be > 0"),
         (
             "weight_cap",
             p.weight_cap,
             (p.weight_cap is None or p.weight_cap >= 1)
             and (p.weights != "capped" or p.weight_cap is not None),
             "must be an integer >= 1 (and is needed by weights = 'capped')",
-        ),
-        ("target_quantile", p.target_quantile, 0 < p.target_quantile < 1, "must be in (0, 1)"),
-        ("clip_lr", p.clip_lr, p.clip_lr > 0, "must be > 0"),
-        (
-            "clip_count_std",
-            p.clip_count_std,
-            p.clip_count_std is None or p.clip_count_std > 0,
-            "must be > 0, or null (cohort / 20)",
-        ),
-        (
-            "delta",
-            p.delta,
-            p.delta is None or 0 < p.delta < 1,
-            "must be in (0, 1) (well below 1 / num_clients), or null (1 / num_clients**1.1)",
-        ),
-        (
-            "target_epsilon",
-            p.target_epsilon,
-            p.target_epsilon is None or p.target_epsilon > 0,
-            "must be > 0, or null (no budget)",
-        ),
-        (
-            "secagg_threshold",
-            p.secagg_threshold,
-            0.5 < p.secagg_threshold <= 1,
-            "must be in (0.5, 1]: t > n/2 shares keep two disjoint halves from both unmasking",
-        ),
-        (
-            "secagg_frac_bits",
-            p.secagg_frac_bits,
-            4 <= p.secagg_frac_bits <= 40,
-            "must be an integer in 4..40",
         ),
         (
             "secagg_neighbours",
@@ -230,10 +211,6 @@ def _check(p: PrivacyConfig) -> None:
             "must be an even integer >= 2 (the Harary graph H(k, n): k/2 neighbours on "
             "either side of each client on a random ring) below the cohort size, with "
             "privacy.secagg = true; or null (every pair masks: SecAgg)",
-        ),
-        *(
-            (f"secagg_drop_{phase}", v, 0 <= v < 1, "must be in [0, 1)")
-            for phase, v in secagg_drops(p).items()
         ),
         (
             "adaptive_clip",
@@ -278,12 +255,6 @@ def _check(p: PrivacyConfig) -> None:
 def _tier_checks(p: PrivacyConfig) -> list[FieldCheck]:
     t = p.tiers
     return [
-        (
-            "tiers.high_fraction",
-            t.high_fraction,
-            0 <= t.high_fraction <= 1,
-            "must be in [0, 1] (the fraction of clients in the high tier)",
-        ),
         (
             "tiers",
             {"high_fraction": t.high_fraction, "high_clients": list(t.high_clients)},

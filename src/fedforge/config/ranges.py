@@ -114,10 +114,11 @@ def declared_ranges(cls: type) -> tuple[tuple[str, Range, bool], ...]:
     return tuple(out)
 
 
-def check_ranges(section: Any, prefix: str) -> None:
+def check_ranges(section: Any, prefix: str, nested: bool = True) -> None:
     """Raise ConfigError for the first field of ``section`` outside its declared
     range (named ``prefix`` + field; null passes where the range allows it, an
-    infinite or NaN number never does)."""
+    infinite or NaN number never does); then, with ``nested``, those of the
+    sections within it (``privacy.tiers``)."""
     cls: type = type(section)
     for name, rng, integer in declared_ranges(cls):
         value = getattr(section, name)
@@ -127,3 +128,8 @@ def check_ranges(section: Any, prefix: str) -> None:
         bad = bad or (isinstance(value, float) and not math.isfinite(value))
         if bad or not rng.allows(value):
             raise invalid_field(prefix + name, value, rng.says(integer))
+    if nested:
+        for f in dataclasses.fields(cls):
+            inner = getattr(section, f.name)
+            if dataclasses.is_dataclass(inner) and not isinstance(inner, type):
+                check_ranges(inner, f"{prefix}{f.name}.")

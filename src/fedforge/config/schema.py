@@ -158,7 +158,7 @@ def check(cfg: Config) -> None:
     how the sections combine (compat.py), in that order; the first problem
     raises ConfigError naming the field."""
     check_registered(cfg)
-    check_ranges(cfg, "")
+    check_ranges(cfg, "", nested=False)  # the sections in their order below
     _check_run(cfg)
     sections = (
         cfg.partition,
