@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from fedforge.config import Config, from_dict, load, parse_override
-from fedforge.config.bounds import BOUNDS, integer_fields
+from fedforge.config.bounds import integer_fields
 from fedforge.config.parse import MAX_DEPTH, MAX_VALUES
+from fedforge.config.ranges import declared_bounds
 from fedforge.core.errors import ConfigError
 
 
@@ -108,6 +109,9 @@ def _nested(name: str, value: object) -> dict[str, Any]:
         node = node.setdefault(section, {})
     node[last] = value
     return out
+
+
+BOUNDS = declared_bounds(Config)
 
 
 def test_every_integer_field_has_a_range() -> None:

@@ -6,8 +6,10 @@ clients, a billion examples a client). A value past the greatest is one
 sizes a buffer, a window or a loop by it (``robust.norm_window: 2**63`` once
 ended in an OverflowError, ``batch_size: 2**63`` in torch's ValueError).
 
-``check_bounds`` walks the config's dataclasses; an integer field missing from
-:data:`BOUNDS` is a programming error (tests/test_config_limits.py lists them)."""
+Each integer field declares its greatest value in its annotation, beside its
+least (config/ranges.py: ``Annotated[int, Range(">= 1"), Most(MAX_ROUNDS,
+"rounds")]``); ``check_bounds`` walks the config's dataclasses (an integer field
+declaring none is a programming error: tests/test_config_limits.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import dataclasses
 import typing
 from typing import Any
 
+from fedforge.config.ranges import declared_bounds
 from fedforge.core.errors import invalid_field
 
 MAX_ROUNDS = 1_000_000  # a round a minute for two years
@@ -24,55 +27,9 @@ MAX_STEPS = 10_000  # iterations of a loop run per round or per update
 DEFAULT_REFUSED_WINDOW = 10  # robust.refused_window's default
 SEED_BITS = 63  # derived generators take a 64-bit seed
 
-# dotted field name -> (least, greatest, what the greatest is)
-BOUNDS: dict[str, tuple[int, int, str]] = {
-    "seed": (-(1 << SEED_BITS), (1 << SEED_BITS) - 1, "a 64-bit seed"),
-    "num_clients": (1, MAX_CLIENTS, "clients"),
-    "partition.shards_per_client": (1, MAX_STEPS, "shards a client"),
-    "partition.min_size": (1, MAX_EXAMPLES, "examples a client"),
-    "local_epochs": (1, MAX_STEPS, "passes over a client's data a round"),
-    "batch_size": (1, MAX_EXAMPLES, "examples a batch"),
-    "weight_cap": (1, MAX_EXAMPLES, "examples a client"),
-    "robust.byzantine": (0, MAX_CLIENTS, "clients"),
-    "robust.multi_krum_m": (1, MAX_CLIENTS, "clients"),
-    "robust.norm_window": (1, MAX_ROUNDS, "rounds"),
-    "robust.centred_clip_iterations": (1, MAX_STEPS, "passes over the cohort's updates"),
-    "robust.geomed_max_iter": (1, MAX_STEPS, "passes over the cohort's updates"),
-    "robust.min_clients": (1, MAX_CLIENTS, "clients"),
-    "robust.max_skipped_rounds": (0, MAX_ROUNDS, "rounds"),
-    # a window is of upload rounds, and the rule fires only once one is full:
-    # longer than the run, it never does (compat.refused_window_fits_run)
-    "robust.refused_window": (1, MAX_ROUNDS, "rounds"),
-    "communication.chunk_size": (1, MAX_EXAMPLES, "values a chunk"),
-    "communication.upload_every": (1, MAX_ROUNDS, "rounds"),
-    "communication.groups": (0, MAX_CLIENTS, "clients"),
-    "privacy.weight_cap": (1, MAX_EXAMPLES, "examples a client"),
-    "privacy.secagg_frac_bits": (4, 40, "fixed-point bits"),
-    "privacy.secagg_neighbours": (2, MAX_CLIENTS, "clients"),
-    "privacy.tiers.high_clients": (0, MAX_CLIENTS - 1, "client ids"),
-    "perfedavg.steps": (1, MAX_STEPS, "meta-steps a round"),
-    "rounds": (1, MAX_ROUNDS, "rounds"),
-    "eval_every": (1, MAX_ROUNDS, "rounds"),
-    "personal_eval.steps": (0, MAX_STEPS, "local steps an evaluation"),
-    "diagnostics.low_cosine_rounds": (1, MAX_ROUNDS, "rounds"),
-    "eval_batch_size": (1, MAX_EXAMPLES, "examples a batch"),
-    "checkpoint_every": (0, MAX_ROUNDS, "rounds"),
-    "workers": (0, 1024, "processes"),
-    "threads": (1, 1024, "torch threads"),
-    "deployment.start_clients": (1, MAX_CLIENTS, "clients"),
-    "deployment.chunk_kib": (1, 4096, "KiB"),
-    # each such call may hold a message of up to 4 MiB (admission.request_bytes)
-    "deployment.pending_per_address": (1, 4096, "calls waiting for their request"),
-    "deployment.pending_calls": (1, 4096, "calls waiting for their request: 16 GiB"),
-    "deployment.max_waiting_calls": (1, 2 * MAX_CLIENTS, "waiting calls: two a client"),
-    "deployment.canary_every": (0, MAX_ROUNDS, "rounds"),
-    "deployment.canary_min_reports": (1, MAX_CLIENTS, "clients"),
-}
 
-
-def allowed(name: str) -> str:
-    """The range of field ``name`` in words."""
-    low, high, what = BOUNDS[name]
+def allowed(low: int, high: int, what: str) -> str:
+    """A range of integers in words."""
     return f"must be an integer in [{low:,}, {high:,}] ({what})"
 
 
@@ -101,17 +58,20 @@ def _integer_fields(cls: Any, prefix: str) -> tuple[str, ...]:
 
 
 def check_bounds(cfg: Any) -> None:
-    """Every integer field of ``cfg`` within its range (after the sections'
-    own checks, which say why a least value is the least)."""
+    """Every integer field of ``cfg`` within its declared range (after the
+    sections' own checks, which say why a least value is the least); a field
+    declaring no :class:`~fedforge.config.ranges.Most` is a programming error."""
+    cls: type = type(cfg)
+    bounds = declared_bounds(cls)
     for name in integer_fields(type(cfg)):
         value: Any = cfg
         for part in name.split("."):
             value = getattr(value, part)
         values = value if isinstance(value, tuple) else (value,)
-        low, high, _ = BOUNDS[name]
+        low, high, what = bounds[name]
         for v in values:
             if isinstance(v, int) and not isinstance(v, bool) and not low <= v <= high:
-                raise invalid_field(name, value, allowed(name))
+                raise invalid_field(name, value, allowed(low, high, what))
 
 
 def refused_window_fits_run(cfg: Any) -> None:

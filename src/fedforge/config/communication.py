@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from fedforge.config.ranges import Range
+from fedforge.config.bounds import MAX_CLIENTS, MAX_EXAMPLES, MAX_ROUNDS
+from fedforge.config.ranges import Most, Range
 from fedforge.core.errors import FieldCheck, raise_first
 
 # dense, float16, bfloat16, int8, int4, int2, sign, topk, randk or a plugin's: a
@@ -26,7 +27,9 @@ class CommunicationConfig:
     downlink: DownlinkCodec = "dense"  # the codec of the payload (the global model)
     rounding: Literal["stochastic", "nearest"] = "stochastic"  # int*, sign
     scale: Literal["chunk", "tensor"] = "chunk"  # int*, sign: one scale per chunk or tensor
-    chunk_size: Annotated[int, Range(">= 1")] = 1024  # scale: chunk
+    chunk_size: Annotated[int, Range(">= 1"), Most(MAX_EXAMPLES, "values a chunk")] = (
+        1024  # scale: chunk
+    )
     # topk, randk: p, the fraction of coordinates sent
     fraction: Annotated[
         float, Range("(0, 1]", note="top-k/random-k keep max(1, floor(fraction * P)) coordinates")
@@ -36,8 +39,10 @@ class CommunicationConfig:
     # clip each delta to this L2 norm; null = off
     clip_norm: Annotated[float | None, Range("> 0", null="no clipping")] = None
     # k: a cohort trains k rounds locally, then uploads once
-    upload_every: Annotated[int, Range(">= 1")] = 1
-    groups: int = 0  # hierarchical aggregation over this many edge groups; 0 = off
+    upload_every: Annotated[int, Range(">= 1"), Most(MAX_ROUNDS, "rounds")] = 1
+    groups: Annotated[int, Most(MAX_CLIENTS, "clients", least=0)] = (
+        0  # hierarchical aggregation over this many edge groups; 0 = off
+    )
     group_by: Literal["contiguous", "label"] = "contiguous"  # client -> group
 
     def check(self) -> None:

@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from fedforge.config.ranges import Range
+from fedforge.config.bounds import MAX_EXAMPLES, MAX_STEPS
+from fedforge.config.ranges import Most, Range
 from fedforge.core.errors import raise_first
 
 Dataset = Literal["mnist", "synthetic", "shakespeare", "regression"]
@@ -35,10 +36,12 @@ class PartitionConfig:
 
     kind: PartitionKind = "iid"
     # shards: McMahan's 200 shards of 300 = 2 per client
-    shards_per_client: Annotated[int, Range(">= 1")] = 2
+    shards_per_client: Annotated[int, Range(">= 1"), Most(MAX_STEPS, "shards a client")] = 2
     alpha: Annotated[float, Range("> 0")] = 0.5  # dirichlet, hsu: label-skew concentration
     sigma: Annotated[float, Range(">= 0")] = 1.0  # quantity: lognormal sigma of client sizes
-    min_size: Annotated[int, Range(">= 1")] = 1  # dirichlet/quantity: smallest client allowed
+    min_size: Annotated[int, Range(">= 1"), Most(MAX_EXAMPLES, "examples a client")] = (
+        1  # dirichlet/quantity: smallest client allowed
+    )
     # FedBN's feature shift: domains dealt over the clients, one each; () = off
     feature_shift: tuple[FeatureDomain, ...] = ()
     # fraction of clients whose labels are noisy

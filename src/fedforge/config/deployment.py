@@ -23,11 +23,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
+from fedforge.config.bounds import MAX_CLIENTS, MAX_ROUNDS
 from fedforge.config.communication import CommunicationConfig
 from fedforge.config.data import PartitionConfig
 from fedforge.config.evaluation import DiagnosticsConfig
 from fedforge.config.privacy import PrivacyConfig
-from fedforge.config.ranges import Range
+from fedforge.config.ranges import Most, Range
 from fedforge.config.robust import RobustConfig
 from fedforge.core.errors import ConfigError, raise_first
 
@@ -40,7 +41,9 @@ class DeploymentConfig:
 
     # clients that must have joined before round 1 starts (null: every client
     # of the run, num_clients)
-    start_clients: Annotated[int | None, Range(">= 1", null="every client of the run")] = None
+    start_clients: Annotated[
+        int | None, Range(">= 1", null="every client of the run"), Most(MAX_CLIENTS, "clients")
+    ] = None
     # give up waiting for them after this long
     start_timeout_s: Annotated[float, Range("> 0", note="seconds")] = 600.0
     # a phase's answers are awaited this long at most
@@ -54,15 +57,17 @@ class DeploymentConfig:
     # larger uploads are refused before they are read
     max_message_mib: Annotated[float, Range("(0, 2047]", note="gRPC's limit is 2 GiB")] = 256.0
     # the size of the chunks payloads are streamed in
-    chunk_kib: Annotated[int, Range("[1, 4096]")] = 1024
+    chunk_kib: Annotated[int, Range("[1, 4096]"), Most(4096, "KiB")] = 1024
     # calls whose request has not arrived (their sender not yet known) one peer
     # address may hold, and the server over all addresses: a call past either is
     # answered RESOURCE_EXHAUSTED at once. Each may hold up to 4 MiB + 64 KiB (or
     # chunk_kib + 64 KiB if larger), so the defaults bound what unauthenticated
     # peers make the server hold to 520 MiB, 130 MiB from one address
     # (transport/admission.py)
-    pending_per_address: int = 32
-    pending_calls: Annotated[int, Range(">= 1")] = 128
+    pending_per_address: Annotated[int, Most(4096, "calls waiting for their request", least=1)] = 32
+    pending_calls: Annotated[
+        int, Range(">= 1"), Most(4096, "calls waiting for their request: 16 GiB")
+    ] = 128
     # a round samples the clients whose process is there (transport/presence.py);
     # with fewer live than robust.min_clients it waits this long for them, then is
     # skipped with the reason (0: skipped at once)
@@ -80,16 +85,20 @@ class DeploymentConfig:
     # model is a version of the store, a candidate evaluated by canary_fraction of
     # the clients beside the serving one and promoted unless its canary_metric is
     # worse by more than canary_max_drop (0: no versions, no canary)
-    canary_every: Annotated[int, Range(">= 0", note="0: no canary rollout")] = 0
+    canary_every: Annotated[
+        int, Range(">= 0", note="0: no canary rollout"), Most(MAX_ROUNDS, "rounds")
+    ] = 0
     canary_fraction: Annotated[float, Range("(0, 1]")] = 0.1
     canary_metric: str = "accuracy"  # accuracy (higher is better) or loss
     canary_max_drop: Annotated[float, Range(">= 0")] = 0.01
-    canary_min_reports: Annotated[int, Range(">= 1")] = 3
+    canary_min_reports: Annotated[int, Range(">= 1"), Most(MAX_CLIENTS, "clients")] = 3
     client_data: ClientData = "partition"  # the simulator's partition, or the clients' own
     # calls the server holds waiting at once (long polls, heartbeats held open:
     # a client process holds one or two); past it a poll is told to come back
     # later (RESOURCE_EXHAUSTED). Each costs a coroutine, not a thread
-    max_waiting_calls: Annotated[int, Range(">= 1")] = 20_000
+    max_waiting_calls: Annotated[
+        int, Range(">= 1"), Most(2 * MAX_CLIENTS, "waiting calls: two a client")
+    ] = 20_000
 
     def check(self) -> None:
         raise_first(

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated
 
-from fedforge.config.ranges import Range
+from fedforge.config.bounds import MAX_ROUNDS, MAX_STEPS
+from fedforge.config.ranges import Most, Range
 
 
 @dataclass(frozen=True)
@@ -19,7 +20,11 @@ class PersonalEvalConfig:
     client takes ``steps`` SGD steps from the global model on its own training data,
     in minibatches of the run's ``batch_size``, then is scored on its held-out slice."""
 
-    steps: Annotated[int, Range(">= 0", note="0 turns personalised evaluation off")] = 0
+    steps: Annotated[
+        int,
+        Range(">= 0", note="0 turns personalised evaluation off"),
+        Most(MAX_STEPS, "local steps an evaluation"),
+    ] = 0
     # null: perfedavg.alpha under perfedavg, else the run's lr
     lr: Annotated[float | None, Range("> 0", null="perfedavg.alpha under perfedavg, else lr")] = (
         None
@@ -39,4 +44,4 @@ class DiagnosticsConfig:
     # updates disagree on average)
     low_cosine: Annotated[float, Range("[-1, 1]")] = 0.0
     # ... for this many rounds in a row
-    low_cosine_rounds: Annotated[int, Range(">= 1")] = 3
+    low_cosine_rounds: Annotated[int, Range(">= 1"), Most(MAX_ROUNDS, "rounds")] = 3

@@ -10,7 +10,8 @@ import math
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from fedforge.config.ranges import Range
+from fedforge.config.bounds import MAX_STEPS
+from fedforge.config.ranges import Most, Range
 
 # the local weight decay's allowed values (its section checks the range, compat.py
 # the product with lr, in the same words)
@@ -60,7 +61,7 @@ class PerFedAvgConfig:
     # outer step; null: the run's lr (decayed by lr_decay like it)
     beta: Annotated[float | None, Range("> 0", null="the run's lr")] = None
     # tau: meta-steps per round, each on fresh batches D, D' (and D'')
-    steps: Annotated[int, Range(">= 1", note="tau")] = 10
+    steps: Annotated[int, Range(">= 1", note="tau"), Most(MAX_STEPS, "meta-steps a round")] = 10
     hvp: Literal["exact", "finite_difference"] = "exact"  # hf: H(w; D'') v
     # finite_difference: (g(w + delta v) - g(w - delta v)) / (2 delta)
     delta: Annotated[float, Range("> 0")] = 1e-3

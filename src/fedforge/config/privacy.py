@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Annotated, Literal
 
-from fedforge.config.ranges import Range
+from fedforge.config.bounds import MAX_CLIENTS, MAX_EXAMPLES
+from fedforge.config.ranges import Most, Range
 from fedforge.core.errors import ConfigError, FieldCheck, raise_first
 
 DPMode = Literal["none", "central", "local", "distributed"]
@@ -25,7 +26,7 @@ class TierConfig:
     high_fraction: Annotated[
         float, Range("[0, 1]", note="the fraction of clients in the high tier")
     ] = 0.0
-    high_clients: tuple[int, ...] = ()
+    high_clients: Annotated[tuple[int, ...], Most(MAX_CLIENTS - 1, "client ids", least=0)] = ()
 
     @property
     def enabled(self) -> bool:
@@ -44,7 +45,9 @@ class PrivacyConfig:
     clip_norm: Annotated[float, Range("> 0")] = 1.0
     sampling: Literal["fixed", "poisson"] = "fixed"  # cohort: m = C N, or each client w.p. C
     weights: Literal["uniform", "capped"] = "uniform"  # central: min(n_k / weight_cap, 1)
-    weight_cap: int | None = None  # capped: the num_examples that earns full weight
+    weight_cap: Annotated[int | None, Most(MAX_EXAMPLES, "examples a client", least=1)] = (
+        None  # capped: the num_examples that earns full weight
+    )
     adaptive_clip: bool = False  # Andrew et al. 2021: clip_norm follows a quantile
     target_quantile: Annotated[float, Range("(0, 1)")] = 0.5  # gamma
     clip_lr: Annotated[float, Range("> 0")] = 0.2  # eta: C <- C exp(-eta (b - gamma))
@@ -74,11 +77,11 @@ class PrivacyConfig:
         Range("(0.5, 1]", note="t > n/2 shares keep two disjoint halves from both unmasking"),
     ] = 0.66
     # fixed point: x -> round(x 2^f) mod 2^k
-    secagg_frac_bits: Annotated[int, Range("[4, 40]")] = 20
+    secagg_frac_bits: Annotated[int, Range("[4, 40]"), Most(40, "fixed-point bits")] = 20
     # SecAgg+ (Bell et al. 2020): each client masks with and shares among only k
     # neighbours of a random k-regular graph (t = ceil(threshold (k + 1)) of each
     # neighbourhood); null: every pair (SecAgg)
-    secagg_neighbours: int | None = None
+    secagg_neighbours: Annotated[int | None, Most(MAX_CLIENTS, "clients", least=2)] = None
     # simulated dropouts: this fraction of the clients still in the protocol stops
     # answering before each phase (drawn from (seed, round, phase))
     secagg_drop_advertise: Annotated[float, Range("[0, 1)")] = 0.0

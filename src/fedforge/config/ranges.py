@@ -133,3 +133,37 @@ def check_ranges(section: Any, prefix: str, nested: bool = True) -> None:
             inner = getattr(section, f.name)
             if dataclasses.is_dataclass(inner) and not isinstance(inner, type):
                 check_ranges(inner, f"{prefix}{f.name}.")
+
+
+@dataclass(frozen=True)
+class Most:
+    """An integer field's greatest value, past which it no longer means anything
+    a run can do (a million rounds, ten million clients), and what it counts;
+    ``least`` when no :class:`Range` of the field says it (the seed's)."""
+
+    greatest: int
+    what: str
+    least: int | None = None
+
+
+@functools.cache
+def declared_bounds(cls: type, prefix: str = "") -> dict[str, tuple[int, int, str]]:
+    """``{dotted field: (least, greatest, what)}`` of every field of dataclass
+    ``cls`` (its sections' too) that declares :class:`Most`."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    out: dict[str, tuple[int, int, str]] = {}
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        extras = typing.get_args(tp)[1:] if typing.get_origin(tp) is typing.Annotated else ()
+        base = typing.get_args(tp)[0] if extras else tp
+        if isinstance(base, type) and dataclasses.is_dataclass(base):
+            out.update(declared_bounds(base, f"{prefix}{f.name}."))
+        most = next((e for e in extras if isinstance(e, Most)), None)
+        if most is None:
+            continue
+        low = most.least
+        if low is None:
+            rng = next(e for e in extras if isinstance(e, Range))
+            low = int(rng.low) + (1 if rng.low_open else 0)
+        out[prefix + f.name] = (low, most.greatest, most.what)
+    return out

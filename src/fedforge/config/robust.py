@@ -10,7 +10,8 @@ import math
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from fedforge.config.ranges import Range
+from fedforge.config.bounds import MAX_CLIENTS, MAX_ROUNDS, MAX_STEPS
+from fedforge.config.ranges import Most, Range
 from fedforge.core.errors import FieldCheck, raise_first
 
 # mean, median, trimmed_mean, krum, multi_krum, bulyan, geometric_median,
@@ -27,17 +28,25 @@ class RobustConfig:
     (see fedforge.robust, fedforge.robust.attacks, fedforge.robust.gates)."""
 
     aggregator: AggregatorName = "mean"  # mean: FedAvg's weighted mean
-    byzantine: Annotated[int, Range(">= 0")] = 0  # f assumed by krum, multi_krum, bulyan
+    byzantine: Annotated[int, Range(">= 0"), Most(MAX_CLIENTS, "clients")] = (
+        0  # f assumed by krum, multi_krum, bulyan
+    )
     # trimmed_mean: beta, trimmed at each end
     trim_fraction: Annotated[float, Range("[0, 0.5)")] = 0.1
     # multi_krum: updates averaged; null = n - f
-    multi_krum_m: Annotated[int | None, Range(">= 1", null="n - f")] = None
+    multi_krum_m: Annotated[
+        int | None, Range(">= 1", null="n - f"), Most(MAX_CLIENTS, "clients")
+    ] = None
     # norm_bound/centred_clip: tau; null = median of recent norms
     norm_bound: Annotated[float | None, Range("> 0", null="the median of recent norms")] = None
     # rounds of norms behind the adaptive bounds (and max_norm_multiple)
-    norm_window: Annotated[int, Range(">= 1")] = 5
-    centred_clip_iterations: Annotated[int, Range(">= 1")] = 1
-    geomed_max_iter: Annotated[int, Range(">= 1")] = 100  # geometric_median: Weiszfeld steps
+    norm_window: Annotated[int, Range(">= 1"), Most(MAX_ROUNDS, "rounds")] = 5
+    centred_clip_iterations: Annotated[
+        int, Range(">= 1"), Most(MAX_STEPS, "passes over the cohort's updates")
+    ] = 1
+    geomed_max_iter: Annotated[
+        int, Range(">= 1"), Most(MAX_STEPS, "passes over the cohort's updates")
+    ] = 100  # geometric_median: Weiszfeld steps
     # ... until the objective improves by less (relative)
     geomed_tol: Annotated[float, Range("> 0")] = 1e-6
     attack: AttackName = "none"  # simulated attack of the attacker clients
@@ -55,11 +64,15 @@ class RobustConfig:
     # fewer accepted updates: the round is skipped; null: 2 (1 when the cohort is
     # one client), so that one update never replaces the model (min_clients_of)
     min_clients: Annotated[
-        int | None, Range(">= 1", null="2, or 1 when the cohort is one client")
+        int | None,
+        Range(">= 1", null="2, or 1 when the cohort is one client"),
+        Most(MAX_CLIENTS, "clients"),
     ] = None
     # this many skipped rounds in a row (the model unchanged, e.g. every update
     # non-finite after a divergence) stop the run; 0: never
-    max_skipped_rounds: Annotated[int, Range(">= 0", note="0: never stop on skipped rounds")] = 20
+    max_skipped_rounds: Annotated[
+        int, Range(">= 0", note="0: never stop on skipped rounds"), Most(MAX_ROUNDS, "rounds")
+    ] = 20
     # a client weighs at most the example count it declared when it joined; a
     # declaration at most this multiple of the federation's median; null: uncapped
     # (in simulation the declarations are the partition's true sizes)
@@ -83,7 +96,7 @@ class RobustConfig:
     max_refused_fraction: Annotated[
         float | None, Range("(0, 1)", null="never stop on refused updates")
     ] = 0.5
-    refused_window: Annotated[int, Range(">= 1")] = 10
+    refused_window: Annotated[int, Range(">= 1"), Most(MAX_ROUNDS, "rounds")] = 10
     client_gate: bool = False  # clients withhold updates whose held-out loss rose
     # client_gate: the held-out slice of each client
     holdout_fraction: Annotated[float, Range("(0, 1)")] = 0.1

@@ -17,7 +17,15 @@ from typing import Annotated, Any, Literal
 from fedforge.config import compat
 from fedforge.config import task as task_rules
 from fedforge.config.alerts import AlertsConfig, budget_rules_need_budget
-from fedforge.config.bounds import check_bounds, refused_window_fits_run
+from fedforge.config.bounds import (
+    MAX_CLIENTS,
+    MAX_EXAMPLES,
+    MAX_ROUNDS,
+    MAX_STEPS,
+    SEED_BITS,
+    check_bounds,
+    refused_window_fits_run,
+)
 from fedforge.config.communication import CommunicationConfig
 from fedforge.config.data import SCALINGS, Dataset, InputScaling, PartitionConfig, SyntheticConfig
 from fedforge.config.deployment import DeploymentConfig, remote_data_fits
@@ -31,7 +39,7 @@ from fedforge.config.local import (
 )
 from fedforge.config.names import check_registered
 from fedforge.config.privacy import PrivacyConfig
-from fedforge.config.ranges import Range, check_ranges
+from fedforge.config.ranges import Most, Range, check_ranges
 from fedforge.config.robust import RobustConfig
 from fedforge.config.server_optimizer import ServerOptimizerConfig
 from fedforge.core.device import DEVICE_NAMES, is_device_name
@@ -60,7 +68,7 @@ class Config:
     """One run. Frozen: derive a changed copy with :func:`override`."""
 
     name: str = "run"
-    seed: int = 0
+    seed: Annotated[int, Most((1 << SEED_BITS) - 1, "a 64-bit seed", least=-(1 << SEED_BITS))] = 0
     # a built-in task (config/task.py) or one given to fedforge.register_task; it
     # sets dataset and model, which stay a shorthand for it (null: dataset + model)
     task: str | None = None
@@ -71,18 +79,22 @@ class Config:
     data_dir: str | None = None
     model: ModelName = "cnn"
     algorithm: AlgorithmName = "fedavg"
-    num_clients: Annotated[int, Range(">= 1")] = 100
+    num_clients: Annotated[int, Range(">= 1"), Most(MAX_CLIENTS, "clients")] = 100
     partition: PartitionConfig = field(default_factory=PartitionConfig)
     client_fraction: Annotated[float, Range("(0, 1]")] = 0.1
-    local_epochs: Annotated[int, Range(">= 1")] = 1
-    batch_size: int | None = 10
+    local_epochs: Annotated[
+        int, Range(">= 1"), Most(MAX_STEPS, "passes over a client's data a round")
+    ] = 1
+    batch_size: Annotated[int | None, Most(MAX_EXAMPLES, "examples a batch", least=1)] = 10
     lr: float = 0.1
     lr_decay: Annotated[float, Range("(0, 1]")] = 1.0  # local lr at round t is lr * lr_decay**t
     server_lr: float = 1.0  # server SGD on the pseudo-gradient; 1.0 is FedAvg
     # the weighted mean's weight per client: num_examples, uniform, sqrt, capped,
     # quality (num_examples x exp(-validation loss / T)), class (sum_c n_kc / N_c)
     aggregation_weights: WeightRule = "num_examples"
-    weight_cap: int | None = None  # capped: min(num_examples, weight_cap)
+    weight_cap: Annotated[int | None, Most(MAX_EXAMPLES, "examples a client", least=1)] = (
+        None  # capped: min(num_examples, weight_cap)
+    )
     quality_temperature: Annotated[float, Range("> 0", note="T of exp(-loss / T)")] = 1.0
     # quality: each client's validation split (not trained on)
     quality_holdout: Annotated[float, Range("(0, 1)", note="each client's validation split")] = 0.1
@@ -96,11 +108,11 @@ class Config:
     scaffold: ScaffoldConfig = field(default_factory=ScaffoldConfig)
     perfedavg: PerFedAvgConfig = field(default_factory=PerFedAvgConfig)
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
-    rounds: Annotated[int, Range(">= 1")] = 60
+    rounds: Annotated[int, Range(">= 1"), Most(MAX_ROUNDS, "rounds")] = 60
     target_accuracy: Annotated[
         float | None, Range("(0, 1]", note="a fraction, e.g. 0.99", null="")
     ] = 0.99
-    eval_every: Annotated[int, Range(">= 1")] = 1
+    eval_every: Annotated[int, Range(">= 1"), Most(MAX_ROUNDS, "rounds")] = 1
     eval_initial: bool = False  # also evaluate the initial model before round 1 (a baseline)
     eval_clients: bool = False  # also evaluate on each client's held-out slice (clienteval.py)
     # eval_clients: the fraction of each client's data held out
@@ -111,16 +123,20 @@ class Config:
     personal_eval: PersonalEvalConfig = field(default_factory=PersonalEvalConfig)
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
     # small batches stay in cache (the CNN evaluates faster at 250 than at 2,000)
-    eval_batch_size: Annotated[int, Range(">= 1")] = 250
+    eval_batch_size: Annotated[int, Range(">= 1"), Most(MAX_EXAMPLES, "examples a batch")] = 250
     # rounds between checkpoints; 0 = only on SIGINT/SIGTERM
-    checkpoint_every: Annotated[int, Range(">= 0", note="0 turns periodic checkpoints off")] = 10
+    checkpoint_every: Annotated[
+        int, Range(">= 0", note="0 turns periodic checkpoints off"), Most(MAX_ROUNDS, "rounds")
+    ] = 10
     # auto: vectorized where it is the faster (models without convolutions) and allowed
     engine: EngineName = "auto"
     # processes the cohort is spread over (engines/pool.py); 0: one per core
-    workers: Annotated[int, Range(">= 0", note="0: one per core")] = 1
+    workers: Annotated[int, Range(">= 0", note="0: one per core"), Most(1024, "processes")] = 1
     # torch intra-op threads of each process of the run; null: the usable cores
     # divided among the run's processes (engines/threads.py)
-    threads: int | None = None  # at most MAX_THREADS: torch cannot start a million
+    threads: Annotated[int | None, Most(1024, "torch threads", least=1)] = (
+        None  # at most MAX_THREADS: torch cannot start a million
+    )
     dtype: DType = "float32"
     precision: Precision = "fp32"  # bf16: local forward passes under bf16 autocast
     # where local training and evaluation run (core/device.py); the global vector,
