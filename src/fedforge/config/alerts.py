@@ -23,8 +23,9 @@ import math
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
+from fedforge.config.ranges import Range, check_ranges
 from fedforge.core.errors import FieldCheck, invalid_field, raise_first
 
 AlertKind = Literal["accuracy_drop", "refused_rate", "client_refused", "dp_budget", "no_progress"]
@@ -45,6 +46,7 @@ THRESHOLDS: dict[str, str] = {
 }
 DP_BUDGET_DEFAULT = 0.9
 MAX_TIMEOUT = 3600.0  # seconds an action may take: the loop waits for it
+TIMEOUT = Range(f"(0, {MAX_TIMEOUT:g}]", note="seconds")
 MAX_NAME = 100
 CUT = "…"  # what stands for the redacted part of a URL or a command
 
@@ -90,7 +92,8 @@ class AlertRule:
     name: str | None = None  # how the store and messages call it (default: the kind)
     command: tuple[str, ...] = ()  # argv, run without a shell; the alert JSON on stdin
     url: str | None = None  # http(s): the alert JSON POSTed to it
-    timeout: float = 10.0  # seconds each action may take before it counts as failed
+    # seconds each action may take before it counts as failed
+    timeout: Annotated[float, TIMEOUT] = 10.0
 
     @property
     def label(self) -> str:
@@ -127,12 +130,6 @@ class AlertRule:
                 "fedforge] (run without a shell: no shell line; no NUL characters)",
             ),
             ("url", self.url, _url_ok(self.url), "must be an http:// or https:// URL with a host"),
-            (
-                "timeout",
-                self.timeout,
-                0.0 < self.timeout <= MAX_TIMEOUT,
-                f"must be a number of seconds in (0, {MAX_TIMEOUT:g}]",
-            ),
         ]
 
 
@@ -147,6 +144,7 @@ class AlertsConfig:
         for i, rule in enumerate(self.rules):
             prefix = f"alerts.rules[{i}]."
             raise_first(prefix, rule.checks(prefix))
+            check_ranges(rule, prefix)
             if rule.label in seen:
                 raise invalid_field(
                     prefix + "name",
