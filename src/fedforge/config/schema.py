@@ -85,7 +85,11 @@ class Config:
     local_epochs: Annotated[
         int, Range(">= 1"), Most(MAX_STEPS, "passes over a client's data a round")
     ] = 1
-    batch_size: Annotated[int | None, Most(MAX_EXAMPLES, "examples a batch", least=1)] = 10
+    batch_size: Annotated[
+        int | None,
+        Range(">= 1", null="or 'all': the whole client data set"),
+        Most(MAX_EXAMPLES, "examples a batch"),
+    ] = 10
     lr: float = 0.1
     lr_decay: Annotated[float, Range("(0, 1]")] = 1.0  # local lr at round t is lr * lr_decay**t
     server_lr: float = 1.0  # server SGD on the pseudo-gradient; 1.0 is FedAvg
@@ -134,9 +138,15 @@ class Config:
     workers: Annotated[int, Range(">= 0", note="0: one per core"), Most(1024, "processes")] = 1
     # torch intra-op threads of each process of the run; null: the usable cores
     # divided among the run's processes (engines/threads.py)
-    threads: Annotated[int | None, Most(1024, "torch threads", least=1)] = (
-        None  # at most MAX_THREADS: torch cannot start a million
-    )
+    threads: Annotated[
+        int | None,
+        Range(
+            f"[1, {MAX_THREADS}]",
+            note="torch threads of each process of the run",
+            null="the usable cores divided among the run's processes",
+        ),
+        Most(MAX_THREADS, "torch threads"),  # torch cannot start a million
+    ] = None
     dtype: DType = "float32"
     precision: Precision = "fp32"  # bf16: local forward passes under bf16 autocast
     # where local training and evaluation run (core/device.py); the global vector,
@@ -289,12 +299,6 @@ def _check_run(cfg: Config) -> None:
     """The run's own (top-level) fields."""
     step_max = step_limit(cfg.dtype)
     checks: list[FieldCheck] = [
-        (
-            "batch_size",
-            cfg.batch_size,
-            cfg.batch_size is None or cfg.batch_size >= 1,
-            "must be an integer >= 1, or null/'all' for the whole client data set",
-        ),
         ("lr", cfg.lr, 0.0 < cfg.lr < step_max, _STEP),
         (  # which names exist is the registry's, checked when a run is built (a
             # stored config naming a model of the caller's stays readable without it)
@@ -303,15 +307,6 @@ def _check_run(cfg: Config) -> None:
             isinstance(cfg.model, str) and bool(cfg.model.strip()),
             "must be a model name: 2nn, cnn, cnn_bn, logreg, or one given to "
             "fedforge.register_model",
-        ),
-        (
-            "threads",
-            cfg.threads,
-            cfg.threads is None
-            or (not isinstance(cfg.threads, bool) and 1 <= cfg.threads <= MAX_THREADS),
-            f"must be an integer in [1, {MAX_THREADS}] (torch threads of each process of "
-            "the run), or null "
-            "for the usable cores divided among the run's processes",
         ),
         (
             "precision",
