@@ -146,7 +146,8 @@ class ClientTerms(Protocol):
     ``restore_pending`` read and put back the state computed and not yet
     committed (a deployment's client keeps it on disk across a restart)."""
 
-    tables: dict[str, ClientStateStore]  # its per-client tables, saved by checkpoints
+    @property
+    def tables(self) -> Mapping[str, ClientStateStore]: ...  # saved by checkpoints
 
     def begin(
         self, client_ids: Sequence[int], start: torch.Tensor, extras: Mapping[str, torch.Tensor]

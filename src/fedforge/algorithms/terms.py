@@ -30,9 +30,11 @@ class StatelessClientTerms:
     tensors one client's update carries beside its delta (``[P]`` vectors or
     ``[1]`` scalars, named as ``ServerTerms.update_tensors`` names them)."""
 
-    # its per-client tables, saved by checkpoints: none (subclasses with tables
-    # set their own on the instance; this one is never written to)
-    tables: dict[str, ClientStateStore] = {}  # noqa: RUF012
+    @property
+    def tables(self) -> Mapping[str, ClientStateStore]:
+        """Its per-client tables, saved by checkpoints: none (a new empty mapping
+        each time: nothing written to it is kept)."""
+        return {}
 
     def begin(
         self, client_ids: Sequence[int], start: torch.Tensor, extras: Mapping[str, torch.Tensor]
@@ -65,8 +67,13 @@ class PendingClientTable(StatelessClientTerms):
 
     def __init__(self, name: str, store: ClientStateStore) -> None:
         self.store = store
-        self.tables = {name: store}
+        self._tables = {name: store}
         self._pending: dict[int, torch.Tensor] = {}
+
+    @property
+    def tables(self) -> Mapping[str, ClientStateStore]:
+        """Its one table, saved by checkpoints."""
+        return self._tables
 
     def rows(self, client_ids: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
         """The stored rows of ``client_ids`` (``[len, P]``), in ``dtype``."""

@@ -98,7 +98,8 @@ def choose_engine(
         notes.append(f"workers: {count} lowered to {cores}, the cores this process may use")
         count = cores
     alg = runtime.algorithm
-    keeps = alg.client is not None or alg.personal is not None or side_state is not None
+    client_tables = alg.client is not None and bool(alg.client.tables)
+    keeps = client_tables or alg.personal is not None or side_state is not None
     layout = 0 if count < 2 or (workers == 0 and _fused_in_one_process(inner, runtime)) else count
     if layout and keeps:
         why = side_state or f"algorithm '{alg.name}' keeps per-client state between rounds"

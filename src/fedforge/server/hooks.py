@@ -44,13 +44,14 @@ Names are unique within a run.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+import json
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import torch
 
-from fedforge.core.errors import ConfigError
+from fedforge.core.errors import ConfigError, FedforgeError
 
 if TYPE_CHECKING:
     from fedforge.report.progress import Progress
@@ -61,6 +62,11 @@ if TYPE_CHECKING:
     from fedforge.store import RoundRecord
 
 RoundKind = Literal["upload", "local", "short"]
+
+
+class HookError(FedforgeError):
+    """A round hook broke its contract (wrote the model, kept state JSON cannot
+    hold): the run fails, resumable from its last checkpoint."""
 
 
 @dataclass
@@ -147,33 +153,57 @@ class RoundHooks:
         """These hooks, then ``more``."""
         return RoundHooks([*self.hooks, *more])
 
-    def round_start(self, info: RoundInfo) -> None:
+    def _each(self, info: RoundInfo, call: Callable[[RoundHook], None]) -> None:
+        """``call`` each hook in turn; a hook that wrote the round's model (which
+        hooks only read) fails the run, in one line naming it."""
         for h in self.hooks:
-            h.round_start(info)
+            before = info.params._version
+            call(h)
+            if info.params._version != before:
+                raise HookError(
+                    f"round hook {h.name!r} wrote the round's model (RoundInfo.params) in "
+                    f"round {info.round_idx + 1}: hooks observe; copy it (.clone()) to change it"
+                )
+
+    def round_start(self, info: RoundInfo) -> None:
+        self._each(info, lambda h: h.round_start(info))
 
     def upload(self, info: RoundInfo, client_id: int, taken: bool, reason: str | None) -> None:
-        for h in self.hooks:
-            h.upload(info, client_id, taken, reason)
+        self._each(info, lambda h: h.upload(info, client_id, taken, reason))
 
     def taken(self, info: RoundInfo, used: Sequence[int]) -> None:
         for c in sorted(used):
             self.upload(info, c, True, None)
 
     def evaluated(self, info: RoundInfo, accuracy: float, loss: float) -> None:
-        for h in self.hooks:
-            h.evaluated(info, accuracy, loss)
+        self._each(info, lambda h: h.evaluated(info, accuracy, loss))
 
     def round_end(self, info: RoundInfo, end: RoundEnd) -> None:
-        for h in self.hooks:
-            h.round_end(info, end)
+        self._each(info, lambda h: h.round_end(info, end))
 
     def run_end(self, result: RunResult) -> None:
         for h in self.hooks:
             h.run_end(result)
 
     def state_dict(self) -> dict[str, dict[str, Any]]:
-        """Each stateful hook's state by its name (for the checkpoint)."""
-        return {h.name: s for h in self.hooks if (s := h.state_dict())}
+        """Each stateful hook's state by its name (for the checkpoint); a state
+        that would not come back from JSON as it is (a tensor, an integer key, a
+        tuple) fails the run, in one line naming the hook, before it is saved."""
+        out = {h.name: s for h in self.hooks if (s := h.state_dict())}
+        for name, s in out.items():
+            try:
+                same = _same(json.loads(json.dumps(s)), s)
+            except (TypeError, ValueError) as exc:
+                raise HookError(
+                    f"round hook {name!r}: its state_dict() is not JSON: {exc}"
+                ) from None
+            if not same:
+                raise HookError(
+                    f"round hook {name!r}: its state_dict() would not come back from the "
+                    "checkpoint as it is (JSON keeps str keys, lists, numbers, strings, "
+                    "bools and null: no int keys, tuples or tensors)"
+                )
+        return out
 
     def load_state_dict(self, state: dict[str, dict[str, Any]]) -> None:
         """Put a checkpoint's hook states back; a hook absent from it starts fresh."""
@@ -182,4 +212,18 @@ class RoundHooks:
                 h.load_state_dict(state[h.name])
 
 
-__all__ = ["RoundEnd", "RoundHook", "RoundHooks", "RoundInfo", "RoundKind"]
+def _same(back: Any, state: Any) -> bool:
+    """Whether ``back`` (JSON's reading of ``state``) is ``state``, of the same
+    types all the way down (NaN equal to NaN)."""
+    if type(back) is not type(state):
+        return False
+    if isinstance(state, dict):
+        return back.keys() == state.keys() and all(_same(back[k], state[k]) for k in state)
+    if isinstance(state, list):
+        return len(back) == len(state) and all(map(_same, back, state))
+    if isinstance(state, float) and state != state:
+        return back != back
+    return bool(back == state)
+
+
+__all__ = ["HookError", "RoundEnd", "RoundHook", "RoundHooks", "RoundInfo", "RoundKind"]
