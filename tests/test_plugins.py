@@ -166,6 +166,41 @@ def test_an_installed_entry_point_is_found_without_an_import(tmp_path: Path) -> 
     assert done.stdout.split() == ["ep_prox", "ep_mean"]
 
 
+def test_a_broken_entry_point_is_said_at_every_question(tmp_path: Path) -> None:
+    """Of two installed entry points the first raises: every question to the
+    registry in that process is refused with its one line (not the first alone,
+    after which the other plugin would silently be missing)."""
+    site = tmp_path / "site"
+    info = site / "ep_two-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: ep-two\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(
+        "[fedforge.plugins]\na_broken = ep_broken\nb_good = ep_good\n"
+    )
+    (site / "ep_broken.py").write_text("raise RuntimeError('boom')\n")
+    (site / "ep_good.py").write_text(
+        "import fedforge\nfedforge.register_aggregator('good_mean', lambda c: None)\n"
+    )
+    code = textwrap.dedent(
+        """\
+        from fedforge.core import registry
+        from fedforge.core.errors import ConfigError
+        for _ in range(2):
+            try:
+                registry.is_registered('aggregator', 'good_mean')
+            except ConfigError as exc:
+                print(str(exc).splitlines()[0])
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=_env(site), timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    said = "plugin entry point 'a_broken' (ep_broken) failed to load: RuntimeError: boom"
+    assert lines == [said, said], lines
+
+
 def _yaml(text: str) -> dict[str, object]:
     import yaml
 

@@ -79,6 +79,7 @@ class Entry:
 _entries: dict[tuple[str, str], Entry] = {}
 _lock = threading.RLock()
 _ready = False  # built-ins registered and entry points loaded
+_broken: ConfigError | None = None  # an entry point that failed to load, said each time
 _loaded: dict[str, str] = {}  # plugin module or resolved file -> the module's name
 
 
@@ -229,40 +230,49 @@ def _origin(factory: Callable[..., Any] | str) -> str:
 def _ensure_ready() -> None:
     """Register the built-ins, then load the installed entry points: once, before
     the first question (the lock is held)."""
-    global _ready
+    global _ready, _broken
     if _ready:
+        if _broken is not None:  # every question, not the first alone
+            raise _broken
         return
     _ready = True  # set first: the built-ins and plugins call register themselves
     from fedforge.core import builtins
 
     builtins.register_builtins(register)
-    _load_entry_points()
+    _broken = _load_entry_points()
+    if _broken is not None:
+        raise _broken
 
 
-def _load_entry_points() -> None:
+def _load_entry_points() -> ConfigError | None:
     """Each ``fedforge.plugins`` entry point: a module (imported: it registers) or
-    a callable (called with no argument: it registers)."""
+    a callable (called with no argument: it registers). All are tried; the first
+    that fails is returned, and the registry answers nothing while it stands (a
+    component missing without a word would run something else)."""
+    first: ConfigError | None = None
     for point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         try:
             value = point.load()
+            if callable(value) and not isinstance(value, type(sys)):
+                value()
         except Exception as exc:
-            raise ConfigError(
+            first = first or ConfigError(
                 f"plugin entry point {point.name!r} ({point.value}) failed to load: "
                 f"{type(exc).__name__}: {exc}"
-            ) from exc
-        if callable(value) and not isinstance(value, type(sys)):
-            value()
+            )
+            continue
         _loaded[f"entry point {point.name} ({point.value})"] = point.value.partition(":")[0]
+    return first
 
 
 def reset_for_tests() -> None:
     """Forget everything: the next question registers the built-ins and reads the
     entry points again (tests that install an entry point)."""
-    global _ready
+    global _ready, _broken
     with _lock:
         _entries.clear()
         _loaded.clear()
-        _ready = False
+        _ready, _broken = False, None
 
 
 class KindView(MutableMapping[str, Any]):
