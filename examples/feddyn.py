@@ -12,9 +12,9 @@ The server keeps h (zero at first) and, over the used clients P_t of m = N,
 
     h <- h - alpha/m * sum_{i in P_t} (w_i - w),   w <- mean_{i in P_t} w_i - h / alpha.
 
-The mean is uniform (``aggregation_weights: uniform``), as in the paper. Each
-update carries a scalar 1 beside its delta, so the server counts |P_t| even
-when edges sum their clients' updates. The grad_i live in a per-client table
+The mean is uniform (``aggregation_weights: uniform``), as in the paper. The
+server counts |P_t| itself (``admit`` gives each update it takes a 1): a
+client sends its delta alone. The grad_i live in a per-client table
 (checkpointed, a resumed run is bit-identical); like SCAFFOLD's controls, a
 client's new grad_i is stored only once the server has used its update.
 
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
 
@@ -36,9 +37,11 @@ from fedforge.algorithms import (
     StepContext,
     drops_stragglers,
     local_plan,
+    require_mean,
     summed,
 )
 from fedforge.algorithms.plan import DecayedPlan, LocalPlan, cross_entropy
+from fedforge.config.ranges import Range
 from fedforge.store import ClientStateStore, make_state_store, working_dir
 
 GRAD = "grad"  # per-client table: grad_i
@@ -49,11 +52,7 @@ H, USED = "h", "used"  # server state: h, and the last round's |P_t|
 
 @dataclass(frozen=True)
 class Options:
-    alpha: float = 0.01
-
-    def check(self) -> None:
-        if not self.alpha > 0:
-            raise ValueError(f"alpha = {self.alpha} must be > 0")
+    alpha: Annotated[float, Range("> 0")] = 0.01
 
 
 @dataclass(frozen=True)
@@ -85,16 +84,22 @@ class DynClient(PendingClientTable):
     def end(self, job: ClientJob) -> dict[str, torch.Tensor]:
         grad = self.rows([job.client_id], job.start.dtype)[0]
         self.hold(job.client_id, grad - self.alpha * (job.result.params - job.start))
-        return {COUNT: torch.ones(1, dtype=job.start.dtype)}
+        return {}
 
 
 class DynServer:
     """Keeps h; its step moves h by the used clients' sum and subtracts h / alpha."""
 
-    update_tensors: tuple[str, ...] = (COUNT,)
+    update_tensors: tuple[str, ...] = ()
 
     def __init__(self, alpha: float, num_clients: int) -> None:
         self.alpha, self.m = alpha, num_clients
+
+    def admit(
+        self, delta: torch.Tensor, extras: Mapping[str, torch.Tensor], num_examples: int
+    ) -> dict[str, torch.Tensor]:
+        """The server counts the update itself: 1 (summed: |P_t|)."""
+        return {COUNT: torch.ones(1, dtype=delta.dtype)}
 
     def initial_state(self, size: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         return {H: torch.zeros(size, dtype=dtype), USED: torch.zeros(1, dtype=dtype)}
@@ -147,12 +152,7 @@ def feddyn(
 
 def factory(context: fedforge.ComponentContext) -> fedforge.Algorithm:
     cfg, spec, dtype = context.cfg, context.spec, context.dtype
-    if cfg.aggregation_weights != "uniform" or cfg.robust.aggregator != "mean":
-        raise fedforge.ConfigError(
-            f"algorithm 'feddyn' averages the clients' models uniformly: aggregation_weights "
-            f"= {cfg.aggregation_weights!r} and robust.aggregator = {cfg.robust.aggregator!r} "
-            "must be 'uniform' and 'mean'"
-        )
+    require_mean(cfg, "feddyn", "uniform", "averages the clients' models uniformly")
     if spec is None or dtype is None:
         raise ValueError("FedDyn needs the model's size and dtype for its client table")
     store = make_state_store(

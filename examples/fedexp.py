@@ -8,13 +8,14 @@ mean Delta,
     eta_g = max(1, sum_i ||Delta_i||^2 / (2 M (||Delta||^2 + eps))),
     w^{t+1} = w^t + eta_g Delta.
 
-On fedforge: each client sends ||Delta_i||^2 beside its delta (an algorithm
-tensor, ``alg/sq``: the value in its first entry, zeros after it, since
-algorithm tensors are [P]), and the server direction scales the uniform mean
-by eta_g. It needs ``aggregation_weights: uniform`` and the plain mean (refused
-otherwise, in one line); the server optimizer's ``server_lr`` multiplies eta_g
-(1 in the paper). The paper also reports the average of the last two iterates
-as the model; this file leaves the iterates as they are.
+On fedforge: the server half takes ||Delta_i||^2 of each update from the delta
+it received (``admit``: nothing the client says, so no client can scale the
+step by a number it sends), and the server step scales the uniform mean by
+eta_g; a client sends its delta alone, as under FedAvg. It needs
+``aggregation_weights: uniform`` and the plain mean (refused otherwise, in one
+line); the server optimizer's ``server_lr`` multiplies eta_g (1 in the paper).
+The paper also reports the average of the last two iterates as the model; this
+file leaves the iterates as they are.
 
     fedforge run --plugin examples/fedexp.py --config examples/fedexp.yaml
 """
@@ -23,39 +24,36 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
 
 import fedforge
 from fedforge.algorithms import (
-    StatelessClientTerms,
     StatelessServerTerms,
     drops_stragglers,
     local_plan,
+    require_mean,
 )
-from fedforge.algorithms.local import ClientJob
 from fedforge.algorithms.plan import DecayedPlan, cross_entropy
+from fedforge.config.ranges import Range
 
-SQ = "sq"  # the update's tensor beside the delta: ||Delta_i||^2 in its first entry
+SQ = "sq"  # what the server keeps of each update: ||Delta_i||^2, [1]
 
 
 @dataclass(frozen=True)
 class Options:
-    eps: float = 1e-3  # keeps eta_g finite when the clients' updates cancel out
-
-    def check(self) -> None:
-        if not self.eps > 0:
-            raise ValueError(f"eps = {self.eps} must be > 0")
+    # keeps eta_g finite when the clients' updates cancel out
+    eps: Annotated[float, Range("> 0")] = 1e-3
 
 
-class SquaredNorm(StatelessClientTerms):
-    """The client half: sends ||Delta_i||^2; no per-client state."""
+class SquaredNorms(StatelessServerTerms):
+    """The server half: no state; ||Delta_i||^2 of each update, from its delta."""
 
-    def end(self, job: ClientJob) -> dict[str, torch.Tensor]:
-        delta = job.result.params - job.start
-        sq = torch.zeros_like(job.start)
-        sq[0] = delta @ delta
-        return {SQ: sq}
+    def admit(
+        self, delta: torch.Tensor, extras: Mapping[str, torch.Tensor], num_examples: int
+    ) -> dict[str, torch.Tensor]:
+        return {SQ: (delta @ delta).reshape(1)}
 
 
 class Extrapolate:
@@ -77,18 +75,12 @@ class Extrapolate:
 
 def factory(context: fedforge.ComponentContext) -> fedforge.Algorithm:
     cfg = context.cfg
-    if cfg.aggregation_weights != "uniform" or cfg.robust.aggregator != "mean":
-        raise fedforge.ConfigError(
-            "algorithm 'fedexp' extrapolates the clients' mean: it needs aggregation_weights: "
-            f"uniform and robust.aggregator: mean (got {cfg.aggregation_weights!r}, "
-            f"{cfg.robust.aggregator!r})"
-        )
+    require_mean(cfg, "fedexp", "uniform", "extrapolates the clients' mean")
     return fedforge.Algorithm(
         "fedexp",
         DecayedPlan(local_plan(cfg), cfg.lr_decay),
         cross_entropy,
-        client=SquaredNorm(),
-        server=StatelessServerTerms(SQ),  # each update carries ||Delta_i||^2
+        server=SquaredNorms(),
         server_step=Extrapolate(context.options.eps),
         drop_stragglers=drops_stragglers(cfg, True),
     )

@@ -13,7 +13,11 @@ Under plain local SGD a_i = tau_i; with local momentum rho (``local.momentum``)
 a_i = (tau_i - rho (1 - rho^tau_i) / (1 - rho)) / (1 - rho), the sum of the
 momentum's step weights, as the authors' code does. A client sends d_i / a_i as
 its delta and two scalars, n_i a_i and n_i; the server takes tau_eff from their
-sums. p_i are the aggregator's weights, so the run must weigh by example counts
+sums. It does not take a client's word for them: n_i is the example count the
+update's header gives (the one its weight is capped by), and a_i must lie
+between one step's and the plan's most steps' (E ceil(n_i / B)), else the
+update is refused, so that no client can scale the round's step past what its
+plan allows. p_i are the aggregator's weights, so the run must weigh by example counts
 (``aggregation_weights: num_examples``, the default) with the plain mean.
 
     fedforge run --plugin examples/fednova.py --config examples/fednova.yaml
@@ -32,6 +36,7 @@ from fedforge.algorithms import (
     StatelessClientTerms,
     drops_stragglers,
     local_plan,
+    require_mean,
     summed,
 )
 from fedforge.algorithms.local import LocalResult
@@ -78,6 +83,26 @@ class NovaServer:
 
     update_tensors: tuple[str, ...] = (N_A, N)
 
+    def __init__(self, plan: LocalPlan) -> None:
+        self.plan = plan
+
+    def admit(
+        self, delta: torch.Tensor, extras: Mapping[str, torch.Tensor], num_examples: int
+    ) -> dict[str, torch.Tensor]:
+        n_said = float(extras[N][0])
+        a = float(extras[N_A][0]) / max(n_said, 1.0)
+        n = max(num_examples, 1)
+        most = normaliser(
+            self.plan.local_epochs * -(-n // (self.plan.batch_size or n)), self.plan.momentum
+        )
+        if n_said != num_examples or not 1.0 - 1e-9 <= a <= most * (1 + 1e-9):
+            raise ValueError(
+                f"n_i = {n_said:g} (the header says {num_examples}) and a_i = {a:.6g} must be "
+                f"the header's count and in [1, {most:.6g}] (one step to the plan's most)"
+            )
+        count = torch.tensor([float(num_examples)], dtype=extras[N].dtype)
+        return {N_A: count * a, N: count}
+
     def initial_state(self, size: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         return {TAU_EFF: torch.zeros(1, dtype=dtype)}
 
@@ -108,7 +133,7 @@ def fednova(
     plan: LocalPlan, lr_decay: float = 1.0, drop_stragglers: bool = False
 ) -> fedforge.Algorithm:
     """FedNova on FedAvg's local ``plan`` (its momentum sets a_i)."""
-    server = NovaServer()
+    server = NovaServer(plan)
     return fedforge.Algorithm(
         "fednova",
         DecayedPlan(plan, lr_decay),
@@ -123,12 +148,7 @@ def fednova(
 
 def factory(context: fedforge.ComponentContext) -> fedforge.Algorithm:
     cfg = context.cfg
-    if cfg.aggregation_weights != "num_examples" or cfg.robust.aggregator != "mean":
-        raise fedforge.ConfigError(
-            f"algorithm 'fednova' weighs clients by their examples (p_i = n_i / n): "
-            f"aggregation_weights = {cfg.aggregation_weights!r} and robust.aggregator = "
-            f"{cfg.robust.aggregator!r} must be 'num_examples' and 'mean'"
-        )
+    require_mean(cfg, "fednova", "num_examples", "weighs clients by their examples (p_i = n_i / n)")
     # stragglers' partial work is what FedNova normalises: kept unless told otherwise
     return fednova(local_plan(cfg), cfg.lr_decay, drops_stragglers(cfg, False))
 

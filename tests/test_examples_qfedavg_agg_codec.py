@@ -170,7 +170,14 @@ def test_qfedavg_with_q_0_is_fedavg_with_uniform_weights(
     ("extra", "message"),
     [
         ({}, "needs aggregation_weights: uniform and robust.aggregator: mean"),
-        ({**QFEDAVG, "plugin_options": {"qfedavg": {"q": -1.0}}}, "q = -1.0 must be >= 0"),
+        (
+            {**QFEDAVG, "plugin_options": {"qfedavg": {"q": -1.0}}},
+            r"'plugin_options.qfedavg.q' = -1.0 is invalid: must be >= 0",
+        ),
+        (
+            {"aggregation_weights": "uniform", "robust": {"aggregator": "mean"}},
+            "with q > 0 scales the updates of high-loss clients .*max_norm_multiple: null",
+        ),
     ],
 )
 def test_qfedavg_refuses_what_it_cannot_run_in_one_line(

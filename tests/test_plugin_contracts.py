@@ -5,6 +5,7 @@ one process gives); a stateless client half's tables are its own."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -102,3 +103,50 @@ def test_an_algorithm_without_client_tables_takes_worker_processes(tmp_path: Pat
     one = fedforge.run(override(cfg, {"workers": 1, "name": "one"}), progress=False)
     two = fedforge.run(override(cfg, {"workers": 2, "name": "two"}), progress=False)
     assert torch.equal(one.params, two.params)
+
+
+def _example(name: str) -> Any:
+    return sys.modules[fedforge.load_plugin(str(ROOT / "examples" / f"{name}.py"))]
+
+
+F64 = torch.float64
+
+
+def test_fednova_takes_the_headers_count_and_a_step_count_its_plan_allows() -> None:
+    """A client of 25 examples, E = 2, B = 10: at most 2 x 3 = 6 steps. Its word
+    for n_i must be the header's, a_i in [1, 6]: a liar is refused, not obeyed."""
+    nova = _example("fednova")
+    server = nova.NovaServer(fedforge.LocalPlan(local_epochs=2, batch_size=10, lr=0.1))
+    delta = torch.zeros(3, dtype=F64)
+
+    def said(n: float, a: float) -> dict[str, torch.Tensor]:
+        return {"n_a": torch.tensor([n * a], dtype=F64), "n": torch.tensor([n], dtype=F64)}
+
+    kept = server.admit(delta, said(25, 6), 25)
+    assert kept == {"n_a": torch.tensor([150.0], dtype=F64), "n": torch.tensor([25.0], dtype=F64)}
+    for n, a, why in [(25, 6000, "a_i = 6000"), (2500, 6, "n_i = 2500"), (25, 0.5, "a_i = 0.5")]:
+        with pytest.raises(ValueError, match=why):
+            server.admit(delta, said(n, a), 25)
+
+
+def test_feddyn_and_fedexp_count_and_measure_the_update_themselves() -> None:
+    dyn = _example("feddyn").DynServer(0.01, 10)
+    delta = torch.tensor([3.0, 4.0], dtype=F64)
+    assert dyn.update_tensors == ()
+    assert torch.equal(dyn.admit(delta, {}, 7)["count"], torch.ones(1, dtype=F64))
+    exp = _example("fedexp").SquaredNorms()
+    assert exp.update_tensors == ()
+    assert torch.equal(
+        exp.admit(delta, {"sq": torch.tensor([1e9])}, 7)["sq"], torch.tensor([25.0], dtype=F64)
+    )
+
+
+def test_qfedavg_refuses_an_h_that_is_not_positive_and_survives_a_zero_loss() -> None:
+    q = _example("qfedavg")
+    with pytest.raises(ValueError, match="h_k = -1.0 must be > 0"):
+        q.PositiveH().admit(torch.zeros(2), {"h": torch.tensor([-1.0])}, 3)
+    # h_k = q F^(q-1) ||Delta w||^2 + L F^q, by hand: q = 0.5, L = 2, F = 4, ||Delta w||^2 = 9
+    assert q.h_of(4.0, 0.5, 2.0, 9.0) == 0.5 * 4.0**-0.5 * 9.0 + 2.0 * 2.0
+    assert q.h_of(0.0, 0.5, 2.0, 9.0) == 0.0  # F = 0, q < 1: no share of the step
+    assert q.h_of(0.0, 1.0, 2.0, 9.0) == 9.0  # q = 1: F^0 = 1
+    assert q.h_of(3.0, 0.0, 2.0, 9.0) == 2.0  # q = 0: FedAvg's L

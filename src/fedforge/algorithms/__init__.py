@@ -11,6 +11,7 @@ from fedforge.algorithms.factories import (
     drops_stragglers,
     local_plan,
     register_algorithm,
+    require_mean,
 )
 from fedforge.algorithms.fedavg import fedavg, fedsgd
 from fedforge.algorithms.fedbn import fedbn, local_mask
@@ -76,6 +77,7 @@ __all__ = [
     "local_plan",
     "perfedavg",
     "register_algorithm",
+    "require_mean",
     "ServerStep",
     "ServerTerms",
     "StatelessClientTerms",

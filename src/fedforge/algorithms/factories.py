@@ -59,6 +59,17 @@ def local_plan(cfg: Config) -> LocalPlan:
     return LocalPlan.from_config(cfg.local, cfg.local_epochs, cfg.batch_size, cfg.lr, cfg.precision)
 
 
+def require_mean(cfg: Config, algorithm: str, weights: str, why: str) -> None:
+    """Refuse in one line a config whose aggregate is not the plain mean under
+    ``weights`` (``aggregation_weights``), which ``algorithm`` needs: ``why``."""
+    if cfg.aggregation_weights != weights or cfg.robust.aggregator != "mean":
+        raise ConfigError(
+            f"algorithm {algorithm!r} {why}: it needs aggregation_weights: {weights} and "
+            f"robust.aggregator: mean (got {cfg.aggregation_weights!r}, "
+            f"{cfg.robust.aggregator!r})"
+        )
+
+
 def drops_stragglers(cfg: Config, default: bool) -> bool:
     """Whether clients that did fewer epochs are dropped: the config's
     ``stragglers.drop``, else the algorithm's ``default``."""

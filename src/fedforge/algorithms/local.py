@@ -184,15 +184,28 @@ class PersonalEntries(Protocol):
 
 class ServerTerms(Protocol):
     """The server half: its state (checkpointed), what the payload carries
-    besides the parameters, what each update must carry, and the state after a
-    round from the tensors that reached the server with the used updates (a new
-    dict: the round keeps it only when it is finite and the round stands)."""
+    besides the parameters, what each update must carry, the tensors it takes
+    from one update, and the state after a round from the tensors that reached
+    the server with the used updates (a new dict: the round keeps it only when
+    it is finite and the round stands).
+
+    ``admit`` sees each update as it arrives (its delta as the server will
+    average it, the tensors it carried, its example count as the header says
+    and the server's caps allow): it returns the tensors the server keeps for
+    the update, each checked against the delta and the count or recomputed
+    from them where it can (a client may lie: a scalar it sends must not be
+    able to scale the round's step), and raises ValueError with the reason to
+    refuse the update."""
 
     update_tensors: tuple[str, ...]
 
     def initial_state(self, size: int, dtype: torch.dtype) -> dict[str, torch.Tensor]: ...
 
     def payload(self, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]: ...
+
+    def admit(
+        self, delta: torch.Tensor, extras: Mapping[str, torch.Tensor], num_examples: int
+    ) -> dict[str, torch.Tensor]: ...
 
     def moved(
         self,

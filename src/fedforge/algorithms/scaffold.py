@@ -109,6 +109,12 @@ class ScaffoldServer:
     def payload(self, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {CONTROL: state[CONTROL]}
 
+    def admit(
+        self, delta: torch.Tensor, extras: Mapping[str, torch.Tensor], num_examples: int
+    ) -> dict[str, torch.Tensor]:
+        """delta c_k as it came: a [P] vector, bounded as the update is (intake.py)."""
+        return dict(extras)
+
     def moved(
         self,
         state: Mapping[str, torch.Tensor],

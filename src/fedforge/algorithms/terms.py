@@ -122,6 +122,13 @@ class StatelessServerTerms:
     def payload(self, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {}
 
+    def admit(
+        self, delta: torch.Tensor, extras: Mapping[str, torch.Tensor], num_examples: int
+    ) -> dict[str, torch.Tensor]:
+        """The update's tensors as they came (override to check or recompute them:
+        ``ServerTerms``)."""
+        return dict(extras)
+
     def moved(
         self,
         state: Mapping[str, torch.Tensor],

@@ -78,7 +78,22 @@ def check_update(exp: Experiment, client_id: int, round_idx: int, data: bytes) -
         raise UploadError("delta holds non-finite values (NaN or inf)")
     n, train_loss = read_update_header(msg.meta, client_id, round_idx)
     report = read_report(msg.meta, exp.cfg.aggregation_weights, n, exp.data.classes() or 0)
-    return Upload(client_id, delta, n, train_loss, len(data), check_extras(exp, extras), report)
+    kept = admitted(exp, check_extras(exp, extras), delta, n)
+    return Upload(client_id, delta, n, train_loss, len(data), kept, report)
+
+
+def admitted(
+    exp: Experiment, extras: dict[str, torch.Tensor], delta: torch.Tensor, num_examples: int
+) -> dict[str, torch.Tensor]:
+    """One client's tensors as the algorithm's server half admits them: checked
+    against its delta and example count, or recomputed from them."""
+    server = exp.algorithm.server
+    if server is None:
+        return extras
+    try:
+        return server.admit(delta, extras, num_examples)
+    except ValueError as exc:
+        raise UploadError(f"algorithm {exp.cfg.algorithm!r} refuses the update: {exc}") from None
 
 
 def check_extras(exp: Experiment, extras: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
