@@ -5,6 +5,9 @@ one process gives); a stateless client half's tables are its own."""
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -150,3 +153,72 @@ def test_qfedavg_refuses_an_h_that_is_not_positive_and_survives_a_zero_loss() ->
     assert q.h_of(0.0, 0.5, 2.0, 9.0) == 0.0  # F = 0, q < 1: no share of the step
     assert q.h_of(0.0, 1.0, 2.0, 9.0) == 9.0  # q = 1: F^0 = 1
     assert q.h_of(3.0, 0.0, 2.0, 9.0) == 2.0  # q = 0: FedAvg's L
+
+
+KILLED_RUN = """
+import json, os, signal, sys
+from pathlib import Path
+import fedforge
+from fedforge.config import from_dict
+from fedforge.server.hooks import RoundHook
+
+fedforge.load_plugin(sys.argv[1])
+
+
+class Tally(RoundHook):
+    name = "tally"
+
+    def __init__(self, kill_round):
+        self.total, self.kill_round = 0.0, kill_round
+
+    def round_end(self, info, end):
+        self.total += float(info.state.params[0])
+        if info.round_idx == self.kill_round:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def state_dict(self):
+        return {"total": self.total}
+
+    def load_state_dict(self, state):
+        self.total = state["total"]
+
+
+cfg = from_dict(json.loads(sys.argv[2]))
+hook = Tally(int(sys.argv[3]))
+if sys.argv[4] == "resume":
+    run_dir = next(p for p in Path(cfg.runs_dir).iterdir() if p.is_dir())
+    result = fedforge.resume(run_dir, hooks=[hook], progress=False)
+else:
+    result = fedforge.run(cfg, hooks=[hook], progress=False)
+print(json.dumps({"params": [x.hex() for x in result.params.tolist()], "total": hook.total.hex()}))
+"""
+
+
+def test_feddyn_and_a_stateful_hook_resume_exactly_after_sigkill(tmp_path: Path) -> None:
+    """examples/feddyn.py (a client table, server state h) with a hook keeping a
+    running total: killed with SIGKILL at the end of round 3 of 5, then resumed,
+    both end bit for bit where an uninterrupted run ends."""
+    script = tmp_path / "killed_run.py"
+    script.write_text(KILLED_RUN)
+    fields = {
+        "dataset": "synthetic", "model": "logreg", "num_clients": 8, "client_fraction": 0.5,
+        "rounds": 5, "target_accuracy": None, "dtype": "float64", "engine": "serial",
+        "batch_size": 10, "lr": 0.05, "checkpoint_every": 2, "algorithm": "feddyn",
+        "aggregation_weights": "uniform", "plugin_options": {"feddyn": {"alpha": 0.3}},
+        "local": {"momentum": 0.5},
+    }  # fmt: skip
+
+    def go(runs: str, kill_round: int, mode: str) -> subprocess.CompletedProcess[str]:
+        cfg = json.dumps({**fields, "runs_dir": str(tmp_path / runs)})
+        argv = [str(ROOT / "examples" / "feddyn.py"), cfg, str(kill_round), mode]
+        return subprocess.run(
+            [sys.executable, str(script), *argv], capture_output=True, text=True, timeout=120
+        )
+
+    whole = go("whole", -1, "run")
+    assert whole.returncode == 0, whole.stderr
+    killed = go("killed", 2, "run")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    resumed = go("killed", -1, "resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout) == json.loads(whole.stdout)
