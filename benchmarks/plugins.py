@@ -105,10 +105,11 @@ def compare(model: str, args: argparse.Namespace) -> float:
     for i in range(args.repeats):
         for arm in ARMS if i % 2 == 0 else reversed(ARMS):
             finals[arm] = one_run(cfgs[arm], data, clocks[arm])
-            cpu, wall = clocks[arm].cpu[-args.rounds :], clocks[arm].wall[-args.rounds :]
+            run_cpu = statistics.median(clocks[arm].cpu[-args.rounds :])
+            run_wall = statistics.median(clocks[arm].wall[-args.rounds :])
             print(
-                f"{model} repeat {i} {arm:8s} cpu {statistics.median(cpu):.3f} "
-                f"wall {statistics.median(wall):.3f} s/round (median of the run)",
+                f"{model} repeat {i} {arm:8s} cpu {run_cpu:.3f} wall {run_wall:.3f} s/round "
+                "(median of the run)",
                 flush=True,
             )
     same = torch.equal(finals["plugin"], finals["builtin"])
