@@ -10,23 +10,21 @@ example-weighted mean of the deltas. Stragglers (clients that did fewer epochs) 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
 
 import fedforge
 from fedforge.algorithms import LinearTerm, StepContext, drops_stragglers, local_plan
 from fedforge.algorithms.plan import DecayedPlan, cross_entropy
+from fedforge.config.ranges import Range
 
 
 @dataclass(frozen=True)
 class Options:  # the config's plugin_options: {my_fedprox: {mu: 0.01}}
-    mu: float = 0.01  # the paper's grid: 0.001, 0.01, 0.1, 1
-
-    def check(self) -> None:  # a ValueError here is one config error line
-        if not (self.mu >= 0 and math.isfinite(self.mu)):
-            raise ValueError(f"mu = {self.mu} must be a finite number >= 0")
+    # its range declared as every built-in field's; the paper's grid: 0.001 to 1
+    mu: Annotated[float, Range(">= 0", note="FedProx's proximal coefficient")] = 0.01
 
 
 @dataclass(frozen=True)

@@ -134,7 +134,7 @@ def test_an_option_out_of_range_is_refused_in_the_line_the_page_shows(tmp_path: 
     assert [x for x in done.stdout.splitlines() if not x.startswith("fedforge: my_fedprox")] == [
         shown
     ]
-    assert shown.startswith("fedforge: error: config field 'plugin_options.my_fedprox'")
+    assert shown.startswith("fedforge: error: config field 'plugin_options.my_fedprox.mu'")
 
 
 def _section(title: str) -> str:
