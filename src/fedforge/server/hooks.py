@@ -11,7 +11,9 @@ A run's hooks are one ordered list (``builtin_hooks.run_hooks``, built by
 2. ``diagnostics``: the drift figures of the updates the round took;
 3. ``client_state``: the algorithm's per-client state (SCAFFOLD's c_k+) kept for
    the clients whose updates the model took;
-4. the user's hooks, in the order given to ``fedforge.run`` / ``resume``.
+4. ``selection``: what the server knows of each client asked (``LoopState.selection``,
+   selection/history.py), the selection policy's input for the next cohorts;
+5. the user's hooks, in the order given to ``fedforge.run`` / ``resume``.
 
 The round calls every hook, in that order, at each point of its life:
 
@@ -58,7 +60,7 @@ if TYPE_CHECKING:
     from fedforge.server.experiment import Experiment
     from fedforge.server.result import RunResult
     from fedforge.server.state import LoopState
-    from fedforge.store import RoundRecord
+    from fedforge.store import ClientRecord, RoundRecord
 
 RoundKind = Literal["upload", "local", "short"]
 
@@ -93,6 +95,9 @@ class RoundEnd:
     # the clients whose updates the server saw (under secure aggregation: those in
     # the revealed sum): what the privacy accountant counts
     seen: list[int] = field(default_factory=list)
+    # the run store's rows of the clients whose updates the model took (their
+    # example counts and reported training losses)
+    clients: list[ClientRecord] = field(default_factory=list)
 
 
 class RoundHook(Protocol):
