@@ -107,9 +107,7 @@ def _cohorts(run_dir: Path) -> list[tuple[int, int]]:
         return [(c.round_idx, c.client_id) for c in store.client_rounds()]
 
 
-def test_the_serial_and_vectorised_engines_ask_the_same_cohorts(
-    pow_d: Any, tmp_path: Path
-) -> None:
+def test_the_serial_and_vectorised_engines_ask_the_same_cohorts(pow_d: Any, tmp_path: Path) -> None:
     runs = {}
     for engine in ("serial", "vectorized"):
         cfg = from_dict({**RUN, "engine": engine, "runs_dir": str(tmp_path / engine)})

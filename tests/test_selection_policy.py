@@ -71,7 +71,10 @@ class Recording:
         self.told: dict[int, tuple[list[int], dict[int, ClientHistory]]] = {}
 
     def select(self, round: fedforge.SelectionRound) -> list[int]:
-        picked = sorted(int(round.among[i]) for i in round.rng.choice(len(round.among), round.size, replace=False))
+        picked = sorted(
+            int(round.among[i])
+            for i in round.rng.choice(len(round.among), round.size, replace=False)
+        )
         self.told[round.round_idx] = (picked, {c: round.history[c] for c in round.among})
         return picked
 
