@@ -57,7 +57,9 @@ class PowerOfChoice:
 def factory(context: fedforge.ComponentContext) -> PowerOfChoice:
     d, clients = context.options.d, context.cfg.num_clients
     if d > clients:
-        raise fedforge.ConfigError(f"plugin_options.pow_d.d = {d} must be at most {clients} (the clients)")
+        raise fedforge.ConfigError(
+            f"plugin_options.pow_d.d = {d} must be at most {clients} (the clients)"
+        )
     return PowerOfChoice(d)
 
 

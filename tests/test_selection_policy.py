@@ -190,3 +190,20 @@ def test_an_unregistered_policy_is_refused_naming_the_registered_ones(tmp_path: 
     line = str(err.value)
     assert "\n" not in line and "selection.policy" in line and "'nope'" in line
     assert "uniform" in line
+
+
+def test_a_deployments_over_selection_asks_the_policy_for_more(
+    tmp_path: Path, recording: Recording
+) -> None:
+    """Over-selection 1.0 of C N = 3 asks the policy for 6 of the connected
+    clients (at most all of them), as it asks the uniform draw."""
+    cfg = _cfg(tmp_path, selection={"policy": "recording"})
+    exp = build(cfg)
+    exp.engine.over_selection = 1.0  # what a deployment's engine says
+    live = [0, 2, 3, 5, 7, 8, 9, 11]
+    got = sample(exp, 2, live, History())
+    assert len(got) == 6 and set(got) <= set(live) and recording.told[2][0] == got
+    assert len(sample(exp, 3, [1, 4, 6, 10], History())) == 4
+    uniform = build(_cfg(tmp_path))
+    uniform.engine.over_selection = 1.0
+    assert sample(uniform, 2, live, History()) == sample_cohort(12, 0.5, 0, 2, False, live)
