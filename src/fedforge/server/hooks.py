@@ -32,8 +32,9 @@ The round calls every hook, in that order, at each point of its life:
 - ``run_end(result)``: once, when the rounds stop (finished, at the target, out of
   privacy budget, stalled, or stopped by a signal after its checkpoint).
 
-Contract: hooks observe. They return nothing, and what the round computes
-(cohort, model, record) is the same with or without them; a hook that raises
+Contract: a user's hooks observe. They return nothing, and what the round
+computes (cohort, model, record) is the same with or without them (the built-in
+``client_state`` and ``selection`` keep what later rounds read); a hook that raises
 fails the run (resumable from its last checkpoint). A hook keeps its own state;
 state that must survive a resume is what ``state_dict`` returns (plain JSON
 data: numbers, strings, lists, dicts with string keys; floats round-trip
