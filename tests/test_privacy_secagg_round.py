@@ -443,9 +443,10 @@ def test_the_secure_collector_refuses_messages_out_of_turn(data: FederatedData) 
     phase, a masked update during key sharing, a second reply, anything after
     the round: each refused with a reason, no crash, and the sum unchanged."""
     from fedforge.report.progress import Progress
+    from fedforge.server.cohort import sample
     from fedforge.server.collect import collect
     from fedforge.server.collectors.base import RoundLog
-    from fedforge.server.round import collector_for, configure, sample
+    from fedforge.server.round import collector_for, configure
     from fedforge.server.state import LoopState
 
     cfg = from_dict({**BASE, "privacy": {**DP, **SECAGG}})

@@ -129,7 +129,7 @@ def test_hooks_run_in_the_documented_order(tmp_path: Path) -> None:
     cfg = attacked(tmp_path, rounds=2, algorithm="scaffold", **no_attack)
     first, second = Checks("first", calls), Recorder("second", calls)
     names = [h.name for h in run_hooks([first, second])]
-    assert names == ["privacy", "diagnostics", "client_state", "first", "second"]
+    assert names == ["privacy", "diagnostics", "client_state", "selection", "first", "second"]
     fedforge.run(cfg, hooks=[first, second])
     starts = [c[0] for c in calls if c[1] == "start"]
     assert starts == ["first", "second"] * 2

@@ -189,9 +189,10 @@ def test_uploads_in_any_order_give_the_same_round(make_data: MakeData, aggregato
 def test_a_client_that_drops_gets_no_payload_and_is_not_waited_for(make_data: MakeData) -> None:
     """A collector told of a dropout before the upload phase hands the payload to
     the others only, and its bytes down count them alone."""
+    from fedforge.server.cohort import sample
     from fedforge.server.collect import collect
     from fedforge.server.collectors.base import RoundLog
-    from fedforge.server.round import collector_for, configure, sample
+    from fedforge.server.round import collector_for, configure
 
     cfg = from_dict({**TINY_LOGREG, "num_clients": len(SIZES)})
     exp = build(cfg, make_data(SIZES, seed=5))
@@ -237,8 +238,9 @@ def test_late_and_out_of_turn_messages_are_refused() -> None:
     """A collector fed by hand, as a server is from the network: an upload after
     its phase closed, or from a client reported gone, is refused with a reason
     and never reaches the aggregate."""
+    from fedforge.server.cohort import sample
     from fedforge.server.collectors.base import RoundLog
-    from fedforge.server.round import collector_for, configure, sample
+    from fedforge.server.round import collector_for, configure
 
     data = _data_for_hand()
     exp = build(from_dict({**TINY_LOGREG, "num_clients": len(SIZES)}), data)

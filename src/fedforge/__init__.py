@@ -26,6 +26,9 @@ _PUBLIC = {
     "register_codec": "fedforge.pipeline.named",
     "register_stage": "fedforge.pipeline.named",
     "register_selection": "fedforge.selection.named",
+    "SelectionPolicy": "fedforge.selection.named",
+    "SelectionRound": "fedforge.selection.named",
+    "ClientHistory": "fedforge.selection.history",
     "register_server_optimizer": "fedforge.server.optimizers",
     "register_metric": "fedforge.tasks.metrics",
     "Algorithm": "fedforge.algorithms",
@@ -59,6 +62,7 @@ _PUBLIC = {
 
 __all__ = [
     "Algorithm",
+    "ClientHistory",
     "ComponentContext",
     "Config",
     "ConfigError",
@@ -74,6 +78,8 @@ __all__ = [
     "RoundInfo",
     "RunResult",
     "RunStore",
+    "SelectionPolicy",
+    "SelectionRound",
     "Task",
     "UploadError",
     "WeightedMean",
@@ -126,7 +132,8 @@ if TYPE_CHECKING:  # the names as the type checker sees them
     from fedforge.data.partition import Partition
     from fedforge.models import register_model
     from fedforge.pipeline.named import register_codec, register_stage
-    from fedforge.selection.named import register_selection
+    from fedforge.selection.history import ClientHistory
+    from fedforge.selection.named import SelectionPolicy, SelectionRound, register_selection
     from fedforge.server.experiment import build
     from fedforge.server.hooks import RoundEnd, RoundHook, RoundInfo
     from fedforge.server.loop import RunResult, resume, run

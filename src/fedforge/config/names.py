@@ -26,6 +26,10 @@ if TYPE_CHECKING:  # a Protocol of the fields read: schema.py imports this modul
         @property
         def downlink(self) -> str: ...
 
+    class _Selection(Protocol):
+        @property
+        def policy(self) -> str: ...
+
     class Named(Protocol):
         @property
         def algorithm(self) -> str: ...
@@ -42,6 +46,9 @@ if TYPE_CHECKING:  # a Protocol of the fields read: schema.py imports this modul
         @property
         def communication(self) -> _Communication: ...
 
+        @property
+        def selection(self) -> _Selection: ...
+
 
 def named(cfg: Named) -> list[tuple[str, str, str]]:
     """``(kind, config field, name)`` of every registered component ``cfg`` names."""
@@ -51,6 +58,7 @@ def named(cfg: Named) -> list[tuple[str, str, str]]:
         ("server_optimizer", "server_optimizer.kind", cfg.server_optimizer.kind),
         ("codec", "communication.uplink", cfg.communication.uplink),
         ("codec", "communication.downlink", cfg.communication.downlink),
+        ("selection", "selection.policy", cfg.selection.policy),
     ]
 
 

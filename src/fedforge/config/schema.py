@@ -41,6 +41,7 @@ from fedforge.config.names import check_registered
 from fedforge.config.privacy import PrivacyConfig
 from fedforge.config.ranges import Most, Range, check_ranges
 from fedforge.config.robust import RobustConfig
+from fedforge.config.selection import SelectionConfig, policy_fits_privacy
 from fedforge.config.server_optimizer import ServerOptimizerConfig
 from fedforge.core.device import DEVICE_NAMES, is_device_name
 from fedforge.core.errors import FieldCheck, raise_first
@@ -103,6 +104,8 @@ class Config:
     # quality: each client's validation split (not trained on)
     quality_holdout: Annotated[float, Range("(0, 1)", note="each client's validation split")] = 0.1
     server_optimizer: ServerOptimizerConfig = field(default_factory=ServerOptimizerConfig)
+    # which clients each round asks: a registered policy (selection/named.py)
+    selection: SelectionConfig = field(default_factory=SelectionConfig)
     robust: RobustConfig = field(default_factory=RobustConfig)
     communication: CommunicationConfig = field(default_factory=CommunicationConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
@@ -189,6 +192,7 @@ def check(cfg: Config) -> None:
     sections = (
         cfg.partition,
         cfg.server_optimizer,
+        cfg.selection,
         cfg.robust,
         cfg.communication,
         cfg.privacy,
@@ -239,6 +243,7 @@ def check(cfg: Config) -> None:
     compat.delta_below_one_over_n(cfg.privacy, cfg.num_clients)
     compat.secagg_can_hide(cfg.privacy, cfg.communication)
     compat.over_selection_without_dp(cfg.deployment.over_selection, cfg.privacy)
+    policy_fits_privacy(cfg.selection, cfg.privacy)
     compat.secagg_neighbours_fit_cohort(cfg.privacy, cfg.num_clients, cfg.client_fraction)
     compat.one_clip(cfg.privacy, cfg.communication)
     compat.dp_noise_needs_mean(cfg.privacy, cfg.robust)

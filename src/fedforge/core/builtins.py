@@ -50,6 +50,7 @@ CODECS = {
     "topk": f"{_CODECS}:topk",
     "randk": f"{_CODECS}:randk",
 }
+SELECTIONS = {"uniform": "fedforge.selection.sampling:uniform_factory"}
 
 
 def register_builtins(register: Callable[..., Any]) -> None:
@@ -59,6 +60,7 @@ def register_builtins(register: Callable[..., Any]) -> None:
         ("aggregator", AGGREGATORS),
         ("server_optimizer", SERVER_OPTIMIZERS),
         ("codec", CODECS),
+        ("selection", SELECTIONS),
     ):
         for name, factory in table.items():
             register(kind, name, factory)

@@ -1,5 +1,6 @@
 """The package's own round hooks (``server/hooks.py`` says when each is called):
-privacy, diagnostics and the commit of client state, first in every run's list."""
+privacy, diagnostics, the commit of client state and the selection history,
+first in every run's list."""
 
 from __future__ import annotations
 
@@ -65,7 +66,33 @@ class ClientStateHook(RoundHook):
             terms.commit(end.used)
 
 
+class SelectionHook(RoundHook):
+    """What the server learns of the clients an upload round asked (which uploads
+    arrived, were taken with what training loss, were refused): the selection
+    policy's input for the next cohorts. Its state is ``LoopState.selection``."""
+
+    name = "selection"
+
+    def __init__(self) -> None:
+        self.refused: list[int] = []  # the round's refused uploads so far
+
+    def round_start(self, info: RoundInfo) -> None:
+        self.refused = []
+
+    def upload(self, info: RoundInfo, client_id: int, taken: bool, reason: str | None) -> None:
+        if not taken:
+            self.refused.append(client_id)
+
+    def round_end(self, info: RoundInfo, end: RoundEnd) -> None:
+        if info.kind != "upload":  # nothing was asked of the clients yet
+            return
+        losses = {c.client_id: c.train_loss for c in end.clients}
+        info.state.selection.round_done(
+            info.start, info.round_idx, info.cohort, end.arrived, losses, self.refused
+        )
+
+
 def run_hooks(user: Sequence[RoundHook] = ()) -> RoundHooks:
-    """A run's hooks in their documented order: privacy, diagnostics, client state
-    (each does nothing where its feature is off), then the user's."""
-    return RoundHooks([PrivacyHook(), DiagnosticsHook(), ClientStateHook(), *user])
+    """A run's hooks in their documented order: privacy, diagnostics, client state,
+    selection (each does nothing where its feature is off), then the user's."""
+    return RoundHooks([PrivacyHook(), DiagnosticsHook(), ClientStateHook(), SelectionHook(), *user])

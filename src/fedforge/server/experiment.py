@@ -19,7 +19,7 @@ from fedforge.client.runtime import ClientDataFn, ClientRuntime
 from fedforge.compression import parts as communication
 from fedforge.compression.parts import CommunicationParts
 from fedforge.config import Config
-from fedforge.config.components import check_names
+from fedforge.config.components import check_names, make
 from fedforge.config.notes import config_notes, own_split_note
 from fedforge.core.allocator import keep_large_blocks
 from fedforge.core.device import HOST, resolve_device
@@ -37,6 +37,8 @@ from fedforge.pipeline.pipeline import Pipeline
 from fedforge.privacy import parts as privacy
 from fedforge.privacy.parts import PrivacyParts
 from fedforge.robust.parts import RobustParts, assemble
+from fedforge.selection.named import SelectionPolicy
+from fedforge.selection.sampling import UniformSelection
 from fedforge.server import probe
 from fedforge.server.engine_choice import EngineChoice, choose_engine
 from fedforge.store.build_record import data_fingerprint
@@ -85,6 +87,8 @@ class Experiment:
     metrics: Metrics = dataclasses.field(default_factory=ClassMetrics)  # the task's
     # where local training and evaluation run: the model's device (core/device.py)
     device: torch.device = HOST
+    # which clients each round asks (cfg.selection.policy, selection/named.py)
+    selection: SelectionPolicy = dataclasses.field(default_factory=UniformSelection)
 
     def client_sizes(self) -> list[int]:
         """Each client's example count: the partition's; where the clients' rows
@@ -166,6 +170,7 @@ def build(cfg: Config, data: FederatedData | None = None, task: Task | None = No
         task,
         metrics,
         device,
+        make("selection", cfg.selection.policy, cfg, "selection.policy"),
     )
 
 

@@ -11,7 +11,9 @@ A run's hooks are one ordered list (``builtin_hooks.run_hooks``, built by
 2. ``diagnostics``: the drift figures of the updates the round took;
 3. ``client_state``: the algorithm's per-client state (SCAFFOLD's c_k+) kept for
    the clients whose updates the model took;
-4. the user's hooks, in the order given to ``fedforge.run`` / ``resume``.
+4. ``selection``: what the server knows of each client asked (``LoopState.selection``,
+   selection/history.py), the selection policy's input for the next cohorts;
+5. the user's hooks, in the order given to ``fedforge.run`` / ``resume``.
 
 The round calls every hook, in that order, at each point of its life:
 
@@ -30,8 +32,9 @@ The round calls every hook, in that order, at each point of its life:
 - ``run_end(result)``: once, when the rounds stop (finished, at the target, out of
   privacy budget, stalled, or stopped by a signal after its checkpoint).
 
-Contract: hooks observe. They return nothing, and what the round computes
-(cohort, model, record) is the same with or without them; a hook that raises
+Contract: a user's hooks observe. They return nothing, and what the round
+computes (cohort, model, record) is the same with or without them (the built-in
+``client_state`` and ``selection`` keep what later rounds read); a hook that raises
 fails the run (resumable from its last checkpoint). A hook keeps its own state;
 state that must survive a resume is what ``state_dict`` returns (plain JSON
 data: numbers, strings, lists, dicts with string keys; floats round-trip
@@ -59,7 +62,7 @@ if TYPE_CHECKING:
     from fedforge.server.experiment import Experiment
     from fedforge.server.result import RunResult
     from fedforge.server.state import LoopState
-    from fedforge.store import RoundRecord
+    from fedforge.store import ClientRecord, RoundRecord
 
 RoundKind = Literal["upload", "local", "short"]
 
@@ -99,6 +102,9 @@ class RoundEnd:
     # the clients whose updates the server saw (under secure aggregation: those in
     # the revealed sum): what the privacy accountant counts
     seen: list[int] = field(default_factory=list)
+    # the run store's rows of the clients whose updates the model took (their
+    # example counts and reported training losses)
+    clients: list[ClientRecord] = field(default_factory=list)
 
 
 class RoundHook(Protocol):

@@ -23,16 +23,15 @@ import torch
 
 from fedforge.algorithms.plan import LocalPlan
 from fedforge.client.runtime import ClientTask, encode_payload
-from fedforge.config.compat import cohort_size
 from fedforge.core.params import all_finite
 from fedforge.evaluation.evaluate import EvalResult, evaluate
 from fedforge.pipeline.pipeline import StageContext
 from fedforge.report.progress import Progress
 from fedforge.robust.typical_norm import remember
 from fedforge.selection.periods import period_plan, upload_period
-from fedforge.selection.sampling import over_selected, sample_cohort
 from fedforge.server import diagnostics
 from fedforge.server.builtin_hooks import run_hooks
+from fedforge.server.cohort import live_pool, sample
 from fedforge.server.collect import collect
 from fedforge.server.collectors import (
     Collected,
@@ -86,7 +85,7 @@ def run_round(
     if round_idx != end:  # the period's cohort trains locally: nothing travels
         return _local_round(exp, state, round_idx, start, bar, hooks, t0), []
     pool, short = live_pool(exp, round_idx)
-    cohort = sample(exp, start, pool)
+    cohort = sample(exp, start, pool, state.selection)
     if short is not None:  # a deployment with too few clients there
         info = RoundInfo(exp, state, bar, round_idx, start, "short", cohort, [], state.params)
         return _short_round(exp, state, info, hooks, short, t0), []
@@ -111,8 +110,9 @@ def run_round(
     record = round_record(exp, orders, collected, clients, test_acc, test_loss, t0)
     seen = _uploads_seen(collected, exp.privacy is not None and exp.privacy.secagg is not None)
     used = sorted(clients)
-    hooks.round_end(info, RoundEnd(record, used, applied, sorted(collected.arrived), seen))
-    return record, list(clients.values())
+    rows = list(clients.values())
+    hooks.round_end(info, RoundEnd(record, used, applied, sorted(collected.arrived), seen, rows))
+    return record, rows
 
 
 def _refused(hooks: RoundHooks, info: RoundInfo, client_id: int, why: str) -> None:
@@ -129,31 +129,6 @@ def _uploads_seen(collected: Collected, secure: bool) -> list[int]:
     if secure and collected.aggregate is not None:
         return sorted(collected.clients)
     return sorted(collected.arrived)
-
-
-def sample(exp: Experiment, start: int, among: list[int] | None = None) -> list[int]:
-    """The cohort of the upload period starting at ``start`` (``among``: drawn
-    from these clients only)."""
-    cfg = exp.cfg
-    poisson = cfg.privacy.sampling == "poisson"  # DP-FedAvg: each client with probability C
-    # a deployment engine over-selects: it asks more clients and closes at the needed count
-    fraction = over_selected(cfg.client_fraction, exp.engine.over_selection)
-    return sample_cohort(cfg.num_clients, fraction, cfg.seed, start, poisson, among)
-
-
-def live_pool(exp: Experiment, round_idx: int) -> tuple[list[int] | None, str | None]:
-    """The clients a round may sample: every one in simulation (None); a
-    deployment's engine names the ones whose process is there, waiting a while
-    for ``robust.min_clients_of`` of them. Fewer: nobody, and why the round is skipped."""
-    cfg = exp.cfg
-    need = cfg.robust.min_clients_of(cohort_size(cfg.num_clients, cfg.client_fraction))
-    pool = exp.engine.sampling_pool(round_idx, need)
-    if pool is not None and len(pool) < need:
-        return [], (
-            f"only {len(pool)} client(s) connected, fewer than min_clients = {need} "
-            "(deployment.live_wait_s)"
-        )
-    return pool, None
 
 
 def _as_sent(exp: Experiment, collected: Collected, orders: Orders) -> Collected:
@@ -366,7 +341,7 @@ def _local_round(
 ) -> RoundRecord:
     """A round inside an upload period (``upload_every`` > 1): its cohort trains
     locally (the work is done with the period's last round), nothing travels."""
-    cohort = sample(exp, start)
+    cohort = sample(exp, start, None, state.selection)
     info = RoundInfo(exp, state, bar, round_idx, start, "local", cohort, [], state.params)
     hooks.round_start(info)
     record = _record_of_nothing(exp, round_idx, start, len(cohort), t0)

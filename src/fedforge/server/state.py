@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from fedforge.core.errors import StopNow, StoreError
+from fedforge.selection.history import History
 from fedforge.server import optimizers
 from fedforge.server.experiment import Experiment, client_tables
 from fedforge.server.optimizers import ServerOptimizer
@@ -59,6 +60,9 @@ class LoopState:
     # the norms of the updates taken in the last robust.norm_window rounds that
     # took any, oldest first: robust.max_norm_multiple's reference (checkpointed)
     update_norms: list[list[float]] = field(default_factory=list)
+    # what the server knows of each client asked so far: the selection policy's
+    # input (selection/history.py), kept by the selection hook (checkpointed)
+    selection: History = field(default_factory=History)
 
     @classmethod
     def fresh(cls, exp: Experiment) -> LoopState:
@@ -90,6 +94,7 @@ class LoopState:
             "privacy": self.privacy,
             "diagnostics": self.diagnostics,
             "update_norms": self.update_norms,  # finite floats: JSON round-trips them
+            "selection": self.selection.state_dict(),
         }
         if self.initial_eval is not None:
             loop["initial_eval"] = list(self.initial_eval)
@@ -145,6 +150,7 @@ class LoopState:
             diagnostics=dict(loop.get("diagnostics", {})),
             initial_eval=_initial_eval(loop.get("initial_eval")),
             update_norms=[[float(x) for x in r] for r in loop.get("update_norms", [])],
+            selection=History.from_state(loop.get("selection")),
         )
 
 

@@ -1,0 +1,66 @@
+"""Power-of-Choice client selection (Cho, Wang and Joshi 2020, "Client Selection
+in Federated Learning: Convergence Analysis and Power-of-Choice Selection
+Strategies"), its communication-free variant rpow-d: each round the server
+draws a candidate set of ``d`` clients without replacement with probability
+proportional to their example counts n_k, then asks the ``size`` candidates
+with the highest training loss they last reported (a client never heard from
+first: its loss is unknown, so it may be the highest). No client computes
+anything extra: the losses are those its past updates carried.
+
+Written outside the package through the public API:
+
+    fedforge run --plugin examples/power_of_choice.py --config examples/power_of_choice.yaml
+
+Biased towards high-loss clients, it converges faster early and to a point
+further from the optimum (the paper's trade-off, set by ``d``: d = size is
+the n_k-weighted draw). It reads what the server knows, so the run's privacy
+accounting, which assumes a uniform sample, refuses it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+import fedforge
+
+
+@dataclass(frozen=True)
+class Options:
+    d: int = 20  # candidates drawn each round (the paper's d; below the cohort size: that size)
+
+    def check(self) -> None:
+        if not self.d >= 1:
+            raise ValueError(f"d = {self.d} must be an integer >= 1 (candidates a round)")
+
+
+class PowerOfChoice:
+    def __init__(self, d: int) -> None:
+        self.d = d
+
+    def select(self, round: fedforge.SelectionRound) -> list[int]:
+        among = np.asarray(round.among)
+        n = np.array([round.history[int(c)].num_examples for c in among], dtype=np.float64)
+        d = min(len(among), max(self.d, round.size))  # a deployment may over-select
+        p = n / n.sum() if np.count_nonzero(n) >= d else None  # else too few with examples
+        candidates = round.rng.choice(len(among), size=d, replace=False, p=p)
+
+        def unknown_then_loss(i: int) -> tuple[bool, float]:
+            loss = round.history[int(among[i])].last_loss
+            return (loss is not None, -(loss or 0.0))
+
+        ranked = sorted(candidates, key=unknown_then_loss)  # stable: ties in draw order
+        return [int(among[i]) for i in ranked[: round.size]]
+
+
+def factory(context: fedforge.ComponentContext) -> PowerOfChoice:
+    d, clients = context.options.d, context.cfg.num_clients
+    if d > clients:
+        raise fedforge.ConfigError(
+            f"plugin_options.pow_d.d = {d} must be at most {clients} (the clients)"
+        )
+    return PowerOfChoice(d)
+
+
+fedforge.register_selection("pow_d", factory, options=Options)
