@@ -26,6 +26,13 @@ if TYPE_CHECKING:  # a Protocol of the fields read: schema.py imports this modul
         @property
         def downlink(self) -> str: ...
 
+    class _Pipeline(Protocol):
+        @property
+        def client(self) -> tuple[str, ...]: ...
+
+        @property
+        def server(self) -> tuple[str, ...]: ...
+
     class Named(Protocol):
         @property
         def algorithm(self) -> str: ...
@@ -42,6 +49,12 @@ if TYPE_CHECKING:  # a Protocol of the fields read: schema.py imports this modul
         @property
         def communication(self) -> _Communication: ...
 
+        @property
+        def pipeline(self) -> _Pipeline: ...
+
+        @property
+        def metrics(self) -> tuple[str, ...]: ...
+
 
 def named(cfg: Named) -> list[tuple[str, str, str]]:
     """``(kind, config field, name)`` of every registered component ``cfg`` names."""
@@ -51,6 +64,9 @@ def named(cfg: Named) -> list[tuple[str, str, str]]:
         ("server_optimizer", "server_optimizer.kind", cfg.server_optimizer.kind),
         ("codec", "communication.uplink", cfg.communication.uplink),
         ("codec", "communication.downlink", cfg.communication.downlink),
+        *(("stage", "pipeline.client", name) for name in cfg.pipeline.client),
+        *(("stage", "pipeline.server", name) for name in cfg.pipeline.server),
+        *(("metric", "metrics", name) for name in cfg.metrics),
     ]
 
 

@@ -29,6 +29,7 @@ from fedforge.config.local import (
     step_limit,
 )
 from fedforge.config.names import check_registered
+from fedforge.config.pipeline import MetricName, PipelineConfig, no_repeats
 from fedforge.config.privacy import PrivacyConfig
 from fedforge.config.robust import RobustConfig
 from fedforge.config.server_optimizer import ServerOptimizerConfig
@@ -86,6 +87,8 @@ class Config:
     server_optimizer: ServerOptimizerConfig = field(default_factory=ServerOptimizerConfig)
     robust: RobustConfig = field(default_factory=RobustConfig)
     communication: CommunicationConfig = field(default_factory=CommunicationConfig)
+    # stages added by name (fedforge.register_stage): config/pipeline.py says where
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     mu: float = 0.01  # fedprox: the proximal coefficient (the paper's grid 0.001..1)
     local: LocalConfig = field(default_factory=LocalConfig)
@@ -104,6 +107,9 @@ class Config:
     # eval_clients: also score each client after a few local steps (personal.py)
     personal_eval: PersonalEvalConfig = field(default_factory=PersonalEvalConfig)
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
+    # figures beyond the task's score, computed on the test set at each evaluation
+    # (fedforge.register_metric; built-in: accuracy, token_accuracy, mse)
+    metrics: tuple[MetricName, ...] = ()
     eval_batch_size: int = 250  # small batches stay in cache: 2x faster than 2000 (CNN)
     checkpoint_every: int = 10  # rounds between checkpoints; 0 = only on SIGINT/SIGTERM
     # auto: vectorized where it is the faster (models without convolutions) and allowed
@@ -155,6 +161,7 @@ def check(cfg: Config) -> None:
         cfg.server_optimizer,
         cfg.robust,
         cfg.communication,
+        cfg.pipeline,
         cfg.privacy,
         cfg.perfedavg,
         cfg.personal_eval,
@@ -332,6 +339,7 @@ def _check_run(cfg: Config) -> None:
         *_training_checks(cfg, step_max),
     ]
     raise_first("", checks)
+    no_repeats("metrics", cfg.metrics)
 
 
 def _training_checks(cfg: Config, step_max: float) -> list[FieldCheck]:

@@ -50,6 +50,12 @@ CODECS = {
     "topk": f"{_CODECS}:topk",
     "randk": f"{_CODECS}:randk",
 }
+_METRICS = "fedforge.tasks.named_metrics"
+METRICS = {
+    "accuracy": f"{_METRICS}:accuracy",
+    "token_accuracy": f"{_METRICS}:token_accuracy",
+    "mse": f"{_METRICS}:mse",
+}
 
 
 def register_builtins(register: Callable[..., Any]) -> None:
@@ -59,6 +65,7 @@ def register_builtins(register: Callable[..., Any]) -> None:
         ("aggregator", AGGREGATORS),
         ("server_optimizer", SERVER_OPTIMIZERS),
         ("codec", CODECS),
+        ("metric", METRICS),
     ):
         for name, factory in table.items():
             register(kind, name, factory)

@@ -8,9 +8,11 @@ frozen dataclass with ``check(pipeline, owner)``: None when the pipeline suits
   accepted);
 - the aggregator's kind (central DP's fixed-denominator mean);
 - DP noise (DESIGN idea 2): it is calibrated to a clip norm, so a client stage
-  clips, before any client noise; distributed DP needs secure aggregation;
+  clips, before any client noise, and no server upload stage runs between the
+  clip and central noise; distributed DP needs secure aggregation;
 - secure aggregation (Bonawitz et al. 2017) shows the server only the sum, so
-  nothing may need an individual update and everything after DP is linear;
+  nothing may need an individual update (no cohort or server upload stage) and
+  everything after DP is linear;
 - a part that cannot work at all (a modulus over 64 bits), refused with why.
 """
 
@@ -94,16 +96,26 @@ class Unusable:
 @dataclass(frozen=True)
 class CalibratedToClip:
     """``owner`` adds noise calibrated to the clip norm: some client stage clips,
-    and when ``owner`` is a client stage it comes after the first clip."""
+    and when ``owner`` is a client stage it comes after the first clip; when it
+    noises on the server (central DP), no server upload stage runs between the
+    clip and it (one could move an update past the bound the noise assumes;
+    stages on the noised aggregate are post-processing and may run)."""
 
     def check(self, pipeline: Pipeline, owner: Part) -> str | None:
         clips = [i for i, s in enumerate(pipeline.client) if s.role == "clip"]
         if not clips:
             return f"'{owner.name}' adds noise calibrated to a clip norm, but no client stage clips"
         at = next((i for i, s in enumerate(pipeline.client) if s is owner), None)
+        clip = pipeline.client[clips[0]].name
         if at is not None and at < clips[0]:
-            clip = pipeline.client[clips[0]].name
             return f"'{owner.name}' comes before '{clip}': noise is calibrated to the clipped norm"
+        if at is None and pipeline.server_upload:
+            stage = pipeline.server_upload[0].name
+            return (
+                f"server upload stage '{stage}' runs between '{clip}' and '{owner.name}': the "
+                "noise is calibrated to the clipped norm, which it could change; run it on the "
+                "noised aggregate (where: server_aggregate) or before the clip (pipeline.client)"
+            )
         return None
 
 
@@ -134,9 +146,9 @@ class NeedsMasking:
 @dataclass(frozen=True)
 class ShowsOnlySum:
     """Declared by the secure-aggregation codec: the server sees only the sum, so
-    the aggregator must work on a sum, no cohort stage can run, every server
-    upload stage must be linear, and so must every client stage after the last
-    clip or noise stage (the server undoes them on the sum)."""
+    the aggregator must work on a sum, no cohort or server upload stage can run
+    (each needs the individual updates), and every client stage after the last
+    clip or noise stage must be linear (the server undoes them on the sum)."""
 
     def check(self, pipeline: Pipeline, owner: Part) -> str | None:
         agg = pipeline.aggregator
@@ -146,14 +158,19 @@ class ShowsOnlySum:
                 "needs individual updates; use robust.aggregator = mean"
             )
         if pipeline.cohort:
+            stage = pipeline.cohort[0].name
             return (
-                f"secure aggregation hides each update, so the per-upload/cohort gate "
-                f"'{pipeline.cohort[0].name}' cannot see it; remove robust.norm_gate and "
-                "colluding attacks"
+                f"secure aggregation hides each update, but cohort stage '{stage}' needs the "
+                "individual updates; remove it (robust.norm_gate, colluding attacks, "
+                "pipeline.server) or privacy.secagg"
             )
-        nonlinear = [s.name for s in pipeline.server_upload if not s.linear]
-        if nonlinear:
-            return f"server upload stage '{nonlinear[0]}' is not linear: it cannot run on a sum"
+        if pipeline.server_upload:  # the server holds no single update to run them on
+            stage = pipeline.server_upload[0].name
+            return (
+                f"secure aggregation hides each update, but server upload stage '{stage}' "
+                "needs the individual updates; run it on the aggregate (where: "
+                "server_aggregate) or remove privacy.secagg"
+            )
         client = pipeline.client
         last_dp = max((i for i, s in enumerate(client) if s.role in ("clip", "noise")), default=-1)
         late = [s.name for s in client[last_dp + 1 :] if not s.linear]
