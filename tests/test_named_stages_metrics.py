@@ -55,6 +55,15 @@ class Negate:
         return -vec
 
 
+class Square:
+    """A server stage on each upload that is not linear."""
+
+    name, where, role, linear, constraints = "square", "server_upload", "other", False, ()
+
+    def apply(self, vec: torch.Tensor, ctx: StageContext) -> torch.Tensor:
+        return vec * vec.abs()
+
+
 class DropFirst:
     """A cohort stage refusing the first row."""
 
@@ -76,7 +85,13 @@ class Halves:
         return vec.half()
 
 
-OURS = {"halve": Halve, "negate": Negate, "drop_first": DropFirst, "to_half": Halves}
+OURS = {
+    "halve": Halve,
+    "negate": Negate,
+    "square": Square,
+    "drop_first": DropFirst,
+    "to_half": Halves,
+}
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +185,9 @@ def test_layer_clip_is_one_hand_worked_round(
     expected = _round(w0, data, NORM)
     deltas = [_local(w0, data.train_x[i], data.train_y[i]) - w0 for i in PARTS]
     assert all(float(d[: C * D].norm()) > NORM for d in deltas)  # the clip bites
-    result = fedforge.run(_cfg(tmp_path, engine, **CLIPPED), data=data)
+    cfg = _cfg(tmp_path, engine, **CLIPPED)
+    assert fedforge.build(cfg, data=data).engine.name == engine  # no fallback
+    result = fedforge.run(cfg, data=data)
     torch.testing.assert_close(result.params, expected, rtol=0, atol=1e-12)
     assert not result.rejected and not result.skipped
 
@@ -190,6 +207,22 @@ def test_server_stages_run_on_each_upload_and_on_the_aggregate(
     )
     result = fedforge.run(_cfg(tmp_path, **server), data=data)
     torch.testing.assert_close(result.params, expected, rtol=0, atol=1e-12)
+
+
+def test_a_linear_upload_stage_runs_on_the_sum_under_secure_aggregation(
+    examples: dict[str, Any], tmp_path: Path
+) -> None:
+    """negate on the unmasked sum: the same step as without the stage, reversed (to
+    the fixed-point encoding's rounding)."""
+    data = _data()
+    w0 = _initial(tmp_path, data)
+    masked = {"privacy": {"secagg": True}, "communication": {"clip_norm": 1.0}}
+    plain = fedforge.run(_cfg(tmp_path / "plain", **masked), data=data)
+    negated = fedforge.run(
+        _cfg(tmp_path / "negated", pipeline={"server": ["negate"]}, **masked), data=data
+    )
+    assert float((plain.params - w0).norm()) > 0.1
+    torch.testing.assert_close(negated.params - w0, -(plain.params - w0), rtol=0, atol=1e-6)
 
 
 def test_a_cohort_stage_refuses_with_its_name(examples: dict[str, Any], tmp_path: Path) -> None:
@@ -261,6 +294,47 @@ def test_named_stage_and_metric_reruns_are_bit_identical(
     assert stored[0] == stored[1]
 
 
+def test_a_run_with_named_stages_and_metrics_resumes_exactly(
+    examples: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed as round 3 of 3 starts (a checkpoint after each round), resumed: the
+    uninterrupted run's parameters and metric rows, bit for bit."""
+    from tests.conftest import wrap_engine
+
+    from fedforge.engines import SimulationEngine
+
+    class Killed(SimulationEngine):
+        name = "killed"
+
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def run_cohort(self, tasks: Any, payload: bytes) -> Any:
+            if tasks[0].round_idx == 2:
+                raise MemoryError("killed (test)")
+            return self.inner.run_cohort(tasks, payload)
+
+    data = _data()
+    extra = {
+        **CLIPPED,
+        "pipeline": {"client": ["layer_clip"], "server": ["halve"]},
+        "rounds": 3,
+        "checkpoint_every": 1,
+        "metrics": ["macro_f1"],
+        "client_fraction": 0.67,
+    }
+    want = fedforge.run(_cfg(tmp_path / "whole", **extra), data=data)
+    cfg = _cfg(tmp_path / "killed", **extra)
+    with monkeypatch.context() as patch:
+        wrap_engine(patch, Killed)
+        with pytest.raises(MemoryError):
+            fedforge.run(cfg, data=data)
+    (run_dir,) = Path(cfg.runs_dir).iterdir()
+    got = fedforge.resume(run_dir, data=data)
+    assert torch.equal(got.params, want.params)
+    assert _rows(got) == _rows(want)
+
+
 @pytest.mark.parametrize(
     ("extra", "line"),
     [
@@ -275,13 +349,12 @@ def test_named_stage_and_metric_reruns_are_bit_identical(
         ),
         (
             {"pipeline": {"server": ["drop_first"]}, "privacy": {"secagg": True}},
-            "secure aggregation hides each update, but cohort stage 'drop_first' needs the "
-            "individual updates",
+            "secure aggregation hides each update, so the per-upload/cohort gate 'drop_first' "
+            "cannot see it (it needs the individual updates)",
         ),
         (
-            {"pipeline": {"server": ["negate"]}, "privacy": {"secagg": True}},
-            "secure aggregation hides each update, but server upload stage 'negate' needs "
-            "the individual updates",
+            {"pipeline": {"server": ["square"]}, "privacy": {"secagg": True}},
+            "server upload stage 'square' is not linear: it cannot run on a sum",
         ),
         (
             {
@@ -330,6 +403,9 @@ def test_dp_noise_composes_with_stages_before_the_clip_and_on_the_noised_aggrega
 def test_a_stage_returning_another_kind_of_vector_is_refused(
     examples: dict[str, Any], tmp_path: Path
 ) -> None:
-    with pytest.raises(ConfigError, match=r"client stage 'to_half' returned \(\d+,\) torch\."
-                       r"float16; a stage returns the update's \(\d+,\) torch\.float64"):
+    with pytest.raises(
+        ConfigError,
+        match=r"client stage 'to_half' returned \(\d+,\) torch\."
+        r"float16; a stage returns the update's \(\d+,\) torch\.float64",
+    ):
         fedforge.run(_cfg(tmp_path, pipeline={"client": ["to_half"]}), data=_data())

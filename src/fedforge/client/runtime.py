@@ -29,11 +29,11 @@ from fedforge.client.local_sgd import (
 )
 from fedforge.core import wire
 from fedforge.core.device import module_device
+from fedforge.core.errors import ConfigError
 from fedforge.core.params import ParamSpec
 from fedforge.core.rng import torch_generator
 from fedforge.data.federated import ClientDataFn
 from fedforge.pipeline.codec import CodecContext, Dense
-from fedforge.core.errors import ConfigError
 from fedforge.pipeline.pipeline import Codec, Stage, StageContext
 
 if TYPE_CHECKING:
@@ -258,7 +258,11 @@ def _same_kind(stage: str, before: torch.Tensor, after: torch.Tensor) -> torch.T
         or after.shape != before.shape
         or after.dtype != before.dtype
     ):
-        got = f"{tuple(after.shape)} {after.dtype}" if isinstance(after, torch.Tensor) else type(after).__name__
+        got = (
+            f"{tuple(after.shape)} {after.dtype}"
+            if isinstance(after, torch.Tensor)
+            else type(after).__name__
+        )
         raise ConfigError(
             f"client stage '{stage}' returned {got}; a stage returns the update's "
             f"{tuple(before.shape)} {before.dtype} (a wire format is a codec's: register_codec)"

@@ -11,8 +11,8 @@ frozen dataclass with ``check(pipeline, owner)``: None when the pipeline suits
   clips, before any client noise, and no server upload stage runs between the
   clip and central noise; distributed DP needs secure aggregation;
 - secure aggregation (Bonawitz et al. 2017) shows the server only the sum, so
-  nothing may need an individual update (no cohort or server upload stage) and
-  everything after DP is linear;
+  nothing may need an individual update (no cohort stage) and everything after
+  DP is linear (a server upload stage runs on the sum);
 - a part that cannot work at all (a modulus over 64 bits), refused with why.
 """
 
@@ -146,9 +146,10 @@ class NeedsMasking:
 @dataclass(frozen=True)
 class ShowsOnlySum:
     """Declared by the secure-aggregation codec: the server sees only the sum, so
-    the aggregator must work on a sum, no cohort or server upload stage can run
-    (each needs the individual updates), and every client stage after the last
-    clip or noise stage must be linear (the server undoes them on the sum)."""
+    the aggregator must work on a sum, no cohort stage can run (it needs the
+    individual updates), every server upload stage must be linear (it runs once,
+    on the sum), and so must every client stage after the last clip or noise
+    stage (the server undoes them on the sum)."""
 
     def check(self, pipeline: Pipeline, owner: Part) -> str | None:
         agg = pipeline.aggregator
@@ -160,17 +161,13 @@ class ShowsOnlySum:
         if pipeline.cohort:
             stage = pipeline.cohort[0].name
             return (
-                f"secure aggregation hides each update, but cohort stage '{stage}' needs the "
-                "individual updates; remove it (robust.norm_gate, colluding attacks, "
-                "pipeline.server) or privacy.secagg"
+                f"secure aggregation hides each update, so the per-upload/cohort gate "
+                f"'{stage}' cannot see it (it needs the individual updates); remove it "
+                "(robust.norm_gate, colluding attacks, pipeline.server) or privacy.secagg"
             )
-        if pipeline.server_upload:  # the server holds no single update to run them on
-            stage = pipeline.server_upload[0].name
-            return (
-                f"secure aggregation hides each update, but server upload stage '{stage}' "
-                "needs the individual updates; run it on the aggregate (where: "
-                "server_aggregate) or remove privacy.secagg"
-            )
+        nonlinear = [s.name for s in pipeline.server_upload if not s.linear]
+        if nonlinear:
+            return f"server upload stage '{nonlinear[0]}' is not linear: it cannot run on a sum"
         client = pipeline.client
         last_dp = max((i for i, s in enumerate(client) if s.role in ("clip", "noise")), default=-1)
         late = [s.name for s in client[last_dp + 1 :] if not s.linear]

@@ -92,11 +92,16 @@ SERVER_SIDES = ("server_upload", "server_cohort", "server_aggregate")
 def named_stages(cfg: Config, spec: ParamSpec, dtype: torch.dtype) -> NamedStages:
     """The stages of ``cfg.pipeline``, each built by its registered factory and
     placed by its ``where``; one on the wrong side is refused in one line."""
+
     def side(where: str) -> tuple[Any, ...]:
         return tuple(s for s in server if s.where == where)
 
-    client = [_stage(cfg, "pipeline.client", n, spec, dtype, ("client",)) for n in cfg.pipeline.client]
-    server = [_stage(cfg, "pipeline.server", n, spec, dtype, SERVER_SIDES) for n in cfg.pipeline.server]
+    client = [
+        _stage(cfg, "pipeline.client", n, spec, dtype, ("client",)) for n in cfg.pipeline.client
+    ]
+    server = [
+        _stage(cfg, "pipeline.server", n, spec, dtype, SERVER_SIDES) for n in cfg.pipeline.server
+    ]
     return NamedStages(
         cast(tuple[Stage, ...], tuple(client)),
         side("server_upload"),

@@ -43,8 +43,7 @@ from fedforge.server.engine_choice import EngineChoice, choose_engine
 from fedforge.store.build_record import data_fingerprint
 from fedforge.store.checkpoint import RESIDUAL
 from fedforge.store.client_state import ClientStateStore
-from fedforge.tasks import Task, load_task_data, resolve_task
-from fedforge.tasks import named_metrics
+from fedforge.tasks import Task, load_task_data, named_metrics, resolve_task
 from fedforge.tasks.metrics import ClassMetrics, Metric, Metrics
 from fedforge.tasks.task import check_run_fits
 

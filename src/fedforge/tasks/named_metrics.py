@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from fedforge.config.components import ComponentContext, make
 from fedforge.config import Config
+from fedforge.config.components import ComponentContext, make
 from fedforge.core.errors import ConfigError
 from fedforge.tasks.losses import PAD
 from fedforge.tasks.metrics import Metric
