@@ -17,9 +17,10 @@ typed :class:`Constraint` objects in its ``constraints`` (e.g. "I come after a
 clip", "the aggregator must be the DP mean", "I am the first cohort stage"),
 and vector stages say what they are in ``role`` and ``linear``. The pipeline
 checks its own shape and every declared constraint of every part when it is
-built, and refuses what cannot work, saying why. Nothing is registered: the
-checks of a pipeline are those its parts carry (the vocabulary is in
-``pipeline/constraints.py``).
+built, and refuses what cannot work, saying why. No check knows a stage by
+name: the checks of a pipeline are those its parts carry (the vocabulary is in
+``pipeline/constraints.py``), the config's named stages (``pipeline/named.py``)
+included.
 """
 
 from __future__ import annotations
