@@ -409,3 +409,15 @@ def test_a_stage_returning_another_kind_of_vector_is_refused(
         r"float16; a stage returns the update's \(\d+,\) torch\.float64",
     ):
         fedforge.run(_cfg(tmp_path, pipeline={"client": ["to_half"]}), data=_data())
+
+
+def test_the_example_configs_read_with_their_plugins(examples: dict[str, Any]) -> None:
+    import yaml
+
+    from fedforge.config.components import check_names
+
+    clip = from_dict(yaml.safe_load((EXAMPLES / "layer_clip.yaml").read_text()))
+    f1 = from_dict(yaml.safe_load((EXAMPLES / "macro_f1.yaml").read_text()))
+    for cfg in (clip, f1):
+        check_names(cfg)  # every name registered, the options parsed
+    assert clip.pipeline.client == ("layer_clip",) and f1.metrics == ("macro_f1", "accuracy")
