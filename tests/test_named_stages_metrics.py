@@ -67,13 +67,25 @@ class Square:
 class DropFirst:
     """A cohort stage refusing the first row."""
 
-    name, where, constraints = "drop_first", "server_cohort", ()
+    name, where, role, constraints = "drop_first", "server_cohort", "gate", ()
 
     def apply(
         self, cohort: CohortUpdates, ctx: StageContext
     ) -> tuple[CohortUpdates, list[tuple[int, str]]]:
         keep = CohortUpdates(cohort.client_ids[1:], cohort.updates[1:], cohort.weights[1:])
         return keep, [(cohort.client_ids[0], "first")]
+
+
+class Shrink:
+    """A cohort stage that rewrites every row (role 'other')."""
+
+    name, where, role, constraints = "shrink", "server_cohort", "other", ()
+
+    def apply(
+        self, cohort: CohortUpdates, ctx: StageContext
+    ) -> tuple[CohortUpdates, list[tuple[int, str]]]:
+        rows = CohortUpdates(cohort.client_ids, cohort.updates / 2, cohort.weights)
+        return rows, []
 
 
 class Halves:
@@ -90,6 +102,7 @@ OURS = {
     "negate": Negate,
     "square": Square,
     "drop_first": DropFirst,
+    "shrink": Shrink,
     "to_half": Halves,
 }
 
@@ -365,6 +378,14 @@ def test_a_run_with_named_stages_and_metrics_resumes_exactly(
             "calibrated to the clipped norm",
         ),
         (
+            {
+                "pipeline": {"server": ["shrink"]},
+                "privacy": {"dp": "central", "noise_multiplier": 1.0, "clip_norm": 1.0},
+            },
+            "cohort stage 'shrink' (role 'other': it may rewrite updates) runs between 'clip' "
+            "and 'central_dp'",
+        ),
+        (
             {"pipeline": {"client": ["layer_clip", "layer_clip"]}},
             "config field 'pipeline.client' = ['layer_clip', 'layer_clip'] is invalid: names "
             "layer_clip more than once",
@@ -390,13 +411,13 @@ def test_dp_noise_composes_with_stages_before_the_clip_and_on_the_noised_aggrega
     priv = {"dp": "central", "noise_multiplier": 1.0, "clip_norm": 1.0}
     extra = {
         **CLIPPED,
-        "pipeline": {"client": ["layer_clip"], "server": ["halve"]},
+        "pipeline": {"client": ["layer_clip"], "server": ["halve", "drop_first"]},
         "privacy": priv,
     }
     exp = fedforge.build(_cfg(tmp_path, **extra), data=_data())
     assert exp.pipeline.describe() == (
         "client: local_training -> layer_clip -> clip -> encode:dense | server: "
-        "decode:dense -> dp_mean -> central_dp -> halve -> server_optimizer"
+        "decode:dense -> drop_first -> dp_mean -> central_dp -> halve -> server_optimizer"
     )
 
 

@@ -8,8 +8,9 @@ frozen dataclass with ``check(pipeline, owner)``: None when the pipeline suits
   accepted);
 - the aggregator's kind (central DP's fixed-denominator mean);
 - DP noise (DESIGN idea 2): it is calibrated to a clip norm, so a client stage
-  clips, before any client noise, and no server upload stage runs between the
-  clip and central noise; distributed DP needs secure aggregation;
+  clips, before any client noise, and no server upload stage (nor a cohort
+  stage that may rewrite rows) runs between the clip and central noise;
+  distributed DP needs secure aggregation;
 - secure aggregation (Bonawitz et al. 2017) shows the server only the sum, so
   nothing may need an individual update (no cohort stage) and everything after
   DP is linear (a server upload stage runs on the sum);
@@ -98,8 +99,9 @@ class CalibratedToClip:
     """``owner`` adds noise calibrated to the clip norm: some client stage clips,
     and when ``owner`` is a client stage it comes after the first clip; when it
     noises on the server (central DP), no server upload stage runs between the
-    clip and it (one could move an update past the bound the noise assumes;
-    stages on the noised aggregate are post-processing and may run)."""
+    clip and it, nor a cohort stage other than a gate or a simulated attack (one
+    could move an update past the bound the noise assumes; stages on the noised
+    aggregate are post-processing and may run)."""
 
     def check(self, pipeline: Pipeline, owner: Part) -> str | None:
         clips = [i for i, s in enumerate(pipeline.client) if s.role == "clip"]
@@ -109,12 +111,21 @@ class CalibratedToClip:
         clip = pipeline.client[clips[0]].name
         if at is not None and at < clips[0]:
             return f"'{owner.name}' comes before '{clip}': noise is calibrated to the clipped norm"
-        if at is None and pipeline.server_upload:
+        if at is not None:
+            return None
+        if pipeline.server_upload:
             stage = pipeline.server_upload[0].name
             return (
                 f"server upload stage '{stage}' runs between '{clip}' and '{owner.name}': the "
                 "noise is calibrated to the clipped norm, which it could change; run it on the "
                 "noised aggregate (where: server_aggregate) or before the clip (pipeline.client)"
+            )
+        rewrites = [s.name for s in pipeline.cohort if s.role == "other"]
+        if rewrites:
+            return (
+                f"cohort stage '{rewrites[0]}' (role 'other': it may rewrite updates) runs "
+                f"between '{clip}' and '{owner.name}': the noise is calibrated to the clipped "
+                "norm; declare role 'gate' if it only drops rows, or run it on the aggregate"
             )
         return None
 

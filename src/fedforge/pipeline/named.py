@@ -24,7 +24,8 @@ resume continues exactly (a named stage keeps no state of its own between calls:
 it returns a vector of the input's size and dtype; and the ``role``, ``linear``
 and ``constraints`` it declares are checked with the built-ins' when the pipeline
 is built (``pipeline/constraints.py``: under secure aggregation no stage may need
-an individual update; between the clip and central DP noise no stage may run).
+an individual update; between the clip and central DP noise no upload stage may
+run, nor a cohort stage whose ``role`` is not ``gate``).
 """
 
 from __future__ import annotations

@@ -42,6 +42,11 @@ Where = Literal["client", "server_upload", "server_cohort", "server_aggregate"]
 # (simulated) attackers' updates; anything else is "other".
 Role = Literal["clip", "noise", "attack", "other"]
 
+# What a cohort stage does to the rows it passes on, as the constraints read it: a
+# gate passes the rows it keeps on as they came (it may drop rows, or set weights); an
+# attack rewrites (simulated) attackers' rows; anything else may rewrite any row.
+CohortRole = Literal["gate", "attack", "other"]
+
 
 @dataclass
 class StageContext:
@@ -92,6 +97,7 @@ class CohortStage(Protocol):
 
     name: str
     where: Where  # always "server_cohort"
+    role: CohortRole
 
     @property
     def constraints(self) -> tuple[Constraint, ...]: ...
