@@ -73,7 +73,8 @@ def register_stage(
     options: type | None = None,
     replace: bool = False,
 ) -> None:
-    """Register ``factory`` as the pipeline stage ``name``."""
+    """Register ``factory`` as the pipeline stage ``name`` (``pipeline.client: [NAME]``
+    or ``pipeline.server: [NAME]``, by the stage's ``where``)."""
     registry.register("stage", name, factory, options=options, replace=replace)
 
 
@@ -94,15 +95,16 @@ def named_stages(cfg: Config, spec: ParamSpec, dtype: torch.dtype) -> NamedStage
     """The stages of ``cfg.pipeline``, each built by its registered factory and
     placed by its ``where``; one on the wrong side is refused in one line."""
 
-    def side(where: str) -> tuple[Any, ...]:
-        return tuple(s for s in server if s.where == where)
-
     client = [
         _stage(cfg, "pipeline.client", n, spec, dtype, ("client",)) for n in cfg.pipeline.client
     ]
     server = [
         _stage(cfg, "pipeline.server", n, spec, dtype, SERVER_SIDES) for n in cfg.pipeline.server
     ]
+
+    def side(where: str) -> tuple[Any, ...]:
+        return tuple(s for s in server if s.where == where)
+
     return NamedStages(
         cast(tuple[Stage, ...], tuple(client)),
         side("server_upload"),
