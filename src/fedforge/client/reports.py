@@ -47,7 +47,14 @@ from fedforge.core.rng import numpy_rng
 from fedforge.data.federated import ClientDataFn
 from fedforge.evaluation.evaluate import evaluate
 from fedforge.pipeline.constraints import LastCohortStage
-from fedforge.pipeline.pipeline import CohortStage, CohortUpdates, Constraint, StageContext, Where
+from fedforge.pipeline.pipeline import (
+    CohortRole,
+    CohortStage,
+    CohortUpdates,
+    Constraint,
+    StageContext,
+    Where,
+)
 from fedforge.tasks.metrics import Metrics
 
 
@@ -159,6 +166,7 @@ class ReportWeights:
     """The cohort stage that weighs each accepted update by its client's report."""
 
     where: Where = "server_cohort"
+    role: CohortRole = "gate"  # sets the weights; the rows pass on as they came
     constraints: tuple[Constraint, ...] = (
         LastCohortStage(
             "the report weights", "weights are taken over the updates every gate accepted"

@@ -29,6 +29,7 @@ from fedforge.client.local_sgd import (
 )
 from fedforge.core import wire
 from fedforge.core.device import module_device
+from fedforge.core.errors import ConfigError
 from fedforge.core.params import ParamSpec
 from fedforge.core.rng import torch_generator
 from fedforge.data.federated import ClientDataFn
@@ -212,7 +213,7 @@ class ClientRuntime:
         if self.algorithm.personal is not None:  # personal entries never leave the client
             delta = delta.masked_fill(self.algorithm.personal.mask, 0.0)
         for stage in self.stages:
-            delta = stage.apply(delta, ctx)
+            delta = _same_kind(stage.name, delta, stage.apply(delta, ctx))
         codec_ctx = CodecContext(task.seed, task.round_idx, task.client_id)
         tensors, codec_meta = self.codec.encode(delta, codec_ctx)
         if self.tamper_fn is not None:
@@ -247,6 +248,26 @@ class ClientRuntime:
             if reply is not None:
                 replies[client_id] = reply
         return replies
+
+
+def _same_kind(stage: str, before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
+    """A client stage's output, which must be a vector like its input: the codec
+    alone decides what goes on the wire (so the bytes counted are the codec's)."""
+    if (
+        not isinstance(after, torch.Tensor)
+        or after.shape != before.shape
+        or after.dtype != before.dtype
+    ):
+        got = (
+            f"{tuple(after.shape)} {after.dtype}"
+            if isinstance(after, torch.Tensor)
+            else type(after).__name__
+        )
+        raise ConfigError(
+            f"client stage '{stage}' returned {got}; a stage returns the update's "
+            f"{tuple(before.shape)} {before.dtype} (a wire format is a codec's: register_codec)"
+        )
+    return after
 
 
 EXTRA_PREFIX = "alg/"  # wire names of an algorithm's tensors beside params or delta

@@ -29,6 +29,12 @@ if TYPE_CHECKING:  # a Protocol of the fields read: schema.py imports this modul
     class _Selection(Protocol):
         @property
         def policy(self) -> str: ...
+    class _Pipeline(Protocol):
+        @property
+        def client(self) -> tuple[str, ...]: ...
+
+        @property
+        def server(self) -> tuple[str, ...]: ...
 
     class Named(Protocol):
         @property
@@ -48,6 +54,10 @@ if TYPE_CHECKING:  # a Protocol of the fields read: schema.py imports this modul
 
         @property
         def selection(self) -> _Selection: ...
+        def pipeline(self) -> _Pipeline: ...
+
+        @property
+        def metrics(self) -> tuple[str, ...]: ...
 
 
 def named(cfg: Named) -> list[tuple[str, str, str]]:
@@ -59,6 +69,9 @@ def named(cfg: Named) -> list[tuple[str, str, str]]:
         ("codec", "communication.uplink", cfg.communication.uplink),
         ("codec", "communication.downlink", cfg.communication.downlink),
         ("selection", "selection.policy", cfg.selection.policy),
+        *(("stage", "pipeline.client", name) for name in cfg.pipeline.client),
+        *(("stage", "pipeline.server", name) for name in cfg.pipeline.server),
+        *(("metric", "metrics", name) for name in cfg.metrics),
     ]
 
 

@@ -38,6 +38,7 @@ from fedforge.config.local import (
     step_limit,
 )
 from fedforge.config.names import check_registered
+from fedforge.config.pipeline import MetricName, PipelineConfig, no_repeats
 from fedforge.config.privacy import PrivacyConfig
 from fedforge.config.ranges import Most, Range, check_ranges
 from fedforge.config.robust import RobustConfig
@@ -108,6 +109,8 @@ class Config:
     selection: SelectionConfig = field(default_factory=SelectionConfig)
     robust: RobustConfig = field(default_factory=RobustConfig)
     communication: CommunicationConfig = field(default_factory=CommunicationConfig)
+    # stages added by name (fedforge.register_stage): config/pipeline.py says where
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     mu: float = 0.01  # fedprox: the proximal coefficient (the paper's grid 0.001..1)
     local: LocalConfig = field(default_factory=LocalConfig)
@@ -129,6 +132,9 @@ class Config:
     # eval_clients: also score each client after a few local steps (personal.py)
     personal_eval: PersonalEvalConfig = field(default_factory=PersonalEvalConfig)
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
+    # figures beyond the task's score, computed on the test set at each evaluation
+    # (fedforge.register_metric; built-in: accuracy, token_accuracy, mse)
+    metrics: tuple[MetricName, ...] = ()
     # small batches stay in cache (the CNN evaluates faster at 250 than at 2,000)
     eval_batch_size: Annotated[int, Range(">= 1"), Most(MAX_EXAMPLES, "examples a batch")] = 250
     # rounds between checkpoints; 0 = only on SIGINT/SIGTERM
@@ -195,6 +201,7 @@ def check(cfg: Config) -> None:
         cfg.selection,
         cfg.robust,
         cfg.communication,
+        cfg.pipeline,
         cfg.privacy,
         cfg.perfedavg,
         cfg.personal_eval,
@@ -332,6 +339,7 @@ def _check_run(cfg: Config) -> None:
         *_training_checks(cfg, step_max),
     ]
     raise_first("", checks)
+    no_repeats("metrics", cfg.metrics)
 
 
 def _training_checks(cfg: Config, step_max: float) -> list[FieldCheck]:

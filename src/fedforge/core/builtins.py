@@ -51,6 +51,12 @@ CODECS = {
     "randk": f"{_CODECS}:randk",
 }
 SELECTIONS = {"uniform": "fedforge.selection.sampling:uniform_factory"}
+_METRICS = "fedforge.tasks.named_metrics"
+METRICS = {
+    "accuracy": f"{_METRICS}:accuracy",
+    "token_accuracy": f"{_METRICS}:token_accuracy",
+    "mse": f"{_METRICS}:mse",
+}
 
 
 def register_builtins(register: Callable[..., Any]) -> None:
@@ -61,6 +67,7 @@ def register_builtins(register: Callable[..., Any]) -> None:
         ("server_optimizer", SERVER_OPTIMIZERS),
         ("codec", CODECS),
         ("selection", SELECTIONS),
+        ("metric", METRICS),
     ):
         for name, factory in table.items():
             register(kind, name, factory)

@@ -8,9 +8,12 @@ frozen dataclass with ``check(pipeline, owner)``: None when the pipeline suits
   accepted);
 - the aggregator's kind (central DP's fixed-denominator mean);
 - DP noise (DESIGN idea 2): it is calibrated to a clip norm, so a client stage
-  clips, before any client noise; distributed DP needs secure aggregation;
+  clips, before any client noise, and no server upload stage (nor a cohort
+  stage that may rewrite rows) runs between the clip and central noise;
+  distributed DP needs secure aggregation;
 - secure aggregation (Bonawitz et al. 2017) shows the server only the sum, so
-  nothing may need an individual update and everything after DP is linear;
+  nothing may need an individual update (no cohort stage) and everything after
+  DP is linear (a server upload stage runs on the sum);
 - a part that cannot work at all (a modulus over 64 bits), refused with why.
 """
 
@@ -94,16 +97,36 @@ class Unusable:
 @dataclass(frozen=True)
 class CalibratedToClip:
     """``owner`` adds noise calibrated to the clip norm: some client stage clips,
-    and when ``owner`` is a client stage it comes after the first clip."""
+    and when ``owner`` is a client stage it comes after the first clip; when it
+    noises on the server (central DP), no server upload stage runs between the
+    clip and it, nor a cohort stage other than a gate or a simulated attack (one
+    could move an update past the bound the noise assumes; stages on the noised
+    aggregate are post-processing and may run)."""
 
     def check(self, pipeline: Pipeline, owner: Part) -> str | None:
         clips = [i for i, s in enumerate(pipeline.client) if s.role == "clip"]
         if not clips:
             return f"'{owner.name}' adds noise calibrated to a clip norm, but no client stage clips"
         at = next((i for i, s in enumerate(pipeline.client) if s is owner), None)
+        clip = pipeline.client[clips[0]].name
         if at is not None and at < clips[0]:
-            clip = pipeline.client[clips[0]].name
             return f"'{owner.name}' comes before '{clip}': noise is calibrated to the clipped norm"
+        if at is not None:
+            return None
+        if pipeline.server_upload:
+            stage = pipeline.server_upload[0].name
+            return (
+                f"server upload stage '{stage}' runs between '{clip}' and '{owner.name}': the "
+                "noise is calibrated to the clipped norm, which it could change; run it on the "
+                "noised aggregate (where: server_aggregate) or before the clip (pipeline.client)"
+            )
+        rewrites = [s.name for s in pipeline.cohort if s.role == "other"]
+        if rewrites:
+            return (
+                f"cohort stage '{rewrites[0]}' (role 'other': it may rewrite updates) runs "
+                f"between '{clip}' and '{owner.name}': the noise is calibrated to the clipped "
+                "norm; declare role 'gate' if it only drops rows, or run it on the aggregate"
+            )
         return None
 
 
@@ -134,9 +157,10 @@ class NeedsMasking:
 @dataclass(frozen=True)
 class ShowsOnlySum:
     """Declared by the secure-aggregation codec: the server sees only the sum, so
-    the aggregator must work on a sum, no cohort stage can run, every server
-    upload stage must be linear, and so must every client stage after the last
-    clip or noise stage (the server undoes them on the sum)."""
+    the aggregator must work on a sum, no cohort stage can run (it needs the
+    individual updates), every server upload stage must be linear (it runs once,
+    on the sum), and so must every client stage after the last clip or noise
+    stage (the server undoes them on the sum)."""
 
     def check(self, pipeline: Pipeline, owner: Part) -> str | None:
         agg = pipeline.aggregator
@@ -146,10 +170,11 @@ class ShowsOnlySum:
                 "needs individual updates; use robust.aggregator = mean"
             )
         if pipeline.cohort:
+            stage = pipeline.cohort[0].name
             return (
                 f"secure aggregation hides each update, so the per-upload/cohort gate "
-                f"'{pipeline.cohort[0].name}' cannot see it; remove robust.norm_gate and "
-                "colluding attacks"
+                f"'{stage}' cannot see it (it needs the individual updates); remove it "
+                "(robust.norm_gate, colluding attacks, pipeline.server) or privacy.secagg"
             )
         nonlinear = [s.name for s in pipeline.server_upload if not s.linear]
         if nonlinear:

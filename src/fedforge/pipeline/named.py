@@ -9,21 +9,42 @@ set: the model's entries) and returns a :class:`~fedforge.pipeline.pipeline.Code
 applies), and the ``constraints`` it puts on the pipeline it joins. A config
 names one as ``communication.uplink`` (or ``downlink``).
 
-A stage factory returns a :class:`~fedforge.pipeline.pipeline.Stage` (one
-vector-to-vector step on the client or server side: clip, noise, a check) or a
-``CohortStage`` (a step over the cohort's rows).
+A stage factory (``spec`` and ``dtype`` set) returns a
+:class:`~fedforge.pipeline.pipeline.Stage` (one vector-to-vector step on the
+client or server side: a clip, a transform, a check) or a ``CohortStage`` (a step
+over the cohort's rows, which may refuse some). A config names one in
+``pipeline.client`` (a stage whose ``where`` is ``client``: run right after local
+training, before the built-in clip, DP noise and the codec) or ``pipeline.server``
+(placed by its ``where``: ``server_upload``, each decoded update;
+``server_cohort``, after the robust gates; ``server_aggregate``, after central
+DP noise). Its contract: ``apply`` is a function of the vector and its
+``StageContext`` (round, seed, client id), so reruns are bit-identical and a
+resume continues exactly (a named stage keeps no state of its own between calls:
+``ctx.state`` is the built-in privacy state on the aggregate, empty elsewhere);
+it returns a vector of the input's size and dtype; and the ``role``, ``linear``
+and ``constraints`` it declares are checked with the built-ins' when the pipeline
+is built (``pipeline/constraints.py``: under secure aggregation no stage may need
+an individual update; between the clip and central DP noise no upload stage may
+run, nor a cohort stage whose ``role`` is not ``gate``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
+from fedforge.config import Config
+from fedforge.config.components import make
 from fedforge.core import registry
+from fedforge.core.errors import ConfigError
 from fedforge.pipeline.pipeline import Codec, CohortStage, Stage
 
 if TYPE_CHECKING:
+    import torch
+
     from fedforge.config.components import ComponentContext
+    from fedforge.core.params import ParamSpec
 
 
 class CodecFactory(Protocol):
@@ -52,5 +73,57 @@ def register_stage(
     options: type | None = None,
     replace: bool = False,
 ) -> None:
-    """Register ``factory`` as the pipeline stage ``name``."""
+    """Register ``factory`` as the pipeline stage ``name`` (``pipeline.client: [NAME]``
+    or ``pipeline.server: [NAME]``, by the stage's ``where``)."""
     registry.register("stage", name, factory, options=options, replace=replace)
+
+
+@dataclass(frozen=True)
+class NamedStages:
+    """The stages a config names, by where the round runs them."""
+
+    client: tuple[Stage, ...] = ()
+    upload: tuple[Stage, ...] = ()
+    cohort: tuple[CohortStage, ...] = ()
+    aggregate: tuple[Stage, ...] = ()
+
+
+SERVER_SIDES = ("server_upload", "server_cohort", "server_aggregate")
+
+
+def named_stages(cfg: Config, spec: ParamSpec, dtype: torch.dtype) -> NamedStages:
+    """The stages of ``cfg.pipeline``, each built by its registered factory and
+    placed by its ``where``; one on the wrong side is refused in one line."""
+
+    client = [
+        _stage(cfg, "pipeline.client", n, spec, dtype, ("client",)) for n in cfg.pipeline.client
+    ]
+    server = [
+        _stage(cfg, "pipeline.server", n, spec, dtype, SERVER_SIDES) for n in cfg.pipeline.server
+    ]
+
+    def side(where: str) -> tuple[Any, ...]:
+        return tuple(s for s in server if s.where == where)
+
+    return NamedStages(
+        cast(tuple[Stage, ...], tuple(client)),
+        side("server_upload"),
+        side("server_cohort"),
+        side("server_aggregate"),
+    )
+
+
+def _stage(
+    cfg: Config, field: str, name: str, spec: ParamSpec, dtype: torch.dtype, sides: tuple[str, ...]
+) -> Stage | CohortStage:
+    stage: Stage | CohortStage = make("stage", name, cfg, field, spec, dtype)
+    where = getattr(stage, "where", None)
+    if where not in sides:
+        other = "pipeline.server" if field == "pipeline.client" else "pipeline.client"
+        raise ConfigError(
+            f"{field}: stage {name!r} runs on {where!r}; {field} takes stages that run on "
+            f"{' or '.join(repr(s) for s in sides)} (name it under {other})"
+        )
+    if not callable(getattr(stage, "apply", None)):
+        raise ConfigError(f"{field}: stage {name!r} has no apply(vec, ctx)")
+    return stage

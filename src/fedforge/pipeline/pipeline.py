@@ -17,9 +17,10 @@ typed :class:`Constraint` objects in its ``constraints`` (e.g. "I come after a
 clip", "the aggregator must be the DP mean", "I am the first cohort stage"),
 and vector stages say what they are in ``role`` and ``linear``. The pipeline
 checks its own shape and every declared constraint of every part when it is
-built, and refuses what cannot work, saying why. Nothing is registered: the
-checks of a pipeline are those its parts carry (the vocabulary is in
-``pipeline/constraints.py``).
+built, and refuses what cannot work, saying why. No check knows a stage by
+name: the checks of a pipeline are those its parts carry (the vocabulary is in
+``pipeline/constraints.py``), the config's named stages (``pipeline/named.py``)
+included.
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ Where = Literal["client", "server_upload", "server_cohort", "server_aggregate"]
 # norm, a noise stage adds DP noise calibrated to that bound, an attack rewrites
 # (simulated) attackers' updates; anything else is "other".
 Role = Literal["clip", "noise", "attack", "other"]
+
+# What a cohort stage does to the rows it passes on, as the constraints read it: a
+# gate passes the rows it keeps on as they came (it may drop rows, or set weights); an
+# attack rewrites (simulated) attackers' rows; anything else may rewrite any row.
+CohortRole = Literal["gate", "attack", "other"]
 
 
 @dataclass
@@ -91,6 +97,7 @@ class CohortStage(Protocol):
 
     name: str
     where: Where  # always "server_cohort"
+    role: CohortRole
 
     @property
     def constraints(self) -> tuple[Constraint, ...]: ...

@@ -40,7 +40,15 @@ from fedforge.core.rng import numpy_rng, torch_generator
 from fedforge.data.federated import ClientDataFn as DataFn
 from fedforge.pipeline.codec import CodecContext
 from fedforge.pipeline.constraints import FirstCohortStage
-from fedforge.pipeline.pipeline import Codec, CohortUpdates, Constraint, Role, StageContext, Where
+from fedforge.pipeline.pipeline import (
+    Codec,
+    CohortRole,
+    CohortUpdates,
+    Constraint,
+    Role,
+    StageContext,
+    Where,
+)
 
 DeltaKind = Literal["sign_flip", "scaled", "gaussian", "nan_inf"]
 CollusionKind = Literal["alie", "ipm"]
@@ -140,6 +148,7 @@ class Collusion:
     at most k entries over top-k, signs over sign."""
 
     where: Where = "server_cohort"
+    role: CohortRole = "attack"
     constraints: tuple[Constraint, ...] = (
         FirstCohortStage(
             "the simulated colluding attack", "it rewrites the attackers' updates before any gate"

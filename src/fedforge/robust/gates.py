@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from fedforge.core.errors import ConfigError
-from fedforge.pipeline.pipeline import CohortUpdates, StageContext, Where
+from fedforge.pipeline.pipeline import CohortRole, CohortUpdates, StageContext, Where
 
 
 def median(values: torch.Tensor) -> torch.Tensor:
@@ -46,6 +46,7 @@ class NormGate:
 
     name = "norm_gate"
     where: Where = "server_cohort"
+    role: CohortRole = "gate"  # drops rows, passes the others on as they came
     constraints = ()
 
     def __init__(self, threshold: float = 3.5) -> None:

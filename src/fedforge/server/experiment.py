@@ -33,6 +33,7 @@ from fedforge.engines import Engine
 from fedforge.engines.threads import ThreadPlan
 from fedforge.evaluation.clients import split_holdout
 from fedforge.models import BUILT_IN
+from fedforge.pipeline.named import named_stages
 from fedforge.pipeline.pipeline import Pipeline
 from fedforge.privacy import parts as privacy
 from fedforge.privacy.parts import PrivacyParts
@@ -44,8 +45,8 @@ from fedforge.server.engine_choice import EngineChoice, choose_engine
 from fedforge.store.build_record import data_fingerprint
 from fedforge.store.checkpoint import RESIDUAL
 from fedforge.store.client_state import ClientStateStore
-from fedforge.tasks import Task, load_task_data, resolve_task
-from fedforge.tasks.metrics import ClassMetrics, Metrics
+from fedforge.tasks import Task, load_task_data, named_metrics, resolve_task
+from fedforge.tasks.metrics import ClassMetrics, Metric, Metrics
 from fedforge.tasks.task import check_run_fits
 
 
@@ -89,6 +90,8 @@ class Experiment:
     device: torch.device = HOST
     # which clients each round asks (cfg.selection.policy, selection/named.py)
     selection: SelectionPolicy = dataclasses.field(default_factory=UniformSelection)
+    # the figures ``metrics: [...]`` names, by name, recorded at each evaluation
+    extra_metrics: tuple[tuple[str, Metric], ...] = ()
 
     def client_sizes(self) -> list[int]:
         """Each client's example count: the partition's; where the clients' rows
@@ -171,6 +174,7 @@ def build(cfg: Config, data: FederatedData | None = None, task: Task | None = No
         metrics,
         device,
         make("selection", cfg.selection.policy, cfg, "selection.policy"),
+        named_metrics.from_config(cfg),
     )
 
 
@@ -230,12 +234,14 @@ def _assemble(
     sizes = [data.num_examples(c) for c in range(cfg.num_clients)]
     priv = privacy.assemble(cfg, sizes)
     privacy.check_algorithm(cfg.privacy, algorithm)
+    named = named_stages(cfg, spec, dtype)  # the config's pipeline section
     pipeline = Pipeline(
         aggregator=_weighted(cfg, priv, robust.aggregator),
-        client=(*comm.client_stages, *priv.client_stages, *robust.client_stages),
+        client=(*named.client, *comm.client_stages, *priv.client_stages, *robust.client_stages),
         codec=priv.secagg or comm.uplink,  # secure aggregation: the masked update
-        cohort=(*robust.cohort_stages, *weigh),
-        server_aggregate=priv.aggregate_stages,
+        server_upload=named.upload,
+        cohort=(*robust.cohort_stages, *named.cohort, *weigh),
+        server_aggregate=(*priv.aggregate_stages, *named.aggregate),
     )
     communication.check_pipeline(cfg.communication, pipeline)
     return _Parts(pipeline, comm, robust, priv, reporter)

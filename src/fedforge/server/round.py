@@ -267,11 +267,11 @@ def server_step(
 
 
 def test_scores(exp: Experiment, params: torch.Tensor) -> EvalResult:
-    """The task's score and loss of ``params`` on the test set."""
+    """The task's score and loss of ``params`` on the test set, and the run's named
+    metrics' figures."""
     data, cfg = exp.data, exp.cfg
-    return evaluate(
-        exp.model, exp.spec, params, data.test_x, data.test_y, cfg.eval_batch_size, exp.metrics
-    )
+    x, y, batch = data.test_x, data.test_y, cfg.eval_batch_size
+    return evaluate(exp.model, exp.spec, params, x, y, batch, exp.metrics, exp.extra_metrics)
 
 
 def evaluate_phase(
@@ -294,6 +294,8 @@ def evaluate_phase(
         hooks.evaluated(info, ev.accuracy, ev.loss)
     state.eval_rounds.append(round_idx + 1)
     state.eval_accuracy.append(ev.accuracy)
+    if ev.extra:  # the named metrics: the run store's eval_metrics table
+        state.outputs["eval_metrics"] = [(round_idx, n, v) for n, v in ev.extra.items()]
     if cfg.eval_clients:  # each client's held-out slice, per-class test accuracy
         state.outputs.update(diagnostics.evaluation_rows(exp, state.params, round_idx))
     return ev.accuracy, ev.loss

@@ -68,6 +68,9 @@ ROUND_TABLES: dict[str, str] = {
     "client_gaps": """CREATE TABLE IF NOT EXISTS client_gaps (round_idx INTEGER NOT NULL,
         client_id INTEGER NOT NULL, train_loss REAL, global_loss REAL, gap REAL,
         PRIMARY KEY (round_idx, client_id))""",
+    # the named metrics (config ``metrics``) of the global model on the test set
+    "eval_metrics": """CREATE TABLE IF NOT EXISTS eval_metrics (round_idx INTEGER NOT NULL,
+        metric TEXT NOT NULL, value REAL, PRIMARY KEY (round_idx, metric))""",
     # the alerts fired after each round (fedforge.alerts): the rule, the measured value
     # against its threshold, the client it names (client_refused), what its actions did
     "alerts": """CREATE TABLE IF NOT EXISTS alerts (round_idx INTEGER NOT NULL,

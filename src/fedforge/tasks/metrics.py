@@ -43,15 +43,33 @@ class Metrics(Protocol):
         ...
 
 
+class Metric(Protocol):
+    """An evaluation figure beyond the task's score (``metrics: [NAME]``), computed
+    over a whole evaluated set from additive statistics: ``batch`` gives one
+    batch's (a float64 tensor of fixed shape: counts, sums, a confusion matrix),
+    the batches' statistics are summed, and ``value`` turns the total into the
+    figure. Both are pure functions, so the figure does not depend on the batch
+    size beyond float rounding and a rerun gives the same bits."""
+
+    def batch(self, outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """One batch's statistics (``outputs``: the model's, on its device)."""
+        ...
+
+    def value(self, total: torch.Tensor) -> float:
+        """The figure from the summed statistics (float64, on the host)."""
+        ...
+
+
 def register_metric(
     name: str,
-    factory: Callable[[ComponentContext], Metrics],
+    factory: Callable[[ComponentContext], Metric],
     *,
     options: type | None = None,
     replace: bool = False,
 ) -> None:
-    """Register ``factory`` as the metrics ``name``: it returns a :class:`Metrics`
-    (per-batch sums, then the scores of a whole set, ``score_name`` the headline)."""
+    """Register ``factory`` as the metric ``name`` (``metrics: [NAME]``): it returns
+    a :class:`Metric`, recorded under ``name`` at every evaluation of the global
+    model on the test set (the run store's ``eval_metrics`` table)."""
     registry.register("metric", name, factory, options=options, replace=replace)
 
 

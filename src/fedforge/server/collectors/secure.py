@@ -24,6 +24,7 @@ import torch
 from fedforge.config.compat import cohort_size
 from fedforge.core import wire
 from fedforge.core.errors import UploadError
+from fedforge.pipeline.pipeline import StageContext
 from fedforge.privacy import secagg_codec as sc
 from fedforge.privacy import secagg_wire as sw
 from fedforge.privacy.dp import DPMean
@@ -242,6 +243,10 @@ class SecureSum:
             self.clients, self.reason = {}, why
             return
         summed = torch.from_numpy(self.codec.fp.decode(total)).to(self.exp.initial_params.dtype)
+        # the server upload stages, linear (ShowsOnlySum), once on the sum: the sum of theirs
+        summed = self.exp.pipeline.run_upload(
+            summed, StageContext(self.round_idx, self.exp.cfg.seed)
+        )
         agg = self.exp.pipeline.aggregator
         if not isinstance(agg, sc.SecAggMean | DPMean):  # refused at build time
             raise TypeError(f"secure aggregation cannot aggregate with '{agg.name}'")
