@@ -388,3 +388,22 @@ def test_a_refusal_quotes_a_hostile_shape_briefly(data: FederatedData) -> None:
         0, "x" * 10_000
     )
     assert len(state.rejected[0][2]) == MAX_REASON
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "scalars", "weights"), [("fednova", 2, "num_examples"), ("feddyn", 1, "uniform")]
+)
+def test_dense_uplink_counts_an_algorithms_scalars_at_their_size(
+    data: FederatedData, algorithm: str, scalars: int, weights: str
+) -> None:
+    """FedNova's n_i a_i and n_i and FedDyn's count travel as one value each
+    beside the delta: the dense counterpart of an upload is 4 (P + scalars)
+    bytes, so uncompressed float32 reads about 1.0, as FedAvg does."""
+    from fedforge.core.registry import load_plugin
+
+    load_plugin(str(Path(__file__).parent.parent / "examples" / f"{algorithm}.py"))
+    cfg = _cfg({}, dtype="float32", algorithm=algorithm, aggregation_weights=weights)
+    res = run(cfg, data=_f32(data), store=False)
+    for r in res.rounds:  # no stragglers, no refusals: every cohort client uploaded
+        assert r.float32_up == 4 * (P_2NN + scalars) * r.cohort_size
+    assert 0.995 < res.summary["uplink_ratio"] < 1.0  # the wire headers

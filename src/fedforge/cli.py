@@ -183,14 +183,16 @@ def _cmd_client(args: argparse.Namespace) -> int:
 
 def _resolve_config(args: argparse.Namespace) -> Config:
     from fedforge import config as config_mod
+    from fedforge.config.overrides import with_overrides
 
-    cfg = config_mod.load(args.config) if args.config else config_mod.Config()
     overrides = dict(config_mod.parse_override(item) for item in args.set)
     if args.data_dir:
         overrides["data_dir"] = args.data_dir
     if args.runs_dir:
         overrides["runs_dir"] = args.runs_dir
-    return config_mod.override(cfg, overrides) if overrides else cfg
+    if args.config:  # the file and its overrides, checked once as one config
+        return config_mod.load(args.config, overrides)
+    return config_mod.from_dict(with_overrides({}, overrides))
 
 
 def _finish(result: RunResult) -> int:

@@ -54,6 +54,8 @@ if TYPE_CHECKING:  # a Protocol of the fields read: schema.py imports this modul
 
         @property
         def selection(self) -> _Selection: ...
+
+        @property
         def pipeline(self) -> _Pipeline: ...
 
         @property

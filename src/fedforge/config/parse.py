@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import yaml
 
+from fedforge.config.overrides import with_overrides
 from fedforge.config.ranges import check_ranges
 from fedforge.config.schema import Config, invalid
 from fedforge.config.task import BUILT_IN_TASKS
@@ -180,8 +181,9 @@ def _lists(value: Any) -> Any:
     return value
 
 
-def load(path: str | Path) -> Config:
-    """Read a YAML config file."""
+def load(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Config:
+    """Read a YAML config file, with the dotted ``overrides`` applied to its data
+    before it is checked (once: the names it gives are those after them)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -209,7 +211,8 @@ def load(path: str | Path) -> Config:
         data = {}
     if not isinstance(data, Mapping):
         raise ConfigError(f"config file '{path}' must hold a mapping of fields, not {shown(data)}")
-    return from_dict(_plugin_files_beside(dict(data), path.parent))
+    data = _plugin_files_beside(dict(data), path.parent)
+    return from_dict(with_overrides(data, overrides) if overrides else data)
 
 
 def _plugin_files_beside(data: dict[str, Any], folder: Path) -> dict[str, Any]:
@@ -351,24 +354,7 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 def override(cfg: Config, overrides: Mapping[str, Any]) -> Config:
     """A copy of ``cfg`` with dotted fields replaced, validated again."""
-    data = to_dict(cfg)
-    said = {dotted.split(".")[0] for dotted in overrides}
-    if "task" in said:  # a new task sets dataset and model, unless they are said too
-        for name in ("dataset", "model"):
-            if name not in said:
-                data.pop(name, None)
-    elif said & {"dataset", "model"} and data.get("task") in BUILT_IN_TASKS:
-        data["task"] = None  # a model or data set of its own: no longer the built-in task
-    for dotted, value in overrides.items():
-        node = data
-        parts = dotted.split(".")
-        for part in parts[:-1]:
-            child = node.get(part)
-            if not isinstance(child, dict):
-                raise ConfigError(f"unknown config section '{part}' in override '{dotted}'")
-            node = child
-        node[parts[-1]] = value
-    return from_dict(data)
+    return from_dict(with_overrides(to_dict(cfg), overrides))
 
 
 def dump(cfg: Config) -> str:

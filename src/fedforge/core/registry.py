@@ -48,6 +48,7 @@ KINDS = (
     "task",
 )
 ENTRY_POINT_GROUP = "fedforge.plugins"
+ENTRY_POINT_KEY = "entry point "  # how an entry point's key in loaded_plugins() starts
 
 
 @dataclass(frozen=True)
@@ -55,13 +56,16 @@ class Entry:
     """One registered component. ``factory``: the callable, or ``"module:attr"``
     text naming it (imported on first use); ``options``: the dataclass of the
     component's config options, or None; ``origin``: who registered it (a
-    module, a file or an entry point), said in errors and by ``names``."""
+    module, a file or an entry point), said in errors and by ``names``;
+    ``plugin``: the plugin whose import registered it (its key in
+    :func:`loaded_plugins`), "" for the built-ins and a caller's own code."""
 
     kind: str
     name: str
     factory: Callable[..., Any] | str
     options: type | None = None
     origin: str = ""
+    plugin: str = ""
 
     def load(self) -> Callable[..., Any]:
         """The factory itself (its module imported now when given as text)."""
@@ -81,6 +85,7 @@ _lock = threading.RLock()
 _ready = False  # built-ins registered and entry points loaded
 _broken: ConfigError | None = None  # an entry point that failed to load, said each time
 _loaded: dict[str, str] = {}  # plugin module or resolved file -> the module's name
+_importing: list[str] = []  # the plugins being imported now, innermost last
 
 
 def register(
@@ -112,7 +117,8 @@ def register(
                 f"{kind} {name!r} is already registered (by {old.origin or 'fedforge'}); "
                 "pass replace=True to replace it"
             )
-        _entries[(kind, name)] = Entry(kind, name, factory, options, _origin(factory))
+        plugin = _importing[-1] if _importing else ""
+        _entries[(kind, name)] = Entry(kind, name, factory, options, _origin(factory), plugin)
 
 
 def unregister(kind: str, name: str) -> None:
@@ -171,7 +177,11 @@ def load_plugin(spec: str) -> str:
         _ensure_ready()
         if key in _loaded:
             return _loaded[key]
-        module_name = _import_file(spec, Path(key)) if is_file else _import_module(spec)
+        _importing.append(key)
+        try:
+            module_name = _import_file(spec, Path(key)) if is_file else _import_module(spec)
+        finally:
+            _importing.pop()
         _loaded[key] = module_name
         return module_name
 
@@ -185,6 +195,12 @@ def loaded_plugins() -> tuple[str, ...]:
     """The plugin modules and files loaded so far (entry points too), in order."""
     with _lock:
         return tuple(_loaded)
+
+
+def plugin_module(key: str) -> str:
+    """The module name of the loaded plugin ``key`` (one of :func:`loaded_plugins`)."""
+    with _lock:
+        return _loaded[key]
 
 
 def _import_file(spec: str, path: Path) -> str:
@@ -251,6 +267,8 @@ def _load_entry_points() -> ConfigError | None:
     component missing without a word would run something else)."""
     first: ConfigError | None = None
     for point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        key = f"{ENTRY_POINT_KEY}{point.name} ({point.value})"
+        _importing.append(key)  # what it registers is its
         try:
             value = point.load()
             if callable(value) and not isinstance(value, type(sys)):
@@ -261,7 +279,9 @@ def _load_entry_points() -> ConfigError | None:
                 f"{type(exc).__name__}: {exc}"
             )
             continue
-        _loaded[f"entry point {point.name} ({point.value})"] = point.value.partition(":")[0]
+        finally:
+            _importing.pop()
+        _loaded[key] = point.value.partition(":")[0]
     return first
 
 

@@ -52,16 +52,21 @@ def register_model(name: str, factory: Callable[[], nn.Module]) -> None:
     MODELS[name] = factory
 
 
-def build_model(
-    name: str, seed: int, dtype: torch.dtype = torch.float32, data: DataSpec | str = "mnist"
-) -> nn.Module:
-    """A freshly initialised model for ``data`` (its spec, or the name of a built-in
-    image/vector data set); the initial weights depend only on ``seed``."""
+def check_model_name(name: str) -> None:
+    """Refuse in one line a model name neither built in nor registered."""
     if name not in SIZED and name not in MODELS:
         raise ConfigError(
             f"model {name!r} is unknown; known models: {', '.join([*SIZED, *MODELS])} (your "
             "own: fedforge.register_model(name, factory) before the run, and before its resume)"
         )
+
+
+def build_model(
+    name: str, seed: int, dtype: torch.dtype = torch.float32, data: DataSpec | str = "mnist"
+) -> nn.Module:
+    """A freshly initialised model for ``data`` (its spec, or the name of a built-in
+    image/vector data set); the initial weights depend only on ``seed``."""
+    check_model_name(name)
     spec = SPECS[data] if isinstance(data, str) else data
     want = FIXED_INPUT.get(name)
     if want is not None and spec.input_shape != want:

@@ -169,9 +169,8 @@ def configure(
     more = server.payload(state.algorithm_state) if server is not None else None
     downlink = exp.comm.downlink if exp.comm is not None else None
     payload = encode_payload(state.params, round_idx, downlink, cfg.seed, more)
-    extra_up = len(server.update_tensors) if server is not None else 0
     more_down = sum(t.numel() for t in (more or {}).values())
-    dense = DenseCost.of(exp.spec.size, more_down, extra_up)
+    dense = DenseCost.of(exp.spec.size, more_down)
     tasks = cohort_tasks(cfg, exp.algorithm, cohort, round_idx, plan)  # stragglers
     limits = Limits.of(exp, state.params, state.update_norms)
     return Orders(round_idx, start, cohort, tasks, plan, payload, dense, limits)

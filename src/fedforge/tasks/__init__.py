@@ -11,6 +11,7 @@ from fedforge.core import registry
 from fedforge.core.errors import ConfigError
 from fedforge.data import federated
 from fedforge.data.federated import FederatedData
+from fedforge.models import check_model_name
 from fedforge.tasks.losses import LossFn, cross_entropy, squared_error, token_cross_entropy
 from fedforge.tasks.metrics import Metrics, Scores
 from fedforge.tasks.task import Task, config_task
@@ -54,13 +55,27 @@ def resolve_task(cfg: Config, given: Task | None = None) -> Task:
         return given
     if cfg.task is None or cfg.task in BUILT_IN_TASKS:
         return config_task(cfg)
-    if cfg.task not in TASKS:
-        raise ConfigError(
-            f"task {cfg.task!r} is unknown; built in: {', '.join(BUILT_IN_TASKS)}; registered: "
-            f"{', '.join(TASKS) or 'none'} (fedforge.register_task before the run and its resume)"
-        )
+    _check_task_name(cfg.task)
     given_task: Task = TASKS[cfg.task](None)
     return given_task
+
+
+def check_known(cfg: Config) -> None:
+    """Refuse in one line, before anything loads, a task the config names that no
+    one registered, or, for the config's own data set and model, a model neither
+    built in nor registered (a registered task may bring its own model)."""
+    if cfg.task is None or cfg.task in BUILT_IN_TASKS:
+        check_model_name(cfg.model)
+    else:
+        _check_task_name(cfg.task)
+
+
+def _check_task_name(name: str) -> None:
+    if name not in TASKS:
+        raise ConfigError(
+            f"task {name!r} is unknown; built in: {', '.join(BUILT_IN_TASKS)}; registered: "
+            f"{', '.join(TASKS) or 'none'} (fedforge.register_task before the run and its resume)"
+        )
 
 
 class GivenTask:
@@ -79,6 +94,7 @@ __all__ = [
     "Metrics",
     "Scores",
     "Task",
+    "check_known",
     "cross_entropy",
     "load_server_data",
     "load_task_data",

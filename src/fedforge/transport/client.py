@@ -43,6 +43,7 @@ from fedforge.transport.in_flight import InFlight
 from fedforge.transport.logs import log_event
 from fedforge.transport.pb import federation_pb2 as pb
 from fedforge.transport.pb import federation_pb2_grpc as pb_grpc
+from fedforge.transport.plugins import check_client
 from fedforge.transport.remote import plan_from_json
 from fedforge.transport.serving import ServingModels
 from fedforge.transport.work import UNJUDGED
@@ -64,6 +65,7 @@ class ClientProcess:
         self._trained_round: dict[int, int] = {}
         self.serving = ServingModels(None, options.ids, "")  # the models for inference
         self.config_yaml = ""
+        self.plugins: list[pb.Plugin] = []  # this process's versions of the run's plugins
         self.session = ""
         self.stop = threading.Event()
         self.lost_since: float | None = None  # when the server was last out of reach
@@ -121,6 +123,8 @@ class ClientProcess:
         )
         assert isinstance(hello, pb.HelloReply)
         if hello.config_yaml != self.config_yaml:
+            # the run's plugins, here and the same: before anything is built of the config
+            self.plugins = check_client(hello.plugins, hello.config_yaml)
             cfg = client_config(hello.config_yaml, self.opt.device, self.opt.trust_server_noise)
             exp = build_hosted(cfg, self.opt.ids, self.opt.data, hello.data_spec_json)
             check_noise_floor(exp, self.opt.ids, self.opt.min_noise_multiplier)
@@ -147,7 +151,8 @@ class ClientProcess:
             )
             for c in self.opt.ids
         ]
-        reply = self._unary("Join", pb.JoinRequest(members=members).SerializeToString(), 30)
+        join = pb.JoinRequest(members=members, plugins=self.plugins)
+        reply = self._unary("Join", join.SerializeToString(), 30)
         assert isinstance(reply, pb.JoinReply)
         for r in reply.refused:
             log_event("client", "join_refused", client=r.client_id, reason=r.reason)

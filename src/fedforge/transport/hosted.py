@@ -27,6 +27,7 @@ import torch
 import yaml
 
 from fedforge.config import Config
+from fedforge.config.overrides import with_overrides
 from fedforge.config.parse import from_dict, override
 from fedforge.config.privacy import client_privacy
 from fedforge.core.dataspec import DataSpec
@@ -44,8 +45,10 @@ def client_config(config_yaml: str, device: str, trust_server_noise: bool = Fals
     on one thread, on ``device``; without ``client_tags`` (a CSV on the server's
     host, read by its per-tag evaluation alone); its privacy noise from the OS
     unless its operator trusts the server with it (``config/privacy.py``:
-    ``client_privacy``; a line when that overrides the server's config)."""
-    cfg = from_dict(yaml.safe_load(config_yaml))
+    ``client_privacy``; a line when that overrides the server's config). The
+    config's ``plugins`` are left out: paths of the server's host, and the run's
+    plugins are loaded here already (``plugins.py:check_client``)."""
+    cfg = from_dict(with_overrides(yaml.safe_load(config_yaml), {"plugins": []}))
     privacy, said = client_privacy(cfg.privacy, trust_server_noise)
     if said is not None:
         log_event("client", "noise_kept_secret", warning=said)

@@ -24,13 +24,14 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from fedforge.config import Config, override
 from fedforge.config.alerts import AlertsConfig
+from fedforge.config.components import check_names
 from fedforge.config.parse import dump
 from fedforge.config.privacy import check_served_noise, served_noise_warning, served_privacy
 from fedforge.core.errors import ConfigError
 from fedforge.data.federated import FederatedData
 from fedforge.server.loop import RunResult, resume, run
 from fedforge.store import RunStore
-from fedforge.tasks import load_server_data
+from fedforge.tasks import check_known, load_server_data
 from fedforge.transport import admission as adm
 from fedforge.transport.admission import Admission
 from fedforge.transport.hub import Hub
@@ -39,6 +40,7 @@ from fedforge.transport.live import LivePublisher
 from fedforge.transport.logs import log_event
 from fedforge.transport.loop_thread import LoopThread
 from fedforge.transport.metrics import ServerMetrics
+from fedforge.transport.plugins import run_plugins
 from fedforge.transport.refusal_log import RefusalLog
 from fedforge.transport.remote import RemoteEngine
 from fedforge.transport.security import ServerSecurity
@@ -65,6 +67,10 @@ class Deployment:
 
     def __init__(self, cfg: Config, options: ServerOptions) -> None:
         self.cfg, self.opt = cfg, options
+        # every name the config gives is registered (a plugin's options parse), its
+        # task and model known: refused here, not by each client after it joined
+        check_names(cfg)
+        check_known(cfg)
         dep = cfg.deployment
         # the clients bring their own data: the server holds the test set alone
         self.data: FederatedData | None = None
@@ -100,6 +106,7 @@ class Deployment:
             self.pool,
             self.data.spec().to_json() if self.data is not None else "",
             max_waiting=dep.max_waiting_calls,
+            plugins=run_plugins(cfg),
         )
         # no message larger than a few MiB is read before its sender is known: a
         # larger upload comes in chunks after its signed header

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -34,6 +34,7 @@ from fedforge.transport.admission import Admission, address
 from fedforge.transport.guard import Guard, Refused
 from fedforge.transport.hub import Hub
 from fedforge.transport.pb import federation_pb2 as pb
+from fedforge.transport.plugins import join_refusal
 from fedforge.transport.waits import Waits
 
 M = TypeVar("M", bound=Message)
@@ -105,12 +106,14 @@ class FederationService:
         data_spec_json: str = "",
         *,
         max_waiting: int,
+        plugins: Sequence[pb.Plugin] = (),
     ) -> None:
         self.hub, self.guard, self.admission, self.pool = hub, guard, admission, pool
         self.waits = Waits(max_waiting, lambda who, why: admission.refuse("waiting", who, why))
         hub.on_wake = self.waits.ring
         self.data_spec_json = data_spec_json  # the clients bring their own data: its spec
         self.run_name, self.config_yaml = run_name, config_yaml
+        self.plugins = list(plugins)  # the run's: a joining process must hold each
         self.max_bytes, self.chunk_bytes = max_bytes, chunk_bytes
 
     def handler(self) -> grpc.GenericRpcHandler:
@@ -180,6 +183,7 @@ class FederationService:
                 config_yaml=self.config_yaml,
                 server_version=__version__,
                 data_spec_json=self.data_spec_json,
+                plugins=self.plugins,
             )
 
         return await self._call(context, "Hello", go)
@@ -190,6 +194,9 @@ class FederationService:
         async def go() -> pb.JoinReply:
             who, request = await self._signed("Join", requests, context)
             body = parse(pb.JoinRequest, request.body, "JoinRequest")
+            why = join_refusal(self.plugins, body.plugins)
+            if why is not None:  # never a member: the run goes on without it
+                raise Refused(grpc.StatusCode.FAILED_PRECONDITION, why, who)
             members = [(m.client_id, m.num_examples) for m in body.members]
             evals = {m.client_id: m.num_eval_examples for m in body.members}
             try:

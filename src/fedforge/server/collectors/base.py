@@ -139,16 +139,20 @@ class RoundLog:
 
 @dataclass(frozen=True)
 class DenseCost:
-    """What one message costs as dense float32: the model, or the delta, and the
-    algorithm's tensors beside it (SCAFFOLD's c down, delta c_k up)."""
+    """What one message costs as dense float32: the model and the algorithm's
+    tensors beside it (SCAFFOLD's c) down; the delta up, and beside it the
+    algorithm's tensors each at its own size (SCAFFOLD's delta c_k a model
+    vector, FedNova's n_i a_i one value): :meth:`extras`."""
 
     down: int
     up: int
 
     @classmethod
-    def of(cls, size: int, payload_more: int, update_tensors: int) -> DenseCost:
-        """``payload_more`` values travel beside the model; ``update_tensors``
-        vectors of ``size`` beside each delta."""
-        return cls(
-            FLOAT32_BYTES * (size + payload_more), FLOAT32_BYTES * size * (1 + update_tensors)
-        )
+    def of(cls, size: int, payload_more: int) -> DenseCost:
+        """``payload_more`` values travel beside the model of ``size`` values."""
+        return cls(FLOAT32_BYTES * (size + payload_more), FLOAT32_BYTES * size)
+
+    @staticmethod
+    def extras(tensors: Mapping[str, torch.Tensor]) -> int:
+        """The float32 bytes of the tensors an update carried beside its delta."""
+        return FLOAT32_BYTES * sum(t.numel() for t in tensors.values())

@@ -131,4 +131,5 @@ class HierarchicalMean(UploadPhase):
         if why is None and edges.refused is not None:
             why = edges.refused  # an edge's message the server refused: its clients too
         hops = len(edges.groups_of(self.cohort))  # server <-> edge messages
-        return self._collected(aggregate, why, edges.received, hops, (edges.forwarded, sent))
+        dense = self.dense.up * edges.forwarded + sum(self.dense.extras(e) for e in edges.received)
+        return self._collected(aggregate, why, edges.received, hops, (dense, sent))

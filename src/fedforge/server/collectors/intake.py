@@ -34,7 +34,7 @@ from fedforge.core.params import all_finite
 from fedforge.pipeline.codec import CodecContext
 from fedforge.pipeline.pipeline import StageContext
 from fedforge.robust.typical_norm import RelativeBound
-from fedforge.server.collectors.base import RoundLog
+from fedforge.server.collectors.base import DenseCost, RoundLog
 from fedforge.server.experiment import Experiment
 from fedforge.server.registry import Registry
 from fedforge.server.update_header import read_update_header
@@ -173,7 +173,9 @@ class Limits:
 
 class Intake:
     """One round's admission of uploads: one per expected client, well-formed,
-    through the per-upload stages. Counts what arrived."""
+    through the per-upload stages. Counts what arrived, and what it would have
+    cost as dense float32 (``float32_up``: the delta, and the tensors beside it
+    at their own sizes; a message that does not decode, its delta alone)."""
 
     def __init__(
         self,
@@ -183,12 +185,14 @@ class Intake:
         log: RoundLog,
         payload_bytes: int,
         limits: Limits,
+        dense: DenseCost,
     ) -> None:
         self.exp, self.round_idx, self.log, self.limits = exp, round_idx, log, limits
         self.expected = frozenset(expected)
         self.payload_bytes = payload_bytes
         self.seen: set[int] = set()
         self.bytes_up = 0
+        self.dense, self.float32_up = dense, 0
         self.faulty = 0  # refused as malformed, non-finite or past a norm bound: faults
         self.accepted = 0
         self.norms: dict[int, float] = {}  # the accepted updates' norms (before stages)
@@ -198,15 +202,21 @@ class Intake:
         self.bytes_up += len(data)
         why = self._admit(client_id)
         if why is None:
+            decoded = False
             try:
                 up = check_update(self.exp, client_id, self.round_idx, data)
+                decoded = True
+                self.float32_up += self.dense.up + self.dense.extras(up.extras)
                 up.norm = self.limits.check_norm("update", up.delta)
                 self.limits.check_relative(up.norm)
                 for name, tensor in up.extras.items():  # SCAFFOLD's delta c_k reaches c
                     if tensor.numel() > 1:  # a scalar (FedNova's n_i a_i) is no model vector
                         self.limits.check_norm(f"'{name}'", tensor)
             except UploadError as exc:
-                self.faulty += not isinstance(exc, Withheld)
+                if not isinstance(exc, Withheld):
+                    self.faulty += 1
+                    if not decoded:  # its tensors beside the delta are unknown
+                        self.float32_up += self.dense.up
                 why = str(exc)
         if why is not None:
             self.log.reject(client_id, why)

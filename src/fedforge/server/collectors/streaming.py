@@ -36,7 +36,7 @@ class UploadPhase:
     ) -> None:
         self.exp, self.log, self.dense, self.diag = exp, log, dense, diag
         self.cohort = list(cohort)  # each gets the payload; each may upload once
-        self.intake = Intake(exp, round_idx, cohort, log, payload_bytes, limits)
+        self.intake = Intake(exp, round_idx, cohort, log, payload_bytes, limits, dense)
         self.clients: dict[int, ClientRecord] = {}
         self.extras: dict[int, dict[str, torch.Tensor]] = {}
         self.held: list[Upload] = []  # a round without norms behind it: until its end
@@ -118,7 +118,8 @@ class UploadPhase:
         forwarded: tuple[int, int] = (0, 0),
     ) -> Collected:
         """The collection, with the round skipped for ``why`` when given: ``hops``
-        payloads to the edges, and ``forwarded`` = (messages, bytes) from them."""
+        payloads to the edges, and ``forwarded`` = (their dense float32 cost,
+        bytes) of the messages from them."""
         clients = self.clients
         if why is not None:
             aggregate, clients, received = None, {}, []
@@ -131,7 +132,7 @@ class UploadPhase:
             received,
             self.intake.bytes_up + forwarded[1],
             self.intake.payload_bytes * (self._sent + hops),
-            self.dense.up * (self.intake.arrived + forwarded[0]),
+            self.intake.float32_up + forwarded[0],
             self.dense.down * (self._sent + hops),
             hops,
             norms={c: self.intake.norms[c] for c in clients},

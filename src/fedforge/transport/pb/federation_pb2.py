@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&fedforge/transport/pb/federation.proto\x12\x0b\x66\x65\x64\x66orge.v1\"K\n\x04\x41uth\x12\x0e\n\x06\x63lient\x18\x01 \x01(\t\x12\r\n\x05nonce\x18\x02 \x01(\x0c\x12\x11\n\ttimestamp\x18\x03 \x01(\x01\x12\x11\n\tsignature\x18\x04 \x01(\x0c\"7\n\x06Signed\x12\x1f\n\x04\x61uth\x18\x01 \x01(\x0b\x32\x11.fedforge.v1.Auth\x12\x0c\n\x04\x62ody\x18\x02 \x01(\x0c\"&\n\x0cHelloRequest\x12\x16\n\x0e\x63lient_version\x18\x01 \x01(\t\"c\n\nHelloReply\x12\x10\n\x08run_name\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_yaml\x18\x02 \x01(\t\x12\x16\n\x0eserver_version\x18\x03 \x01(\t\x12\x16\n\x0e\x64\x61ta_spec_json\x18\x04 \x01(\t\"L\n\x06Member\x12\x11\n\tclient_id\x18\x01 \x01(\x05\x12\x14\n\x0cnum_examples\x18\x02 \x01(\x03\x12\x19\n\x11num_eval_examples\x18\x03 \x01(\x03\"3\n\x0bJoinRequest\x12$\n\x07members\x18\x01 \x03(\x0b\x32\x13.fedforge.v1.Member\",\n\x07Refusal\x12\x11\n\tclient_id\x18\x01 \x01(\x05\x12\x0e\n\x06reason\x18\x02 \x01(\t\"U\n\tJoinReply\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x03(\x05\x12%\n\x07refused\x18\x03 \x03(\x0b\x32\x14.fedforge.v1.Refusal\"A\n\x0bPollRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0e\n\x06wait_s\x18\x02 \x01(\x01\x12\x11\n\theartbeat\x18\x03 \x01(\x08\"\xab\x02\n\x04Work\x12$\n\x04kind\x18\x01 \x01(\x0e\x32\x16.fedforge.v1.Work.Kind\x12\x11\n\tclient_id\x18\x02 \x01(\x05\x12\x11\n\tround_idx\x18\x03 \x01(\x03\x12\x15\n\rmodel_version\x18\x04 \x01(\x03\x12\x11\n\tplan_json\x18\x05 \x01(\t\x12\x0c\n\x04seed\x18\x06 \x01(\x03\x12\r\n\x05phase\x18\x07 \x01(\t\x12\x0f\n\x07message\x18\x08 \x01(\x0c\x12\x12\n\npayload_id\x18\t \x01(\t\x12\x14\n\x0cpayload_size\x18\n \x01(\x03\x12\x12\n\ndeadline_s\x18\x0b \x01(\x01\"A\n\x04Kind\x12\t\n\x05TRAIN\x10\x00\x12\t\n\x05PHASE\x10\x01\x12\x0c\n\x08\x45VALUATE\x10\x02\x12\n\n\x06\x43OMMIT\x10\x03\x12\t\n\x05SERVE\x10\x04\"J\n\tPollReply\x12\x1f\n\x04work\x18\x01 \x03(\x0b\x32\x11.fedforge.v1.Work\x12\x0c\n\x04\x64one\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\"6\n\x0f\x44ownloadRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x12\n\npayload_id\x18\x02 \x01(\t\"\x15\n\x05\x43hunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"\x97\x01\n\x0cUploadHeader\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x11\n\tclient_id\x18\x02 \x01(\x05\x12\x11\n\tround_idx\x18\x03 \x01(\x03\x12\x15\n\rmodel_version\x18\x04 \x01(\x03\x12\x0c\n\x04kind\x18\x05 \x01(\t\x12\r\n\x05phase\x18\x06 \x01(\t\x12\x0c\n\x04size\x18\x07 \x01(\x03\x12\x0e\n\x06sha256\x18\x08 \x01(\x0c\"K\n\nUploadPart\x12%\n\x06header\x18\x01 \x01(\x0b\x32\x13.fedforge.v1.SignedH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\"/\n\x0bUploadReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t2\xa3\x02\n\nFederation\x12\x35\n\x05Hello\x12\x13.fedforge.v1.Signed\x1a\x17.fedforge.v1.HelloReply\x12\x33\n\x04Join\x12\x13.fedforge.v1.Signed\x1a\x16.fedforge.v1.JoinReply\x12\x33\n\x04Poll\x12\x13.fedforge.v1.Signed\x1a\x16.fedforge.v1.PollReply\x12\x35\n\x08\x44ownload\x12\x13.fedforge.v1.Signed\x1a\x12.fedforge.v1.Chunk0\x01\x12=\n\x06Upload\x12\x17.fedforge.v1.UploadPart\x1a\x18.fedforge.v1.UploadReply(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&fedforge/transport/pb/federation.proto\x12\x0b\x66\x65\x64\x66orge.v1\"K\n\x04\x41uth\x12\x0e\n\x06\x63lient\x18\x01 \x01(\t\x12\r\n\x05nonce\x18\x02 \x01(\x0c\x12\x11\n\ttimestamp\x18\x03 \x01(\x01\x12\x11\n\tsignature\x18\x04 \x01(\x0c\"7\n\x06Signed\x12\x1f\n\x04\x61uth\x18\x01 \x01(\x0b\x32\x11.fedforge.v1.Auth\x12\x0c\n\x04\x62ody\x18\x02 \x01(\x0c\"&\n\x0cHelloRequest\x12\x16\n\x0e\x63lient_version\x18\x01 \x01(\t\"9\n\x06Plugin\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x10\n\x08provides\x18\x03 \x01(\t\"\x89\x01\n\nHelloReply\x12\x10\n\x08run_name\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_yaml\x18\x02 \x01(\t\x12\x16\n\x0eserver_version\x18\x03 \x01(\t\x12\x16\n\x0e\x64\x61ta_spec_json\x18\x04 \x01(\t\x12$\n\x07plugins\x18\x05 \x03(\x0b\x32\x13.fedforge.v1.Plugin\"L\n\x06Member\x12\x11\n\tclient_id\x18\x01 \x01(\x05\x12\x14\n\x0cnum_examples\x18\x02 \x01(\x03\x12\x19\n\x11num_eval_examples\x18\x03 \x01(\x03\"Y\n\x0bJoinRequest\x12$\n\x07members\x18\x01 \x03(\x0b\x32\x13.fedforge.v1.Member\x12$\n\x07plugins\x18\x02 \x03(\x0b\x32\x13.fedforge.v1.Plugin\",\n\x07Refusal\x12\x11\n\tclient_id\x18\x01 \x01(\x05\x12\x0e\n\x06reason\x18\x02 \x01(\t\"U\n\tJoinReply\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x03(\x05\x12%\n\x07refused\x18\x03 \x03(\x0b\x32\x14.fedforge.v1.Refusal\"A\n\x0bPollRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0e\n\x06wait_s\x18\x02 \x01(\x01\x12\x11\n\theartbeat\x18\x03 \x01(\x08\"\xab\x02\n\x04Work\x12$\n\x04kind\x18\x01 \x01(\x0e\x32\x16.fedforge.v1.Work.Kind\x12\x11\n\tclient_id\x18\x02 \x01(\x05\x12\x11\n\tround_idx\x18\x03 \x01(\x03\x12\x15\n\rmodel_version\x18\x04 \x01(\x03\x12\x11\n\tplan_json\x18\x05 \x01(\t\x12\x0c\n\x04seed\x18\x06 \x01(\x03\x12\r\n\x05phase\x18\x07 \x01(\t\x12\x0f\n\x07message\x18\x08 \x01(\x0c\x12\x12\n\npayload_id\x18\t \x01(\t\x12\x14\n\x0cpayload_size\x18\n \x01(\x03\x12\x12\n\ndeadline_s\x18\x0b \x01(\x01\"A\n\x04Kind\x12\t\n\x05TRAIN\x10\x00\x12\t\n\x05PHASE\x10\x01\x12\x0c\n\x08\x45VALUATE\x10\x02\x12\n\n\x06\x43OMMIT\x10\x03\x12\t\n\x05SERVE\x10\x04\"J\n\tPollReply\x12\x1f\n\x04work\x18\x01 \x03(\x0b\x32\x11.fedforge.v1.Work\x12\x0c\n\x04\x64one\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\"6\n\x0f\x44ownloadRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x12\n\npayload_id\x18\x02 \x01(\t\"\x15\n\x05\x43hunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"\x97\x01\n\x0cUploadHeader\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x11\n\tclient_id\x18\x02 \x01(\x05\x12\x11\n\tround_idx\x18\x03 \x01(\x03\x12\x15\n\rmodel_version\x18\x04 \x01(\x03\x12\x0c\n\x04kind\x18\x05 \x01(\t\x12\r\n\x05phase\x18\x06 \x01(\t\x12\x0c\n\x04size\x18\x07 \x01(\x03\x12\x0e\n\x06sha256\x18\x08 \x01(\x0c\"K\n\nUploadPart\x12%\n\x06header\x18\x01 \x01(\x0b\x32\x13.fedforge.v1.SignedH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\"/\n\x0bUploadReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t2\xa3\x02\n\nFederation\x12\x35\n\x05Hello\x12\x13.fedforge.v1.Signed\x1a\x17.fedforge.v1.HelloReply\x12\x33\n\x04Join\x12\x13.fedforge.v1.Signed\x1a\x16.fedforge.v1.JoinReply\x12\x33\n\x04Poll\x12\x13.fedforge.v1.Signed\x1a\x16.fedforge.v1.PollReply\x12\x35\n\x08\x44ownload\x12\x13.fedforge.v1.Signed\x1a\x12.fedforge.v1.Chunk0\x01\x12=\n\x06Upload\x12\x17.fedforge.v1.UploadPart\x1a\x18.fedforge.v1.UploadReply(\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,34 +37,36 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SIGNED']._serialized_end=187
   _globals['_HELLOREQUEST']._serialized_start=189
   _globals['_HELLOREQUEST']._serialized_end=227
-  _globals['_HELLOREPLY']._serialized_start=229
-  _globals['_HELLOREPLY']._serialized_end=328
-  _globals['_MEMBER']._serialized_start=330
-  _globals['_MEMBER']._serialized_end=406
-  _globals['_JOINREQUEST']._serialized_start=408
-  _globals['_JOINREQUEST']._serialized_end=459
-  _globals['_REFUSAL']._serialized_start=461
-  _globals['_REFUSAL']._serialized_end=505
-  _globals['_JOINREPLY']._serialized_start=507
-  _globals['_JOINREPLY']._serialized_end=592
-  _globals['_POLLREQUEST']._serialized_start=594
-  _globals['_POLLREQUEST']._serialized_end=659
-  _globals['_WORK']._serialized_start=662
-  _globals['_WORK']._serialized_end=961
-  _globals['_WORK_KIND']._serialized_start=896
-  _globals['_WORK_KIND']._serialized_end=961
-  _globals['_POLLREPLY']._serialized_start=963
-  _globals['_POLLREPLY']._serialized_end=1037
-  _globals['_DOWNLOADREQUEST']._serialized_start=1039
-  _globals['_DOWNLOADREQUEST']._serialized_end=1093
-  _globals['_CHUNK']._serialized_start=1095
-  _globals['_CHUNK']._serialized_end=1116
-  _globals['_UPLOADHEADER']._serialized_start=1119
-  _globals['_UPLOADHEADER']._serialized_end=1270
-  _globals['_UPLOADPART']._serialized_start=1272
-  _globals['_UPLOADPART']._serialized_end=1347
-  _globals['_UPLOADREPLY']._serialized_start=1349
-  _globals['_UPLOADREPLY']._serialized_end=1396
-  _globals['_FEDERATION']._serialized_start=1399
-  _globals['_FEDERATION']._serialized_end=1690
+  _globals['_PLUGIN']._serialized_start=229
+  _globals['_PLUGIN']._serialized_end=286
+  _globals['_HELLOREPLY']._serialized_start=289
+  _globals['_HELLOREPLY']._serialized_end=426
+  _globals['_MEMBER']._serialized_start=428
+  _globals['_MEMBER']._serialized_end=504
+  _globals['_JOINREQUEST']._serialized_start=506
+  _globals['_JOINREQUEST']._serialized_end=595
+  _globals['_REFUSAL']._serialized_start=597
+  _globals['_REFUSAL']._serialized_end=641
+  _globals['_JOINREPLY']._serialized_start=643
+  _globals['_JOINREPLY']._serialized_end=728
+  _globals['_POLLREQUEST']._serialized_start=730
+  _globals['_POLLREQUEST']._serialized_end=795
+  _globals['_WORK']._serialized_start=798
+  _globals['_WORK']._serialized_end=1097
+  _globals['_WORK_KIND']._serialized_start=1032
+  _globals['_WORK_KIND']._serialized_end=1097
+  _globals['_POLLREPLY']._serialized_start=1099
+  _globals['_POLLREPLY']._serialized_end=1173
+  _globals['_DOWNLOADREQUEST']._serialized_start=1175
+  _globals['_DOWNLOADREQUEST']._serialized_end=1229
+  _globals['_CHUNK']._serialized_start=1231
+  _globals['_CHUNK']._serialized_end=1252
+  _globals['_UPLOADHEADER']._serialized_start=1255
+  _globals['_UPLOADHEADER']._serialized_end=1406
+  _globals['_UPLOADPART']._serialized_start=1408
+  _globals['_UPLOADPART']._serialized_end=1483
+  _globals['_UPLOADREPLY']._serialized_start=1485
+  _globals['_UPLOADREPLY']._serialized_end=1532
+  _globals['_FEDERATION']._serialized_start=1535
+  _globals['_FEDERATION']._serialized_end=1826
 # @@protoc_insertion_point(module_scope)

@@ -33,17 +33,29 @@ class HelloRequest(_message.Message):
     client_version: str
     def __init__(self, client_version: _Optional[str] = ...) -> None: ...
 
+class Plugin(_message.Message):
+    __slots__ = ("name", "version", "provides")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    PROVIDES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: str
+    provides: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., provides: _Optional[str] = ...) -> None: ...
+
 class HelloReply(_message.Message):
-    __slots__ = ("run_name", "config_yaml", "server_version", "data_spec_json")
+    __slots__ = ("run_name", "config_yaml", "server_version", "data_spec_json", "plugins")
     RUN_NAME_FIELD_NUMBER: _ClassVar[int]
     CONFIG_YAML_FIELD_NUMBER: _ClassVar[int]
     SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
     DATA_SPEC_JSON_FIELD_NUMBER: _ClassVar[int]
+    PLUGINS_FIELD_NUMBER: _ClassVar[int]
     run_name: str
     config_yaml: str
     server_version: str
     data_spec_json: str
-    def __init__(self, run_name: _Optional[str] = ..., config_yaml: _Optional[str] = ..., server_version: _Optional[str] = ..., data_spec_json: _Optional[str] = ...) -> None: ...
+    plugins: _containers.RepeatedCompositeFieldContainer[Plugin]
+    def __init__(self, run_name: _Optional[str] = ..., config_yaml: _Optional[str] = ..., server_version: _Optional[str] = ..., data_spec_json: _Optional[str] = ..., plugins: _Optional[_Iterable[_Union[Plugin, _Mapping]]] = ...) -> None: ...
 
 class Member(_message.Message):
     __slots__ = ("client_id", "num_examples", "num_eval_examples")
@@ -56,10 +68,12 @@ class Member(_message.Message):
     def __init__(self, client_id: _Optional[int] = ..., num_examples: _Optional[int] = ..., num_eval_examples: _Optional[int] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
-    __slots__ = ("members",)
+    __slots__ = ("members", "plugins")
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    PLUGINS_FIELD_NUMBER: _ClassVar[int]
     members: _containers.RepeatedCompositeFieldContainer[Member]
-    def __init__(self, members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ...) -> None: ...
+    plugins: _containers.RepeatedCompositeFieldContainer[Plugin]
+    def __init__(self, members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., plugins: _Optional[_Iterable[_Union[Plugin, _Mapping]]] = ...) -> None: ...
 
 class Refusal(_message.Message):
     __slots__ = ("client_id", "reason")
