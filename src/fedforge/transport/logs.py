@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 from typing import Any
 
 NAME_CHARS = 64  # a client name's longest (files.MAX_NAME_CHARS)
 TEXT_CHARS = 1000
 NAME_FIELDS = frozenset({"sender", "name", "owner"})
+_WRITE = threading.Lock()
 
 
 def clipped(text: str, most: int) -> str:
@@ -30,4 +32,7 @@ def log_event(side: str, event: str, **fields: Any) -> None:
         if isinstance(value, str):
             fields[key] = clipped(value, NAME_CHARS if key in NAME_FIELDS else TEXT_CHARS)
     line = {"t": round(time.time(), 3), "side": side, "event": event, **fields}
-    print(json.dumps(line, default=str), file=sys.stderr, flush=True)
+    text = json.dumps(line, default=str) + "\n"
+    with _WRITE:  # one write a line: threads (a client's uploads) never interleave
+        sys.stderr.write(text)
+        sys.stderr.flush()
