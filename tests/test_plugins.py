@@ -222,6 +222,7 @@ def test_a_config_files_plugin_paths_are_read_from_its_folder(tmp_path: Path) ->
         registry.unregister("algorithm", "beside_prox")
 
 
+@pytest.mark.slow  # the default suite: its twin in test_plugin_contracts / test_deployment_plugins
 def test_a_deployment_runs_a_plugin_given_to_server_and_clients(tmp_path: Path) -> None:
     from deploy_procs import run_dir_of, start_client, start_server, write_config
 

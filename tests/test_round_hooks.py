@@ -185,6 +185,7 @@ Path(sys.argv[3]).write_text(json.dumps(tally.state))
 """
 
 
+@pytest.mark.slow  # the default suite: its twin in test_plugin_contracts / test_deployment_plugins
 def test_a_stateful_hook_resumed_after_sigkill_continues_exactly(tmp_path: Path) -> None:
     want = Tally()
     run(attacked(tmp_path / "ref", rounds=8, checkpoint_every=1, eval_every=1), hooks=[want])
