@@ -15,7 +15,7 @@ attack with ``robust.max_norm_multiple: null`` (the absolute bound alone).
 against the version then served, and so is that model with Gaussian noise
 (std 0.1 a weight: a worse candidate); each of the 10 clients evaluates both
 versions on its own rows with the project's evaluation, as a deployment's
-canary clients do; the judge (``server/canary.py``, accuracy, max drop 0.01,
+canary clients do; the judge (``transport/canary.py``, accuracy, max drop 0.01,
 all 10 reports) decides from the honest reports, then from the same reports
 with client 0 lying against that decision (accuracy 0 or 1, 10^12 examples).
 A flip is a decision the liar changed (target 0); ``weighted_mean_flips`` is
@@ -42,11 +42,11 @@ from fedforge.data.federated import FederatedData, load_federated_data
 from fedforge.data.user import from_tensors
 from fedforge.evaluation.evaluate import evaluate
 from fedforge.report.progress import Progress
-from fedforge.server.canary import CanaryJudge, CanaryPolicy
 from fedforge.server.experiment import Experiment, build
 from fedforge.server.loop import run
 from fedforge.server.round import run_round
 from fedforge.server.state import LoopState
+from fedforge.transport.canary import CanaryJudge, CanaryPolicy
 
 CLIENTS, ROUNDS, LIAR = 10, 5, 0
 ATTACK = {"attack": "scaled", "attack_fraction": 0.1, "attack_scale": 1e4}
