@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # a Protocol of the fields read: schema.py imports this modul
     class _Selection(Protocol):
         @property
         def policy(self) -> str: ...
+
     class _Pipeline(Protocol):
         @property
         def client(self) -> tuple[str, ...]: ...
