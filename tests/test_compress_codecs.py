@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedforge.compression.bits import (
+from fedforge.communication.bits import (
     decode_indices,
     encode_indices,
     pack,
@@ -22,8 +22,8 @@ from fedforge.compression.bits import (
     varint_decode,
     varint_encode,
 )
-from fedforge.compression.quantize import Cast, Quantize
-from fedforge.compression.sparsify import RandomK, TopK, count_kept
+from fedforge.communication.quantize import Cast, Quantize
+from fedforge.communication.sparsify import RandomK, TopK, count_kept
 from fedforge.core import wire
 from fedforge.core.errors import UploadError
 from fedforge.pipeline.codec import CodecContext

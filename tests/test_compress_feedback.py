@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedforge.compression.clip import Clip
-from fedforge.compression.feedback import ErrorFeedback
-from fedforge.compression.quantize import Quantize
-from fedforge.compression.sparsify import RandomK, TopK
+from fedforge.communication.feedback import ErrorFeedback
+from fedforge.communication.quantize import Quantize
+from fedforge.communication.sparsify import RandomK, TopK
 from fedforge.config import Config, from_dict
 from fedforge.core.errors import ConfigError
+from fedforge.pipeline.clip import Clip
 from fedforge.pipeline.codec import CodecContext
 from fedforge.pipeline.pipeline import Codec, StageContext
 from fedforge.store import MemoryStateStore

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from fedforge.aggregation.mean import WeightedMean
-from fedforge.compression.clip import Clip
 from fedforge.core.errors import ConfigError
+from fedforge.pipeline.clip import Clip
 from fedforge.pipeline.constraints import ShowsOnlySum, Unusable
 from fedforge.pipeline.pipeline import (
     CohortUpdates,
@@ -157,7 +157,7 @@ def test_a_codec_or_aggregator_named_like_another_is_not_it() -> None:
 VERDICTS = """
 import json, sys
 from fedforge.aggregation.mean import WeightedMean
-from fedforge.compression.clip import Clip
+from fedforge.pipeline.clip import Clip
 from fedforge.core.errors import ConfigError
 from fedforge.pipeline.pipeline import Pipeline
 from fedforge.privacy.dp import CentralNoise, DistributedNoise, DPMean, LocalNoise

@@ -19,10 +19,10 @@ from dp_accounting import rdp
 from tests.conftest import MakeData
 from tests.test_privacy_secagg_round import BASE  # the same tiny 2NN secure-aggregation run
 
-from fedforge.compression.clip import Clip
 from fedforge.config import from_dict
 from fedforge.core.errors import ConfigError, UploadError
 from fedforge.data.federated import FederatedData
+from fedforge.pipeline.clip import Clip
 from fedforge.pipeline.pipeline import Pipeline, StageContext
 from fedforge.privacy import secagg_codec as sc
 from fedforge.privacy import secagg_wire as sw

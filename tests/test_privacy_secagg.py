@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from fedforge.aggregation.mean import WeightedMean
-from fedforge.compression.clip import Clip
 from fedforge.core.errors import ConfigError
+from fedforge.pipeline.clip import Clip
 from fedforge.pipeline.constraints import ShowsOnlySum
 from fedforge.pipeline.pipeline import Pipeline
 from fedforge.privacy import shamir

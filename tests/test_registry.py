@@ -208,7 +208,7 @@ def test_asking_the_registry_imports_no_component() -> None:
         "from fedforge.config import from_dict\n"
         "from_dict({'algorithm': 'scaffold', 'robust': {'aggregator': 'median'}})\n"
         "print(sorted(m for m in sys.modules if m.startswith("
-        "('fedforge.algorithms', 'fedforge.robust', 'fedforge.compression'))))\n"
+        "('fedforge.algorithms', 'fedforge.robust', 'fedforge.communication'))))\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60

@@ -120,7 +120,7 @@ def test_collusion_without_attackers_or_honest_clients_changes_nothing() -> None
 def test_collusion_over_a_lossy_uplink_sends_what_the_codec_carries() -> None:
     """Top-k of 2 entries: the attacker's crafted row reaches the server as its
     two largest entries only, as a real message over that channel would."""
-    from fedforge.compression.sparsify import TopK
+    from fedforge.communication.sparsify import TopK
 
     c = _cohort()
     out, _ = Collusion("ipm", frozenset({0}), epsilon=0.5, codec=TopK(0.5)).apply(c, ctx(None))

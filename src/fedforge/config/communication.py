@@ -1,5 +1,5 @@
 """The ``communication:`` config section: what travels and how often (see
-fedforge.compression.quantize, .sparsify, .feedback, .clip and
+fedforge.communication.quantize, .sparsify, .feedback, .clip and
 fedforge.server.collectors.hierarchical). The section checks its own fields, with errors
 naming the field; how it combines with the rest of the run is checked in
 compat.py."""

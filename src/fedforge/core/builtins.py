@@ -38,7 +38,7 @@ SERVER_OPTIMIZERS = {
     "adam": "fedforge.server.optimizers:adaptive_factory",
     "yogi": "fedforge.server.optimizers:adaptive_factory",
 }
-_CODECS = "fedforge.compression.codecs"
+_CODECS = "fedforge.communication.codecs"
 CODECS = {
     "dense": f"{_CODECS}:dense",
     "float16": f"{_CODECS}:cast",

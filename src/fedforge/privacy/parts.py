@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fedforge.algorithms.base import Algorithm
-from fedforge.compression.clip import Clip, ClipBoard
 from fedforge.config import Config, PrivacyConfig
 from fedforge.config.privacy import delta_of
 from fedforge.core.errors import ConfigError
 from fedforge.core.rng import noise_generator
+from fedforge.pipeline.clip import Clip, ClipBoard
 from fedforge.pipeline.pipeline import Stage
 from fedforge.privacy.accountant import Accountant, local_epsilon
 from fedforge.privacy.dp import (

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from fedforge import robust as agg
 from fedforge.client.gate import ClientGate
 from fedforge.client.runtime import ClientDataFn, TamperFn
-from fedforge.compression.feedback import ErrorFeedback
+from fedforge.communication.feedback import ErrorFeedback
 from fedforge.config import Config, RobustConfig
 from fedforge.config.compat import describe_cohort
 from fedforge.config.components import make

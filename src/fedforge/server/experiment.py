@@ -16,8 +16,8 @@ from fedforge.aggregation.weights import Reweighted
 from fedforge.algorithms.base import Algorithm
 from fedforge.client import reports
 from fedforge.client.runtime import ClientDataFn, ClientRuntime
-from fedforge.compression import parts as communication
-from fedforge.compression.parts import CommunicationParts
+from fedforge.communication import parts as communication_parts
+from fedforge.communication.parts import CommunicationParts
 from fedforge.config import Config
 from fedforge.config.components import check_names, make
 from fedforge.config.notes import config_notes, own_split_note
@@ -76,7 +76,8 @@ class Experiment:
     initial_params: torch.Tensor
     note: str | None = None  # a one-line remark for the user (e.g. an engine fallback)
     robust: RobustParts | None = None  # aggregator, attackers and gates of cfg.robust
-    comm: CommunicationParts | None = None  # codecs, residuals, groups of cfg.communication
+    # codecs, residuals, groups of cfg.communication
+    communication: CommunicationParts | None = None
     privacy: PrivacyParts | None = None  # DP stages, accountant, secure aggregation
     data_fingerprint: str = ""  # of the data as given or loaded (store/build_record.py)
     # what each client trains on: its data less the gate's and the quality weights'
@@ -227,7 +228,7 @@ def _assemble(
     metrics: Metrics,
 ) -> _Parts:
     """Communication, robustness, reports and privacy, and the pipeline of their stages."""
-    comm = communication.assemble(cfg, spec, dtype, data.partition, data.train_y)
+    comm = communication_parts.assemble(cfg, spec, dtype, data.partition, data.train_y)
     classes = data.classes() or 0
     robust = assemble(cfg, data.client_data, comm.uplink, classes)
     reporter, weigh = reports.assemble(cfg, robust.data_fn, classes, metrics)  # quality, class
@@ -243,7 +244,7 @@ def _assemble(
         cohort=(*robust.cohort_stages, *named.cohort, *weigh),
         server_aggregate=(*priv.aggregate_stages, *named.aggregate),
     )
-    communication.check_pipeline(cfg.communication, pipeline)
+    communication_parts.check_pipeline(cfg.communication, pipeline)
     return _Parts(pipeline, comm, robust, priv, reporter)
 
 
@@ -275,8 +276,8 @@ def client_tables(exp: Experiment) -> dict[str, ClientStateStore]:
     """The run's per-client tables by name (error-feedback ``residual``, SCAFFOLD's
     ``control``): the loop state keeps them and checkpoints save them."""
     tables: dict[str, ClientStateStore] = {}
-    if exp.comm is not None and exp.comm.client_state is not None:
-        tables[RESIDUAL] = exp.comm.client_state
+    if exp.communication is not None and exp.communication.client_state is not None:
+        tables[RESIDUAL] = exp.communication.client_state
     if exp.algorithm.client is not None:
         tables.update(exp.algorithm.client.tables)
     if exp.algorithm.personal is not None:  # FedBN's batch norm

@@ -167,7 +167,7 @@ def configure(
     plan = period_plan(exp.algorithm, start, round_idx)
     server = exp.algorithm.server  # an algorithm's server state (SCAFFOLD's c) travels too
     more = server.payload(state.algorithm_state) if server is not None else None
-    downlink = exp.comm.downlink if exp.comm is not None else None
+    downlink = exp.communication.downlink if exp.communication is not None else None
     payload = encode_payload(state.params, round_idx, downlink, cfg.seed, more)
     more_down = sum(t.numel() for t in (more or {}).values())
     dense = DenseCost.of(exp.spec.size, more_down)
@@ -189,7 +189,7 @@ def collector_for(
     kind: type[UploadPhase] = StreamingMean
     if not exp.pipeline.streams:
         kind = GatheredCohort
-    elif exp.comm is not None and exp.comm.group_of is not None:
+    elif exp.communication is not None and exp.communication.group_of is not None:
         kind = HierarchicalMean
     return kind(exp, round_idx, orders.cohort, log, payload_bytes, dense, orders.limits, diag)
 

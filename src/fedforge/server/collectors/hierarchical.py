@@ -3,7 +3,7 @@ hierarchical federated learning"): clients belong to groups (an institution, a
 network); each group's edge aggregates its clients' updates, and one edge update
 per group goes to the server.
 
-A client's group comes from ``fedforge.compression.groups``. Each edge
+A client's group comes from ``fedforge.communication.groups``. Each edge
 takes the weighted mean of its accepted updates (weights ``num_examples``) and
 sends it dense in the run's dtype with their total weight, so the server's
 weighted mean of edge updates is the flat FedAvg mean (up to float rounding).
@@ -111,7 +111,7 @@ class HierarchicalMean(UploadPhase):
     its weighted mean, and the server takes the weighted mean of the edges'."""
 
     def _start(self) -> None:
-        exp, comm = self.exp, self.exp.comm
+        exp, comm = self.exp, self.exp.communication
         assert comm is not None and comm.group_of is not None
         dtype = exp.initial_params.dtype
         self.acc = exp.pipeline.aggregator.start(exp.spec.size, dtype)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from fedforge.compression.bits import decode_indices, encode_indices, index_bytes
+from fedforge.communication.bits import decode_indices, encode_indices, index_bytes
 from fedforge.core.errors import UploadError
 from fedforge.core.rng import torch_generator
 from fedforge.pipeline.codec import CodecContext, Encoded, Received, WireCodec, need_context

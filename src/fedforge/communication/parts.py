@@ -20,14 +20,14 @@ from dataclasses import dataclass
 
 import torch
 
-from fedforge.compression.clip import Clip
-from fedforge.compression.feedback import ErrorFeedback
-from fedforge.compression.groups import assign_groups
+from fedforge.communication.feedback import ErrorFeedback
+from fedforge.communication.groups import assign_groups
 from fedforge.config import CommunicationConfig, Config
 from fedforge.config.components import make
 from fedforge.core.errors import ConfigError
 from fedforge.core.params import ParamSpec
 from fedforge.data import Partition
+from fedforge.pipeline.clip import Clip
 from fedforge.pipeline.pipeline import Codec, Pipeline, Stage
 from fedforge.store.client_state import ClientStateStore, make_state_store, working_dir
 

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 import torch
 
-from fedforge.compression.bits import pack, packed_size, unpack
+from fedforge.communication.bits import pack, packed_size, unpack
 from fedforge.core.errors import UploadError
 from fedforge.pipeline.codec import CodecContext, Encoded, Received, WireCodec, need_context
 

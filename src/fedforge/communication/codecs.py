@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from fedforge.compression.quantize import Cast, Quantize
-from fedforge.compression.sparsify import RandomK, TopK
+from fedforge.communication.quantize import Cast, Quantize
+from fedforge.communication.sparsify import RandomK, TopK
 from fedforge.pipeline.codec import Dense
 from fedforge.pipeline.pipeline import Codec
 
