@@ -18,6 +18,7 @@ import torch
 import fedforge
 from fedforge.algorithms import PendingClientTable, StatelessClientTerms
 from fedforge.config import Config, override
+from fedforge.core.plugin_versions import file_digest as fedforge_digest
 from fedforge.engines import close_engine
 from fedforge.server.hooks import HookError, RoundHook, RoundInfo
 from fedforge.store import make_state_store
@@ -194,31 +195,66 @@ print(json.dumps({"params": [x.hex() for x in result.params.tolist()], "total": 
 """
 
 
+FEDDYN_RUN = {
+    "dataset": "synthetic", "model": "logreg", "num_clients": 8, "client_fraction": 0.5,
+    "rounds": 5, "target_accuracy": None, "dtype": "float64", "engine": "serial",
+    "batch_size": 10, "lr": 0.05, "checkpoint_every": 2, "algorithm": "feddyn",
+    "aggregation_weights": "uniform", "plugin_options": {"feddyn": {"alpha": 0.3}},
+    "local": {"momentum": 0.5},
+}  # fmt: skip
+
+
+def _killed_run(
+    tmp_path: Path, plugin: Path, runs: str, kill_round: int, mode: str
+) -> subprocess.CompletedProcess[str]:
+    """KILLED_RUN in its own process: FedDyn from ``plugin`` with a stateful hook,
+    killed at the end of round ``kill_round`` (-1: never), or resumed."""
+    script = tmp_path / "killed_run.py"
+    script.write_text(KILLED_RUN)
+    cfg = json.dumps({**FEDDYN_RUN, "runs_dir": str(tmp_path / runs)})
+    argv = [str(plugin), cfg, str(kill_round), mode]
+    return subprocess.run(
+        [sys.executable, str(script), *argv], capture_output=True, text=True, timeout=120
+    )
+
+
 def test_feddyn_and_a_stateful_hook_resume_exactly_after_sigkill(tmp_path: Path) -> None:
     """examples/feddyn.py (a client table, server state h) with a hook keeping a
     running total: killed with SIGKILL at the end of round 3 of 5, then resumed,
     both end bit for bit where an uninterrupted run ends."""
-    script = tmp_path / "killed_run.py"
-    script.write_text(KILLED_RUN)
-    fields = {
-        "dataset": "synthetic", "model": "logreg", "num_clients": 8, "client_fraction": 0.5,
-        "rounds": 5, "target_accuracy": None, "dtype": "float64", "engine": "serial",
-        "batch_size": 10, "lr": 0.05, "checkpoint_every": 2, "algorithm": "feddyn",
-        "aggregation_weights": "uniform", "plugin_options": {"feddyn": {"alpha": 0.3}},
-        "local": {"momentum": 0.5},
-    }  # fmt: skip
-
-    def go(runs: str, kill_round: int, mode: str) -> subprocess.CompletedProcess[str]:
-        cfg = json.dumps({**fields, "runs_dir": str(tmp_path / runs)})
-        argv = [str(ROOT / "examples" / "feddyn.py"), cfg, str(kill_round), mode]
-        return subprocess.run(
-            [sys.executable, str(script), *argv], capture_output=True, text=True, timeout=120
-        )
-
-    whole = go("whole", -1, "run")
+    plugin = ROOT / "examples" / "feddyn.py"
+    whole = _killed_run(tmp_path, plugin, "whole", -1, "run")
     assert whole.returncode == 0, whole.stderr
-    killed = go("killed", 2, "run")
+    killed = _killed_run(tmp_path, plugin, "killed", 2, "run")
     assert killed.returncode == -signal.SIGKILL, killed.stderr
-    resumed = go("killed", -1, "resume")
+    resumed = _killed_run(tmp_path, plugin, "killed", -1, "resume")
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads(resumed.stdout) == json.loads(whole.stdout)
+
+
+def test_a_run_resumes_only_with_the_plugins_it_started_with(tmp_path: Path) -> None:
+    """build.json records the plugins a run's components came from (name, version):
+    the plugin file edited between the kill and the resume is refused in one line
+    naming both versions, and the same file resumes."""
+    plugin = tmp_path / "plugins" / "feddyn.py"
+    plugin.parent.mkdir()
+    plugin.write_text((ROOT / "examples" / "feddyn.py").read_text())
+    killed = _killed_run(tmp_path, plugin, "killed", 2, "run")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    run_dir = next(p for p in (tmp_path / "killed").iterdir() if p.is_dir())
+    build = json.loads((run_dir / "build.json").read_text())
+    assert build["plugins"] == {"feddyn.py": [fedforge_digest(plugin), "algorithm 'feddyn'"]}, (
+        build["plugins"]
+    )
+    was = fedforge_digest(plugin)
+    plugin.write_text(plugin.read_text() + "# another version\n")
+    edited = _killed_run(tmp_path, plugin, "killed", -1, "resume")
+    assert edited.returncode != 0
+    said = (
+        f"cannot be resumed as it started: it used plugin 'feddyn.py' version {was}, "
+        f"now {fedforge_digest(plugin)} (algorithm 'feddyn')"
+    )
+    assert said in edited.stderr, edited.stderr[-2000:]
+    plugin.write_text(plugin.read_text().removesuffix("# another version\n"))
+    resumed = _killed_run(tmp_path, plugin, "killed", -1, "resume")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]

@@ -45,6 +45,12 @@ if TYPE_CHECKING:  # a Protocol of the fields read: schema.py imports this modul
         def plugins(self) -> tuple[str, ...]: ...
 
         @property
+        def model(self) -> str: ...
+
+        @property
+        def task(self) -> str | None: ...
+
+        @property
         def robust(self) -> _Robust: ...
 
         @property
@@ -75,6 +81,14 @@ def named(cfg: Named) -> list[tuple[str, str, str]]:
         *(("stage", "pipeline.client", name) for name in cfg.pipeline.client),
         *(("stage", "pipeline.server", name) for name in cfg.pipeline.server),
         *(("metric", "metrics", name) for name in cfg.metrics),
+    ]
+
+
+def config_components(cfg: Named) -> list[tuple[str, str | None]]:
+    """``(kind, name)`` of every component ``cfg`` names, its model and task too."""
+    return [(kind, name) for kind, _, name in named(cfg)] + [
+        ("model", cfg.model),
+        ("task", cfg.task),
     ]
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,3 +69,23 @@ def loaded() -> dict[str, PluginId]:
     """Every loaded plugin by its name."""
     ids = (identify(key) for key in registry.loaded_plugins())
     return {p.name: p for p in ids}
+
+
+def used_plugins(components: Iterable[tuple[str, str | None]]) -> dict[str, tuple[str, str]]:
+    """The plugins that registered one of ``components`` (kind, name), each once
+    in the order named: its name -> (version, what it provides, e.g.
+    ``algorithm 'feddyn'``). A component the caller's own code registered, or a
+    built-in, names no plugin."""
+    uses: dict[str, list[str]] = {}
+    for kind, name in components:
+        if name is None or not registry.is_registered(kind, name):
+            continue
+        key = registry.lookup(kind, name).plugin
+        label = f"{kind} {name!r}"
+        if key and label not in uses.setdefault(key, []):
+            uses[key].append(label)
+    out: dict[str, tuple[str, str]] = {}
+    for key, what in uses.items():
+        plugin = identify(key)
+        out[plugin.name] = (plugin.version, ", ".join(what))
+    return out

@@ -24,7 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from fedforge.config import Config, override
+from fedforge.config.names import config_components
 from fedforge.core.errors import StopNow, StoreError
+from fedforge.core.plugin_versions import used_plugins
 from fedforge.data import PartitionSummary
 from fedforge.data.federated import FederatedData
 from fedforge.engines import Engine, close_engine
@@ -74,7 +76,12 @@ def run(
     try:
         write_partition(run_store.path / "partition.json", partition)
         write_build(
-            run_store.path, exp.spec, exp.data_fingerprint, exp.metrics.score_name, exp.engine.name
+            run_store.path,
+            exp.spec,
+            exp.data_fingerprint,
+            exp.metrics.score_name,
+            exp.engine.name,
+            used_plugins(config_components(cfg)),
         )
         lock = RunLock(run_store.path).acquire()
     except BaseException as exc:  # a run that never started is removed, not left half-made
@@ -116,7 +123,8 @@ def resume(
         exp = _with_engine(build(stored, data, task), engine)
         chain = run_hooks(hooks)
         lock.acquire()  # refuses while another process writes the run, or a read-only one
-        check_build(run_store.path, exp.spec, exp.data_fingerprint, exp.cfg)  # not damage
+        plugins = used_plugins(config_components(exp.cfg))
+        check_build(run_store.path, exp.spec, exp.data_fingerprint, exp.cfg, plugins)  # not damage
         if run_store.status == "finished":  # it was running, and ended while we built
             raise CheckpointError(finished)
         state = _resumed_state(exp, run_store, chain)

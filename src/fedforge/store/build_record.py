@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import platform
+from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -103,10 +104,12 @@ def write_build(
     fingerprint: str,
     score_name: str = "accuracy",
     engine: str | None = None,
+    plugins: Mapping[str, tuple[str, str]] | None = None,
 ) -> None:
     """Write ``build.json``: the model's size and layout, the data's fingerprint,
-    what the task scores by and the engine (``remote``: a deployment), and the
-    versions and machine it starts with."""
+    what the task scores by and the engine (``remote``: a deployment), the
+    plugins whose components it names (name -> version, what they provide), and
+    the versions and machine it starts with."""
     path = run_dir / BUILD_NAME
     tmp = path.with_suffix(".tmp")
     record = {
@@ -114,6 +117,7 @@ def write_build(
         "model_layout": model_layout(spec),
         "score_name": score_name,
         "engine": engine,
+        "plugins": {n: list(v) for n, v in (plugins or {}).items()},
     }
     tmp.write_text(json.dumps({**record, "data_fingerprint": fingerprint, **environment()}))
     tmp.replace(path)
@@ -140,16 +144,49 @@ def _legacy_change(cfg: Config) -> str | None:
     return None
 
 
-def check_build(run_dir: Path, spec: ParamSpec, fingerprint: str, cfg: Config) -> None:
-    """Refuse to continue ``run_dir`` with a model of another length or other data.
-    A run from before ``build.json`` is taken as it is (and gets one) unless its
-    config's data changed since."""
+def check_plugins(
+    run_dir: Path, record: Mapping[str, Any], now: Mapping[str, tuple[str, str]]
+) -> None:
+    """Refuse to continue ``run_dir`` with other plugins than it started with:
+    one it named now missing (a built-in in its place) or of another version, or
+    one now providing a component it did not (a run from before the record
+    names none and is taken as it is)."""
+    then = record.get("plugins")
+    if not isinstance(then, dict):
+        return
+    for name in [*then, *(n for n in now if n not in then)]:
+        was, is_ = then.get(name), now.get(name)
+        if was is not None and is_ is not None and was[0] == is_[0]:
+            continue
+        if was is None:
+            provides = is_[1] if is_ is not None else "nothing"
+            why = f"it did not use plugin {name!r}, which now provides {provides}"
+        elif is_ is None:
+            why = f"it used plugin {name!r} version {was[0]} ({was[1]}), not loaded now"
+        else:
+            why = f"it used plugin {name!r} version {was[0]}, now {is_[0]} ({was[1]})"
+        raise StoreError(
+            f"run '{run_dir}' cannot be resumed as it started: {why}; resume it with the "
+            "plugins it started with (--plugin, the config's plugins)"
+        )
+
+
+def check_build(
+    run_dir: Path,
+    spec: ParamSpec,
+    fingerprint: str,
+    cfg: Config,
+    plugins: Mapping[str, tuple[str, str]] | None = None,
+) -> None:
+    """Refuse to continue ``run_dir`` with a model of another length, other data
+    or other plugins. A run from before ``build.json`` is taken as it is (and
+    gets one) unless its config's data changed since."""
     record = read_build(run_dir)
     if record is None:
         change = _legacy_change(cfg)
         if change is not None:
             raise StoreError(f"run '{run_dir}' cannot be resumed: {change}; run it again")
-        write_build(run_dir, spec, fingerprint)
+        write_build(run_dir, spec, fingerprint, plugins=plugins)
         return
     if record.get("num_params") != spec.size:
         raise StoreError(
@@ -167,6 +204,7 @@ def check_build(run_dir: Path, spec: ParamSpec, fingerprint: str, cfg: Config) -
             f"{record.get('data_fingerprint')}, this data's {fingerprint}): resume it with the "
             "data it started with (fedforge.resume(path, data=...) for data passed to run())"
         )
+    check_plugins(run_dir, record, plugins or {})
 
 
 def same_build(run_dir: Path, fingerprint: str, cfg: Config) -> bool:

@@ -19,30 +19,18 @@ from collections.abc import Mapping, Sequence
 import yaml
 
 from fedforge.config import Config
-from fedforge.config.names import named
+from fedforge.config.names import config_components
 from fedforge.core import registry
 from fedforge.core.errors import ConfigError
-from fedforge.core.plugin_versions import identify, loaded
+from fedforge.core.plugin_versions import loaded, used_plugins
 from fedforge.transport.pb import federation_pb2 as pb
 
 
 def run_plugins(cfg: Config) -> list[pb.Plugin]:
     """The plugins that registered a component ``cfg`` names, each once, in the
     order the config names them."""
-    uses: dict[str, list[str]] = {}
-    components = [(kind, name) for kind, _, name in named(cfg)]
-    for kind, name in [*components, ("model", cfg.model), ("task", cfg.task)]:
-        if name is None or not registry.is_registered(kind, name):
-            continue
-        key = registry.lookup(kind, name).plugin
-        label = f"{kind} {name!r}"
-        if key and label not in uses.setdefault(key, []):
-            uses[key].append(label)
-    out = []
-    for key, what in uses.items():
-        plugin = identify(key)
-        out.append(pb.Plugin(name=plugin.name, version=plugin.version, provides=", ".join(what)))
-    return out
+    used = used_plugins(config_components(cfg))
+    return [pb.Plugin(name=n, version=v, provides=what) for n, (v, what) in used.items()]
 
 
 def mismatch(wanted: Sequence[pb.Plugin], have: Mapping[str, str], lacking: str) -> str | None:
