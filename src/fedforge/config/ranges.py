@@ -97,20 +97,28 @@ class Range:
 
 
 @functools.cache
-def declared_ranges(cls: type) -> tuple[tuple[str, Range, bool], ...]:
-    """``(field, range, integer)`` for each field of dataclass ``cls`` whose
-    annotation declares a :class:`Range`."""
+def _declared(cls: type) -> tuple[tuple[str, Any, tuple[Any, ...]], ...]:
+    """``(field, type, declarations)`` of each field of dataclass ``cls``: the type
+    inside ``Annotated`` and what it declares beside it (``()`` for a plain one)."""
     hints = typing.get_type_hints(cls, include_extras=True)
     out = []
     for f in dataclasses.fields(cls):
-        tp = hints.get(f.name)
-        if typing.get_origin(tp) is not typing.Annotated:
-            continue
-        base, *extras = typing.get_args(tp)
-        for extra in extras:
-            if isinstance(extra, Range):
-                numbers = [a for a in typing.get_args(base) if a is not type(None)] or [base]
-                out.append((f.name, extra, numbers == [int]))
+        tp = hints[f.name]
+        if typing.get_origin(tp) is typing.Annotated:
+            base, *extras = typing.get_args(tp)
+            out.append((f.name, base, tuple(extras)))
+        else:
+            out.append((f.name, tp, ()))
+    return tuple(out)
+
+
+def declared_ranges(cls: type) -> tuple[tuple[str, Range, bool], ...]:
+    """``(field, range, integer)`` for each field of dataclass ``cls`` whose
+    annotation declares a :class:`Range`."""
+    out = []
+    for name, base, extras in _declared(cls):
+        numbers = [a for a in typing.get_args(base) if a is not type(None)] or [base]
+        out += [(name, e, numbers == [int]) for e in extras if isinstance(e, Range)]
     return tuple(out)
 
 
@@ -150,14 +158,10 @@ class Most:
 def declared_bounds(cls: type, prefix: str = "") -> dict[str, tuple[int, int, str]]:
     """``{dotted field: (least, greatest, what)}`` of every field of dataclass
     ``cls`` (its sections' too) that declares :class:`Most`."""
-    hints = typing.get_type_hints(cls, include_extras=True)
     out: dict[str, tuple[int, int, str]] = {}
-    for f in dataclasses.fields(cls):
-        tp = hints[f.name]
-        extras = typing.get_args(tp)[1:] if typing.get_origin(tp) is typing.Annotated else ()
-        base = typing.get_args(tp)[0] if extras else tp
+    for name, base, extras in _declared(cls):
         if isinstance(base, type) and dataclasses.is_dataclass(base):
-            out.update(declared_bounds(base, f"{prefix}{f.name}."))
+            out.update(declared_bounds(base, f"{prefix}{name}."))
         most = next((e for e in extras if isinstance(e, Most)), None)
         if most is None:
             continue
@@ -165,5 +169,5 @@ def declared_bounds(cls: type, prefix: str = "") -> dict[str, tuple[int, int, st
         if low is None:
             rng = next(e for e in extras if isinstance(e, Range))
             low = int(rng.low) + (1 if rng.low_open else 0)
-        out[prefix + f.name] = (low, most.greatest, most.what)
+        out[prefix + name] = (low, most.greatest, most.what)
     return out
