@@ -5,7 +5,6 @@ of it worked in plain torch."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import fedforge
+from examples_loaded import load_example
 from fedforge.config import from_dict
 from fedforge.core import registry
 from fedforge.data.federated import FederatedData
@@ -23,7 +23,6 @@ from fedforge.data.partition import Partition
 from fedforge.pipeline.pipeline import CohortUpdates, StageContext
 from fedforge.store import RunStore
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 F64 = torch.float64
 D, C = 3, 4  # features, classes of the logistic regression
 SIZES = (2, 3, 4)  # examples a client
@@ -107,10 +106,7 @@ OURS = {
 def examples() -> Iterator[dict[str, Any]]:
     """The examples, loaded once a process as ``--plugin`` loads them (they stay
     registered, as a plugin does), and the tests' own stages for the module."""
-    loaded = {
-        n: sys.modules[fedforge.load_plugin(str(EXAMPLES / f"{n}.py"))]
-        for n in ("layer_clip", "macro_f1")
-    }
+    loaded = {n: load_example(n) for n in ("layer_clip", "macro_f1")}
     for name, cls in OURS.items():
         fedforge.register_stage(name, lambda context, cls=cls: cls(), replace=True)
     yield loaded

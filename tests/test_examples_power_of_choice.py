@@ -23,6 +23,7 @@ import yaml
 import fedforge
 from deploy_procs import run_dir_of, start_client, start_server, write_config
 from deploy_sim import _participants
+from examples_loaded import EXAMPLES, load_example
 from fedforge.config import from_dict
 from fedforge.core import registry
 from fedforge.core.errors import ConfigError
@@ -30,7 +31,7 @@ from fedforge.selection.history import History
 from fedforge.store import RunStore
 from fedforge.store.final import load_final
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "power_of_choice.py"
+EXAMPLE = EXAMPLES / "power_of_choice.py"
 RUN: dict[str, Any] = {
     "dataset": "synthetic",
     "model": "logreg",
@@ -50,7 +51,7 @@ RUN: dict[str, Any] = {
 
 @pytest.fixture(scope="module")
 def pow_d() -> Iterator[Any]:
-    module = sys.modules[fedforge.load_plugin(str(EXAMPLE))]
+    module = load_example("power_of_choice")
     yield module
     registry.unregister("selection", "pow_d")
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import math
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,13 +17,13 @@ import torch
 import torch.nn.functional as F
 
 import fedforge
+from examples_loaded import load_example
 from fedforge.config import from_dict
 from fedforge.core import registry, wire
 from fedforge.data.federated import FederatedData
 from fedforge.data.partition import Partition
 from fedforge.store import RunStore
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 F64 = torch.float64
 D, C = 3, 2  # features, classes of the logistic regression
 SIZES = (1, 2, 3)  # examples a client
@@ -33,14 +32,9 @@ BOUNDS = np.cumsum([0, *SIZES])
 PARTS = tuple(np.arange(BOUNDS[k], BOUNDS[k + 1]) for k in range(len(SIZES)))
 
 
-def _load(name: str) -> Any:
-    """The example's module, imported as ``--plugin examples/NAME.py`` imports it."""
-    return sys.modules[fedforge.load_plugin(str(EXAMPLES / f"{name}.py"))]
-
-
 @pytest.fixture(scope="module")
 def examples() -> Iterator[dict[str, Any]]:
-    loaded = {n: _load(n) for n in ("qfedavg", "norm_filtered_mean", "signsgd", "fedexp")}
+    loaded = {n: load_example(n) for n in ("qfedavg", "norm_filtered_mean", "signsgd", "fedexp")}
     yield loaded
     for kind, name in [
         ("algorithm", "qfedavg"),

@@ -5,7 +5,6 @@ hand, and reruns bit-identical."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,6 @@ import torch
 import torch.nn.functional as F
 from tests.named_parts import (
     CLIPPED,
-    EXAMPLES,
     F64,
     C,
     config_for,
@@ -24,6 +22,7 @@ from tests.named_parts import (
 )
 
 import fedforge
+from examples_loaded import load_example
 
 pytestmark = pytest.mark.usefixtures("examples")  # loaded as --plugin loads them
 
@@ -40,7 +39,7 @@ def _hand_macro_f1(labels: list[int], preds: list[int]) -> float:
 
 
 def test_macro_f1_by_hand() -> None:
-    metric = sys.modules[fedforge.load_plugin(str(EXAMPLES / "macro_f1.py"))].MacroF1()
+    metric = load_example("macro_f1").MacroF1()
     labels = torch.tensor([0, 0, 1, 2])
     outputs = F.one_hot(torch.tensor([0, 1, 1, 1]), C).to(F64)  # predictions 0, 1, 1, 1
     # class 0: TP 1, FN 1 -> 2/3; class 1: TP 1, FP 2 -> 1/2; class 2: FN 1 -> 0;

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import fedforge
+from examples_loaded import load_example
 from fedforge.algorithms import PendingClientTable, StatelessClientTerms
 from fedforge.config import Config, override
 from fedforge.core.plugin_versions import file_digest as fedforge_digest
@@ -109,17 +110,13 @@ def test_an_algorithm_without_client_tables_takes_worker_processes(tmp_path: Pat
     assert torch.equal(one.params, two.params)
 
 
-def _example(name: str) -> Any:
-    return sys.modules[fedforge.load_plugin(str(ROOT / "examples" / f"{name}.py"))]
-
-
 F64 = torch.float64
 
 
 def test_fednova_takes_the_headers_count_and_a_step_count_its_plan_allows() -> None:
     """A client of 25 examples, E = 2, B = 10: at most 2 x 3 = 6 steps. Its word
     for n_i must be the header's, a_i in [1, 6]: a liar is refused, not obeyed."""
-    nova = _example("fednova")
+    nova = load_example("fednova")
     server = nova.NovaServer(fedforge.LocalPlan(local_epochs=2, batch_size=10, lr=0.1))
     delta = torch.zeros(3, dtype=F64)
 
@@ -134,11 +131,11 @@ def test_fednova_takes_the_headers_count_and_a_step_count_its_plan_allows() -> N
 
 
 def test_feddyn_and_fedexp_count_and_measure_the_update_themselves() -> None:
-    dyn = _example("feddyn").DynServer(0.01, 10)
+    dyn = load_example("feddyn").DynServer(0.01, 10)
     delta = torch.tensor([3.0, 4.0], dtype=F64)
     assert dyn.update_tensors == ()
     assert torch.equal(dyn.admit(delta, {}, 7)["count"], torch.ones(1, dtype=F64))
-    exp = _example("fedexp").SquaredNorms()
+    exp = load_example("fedexp").SquaredNorms()
     assert exp.update_tensors == ()
     assert torch.equal(
         exp.admit(delta, {"sq": torch.tensor([1e9])}, 7)["sq"], torch.tensor([25.0], dtype=F64)
@@ -146,7 +143,7 @@ def test_feddyn_and_fedexp_count_and_measure_the_update_themselves() -> None:
 
 
 def test_qfedavg_refuses_an_h_that_is_not_positive_and_survives_a_zero_loss() -> None:
-    q = _example("qfedavg")
+    q = load_example("qfedavg")
     with pytest.raises(ValueError, match="h_k = -1.0 must be > 0"):
         q.PositiveH().admit(torch.zeros(2), {"h": torch.tensor([-1.0])}, 3)
     # h_k = q F^(q-1) ||Delta w||^2 + L F^q, by hand: q = 0.5, L = 2, F = 4, ||Delta w||^2 = 9
