@@ -15,7 +15,6 @@ import pytest
 import torch
 from tests.named_parts import (
     CLIPPED,
-    EXAMPLES,
     NORM,
     PARTS,
     C,
@@ -30,6 +29,7 @@ from tests.named_parts import (
 )
 
 import fedforge
+from examples_loaded import EXAMPLES
 from fedforge.config import from_dict
 from fedforge.core.errors import ConfigError
 
