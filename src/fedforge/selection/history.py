@@ -34,6 +34,10 @@ class ClientHistory:
     last_loss: float | None = None
     refused: int = 0  # its uploads the server refused (robust gates, bad messages)
     dropped: int = 0  # rounds it was asked and no upload of it arrived
+    # seconds its last arrived upload took from the round's start (download, local
+    # work, upload): the virtual clock's in a simulation, measured in a deployment;
+    # None where never measured
+    last_duration_s: float | None = None
 
 
 # the stored columns of a row (the counters; the id is the row's key, n_k is the run's)
@@ -79,10 +83,12 @@ class History:
         arrived: Iterable[int],
         losses: Mapping[int, float],
         refused: Iterable[int],
+        durations: Mapping[int, float] | None = None,
     ) -> None:
         """An upload round's outcome: its cohort ``asked`` (drawn at the period's
         round ``start``), the uploads that ``arrived``, each taken update's
-        reported loss (NaN: hidden), the clients whose uploads were refused."""
+        reported loss (NaN: hidden), the clients whose uploads were refused, and
+        the seconds each arrived upload took (where the round measured them)."""
         came = set(arrived)
         for c in asked:
             row = self._row(c)
@@ -99,6 +105,9 @@ class History:
         for c in refused:
             row = self._row(c)
             row["refused"] = row.get("refused", 0) + 1
+        for c, seconds in (durations or {}).items():
+            if math.isfinite(seconds):
+                self._row(c)["last_duration_s"] = float(seconds)
 
     def state_dict(self) -> list[list[Any]]:
         """The rows as plain JSON data (finite floats round-trip exactly), by id."""
@@ -109,6 +118,8 @@ class History:
         """The history a checkpoint holds (none: a run checkpointed before any)."""
         rows: dict[int, dict[str, Any]] = {}
         for entry in stored or []:
-            values = dict(zip(_COLUMNS, entry[1:], strict=True))
+            # a checkpoint written before a column existed holds fewer: None
+            stored_values = [*entry[1:], *[None] * (len(_COLUMNS) - len(entry[1:]))]
+            values = dict(zip(_COLUMNS, stored_values, strict=True))
             rows[int(entry[0])] = {k: v for k, v in values.items() if v is not None}
         return cls(rows)

@@ -71,6 +71,13 @@ ROUND_TABLES: dict[str, str] = {
     # the named metrics (config ``metrics``) of the global model on the test set
     "eval_metrics": """CREATE TABLE IF NOT EXISTS eval_metrics (round_idx INTEGER NOT NULL,
         metric TEXT NOT NULL, value REAL, PRIMARY KEY (round_idx, metric))""",
+    # how long each asked client took in a round, in seconds from the round's start:
+    # downloading the payload, its local work, uploading its update (the virtual
+    # clock's in a simulation with system profiles, measured in a deployment);
+    # arrived 0: the client dropped out (failed, went offline, or missed the deadline)
+    "client_times": """CREATE TABLE IF NOT EXISTS client_times (round_idx INTEGER NOT NULL,
+        client_id INTEGER NOT NULL, download_s REAL, compute_s REAL, upload_s REAL,
+        total_s REAL, arrived INTEGER NOT NULL, PRIMARY KEY (round_idx, client_id))""",
     # the alerts fired after each round (fedforge.alerts): the rule, the measured value
     # against its threshold, the client it names (client_refused), what its actions did
     "alerts": """CREATE TABLE IF NOT EXISTS alerts (round_idx INTEGER NOT NULL,
