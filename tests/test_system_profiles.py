@@ -73,3 +73,12 @@ def test_history_keeps_durations_and_reads_older_checkpoints() -> None:
     assert History.from_state(stored).view([10, 20])[0] == view[0]
     older = [row[:-1] for row in stored]  # written before durations were kept
     assert History.from_state(older).view([10, 20])[0].last_duration_s is None
+
+
+def test_client_time_by_hand() -> None:
+    from fedforge.systems import client_time
+
+    p = ClientProfile(0, samples_per_s=50.0, download_bps=1000.0, upload_bps=250.0, latency_s=0.5)
+    t = client_time(p, down_bytes=4000, up_bytes=1000, examples=600)
+    # 0.5 + 4000/1000 = 4.5; 600/50 = 12; 0.5 + 1000/250 = 4.5
+    assert (t.download_s, t.compute_s, t.upload_s, t.total_s) == (4.5, 12.0, 4.5, 21.0)

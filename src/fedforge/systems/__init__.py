@@ -2,6 +2,14 @@
 (profiles), when it can be reached (availability) and how long its work takes
 on the simulator's virtual clock."""
 
+from fedforge.systems.clock import ClientTime, client_time
 from fedforge.systems.profile import COLUMNS, ClientProfile, read_profiles, write_profiles
 
-__all__ = ["COLUMNS", "ClientProfile", "read_profiles", "write_profiles"]
+__all__ = [
+    "COLUMNS",
+    "ClientProfile",
+    "ClientTime",
+    "client_time",
+    "read_profiles",
+    "write_profiles",
+]
