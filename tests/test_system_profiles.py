@@ -82,3 +82,16 @@ def test_client_time_by_hand() -> None:
     t = client_time(p, down_bytes=4000, up_bytes=1000, examples=600)
     # 0.5 + 4000/1000 = 4.5; 600/50 = 12; 0.5 + 1000/250 = 4.5
     assert (t.download_s, t.compute_s, t.upload_s, t.total_s) == (4.5, 12.0, 4.5, 21.0)
+
+
+def test_a_config_names_its_profiles(tmp_path: Path) -> None:
+    from fedforge.config import from_dict
+    from fedforge.systems import population
+
+    path = tmp_path / "p.csv"
+    write_profiles(path, [ClientProfile(c, 10.0 + c, 1e6, 1e5) for c in range(3)])
+    cfg = from_dict({"num_clients": 3, "systems": {"profiles": str(path)}})
+    assert [p.samples_per_s for p in population(cfg) or []] == [10.0, 11.0, 12.0]
+    assert population(from_dict({"num_clients": 3})) is None
+    with pytest.raises(DataError, match="clients \\[3, 4\\] missing"):
+        population(from_dict({"num_clients": 5, "systems": {"profiles": str(path)}}))

@@ -44,6 +44,7 @@ from fedforge.config.ranges import Most, Range, check_ranges
 from fedforge.config.robust import RobustConfig
 from fedforge.config.selection import SelectionConfig, policy_fits_privacy
 from fedforge.config.server_optimizer import ServerOptimizerConfig
+from fedforge.config.systems import SystemsConfig
 from fedforge.core.device import DEVICE_NAMES, is_device_name
 from fedforge.core.errors import FieldCheck, raise_first
 from fedforge.core.errors import invalid_field as invalid  # noqa: F401  (parse.py's)
@@ -118,6 +119,7 @@ class Config:
     scaffold: ScaffoldConfig = field(default_factory=ScaffoldConfig)
     perfedavg: PerFedAvgConfig = field(default_factory=PerFedAvgConfig)
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    systems: SystemsConfig = field(default_factory=SystemsConfig)
     rounds: Annotated[int, Range(">= 1"), Most(MAX_ROUNDS, "rounds")] = 60
     target_accuracy: Annotated[
         float | None, Range("(0, 1]", note="a fraction, e.g. 0.99", null="")

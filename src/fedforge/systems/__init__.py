@@ -3,6 +3,7 @@
 on the simulator's virtual clock."""
 
 from fedforge.systems.clock import ClientTime, client_time
+from fedforge.systems.population import population
 from fedforge.systems.profile import COLUMNS, ClientProfile, read_profiles, write_profiles
 
 __all__ = [
@@ -10,6 +11,7 @@ __all__ = [
     "ClientProfile",
     "ClientTime",
     "client_time",
+    "population",
     "read_profiles",
     "write_profiles",
 ]
