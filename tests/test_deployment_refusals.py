@@ -41,9 +41,11 @@ class Tampering(ClientProcess):
 
     verdicts: list[tuple[str, pb.UploadReply]]
 
-    def _upload(self, work: pb.Work, kind: str, data: bytes) -> None:
+    def _upload(
+        self, work: pb.Work, kind: str, data: bytes, timing: pb.Timing | None = None
+    ) -> None:
         if kind != "update":
-            super()._upload(work, kind, data)
+            super()._upload(work, kind, data, timing)
             return
         wrong = pb.Work()
         wrong.CopyFrom(work)

@@ -1,6 +1,6 @@
 """The ``fedforge`` command: run, resume, runs, show, report, compare, sweep,
-compare-iid, dashboard, alerts, export; server, client, certs, keys, models (a
-deployment).
+compare-iid, dashboard, alerts, export; server, client, certs, keys, models,
+profile (a deployment).
 
 A user's mistake (bad config value, missing data, unknown run) ends in one line
 naming the value and what is allowed, with exit status 2; never a traceback.
@@ -28,7 +28,7 @@ from fedforge.core.errors import ConfigError, FedforgeError, StopNow
 from fedforge.core.extras import extra_of, installed
 from fedforge.core.registry import load_plugins
 from fedforge.core.startup import load_torch
-from fedforge.report import observe_cli
+from fedforge.report import observe_cli, profile_cli
 from fedforge.report.dashboard import command as dashboard
 from fedforge.report.run_args import add_run_lookup, open_run
 from fedforge.transport import certs_cli
@@ -114,6 +114,7 @@ def _parser() -> argparse.ArgumentParser:
         "-o", "--out", type=Path, default=Path("compare.html"), help="(default: compare.html)"
     )
     observe_cli.add_parsers(sub)  # alerts, export
+    profile_cli.add_parser(sub)
 
     sweep = sub.add_parser("sweep", help="run a grid of configs in sequence (resumable), one table")
     sweep.add_argument("config", type=Path, help="YAML config file")
@@ -338,6 +339,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         **certs_cli.COMMANDS,
         "models": _cmd_models,
         **observe_cli.COMMANDS,
+        **profile_cli.COMMANDS,
     }
     try:
         args = _parser().parse_args(argv)

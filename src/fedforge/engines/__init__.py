@@ -63,9 +63,10 @@ class Engine(Protocol):
         run store (a deployment's cold-start and canary evaluations)."""
         ...
 
-    def end_round(self, round_idx: int, used: Sequence[int]) -> None:
+    def end_round(self, round_idx: int, used: Sequence[int]) -> Rows:
         """Told whose updates the round used (a deployment's clients keep the state
-        computed with them)."""
+        computed with them); rows for the run store (a deployment's measured
+        client times)."""
         ...
 
     def close(self) -> None:
@@ -96,8 +97,8 @@ class SimulationEngine:
     def begin_round(self, round_idx: int, params: torch.Tensor) -> Rows:
         return {}
 
-    def end_round(self, round_idx: int, used: Sequence[int]) -> None:
-        return None
+    def end_round(self, round_idx: int, used: Sequence[int]) -> Rows:
+        return {}
 
     def close(self) -> None:
         return None

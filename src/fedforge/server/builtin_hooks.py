@@ -68,8 +68,10 @@ class ClientStateHook(RoundHook):
 
 class SelectionHook(RoundHook):
     """What the server learns of the clients an upload round asked (which uploads
-    arrived, were taken with what training loss, were refused): the selection
-    policy's input for the next cohorts. Its state is ``LoopState.selection``."""
+    arrived, were taken with what training loss, were refused, how long each
+    arrived one took: the round's ``client_times`` rows, a deployment's measured
+    seconds): the selection policy's input for the next cohorts. Its state is
+    ``LoopState.selection``."""
 
     name = "selection"
 
@@ -87,8 +89,11 @@ class SelectionHook(RoundHook):
         if info.kind != "upload":  # nothing was asked of the clients yet
             return
         losses = {c.client_id: c.train_loss for c in end.clients}
+        times = info.state.outputs.get("client_times", [])
+        # (round, client, download, compute, upload, total, arrived); NULL total: NaN
+        durations = {int(t[1]): float(t[5]) for t in times if t[6] and t[5] is not None}
         info.state.selection.round_done(
-            info.start, info.round_idx, info.cohort, end.arrived, losses, self.refused
+            info.start, info.round_idx, info.cohort, end.arrived, losses, self.refused, durations
         )
 
 

@@ -105,7 +105,8 @@ def run_round(
     if clients and cfg.robust.max_norm_multiple is not None:  # the next rounds' bound
         taken = [collected.norms[c] for c in sorted(clients) if c in collected.norms]
         state.update_norms = remember(state.update_norms, taken, cfg.robust.norm_window)
-    exp.engine.end_round(round_idx, sorted(clients))  # a deployment's clients keep their state
+    # a deployment's clients keep their state; its measured client times
+    state.outputs.update(exp.engine.end_round(round_idx, sorted(clients)))
     test_acc, test_loss = evaluate_phase(exp, state, round_idx, start, info, hooks)
     record = round_record(exp, orders, collected, clients, test_acc, test_loss, t0)
     seen = _uploads_seen(collected, exp.privacy is not None and exp.privacy.secagg is not None)

@@ -78,6 +78,13 @@ ROUND_TABLES: dict[str, str] = {
     "client_times": """CREATE TABLE IF NOT EXISTS client_times (round_idx INTEGER NOT NULL,
         client_id INTEGER NOT NULL, download_s REAL, compute_s REAL, upload_s REAL,
         total_s REAL, arrived INTEGER NOT NULL, PRIMARY KEY (round_idx, client_id))""",
+    # what those seconds moved in a deployment: the training examples each asked
+    # client's local work processes (epochs x its declared examples), the payload
+    # it was handed and its update's bytes (NULL: none arrived); with client_times
+    # the speeds and bandwidths ``fedforge profile`` derives
+    "client_work": """CREATE TABLE IF NOT EXISTS client_work (round_idx INTEGER NOT NULL,
+        client_id INTEGER NOT NULL, examples INTEGER, bytes_down INTEGER, bytes_up INTEGER,
+        PRIMARY KEY (round_idx, client_id))""",
     # the alerts fired after each round (fedforge.alerts): the rule, the measured value
     # against its threshold, the client it names (client_refused), what its actions did
     "alerts": """CREATE TABLE IF NOT EXISTS alerts (round_idx INTEGER NOT NULL,

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import threading
 import time
@@ -28,16 +27,17 @@ import grpc
 from fedforge import __version__
 from fedforge.client.runtime import ClientTask
 from fedforge.core import wire
-from fedforge.evaluation.evaluate import evaluate
 from fedforge.server.experiment import Experiment, client_tables
 from fedforge.transport.backoff import Backoff, retrying
 from fedforge.transport.client_options import RETRY, ClientOptions, Lost, exit_at, work_at
 from fedforge.transport.client_state import ClientStateFile
+from fedforge.transport.client_times import timed_update
 from fedforge.transport.hosted import (
     build_hosted,
     check_noise_floor,
     client_config,
     evaluation_data,
+    evaluation_report,
 )
 from fedforge.transport.in_flight import InFlight
 from fedforge.transport.logs import log_event
@@ -306,38 +306,37 @@ class ClientProcess:
             reply = engine.run_phase(work.phase, {work.client_id: work.message})
             self._upload(work, "reply", reply.get(work.client_id, b""))
         elif work.kind == pb.Work.TRAIN:
-            data = self._train(work)
-            self.in_flight.send(lambda: self._upload(work, "update", data))
+            data, timing = self._train(work)
+            self.in_flight.send(lambda: self._upload(work, "update", data, timing))
         elif work.kind == pb.Work.EVALUATE:
             self._upload(work, "evaluation", self._evaluate(work))
 
     def _evaluate(self, work: pb.Work) -> bytes:
         """The model's scores on this client's own data, as a JSON report."""
         assert self.exp is not None
-        exp = self.exp
-        params = wire.decode(self._download(work.payload_id)).tensors["params"]
-        x, y = evaluation_data(exp, work.client_id)
-        ev = evaluate(exp.model, exp.spec, params, x, y, exp.cfg.eval_batch_size, exp.metrics)
-        report = {"accuracy": ev.accuracy, "loss": ev.loss, "num_examples": int(len(y))}
-        return json.dumps(report).encode()
+        return evaluation_report(self.exp, work.client_id, self._download(work.payload_id))
 
-    def _train(self, work: pb.Work) -> bytes:
-        """The update for ``work``: computed, with the state it moved saved together
-        with it before it is sent; or, asked again after a restart, the one saved."""
+    def _train(self, work: pb.Work) -> tuple[bytes, pb.Timing | None]:
+        """The update for ``work`` and how long its download and training took:
+        computed, with the state it moved saved together with it before it is
+        sent; or, asked again after a restart, the one saved (its times unsaid)."""
         assert self.exp is not None
-        key = (work.client_id, work.round_idx)
+        exp, key = self.exp, (work.client_id, work.round_idx)
         if self.state is not None and key in self.state.outbox:
-            return self.state.outbox[key]
-        payload = self._download(work.payload_id)
+            return self.state.outbox[key], None
         plan = plan_from_json(work.plan_json)
         task = ClientTask(work.client_id, work.round_idx, plan, work.seed)
-        data = next(iter(self.exp.engine.run_cohort([task], payload))).data
+        data, timing = timed_update(
+            lambda: self._download(work.payload_id),
+            lambda payload: next(iter(exp.engine.run_cohort([task], payload))).data,
+            self.opt.slowdown,
+        )
         self.trained_round[work.client_id] = work.round_idx
         if self.state is not None:  # e.g. the error-feedback residual moved with it
             self.state.outbox = {k: v for k, v in self.state.outbox.items() if k[1] >= key[1]}
             self.state.outbox[key] = data
             self.state.save()
-        return data
+        return data, timing
 
     def _download(self, payload_id: str) -> bytes:
         """The model, downloaded for each client it hosts: each is a device of its
@@ -353,8 +352,10 @@ class ClientProcess:
         except grpc.RpcError as exc:
             raise Lost(f"Download: {exc.code().name}") from None
 
-    def _upload(self, work: pb.Work, kind: str, data: bytes) -> None:
-        reply = self.send(work, kind, data)
+    def _upload(
+        self, work: pb.Work, kind: str, data: bytes, timing: pb.Timing | None = None
+    ) -> None:
+        reply = self.send(work, kind, data, timing)
         at = {"client": work.client_id, "round": work.round_idx + 1}
         if reply.accepted and kind == "update":
             log_event("client", "upload_accepted", **at)
@@ -363,9 +364,12 @@ class ClientProcess:
         elif not reply.accepted:
             log_event("client", "upload_refused", **at, reason=reply.reason)
 
-    def send(self, work: pb.Work, kind: str, data: bytes) -> pb.UploadReply:
-        """Upload ``data`` as the answer of ``kind`` to ``work``: the signed header,
-        then the chunks; the server's verdict (Lost: it cannot be reached)."""
+    def send(
+        self, work: pb.Work, kind: str, data: bytes, timing: pb.Timing | None = None
+    ) -> pb.UploadReply:
+        """Upload ``data`` as the answer of ``kind`` to ``work``: the signed header
+        (with ``timing``, an update's measured seconds), then the chunks; the
+        server's verdict (Lost: it cannot be reached)."""
         header = pb.UploadHeader(
             session=self.session,
             client_id=work.client_id,
@@ -375,6 +379,7 @@ class ClientProcess:
             phase=work.phase if kind not in ("update", "notice") else "",
             size=len(data),
             sha256=hashlib.sha256(data).digest(),
+            timing=timing,
         )
         body = header.SerializeToString()
 

@@ -69,3 +69,6 @@ class ClientOptions:
     # refuse to train unless each hosted client adds noise of at least this many
     # times its clip bound (0: no floor)
     min_noise_multiplier: float = 0.0
+    # emulate a device this many times slower (>= 1): each local training of t
+    # seconds is followed by (slowdown - 1) t of sleep, counted as training
+    slowdown: float = 1.0

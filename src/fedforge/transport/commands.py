@@ -99,6 +99,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="refuse to train unless each hosted client adds privacy noise of at least Z "
         "times its clip bound (the server's config decides the mechanism)",
     )
+    client.add_argument(
+        "--slowdown",
+        type=float,
+        default=1.0,
+        metavar="F",
+        help="emulate a device F times slower (F >= 1): each local training is followed by "
+        "F - 1 times its own time asleep, e.g. to rehearse a federation of uneven devices",
+    )
     _security_args(client)
 
 
@@ -150,6 +158,8 @@ def client(args: argparse.Namespace) -> int:
     floor = args.min_noise_multiplier
     if not 0 <= floor < float("inf"):
         raise ConfigError(f"--min-noise-multiplier {floor} is invalid: must be a number >= 0")
+    if not 1 <= args.slowdown < float("inf"):
+        raise ConfigError(f"--slowdown {args.slowdown} is invalid: must be a number >= 1")
     folder, ids, name = _hosted(args)
     sec = ClientSecurity(_mode(args), args.name or name, args.certs, args.key)
     opts = ClientOptions(
@@ -163,6 +173,7 @@ def client(args: argparse.Namespace) -> int:
         data=folder,
         trust_server_noise=args.trust_server_noise,
         min_noise_multiplier=args.min_noise_multiplier,
+        slowdown=args.slowdown,
     )
     code = ClientProcess(opts).run()
     said = {0: "done", 1: "gave up: the server could not be reached", 2: "refused by the server"}

@@ -20,6 +20,7 @@ config says, unless its operator trusts the server with it
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 
@@ -31,10 +32,12 @@ from fedforge.config.overrides import with_overrides
 from fedforge.config.parse import from_dict, override
 from fedforge.config.privacy import client_privacy
 from fedforge.core.dataspec import DataSpec
+from fedforge.core import wire
 from fedforge.core.errors import ConfigError
 from fedforge.data.federated import DTYPES
 from fedforge.data.folder import ClientFolder, own_data
 from fedforge.engines.threads import set_threads
+from fedforge.evaluation.evaluate import evaluate
 from fedforge.privacy.dp import ClientNoise
 from fedforge.server.experiment import Experiment, build
 from fedforge.transport.logs import log_event
@@ -124,3 +127,13 @@ def evaluation_data(exp: Experiment, client_id: int) -> tuple[torch.Tensor, torc
         if len(y):
             return x, y
     return data.client_data(client_id)
+
+
+def evaluation_report(exp: Experiment, client_id: int, payload: bytes) -> bytes:
+    """The scores of the model in ``payload`` on client ``client_id``'s evaluation
+    data (``evaluation_data``), as the JSON report an EVALUATE is answered with."""
+    params = wire.decode(payload).tensors["params"]
+    x, y = evaluation_data(exp, client_id)
+    ev = evaluate(exp.model, exp.spec, params, x, y, exp.cfg.eval_batch_size, exp.metrics)
+    report = {"accuracy": ev.accuracy, "loss": ev.loss, "num_examples": int(len(y))}
+    return json.dumps(report).encode()

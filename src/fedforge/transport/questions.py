@@ -150,7 +150,9 @@ class Questions:
             return first[1]
         asked = self.asked.pop(key)
         assert asked.handed is not None
-        answer = Answer(*key, data, now - asked.handed)
+        said = header.timing if header.HasField("timing") else None
+        reported = None if said is None else (said.download_s, said.train_s)
+        answer = Answer(*key, data, now - asked.handed, reported)
         self.answered[key] = (header.sha256, answer.verdict)
         if header.kind not in ACKNOWLEDGEMENTS:  # a COMMIT's or SERVE's: nobody waits
             self.inbox.append(answer)

@@ -34,6 +34,7 @@ from fedforge.client.runtime import ClientTask, ClientUpload
 from fedforge.config import Config
 from fedforge.selection.sampling import cohort_size
 from fedforge.store import RunStore
+from fedforge.transport.client_times import Arrival, round_rows
 from fedforge.transport.hub import Hub
 from fedforge.transport.ids import logged_ids
 from fedforge.transport.logs import log_event
@@ -78,6 +79,7 @@ class RemoteEngine:
         self.rollout = Rollout(hub, cfg)
         self.live_wait_s = cfg.deployment.live_wait_s
         self._sent = (0, 0)  # the hub's training bytes down and downloads at the last record
+        self._times: Rows = {}  # the round's measured client times (client_times.py)
 
     def sampling_pool(self, round_idx: int, need: int) -> list[int]:
         """The clients round ``round_idx`` may sample: those whose process is there
@@ -137,9 +139,14 @@ class RemoteEngine:
         need = None if self.needed is None else min(self.needed, len(tasks))
         # closed with this generator: the answers read and never judged (the round
         # stopped) are refused at once, not left to their uploaders' wait
-        with contextlib.closing(self.hub.gather(keys, self.deadline_s, need)) as answers:
-            for a in answers:
-                yield ClientUpload(a.client_id, a.data, a.seconds, a.verdict.settle)
+        arrivals: dict[int, Arrival] = {}
+        try:
+            with contextlib.closing(self.hub.gather(keys, self.deadline_s, need)) as answers:
+                for a in answers:
+                    arrivals[a.client_id] = Arrival(a.seconds, len(a.data), a.reported)
+                    yield ClientUpload(a.client_id, a.data, a.seconds, a.verdict.settle)
+        finally:
+            self._timed(r, tasks, len(payload), arrivals, need)
 
     def run_phase(self, phase: str, messages: Mapping[int, bytes]) -> dict[int, bytes]:
         """Each addressed client's reply; a client answers every phase message (an
@@ -191,13 +198,35 @@ class RemoteEngine:
         if self.on_store is not None:
             self.on_store(store.path)
 
-    def end_round(self, round_idx: int, used: Sequence[int]) -> None:
+    def end_round(self, round_idx: int, used: Sequence[int]) -> Rows:
         """The clients whose updates the round used are to keep the state they
         computed with them (SCAFFOLD's c_k+; the others keep theirs as it was): told
         when the next upload round begins or the run ends, after the round's
         checkpoint, so that a server resumed from it never re-runs a round its
-        clients have already committed."""
+        clients have already committed. The round's measured client times, rows
+        for the run store."""
         self.commit = (round_idx, list(used))
+        rows, self._times = self._times, {}
+        return rows
+
+    def _timed(
+        self,
+        r: int,
+        tasks: Sequence[ClientTask],
+        payload_bytes: int,
+        arrivals: dict[int, Arrival],
+        need: int | None,
+    ) -> None:
+        """Keep round ``r``'s client times (``client_times.py``): each asked
+        client's measured seconds, examples (epochs x its declared count) and bytes."""
+        declared = self.hub.declared()
+        asked = [(t.client_id, t.plan.local_epochs * declared[t.client_id]) for t in tasks]
+        cut = need is not None and len(arrivals) >= need  # the rest closed at the count
+        rows, refused = round_rows(r, asked, payload_bytes, arrivals, dropped=not cut)
+        for table, more in rows.items():
+            self._times.setdefault(table, []).extend(more)
+        for cid, why in refused:
+            log_event("server", "times_refused", client=cid, round=r + 1, reason=why)
 
     def tell_commit(self, next_round: int) -> None:
         """Post the COMMITs of the last upload round before ``next_round``; a resumed

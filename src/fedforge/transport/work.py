@@ -110,6 +110,9 @@ class Answer:
     phase: str
     data: bytes
     seconds: float  # from the work's hand-out to its answer
+    # an update's (download, training) seconds as its client says (None: unsaid;
+    # untrusted: client_times.py bounds them by ``seconds``)
+    reported: tuple[float, float] | None = None
     # what the round said of it: an update's is the round's checks' (its uploader
     # waits for it); any other kind is taken as it comes
     verdict: Verdict = field(init=False)

@@ -166,7 +166,7 @@ class Chunk(_message.Message):
     def __init__(self, data: _Optional[bytes] = ...) -> None: ...
 
 class UploadHeader(_message.Message):
-    __slots__ = ("session", "client_id", "round_idx", "model_version", "kind", "phase", "size", "sha256")
+    __slots__ = ("session", "client_id", "round_idx", "model_version", "kind", "phase", "size", "sha256", "timing")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_IDX_FIELD_NUMBER: _ClassVar[int]
@@ -175,6 +175,7 @@ class UploadHeader(_message.Message):
     PHASE_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
+    TIMING_FIELD_NUMBER: _ClassVar[int]
     session: str
     client_id: int
     round_idx: int
@@ -183,7 +184,16 @@ class UploadHeader(_message.Message):
     phase: str
     size: int
     sha256: bytes
-    def __init__(self, session: _Optional[str] = ..., client_id: _Optional[int] = ..., round_idx: _Optional[int] = ..., model_version: _Optional[int] = ..., kind: _Optional[str] = ..., phase: _Optional[str] = ..., size: _Optional[int] = ..., sha256: _Optional[bytes] = ...) -> None: ...
+    timing: Timing
+    def __init__(self, session: _Optional[str] = ..., client_id: _Optional[int] = ..., round_idx: _Optional[int] = ..., model_version: _Optional[int] = ..., kind: _Optional[str] = ..., phase: _Optional[str] = ..., size: _Optional[int] = ..., sha256: _Optional[bytes] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ...) -> None: ...
+
+class Timing(_message.Message):
+    __slots__ = ("download_s", "train_s")
+    DOWNLOAD_S_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_S_FIELD_NUMBER: _ClassVar[int]
+    download_s: float
+    train_s: float
+    def __init__(self, download_s: _Optional[float] = ..., train_s: _Optional[float] = ...) -> None: ...
 
 class UploadPart(_message.Message):
     __slots__ = ("header", "data")
