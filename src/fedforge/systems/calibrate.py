@@ -41,8 +41,7 @@ LATENCY_NOTE = (
     "this run's payload and update sizes"
 )
 AVAILABILITY_NOTE = (
-    "availability is not in the run's records: every client is always online "
-    "(mean_offline_s 0)"
+    "availability is not in the run's records: every client is always online (mean_offline_s 0)"
 )
 # what a client lacks when a quantity of its profile was not measured
 _WHAT = {

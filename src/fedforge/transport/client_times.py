@@ -75,8 +75,7 @@ def bounded_times(
         why = "must be finite numbers >= 0"
     elif down + train > total_s:
         why = (
-            f"add up to more than the {total_s:.6g} s the server measured from "
-            "hand-out to arrival"
+            f"add up to more than the {total_s:.6g} s the server measured from hand-out to arrival"
         )
     if why is not None:
         return Measured(NAN, NAN, NAN, total_s), (

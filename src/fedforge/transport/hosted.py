@@ -31,8 +31,8 @@ from fedforge.config import Config
 from fedforge.config.overrides import with_overrides
 from fedforge.config.parse import from_dict, override
 from fedforge.config.privacy import client_privacy
-from fedforge.core.dataspec import DataSpec
 from fedforge.core import wire
+from fedforge.core.dataspec import DataSpec
 from fedforge.core.errors import ConfigError
 from fedforge.data.federated import DTYPES
 from fedforge.data.folder import ClientFolder, own_data
