@@ -28,6 +28,7 @@ from pathlib import Path
 
 from fedforge.report.runs import run_row
 from fedforge.store.runstore import RunStore
+from fedforge.systems import read_profiles
 
 ROOT = Path(__file__).resolve().parent.parent
 SECTION = "## A federation over the network"
@@ -100,3 +101,9 @@ def test_the_readme_deployment_example_runs_as_written(tmp_path: Path, mnist_dir
     assert after, "the README shows how to list the run's model versions"
     listed = run_bash(after[0].replace("runs/RUN", f"runs/{runs[0].name}"), tmp_path, 60)
     assert listed.returncode == 0, listed.stdout
+
+    profile = [line for line in blocks[1].splitlines() if "fedforge profile" in line]
+    assert profile, "the README shows how to profile the run's clients"
+    done = run_bash(profile[0].replace("runs/RUN", f"runs/{runs[0].name}"), tmp_path, 60)
+    assert done.returncode == 0, done.stdout
+    assert len(read_profiles(tmp_path / "pop.csv", config.num_clients)) == config.num_clients
