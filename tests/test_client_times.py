@@ -5,6 +5,7 @@ kept only within the server's own measurement, a round's rows, and the profile
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,7 +18,7 @@ from fedforge.server.builtin_hooks import SelectionHook
 from fedforge.server.hooks import RoundEnd
 from fedforge.systems.calibrate import AVAILABILITY_NOTE, LATENCY_NOTE, measured_profiles
 from fedforge.systems.profile import ClientProfile
-from fedforge.transport.client_times import Arrival, bounded_times, round_rows
+from fedforge.transport.client_times import Arrival, bounded_times, round_rows, timed_update
 
 NAN = math.nan
 
@@ -165,3 +166,24 @@ def test_profile_refuses_a_simulation_run_in_one_line(
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0
     assert "ran on the serial engine, not in a deployment: its client times are not" in err
+
+
+def test_a_slowed_client_reports_its_training_times_the_factor() -> None:
+    """``--slowdown 3``: a training of t seconds is followed by 2t asleep, and the
+    report says 3t (at least: a busy machine may stretch the sleeps)."""
+
+    def train(payload: bytes) -> bytes:
+        time.sleep(0.05)
+        return payload[::-1]
+
+    data, timing = timed_update(lambda: b"abc", train, 3.0)
+    assert data == b"cba"
+    assert 0 <= timing.download_s < 0.05
+    assert 0.15 <= timing.train_s < 1.0
+
+
+def test_a_bad_slowdown_is_refused_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["client", "--server", "127.0.0.1:1", "--clients", "0", "--insecure"]
+    assert main([*args, "--slowdown", "0.5"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "fedforge: error: --slowdown 0.5 is invalid: must be a number >= 1"
