@@ -69,7 +69,8 @@ class ClientStateHook(RoundHook):
 class SelectionHook(RoundHook):
     """What the server learns of the clients an upload round asked (which uploads
     arrived, were taken with what training loss, were refused): the selection
-    policy's input for the next cohorts. Its state is ``LoopState.selection``."""
+    policy's input for the next cohorts. Its state is ``LoopState.selection``; each
+    round's cohort goes to the run store (``cohorts``: the participation report's)."""
 
     name = "selection"
 
@@ -87,6 +88,8 @@ class SelectionHook(RoundHook):
         if info.kind != "upload":  # nothing was asked of the clients yet
             return
         losses = {c.client_id: c.train_loss for c in end.clients}
+        cohort = [(info.round_idx, c, info.start) for c in sorted(info.cohort)]
+        info.state.outputs["cohorts"] = cohort  # the run store's record of who was asked
         info.state.selection.round_done(
             info.start, info.round_idx, info.cohort, end.arrived, losses, self.refused
         )
