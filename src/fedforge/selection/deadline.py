@@ -59,7 +59,8 @@ class DeadlineAware:
         explored = _draw(unmeasured, int(np.floor(self.explore * round.size + 0.5)), round.rng)
         picked = explored + _draw(fitting, round.size - len(explored), round.rng)
         if len(picked) < round.size:
-            left = [c for c in unmeasured if c not in set(explored)]
+            asked = set(explored)
+            left = [c for c in unmeasured if c not in asked]
             picked += _draw(left, round.size - len(picked), round.rng)
         return [*picked, *slow[: round.size - len(picked)]]
 

@@ -58,9 +58,9 @@ class PowerOfChoice:
         d = 2 * round.size if self.d is None else self.d
         drawn = candidates(round, min(len(round.among), max(d, round.size)))
         # an unknown loss ranks as +inf; Python's sort is stable: ties in draw order
-        loss = {c: round.history[c].last_loss for c in drawn}
-        known = {c: math.inf if x is None else x for c, x in loss.items()}
-        ranked = sorted(drawn, key=lambda c: -known[c])
+        losses = [round.history[c].last_loss for c in drawn]
+        key = {c: -(math.inf if x is None else x) for c, x in zip(drawn, losses, strict=True)}
+        ranked = sorted(drawn, key=key.__getitem__)
         return ranked[: round.size]
 
 
