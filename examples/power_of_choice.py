@@ -14,7 +14,13 @@ Written outside the package through the public API:
 Biased towards high-loss clients, it converges faster early and to a point
 further from the optimum (the paper's trade-off, set by ``d``: d = size is
 the n_k-weighted draw). It reads what the server knows, so the run's privacy
-accounting, which assumes a uniform sample, refuses it.
+accounting, which assumes a uniform sample, refuses it; and it says it ranks
+by the reported losses (``reads_losses``), so secure aggregation, which keeps
+them from the server, refuses it too.
+
+fedforge has this rule built in, with the paper's options, as
+``selection.policy: power_of_choice`` (selection/power_of_choice.py); this file
+shows how a policy of one's own is written and registered.
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ class Options:
 
 
 class PowerOfChoice:
+    reads_losses = True  # refused where the run's privacy hides the losses
+
     def __init__(self, d: int) -> None:
         self.d = d
 

@@ -18,12 +18,12 @@ from fedforge.core.params import ParamSpec
 from fedforge.data import Partition
 from fedforge.data.federated import FederatedData
 from fedforge.evaluation.clients import (
-    jain_index,
     per_class_accuracy,
     split_holdout,
     summarize_accuracies,
 )
 from fedforge.evaluation.evaluate import evaluate
+from fedforge.evaluation.participation import jain_index
 from fedforge.report.progress import Progress
 from fedforge.report.runs import format_run_summary
 from fedforge.server.diagnostics import RoundDiagnostics, evaluation_rows, mean_pairwise_cosine

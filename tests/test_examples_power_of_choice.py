@@ -103,6 +103,18 @@ def test_d_is_checked_in_one_line(pow_d: Any, tmp_path: Path) -> None:
         assert "\n" not in str(err.value) and said in str(err.value)
 
 
+def test_secure_aggregation_refuses_it_in_one_line(pow_d: Any, tmp_path: Path) -> None:
+    """Under SecAgg no loss reaches the server: the policy, which ranks by them,
+    is refused rather than left to choose by example counts alone."""
+    secure = {"privacy": {"secagg": True}, "communication": {"clip_norm": 1.0}}
+    cfg = from_dict({**RUN, "runs_dir": str(tmp_path), **secure})
+    with pytest.raises(ConfigError) as err:
+        fedforge.build(cfg)
+    line = str(err.value)
+    assert "\n" not in line
+    assert line.startswith("selection.policy = 'pow_d' ranks clients by the training losses")
+
+
 def _cohorts(run_dir: Path) -> list[tuple[int, int]]:
     with RunStore.open(run_dir) as store:
         return [(c.round_idx, c.client_id) for c in store.client_rounds()]

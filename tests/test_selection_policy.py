@@ -91,8 +91,9 @@ def test_a_policy_reads_what_the_run_store_records_of_each_client(
     tmp_path: Path, recording: Recording
 ) -> None:
     """Attackers' NaN updates refused, stragglers' work dropped: before each round
-    the policy is told, of every client, the rounds it was asked, used, refused and
-    dropped and its last taken loss, as replayed here from the store."""
+    the policy is told, of every client, the rounds it was asked (the first and the
+    last), used, refused and dropped and its last taken loss, as replayed here from
+    the store; the store's ``cohorts`` holds each round's asked clients."""
     cfg = _cfg(
         tmp_path,
         rounds=5,
@@ -123,10 +124,14 @@ def test_a_policy_reads_what_the_run_store_records_of_each_client(
                 used[-1].train_loss if used else None,
                 len(no),
                 len(dropped),
+                first_asked=min(asked, default=None),
             )
             assert got == want, (t, c)
     told_dropped = sum(h.dropped for h in recording.told[4][1].values())
     assert told_dropped > 0
+    with RunStore.open(result.run_dir) as store:  # every cohort, dropped clients too
+        cohorts = store.read_rows("cohorts")
+    assert cohorts == [(r, c, r) for r, (p, _) in sorted(recording.told.items()) for c in p]
 
 
 def test_the_history_is_plain_json_and_comes_back_exactly() -> None:
@@ -137,8 +142,9 @@ def test_the_history_is_plain_json_and_comes_back_exactly() -> None:
     sizes = [5, 6, 7, 8, 9]
     assert dict(back.view(sizes)) == dict(history.view(sizes))
     view = back.view(sizes)
-    assert view[1] == ClientHistory(1, 6, 2, 2, 1, 0, 0.1 + 0.2, 0, 1)
-    assert view[3] == ClientHistory(3, 8, 1, 0, 1, 0, None, 1, 0)  # loss hidden: NaN
+    assert view[1] == ClientHistory(1, 6, 2, 2, 1, 0, 0.1 + 0.2, 0, 1, first_asked=0)
+    assert view[3] == ClientHistory(3, 8, 1, 0, 1, 0, None, 1, 0, first_asked=0)  # loss: NaN
+    assert view[2].first_asked == 2
     assert view[2].last_loss == 1 / 3 and view[0] == ClientHistory(0, 5)
     assert view[4].dropped == 1 and len(view) == 5 and 5 not in view
 

@@ -67,10 +67,11 @@ def check_names(cfg: Config) -> None:
 def options_of(cfg: Config, entry: registry.Entry) -> Any:
     """The parsed options of ``entry`` from ``cfg.plugin_options`` (its defaults
     when the config gives none); None for a component without options."""
-    if entry.options is None:
+    options = entry.load_options()
+    if options is None:
         return None
     given = cfg.plugin_options.get(entry.name, {})
-    return build_section(entry.options, given, f"plugin_options.{entry.name}.")
+    return build_section(options, given, f"plugin_options.{entry.name}.")
 
 
 def make(

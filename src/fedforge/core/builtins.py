@@ -50,7 +50,21 @@ CODECS = {
     "topk": f"{_CODECS}:topk",
     "randk": f"{_CODECS}:randk",
 }
-SELECTIONS = {"uniform": "fedforge.selection.sampling:uniform_factory"}
+_SELECTION = "fedforge.selection"
+SELECTIONS = {
+    "uniform": f"{_SELECTION}.sampling:uniform_factory",
+    "power_of_choice": f"{_SELECTION}.power_of_choice:factory",
+    "oort": f"{_SELECTION}.oort:factory",
+    "fairness_floor": f"{_SELECTION}.fairness_floor:factory",
+    "deadline_aware": f"{_SELECTION}.deadline:factory",
+}
+# the options dataclasses of the built-ins that take options, by (kind, name)
+OPTIONS = {
+    ("selection", "power_of_choice"): f"{_SELECTION}.options:PowerOfChoiceOptions",
+    ("selection", "oort"): f"{_SELECTION}.options:OortOptions",
+    ("selection", "fairness_floor"): f"{_SELECTION}.options:FairnessFloorOptions",
+    ("selection", "deadline_aware"): f"{_SELECTION}.options:DeadlineOptions",
+}
 _METRICS = "fedforge.tasks.named_metrics"
 METRICS = {
     "accuracy": f"{_METRICS}:accuracy",
@@ -70,4 +84,4 @@ def register_builtins(register: Callable[..., Any]) -> None:
         ("metric", METRICS),
     ):
         for name, factory in table.items():
-            register(kind, name, factory)
+            register(kind, name, factory, options=OPTIONS.get((kind, name)))

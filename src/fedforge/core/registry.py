@@ -55,15 +55,16 @@ ENTRY_POINT_KEY = "entry point "  # how an entry point's key in loaded_plugins()
 class Entry:
     """One registered component. ``factory``: the callable, or ``"module:attr"``
     text naming it (imported on first use); ``options``: the dataclass of the
-    component's config options, or None; ``origin``: who registered it (a
-    module, a file or an entry point), said in errors and by ``names``;
+    component's config options (or ``"module:attr"`` text naming it), or None;
+    ``origin``: who registered it (a module, a file or an entry point), said in
+    errors and by ``names``;
     ``plugin``: the plugin whose import registered it (its key in
     :func:`loaded_plugins`), "" for the built-ins and a caller's own code."""
 
     kind: str
     name: str
     factory: Callable[..., Any] | str
-    options: type | None = None
+    options: type | str | None = None
     origin: str = ""
     plugin: str = ""
 
@@ -77,6 +78,16 @@ class Entry:
             value = getattr(value, part)
         if not callable(value):
             raise TypeError(f"{self.kind} {self.name!r}: {self.factory} is not callable")
+        return value
+
+    def load_options(self) -> type | None:
+        """The options dataclass (its module imported now when given as text)."""
+        if not isinstance(self.options, str):
+            return self.options
+        module, _, attr = self.options.partition(":")
+        value = getattr(importlib.import_module(module), attr)
+        if not (isinstance(value, type) and dataclasses.is_dataclass(value)):
+            raise TypeError(f"{self.kind} {self.name!r}: {self.options} is not a dataclass")
         return value
 
 
@@ -93,12 +104,14 @@ def register(
     name: str,
     factory: Callable[..., Any] | str,
     *,
-    options: type | None = None,
+    options: type | str | None = None,
     replace: bool = False,
 ) -> None:
     """Register ``factory`` as the ``kind`` component called ``name``, the name a
-    config gives. Raises ConfigError for an unknown kind, an empty name, options
-    that are not a dataclass, or a name already taken (unless ``replace``)."""
+    config gives (``options``: its options dataclass, or ``"module:attr"`` text
+    naming it, imported when a config's options are parsed). Raises ConfigError
+    for an unknown kind, an empty name, options that are not a dataclass, or a
+    name already taken (unless ``replace``)."""
     if kind not in KINDS:
         raise ConfigError(f"unknown component kind {kind!r}; kinds: {', '.join(KINDS)}")
     if not isinstance(name, str) or not name.strip() or name != name.strip():
@@ -106,7 +119,8 @@ def register(
     if not (callable(factory) or (isinstance(factory, str) and ":" in factory)):
         raise ConfigError(f"{kind} {name!r}: the factory must be callable or 'module:attr' text")
     if options is not None and not (
-        isinstance(options, type) and dataclasses.is_dataclass(options)
+        (isinstance(options, type) and dataclasses.is_dataclass(options))
+        or (isinstance(options, str) and ":" in options)
     ):
         raise ConfigError(f"{kind} {name!r}: options must be a dataclass type")
     with _lock:

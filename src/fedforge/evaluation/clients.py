@@ -21,7 +21,7 @@ trusts the data it is given.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -38,6 +38,7 @@ from fedforge.core.rng import numpy_rng
 from fedforge.data import Partition
 from fedforge.data.federated import FederatedData
 from fedforge.evaluation.evaluate import evaluate
+from fedforge.evaluation.participation import jain_index
 from fedforge.tasks.metrics import Metrics
 
 
@@ -69,13 +70,6 @@ def split_holdout(partition: Partition, fraction: float, seed: int) -> tuple[Par
         held.append(np.sort(idx[perm[:k]]))
         keep.append(np.sort(idx[perm[k:]]))
     return Partition(tuple(keep)), Partition(tuple(held))
-
-
-def jain_index(values: Sequence[float]) -> float:
-    """Jain's fairness index (sum x)^2 / (n sum x^2); 1.0 for an empty or all-zero set."""
-    x = np.asarray(values, dtype=np.float64)
-    squares = float((x * x).sum())
-    return 1.0 if len(x) == 0 or squares == 0.0 else float(x.sum() ** 2 / (len(x) * squares))
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,15 @@
 """The facts of a finished run that its end-of-run lines and ``fedforge show``
 both print, from its summary alone: what ran (pipeline, engine), compression
-against float32, the simulated attackers, privacy spent, why it stopped early.
+against float32, the simulated attackers, privacy spent, how the cohorts spread
+over the clients, why it stopped early.
 Each is a (label, text) pair, labels of at most 9 characters; the caller pads
 them to its own column."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from fedforge.evaluation.participation import participation_line
 
 Fact = tuple[str, str]
 
@@ -24,6 +27,8 @@ def run_facts(summary: dict[str, Any]) -> list[Fact]:
         shown = ", ".join(map(str, attackers[:12])) + (", ..." if len(attackers) > 12 else "")
         facts.append(("attackers", f"{len(attackers)} simulated: clients {shown}"))
     facts.extend(privacy_facts(summary))
+    if summary.get("participation"):
+        facts.append(("cohorts", participation_line(summary["participation"])))
     for why in ("privacy_stop", "stall_stop"):  # a finished run that ended early
         if isinstance(summary.get(why), str):
             facts.append(("stopped", summary[why]))

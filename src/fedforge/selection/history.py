@@ -38,6 +38,7 @@ class ClientHistory:
     # work, upload): the virtual clock's in a simulation, measured in a deployment;
     # None where never measured
     last_duration_s: float | None = None
+    first_asked: int | None = None  # the first upload round whose cohort held it
 
 
 # the stored columns of a row (the counters; the id is the row's key, n_k is the run's)
@@ -94,6 +95,7 @@ class History:
             row = self._row(c)
             row["asked"] = row.get("asked", 0) + 1
             row["last_asked"] = start
+            row.setdefault("first_asked", start)
             if c not in came:
                 row["dropped"] = row.get("dropped", 0) + 1
         for c, loss in losses.items():

@@ -16,7 +16,12 @@ round, so a rerun or a resume after SIGKILL asks the same clients, on every
 engine and in a deployment; a policy that keeps state of its own breaks that.
 
 A policy other than ``uniform`` is refused with differential privacy, privacy
-tiers and Poisson sampling: their accounting assumes a uniform sample.
+tiers and Poisson sampling: their accounting assumes a uniform sample. Where
+the server must not see a client's own numbers (secure aggregation) the
+history holds no losses (``last_loss`` None for every client); a policy that
+ranks clients by them says so with ``reads_losses = True`` and is refused there
+in one line (:func:`check_sees_losses`) rather than choosing blind. Counts,
+rounds and durations are the server's own observations: every policy sees them.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from fedforge.core import registry
+from fedforge.core.errors import ConfigError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -47,6 +53,18 @@ class SelectionRound:
 
 class SelectionPolicy(Protocol):
     def select(self, round: SelectionRound) -> list[int]: ...
+
+
+def check_sees_losses(policy: SelectionPolicy, name: str, hidden: str | None) -> None:
+    """Refuse in one line a policy that reads the clients' reported losses
+    (``reads_losses``) in a run whose privacy ``hidden`` (what, in words) keeps
+    them from the server; None: the losses are reported."""
+    if hidden is not None and getattr(policy, "reads_losses", False):
+        raise ConfigError(
+            f"selection.policy = '{name}' ranks clients by the training losses they "
+            f"report, which {hidden} keeps from the server; use a policy that reads "
+            "none (uniform, fairness_floor, deadline_aware)"
+        )
 
 
 class SelectionFactory(Protocol):

@@ -71,7 +71,8 @@ class SelectionHook(RoundHook):
     arrived, were taken with what training loss, were refused, how long each
     arrived one took: the round's ``client_times`` rows, a deployment's measured
     seconds): the selection policy's input for the next cohorts. Its state is
-    ``LoopState.selection``."""
+    ``LoopState.selection``; each round's cohort goes to the run store
+    (``cohorts``: the participation report's)."""
 
     name = "selection"
 
@@ -92,6 +93,8 @@ class SelectionHook(RoundHook):
         times = info.state.outputs.get("client_times", [])
         # (round, client, download, compute, upload, total, arrived); NULL total: NaN
         durations = {int(t[1]): float(t[5]) for t in times if t[6] and t[5] is not None}
+        cohort = [(info.round_idx, c, info.start) for c in sorted(info.cohort)]
+        info.state.outputs["cohorts"] = cohort  # the run store's record of who was asked
         info.state.selection.round_done(
             info.start, info.round_idx, info.cohort, end.arrived, losses, self.refused, durations
         )

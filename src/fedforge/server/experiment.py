@@ -38,7 +38,7 @@ from fedforge.pipeline.pipeline import Pipeline
 from fedforge.privacy import parts as privacy
 from fedforge.privacy.parts import PrivacyParts
 from fedforge.robust.parts import RobustParts, assemble
-from fedforge.selection.named import SelectionPolicy
+from fedforge.selection.named import SelectionPolicy, check_sees_losses
 from fedforge.selection.sampling import UniformSelection
 from fedforge.server import probe
 from fedforge.server.engine_choice import EngineChoice, choose_engine
@@ -174,9 +174,19 @@ def build(cfg: Config, data: FederatedData | None = None, task: Task | None = No
         task,
         metrics,
         device,
-        make("selection", cfg.selection.policy, cfg, "selection.policy"),
+        _selection(cfg),
         named_metrics.from_config(cfg),
     )
+
+
+def _selection(cfg: Config) -> SelectionPolicy:
+    """The run's selection policy, refused where it would rank by hidden losses."""
+    policy = make("selection", cfg.selection.policy, cfg, "selection.policy")
+    hidden = None
+    if cfg.privacy.hides_updates:
+        hidden = "privacy.secagg" if cfg.privacy.secagg else "the run's privacy"
+    check_sees_losses(policy, cfg.selection.policy, hidden)
+    return policy
 
 
 def _run_data(

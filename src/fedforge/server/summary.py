@@ -6,8 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from fedforge.evaluation.metrics import bytes_at, rounds_to_target
+from fedforge.evaluation.participation import participation
 from fedforge.report.facts import run_facts
 from fedforge.report.progress import format_bytes, score_text
+from fedforge.selection.history import History
 from fedforge.server.experiment import Experiment
 from fedforge.store import RoundRecord
 
@@ -18,9 +20,11 @@ def summarize_run(
     evals: tuple[list[int], list[float]],
     seconds: float,
     privacy_state: dict[str, Any] | None = None,
+    history: History | None = None,
 ) -> dict[str, Any]:
     """Rounds done, rounds to target (from the evaluation history), bytes, wall time;
-    privacy spent by the participation ``privacy_state`` recorded."""
+    privacy spent by the participation ``privacy_state`` recorded; how the cohorts
+    spread over the clients (``history``: what the server knew of each one)."""
     cfg = exp.cfg
     target = cfg.target_accuracy
     rtt = rounds_to_target(evals[0], evals[1], target) if target is not None else None
@@ -63,7 +67,18 @@ def summarize_run(
             if exp.privacy is not None
             else {}
         ),
+        **({"participation": _participation(exp, history)} if history is not None else {}),
     }
+
+
+def _participation(exp: Experiment, history: History) -> dict[str, Any]:
+    rows = history.rows
+    return participation(
+        exp.cfg.num_clients,
+        {c: r.get("asked", 0) for c, r in rows.items()},
+        {c: r.get("used", 0) for c, r in rows.items()},
+        {c: r["first_asked"] for c, r in rows.items() if r.get("first_asked") is not None},
+    )
 
 
 def format_summary(summary: dict[str, Any]) -> str:

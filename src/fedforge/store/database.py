@@ -85,6 +85,12 @@ ROUND_TABLES: dict[str, str] = {
     "client_work": """CREATE TABLE IF NOT EXISTS client_work (round_idx INTEGER NOT NULL,
         client_id INTEGER NOT NULL, examples INTEGER, bytes_down INTEGER, bytes_up INTEGER,
         PRIMARY KEY (round_idx, client_id))""",
+    # each upload round's cohort: the clients asked for it (whether or not their
+    # upload arrived or was taken), drawn at round ``drawn_round`` (an upload
+    # period's first round)
+    "cohorts": """CREATE TABLE IF NOT EXISTS cohorts (round_idx INTEGER NOT NULL,
+        client_id INTEGER NOT NULL, drawn_round INTEGER NOT NULL,
+        PRIMARY KEY (round_idx, client_id))""",
     # the alerts fired after each round (fedforge.alerts): the rule, the measured value
     # against its threshold, the client it names (client_refused), what its actions did
     "alerts": """CREATE TABLE IF NOT EXISTS alerts (round_idx INTEGER NOT NULL,

@@ -18,7 +18,9 @@ from typing import Any
 import numpy as np
 
 from fedforge.evaluation.clients import summarize_accuracies
-from fedforge.report.html.gather import Data, finite
+from fedforge.evaluation.participation import lorenz
+from fedforge.evaluation.participation import participation as participation_figures
+from fedforge.report.html.gather import VIRTUAL_TIME, Data, finite
 from fedforge.report.reasons import reason_kind
 from fedforge.store.runstore import RunStore
 
@@ -111,21 +113,47 @@ def groups(store: RunStore) -> Data:
     return finite({"attributes": attributes})
 
 
-def participation(counts: dict[int, int], num_clients: int) -> Data:
+def participation(store: RunStore, counts: dict[int, int], num_clients: int) -> Data:
     """In how many rounds each client's update was aggregated (``client_rounds``:
-    refused uploads and skipped rounds are not there), and how many of the run's
-    clients never had one aggregated."""
+    refused uploads and skipped rounds are not there), how many of the run's
+    clients never had one aggregated; and how the cohorts spread (``cohorts``:
+    the clients each round asked): Jain's index and Gini of the rounds asked,
+    the never asked, the wait for a first cohort (in virtual seconds too where
+    the rounds have a ``virtual_time`` column, the clock at each round's end),
+    the Lorenz curves. A store without ``cohorts`` (an older run) counts the
+    rounds aggregated in their place (``asked_recorded`` False)."""
     ids = sorted(counts)
     values = [counts[c] for c in ids]
-    return {
-        **_per_client(ids, values, "rounds"),
-        "clients_seen": len(ids),
-        "num_clients": num_clients,
-        "never": max(num_clients - len(ids), 0),
-        "min": min(values, default=None),
-        "median": statistics.median(values) if values else None,
-        "max": max(values, default=None),
-    }
+    cohorts = store.read_rows("cohorts")  # (round, client, drawn round)
+    asked: Counter[int] = Counter(c for _, c, _ in cohorts)
+    first: dict[int, int] = {}
+    for _, c, drawn in cohorts:
+        first[c] = min(first.get(c, drawn), drawn)
+    if not cohorts:  # an older store: the rounds aggregated stand in
+        asked = Counter(counts)
+        for row in store.client_rounds():
+            first.setdefault(row.client_id, row.round_idx)  # in round order
+    virtual = store.round_column(VIRTUAL_TIME)
+    ends = {r: float(v) for r, v in virtual or [] if v is not None}
+    stats = participation_figures(num_clients, asked, counts, first, ends or None)
+    every = [asked.get(c, 0) for c in range(num_clients)]
+    return finite(
+        {
+            **_per_client(ids, values, "rounds"),
+            "clients_seen": len(ids),
+            "num_clients": num_clients,
+            "never": max(num_clients - len(ids), 0),
+            "min": min(values, default=None),
+            "median": statistics.median(values) if values else None,
+            "max": max(values, default=None),
+            "asked_recorded": bool(cohorts),
+            "stats": stats,
+            "asked": every if num_clients <= PER_CLIENT else None,
+            "asked_bins": None if num_clients <= PER_CLIENT else histogram(every),
+            "lorenz_asked": lorenz(every),
+            "lorenz_used": lorenz([counts.get(c, 0) for c in range(num_clients)]),
+        }
+    )
 
 
 def updates(store: RunStore) -> Data:

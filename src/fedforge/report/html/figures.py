@@ -160,17 +160,31 @@ def group_figures(d: Data) -> Figures:
 
 
 def participation_figures(d: Data) -> Figures:
-    if not d["clients_seen"]:
-        return []
-    if d["bins"] is not None:
-        return [
-            (
-                "participation",
-                distribution("Rounds aggregated per client", None, d["bins"], "rounds"),
+    out: Figures = []
+    if d["clients_seen"]:
+        if d["bins"] is not None:
+            fig = distribution("Rounds aggregated per client", None, d["bins"], "rounds")
+        else:
+            fig = bars(
+                "Rounds aggregated per client", d["client_id"], d["rounds"], "client", "rounds"
             )
-        ]
-    fig = bars("Rounds aggregated per client", d["client_id"], d["rounds"], "client", "rounds")
-    return [("participation", fig)]
+        out.append(("participation", fig))
+    if not d["asked_recorded"]:
+        return out
+    out.append(
+        ("asked", distribution("Clients by rounds asked", d["asked"], d["asked_bins"], "rounds"))
+    )
+    asked, used = d["lorenz_asked"], d["lorenz_used"]
+    curves: list[Trace] = [
+        ("rounds asked", asked["clients"], asked["share"]),
+        ("rounds aggregated", used["clients"], used["share"]),
+        ("equal shares", [0.0, 1.0], [0.0, 1.0]),
+    ]
+    lorenz = lines(
+        "Lorenz curve of participation", curves, "share of participations", "share of clients"
+    )
+    out.append(("lorenz", lorenz))
+    return out
 
 
 def update_figures(d: Data) -> Figures:

@@ -87,13 +87,33 @@ def _groups(d: Data) -> Section:
 
 def _participation(d: Data) -> Section:
     s = Section("participation", "Participation", d, figures=figures.participation_figures(d))
-    if not d["clients_seen"]:
+    if not d["clients_seen"] and not d["asked_recorded"]:
         s.empty = "No client's update has been aggregated in a recorded round."
         return s
+    p = d["stats"]
+    asked = "rounds asked" if d["asked_recorded"] else "rounds aggregated (no cohorts recorded)"
+    wait = ""
+    if p["first_asked_median_rounds"] is not None:
+        wait = (
+            f" A client waited {_num(p['first_asked_median_rounds'])} rounds (median) for its "
+            f"first cohort, {p['first_asked_max_rounds']} at most"
+        )
+        if p["first_asked_median_s"] is not None:
+            wait += (
+                f"; {_num(p['first_asked_median_s'])} s of virtual time (median), "
+                f"{_num(p['first_asked_max_s'])} s at most"
+            )
+        wait += "."
+    never = f" Never asked: {p['never_asked_ids']}." if p["never_asked"] else ""
     s.body = text(
         f"{d['clients_seen']} of {d['num_clients']} clients had an update aggregated in at "
         f"least one round ({d['never']} never; a refused upload does not count); rounds "
         f"aggregated per client: min {d['min']}, median {d['median']}, max {d['max']}."
+    ) + text(
+        f"Over the {asked}: Jain's index {_num(p['jain_asked'], '.3f')}, Gini "
+        f"{_num(p['gini_asked'], '.3f')}; over the rounds aggregated: Jain "
+        f"{_num(p['jain_used'], '.3f')}, Gini {_num(p['gini_used'], '.3f')}; "
+        f"{p['never_asked']} of {p['num_clients']} clients never asked.{wait}{never}"
     )
     return s
 
@@ -242,7 +262,7 @@ def gather_run(store: RunStore) -> tuple[Data, dict[str, Data]]:
         "clients": clients.client_accuracy(store, counts),
         "groups": clients.groups(store),
         "participation": clients.participation(
-            counts, num_clients if isinstance(num_clients, int) else len(counts)
+            store, counts, num_clients if isinstance(num_clients, int) else len(counts)
         ),
         "updates": clients.updates(store),
         "refused": clients.refused(store),

@@ -1,0 +1,157 @@
+"""``oort``: Lai, Zhu, Madhyastha and Chowdhury 2021, "Oort: Efficient Federated
+Learning via Guided Participant Selection" (OSDI '21), Algorithm 1, as far as
+what the server knows of each client (selection/history.py) permits.
+
+A client heard from (its update taken with a loss: *explored*) scores
+
+    u_i   = U_i / max_j U_j + sqrt(staleness * ln R / L_i)
+    score = u_i * (T / t_i) ** alpha    when t_i > T, else u_i
+
+- U_i, the statistical utility, is the paper's |B_i| sqrt(mean_k loss_k^2) over
+  the client's samples; the server has its example count n_i and one reported
+  mean training loss, so U_i = n_i * last_loss (exact when every sample's loss
+  is the mean). U is divided by the largest among the clients that may be asked
+  (the paper's code normalises before adding the bonus; a max-scaling here).
+- The staleness bonus: R the round (from 1), L_i the round (from 1) the client's
+  update was last taken: the longer ago, the larger, so a client not tried
+  recently comes back.
+- t_i: the seconds its last arrived upload took (``last_duration_s``); T, the
+  developer's preferred round duration (``preferred_duration_s``), or else the
+  ``duration_percentile``-th percentile of the durations known; alpha: ``penalty``.
+  A client never measured takes no penalty.
+- The pacer: when the exploited utility of the last ``pacer_window`` rounds is
+  within 10% of the window before (stalled), the percentile T is drawn at rises
+  by ``pacer_delta`` (more slow clients allowed in). Deviation: the paper keeps
+  the utility of each round and lets the relaxations accumulate; a policy here
+  keeps no state (resume exactness), so the windows are those clients' last
+  uses as the history holds them and the step is one, this round only. A fixed
+  ``preferred_duration_s`` is not paced.
+- Exploration: a share epsilon = max(exploration * decay ** round, min) of the
+  cohort goes to clients never heard from, faster first (drawn with weights
+  1 / t_i where measured, the median such weight where not); the rest is
+  exploited: drawn, with probabilities proportional to score, among the
+  explored whose score is at least ``cut_off`` times the score ranked at the
+  exploited count (the paper's confidence cut-off). Either part too small: the
+  other fills the cohort.
+- Not done: the paper's blacklisting of clients picked too often and the
+  clipping of utilities at a percentile (outlier robustness).
+
+It reads the reported losses (``reads_losses``): refused where the run's
+privacy keeps them from the server (secure aggregation).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from fedforge.selection.options import OortOptions
+
+if TYPE_CHECKING:
+    from fedforge.config.components import ComponentContext
+    from fedforge.selection.history import ClientHistories
+    from fedforge.selection.named import SelectionRound
+
+STALLED = 0.1  # the pacer's relative change of utility below which it relaxes T
+
+
+def utility(history: ClientHistories, client_id: int) -> float:
+    """U_i = n_i * last_loss: the statistical utility of an explored client."""
+    row = history[client_id]
+    return float(row.num_examples) * float(row.last_loss or 0.0)
+
+
+class Oort:
+    reads_losses = True
+
+    def __init__(self, options: OortOptions) -> None:
+        self.o = options
+
+    def exploration_at(self, round_idx: int) -> float:
+        """epsilon of round ``round_idx`` (0-based): decayed once a round."""
+        o = self.o
+        return max(o.exploration * o.exploration_decay**round_idx, o.exploration_min)
+
+    def stalled(self, round: SelectionRound) -> bool:
+        """Whether the utility taken in the last window is within 10% of the one before."""
+        w, now = self.o.pacer_window, round.round_idx
+        if now < 2 * w:
+            return False
+        recent = before = 0.0
+        for c, row in round.history.items():
+            if row.last_loss is None or row.last_used is None:
+                continue
+            if now - w <= row.last_used < now:
+                recent += utility(round.history, c)
+            elif now - 2 * w <= row.last_used < now - w:
+                before += utility(round.history, c)
+        return before > 0 and abs(recent - before) <= STALLED * before
+
+    def preferred_duration(self, round: SelectionRound) -> float:
+        """T: the option, or the (paced) percentile of the durations known; inf: none."""
+        if self.o.preferred_duration_s is not None:
+            return self.o.preferred_duration_s
+        known = [r.last_duration_s for r in round.history.values() if r.last_duration_s is not None]
+        if not known:
+            return math.inf
+        q = self.o.duration_percentile + (self.o.pacer_delta if self.stalled(round) else 0.0)
+        return float(np.percentile(known, min(q, 100.0)))
+
+    def scores(self, round: SelectionRound) -> dict[int, float]:
+        """The score of each explored client among those that may be asked."""
+        explored = [c for c in round.among if round.history[c].last_loss is not None]
+        if not explored:
+            return {}
+        top = max(utility(round.history, c) for c in explored)
+        T, log_r = self.preferred_duration(round), math.log(round.round_idx + 1)
+        out = {}
+        for c in explored:
+            row = round.history[c]
+            u = utility(round.history, c) / top if top > 0 else 0.0
+            last = (row.last_used if row.last_used is not None else 0) + 1
+            u += math.sqrt(self.o.staleness * log_r / last)
+            t = row.last_duration_s
+            if t is not None and t > T:
+                u *= (T / t) ** self.o.penalty
+            out[c] = u
+        return out
+
+    def select(self, round: SelectionRound) -> list[int]:
+        scores = self.scores(round)
+        fresh = [c for c in round.among if c not in scores]
+        share = 1 - self.exploration_at(round.round_idx)
+        exploit = min(math.floor(round.size * share + 1e-9), len(scores))
+        explore = min(round.size - exploit, len(fresh))
+        exploit = round.size - explore  # the explored fill what the fresh cannot
+        return [*self._exploit(scores, exploit, round.rng), *self._explore(round, fresh, explore)]
+
+    def _exploit(self, scores: dict[int, float], k: int, rng: np.random.Generator) -> list[int]:
+        """``k`` explored clients by score, among those above the cut-off."""
+        if k == 0:
+            return []
+        ranked = sorted(scores, key=lambda c: (-scores[c], c))
+        bar = self.o.cut_off * scores[ranked[k - 1]]
+        pool = [c for c in ranked if scores[c] >= bar]
+        weights = np.array([scores[c] for c in pool])
+        if np.count_nonzero(weights) < k:  # too few with a score: the best ones
+            return ranked[:k]
+        picked = rng.choice(len(pool), size=k, replace=False, p=weights / weights.sum())
+        return [pool[int(i)] for i in picked]
+
+    def _explore(self, round: SelectionRound, fresh: Sequence[int], k: int) -> list[int]:
+        """``k`` clients never heard from, faster ones (by last duration) likelier."""
+        if k == 0:
+            return []
+        speed = [round.history[c].last_duration_s for c in fresh]
+        known = [1.0 / t for t in speed if t is not None and t > 0]
+        default = float(np.median(known)) if known else 1.0
+        w = np.array([1.0 / t if t is not None and t > 0 else default for t in speed])
+        picked = round.rng.choice(len(fresh), size=k, replace=False, p=w / w.sum())
+        return [fresh[int(i)] for i in picked]
+
+
+def factory(context: ComponentContext) -> Oort:
+    return Oort(context.options)
