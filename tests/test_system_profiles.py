@@ -71,7 +71,11 @@ def test_history_keeps_durations_and_reads_older_checkpoints() -> None:
     assert view[0].last_duration_s == 12.5 and view[1].last_duration_s is None
     stored = h.state_dict()
     assert History.from_state(stored).view([10, 20])[0] == view[0]
-    older = [row[:-1] for row in stored]  # written before durations were kept
+    from fedforge.selection.history import _COLUMNS
+
+    # written before durations were kept: the columns from last_duration_s on absent
+    kept = 1 + _COLUMNS.index("last_duration_s")
+    older = [row[:kept] for row in stored]
     assert History.from_state(older).view([10, 20])[0].last_duration_s is None
 
 
