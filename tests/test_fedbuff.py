@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from tests.conftest import TINY_LOGREG, MakeData
 
 from fedforge.aggregation.staleness import StalenessWeight
 from fedforge.config.parse import from_dict
@@ -24,7 +25,6 @@ from fedforge.server.loop import resume, run
 from fedforge.store import RunStore, load_latest
 from fedforge.store.final import load_final
 from fedforge.systems import ClientProfile, write_profiles
-from tests.conftest import TINY_LOGREG, MakeData
 
 LR = 0.001
 SIZES = [4, 4, 4, 4]

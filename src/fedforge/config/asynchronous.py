@@ -13,15 +13,17 @@ what it does not compose with.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Literal
 
 from fedforge.config.bounds import MAX_CLIENTS, MAX_ROUNDS
+from fedforge.config.communication import CommunicationConfig
 from fedforge.config.compat import cohort_size
+from fedforge.config.evaluation import DiagnosticsConfig
+from fedforge.config.local import StragglerConfig
+from fedforge.config.privacy import PrivacyConfig
 from fedforge.config.ranges import Most, Range
+from fedforge.config.robust import RobustConfig
 from fedforge.core.errors import ConfigError
-
-if TYPE_CHECKING:
-    from fedforge.config.schema import Config
 
 AsyncMode = Literal["sync", "fedbuff"]
 # constant: 1; polynomial: (1 + s)^-a; hinge: 1 up to b steps, then 1 / (a (s - b) + 1)
@@ -67,36 +69,42 @@ class AsynchronousConfig:
                 f"{m}: a step takes at most the updates of the clients training at once"
             )
 
+    def concurrency_of(self, num_clients: int, client_fraction: float) -> int:
+        """M: the clients training at once under ``fedbuff``."""
+        m = self.concurrency
+        return m if m is not None else cohort_size(num_clients, client_fraction)
 
-def concurrency_of(cfg: Config) -> int:
-    """M: the clients training at once under ``fedbuff``."""
-    m = cfg.asynchronous.concurrency
-    return m if m is not None else cohort_size(cfg.num_clients, cfg.client_fraction)
-
-
-def buffer_size_of(cfg: Config) -> int:
-    """K: the updates one server step takes under ``fedbuff``."""
-    k = cfg.asynchronous.buffer_size
-    return k if k is not None else concurrency_of(cfg)
+    def buffer_size_of(self, num_clients: int, client_fraction: float) -> int:
+        """K: the updates one server step takes under ``fedbuff``."""
+        k = self.buffer_size
+        return k if k is not None else self.concurrency_of(num_clients, client_fraction)
 
 
-def buffered_fits(cfg: Config) -> None:
+def buffered_fits(
+    asyn: AsynchronousConfig,
+    num_clients: int,
+    client_fraction: float,
+    algorithm: str,
+    privacy: PrivacyConfig,
+    robust: RobustConfig,
+    communication: CommunicationConfig,
+    stragglers: StragglerConfig,
+    diagnostics: DiagnosticsConfig,
+) -> None:
     """What buffered asynchronous aggregation does not compose with, refused in
     one line each (the rest of the config runs as in synchronous rounds)."""
-    if not cfg.asynchronous.buffered:
+    if not asyn.buffered:
         return
     said = "asynchronous.mode = 'fedbuff'"
-    m, k = concurrency_of(cfg), buffer_size_of(cfg)
-    if m > cfg.num_clients:
-        raise ConfigError(
-            f"asynchronous.concurrency = {m} is more than the {cfg.num_clients} clients"
-        )
+    m = asyn.concurrency_of(num_clients, client_fraction)
+    k = asyn.buffer_size_of(num_clients, client_fraction)
+    if m > num_clients:
+        raise ConfigError(f"asynchronous.concurrency = {m} is more than the {num_clients} clients")
     if k > m:
         raise ConfigError(
             f"asynchronous.buffer_size = {k} is larger than the concurrency M = {m}: a step "
             "takes at most the updates of the clients training at once"
         )
-    privacy = cfg.privacy
     refusals = [
         (
             privacy.dp != "none" or privacy.tiers.enabled or privacy.sampling == "poisson",
@@ -110,32 +118,32 @@ def buffered_fits(cfg: Config) -> None:
             "together, which a buffer of updates from different moments is not",
         ),
         (
-            cfg.robust.aggregator != "mean",
-            f"robust.aggregator = '{cfg.robust.aggregator}': a robust rule compares updates "
+            robust.aggregator != "mean",
+            f"robust.aggregator = '{robust.aggregator}': a robust rule compares updates "
             "trained from one model, and a buffer's come from several (their staleness "
             "differs as well as their honesty); use 'mean' (the norm bounds still apply)",
         ),
         (
-            cfg.algorithm == "scaffold",
+            algorithm == "scaffold",
             "algorithm 'scaffold': its control variates assume each update was trained "
             "against the server's current control",
         ),
         (
-            cfg.communication.groups > 0,
+            communication.groups > 0,
             "communication.groups: edge means gather a synchronous cohort",
         ),
         (
-            cfg.communication.upload_every > 1,
-            f"communication.upload_every = {cfg.communication.upload_every}: upload "
+            communication.upload_every > 1,
+            f"communication.upload_every = {communication.upload_every}: upload "
             "periods are rounds of a synchronous cohort",
         ),
         (
-            cfg.stragglers.fraction > 0,
+            stragglers.fraction > 0,
             "stragglers.fraction > 0: slow clients are the profiles' (systems.profiles), "
             "on the virtual clock",
         ),
         (
-            cfg.diagnostics.loss_gap,
+            diagnostics.loss_gap,
             "diagnostics.loss_gap: it scores the model a cohort starts from, and a "
             "buffer's clients started from different ones",
         ),

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 from fedforge.config import compat
 from fedforge.config import task as task_rules
 from fedforge.config.alerts import AlertsConfig, budget_rules_need_budget
+from fedforge.config.asynchronous import AsynchronousConfig, buffered_fits
 from fedforge.config.bounds import (
     MAX_CLIENTS,
     MAX_EXAMPLES,
@@ -44,7 +45,6 @@ from fedforge.config.ranges import Most, Range, check_ranges
 from fedforge.config.robust import RobustConfig
 from fedforge.config.selection import SelectionConfig, policy_fits_privacy
 from fedforge.config.server_optimizer import ServerOptimizerConfig
-from fedforge.config.asynchronous import AsynchronousConfig, buffered_fits
 from fedforge.config.systems import SystemsConfig
 from fedforge.core.device import DEVICE_NAMES, is_device_name
 from fedforge.core.errors import FieldCheck, raise_first
@@ -266,7 +266,17 @@ def check(cfg: Config) -> None:
     compat.central_dp_needs_dense_uplink(cfg.privacy, cfg.communication)
     compat.groups_exclude_central_dp(cfg.communication, cfg.privacy)
     budget_rules_need_budget(cfg.alerts, cfg.privacy.target_epsilon)
-    buffered_fits(cfg)
+    buffered_fits(
+        cfg.asynchronous,
+        cfg.num_clients,
+        cfg.client_fraction,
+        cfg.algorithm,
+        cfg.privacy,
+        cfg.robust,
+        cfg.communication,
+        cfg.stragglers,
+        cfg.diagnostics,
+    )
     remote_data_fits(
         cfg.deployment,
         cfg.partition,

@@ -35,15 +35,14 @@ from functools import partial
 
 from fedforge.aggregation.staleness import StalenessWeight
 from fedforge.client.runtime import ClientTask
-from fedforge.config.asynchronous import buffer_size_of, concurrency_of
 from fedforge.core.errors import ConfigError
 from fedforge.core.rng import numpy_rng
 from fedforge.report.progress import Progress
 from fedforge.robust.typical_norm import remember
 from fedforge.selection.named import SelectionRound
 from fedforge.selection.sampling import cohort_rng
-from fedforge.server.builtin_hooks import run_hooks
 from fedforge.server.buffered_state import BufferedState, InFlight
+from fedforge.server.builtin_hooks import run_hooks
 from fedforge.server.cohort import checked_choice
 from fedforge.server.collectors.base import RoundLog
 from fedforge.server.collectors.buffer import Buffer
@@ -107,8 +106,10 @@ def run_buffered_round(
     hooks.round_start(info)
     log = RoundLog(state.rejected, state.skipped, bar, round_idx, partial(_refused, hooks, info))
     orders = configure(exp, state, round_idx, round_idx, [])
-    size = buffer_size_of(cfg)
-    weight = StalenessWeight.of(cfg.asynchronous)
+    asyn = cfg.asynchronous
+    size = asyn.buffer_size_of(cfg.num_clients, cfg.client_fraction)
+    concurrency = asyn.concurrency_of(cfg.num_clients, cfg.client_fraction)
+    weight = StalenessWeight.of(asyn)
     buffer = Buffer(
         exp, round_idx, log, len(orders.payload), orders.dense, orders.limits, size, weight,
         info.diagnostics,
@@ -117,7 +118,7 @@ def run_buffered_round(
     sent = 0
     while not buffer.full:
         nxt = buffered.next_arrival()
-        free = concurrency_of(cfg) - len(buffered.in_flight)
+        free = concurrency - len(buffered.in_flight)
         if free > 0 and (nxt is None or nxt > buffered.now):  # this instant's uploads are in
             sent += _dispatch(exp, state, buffered, orders, free, {e.client_id for e in heard}, bar)
             nxt = buffered.next_arrival()
@@ -182,8 +183,10 @@ def _dispatch(
     if size == 0:
         return 0
     draw = buffered.next_draw(round_idx)
-    rng = cohort_rng(cfg.seed, round_idx) if draw == 0 else numpy_rng(
-        cfg.seed, "cohort", round_idx, draw
+    rng = (
+        cohort_rng(cfg.seed, round_idx)
+        if draw == 0
+        else numpy_rng(cfg.seed, "cohort", round_idx, draw)
     )
     sizes = exp.client_sizes()
     ask = SelectionRound(round_idx, pool, size, state.selection.view(sizes), rng)
@@ -234,9 +237,15 @@ def _outputs(
     seconds from its start; arrived 0, it failed) and the step's virtual time
     and staleness (``buffered_rounds``)."""
     state.outputs["client_times"] = [
-        (round_idx, e.client_id, e.download_s, e.compute_s,
-         e.upload_s if e.data is not None else math.nan, e.arrives - e.started,
-         int(e.data is not None))  # fmt: skip
+        (
+            round_idx,
+            e.client_id,
+            e.download_s,
+            e.compute_s,
+            e.upload_s if e.data is not None else math.nan,
+            e.arrives - e.started,
+            int(e.data is not None),
+        )  # fmt: skip
         for e in sorted(heard, key=lambda e: e.client_id)
     ]
     mean = sum(staleness) / len(staleness) if staleness else math.nan

@@ -23,7 +23,6 @@ from fedforge.store import CheckpointError
 from fedforge.systems.profile import ClientProfile
 
 
-
 @dataclass(frozen=True, order=True)
 class InFlight:
     """A client at work: it arrives at ``arrives`` (virtual seconds) with ``data``,
@@ -78,13 +77,19 @@ class BufferedState:
         tensors: dict[str, torch.Tensor] = {}
         for e in sorted(self.in_flight):
             rows.append(
-                [e.client_id, e.version, e.started, e.arrives, e.download_s, e.compute_s,
-                 e.upload_s, e.data is not None]  # fmt: skip
+                [
+                    e.client_id,
+                    e.version,
+                    e.started,
+                    e.arrives,
+                    e.download_s,
+                    e.compute_s,
+                    e.upload_s,
+                    e.data is not None,
+                ]  # fmt: skip
             )
             if e.data is not None:
-                tensors[str(e.client_id)] = torch.frombuffer(
-                    bytearray(e.data), dtype=torch.uint8
-                )
+                tensors[str(e.client_id)] = torch.frombuffer(bytearray(e.data), dtype=torch.uint8)
         meta = {"now": self.now, "in_flight": rows, "draws": [self.draws_round, self.draws]}
         return meta, tensors
 

@@ -113,7 +113,9 @@ class Buffer(StreamingMean):
         if aggregate is not None:
             need = self.exp.cfg.robust.min_clients_of(self.size)
             if len(self.clients) < need:
-                why = f"only {len(self.clients)} accepted update(s), fewer than min_clients = {need}"
+                why = (
+                    f"only {len(self.clients)} accepted update(s), fewer than min_clients = {need}"
+                )
         return self._collected(aggregate, why, [self.extras[c] for c in self.clients])
 
     def taken_staleness(self) -> list[int]:
