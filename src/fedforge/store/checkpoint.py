@@ -5,6 +5,8 @@
 - ``state.safetensors``: global ``params``, ``optimizer/<name>`` for each server
   optimizer state tensor, ``torch_rng_state``;
 - ``algorithm/<name>`` in the same file: an algorithm's server state (SCAFFOLD's c);
+- ``in_flight/<client>`` in the same file: under buffered asynchronous
+  aggregation, the encoded update of each client still at work (uint8);
 - for each named per-client table the run keeps, its written rows as a chain
   of segment files (store/segments.py): ``client_state.r<round>.bin`` for
   error-feedback residuals (``residual``), ``client_state.<name>.r<round>.bin``
