@@ -145,6 +145,43 @@ def test_staler_than_max_staleness_is_refused(make_data: MakeData, tmp_path: Pat
     torch.testing.assert_close(result.params, want, rtol=0, atol=1e-12)
 
 
+def test_a_failing_client_frees_its_slot_and_a_short_buffer_steps(
+    make_data: MakeData, tmp_path: Path
+) -> None:
+    """Client 1 always fails before its upload (its slot frees when it would have
+    uploaded, at 2 s); no other client may be handed work before the next step,
+    so each buffer closes with client 0's update alone (min_clients 1): the model
+    moves by client 0's delta, round after round."""
+    path = tmp_path / "failing.csv"
+    write_profiles(
+        path,
+        [
+            ClientProfile(0, 4.0, 1e300, 1e300),
+            ClientProfile(1, 2.0, 1e300, 1e300, failure_prob=1.0),
+        ],
+    )
+    cfg = _hand_cfg(
+        tmp_path,
+        num_clients=2,
+        rounds=2,
+        systems={"profiles": str(path)},
+        asyn={"concurrency": 2},
+        robust={"max_norm_multiple": None, "min_clients": 1},
+    )
+    data = make_data(SIZES[:2])
+    result = run(cfg, data=data)
+    with RunStore.open(result.run_dir) as store:
+        used = [[c.client_id for c in store.client_rounds(r)] for r in range(2)]
+        times = [(r[0], r[1], r[5], r[6]) for r in store.read_rows("client_times")]
+        steps = [r[1] for r in store.read_rows("buffered_rounds")]
+    assert used == [[0], [0]]
+    assert times == [(0, 0, 1.0, 1), (0, 1, 2.0, 0), (1, 0, 1.0, 1), (1, 1, 2.0, 0)]
+    assert steps == [2.0, 4.0]
+    w0 = build(cfg, data).initial_params
+    w1 = w0 + _delta(data, w0, 0)
+    torch.testing.assert_close(result.params, w1 + _delta(data, w1, 0), rtol=0, atol=1e-12)
+
+
 class _Crash(RoundHook):
     """Fails the run when round ``at`` starts (after the checkpoint before it)."""
 
