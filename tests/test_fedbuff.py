@@ -266,3 +266,10 @@ def test_what_fedbuff_does_not_compose_with_is_refused(over: dict[str, Any], say
     text = str(info.value)
     assert text.startswith("asynchronous.mode = 'fedbuff' with ") and says in text
     assert "\n" not in text
+
+
+def test_a_cohort_stage_is_refused_when_the_run_is_built(make_data: MakeData) -> None:
+    cfg = _cfg(asynchronous={"mode": "fedbuff"}, robust={"norm_gate": 3.5})
+    with pytest.raises(ConfigError, match="needs a streaming mean") as info:
+        run(cfg, data=make_data(SIZES), store=False)
+    assert "\n" not in str(info.value)
