@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 from fedforge.config import compat
 from fedforge.config import task as task_rules
 from fedforge.config.alerts import AlertsConfig, budget_rules_need_budget
+from fedforge.config.asynchronous import AsynchronousConfig, buffered_fits
 from fedforge.config.bounds import (
     MAX_CLIENTS,
     MAX_EXAMPLES,
@@ -120,6 +121,8 @@ class Config:
     perfedavg: PerFedAvgConfig = field(default_factory=PerFedAvgConfig)
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     systems: SystemsConfig = field(default_factory=SystemsConfig)
+    # synchronous rounds, or buffered asynchronous aggregation (FedBuff)
+    asynchronous: AsynchronousConfig = field(default_factory=AsynchronousConfig)
     rounds: Annotated[int, Range(">= 1"), Most(MAX_ROUNDS, "rounds")] = 60
     target_accuracy: Annotated[
         float | None, Range("(0, 1]", note="a fraction, e.g. 0.99", null="")
@@ -213,6 +216,7 @@ def check(cfg: Config) -> None:
         cfg.synthetic,
         cfg.deployment,
         cfg.alerts,
+        cfg.asynchronous,
     )
     names = {id(getattr(cfg, f.name)): f.name for f in dataclasses.fields(cfg)}
     for section in sections:
@@ -262,6 +266,17 @@ def check(cfg: Config) -> None:
     compat.central_dp_needs_dense_uplink(cfg.privacy, cfg.communication)
     compat.groups_exclude_central_dp(cfg.communication, cfg.privacy)
     budget_rules_need_budget(cfg.alerts, cfg.privacy.target_epsilon)
+    buffered_fits(
+        cfg.asynchronous,
+        cfg.num_clients,
+        cfg.client_fraction,
+        cfg.algorithm,
+        cfg.privacy,
+        cfg.robust,
+        cfg.communication,
+        cfg.stragglers,
+        cfg.diagnostics,
+    )
     remote_data_fits(
         cfg.deployment,
         cfg.partition,

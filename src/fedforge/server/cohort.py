@@ -31,6 +31,11 @@ def sample(
         return []
     known = (history if history is not None else History()).view(exp.client_sizes())
     ask = SelectionRound(start, pool, size, known, cohort_rng(cfg.seed, start))
+    return checked_choice(exp, ask)
+
+
+def checked_choice(exp: Experiment, ask: SelectionRound) -> list[int]:
+    """The run's policy's sorted choice for ``ask``, checked."""
     return _checked(exp, ask, exp.selection.select(ask))
 
 

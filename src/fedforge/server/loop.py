@@ -31,6 +31,7 @@ from fedforge.data import PartitionSummary
 from fedforge.data.federated import FederatedData
 from fedforge.engines import Engine, close_engine
 from fedforge.engines.threads import set_threads
+from fedforge.server.buffered import check_buffered
 from fedforge.server.builtin_hooks import run_hooks
 from fedforge.server.experiment import Experiment, build, client_tables
 from fedforge.server.hooks import RoundHook, RoundHooks
@@ -65,6 +66,7 @@ def run(
     (else the config's: a deployment server passes its network engine);
     ``hooks``: the caller's round hooks (server/hooks.py), told of each round."""
     exp = _with_engine(build(cfg, data, task), engine)
+    check_buffered(exp)
     chain = run_hooks(hooks)  # hooks a config names (the registry's) are to join these
     partition = partition_summary(exp)
     if progress:
@@ -121,6 +123,7 @@ def resume(
         if device is not None:
             stored = override(stored, {"device": device})
         exp = _with_engine(build(stored, data, task), engine)
+        check_buffered(exp)
         chain = run_hooks(hooks)
         lock.acquire()  # refuses while another process writes the run, or a read-only one
         plugins = used_plugins(config_components(exp.cfg))

@@ -11,6 +11,7 @@ import time
 
 from fedforge.alerts import Monitor
 from fedforge.report.progress import Progress, percent
+from fedforge.server.buffered import run_buffered_round
 from fedforge.server.builtin_hooks import run_hooks
 from fedforge.server.experiment import Experiment
 from fedforge.server.hooks import RoundHooks
@@ -92,7 +93,8 @@ def _one_round(
 ) -> RoundRecord:
     """Run round ``state.next_round`` and record it (store, privacy spend, bar)."""
     clip = state.privacy.get("clip_norm", exp.cfg.privacy.clip_norm)  # this round's
-    record, clients = run_round(exp, state, state.next_round, bar, hooks)
+    one = run_buffered_round if state.buffered is not None else run_round
+    record, clients = one(exp, state, state.next_round, bar, hooks)
     state.records.append(record)
     state.total_bytes += record.bytes_up + record.bytes_down
     state.next_round += 1
@@ -153,6 +155,8 @@ def _result(
     if state.initial_eval is not None:
         summary["initial_accuracy"], summary["initial_loss"] = state.initial_eval
     summary.update(stops)
+    if state.buffered is not None:  # buffered aggregation: the virtual clock's time
+        summary["virtual_time_s"] = state.buffered.now
     return RunResult(
         state.params,
         state.records,

@@ -20,6 +20,7 @@ import torch
 from fedforge.core.errors import StopNow, StoreError
 from fedforge.selection.history import History
 from fedforge.server import optimizers
+from fedforge.server.buffered_state import BufferedState
 from fedforge.server.experiment import Experiment, client_tables
 from fedforge.server.optimizers import ServerOptimizer
 from fedforge.store import (
@@ -63,6 +64,9 @@ class LoopState:
     # what the server knows of each client asked so far: the selection policy's
     # input (selection/history.py), kept by the selection hook (checkpointed)
     selection: History = field(default_factory=History)
+    # buffered asynchronous aggregation: the clock and the clients at work
+    # (checkpointed); None in synchronous rounds
+    buffered: BufferedState | None = None
 
     @classmethod
     def fresh(cls, exp: Experiment) -> LoopState:
@@ -76,6 +80,8 @@ class LoopState:
             state.algorithm_state = server.initial_state(exp.spec.size, exp.initial_params.dtype)
         if exp.privacy is not None:
             state.privacy = exp.privacy.initial_state()
+        if exp.cfg.asynchronous.buffered:
+            state.buffered = BufferedState()
         return state
 
     def anomalies(self, round_idx: int) -> list[AnomalyRecord]:
@@ -98,6 +104,9 @@ class LoopState:
         }
         if self.initial_eval is not None:
             loop["initial_eval"] = list(self.initial_eval)
+        in_flight: dict[str, torch.Tensor] = {}
+        if self.buffered is not None:
+            loop["buffered"], in_flight = self.buffered.state_dict()
         return Checkpoint(
             self.next_round,
             self.params,
@@ -105,6 +114,7 @@ class LoopState:
             loop,
             torch.get_rng_state(),
             algorithm_state=dict(self.algorithm_state),
+            in_flight=in_flight,
         )
 
     @classmethod
@@ -151,6 +161,11 @@ class LoopState:
             initial_eval=_initial_eval(loop.get("initial_eval")),
             update_norms=[[float(x) for x in r] for r in loop.get("update_norms", [])],
             selection=History.from_state(loop.get("selection")),
+            buffered=(
+                BufferedState.from_state(loop.get("buffered"), ckpt.in_flight)
+                if exp.cfg.asynchronous.buffered
+                else None
+            ),
         )
 
 

@@ -5,6 +5,8 @@
 - ``state.safetensors``: global ``params``, ``optimizer/<name>`` for each server
   optimizer state tensor, ``torch_rng_state``;
 - ``algorithm/<name>`` in the same file: an algorithm's server state (SCAFFOLD's c);
+- ``in_flight/<client>`` in the same file: under buffered asynchronous
+  aggregation, the encoded update of each client still at work (uint8);
 - for each named per-client table the run keeps, its written rows as a chain
   of segment files (store/segments.py): ``client_state.r<round>.bin`` for
   error-feedback residuals (``residual``), ``client_state.<name>.r<round>.bin``
@@ -60,6 +62,7 @@ _NAME = re.compile(r"^round-(\d{6,})$")
 _OPTIMIZER = "optimizer/"
 _ALGORITHM = "algorithm/"
 _AGGREGATOR = "aggregator/"
+_IN_FLIGHT = "in_flight/"
 RESIDUAL = "residual"  # the table of error feedback, kept in client_state.bin
 
 # Per-client tables by name; a single store is the error-feedback table.
@@ -101,6 +104,8 @@ class Checkpoint:
     algorithm_state: dict[str, torch.Tensor] = field(default_factory=dict)  # SCAFFOLD's c
     # the aggregator's cross-round state (adaptive norm bound, centred clipping's centre)
     aggregator_state: dict[str, torch.Tensor] = field(default_factory=dict)
+    # buffered asynchronous aggregation: the updates of the clients at work, as bytes
+    in_flight: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def checkpoint_name(next_round: int) -> str:
@@ -156,6 +161,8 @@ def save_checkpoint(
         tensors[_ALGORITHM + name] = value.detach().contiguous().clone()
     for name, value in ckpt.aggregator_state.items():
         tensors[_AGGREGATOR + name] = value.detach().contiguous().clone()
+    for name, value in ckpt.in_flight.items():
+        tensors[_IN_FLIGHT + name] = value.detach().contiguous().clone()
     rng = ckpt.torch_rng_state if ckpt.torch_rng_state is not None else torch.get_rng_state()
     tensors["torch_rng_state"] = rng.clone()
     blob = st_save(tensors)
@@ -331,6 +338,9 @@ def load_checkpoint(path: Path | str, client_state: ClientTables = None) -> Chec
     aggregator = {
         k.removeprefix(_AGGREGATOR): v for k, v in tensors.items() if k.startswith(_AGGREGATOR)
     }
+    in_flight = {
+        k.removeprefix(_IN_FLIGHT): v for k, v in tensors.items() if k.startswith(_IN_FLIGHT)
+    }
     return Checkpoint(
         next_round,
         tensors["params"],
@@ -340,6 +350,7 @@ def load_checkpoint(path: Path | str, client_state: ClientTables = None) -> Chec
         path,
         algorithm,
         aggregator,
+        in_flight,
     )
 
 

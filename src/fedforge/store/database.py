@@ -91,6 +91,11 @@ ROUND_TABLES: dict[str, str] = {
     "cohorts": """CREATE TABLE IF NOT EXISTS cohorts (round_idx INTEGER NOT NULL,
         client_id INTEGER NOT NULL, drawn_round INTEGER NOT NULL,
         PRIMARY KEY (round_idx, client_id))""",
+    # buffered asynchronous aggregation: each server step's time on the virtual
+    # clock, the updates it took and their staleness (server steps since their model)
+    "buffered_rounds": """CREATE TABLE IF NOT EXISTS buffered_rounds (round_idx INTEGER
+        PRIMARY KEY, virtual_time REAL, updates INTEGER NOT NULL, staleness_mean REAL,
+        staleness_max INTEGER)""",
     # the alerts fired after each round (fedforge.alerts): the rule, the measured value
     # against its threshold, the client it names (client_refused), what its actions did
     "alerts": """CREATE TABLE IF NOT EXISTS alerts (round_idx INTEGER NOT NULL,

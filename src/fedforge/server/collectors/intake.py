@@ -197,14 +197,17 @@ class Intake:
         self.accepted = 0
         self.norms: dict[int, float] = {}  # the accepted updates' norms (before stages)
 
-    def take(self, client_id: int, data: bytes) -> Upload | str:
-        """The checked upload, or why it is refused (logged)."""
+    def take(self, client_id: int, data: bytes, trained_from: int | None = None) -> Upload | str:
+        """The checked upload, or why it is refused (logged). ``trained_from``: the
+        round whose task the update answers (its header's, its stages' randomness),
+        when not this round's (a buffered asynchronous update)."""
         self.bytes_up += len(data)
+        task_round = self.round_idx if trained_from is None else trained_from
         why = self._admit(client_id)
         if why is None:
             decoded = False
             try:
-                up = check_update(self.exp, client_id, self.round_idx, data)
+                up = check_update(self.exp, client_id, task_round, data)
                 decoded = True
                 self.float32_up += self.dense.up + self.dense.extras(up.extras)
                 up.norm = self.limits.check_norm("update", up.delta)
@@ -221,7 +224,7 @@ class Intake:
         if why is not None:
             self.log.reject(client_id, why)
             return why
-        ctx = StageContext(self.round_idx, self.exp.cfg.seed, client_id)
+        ctx = StageContext(task_round, self.exp.cfg.seed, client_id)
         up.delta = self.exp.pipeline.run_upload(up.delta, ctx)
         up.weight = self.limits.registry.weight(client_id, up.num_examples)
         if up.weight <= 0 and self.exp.cfg.aggregation_weights == "num_examples":

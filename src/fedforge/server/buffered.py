@@ -1,0 +1,253 @@
+"""Buffered asynchronous aggregation in the simulator (FedBuff, Nguyen et al.
+2022; FedAsync, Xie et al. 2019, is K = 1), on the virtual clock.
+
+Up to M clients (``asynchronous.concurrency``) are at work at once. A client
+handed work trains at once on the model of that moment (its update is
+computed then, by the run's engine) and its upload arrives at its start plus
+its time on the virtual clock: ``systems/clock.py:client_time`` from its
+profile, the real payload and update bytes and the examples of its local
+epochs; without ``systems.profiles`` every client's work takes one virtual
+second. A client of the profile's ``failure_prob`` fails before uploading
+(drawn from (seed, round, client)); its slot frees when it would have uploaded.
+
+Arrivals are taken in time order, ties by client id, into the round's
+``Buffer`` (``collectors/buffer.py``) until K updates were taken; then the
+server steps (the aggregate's stages, the server optimizer) and the round is
+recorded: a round is one server step. Uploads that arrive at one instant are
+all taken before any freed slot is filled, and a freed slot is given, by the
+run's selection policy, to a client neither at work nor heard from since the
+last step, with the newest model. The first draw of round r uses round r's
+cohort generator, so with M = K = the cohort size and equal times every round
+asks the synchronous round's cohort and computes its model, to the bit. When
+no client can be handed work and none is at work, the round closes with the
+updates it holds.
+
+The state between steps (``buffered_state.py``) is checkpointed with the
+loop's, so a resumed run delivers the same updates at the same times.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from functools import partial
+
+from fedforge.aggregation.staleness import StalenessWeight
+from fedforge.client.runtime import ClientTask
+from fedforge.core.errors import ConfigError
+from fedforge.core.rng import numpy_rng
+from fedforge.report.progress import Progress
+from fedforge.robust.typical_norm import remember
+from fedforge.selection.named import SelectionRound
+from fedforge.selection.sampling import cohort_rng
+from fedforge.server.buffered_state import BufferedState, InFlight
+from fedforge.server.builtin_hooks import run_hooks
+from fedforge.server.cohort import checked_choice
+from fedforge.server.collectors.base import RoundLog
+from fedforge.server.collectors.buffer import Buffer
+from fedforge.server.experiment import Experiment
+from fedforge.server.hooks import RoundEnd, RoundHooks, RoundInfo
+from fedforge.server.round import (
+    Orders,
+    aggregate_phase,
+    configure,
+    evaluate_phase,
+    round_record,
+    server_step,
+)
+from fedforge.server.state import LoopState
+from fedforge.store import ClientRecord, RoundRecord
+from fedforge.systems.clock import ClientTime, client_time
+from fedforge.systems.population import population
+from fedforge.systems.profile import ClientProfile
+
+UNIT_S = 1.0  # a client's work on the virtual clock when the run has no profiles
+
+
+def check_buffered(exp: Experiment) -> None:
+    """What the built run must be for buffered aggregation (the config's rules are
+    ``config/asynchronous.py:buffered_fits``): one line each."""
+    if not exp.cfg.asynchronous.buffered:
+        return
+    said = "asynchronous.mode = 'fedbuff'"
+    algorithm = exp.algorithm
+    if algorithm.server is not None or algorithm.client is not None or algorithm.server_step:
+        raise ConfigError(
+            f"{said} with algorithm '{algorithm.name}': its server or per-client state "
+            "assumes each update answers the server's current state"
+        )
+    if not exp.pipeline.streams:
+        raise ConfigError(
+            f"{said} needs a streaming mean (a linear aggregator and no cohort stage, "
+            "e.g. robust.norm_gate): those stages judge a cohort trained from one model"
+        )
+    if exp.engine.name == "remote":
+        raise ConfigError(f"{said} runs in the simulator; fedforge server runs synchronous rounds")
+
+
+def run_buffered_round(
+    exp: Experiment,
+    state: LoopState,
+    round_idx: int,
+    bar: Progress,
+    hooks: RoundHooks | None = None,
+) -> tuple[RoundRecord, list[ClientRecord]]:
+    """One server step of buffered aggregation (the module's docstring), recorded
+    as round ``round_idx``, with the run's ``hooks`` told as in a synchronous round
+    (its cohort: the clients whose updates arrived in it, known at its end)."""
+    t0 = time.perf_counter()
+    hooks = hooks if hooks is not None else run_hooks()
+    buffered = state.buffered
+    if buffered is None:
+        raise ValueError("run_buffered_round needs the loop state of a fedbuff run")
+    cfg = exp.cfg
+    info = RoundInfo(exp, state, bar, round_idx, round_idx, "upload", [], [], state.params)
+    hooks.round_start(info)
+    log = RoundLog(state.rejected, state.skipped, bar, round_idx, partial(_refused, hooks, info))
+    orders = configure(exp, state, round_idx, round_idx, [])
+    asyn = cfg.asynchronous
+    size = asyn.buffer_size_of(cfg.num_clients, cfg.client_fraction)
+    concurrency = asyn.concurrency_of(cfg.num_clients, cfg.client_fraction)
+    weight = StalenessWeight.of(asyn)
+    buffer = Buffer(
+        exp, round_idx, log, len(orders.payload), orders.dense, orders.limits, size, weight,
+        info.diagnostics,
+    )  # fmt: skip
+    heard: list[InFlight] = []
+    sent = 0
+    while not buffer.full:
+        nxt = buffered.next_arrival()
+        free = concurrency - len(buffered.in_flight)
+        if free > 0 and (nxt is None or nxt > buffered.now):  # this instant's uploads are in
+            sent += _dispatch(exp, state, buffered, orders, free, {e.client_id for e in heard}, bar)
+            nxt = buffered.next_arrival()
+        if nxt is None:
+            log.write(
+                f"no client is at work and none may be handed work before the next step; "
+                f"the buffer closes with {len(buffer.clients) + len(buffer.held)} of {size}"
+            )
+            break
+        entry = buffered.pop()
+        buffered.now = entry.arrives
+        heard.append(entry)
+        if entry.data is not None:
+            buffer.offer_from(entry.client_id, entry.version, entry.data)
+    buffer.end_phase()
+    uploaded = sorted(e.client_id for e in heard if e.data is not None)
+    collected = dataclasses.replace(
+        buffer.finish(),
+        arrived=frozenset(uploaded),
+        bytes_down=len(orders.payload) * sent,
+        float32_down=orders.dense.down * sent,
+    )
+    aggregate, clients, moved = aggregate_phase(exp, state, collected, log)
+    clients = server_step(exp, state, aggregate, clients, moved, log)
+    applied = not log.skipped_now
+    info.cohort = info.trainers = uploaded
+    hooks.taken(info, list(clients))
+    if clients and cfg.robust.max_norm_multiple is not None:  # the next rounds' bound
+        taken = [collected.norms[c] for c in sorted(clients) if c in collected.norms]
+        state.update_norms = remember(state.update_norms, taken, cfg.robust.norm_window)
+    test_acc, test_loss = evaluate_phase(exp, state, round_idx, round_idx, info, hooks)
+    asked = dataclasses.replace(orders, cohort=uploaded)
+    record = round_record(exp, asked, collected, clients, test_acc, test_loss, t0)
+    _outputs(state, round_idx, buffered.now, heard, buffer.taken_staleness() if applied else [])
+    rows = list(clients.values())
+    used = sorted(clients)
+    hooks.round_end(info, RoundEnd(record, used, applied, uploaded, uploaded, rows))
+    return record, rows
+
+
+def _refused(hooks: RoundHooks, info: RoundInfo, client_id: int, why: str) -> None:
+    hooks.upload(info, client_id, False, why)
+
+
+def _dispatch(
+    exp: Experiment,
+    state: LoopState,
+    buffered: BufferedState,
+    orders: Orders,
+    free: int,
+    heard: set[int],
+    bar: Progress,
+) -> int:
+    """Hand work to up to ``free`` clients neither at work nor in ``heard``, drawn
+    by the run's selection policy, at the clock's time and on the round's model;
+    their updates are computed now and wait for their arrival. How many went."""
+    cfg = exp.cfg
+    round_idx = orders.round_idx
+    busy = buffered.busy() | heard
+    pool = [c for c in range(cfg.num_clients) if c not in busy]
+    size = min(free, len(pool))
+    if size == 0:
+        return 0
+    draw = buffered.next_draw(round_idx)
+    rng = (
+        cohort_rng(cfg.seed, round_idx)
+        if draw == 0
+        else numpy_rng(cfg.seed, "cohort", round_idx, draw)
+    )
+    sizes = exp.client_sizes()
+    ask = SelectionRound(round_idx, pool, size, state.selection.view(sizes), rng)
+    cohort = checked_choice(exp, ask)
+    tasks = [ClientTask(c, round_idx, orders.plan, cfg.seed) for c in cohort]
+    profiles = _profiles(exp, buffered, bar)
+    down = len(orders.payload)
+    for up in exp.engine.run_cohort(tasks, orders.payload):
+        c = up.client_id
+        if profiles is None:
+            took = ClientTime(0.0, UNIT_S, 0.0)
+        else:
+            took = client_time(profiles[c], down, len(up.data), orders.plan.local_epochs * sizes[c])
+        data: bytes | None = up.data
+        arrives = buffered.now + took.total_s
+        if profiles is not None and _fails(cfg.seed, round_idx, c, profiles[c].failure_prob):
+            data, arrives = None, buffered.now + took.download_s + took.compute_s
+        start, parts = buffered.now, (took.download_s, took.compute_s, took.upload_s)
+        buffered.push(InFlight(arrives, c, round_idx, start, *parts, data))
+    return len(cohort)
+
+
+def _fails(seed: int, round_idx: int, client_id: int, prob: float) -> bool:
+    """Whether a client handed work in ``round_idx`` fails before its upload."""
+    return prob > 0 and bool(numpy_rng(seed, "failure", round_idx, client_id).random() < prob)
+
+
+def _profiles(
+    exp: Experiment, buffered: BufferedState, bar: Progress
+) -> list[ClientProfile] | None:
+    """The run's profiles, read once a process; without them the run says how
+    its clock counts."""
+    if not buffered.loaded:
+        buffered.profiles = population(exp.cfg)
+        buffered.loaded = True
+        if buffered.profiles is None:
+            bar.write(
+                "fedforge: fedbuff without systems.profiles: every client's work takes "
+                f"{UNIT_S:g} virtual second; uploads at one instant are taken by client id"
+            )
+    return buffered.profiles
+
+
+def _outputs(
+    state: LoopState, round_idx: int, now: float, heard: list[InFlight], staleness: list[int]
+) -> None:
+    """The round's rows: each client heard from on the clock (``client_times``:
+    seconds from its start; arrived 0, it failed) and the step's virtual time
+    and staleness (``buffered_rounds``)."""
+    state.outputs["client_times"] = [
+        (
+            round_idx,
+            e.client_id,
+            e.download_s,
+            e.compute_s,
+            e.upload_s if e.data is not None else math.nan,
+            e.arrives - e.started,
+            int(e.data is not None),
+        )  # fmt: skip
+        for e in sorted(heard, key=lambda e: e.client_id)
+    ]
+    mean = sum(staleness) / len(staleness) if staleness else math.nan
+    most = max(staleness) if staleness else None
+    state.outputs["buffered_rounds"] = [(round_idx, now, len(staleness), mean, most)]
