@@ -31,6 +31,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import partial
 
 from fedforge.aggregation.staleness import StalenessWeight
@@ -82,8 +84,25 @@ def check_buffered(exp: Experiment) -> None:
             f"{said} needs a streaming mean (a linear aggregator and no cohort stage, "
             "e.g. robust.norm_gate): those stages judge a cohort trained from one model"
         )
-    if exp.engine.name == "remote":
-        raise ConfigError(f"{said} runs in the simulator; fedforge server runs synchronous rounds")
+    dep = exp.cfg.deployment
+    if exp.engine.name != "remote":
+        return
+    if dep.cold_start or dep.canary_every > 0:
+        raise ConfigError(
+            f"{said} in fedforge server with deployment.cold_start or deployment.canary_every: "
+            "their evaluations run between synchronous rounds; turn them off"
+        )
+    if exp.cfg.communication.error_feedback:
+        raise ConfigError(
+            f"{said} in fedforge server with communication.error_feedback: a client's "
+            "residual is kept only when its update is used, which a step may learn long "
+            "after the client moved on; turn it off"
+        )
+    if dep.over_selection > 0:
+        raise ConfigError(
+            f"{said} in fedforge server with deployment.over_selection = {dep.over_selection}: "
+            "clients are handed work as they become free (asynchronous.concurrency); set it to 0"
+        )
 
 
 def run_buffered_round(
@@ -114,32 +133,21 @@ def run_buffered_round(
         exp, round_idx, log, len(orders.payload), orders.dense, orders.limits, size, weight,
         info.diagnostics,
     )  # fmt: skip
-    heard: list[InFlight] = []
-    sent = 0
-    while not buffer.full:
-        nxt = buffered.next_arrival()
-        free = concurrency - len(buffered.in_flight)
-        if free > 0 and (nxt is None or nxt > buffered.now):  # this instant's uploads are in
-            sent += _dispatch(exp, state, buffered, orders, free, {e.client_id for e in heard}, bar)
-            nxt = buffered.next_arrival()
-        if nxt is None:
-            log.write(
-                f"no client is at work and none may be handed work before the next step; "
-                f"the buffer closes with {len(buffer.clients) + len(buffer.held)} of {size}"
-            )
-            break
-        entry = buffered.pop()
-        buffered.now = entry.arrives
-        heard.append(entry)
-        if entry.data is not None:
-            buffer.offer_from(entry.client_id, entry.version, entry.data)
+    filling = Filling(exp, state, buffered, orders, buffer, log, bar, concurrency)
+    fill = getattr(exp.engine, "fill_buffer", None)  # a deployment's: over the network
+    heard, sent = fill(filling) if fill is not None else _fill_virtual(filling)
     buffer.end_phase()
     uploaded = sorted(e.client_id for e in heard if e.data is not None)
+    finished = buffer.finish()
+    for client_id, settle in filling.held:  # judged again at the end: their verdicts now
+        settle(finished.refused_at_end.get(client_id))
+    wire = exp.engine.sent_down()  # a deployment's bytes as they crossed the wire
+    nbytes, downloads = wire if wire is not None else (len(orders.payload) * sent, sent)
     collected = dataclasses.replace(
-        buffer.finish(),
+        finished,
         arrived=frozenset(uploaded),
-        bytes_down=len(orders.payload) * sent,
-        float32_down=orders.dense.down * sent,
+        bytes_down=nbytes,
+        float32_down=orders.dense.down * downloads,
     )
     aggregate, clients, moved = aggregate_phase(exp, state, collected, log)
     clients = server_step(exp, state, aggregate, clients, moved, log)
@@ -163,18 +171,69 @@ def _refused(hooks: RoundHooks, info: RoundInfo, client_id: int, why: str) -> No
     hooks.upload(info, client_id, False, why)
 
 
-def _dispatch(
-    exp: Experiment,
-    state: LoopState,
-    buffered: BufferedState,
-    orders: Orders,
-    free: int,
-    heard: set[int],
-    bar: Progress,
-) -> int:
+@dataclass
+class Filling:
+    """What fills one server step's buffer needs: the run, its state, the step's
+    orders (model, plan, payload), the buffer, the step's log and M. A deployment's
+    engine fills it over the network (``fill_buffer``), the simulator on its clock."""
+
+    exp: Experiment
+    state: LoopState
+    buffered: BufferedState
+    orders: Orders
+    buffer: Buffer
+    log: RoundLog
+    bar: Progress
+    concurrency: int
+    # taken updates the buffer judges again at its end: (client, their uploader's verdict)
+    held: list[tuple[int, Callable[[str | None], None]]] = field(default_factory=list)
+
+    def draw(self, pool: list[int], size: int) -> list[int]:
+        """``size`` clients of ``pool`` drawn by the run's selection policy; the
+        step's first draw uses the round's cohort generator."""
+        cfg, round_idx = self.exp.cfg, self.orders.round_idx
+        draw = self.buffered.next_draw(round_idx)
+        rng = (
+            cohort_rng(cfg.seed, round_idx)
+            if draw == 0
+            else numpy_rng(cfg.seed, "cohort", round_idx, draw)
+        )
+        view = self.state.selection.view(self.exp.client_sizes())
+        return checked_choice(self.exp, SelectionRound(round_idx, pool, size, view, rng))
+
+
+def _fill_virtual(f: Filling) -> tuple[list[InFlight], int]:
+    """The simulator's step: arrivals in time order until K were taken (the
+    module's docstring). The clients heard from and how many were handed work."""
+    buffered, buffer = f.buffered, f.buffer
+    heard: list[InFlight] = []
+    sent = 0
+    while not buffer.full:
+        nxt = buffered.next_arrival()
+        free = f.concurrency - len(buffered.in_flight)
+        if free > 0 and (nxt is None or nxt > buffered.now):  # this instant's uploads are in
+            sent += _dispatch(f, free, {e.client_id for e in heard})
+            nxt = buffered.next_arrival()
+        if nxt is None:
+            f.log.write(
+                f"no client is at work and none may be handed work before the next step; "
+                f"the buffer closes with {len(buffer.clients) + len(buffer.held)} of "
+                f"{buffer.size}"
+            )
+            break
+        entry = buffered.pop()
+        buffered.now = entry.arrives
+        heard.append(entry)
+        if entry.data is not None:
+            buffer.offer_from(entry.client_id, entry.version, entry.data)
+    return heard, sent
+
+
+def _dispatch(f: Filling, free: int, heard: set[int]) -> int:
     """Hand work to up to ``free`` clients neither at work nor in ``heard``, drawn
     by the run's selection policy, at the clock's time and on the round's model;
     their updates are computed now and wait for their arrival. How many went."""
+    exp, buffered, orders = f.exp, f.buffered, f.orders
     cfg = exp.cfg
     round_idx = orders.round_idx
     busy = buffered.busy() | heard
@@ -182,17 +241,10 @@ def _dispatch(
     size = min(free, len(pool))
     if size == 0:
         return 0
-    draw = buffered.next_draw(round_idx)
-    rng = (
-        cohort_rng(cfg.seed, round_idx)
-        if draw == 0
-        else numpy_rng(cfg.seed, "cohort", round_idx, draw)
-    )
+    cohort = f.draw(pool, size)
     sizes = exp.client_sizes()
-    ask = SelectionRound(round_idx, pool, size, state.selection.view(sizes), rng)
-    cohort = checked_choice(exp, ask)
     tasks = [ClientTask(c, round_idx, orders.plan, cfg.seed) for c in cohort]
-    profiles = _profiles(exp, buffered, bar)
+    profiles = _profiles(exp, buffered, f.bar)
     down = len(orders.payload)
     for up in exp.engine.run_cohort(tasks, orders.payload):
         c = up.client_id

@@ -278,6 +278,36 @@ class Hub(Polling):
         with self.cond:
             self.book.close(keys)
 
+    def next_answer(self, keys: set[Key], wait_s: float) -> Answer | None:
+        """The first answer to one of ``keys`` (taken, its bytes counted), waiting
+        at most ``wait_s``; None when none came. The other questions stay open
+        (buffered aggregation waits on its clients at work one answer at a time)."""
+        end = self.clock() + wait_s
+        with self.cond:
+            while True:
+                a = next((a for a in self.book.inbox if a.key in keys), None)
+                if a is not None:
+                    self.book.inbox.remove(a)
+                    self._count(a)
+                    return a
+                now = self.clock()
+                if now >= end:
+                    return None
+                self.cond.wait(min(end - now, 0.5))
+
+    def silent(self, key: Key) -> bool:
+        """Whether the client owing ``key`` can no longer answer it (``_all_silent``)."""
+        with self.cond:
+            return self._all_silent({key}, self.clock())
+
+    def dropped(self, keys: set[Key]) -> None:
+        """Withdraw ``keys``, unanswered past their deadline or their client gone:
+        dropouts."""
+        with self.cond:
+            self.book.close(keys)
+            self.dropouts += len(keys)
+            self.on_change()
+
     def alive(self) -> list[int]:
         """The client ids whose process is there (``presence.py``): the ones a
         round may sample."""

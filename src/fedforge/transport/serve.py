@@ -34,6 +34,7 @@ from fedforge.store import RunStore
 from fedforge.tasks import check_known, load_server_data
 from fedforge.transport import admission as adm
 from fedforge.transport.admission import Admission
+from fedforge.transport.buffered_remote import BufferedRemoteEngine
 from fedforge.transport.hub import Hub
 from fedforge.transport.joins import wait_for_joins
 from fedforge.transport.live import LivePublisher
@@ -120,7 +121,9 @@ class Deployment:
         # the dashboard's view, in the run's folder once the run's store is open
         self.live = LivePublisher(self.hub, f"{options.host}:{self.port}")
         self.hub.on_change = self.live.changed
-        self.engine = RemoteEngine(
+        # buffered asynchronous aggregation hands work out as clients become free
+        engine = BufferedRemoteEngine if cfg.asynchronous.buffered else RemoteEngine
+        self.engine = engine(
             self.hub, cfg, self.metrics.round_seconds.observe, on_store=self.live.bind
         )
 
