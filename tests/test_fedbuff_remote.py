@@ -6,16 +6,19 @@ another version is refused), weights it by the rule, and steps."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import threading
 from typing import Any
 
+import pytest
 import torch
 
 from fedforge.client.runtime import ClientTask
 from fedforge.config import Config
 from fedforge.config.parse import from_dict
+from fedforge.core.errors import ConfigError
 from fedforge.server.collectors.intake import check_update
 from fedforge.server.experiment import Experiment, build
 from fedforge.server.loop import RunResult, run
@@ -164,3 +167,27 @@ def test_an_update_staler_than_max_staleness_is_refused_with_the_reason() -> Non
     (result,) = out
     assert len(result.rounds) == 3
     assert [(r, c) for r, c, _ in result.rejected] == [(1, y)]
+
+
+@pytest.mark.parametrize(
+    ("section", "value", "said"),
+    [
+        ("deployment", {"canary_every": 2}, "deployment.cold_start or deployment.canary_every"),
+        ("deployment", {"cold_start": True}, "deployment.cold_start or deployment.canary_every"),
+        ("deployment", {"over_selection": 0.5}, "deployment.over_selection = 0.5"),
+        ("communication", {"error_feedback": True, "uplink": "int8"}, "error_feedback"),
+    ],
+)
+def test_what_the_network_cannot_buffer_is_refused_in_one_line(
+    section: str, value: dict[str, Any], said: str
+) -> None:
+    """Refused before any work goes out (the simulator's refusals, e.g. DP or a
+    robust rule, are the config's and hold here as well)."""
+    cfg = dataclasses.replace(
+        _config(), **{section: dataclasses.replace(getattr(_config(), section), **value)}
+    )
+    hub = Hub(num_clients=3, heartbeat_timeout_s=60.0)
+    with pytest.raises(ConfigError, match="^asynchronous.mode = 'fedbuff' in fedforge server") as e:
+        run(cfg, engine=BufferedRemoteEngine(hub, cfg), store=False)
+    assert said in str(e.value) and "\n" not in str(e.value)
+    assert hub.book.asked == {}
