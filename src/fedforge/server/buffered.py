@@ -1,5 +1,6 @@
-"""Buffered asynchronous aggregation in the simulator (FedBuff, Nguyen et al.
-2022; FedAsync, Xie et al. 2019, is K = 1), on the virtual clock.
+"""Buffered asynchronous aggregation (FedBuff, Nguyen et al. 2022; FedAsync,
+Xie et al. 2019, is K = 1): its server steps, in the simulator on the virtual
+clock.
 
 Up to M clients (``asynchronous.concurrency``) are at work at once. A client
 handed work trains at once on the model of that moment (its update is
@@ -24,6 +25,11 @@ updates it holds.
 
 The state between steps (``buffered_state.py``) is checkpointed with the
 loop's, so a resumed run delivers the same updates at the same times.
+
+A deployment's engine fills the step's buffer over the network instead (its
+``fill_buffer``, given the step's ``Filling``: ``transport/buffered_remote.py``);
+the rest of the step (aggregate, server step, evaluation, record, hooks) is
+the same.
 """
 
 from __future__ import annotations

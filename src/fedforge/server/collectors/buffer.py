@@ -18,8 +18,9 @@ normalised by the weights without the staleness factor, so that stale updates
 shrink the step as the paper's division by K does (with equal weights it is the
 paper's sum_k s(s_k) delta_k / K); with no staleness it is FedAvg's weighted
 mean, to the bit. A client adds at most one update to a buffer. The simulator
-feeds it by function calls (``server/buffered.py``); a network server can feed
-it the same way from the uploads it takes, each with the model version it sent.
+feeds it by function calls (``server/buffered.py``); a deployment server from
+the uploads it takes, each with the model version it handed out
+(``transport/buffered_remote.py``).
 Runs on the server; trusts nothing it decodes.
 """
 
