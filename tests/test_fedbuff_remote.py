@@ -10,6 +10,8 @@ import dataclasses
 import hashlib
 import math
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -31,7 +33,7 @@ from fedforge.transport.work import UPDATE
 OWNER = "a"
 
 
-def _config(**asyn: Any) -> Config:
+def _config(deadline_s: float = 60.0, **asyn: Any) -> Config:
     return from_dict(
         {
             "dataset": "regression",
@@ -46,6 +48,7 @@ def _config(**asyn: Any) -> Config:
             "target_accuracy": None,
             "robust": {"max_norm_multiple": None},
             "asynchronous": {"mode": "fedbuff", "concurrency": 2, "buffer_size": 1, **asyn},
+            "deployment": {"round_deadline_s": deadline_s},
         }
     )
 
@@ -95,6 +98,14 @@ class Clients:
         return why
 
 
+def _until(ok: Callable[[], bool]) -> None:
+    for _ in range(100):
+        if ok():
+            return
+        time.sleep(0.05)
+    raise AssertionError("not within 5 s")
+
+
 def _start(cfg: Config) -> tuple[Clients, threading.Thread, list[RunResult]]:
     hub = Hub(num_clients=3, heartbeat_timeout_s=60.0)
     clients = Clients(hub, build(cfg))
@@ -132,6 +143,8 @@ def test_each_update_is_weighted_by_the_staleness_of_the_version_the_server_hand
         params += delta / math.sqrt(2)
         clients.wait_work(2)
         assert clients.handed[-1][1] == 2
+        # version 0 is withdrawn: no client at work holds it any more
+        _until(lambda: set(clients.hub.payloads) == {"round-1", "round-2"})
         data, delta = clients.update(z)
         assert clients.answer(z, data) is None
         params += delta / math.sqrt(2)
@@ -167,6 +180,30 @@ def test_an_update_staler_than_max_staleness_is_refused_with_the_reason() -> Non
     (result,) = out
     assert len(result.rounds) == 3
     assert [(r, c) for r, c, _ in result.rejected] == [(1, y)]
+
+
+def test_work_past_its_deadline_frees_its_slot_and_its_late_upload_is_refused() -> None:
+    """round_deadline_s = 1: the two clients handed version 0 never answer; both are
+    dropouts, the third client gets the slot and its update makes the step; the
+    first ones' late uploads are refused as not asked for."""
+    cfg = dataclasses.replace(_config(deadline_s=1.0), rounds=1)
+    clients, server, out = _start(cfg)
+    try:
+        clients.wait_work(2)
+        late = sorted(clients.held)
+        updates = {c: clients.update(c)[0] for c in late}
+        clients.wait_work(3)  # the deadline passed: the third client is handed version 0
+        (z,) = set(clients.held) - set(late)
+        assert clients.handed[-1] == (z, 0)
+        assert clients.answer(z, clients.update(z)[0]) is None
+    finally:
+        server.join(60)
+    (result,) = out
+    assert result.rounds[0].cohort_size == 1 and clients.hub.dropouts == 2
+    for c in late:
+        assert clients.answer(c, updates[c]) == (
+            f"client {c} was not asked for a update in round 0 now"
+        )
 
 
 @pytest.mark.parametrize(

@@ -111,10 +111,9 @@ class BufferedRemoteEngine(RemoteEngine):
                 continue
             idle_since = None
             a = hub.next_answer({j.key for j in self.at_work.values()}, POLL_S)
-            if a is None:
-                heard += self._lapsed(r)
-            else:
+            if a is not None:
                 heard.append(self._arrived(f, a))
+            heard += self._lapsed(r)
         f.buffered.now = self.elapsed()
         return heard, sent
 
