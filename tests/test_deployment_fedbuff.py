@@ -26,7 +26,7 @@ from fedforge.transport.ids import parse_ids
 
 pytestmark = pytest.mark.usefixtures("deploy_env")
 assert deploy_env  # the fixture is used by name
-STEPS = 10
+STEPS = 12
 SLOW = "1"
 
 
@@ -89,10 +89,11 @@ def _table(run_dir: Path, sql: str) -> list[tuple[Any, ...]]:
 
 @pytest.mark.slow
 def test_a_slowed_client_arrives_stale_and_is_asked_less(tmp_path: Path) -> None:
-    """Ten steps of two updates each. Per step, the store's ``buffered_rounds``
+    """Twelve steps of two updates each. Per step, the store's ``buffered_rounds``
     (updates taken, mean and largest staleness) equals the count from the
-    event log's taken updates; the slow client's updates come at least one
-    step stale, and it is handed work fewer times than either fast client."""
+    event log's taken updates; the slow client's updates come staler than the
+    fast ones' (a stale one taken is in its step's row), and it is handed work
+    fewer times than either fast client."""
     server, run_dir = _run(tmp_path)
     updates = _check_versions(server)
     rows = _table(run_dir, "SELECT * FROM buffered_rounds ORDER BY round_idx")
@@ -103,9 +104,11 @@ def test_a_slowed_client_arrives_stale_and_is_asked_less(tmp_path: Path) -> None
         assert math.isclose(mean, sum(taken) / 2) and most == max(taken)
         assert seconds > 0
     assert [r[1] for r in rows] == sorted(r[1] for r in rows)  # the run's clock goes on
-    slow = [e for e in updates if e["client"] == int(SLOW)]
-    assert slow and all(e["staleness"] >= 1 for e in slow)
-    assert any(e["taken"] for e in slow)
+    slow = [e["staleness"] for e in updates if e["client"] == int(SLOW)]
+    fast = [e["staleness"] for e in updates if e["client"] != int(SLOW)]
+    assert slow and max(slow) >= 1 and sum(slow) / len(slow) > sum(fast) / len(fast)
+    stale_taken = {e["step"] - 1 for e in updates if e["taken"] and e["staleness"] >= 1}
+    assert stale_taken and all(rows[r][4] >= 1 for r in stale_taken)
     asked = Counter(c for e in _events(server, "buffered_work") for c in parse_ids(e["clients"]))
     assert asked[int(SLOW)] < min(asked[0], asked[2])
     assert len(_table(run_dir, "SELECT * FROM rounds")) == STEPS
