@@ -53,6 +53,7 @@ def test_a_builtin_taken_out_of_the_registry_is_unknown(
     restores_builtins: None, kind: str, name: str
 ) -> None:
     cfg = Config()  # checked against the registry before the name goes
+    assert callable(registry.lookup(kind, name).load())
     registry.unregister(kind, name)
     with pytest.raises(ConfigError, match=f"^{kind} '{name}' is unknown") as info:
         make(kind, name, cfg)
@@ -131,12 +132,15 @@ def test_a_plugin_model_sized_by_the_data_spec_runs(one_thread: None) -> None:
     trains to the same numbers as the built-in logistic regression, one linear
     layer too."""
     seen.clear()
+    plugin = ff.config.from_dict({**SYNTHETIC, "model": "sized_linear"})
     ff.register_model("sized_linear", sized_linear)
     try:
-        got = ff.run(ff.config.from_dict({**SYNTHETIC, "model": "sized_linear"}), store=False)
+        initial = ff.build(plugin).initial_params
+        got = ff.run(plugin, store=False)
     finally:
         registry.unregister("model", "sized_linear")
-    want = ff.run(ff.config.from_dict(SYNTHETIC), store=False)
+    assert torch.equal(initial, ff.build(ff.config.from_dict(SYNTHETIC)).initial_params)
+    want = ff.run(ff.config.from_dict(SYNTHETIC), store=False)  # its fused kernel: not bitwise
     assert seen and seen[0].name == "sized_linear"
     assert seen[0].data.input_shape == (60,) and seen[0].data.outputs == 10
     assert got.params.numel() == 60 * 10 + 10
@@ -204,3 +208,13 @@ def test_a_pipeline_list_does_not_name_a_stage_its_section_places() -> None:
     with pytest.raises(ConfigError, match="'clip' is placed by communication.clip_norm") as info:
         ff.config.from_dict({"pipeline": {"client": ["clip"]}})
     assert "\n" not in str(info.value)
+
+
+def test_a_builtin_model_name_replaced_is_checked_as_the_callers(restores_builtins: None) -> None:
+    """The built-in ``cnn`` fits MNIST alone and is refused on the synthetic data
+    at once; a plugin's ``cnn`` is checked against the data where it is built."""
+    synthetic = {**SYNTHETIC, "model": "cnn"}
+    with pytest.raises(ConfigError, match="model' = 'cnn' is invalid: does not fit dataset"):
+        ff.config.from_dict(synthetic)
+    ff.register_model("cnn", lambda: nn.Linear(60, 10), replace=True)
+    assert ff.build(ff.config.from_dict(synthetic)).spec.size == 610

@@ -16,6 +16,7 @@ from typing import Literal
 
 from fedforge.config.data import PartitionConfig
 from fedforge.config.robust import RobustConfig
+from fedforge.core import registry
 from fedforge.core.builtins import TASK_DATA
 from fedforge.core.errors import ConfigError, invalid_field
 
@@ -116,12 +117,13 @@ BUILT_IN_MODELS = frozenset(m for models in FITTING_MODELS.values() for m in mod
 
 def model_fits_dataset(model: str, dataset: str, task: str | None = None) -> None:
     """A built-in model reads the rows and predicts the labels of some data sets
-    only; a model of the caller's, or any model of a task of the caller's (its own
-    data), is checked against the data where it is built."""
+    only; a model of the caller's (one that replaced a built-in name too), or any
+    model of a task of the caller's (its own data), is checked against the data
+    where it is built."""
     if task is not None and task not in BUILT_IN_TASKS:
         return
     fitting = FITTING_MODELS.get(dataset, ())
-    if model in BUILT_IN_MODELS and model not in fitting:
+    if model in BUILT_IN_MODELS and model not in fitting and registry.is_builtin("model", model):
         raise invalid_field(
             "model",
             model,
