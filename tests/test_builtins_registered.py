@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,8 +17,10 @@ from torch import nn
 import fedforge as ff
 from fedforge.config import Config
 from fedforge.config.components import make
+from fedforge.config.names import config_components
 from fedforge.core import builtins, registry
 from fedforge.core.errors import ConfigError, DataError
+from fedforge.core.plugin_versions import used_plugins
 from fedforge.models import ModelContext, build_model, check_model_name
 from fedforge.tasks import resolve_task
 
@@ -218,3 +221,23 @@ def test_a_builtin_model_name_replaced_is_checked_as_the_callers(restores_builti
         ff.config.from_dict(synthetic)
     ff.register_model("cnn", lambda: nn.Linear(60, 10), replace=True)
     assert ff.build(ff.config.from_dict(synthetic)).spec.size == 610
+
+
+def test_a_plugin_replacing_a_section_stage_is_a_plugin_the_run_uses(
+    restores_builtins: None, tmp_path: Path
+) -> None:
+    """What a run records of its plugins (build.json, a deployment's Hello and
+    Join) names the plugin that replaced ``clip`` when the run clips."""
+    plugin = tmp_path / "halved_clip.py"
+    plugin.write_text(
+        "import fedforge\n"
+        "from fedforge.pipeline.clip import Clip\n"
+        "fedforge.register_stage('clip', lambda c: Clip(c.cfg.communication.clip_norm / 2),\n"
+        "                        replace=True)\n"
+    )
+    clipping = ff.config.from_dict({**SYNTHETIC, "communication": {"clip_norm": 2.0}})
+    assert used_plugins(config_components(clipping)) == {}
+    registry.load_plugin(str(plugin))
+    [(name, (_, provides))] = used_plugins(config_components(clipping)).items()
+    assert "halved_clip" in name and provides == "stage 'clip'"
+    assert used_plugins(config_components(ff.config.from_dict(SYNTHETIC))) == {}
