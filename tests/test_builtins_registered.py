@@ -241,3 +241,24 @@ def test_a_plugin_replacing_a_section_stage_is_a_plugin_the_run_uses(
     [(name, (_, provides))] = used_plugins(config_components(clipping)).items()
     assert "halved_clip" in name and provides == "stage 'clip'"
     assert used_plugins(config_components(ff.config.from_dict(SYNTHETIC))) == {}
+
+
+def test_a_task_factory_registered_as_any_component_is_given_the_context() -> None:
+    """``register("task", ...)`` takes a factory of the ``ComponentContext``, as the
+    built-in tasks' factory is: it is called with the run's config and the name."""
+
+    def factory(context: ff.ComponentContext) -> ff.Task:
+        return ff.Task(f"{context.name}@{context.cfg.dataset}", "regression")
+
+    ff.register("task", "from-context", factory)
+    try:
+        task = resolve_task(Config(task="from-context", dataset="synthetic", model="logreg"))
+    finally:
+        registry.unregister("task", "from-context")
+    assert (task.name, task.kind) == ("from-context@synthetic", "regression")
+    with pytest.raises(ConfigError, match="'not-a-task': its factory returned str, not a"):
+        ff.register("task", "not-a-task", lambda context: "a string")
+        try:
+            resolve_task(Config(task="not-a-task"))
+        finally:
+            registry.unregister("task", "not-a-task")
