@@ -48,6 +48,7 @@ _PUBLIC = {
     "load_federated_data": "fedforge.data.federated",
     "Partition": "fedforge.data.partition",
     "register_model": "fedforge.models",
+    "ModelContext": "fedforge.models",
     "build": "fedforge.server.experiment",
     "RoundEnd": "fedforge.server.hooks",
     "RoundHook": "fedforge.server.hooks",
@@ -70,6 +71,7 @@ __all__ = [
     "FederatedData",
     "FedforgeError",
     "LocalPlan",
+    "ModelContext",
     "ParamSpec",
     "Partition",
     "PartitionConfig",
@@ -130,7 +132,7 @@ if TYPE_CHECKING:  # the names as the type checker sees them
     from fedforge.core.registry import load_plugin, register
     from fedforge.data.federated import FederatedData, load_federated_data
     from fedforge.data.partition import Partition
-    from fedforge.models import register_model
+    from fedforge.models import ModelContext, register_model
     from fedforge.pipeline.named import register_codec, register_stage
     from fedforge.selection.history import ClientHistory
     from fedforge.selection.named import SelectionPolicy, SelectionRound, register_selection

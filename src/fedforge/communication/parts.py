@@ -27,7 +27,6 @@ from fedforge.config.components import make
 from fedforge.core.errors import ConfigError
 from fedforge.core.params import ParamSpec
 from fedforge.data import Partition
-from fedforge.pipeline.clip import Clip
 from fedforge.pipeline.pipeline import Codec, Pipeline, Stage
 from fedforge.store.client_state import ClientStateStore, make_state_store, working_dir
 
@@ -69,7 +68,9 @@ def assemble(
         if com.downlink == "dense"
         else make_codec(com.downlink, cfg, spec, "communication.downlink")
     )
-    stages: tuple[Stage, ...] = () if com.clip_norm is None else (Clip(com.clip_norm),)
+    stages: tuple[Stage, ...] = ()
+    if com.clip_norm is not None:  # the stage registered as "clip"
+        stages = (make("stage", "clip", cfg, spec=spec, dtype=dtype),)
     groups = None
     if com.groups:
         groups = tuple(assign_groups(com.group_by, com.groups, partition, labels.numpy()))

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from fedforge.core import registry
+from fedforge.core.builtins import PLACED_BY
 
 if TYPE_CHECKING:  # a Protocol of the fields read: schema.py imports this module
     from typing import Protocol
@@ -85,10 +86,17 @@ def named(cfg: Named) -> list[tuple[str, str, str]]:
 
 
 def config_components(cfg: Named) -> list[tuple[str, str | None]]:
-    """``(kind, name)`` of every component ``cfg`` names, its model and task too."""
+    """``(kind, name)`` of every component ``cfg`` names, its model and task too,
+    and the stages its sections place (core/builtins.py's ``PLACED_BY``)."""
+    placed = [
+        ("stage", name)
+        for name, field in PLACED_BY.items()
+        if getattr(getattr(cfg, field.split(".")[0]), field.split(".")[1]) is not None
+    ]
     return [(kind, name) for kind, _, name in named(cfg)] + [
         ("model", cfg.model),
         ("task", cfg.task),
+        *placed,
     ]
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fedforge.core.builtins import PLACED_BY
 from fedforge.core.errors import invalid_field
 
 StageName = str  # a registered stage (fedforge.register_stage)
@@ -29,6 +30,16 @@ def no_repeats(field: str, names: tuple[str, ...]) -> None:
         raise invalid_field(field, list(names), f"names {', '.join(twice)} more than once")
 
 
+def not_placed_by_a_section(field: str, names: tuple[str, ...]) -> None:
+    """Refuse a built-in stage that its section places (``clip`` by
+    ``communication.clip_norm``): the section's field says where and how."""
+    for name in names:
+        if name in PLACED_BY:
+            raise invalid_field(
+                field, list(names), f"{name!r} is placed by {PLACED_BY[name]}: set that instead"
+            )
+
+
 @dataclass(frozen=True)
 class PipelineConfig:
     """Named stages added to the round (see the module docstring for where)."""
@@ -39,3 +50,5 @@ class PipelineConfig:
     def check(self) -> None:
         no_repeats("pipeline.client", self.client)
         no_repeats("pipeline.server", self.server)
+        not_placed_by_a_section("pipeline.client", self.client)
+        not_placed_by_a_section("pipeline.server", self.server)

@@ -1,8 +1,9 @@
 """The config's ``task``: what is trained and how it is judged. A built-in task
 names a data set and a model (``task: shakespeare-lstm`` is ``dataset:
-shakespeare`` with ``model: char_lstm``); the older ``dataset``/``model`` pair
-stays a shorthand for the task of that data set. A task registered by the caller
-(fedforge.register_task) is looked up where the run is built.
+shakespeare`` with ``model: char_lstm``: the pairs are core/builtins.py's
+``TASK_DATA``); the older ``dataset``/``model`` pair stays a shorthand for the
+task of that data set. Every named task, built in or registered by the caller
+(fedforge.register_task), is found in the registry where the run is built.
 
 Each data set's kind of labels decides the loss and the metrics (fedforge.tasks)
 and what else the run may ask of its labels, checked here in one line each:
@@ -15,18 +16,14 @@ from typing import Literal
 
 from fedforge.config.data import PartitionConfig
 from fedforge.config.robust import RobustConfig
+from fedforge.core import registry
+from fedforge.core.builtins import TASK_DATA
 from fedforge.core.errors import ConfigError, invalid_field
 
 Kind = Literal["classification", "sequence", "regression"]
 
-# built-in task -> (dataset, model)
-BUILT_IN_TASKS: dict[str, tuple[str, str]] = {
-    "mnist-2nn": ("mnist", "2nn"),
-    "mnist-cnn": ("mnist", "cnn"),
-    "synthetic-logreg": ("synthetic", "logreg"),
-    "shakespeare-lstm": ("shakespeare", "char_lstm"),
-    "linear-regression": ("regression", "linear"),
-}
+# built-in task -> the (dataset, model) a config naming it trains
+BUILT_IN_TASKS: dict[str, tuple[str, str]] = TASK_DATA
 # each data set's labels: one class a row, one class a step of a sequence, or values
 KINDS: dict[str, Kind] = {
     "mnist": "classification",
@@ -120,12 +117,13 @@ BUILT_IN_MODELS = frozenset(m for models in FITTING_MODELS.values() for m in mod
 
 def model_fits_dataset(model: str, dataset: str, task: str | None = None) -> None:
     """A built-in model reads the rows and predicts the labels of some data sets
-    only; a model of the caller's, or any model of a task of the caller's (its own
-    data), is checked against the data where it is built."""
+    only; a model of the caller's (one that replaced a built-in name too), or any
+    model of a task of the caller's (its own data), is checked against the data
+    where it is built."""
     if task is not None and task not in BUILT_IN_TASKS:
         return
     fitting = FITTING_MODELS.get(dataset, ())
-    if model in BUILT_IN_MODELS and model not in fitting:
+    if model in BUILT_IN_MODELS and model not in fitting and registry.is_builtin("model", model):
         raise invalid_field(
             "model",
             model,

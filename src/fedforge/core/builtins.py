@@ -3,9 +3,11 @@ plugin registers its own. Each factory is named by ``"module:attribute"`` text,
 imported when a run is built with it: registering imports nothing, so a
 config's names are checked without loading torch or any component's module.
 
-Each factory takes one ``ComponentContext`` (config/components.py): the run's
-config, the component's name and options, and for the kinds that need them
-the parameter spec and dtype."""
+Each factory takes what its kind's factories take (each kind's ``register_*``
+helper says): one ``ComponentContext`` (config/components.py: the run's config,
+the component's name and options, and for the kinds that need them the
+parameter spec and dtype); a model's factory a ``ModelContext``
+(models/factory.py: its name and the data's ``DataSpec``)."""
 
 from __future__ import annotations
 
@@ -71,17 +73,54 @@ METRICS = {
     "token_accuracy": f"{_METRICS}:token_accuracy",
     "mse": f"{_METRICS}:mse",
 }
+# the built-in stages a section places (each built by its name when its field is
+# set), by that field; a config's pipeline lists do not name them
+STAGES = {
+    "clip": "fedforge.pipeline.clip:clip_stage",
+    "norm_gate": "fedforge.robust.gates:norm_gate_stage",
+}
+PLACED_BY = {"clip": "communication.clip_norm", "norm_gate": "robust.norm_gate"}
+_MODELS = "fedforge.models.builtin"
+MODELS = {
+    "2nn": f"{_MODELS}:mlp",
+    "cnn": f"{_MODELS}:cnn",
+    "cnn_bn": f"{_MODELS}:cnn_bn",
+    "logreg": f"{_MODELS}:logreg",
+    "char_lstm": f"{_MODELS}:char_lstm",
+    "linear": f"{_MODELS}:linear",
+}
+# each built-in task: the data set and model it trains (a config naming the task
+# reads as naming that pair: config/task.py)
+TASK_DATA: dict[str, tuple[str, str]] = {
+    "mnist-2nn": ("mnist", "2nn"),
+    "mnist-cnn": ("mnist", "cnn"),
+    "synthetic-logreg": ("synthetic", "logreg"),
+    "shakespeare-lstm": ("shakespeare", "char_lstm"),
+    "linear-regression": ("regression", "linear"),
+}
+TASKS = {name: "fedforge.tasks.task:data_set_task" for name in TASK_DATA}
+
+TABLES: dict[str, dict[str, str]] = {
+    "algorithm": ALGORITHMS,
+    "aggregator": AGGREGATORS,
+    "server_optimizer": SERVER_OPTIMIZERS,
+    "codec": CODECS,
+    "selection": SELECTIONS,
+    "metric": METRICS,
+    "stage": STAGES,
+    "model": MODELS,
+    "task": TASKS,
+}
 
 
 def register_builtins(register: Callable[..., Any]) -> None:
     """Register every built-in with ``register`` (core/registry.py's)."""
-    for kind, table in (
-        ("algorithm", ALGORITHMS),
-        ("aggregator", AGGREGATORS),
-        ("server_optimizer", SERVER_OPTIMIZERS),
-        ("codec", CODECS),
-        ("selection", SELECTIONS),
-        ("metric", METRICS),
-    ):
+    for kind, table in TABLES.items():
         for name, factory in table.items():
             register(kind, name, factory, options=OPTIONS.get((kind, name)))
+
+
+def is_builtin(kind: str, name: str, factory: object) -> bool:
+    """Whether ``factory`` is fedforge's own ``kind`` called ``name`` (not a
+    plugin's that replaced it)."""
+    return TABLES.get(kind, {}).get(name) == factory

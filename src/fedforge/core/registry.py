@@ -165,6 +165,17 @@ def is_registered(kind: str, name: str) -> bool:
         return (kind, name) in _entries
 
 
+def is_builtin(kind: str, name: str) -> bool:
+    """Whether ``name`` is registered now as fedforge's own ``kind`` (a built-in
+    that no plugin replaced)."""
+    from fedforge.core import builtins
+
+    with _lock:
+        _ensure_ready()
+        entry = _entries.get((kind, name))
+    return entry is not None and builtins.is_builtin(kind, name, entry.factory)
+
+
 def unknown(kind: str, name: object, field: str | None = None) -> str:
     """The one-line message for a ``kind`` name nobody registered."""
     from fedforge.core.errors import shown

@@ -1,9 +1,9 @@
-"""Model registry: build a model by the name used in configs. The built-in ones
-are sized by the data (its :class:`DataSpec`): every one by its classes, ``logreg``
-and ``linear`` by its input features too; the MNIST models take 28x28 images
-alone, and data of another shape is refused by name before any forward pass.
-Besides them, a caller registers its own (:func:`register_model`) before it
-builds, runs or resumes a config naming it."""
+"""Models by the name a config gives, all found in the one registry
+(core/registry.py): the built-in ones (registered in core/builtins.py, their
+factories in ``builtin.py``) and a caller's own (:func:`register_model`,
+registered before it builds, runs or resumes a config naming one). A factory
+takes nothing or a :class:`ModelContext` (the data's :class:`DataSpec`), as
+``factory.py`` says; every built-in model is sized by the data so."""
 
 from __future__ import annotations
 
@@ -14,69 +14,60 @@ from torch import nn
 
 from fedforge.core import registry
 from fedforge.core.dataspec import MNIST_SPEC, SYNTHETIC_SPEC, DataSpec
-from fedforge.core.errors import ConfigError, DataError
+from fedforge.core.errors import ConfigError
 from fedforge.models.bn import MnistCNNBN
 from fedforge.models.char_lstm import CharLSTM
+from fedforge.models.factory import ModelContext, call_factory, needs_input
 from fedforge.models.linear import LinearRegression
 from fedforge.models.logreg import LogisticRegression
 from fedforge.models.mnist import MnistCNN, MnistMLP
 
-# built-in models, sized by the data they train on
-SIZED: dict[str, Callable[[DataSpec], nn.Module]] = {
-    "2nn": lambda d: MnistMLP(num_classes=d.outputs),
-    "cnn": lambda d: MnistCNN(num_classes=d.outputs),
-    "cnn_bn": lambda d: MnistCNNBN(num_classes=d.outputs),
-    "logreg": lambda d: LogisticRegression(d.input_features, d.outputs),
-    "char_lstm": lambda d: CharLSTM(d.outputs),
-    "linear": lambda d: LinearRegression(d.input_features, d.outputs),
-}
-# the built-in models that take rows of one shape alone (the others: any shape)
-FIXED_INPUT: dict[str, tuple[int, ...]] = {name: (1, 28, 28) for name in ("2nn", "cnn", "cnn_bn")}
-# a caller's models (register_model), in the registry: built by calling them with no argument
+# every model by name, the built-ins' and a caller's, as a mapping: name -> factory
 MODELS = registry.view("model")
-BUILT_IN = frozenset(SIZED)
 SPECS = {"mnist": MNIST_SPEC, "synthetic": SYNTHETIC_SPEC}  # of the image/vector data sets
+ModelFactory = Callable[[], nn.Module] | Callable[[ModelContext], nn.Module]
 
 
-def register_model(name: str, factory: Callable[[], nn.Module]) -> None:
-    """Make ``model: name`` build ``factory()``, whose outputs fit the run's task (a
-    classifier of MNIST: logits ``[B, 10]``). Its initial weights are drawn under the run's
-    seed, as the built-in models' are; registering a name again replaces it."""
-    if not isinstance(name, str) or not name.strip() or name in BUILT_IN:
+def register_model(name: str, factory: ModelFactory, *, replace: bool = False) -> None:
+    """Make ``model: name`` build ``factory()``, or ``factory(context)`` for a factory
+    of one argument, a :class:`ModelContext` (the run's data spec: a model sized by
+    the data). Its outputs fit the run's task (a classifier of MNIST: logits
+    ``[B, 10]``); its initial weights are drawn under the run's seed, as the built-in
+    models' are. Registering a name of your own again replaces it; a built-in name
+    only with ``replace=True``."""
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"model name {name!r} cannot be registered: give a non-empty name")
+    if registry.is_builtin("model", name) and not replace:
+        builtin = [n for n in registry.names("model") if registry.is_builtin("model", n)]
         raise ConfigError(
-            f"model name {name!r} cannot be registered: a non-empty name other than the "
-            f"built-in {', '.join(sorted(BUILT_IN))}"
+            f"model name {name!r} cannot be registered: it is a built-in model "
+            f"({', '.join(builtin)}); pass replace=True to replace it"
         )
     if not callable(factory):
         raise ConfigError(f"model {name!r}: the factory {factory!r} is not callable")
-    MODELS[name] = factory
+    registry.register("model", name, factory, replace=True)
 
 
 def check_model_name(name: str) -> None:
-    """Refuse in one line a model name neither built in nor registered."""
-    if name not in SIZED and name not in MODELS:
+    """Refuse in one line a model name no one registered (built-in or a caller's)."""
+    if not registry.is_registered("model", name):
         raise ConfigError(
-            f"model {name!r} is unknown; known models: {', '.join([*SIZED, *MODELS])} (your "
-            "own: fedforge.register_model(name, factory) before the run, and before its resume)"
+            f"model {name!r} is unknown; known models: {', '.join(registry.names('model'))} "
+            "(your own: fedforge.register_model(name, factory) before the run, and before "
+            "its resume)"
         )
 
 
 def build_model(
     name: str, seed: int, dtype: torch.dtype = torch.float32, data: DataSpec | str = "mnist"
 ) -> nn.Module:
-    """A freshly initialised model for ``data`` (its spec, or the name of a built-in
-    image/vector data set); the initial weights depend only on ``seed``."""
+    """A freshly initialised model ``name`` (found in the registry) for ``data`` (its
+    spec, or the name of a built-in image/vector data set); the initial weights
+    depend only on ``seed``."""
     check_model_name(name)
-    spec = SPECS[data] if isinstance(data, str) else data
-    want = FIXED_INPUT.get(name)
-    if want is not None and spec.input_shape != want:
-        raise DataError(
-            f"train_x rows of shape {spec.input_shape} do not fit model {name!r}: it takes "
-            f"rows of shape {want} (28x28 images); use 'logreg' (sized by the inputs) or a "
-            "model of your own (fedforge.register_model)"
-        )
-    make = (lambda: SIZED[name](spec)) if name in SIZED else MODELS[name]
-    return seeded(make, seed, dtype, repr(name))
+    context = ModelContext(name, SPECS[data] if isinstance(data, str) else data)
+    factory = registry.lookup("model", name).load()
+    return seeded(lambda: call_factory(factory, context), seed, dtype, repr(name))
 
 
 def seeded(make: Callable[[], nn.Module], seed: int, dtype: torch.dtype, what: str) -> nn.Module:
@@ -96,9 +87,7 @@ def seeded(make: Callable[[], nn.Module], seed: int, dtype: torch.dtype, what: s
 
 
 __all__ = [
-    "BUILT_IN",
     "MODELS",
-    "SIZED",
     "CharLSTM",
     "DataSpec",
     "LinearRegression",
@@ -106,7 +95,9 @@ __all__ = [
     "MnistCNN",
     "MnistCNNBN",
     "MnistMLP",
+    "ModelContext",
     "build_model",
+    "needs_input",
     "register_model",
     "seeded",
 ]

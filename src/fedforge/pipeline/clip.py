@@ -10,9 +10,15 @@ delta was left unclipped; in simulation both travel through a :class:`ClipBoard`
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
+from fedforge.core.errors import ConfigError
 from fedforge.pipeline.pipeline import Role, StageContext, Where
+
+if TYPE_CHECKING:
+    from fedforge.config.components import ComponentContext
 
 
 class ClipBoard:
@@ -49,3 +55,14 @@ class Clip:
         if norm <= clip:
             return vec
         return vec * (clip / norm)
+
+
+def clip_stage(context: ComponentContext) -> Clip:
+    """The built-in stage ``clip`` (core/builtins.py): each client's delta clipped
+    to ``communication.clip_norm``, placed by that field."""
+    norm = context.cfg.communication.clip_norm
+    if norm is None:
+        raise ConfigError(
+            f"stage {context.name!r} clips to communication.clip_norm, which is unset"
+        )
+    return Clip(norm)

@@ -15,10 +15,15 @@ The per-upload checks (shape, dtype, finite values) are in
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from fedforge.core.errors import ConfigError
 from fedforge.pipeline.pipeline import CohortRole, CohortUpdates, StageContext, Where
+
+if TYPE_CHECKING:
+    from fedforge.config.components import ComponentContext
 
 
 def median(values: torch.Tensor) -> torch.Tensor:
@@ -81,3 +86,12 @@ class NormGate:
             cohort.reports,
         )
         return kept, refused
+
+
+def norm_gate_stage(context: ComponentContext) -> NormGate:
+    """The built-in stage ``norm_gate`` (core/builtins.py): the cohort's updates of
+    outlying norm refused at ``robust.norm_gate``, placed by that field."""
+    threshold = context.cfg.robust.norm_gate
+    if threshold is None:
+        raise ConfigError(f"stage {context.name!r} gates at robust.norm_gate, which is unset")
+    return NormGate(threshold)

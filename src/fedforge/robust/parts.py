@@ -28,7 +28,6 @@ from fedforge.robust.attacks import (
     flipped_labels_fn,
     uint8_tamper,
 )
-from fedforge.robust.gates import NormGate
 from fedforge.selection.sampling import cohort_size
 
 
@@ -89,7 +88,7 @@ def assemble(
             uplink = uplink.codec
         cohort = (Collusion(r.attack, attackers, r.alie_z, r.ipm_epsilon, uplink),)
     if r.norm_gate is not None:
-        cohort = (*cohort, NormGate(r.norm_gate))
+        cohort = (*cohort, make("stage", "norm_gate", cfg))
     gate = None
     if r.client_gate:  # a Byzantine client does not gate itself
         gate = ClientGate(data_fn, r.holdout_fraction, cfg.seed, exempt=attackers)

@@ -21,6 +21,7 @@ from fedforge.communication.parts import CommunicationParts
 from fedforge.config import Config
 from fedforge.config.components import check_names, make
 from fedforge.config.notes import config_notes, own_split_note
+from fedforge.core import registry
 from fedforge.core.allocator import keep_large_blocks
 from fedforge.core.device import HOST, resolve_device
 from fedforge.core.errors import ConfigError
@@ -32,7 +33,6 @@ from fedforge.data.tags import load_client_tags
 from fedforge.engines import Engine
 from fedforge.engines.threads import ThreadPlan
 from fedforge.evaluation.clients import split_holdout
-from fedforge.models import BUILT_IN
 from fedforge.pipeline.named import named_stages
 from fedforge.pipeline.pipeline import Pipeline
 from fedforge.privacy import parts as privacy
@@ -204,7 +204,7 @@ def _run_data(
     name = task.name if task.model is not None else cfg.model
     if given or task.data_fn is not None:  # the caller's: checked before anything reads it
         check_given(data, cfg.num_clients, dtype, model, name)
-    elif cfg.model not in BUILT_IN or task.model is not None:  # a model of the caller's
+    elif not registry.is_builtin("model", cfg.model) or task.model is not None:  # the caller's
         check_fits(data, model, name)
     fingerprint = fingerprint_of(data)
     data = shift_data(cfg, data)

@@ -1,12 +1,14 @@
 """Tasks: what a run trains and how it is judged (idea 8 of the design). A config
-names a built-in task (``task: shakespeare-lstm``) or the ``dataset``/``model``
-shorthand; a caller registers its own (:func:`register_task`) or hands a
-:class:`Task` to ``fedforge.run``."""
+names a task (``task: shakespeare-lstm``), found in the one registry
+(core/registry.py) whether built in (core/builtins.py) or registered by a caller
+(:func:`register_task`), or gives the ``dataset``/``model`` pair; a caller may
+also hand a :class:`Task` to ``fedforge.run``. A task factory takes a
+``ComponentContext`` and returns the :class:`Task`."""
 
 from __future__ import annotations
 
 from fedforge.config import Config
-from fedforge.config.task import BUILT_IN_TASKS
+from fedforge.config.components import make
 from fedforge.core import registry
 from fedforge.core.errors import ConfigError
 from fedforge.data import federated
@@ -16,20 +18,23 @@ from fedforge.tasks.losses import LossFn, cross_entropy, squared_error, token_cr
 from fedforge.tasks.metrics import Metrics, Scores
 from fedforge.tasks.task import Task, config_task
 
-TASKS = registry.view("task")  # the caller's, by name (register_task), in the registry
+TASKS = registry.view("task")  # every task by name, the built-ins' and the caller's
 
 
-def register_task(task: Task) -> None:
-    """Make ``task: <task.name>`` in a config run ``task``; registering a name again
-    replaces it. Register before the run, and before its resume."""
+def register_task(task: Task, *, replace: bool = False) -> None:
+    """Make ``task: <task.name>`` in a config run ``task``; registering a name of your
+    own again replaces it, a built-in name only with ``replace=True``. Register
+    before the run, and before its resume."""
     if not isinstance(task, Task):
         raise ConfigError(f"register_task takes a fedforge.Task, got {type(task).__name__}")
-    if not task.name.strip() or task.name in BUILT_IN_TASKS:
+    if not task.name.strip():
+        raise ConfigError(f"task name {task.name!r} cannot be registered: give a non-empty name")
+    if registry.is_builtin("task", task.name) and not replace:
         raise ConfigError(
-            f"task name {task.name!r} cannot be registered: a non-empty name other than the "
-            f"built-in {', '.join(BUILT_IN_TASKS)}"
+            f"task name {task.name!r} cannot be registered: it is a built-in task "
+            f"({', '.join(_builtin_tasks())}); pass replace=True to replace it"
         )
-    TASKS[task.name] = GivenTask(task)
+    registry.register("task", task.name, GivenTask(task), replace=True)
 
 
 def load_task_data(cfg: Config, task: Task | None = None) -> FederatedData:
@@ -49,32 +54,41 @@ def load_server_data(cfg: Config, task: Task | None = None) -> FederatedData:
 
 
 def resolve_task(cfg: Config, given: Task | None = None) -> Task:
-    """The run's task: the one handed to the run, the registered one the config
-    names, or the built-in one of its data set and model."""
+    """The run's task: the one handed to the run, the one the config names (built
+    by its registered factory), or that of the config's data set and model."""
     if given is not None:
         return given
-    if cfg.task is None or cfg.task in BUILT_IN_TASKS:
+    if cfg.task is None:
         return config_task(cfg)
     _check_task_name(cfg.task)
-    given_task: Task = TASKS[cfg.task](None)
-    return given_task
+    task = make("task", cfg.task, cfg, "task")
+    if not isinstance(task, Task):
+        raise ConfigError(
+            f"task {cfg.task!r}: its factory returned {type(task).__name__}, not a fedforge.Task"
+        )
+    return task
 
 
 def check_known(cfg: Config) -> None:
     """Refuse in one line, before anything loads, a task the config names that no
-    one registered, or, for the config's own data set and model, a model neither
-    built in nor registered (a registered task may bring its own model)."""
-    if cfg.task is None or cfg.task in BUILT_IN_TASKS:
-        check_model_name(cfg.model)
-    else:
-        _check_task_name(cfg.task)
+    one registered, or a model the task trains by name that no one registered (a
+    task may bring its own model)."""
+    model = resolve_task(cfg).model
+    if model is None or isinstance(model, str):
+        check_model_name(model or cfg.model)
+
+
+def _builtin_tasks() -> list[str]:
+    return [n for n in registry.names("task") if registry.is_builtin("task", n)]
 
 
 def _check_task_name(name: str) -> None:
-    if name not in TASKS:
+    if not registry.is_registered("task", name):
+        builtin = _builtin_tasks()
+        own = [n for n in registry.names("task") if n not in builtin]
         raise ConfigError(
-            f"task {name!r} is unknown; built in: {', '.join(BUILT_IN_TASKS)}; registered: "
-            f"{', '.join(TASKS) or 'none'} (fedforge.register_task before the run and its resume)"
+            f"task {name!r} is unknown; built in: {', '.join(builtin)}; registered: "
+            f"{', '.join(own) or 'none'} (fedforge.register_task before the run and its resume)"
         )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -30,6 +31,9 @@ METRICS: dict[str, Callable[[], Metrics]] = {
     "sequence": TokenMetrics,
     "regression": RegressionMetrics,
 }
+if TYPE_CHECKING:
+    from fedforge.config.components import ComponentContext
+
 ModelFn = Callable[[DataSpec], nn.Module]
 DataFn = Callable[[Config], FederatedData]
 
@@ -109,7 +113,13 @@ def check_run_fits(cfg: Config, task: Task, data: FederatedData) -> None:
 
 
 def config_task(cfg: Config) -> Task:
-    """The task of a config naming no registered task: its data set's kind of
-    labels, its model."""
+    """The task of the config's data set and model (``dataset``/``model``, or the
+    pair a built-in task names): its data set's kind of labels, its model."""
     name = cfg.task or f"{cfg.dataset}-{cfg.model}"
     return Task(name, KINDS.get(cfg.dataset, "classification"))
+
+
+def data_set_task(context: ComponentContext) -> Task:
+    """The factory of every built-in task (core/builtins.py): the task of the data
+    set and model it names, which the config has taken as its own."""
+    return config_task(context.cfg)
