@@ -34,7 +34,8 @@ def restores_builtins() -> Iterator[None]:
     """Whatever a test takes out or replaces, the built-ins are registered again after."""
     yield
     for kind, name in EVERY_BUILTIN:
-        registry.register(kind, name, builtins.TABLES[kind][name], replace=True)
+        table, options = builtins.TABLES[kind], builtins.OPTIONS.get((kind, name))
+        registry.register(kind, name, table[name], options=options, replace=True)
 
 
 def test_every_kind_has_its_builtins_in_the_registry() -> None:
