@@ -88,7 +88,13 @@ class SelectionHook(RoundHook):
             return
         losses = {c.client_id: c.train_loss for c in end.clients}
         info.state.selection.round_done(
-            info.start, info.round_idx, info.cohort, end.arrived, losses, self.refused
+            info.start,
+            info.round_idx,
+            info.cohort,
+            end.arrived,
+            losses,
+            self.refused,
+            end.durations,
         )
 
 

@@ -63,6 +63,14 @@ class LoopState:
     # what the server knows of each client asked so far: the selection policy's
     # input (selection/history.py), kept by the selection hook (checkpointed)
     selection: History = field(default_factory=History)
+    # the virtual clock (systems/): each round's end, in seconds of virtual time
+    # from the run's start (checkpointed; empty without the clock)
+    virtual_s: list[float] = field(default_factory=list)
+
+    @property
+    def virtual_now(self) -> float:
+        """The virtual time at the start of round ``next_round``."""
+        return self.virtual_s[-1] if self.virtual_s else 0.0
 
     @classmethod
     def fresh(cls, exp: Experiment) -> LoopState:
@@ -96,6 +104,8 @@ class LoopState:
             "update_norms": self.update_norms,  # finite floats: JSON round-trips them
             "selection": self.selection.state_dict(),
         }
+        if self.virtual_s:
+            loop["virtual_s"] = self.virtual_s  # finite floats: JSON round-trips them
         if self.initial_eval is not None:
             loop["initial_eval"] = list(self.initial_eval)
         return Checkpoint(
@@ -151,6 +161,7 @@ class LoopState:
             initial_eval=_initial_eval(loop.get("initial_eval")),
             update_norms=[[float(x) for x in r] for r in loop.get("update_norms", [])],
             selection=History.from_state(loop.get("selection")),
+            virtual_s=[float(x) for x in loop.get("virtual_s", [])][: ckpt.next_round],
         )
 
 

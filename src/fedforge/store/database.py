@@ -78,6 +78,12 @@ ROUND_TABLES: dict[str, str] = {
     "client_times": """CREATE TABLE IF NOT EXISTS client_times (round_idx INTEGER NOT NULL,
         client_id INTEGER NOT NULL, download_s REAL, compute_s REAL, upload_s REAL,
         total_s REAL, arrived INTEGER NOT NULL, PRIMARY KEY (round_idx, client_id))""",
+    # the virtual clock of a simulation with system profiles: each round's start,
+    # duration and end (seconds of virtual time from the run's start), the clients
+    # online at its start, asked, and whose uploads arrived in time
+    "round_clock": """CREATE TABLE IF NOT EXISTS round_clock (round_idx INTEGER PRIMARY KEY,
+        start_s REAL NOT NULL, duration_s REAL NOT NULL, end_s REAL NOT NULL,
+        online INTEGER NOT NULL, asked INTEGER NOT NULL, arrived INTEGER NOT NULL)""",
     # the alerts fired after each round (fedforge.alerts): the rule, the measured value
     # against its threshold, the client it names (client_refused), what its actions did
     "alerts": """CREATE TABLE IF NOT EXISTS alerts (round_idx INTEGER NOT NULL,
