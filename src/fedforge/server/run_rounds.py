@@ -149,7 +149,7 @@ def _result(
 ) -> RunResult:
     """The loop's result: parameters, rounds, summary, what was refused or skipped."""
     evals = (state.eval_rounds, state.eval_accuracy)
-    summary = summarize_run(exp, state.records, evals, seconds, state.privacy)
+    summary = summarize_run(exp, state.records, evals, seconds, state.privacy, state.virtual_s)
     if state.initial_eval is not None:
         summary["initial_accuracy"], summary["initial_loss"] = state.initial_eval
     summary.update(stops)

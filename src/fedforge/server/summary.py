@@ -3,11 +3,12 @@ end-of-run lines the CLI prints."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from fedforge.evaluation.metrics import bytes_at, rounds_to_target
+from fedforge.evaluation.metrics import bytes_at, rounds_to_target, seconds_at
 from fedforge.report.facts import run_facts
-from fedforge.report.progress import format_bytes, score_text
+from fedforge.report.progress import format_bytes, format_duration, score_text
 from fedforge.server.experiment import Experiment
 from fedforge.store import RoundRecord
 
@@ -18,9 +19,12 @@ def summarize_run(
     evals: tuple[list[int], list[float]],
     seconds: float,
     privacy_state: dict[str, Any] | None = None,
+    virtual_s: Sequence[float] = (),
 ) -> dict[str, Any]:
     """Rounds done, rounds to target (from the evaluation history), bytes, wall time;
-    privacy spent by the participation ``privacy_state`` recorded."""
+    privacy spent by the participation ``privacy_state`` recorded; with the
+    virtual clock (``virtual_s``: each round's end), the virtual time in all and
+    to the target."""
     cfg = exp.cfg
     target = cfg.target_accuracy
     rtt = rounds_to_target(evals[0], evals[1], target) if target is not None else None
@@ -53,6 +57,7 @@ def summarize_run(
         "num_params": exp.spec.size,
         "pipeline": exp.pipeline.describe(),
         "engine": exp.engine.name,
+        **(_virtual(virtual_s, rtt) if virtual_s else {}),
         **(
             {"attackers": sorted(exp.robust.attackers)}
             if exp.robust and exp.robust.attackers
@@ -63,6 +68,16 @@ def summarize_run(
             if exp.privacy is not None
             else {}
         ),
+    }
+
+
+def _virtual(ends: Sequence[float], rtt: float | None) -> dict[str, Any]:
+    """The virtual seconds of the run, and to its target (interpolated within the
+    round that reached it, as rounds to target are)."""
+    durations = [b - a for a, b in zip([0.0, *ends[:-1]], ends, strict=True)]
+    return {
+        "virtual_seconds": float(ends[-1]),
+        "virtual_seconds_to_target": seconds_at(rtt, durations) if rtt is not None else None,
     }
 
 
@@ -91,6 +106,11 @@ def format_summary(summary: dict[str, Any]) -> str:
             f"(up {format_bytes(summary['bytes_up_to_target'])})"
         )
     lines.append(f"wall time        {summary['wall_seconds']:.1f} s")
+    virtual = summary.get("virtual_seconds")
+    if virtual is not None:
+        to_target = summary.get("virtual_seconds_to_target")
+        said = "" if to_target is None else f" ({format_duration(to_target)} to target)"
+        lines.append(f"virtual time     {format_duration(virtual)}{said}")
     lines += [f"{label:<17}{text}" for label, text in run_facts(summary)]
     if summary.get("run_dir"):
         lines.append(f"run files        {summary['run_dir']}")

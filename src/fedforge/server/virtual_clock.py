@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 from fedforge.algorithms.plan import LocalPlan
 from fedforge.client.runtime import ClientTask, ClientUpload
@@ -68,8 +69,8 @@ class RoundClock:
         self.cohort, self._payload_bytes = list(cohort), payload_bytes
         self.plans = {t.client_id: t.plan for t in tasks}
         draws = numpy_rng(self.exp.cfg.seed, "failure", self.round_idx).random(len(cohort))
-        profiles = self.systems.profiles
-        self.failed = {c for c, u in zip(cohort, draws.tolist()) if u < profiles[c].failure_prob}
+        chance = [self.systems.profiles[c].failure_prob for c in cohort]
+        self.failed = {c for c, u, p in zip(cohort, draws.tolist(), chance, strict=True) if u < p}
         return [t for t in tasks if t.client_id not in self.failed]
 
     def arrivals(
@@ -93,10 +94,10 @@ class RoundClock:
             collector.dropout(c)
         return iter([got[c] for c in end.taken])
 
-    def rows(self) -> dict[str, list[tuple[object, ...]]]:
+    def rows(self) -> dict[str, list[tuple[Any, ...]]]:
         """The round's rows of the ``client_times`` and ``round_clock`` tables."""
         r, came = self.round_idx, set(self.arrived)
-        times = []
+        times: list[tuple[Any, ...]] = []
         for c in self.cohort:
             t = self.times.get(c)
             if t is None:  # failed, or a dropped straggler: only the download is known
@@ -106,7 +107,9 @@ class RoundClock:
                 row = (r, c, t.download_s, t.compute_s, t.upload_s, t.total_s, int(c in came))
                 times.append(row)
         end = self.start_s + self.duration_s
-        clock = [(r, self.start_s, self.duration_s, end, self.online, len(self.cohort), len(came))]
+        clock: list[tuple[Any, ...]] = [
+            (r, self.start_s, self.duration_s, end, self.online, len(self.cohort), len(came))
+        ]
         return {"client_times": times, "round_clock": clock}
 
     def durations(self) -> dict[int, float]:
@@ -116,7 +119,7 @@ class RoundClock:
     def idle_until(self) -> float:
         """A round with nobody online: the seconds until the first client comes online."""
         avail, t = self.systems.availability, self.start_s
-        first = min((avail.next_online(c, t) for c in range(self.exp.cfg.num_clients)))
+        first = min(avail.next_online(c, t) for c in range(self.exp.cfg.num_clients))
         return first - t if math.isfinite(first) else 0.0
 
 
@@ -132,4 +135,3 @@ def advance(state: LoopState, clock: RoundClock) -> None:
     """The round is over: the virtual time moves on by its duration."""
     state.virtual_s.append(clock.start_s + clock.duration_s)
     state.outputs.update(clock.rows())
-
