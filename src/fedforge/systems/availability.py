@@ -82,10 +82,17 @@ class Availability:
         phase = self._phase.get(c)
         if phase is None:
             phase = self._phase[c] = float(numpy_rng(self.seed, "daily", c).random()) * DAY_S
-        into = (t - phase) % DAY_S
-        if into < self.window_s:
-            return True, t + (self.window_s - into)
-        return False, t + (DAY_S - into)
+        # day k's window opens at phase + k DAY_S and closes window_s later, each edge
+        # computed by the one formula wherever it is asked: the edges are exact
+        k = math.floor((t - phase) / DAY_S)
+        if t >= phase + (k + 1) * DAY_S:  # the division rounded down across an edge
+            k += 1
+        elif t < phase + k * DAY_S:
+            k -= 1
+        closes = phase + k * DAY_S + self.window_s
+        if t < closes:
+            return True, closes
+        return False, phase + (k + 1) * DAY_S
 
     # the trace
     def _traced(self, c: int, t: float) -> tuple[bool, float]:
