@@ -148,6 +148,9 @@ def resume(
     if progress:
         first = " (no checkpoint yet: from the start)" if state.next_round == 0 else ""
         print(f"resuming {run_store.path.name} at round {state.next_round + 1}{first}", flush=True)
+        population = _population(exp)
+        if population is not None:
+            print(format_population(population), flush=True)
     say_start(exp, state.next_round, progress)
     return _drive(exp, run_store, lock, state, partition, progress, chain)
 
