@@ -39,7 +39,6 @@ class RoundClock:
         self.cohort: list[int] = []
         self.failed: set[int] = set()
         self.times: dict[int, ClientTime] = {}
-        self.down: dict[int, float] = {}  # the download of the asked that sent nothing
         self.arrived: list[int] = []
         self.duration_s = 0.0
         self.online = 0
