@@ -252,3 +252,32 @@ def test_the_report_and_compare_show_the_population_and_time_to_target(tmp_path:
     assert "Population: 4 clients" in page and "to the target" in page
     compared = compare_html([result.run_dir])
     assert "virtual to target" in compared
+
+
+def test_stragglers_fewer_epochs_count_in_compute_time(tmp_path: Path) -> None:
+    from fedforge.server.stragglers import straggler_epochs
+
+    cfg = _cfg(
+        tmp_path, rounds=1, algorithm="fedprox", local_epochs=4, **{"stragglers.fraction": 0.5}
+    )
+    result = fedforge.run(cfg)
+    assert result.run_dir is not None
+    slow = straggler_epochs(range(4), 0.5, 4, cfg.seed, 0)
+    assert slow  # some clients straggle, each with fewer epochs
+    sizes = dict(_rows(result.run_dir, "SELECT client_id, num_examples FROM client_rounds"))
+    for c, compute in _rows(result.run_dir, "SELECT client_id, compute_s FROM client_times"):
+        epochs = slow.get(c, 4)
+        assert compute == pytest.approx(epochs * sizes[c] / PROFILES[c].samples_per_s, rel=1e-12)
+
+
+def test_only_the_clients_online_at_the_start_are_asked(tmp_path: Path) -> None:
+    # client 3 is never online; client 2 goes offline 0.001 s into every 10 s
+    trace = tmp_path / "trace.csv"
+    rows = ["client_id,start_s,end_s", "0,0,10", "1,0,10", "2,0,0.001"]
+    trace.write_text("\n".join(rows) + "\n")
+    result = fedforge.run(_cfg(tmp_path, rounds=2, **{"systems.trace": str(trace)}))
+    assert result.run_dir is not None
+    asked = _rows(result.run_dir, "SELECT round_idx, client_id, arrived FROM client_times")
+    assert asked == [(0, 0, 1), (0, 1, 1), (0, 2, 0), (1, 0, 1), (1, 1, 1)]
+    clock = _rows(result.run_dir, "SELECT round_idx, online, asked, arrived FROM round_clock")
+    assert clock == [(0, 3, 3, 2), (1, 2, 2, 2)]
