@@ -281,3 +281,11 @@ def test_only_the_clients_online_at_the_start_are_asked(tmp_path: Path) -> None:
     assert asked == [(0, 0, 1), (0, 1, 1), (0, 2, 0), (1, 0, 1), (1, 1, 1)]
     clock = _rows(result.run_dir, "SELECT round_idx, online, asked, arrived FROM round_clock")
     assert clock == [(0, 3, 3, 2), (1, 2, 2, 2)]
+
+
+def test_the_end_of_run_lines_say_the_virtual_time() -> None:
+    from fedforge.report.facts import run_facts
+
+    facts = dict(run_facts({"virtual_seconds": 5400.0, "virtual_seconds_to_target": 90.0}))
+    assert facts["virtual"] == "1.50 h on the virtual clock, 1.5 min to the target"
+    assert "virtual" not in dict(run_facts({}))

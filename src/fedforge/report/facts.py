@@ -1,12 +1,15 @@
 """The facts of a finished run that its end-of-run lines and ``fedforge show``
 both print, from its summary alone: what ran (pipeline, engine), compression
-against float32, the simulated attackers, privacy spent, why it stopped early.
+against float32, the virtual clock's time, the simulated attackers, privacy
+spent, why it stopped early.
 Each is a (label, text) pair, labels of at most 9 characters; the caller pads
 them to its own column."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from fedforge.report.progress import format_duration
 
 Fact = tuple[str, str]
 
@@ -23,6 +26,11 @@ def run_facts(summary: dict[str, Any]) -> list[Fact]:
     if attackers:
         shown = ", ".join(map(str, attackers[:12])) + (", ..." if len(attackers) > 12 else "")
         facts.append(("attackers", f"{len(attackers)} simulated: clients {shown}"))
+    virtual = summary.get("virtual_seconds")
+    if isinstance(virtual, int | float):  # the simulator's virtual clock (systems:)
+        to_target = summary.get("virtual_seconds_to_target")
+        said = "" if to_target is None else f", {format_duration(to_target)} to the target"
+        facts.append(("virtual", f"{format_duration(virtual)} on the virtual clock{said}"))
     facts.extend(privacy_facts(summary))
     for why in ("privacy_stop", "stall_stop"):  # a finished run that ended early
         if isinstance(summary.get(why), str):

@@ -8,7 +8,7 @@ from typing import Any
 
 from fedforge.evaluation.metrics import bytes_at, rounds_to_target, seconds_at
 from fedforge.report.facts import run_facts
-from fedforge.report.progress import format_bytes, format_duration, score_text
+from fedforge.report.progress import format_bytes, score_text
 from fedforge.server.experiment import Experiment
 from fedforge.store import RoundRecord
 
@@ -106,11 +106,6 @@ def format_summary(summary: dict[str, Any]) -> str:
             f"(up {format_bytes(summary['bytes_up_to_target'])})"
         )
     lines.append(f"wall time        {summary['wall_seconds']:.1f} s")
-    virtual = summary.get("virtual_seconds")
-    if virtual is not None:
-        to_target = summary.get("virtual_seconds_to_target")
-        said = "" if to_target is None else f" ({format_duration(to_target)} to target)"
-        lines.append(f"virtual time     {format_duration(virtual)}{said}")
     lines += [f"{label:<17}{text}" for label, text in run_facts(summary)]
     if summary.get("run_dir"):
         lines.append(f"run files        {summary['run_dir']}")
