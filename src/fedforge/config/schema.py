@@ -45,7 +45,7 @@ from fedforge.config.ranges import Most, Range, check_ranges
 from fedforge.config.robust import RobustConfig
 from fedforge.config.selection import SelectionConfig, policy_fits_privacy
 from fedforge.config.server_optimizer import ServerOptimizerConfig
-from fedforge.config.systems import SystemsConfig
+from fedforge.config.systems import SystemsConfig, systems_fit_run
 from fedforge.core.device import DEVICE_NAMES, is_device_name
 from fedforge.core.errors import FieldCheck, raise_first
 from fedforge.core.errors import invalid_field as invalid  # noqa: F401  (parse.py's)
@@ -217,6 +217,7 @@ def check(cfg: Config) -> None:
         cfg.deployment,
         cfg.alerts,
         cfg.asynchronous,
+        cfg.systems,
     )
     names = {id(getattr(cfg, f.name)): f.name for f in dataclasses.fields(cfg)}
     for section in sections:
@@ -257,6 +258,13 @@ def check(cfg: Config) -> None:
     compat.secagg_can_hide(cfg.privacy, cfg.communication)
     compat.over_selection_without_dp(cfg.deployment.over_selection, cfg.privacy)
     policy_fits_privacy(cfg.selection, cfg.privacy)
+    systems_fit_run(
+        cfg.systems,
+        cfg.privacy.dp,
+        cfg.privacy.tiers.enabled,
+        bool(cfg.privacy.secagg),
+        cfg.communication.upload_every,
+    )
     compat.secagg_neighbours_fit_cohort(cfg.privacy, cfg.num_clients, cfg.client_fraction)
     compat.one_clip(cfg.privacy, cfg.communication)
     compat.dp_noise_needs_mean(cfg.privacy, cfg.robust)

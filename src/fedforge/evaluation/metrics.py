@@ -41,7 +41,7 @@ def rounds_to_target(
     return None
 
 
-def bytes_at(rounds_done: float, per_round: Sequence[int]) -> float:
+def bytes_at(rounds_done: float, per_round: Sequence[float]) -> float:
     """Cumulative bytes after ``rounds_done`` rounds, ``per_round[i]`` being round
     i's bytes; a fractional count (an interpolated rounds-to-target) takes that
     fraction of the next round's bytes."""
@@ -50,3 +50,9 @@ def bytes_at(rounds_done: float, per_round: Sequence[int]) -> float:
     if whole < len(per_round):
         done += (rounds_done - whole) * per_round[whole]
     return done
+
+
+def seconds_at(rounds_done: float, durations: Sequence[float]) -> float:
+    """Virtual seconds after ``rounds_done`` rounds of these ``durations``: the
+    time to a target, read as bytes to it are (:func:`bytes_at`)."""
+    return bytes_at(rounds_done, durations)

@@ -1,7 +1,7 @@
 """The facts of a finished run that its end-of-run lines and ``fedforge show``
 both print, from its summary alone: what ran (pipeline, engine), compression
-against float32, the simulated attackers, privacy spent, how the cohorts spread
-over the clients, why it stopped early.
+against float32, the virtual clock's time, the simulated attackers, privacy
+spent, how the cohorts spread over the clients, why it stopped early.
 Each is a (label, text) pair, labels of at most 9 characters; the caller pads
 them to its own column."""
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from fedforge.evaluation.participation import participation_line
+from fedforge.report.progress import format_duration
 
 Fact = tuple[str, str]
 
@@ -26,6 +27,11 @@ def run_facts(summary: dict[str, Any]) -> list[Fact]:
     if attackers:
         shown = ", ".join(map(str, attackers[:12])) + (", ..." if len(attackers) > 12 else "")
         facts.append(("attackers", f"{len(attackers)} simulated: clients {shown}"))
+    virtual = summary.get("virtual_seconds")
+    if isinstance(virtual, int | float):  # the simulator's virtual clock (systems:)
+        to_target = summary.get("virtual_seconds_to_target")
+        said = "" if to_target is None else f", {format_duration(to_target)} to the target"
+        facts.append(("virtual", f"{format_duration(virtual)} on the virtual clock{said}"))
     facts.extend(privacy_facts(summary))
     if summary.get("participation"):
         facts.append(("cohorts", participation_line(summary["participation"])))

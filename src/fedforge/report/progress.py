@@ -17,6 +17,17 @@ def format_bytes(n: float) -> str:
     return f"{n:.1f} TiB"  # pragma: no cover - unreachable
 
 
+def format_duration(seconds: float) -> str:
+    """Seconds as a person reads them: ``42.0 s``, ``12.5 min``, ``3.20 h``, ``2.10 d``."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f} min"
+    if seconds < 86_400:
+        return f"{seconds / 3600:.2f} h"
+    return f"{seconds / 86_400:.2f} d"
+
+
 def percent(accuracy: float | None) -> str:
     """An accuracy (a fraction) as every screen shows it, e.g. ``95.12%``; ``-``: none."""
     return "-" if accuracy is None else f"{100 * accuracy:.2f}%"

@@ -92,11 +92,17 @@ class SelectionHook(RoundHook):
         losses = {c.client_id: c.train_loss for c in end.clients}
         times = info.state.outputs.get("client_times", [])
         # (round, client, download, compute, upload, total, arrived); NULL total: NaN
-        durations = {int(t[1]): float(t[5]) for t in times if t[6] and t[5] is not None}
+        measured = {int(t[1]): float(t[5]) for t in times if t[6] and t[5] is not None}
         cohort = [(info.round_idx, c, info.start) for c in sorted(info.cohort)]
         info.state.outputs["cohorts"] = cohort  # the run store's record of who was asked
         info.state.selection.round_done(
-            info.start, info.round_idx, info.cohort, end.arrived, losses, self.refused, durations
+            info.start,
+            info.round_idx,
+            info.cohort,
+            end.arrived,
+            losses,
+            self.refused,
+            {**measured, **end.durations},
         )
 
 

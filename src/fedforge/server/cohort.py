@@ -6,6 +6,8 @@ place: it is only allowed with the uniform policy (config/selection.py)."""
 
 from __future__ import annotations
 
+import math
+
 from fedforge.config.compat import cohort_size
 from fedforge.core.errors import ConfigError
 from fedforge.selection.history import History
@@ -27,6 +29,9 @@ def sample(
         return sample_cohort(cfg.num_clients, fraction, cfg.seed, start, True, among)
     pool = list(range(cfg.num_clients)) if among is None else list(among)
     size = min(cohort_size(cfg.num_clients, fraction), len(pool))
+    over = exp.systems.over_selection if exp.systems is not None else 0.0
+    if over > 0:  # the virtual clock's over-selection: ceil((1 + f) K) asked
+        size = min(math.ceil((1 + over) * cohort_size(cfg.num_clients, fraction)), len(pool))
     if size == 0:
         return []
     known = (history if history is not None else History()).view(exp.client_sizes())

@@ -15,13 +15,16 @@ deployment server reports the clients that really went silent instead.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from fedforge.client.runtime import ClientTask, ClientUpload
 from fedforge.config.privacy import secagg_drops
 from fedforge.core.rng import numpy_rng
 from fedforge.server.collectors import Collected, Collector
 from fedforge.server.experiment import Experiment
+
+# the uploads as the engine yields them, and the round's collector -> those that arrive
+Arrivals = Callable[[Iterable[ClientUpload], Collector], Iterable[ClientUpload]]
 
 
 def dropped(seed: int, round_idx: int, phase: str, fraction: float, alive: list[int]) -> set[int]:
@@ -39,8 +42,11 @@ def collect(
     tasks: Sequence[ClientTask],
     payload: bytes,
     round_idx: int,
+    arrivals: Arrivals | None = None,
 ) -> Collected:
-    """Run ``collector``'s phases to the end against the engine."""
+    """Run ``collector``'s phases to the end against the engine; ``arrivals``
+    (the virtual clock's, server/virtual_clock.py) reorders the uploads as they
+    would arrive and reports the late ones to the collector as dropouts."""
     drops = secagg_drops(exp.cfg.privacy) if exp.privacy and exp.privacy.secagg else {}
     arrived: set[int] = set()
     held: list[ClientUpload] = []  # taken, judged again at the end (``Collector.holds``)
@@ -59,7 +65,12 @@ def collect(
                     collector.reply(c, data)
             train = set(phase.train)
             trainers = [t for t in tasks if t.client_id in train]
-            for upload in exp.engine.run_cohort(trainers, payload) if trainers else ():
+            uploads: Iterable[ClientUpload] = (
+                exp.engine.run_cohort(trainers, payload) if trainers else ()
+            )
+            if arrivals is not None:
+                uploads = arrivals(uploads, collector)
+            for upload in uploads:
                 arrived.add(upload.client_id)
                 why = collector.offer(upload.client_id, upload.data)
                 if why is None and collector.holds:

@@ -45,6 +45,7 @@ from fedforge.server.engine_choice import EngineChoice, choose_engine
 from fedforge.store.build_record import data_fingerprint
 from fedforge.store.checkpoint import RESIDUAL
 from fedforge.store.client_state import ClientStateStore
+from fedforge.systems.population import Systems, systems_of
 from fedforge.tasks import Task, load_task_data, named_metrics, resolve_task
 from fedforge.tasks.metrics import ClassMetrics, Metric, Metrics
 from fedforge.tasks.task import check_run_fits
@@ -93,6 +94,8 @@ class Experiment:
     selection: SelectionPolicy = dataclasses.field(default_factory=UniformSelection)
     # the figures ``metrics: [...]`` names, by name, recorded at each evaluation
     extra_metrics: tuple[tuple[str, Metric], ...] = ()
+    # the clients' system profiles and availability: the virtual clock's (systems/)
+    systems: Systems | None = None
 
     def client_sizes(self) -> list[int]:
         """Each client's example count: the partition's; where the clients' rows
@@ -176,6 +179,7 @@ def build(cfg: Config, data: FederatedData | None = None, task: Task | None = No
         device,
         _selection(cfg),
         named_metrics.from_config(cfg),
+        systems_of(cfg),
     )
 
 

@@ -105,6 +105,9 @@ class RoundEnd:
     # the run store's rows of the clients whose updates the model took (their
     # example counts and reported training losses)
     clients: list[ClientRecord] = field(default_factory=list)
+    # the seconds each arrived upload took from the round's start, where the round
+    # measured them (the simulator's virtual clock)
+    durations: dict[int, float] = field(default_factory=dict)
 
 
 class RoundHook(Protocol):

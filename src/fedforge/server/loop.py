@@ -46,6 +46,12 @@ from fedforge.store.build_record import check_build, write_build
 from fedforge.store.disk import os_error_text
 from fedforge.store.edited import edited_config_note
 from fedforge.store.final import save_final
+from fedforge.systems.summary import (
+    POPULATION_FILE,
+    format_population,
+    population_summary,
+    write_population,
+)
 from fedforge.tasks import Task
 
 __all__ = ["RunResult", "format_summary", "resume", "run"]
@@ -71,12 +77,17 @@ def run(
     partition = partition_summary(exp)
     if progress:
         print(f"partition: {partition.format()}", flush=True)
+    population = _population(exp)
+    if progress and population is not None:
+        print(format_population(population), flush=True)
     say_start(exp, 0, progress)
     if not store:
         return _drive(exp, None, None, LoopState.fresh(exp), partition, progress, chain)
     run_store = RunStore.create(cfg.runs_dir, cfg)
     try:
         write_partition(run_store.path / "partition.json", partition)
+        if population is not None:
+            write_population(run_store.path / POPULATION_FILE, population)
         write_build(
             run_store.path,
             exp.spec,
@@ -140,6 +151,9 @@ def resume(
     if progress:
         first = " (no checkpoint yet: from the start)" if state.next_round == 0 else ""
         print(f"resuming {run_store.path.name} at round {state.next_round + 1}{first}", flush=True)
+        population = _population(exp)
+        if population is not None:
+            print(format_population(population), flush=True)
     say_start(exp, state.next_round, progress)
     return _drive(exp, run_store, lock, state, partition, progress, chain)
 
@@ -150,6 +164,18 @@ def _with_engine(exp: Experiment, engine: Engine | None) -> Experiment:
         return exp
     close_engine(exp.engine)
     return dataclasses.replace(exp, engine=engine)
+
+
+def _population(exp: Experiment) -> dict[str, Any] | None:
+    """The quantiles of the run's system profiles (None: it has none)."""
+    s = exp.systems
+    return None if s is None else population_summary(s.profiles, s.availability)
+
+
+def _add_population(exp: Experiment, result: RunResult) -> None:
+    population = _population(exp)
+    if population is not None:
+        result.summary["population"] = population
 
 
 def _resumed_state(exp: Experiment, run_store: RunStore, hooks: RoundHooks) -> LoopState:
@@ -207,12 +233,14 @@ def _drive_rounds(
         finally:
             close_engine(exp.engine)
         result.summary["heterogeneity"] = partition.heterogeneity
+        _add_population(exp, result)
         return result
     exp.engine.bind_store(run_store)  # a deployment keeps its model versions there
     try:
         with StopSignals() as stop:
             result = run_rounds(exp, state, run_store, progress, stop, hooks)
         result.summary["heterogeneity"] = partition.heterogeneity
+        _add_population(exp, result)
         _settle(exp, run_store, result, state.next_round)
     except BaseException as exc:
         said: dict[str, Any] = {}

@@ -51,6 +51,7 @@ from fedforge.server.hooks import RoundEnd, RoundHooks, RoundInfo
 from fedforge.server.state import LoopState
 from fedforge.server.stops import ends_run
 from fedforge.server.stragglers import cohort_tasks
+from fedforge.server.virtual_clock import advance, round_clock
 from fedforge.store import ClientRecord, RoundRecord
 
 
@@ -85,18 +86,29 @@ def run_round(
     if round_idx != end:  # the period's cohort trains locally: nothing travels
         return _local_round(exp, state, round_idx, start, bar, hooks, t0), []
     pool, short = live_pool(exp, round_idx)
+    clock = round_clock(exp, state, round_idx)  # None: no systems profiles
+    if clock is not None:  # only the clients online at the round's virtual start
+        pool = clock.pool(pool)
+        short = short if pool else f"no client online at virtual time {clock.start_s:.6g} s"
     cohort = sample(exp, start, pool, state.selection)
     if short is not None:  # a deployment with too few clients there
         info = RoundInfo(exp, state, bar, round_idx, start, "short", cohort, [], state.params)
+        if clock is not None:  # the round waits until a client comes online
+            clock.duration_s = clock.idle_until()
+            advance(state, clock)
         return _short_round(exp, state, info, hooks, short, t0), []
     state.outputs.update(exp.engine.begin_round(round_idx, state.params))  # cold start, canary
     orders = configure(exp, state, round_idx, start, cohort)
+    if clock is not None:  # the clients that fail do not train
+        tasks = clock.without_failed(cohort, orders.tasks, len(orders.payload))
+        orders = dataclasses.replace(orders, tasks=tasks)
     trainers = [t.client_id for t in orders.tasks]
     info = RoundInfo(exp, state, bar, round_idx, start, "upload", cohort, trainers, state.params)
     hooks.round_start(info)
     log = RoundLog(state.rejected, state.skipped, bar, round_idx, partial(_refused, hooks, info))
     collector = collector_for(exp, orders, log, info.diagnostics)
-    collected = collect(exp, collector, orders.tasks, orders.payload, round_idx)
+    arrivals = clock.arrivals if clock is not None else None
+    collected = collect(exp, collector, orders.tasks, orders.payload, round_idx, arrivals)
     collected = _as_sent(exp, collected, orders)
     aggregate, clients, moved = aggregate_phase(exp, state, collected, log)
     clients = server_step(exp, state, aggregate, clients, moved, log)
@@ -109,10 +121,15 @@ def run_round(
     state.outputs.update(exp.engine.end_round(round_idx, sorted(clients)))
     test_acc, test_loss = evaluate_phase(exp, state, round_idx, start, info, hooks)
     record = round_record(exp, orders, collected, clients, test_acc, test_loss, t0)
+    durations: dict[int, float] = {}
+    if clock is not None:
+        advance(state, clock)
+        durations = clock.durations()
     seen = _uploads_seen(collected, exp.privacy is not None and exp.privacy.secagg is not None)
     used = sorted(clients)
     rows = list(clients.values())
-    hooks.round_end(info, RoundEnd(record, used, applied, sorted(collected.arrived), seen, rows))
+    arrived = sorted(collected.arrived)
+    hooks.round_end(info, RoundEnd(record, used, applied, arrived, seen, rows, durations))
     return record, rows
 
 

@@ -151,7 +151,15 @@ def _result(
 ) -> RunResult:
     """The loop's result: parameters, rounds, summary, what was refused or skipped."""
     evals = (state.eval_rounds, state.eval_accuracy)
-    summary = summarize_run(exp, state.records, evals, seconds, state.privacy, state.selection)
+    summary = summarize_run(
+        exp,
+        state.records,
+        evals,
+        seconds,
+        state.privacy,
+        history=state.selection,
+        virtual_s=state.virtual_s,
+    )
     if state.initial_eval is not None:
         summary["initial_accuracy"], summary["initial_loss"] = state.initial_eval
     summary.update(stops)

@@ -67,6 +67,14 @@ class LoopState:
     # buffered asynchronous aggregation: the clock and the clients at work
     # (checkpointed); None in synchronous rounds
     buffered: BufferedState | None = None
+    # the virtual clock (systems/): each round's end, in seconds of virtual time
+    # from the run's start (checkpointed; empty without the clock)
+    virtual_s: list[float] = field(default_factory=list)
+
+    @property
+    def virtual_now(self) -> float:
+        """The virtual time at the start of round ``next_round``."""
+        return self.virtual_s[-1] if self.virtual_s else 0.0
 
     @classmethod
     def fresh(cls, exp: Experiment) -> LoopState:
@@ -102,6 +110,8 @@ class LoopState:
             "update_norms": self.update_norms,  # finite floats: JSON round-trips them
             "selection": self.selection.state_dict(),
         }
+        if self.virtual_s:
+            loop["virtual_s"] = self.virtual_s  # finite floats: JSON round-trips them
         if self.initial_eval is not None:
             loop["initial_eval"] = list(self.initial_eval)
         in_flight: dict[str, torch.Tensor] = {}
@@ -166,6 +176,7 @@ class LoopState:
                 if exp.cfg.asynchronous.buffered
                 else None
             ),
+            virtual_s=[float(x) for x in loop.get("virtual_s", [])][: ckpt.next_round],
         )
 
 

@@ -3,9 +3,10 @@ end-of-run lines the CLI prints."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from fedforge.evaluation.metrics import bytes_at, rounds_to_target
+from fedforge.evaluation.metrics import bytes_at, rounds_to_target, seconds_at
 from fedforge.evaluation.participation import participation
 from fedforge.report.facts import run_facts
 from fedforge.report.progress import format_bytes, score_text
@@ -21,10 +22,13 @@ def summarize_run(
     seconds: float,
     privacy_state: dict[str, Any] | None = None,
     history: History | None = None,
+    virtual_s: Sequence[float] = (),
 ) -> dict[str, Any]:
     """Rounds done, rounds to target (from the evaluation history), bytes, wall time;
     privacy spent by the participation ``privacy_state`` recorded; how the cohorts
-    spread over the clients (``history``: what the server knew of each one)."""
+    spread over the clients (``history``: what the server knew of each one); with
+    the virtual clock (``virtual_s``: each round's end), the virtual time in all
+    and to the target."""
     cfg = exp.cfg
     target = cfg.target_accuracy
     rtt = rounds_to_target(evals[0], evals[1], target) if target is not None else None
@@ -57,6 +61,7 @@ def summarize_run(
         "num_params": exp.spec.size,
         "pipeline": exp.pipeline.describe(),
         "engine": exp.engine.name,
+        **(_virtual(virtual_s, rtt) if virtual_s else {}),
         **(
             {"attackers": sorted(exp.robust.attackers)}
             if exp.robust and exp.robust.attackers
@@ -79,6 +84,16 @@ def _participation(exp: Experiment, history: History) -> dict[str, Any]:
         {c: r.get("used", 0) for c, r in rows.items()},
         {c: r["first_asked"] for c, r in rows.items() if r.get("first_asked") is not None},
     )
+
+
+def _virtual(ends: Sequence[float], rtt: float | None) -> dict[str, Any]:
+    """The virtual seconds of the run, and to its target (interpolated within the
+    round that reached it, as rounds to target are)."""
+    durations = [b - a for a, b in zip([0.0, *ends[:-1]], ends, strict=True)]
+    return {
+        "virtual_seconds": float(ends[-1]),
+        "virtual_seconds_to_target": seconds_at(rtt, durations) if rtt is not None else None,
+    }
 
 
 def format_summary(summary: dict[str, Any]) -> str:

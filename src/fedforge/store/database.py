@@ -96,6 +96,12 @@ ROUND_TABLES: dict[str, str] = {
     "buffered_rounds": """CREATE TABLE IF NOT EXISTS buffered_rounds (round_idx INTEGER
         PRIMARY KEY, virtual_time REAL, updates INTEGER NOT NULL, staleness_mean REAL,
         staleness_max INTEGER)""",
+    # the virtual clock of a simulation with system profiles: each round's start,
+    # duration and end (seconds of virtual time from the run's start), the clients
+    # online at its start, asked, and whose uploads arrived in time
+    "round_clock": """CREATE TABLE IF NOT EXISTS round_clock (round_idx INTEGER PRIMARY KEY,
+        start_s REAL NOT NULL, duration_s REAL NOT NULL, end_s REAL NOT NULL,
+        online INTEGER NOT NULL, asked INTEGER NOT NULL, arrived INTEGER NOT NULL)""",
     # the alerts fired after each round (fedforge.alerts): the rule, the measured value
     # against its threshold, the client it names (client_refused), what its actions did
     "alerts": """CREATE TABLE IF NOT EXISTS alerts (round_idx INTEGER NOT NULL,

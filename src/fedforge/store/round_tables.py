@@ -142,6 +142,13 @@ class RoundTables:
         rows = self._query(f'SELECT round_idx, "{column}" FROM rounds ORDER BY round_idx')
         return [(int(r), v) for r, v in rows]
 
+    def round_clock(self) -> list[tuple[int, float, float, float, int, int, int]]:
+        """The virtual clock's rounds (round, start_s, duration_s, end_s, online,
+        asked, arrived), in round order; none without the clock."""
+        if not self._has_table("round_clock"):
+            return []
+        return [tuple(r) for r in self._query("SELECT * FROM round_clock ORDER BY round_idx")]
+
     def alerts(self) -> list[AlertRecord]:
         """The alerts fired, in round order, each round's in the order they fired."""
         if not self._has_table("alerts"):

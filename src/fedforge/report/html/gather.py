@@ -21,6 +21,7 @@ from fedforge.store.records import RoundRecord
 from fedforge.store.runs_dir import live_status
 from fedforge.store.runstore import RunStore
 from fedforge.store.versions import list_versions
+from fedforge.systems.summary import POPULATION_FILE, read_population
 
 Data = dict[str, Any]
 # a column of ``rounds`` the report plots when a store has it (a simulator of
@@ -68,6 +69,8 @@ def identity(store: RunStore, cfg: ShownConfig, rounds: list[RoundRecord]) -> Da
             "bytes_down": head.bytes_down,
             "wall_seconds": head.wall_seconds,
             "epsilon": head.epsilon,
+            # the virtual clock's time to the target (a run with system profiles)
+            "virtual_seconds_to_target": (store.summary() or {}).get("virtual_seconds_to_target"),
         }
     )
 
@@ -86,19 +89,23 @@ def progress(rounds: list[RoundRecord]) -> Data:
 
 
 def timing(store: RunStore, rounds: list[RoundRecord]) -> Data:
-    """Wall seconds per round and their running sum; the simulated clock when the
-    rounds table has a ``virtual_time`` column (else None)."""
+    """Wall seconds per round and their running sum; the virtual clock's time at
+    each round's end (the ``round_clock`` table of a run with system profiles, or
+    a ``virtual_time`` column of the rounds table; else None)."""
     total, cumulative = 0.0, []
     for r in rounds:
         total += r.seconds
         cumulative.append(total)
-    virtual = store.round_column(VIRTUAL_TIME)
+    clock = store.round_clock()
+    virtual = [(r, end) for r, _, _, end, *_ in clock] or store.round_column(VIRTUAL_TIME)
     return finite(
         {
             "round": [r.round_idx + 1 for r in rounds],
             "seconds": [r.seconds for r in rounds],
             "cumulative_seconds": cumulative,
             "virtual_time": None if virtual is None else [v for _, v in virtual],
+            "population": read_population(store.path / POPULATION_FILE),
+            "virtual_seconds_to_target": (store.summary() or {}).get("virtual_seconds_to_target"),
         }
     )
 

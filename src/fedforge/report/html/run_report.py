@@ -18,10 +18,11 @@ from fedforge.core.errors import StoreError
 from fedforge.report.html import clients, figures, gather
 from fedforge.report.html.gather import Data
 from fedforge.report.html.page import Section, pre, render, table, text
-from fedforge.report.progress import format_bytes, named_score, percent
+from fedforge.report.progress import format_bytes, format_duration, named_score, percent
 from fedforge.report.shown_config import shown_config
 from fedforge.store.disk import os_error_text
 from fedforge.store.runstore import RunStore
+from fedforge.systems.summary import population_rows
 
 LISTED = 20  # skipped rounds listed by name
 
@@ -45,6 +46,15 @@ def _time(d: Data) -> Section:
         s.empty = "The run has recorded no round yet."
     elif d["virtual_time"] is None:
         s.body = text("The rounds table has no virtual_time column: wall time only.")
+    else:
+        to_target = d["virtual_seconds_to_target"]
+        said = "" if to_target is None else f"; {format_duration(to_target)} to the target"
+        s.body = text(f"Virtual time: {format_duration(d['virtual_time'][-1])} in all{said}.")
+    population = d["population"]
+    if population is not None:  # the system profiles' quantiles
+        title = f"<h3>Population: {population['clients']} clients' system profiles</h3>"
+        rows = population_rows(population)
+        s.body = (s.body or "") + title + table(["figure", "unit", "p10", "p50", "p90"], rows, 2)
     return s
 
 
@@ -320,12 +330,14 @@ SUMMARY_HEADERS = [
     "bytes",
     "wall s",
     "epsilon",
+    "virtual to target",
 ]
 
 
 def summary_row(ident: Data) -> list[str]:
     """A run's line in a summary table (the report's header, ``compare``'s table)."""
     score = ident["score_name"]
+    to_target = ident.get("virtual_seconds_to_target")
     best = named_score(ident["best_accuracy"], score)
     if ident["rounds_to_best"] is not None:
         best += f" (round {ident['rounds_to_best']})"
@@ -342,6 +354,7 @@ def summary_row(ident: Data) -> list[str]:
         format_bytes(ident["total_bytes"]),
         f"{ident['wall_seconds']:.1f}",
         _num(ident["epsilon"], ".3f"),
+        "-" if to_target is None else format_duration(to_target),
     ]
 
 
