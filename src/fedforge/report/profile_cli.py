@@ -1,9 +1,9 @@
 """``fedforge profile RUN``: a deployment's measured client times and
-availability as the profile CSV the simulator reads (``systems.profiles``), so that a population measured
-for real can be simulated under other choices (a selection policy, a codec,
-asynchronous aggregation) before they are tried on it. The derivation is
-``systems/calibrate.py``; this reads the run store, read-only, and writes the
-file."""
+availability as the profile CSV the simulator reads (``systems.profiles``), so
+that a population measured for real can be simulated under other choices (a
+selection policy, a codec, asynchronous aggregation) before they are tried on
+it. The derivation is ``systems/calibrate.py``; this reads the run store,
+read-only, and writes the file."""
 
 from __future__ import annotations
 
