@@ -52,8 +52,9 @@ def test_mean_spells_from_hand_made_rows() -> None:
 def test_a_run_without_the_record_is_always_online_with_the_note() -> None:
     means, notes = availability([], None, 2)
     assert means == [(math.inf, 0.0)] * 2
-    assert notes == ["availability is not in the run's records: every client is always "
-                     "online (mean_offline_s 0)"]
+    assert notes == [
+        "availability is not in the run's records: every client is always online (mean_offline_s 0)"
+    ]
 
 
 def test_the_hub_keeps_spells_as_its_presence_rules_decide() -> None:
