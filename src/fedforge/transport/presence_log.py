@@ -1,6 +1,7 @@
 """The deployment server's record of who was there: the hub's spells
 (``spells.py``) written to the run store's ``presence`` tables
-(``store/presence.py``) in seconds from the run's start.
+(``store/presence.py``) in seconds from the run's start (negative before it:
+a new run's store is made once its first clients joined).
 
 The round thread writes (``RemoteEngine``): at each upload round's start, after
 any wait for clients (so a round skipped for too few of them is on record),
@@ -43,8 +44,8 @@ class PresenceLog:
             return
         now, began, changed = self.hub.spell_rows()
 
-        def at(t: float) -> float:
-            return max(0.0, t + self.shift)
+        def at(t: float) -> float:  # negative: before the run's store was made
+            return t + self.shift
 
         rows = [(c, at(s.since), at(s.until), int(s.left), s.gaps, s.gap_s) for c, s in changed]
         try:
