@@ -1,9 +1,9 @@
-"""``fedforge profile RUN``: a deployment's measured client times as the profile
-CSV the simulator reads (``systems.profiles``), so that a population measured
-for real can be simulated under other choices (a selection policy, a codec,
-asynchronous aggregation) before they are tried on it. The derivation is
-``systems/calibrate.py``; this reads the run store, read-only, and writes the
-file."""
+"""``fedforge profile RUN``: a deployment's measured client times and
+availability as the profile CSV the simulator reads (``systems.profiles``), so
+that a population measured for real can be simulated under other choices (a
+selection policy, a codec, asynchronous aggregation) before they are tried on
+it. The derivation is ``systems/calibrate.py``; this reads the run store,
+read-only, and writes the file."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
+    from fedforge.store.presence import read_presence
     from fedforge.systems.calibrate import measured_profiles
     from fedforge.systems.profile import write_profiles
 
@@ -39,6 +40,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         times = store.read_rows("client_times")
         work = store.read_rows("client_work")
         num_clients = store.config_data().get("num_clients")
+        presence = read_presence(store)
     if engine != "remote":
         raise DataError(
             f"run '{name}' ran on the {engine or 'unknown'} engine, not in a deployment: its "
@@ -51,7 +53,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         )
     if isinstance(num_clients, bool) or not isinstance(num_clients, int) or num_clients < 1:
         raise DataError(f"run '{name}' holds a damaged config: num_clients = {num_clients!r:.40}")
-    profiles, notes = measured_profiles(times, work, num_clients)
+    profiles, notes = measured_profiles(times, work, num_clients, presence)
     out = args.out or Path(f"{name}-profile.csv")
     try:
         write_profiles(out, profiles)

@@ -15,13 +15,16 @@ fraction of the rounds it was asked whose upload never came. A round's
 seconds add up to the server's own measurement (``transport/client_times.py``),
 so a population replayed on the virtual clock takes the measured time.
 
-Two things a deployment's records do not separate, said in the notes: latency
-(every exchange of a run has the same sizes, so a fixed cost per exchange and
-a bandwidth fit the same seconds: ``latency_s`` is 0 and the bandwidths are
-effective ones, latency included, exact at this run's payload sizes), and
-availability (the store keeps no record of when a client was connected: every
-client is always online). A client never measured (never asked, or its times
-refused) takes the measured clients' median of what it lacks, named in a note.
+The availability (``mean_online_s``, ``mean_offline_s``) comes from the
+server's record of when each client was connected (``systems/measured_availability.py``;
+a run without that record: every client always online, said in a note).
+
+What a deployment's records do not separate, said in a note: latency (every
+exchange of a run has the same sizes, so a fixed cost per exchange and a
+bandwidth fit the same seconds: ``latency_s`` is 0 and the bandwidths are
+effective ones, latency included, exact at this run's payload sizes). A client
+never measured (never asked, or its times refused) takes the measured clients'
+median of what it lacks, named in a note.
 """
 
 from __future__ import annotations
@@ -33,15 +36,15 @@ from typing import Any
 
 from fedforge.core.errors import DataError
 from fedforge.core.ids import format_ids
+from fedforge.systems.measured_availability import AVAILABILITY_NOTE, availability
 from fedforge.systems.profile import ClientProfile
+
+Spells = Sequence[tuple[int, float, float, int, int, float]]
 
 LATENCY_NOTE = (
     "latency_s is 0: this run's exchanges all had the same sizes, which do not separate "
     "latency from bandwidth; the bandwidths are effective (latency included), exact at "
     "this run's payload and update sizes"
-)
-AVAILABILITY_NOTE = (
-    "availability is not in the run's records: every client is always online (mean_offline_s 0)"
 )
 # what a client lacks when a quantity of its profile was not measured
 _WHAT = {
@@ -92,11 +95,15 @@ def _per_client(
 
 
 def measured_profiles(
-    times: Sequence[Sequence[Any]], work: Sequence[Sequence[Any]], num_clients: int
+    times: Sequence[Sequence[Any]],
+    work: Sequence[Sequence[Any]],
+    num_clients: int,
+    presence: tuple[Spells, Sequence[tuple[float, float]]] | None = None,
 ) -> tuple[list[ClientProfile], list[str]]:
-    """Every client's profile, ids 0..``num_clients``-1, from a deployment's rows,
-    and the notes that say what was not measured. DataError when no client's
-    speed and bandwidths were measured at all."""
+    """Every client's profile, ids 0..``num_clients``-1, from a deployment's rows
+    (``presence``: its spells and watches, ``systems/measured_availability.py``; None: not
+    recorded, every client always online), and the notes that say what was not
+    measured. DataError when no client's speed and bandwidths were measured at all."""
     clients = _per_client(times, work, num_clients)
     own: dict[int, dict[str, float]] = {}
     for c, one in clients.items():
@@ -112,7 +119,9 @@ def measured_profiles(
                 "fedforge server records the times of each client it asks to train"
             )
         medians[name] = statistics.median(measured)
-    notes = [LATENCY_NOTE, AVAILABILITY_NOTE]
+    spells, watches = presence if presence is not None else ((), None)
+    on_off, said = availability(spells, watches, num_clients)
+    notes = [LATENCY_NOTE, *said]
     for name, what in _WHAT.items():
         lacking = [c for c in range(num_clients) if name not in own.get(c, {})]
         if lacking:
@@ -124,6 +133,8 @@ def measured_profiles(
         ClientProfile(
             c,
             **{name: own.get(c, {}).get(name, medians[name]) for name in _WHAT},
+            mean_online_s=on_off[c][0],
+            mean_offline_s=on_off[c][1],
         )
         for c in range(num_clients)
     ]

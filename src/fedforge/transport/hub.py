@@ -30,6 +30,7 @@ from fedforge.transport.pb import federation_pb2 as pb
 from fedforge.transport.polls import Polling
 from fedforge.transport.presence import Presence
 from fedforge.transport.questions import Questions
+from fedforge.transport.spells import Spell, Spells
 from fedforge.transport.work import (
     EVALUATION,
     SERVING,
@@ -80,6 +81,8 @@ class Hub(Polling):
         self.cond = threading.Condition()
         self.book = Questions()
         self.presence = Presence(self.heartbeat_timeout_s)
+        self.spells = Spells()  # each client's online spells (the run store's ``presence``)
+        self.watch_began = self.clock()  # since when this hub has watched who is there
         self._dismissed: set[str] = set()  # sessions told the run is over
 
     # ------------------------------------------------------------- gRPC threads
@@ -104,7 +107,12 @@ class Hub(Polling):
                 if why is not None:
                     refused.append((cid, self._refuse(owner, cid, why)))
                     continue
-                self.members[cid] = Member(cid, owner, n, session, self.clock(), e or n)
+                now = self.clock()
+                held = self.members.get(cid)
+                if held is not None and not self.presence.live(held.session, now):
+                    self._lapsed(cid, held.session, now)
+                self.members[cid] = Member(cid, owner, n, session, now, e or n)
+                self.spells.there(cid, now)
                 self.book.reissue(cid)
                 accepted.append(cid)
             live = {m.session for m in self.members.values()}
@@ -310,10 +318,24 @@ class Hub(Polling):
 
     def alive(self) -> list[int]:
         """The client ids whose process is there (``presence.py``): the ones a
-        round may sample."""
+        round may sample. Their spells are brought up to now."""
         with self.cond:
             now = self.clock()
-            return sorted(c for c, m in self.members.items() if self.presence.live(m.session, now))
+            there = []
+            for c, m in self.members.items():
+                if self.presence.live(m.session, now):
+                    there.append(c)
+                    self.spells.there(c, now)
+                else:
+                    self._lapsed(c, m.session, now)
+            return sorted(there)
+
+    def spell_rows(self) -> tuple[float, float, list[tuple[int, Spell]]]:
+        """The hub's clock now, since when it watched, and the spells changed since
+        the last call (every client's brought up to now first)."""
+        self.alive()
+        with self.cond:
+            return self.clock(), self.watch_began, self.spells.changed()
 
     def declared(self) -> list[int]:
         """Each client id's example count as declared when it joined (0: not joined)."""

@@ -26,6 +26,7 @@ from fedforge.transport.logs import log_event
 from fedforge.transport.pb import federation_pb2 as pb
 from fedforge.transport.presence import CallContext, Presence, hold_seconds
 from fedforge.transport.questions import Questions, key_of
+from fedforge.transport.spells import Spells
 from fedforge.transport.work import Key, Member
 
 MAX_WAIT_S = 60.0  # a long poll waits at most this long for work
@@ -51,6 +52,7 @@ class Polling:
     cond: threading.Condition
     book: Questions
     presence: Presence
+    spells: Spells
     members: dict[int, Member]
     sessions: dict[str, str]
     clock: Callable[[], float]
@@ -99,10 +101,15 @@ class Polling:
         every poll marks its clients alive. With ``call`` (the gRPC call) a call
         closed by the client's side marks the session gone at once."""
         with self.cond:
-            self.owned(owner, session)
+            ids = self.owned(owner, session)
             now = self.clock()
+            if not self.presence.live(session, now):  # back after a spell away
+                for c in ids:
+                    self._lapsed(c, session, now)
             hold = 0.0 if self.presence.polling(session) else hold_seconds(call)
             token = self.presence.opened(session, heartbeat, now, held=heartbeat and hold > 0)
+            for c in ids:
+                self.spells.there(c, now)
             wait = hold if heartbeat else wait_s
             p = Poll(owner, session, heartbeat, token, now + max(0.0, min(wait, MAX_WAIT_S)))
             if call is not None and not call.add_callback(lambda: self._ended(session, token)):
@@ -150,6 +157,13 @@ class Polling:
             p.over = True
             self._put_back(p)
 
+    def _lapsed(self, cid: int, session: str, now: float) -> None:
+        """``cid``'s session no longer counts as there: its open spell ends when
+        the presence rules stopped counting it (``Presence.live_until``)."""
+        if cid in self.spells.open:
+            at = self.presence.live_until(session)
+            self.spells.gone(cid, now if at is None else min(at, now))
+
     def _put_back(self, p: Poll) -> None:
         back = self.book.put_back(p.handed, p.session)
         p.handed = []
@@ -164,6 +178,9 @@ class Polling:
         with self.cond:
             if self.presence.hung_up(session, token):
                 ids = [c for c, m in self.members.items() if m.session == session]
+                now = self.clock()
+                for c in ids:
+                    self.spells.gone(c, now)
                 log_event("server", "client_gone", clients=format_ids(ids), why="connection closed")
                 self.cond.notify_all()
                 self.on_wake()

@@ -138,5 +138,15 @@ class Presence:
         pause = ASSUMED_PAUSE_S if line.pause is None else line.pause
         return quiet <= QUIET_FACTOR * pause + QUIET_SLACK_S
 
+    def live_until(self, session: str) -> float | None:
+        """When ``session`` stops (or stopped) counting as there if it makes no
+        call: its last call's end plus the quiet it is allowed (``live``'s rule);
+        None for an unknown session or one with a call open."""
+        line = self.lines.get(session)
+        if line is None or line.open:
+            return None
+        pause = ASSUMED_PAUSE_S if line.pause is None else line.pause
+        return line.last + min(self.heartbeat_timeout_s, QUIET_FACTOR * pause + QUIET_SLACK_S)
+
 
 __all__ = ["CallContext", "HOLD_S", "Presence", "hold_seconds"]

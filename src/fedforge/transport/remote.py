@@ -39,6 +39,7 @@ from fedforge.transport.hub import Hub
 from fedforge.transport.ids import logged_ids
 from fedforge.transport.logs import log_event
 from fedforge.transport.pb import federation_pb2 as pb
+from fedforge.transport.presence_log import PresenceLog
 from fedforge.transport.rollout import Rollout, Rows
 from fedforge.transport.work import REPLY, TRAINING_PAYLOAD, UPDATE, Key
 
@@ -80,6 +81,7 @@ class RemoteEngine:
         self.live_wait_s = cfg.deployment.live_wait_s
         self._sent = (0, 0)  # the hub's training bytes down and downloads at the last record
         self._times: Rows = {}  # the round's measured client times (client_times.py)
+        self.presence = PresenceLog(hub)  # who was there, in the run store
 
     def sampling_pool(self, round_idx: int, need: int) -> list[int]:
         """The clients round ``round_idx`` may sample: those whose process is there
@@ -99,6 +101,7 @@ class RemoteEngine:
             )
             self.hub.wait_for(need, self.live_wait_s, live=True)
             live = self.hub.alive()
+        self.presence.write()  # on record even when the round is skipped for too few
         return live
 
     def sent_down(self) -> tuple[int, int]:
@@ -195,6 +198,7 @@ class RemoteEngine:
         """The run's store: model versions are kept there."""
         self.rollout.bind(store)
         self.store = store
+        self.presence.bind(store)
         if self.on_store is not None:
             self.on_store(store.path)
 
@@ -206,6 +210,7 @@ class RemoteEngine:
         clients have already committed. The round's measured client times, rows
         for the run store."""
         self.commit = (round_idx, list(used))
+        self.presence.write()
         rows, self._times = self._times, {}
         return rows
 
