@@ -39,8 +39,11 @@ def collect(
     tasks: Sequence[ClientTask],
     payload: bytes,
     round_idx: int,
+    askable: set[int] | None = None,
 ) -> Collected:
-    """Run ``collector``'s phases to the end against the engine."""
+    """Run ``collector``'s phases to the end against the engine, asking only the
+    ``askable`` clients (None: all; the round's gates, server/hooks.py): the
+    others get no message and no task, and count as dropouts."""
     drops = secagg_drops(exp.cfg.privacy) if exp.privacy and exp.privacy.secagg else {}
     arrived: set[int] = set()
     held: list[ClientUpload] = []  # taken, judged again at the end (``Collector.holds``)
@@ -54,10 +57,13 @@ def collect(
             phase = collector.next_phase()
             if phase is None:
                 break
-            if phase.messages:
-                for c, data in exp.engine.run_phase(phase.name, phase.messages).items():
+            messages = phase.messages
+            if askable is not None:
+                messages = {c: m for c, m in messages.items() if c in askable}
+            if messages:
+                for c, data in exp.engine.run_phase(phase.name, messages).items():
                     collector.reply(c, data)
-            train = set(phase.train)
+            train = set(phase.train) if askable is None else askable.intersection(phase.train)
             trainers = [t for t in tasks if t.client_id in train]
             for upload in exp.engine.run_cohort(trainers, payload) if trainers else ():
                 arrived.add(upload.client_id)
