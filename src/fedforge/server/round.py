@@ -90,14 +90,15 @@ def run_round(
     cohort = sample(exp, start, pool, state.selection)
     if short is not None:  # a deployment with too few clients there
         info = RoundInfo(
-            exp, state, bar, round_idx, start, "short", cohort, [], state.params, store=store
+            exp, state, bar, round_idx, start, "short", list(cohort), [], state.params, store=store
         )
         return _short_round(exp, state, info, hooks, short, t0), []
     exp.engine.begin_round(round_idx)  # a deployment tells the last round's commits
     orders = configure(exp, state, round_idx, start, cohort)
     trainers = [t.client_id for t in orders.tasks]
+    own = list(cohort)  # the hooks' own list: the round's is not theirs to change
     info = RoundInfo(
-        exp, state, bar, round_idx, start, "upload", cohort, trainers, state.params, store=store
+        exp, state, bar, round_idx, start, "upload", own, trainers, state.params, store=store
     )
     hooks.round_start(info)  # a deployment's rollout: cold start, canary, serving
     askable = hooks.askable(info, cohort)  # the others are dropouts (not cold-started)
@@ -352,7 +353,7 @@ def _local_round(
     locally (the work is done with the period's last round), nothing travels."""
     cohort = sample(exp, start, None, state.selection)
     info = RoundInfo(
-        exp, state, bar, round_idx, start, "local", cohort, [], state.params, store=store
+        exp, state, bar, round_idx, start, "local", list(cohort), [], state.params, store=store
     )
     hooks.round_start(info)
     record = _record_of_nothing(exp, round_idx, start, len(cohort), t0)
