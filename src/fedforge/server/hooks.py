@@ -103,8 +103,11 @@ class RoundInfo:
     round_idx: int
     start: int  # the first round of the upload period (its cohort and plan)
     kind: RoundKind  # 'upload': updates travel; 'local', 'short': see the module
-    cohort: list[int]  # the sampled clients (empty in a short round)
-    trainers: list[int]  # those asked to train (stragglers dropped; empty unless 'upload')
+    # the sampled clients (empty in a short round): the hooks' copy, the round keeps its own
+    cohort: list[int]
+    # those given a task (stragglers dropped; empty unless 'upload'); the gates may
+    # leave some of them unasked (a deployment's clients not cold-started yet)
+    trainers: list[int]
     params: torch.Tensor  # the global model the round starts from (not to be written)
     # the round's drift figures, set by the diagnostics hook at the round's start
     # and fed by the round's collector with each update it takes
