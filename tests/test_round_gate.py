@@ -158,3 +158,48 @@ def test_recorded_comes_once_the_round_is_in_the_store(tmp_path: Path) -> None:
     cfg = config_mod.override(config_mod.load(_config(tmp_path, "cfg")), {"engine": "serial"})
     run(cfg, store=False, hooks=[without])
     assert without.seen == []
+
+
+def test_a_resumed_deployments_rollout_asks_only_the_new_clients(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rollout hook reads the store it is first shown: clients 0 and 1 reported
+    their cold start before the resume, so only client 2 is asked to evaluate, its
+    row goes to the round's outputs, and the gate then lets 0, 1 and 2 be asked
+    (3 never joined); a local round asks nothing."""
+    from types import SimpleNamespace
+
+    from fedforge.config import Config, override
+    from fedforge.store import RunStore
+    from fedforge.transport.hub import Hub
+    from fedforge.transport.rollout import Rollout
+
+    cfg = override(Config(), {"deployment.cold_start": True, "runs_dir": str(tmp_path)})
+    store = RunStore.create(tmp_path, cfg)
+    store.record_rows("cold_start", 0, [(0, 0, 0.5, 1.0, 10), (0, 1, 0.25, 2.0, 10)])
+    hub = Hub(4, 30.0)
+    hub.join("a", [(0, 10), (1, 10), (2, 10)])
+    rollout = Rollout(hub, cfg)
+    asked: list[list[int]] = []
+
+    def evaluate(ids: list[int], payload: bytes, pid: str, label: str, r: int) -> dict[int, Any]:
+        asked.append(list(ids))
+        return {c: {"accuracy": 0.75, "loss": 0.5, "num_examples": 10.0} for c in ids}
+
+    monkeypatch.setattr(rollout, "evaluate", evaluate)
+
+    def info(kind: str) -> RoundInfo:
+        state = SimpleNamespace(outputs={})
+        params = torch.zeros(3)
+        cohort = [0, 1, 2, 3]
+        return RoundInfo(None, state, None, 1, 1, kind, cohort, [], params, store=store)
+
+    local = info("local")
+    rollout.round_start(local)
+    assert asked == [] and local.state.outputs == {}
+    upload = info("upload")
+    rollout.round_start(upload)
+    assert asked == [[2]]
+    assert upload.state.outputs == {"cold_start": [(1, 2, 0.75, 0.5, 10)]}
+    assert rollout.askable(upload, [0, 1, 2, 3]) == [0, 1, 2]
+    store.close()
