@@ -105,9 +105,8 @@ class _Absent(SimulationEngine):
     def __init__(self, inner: Any, gone: Callable[[int, str], set[int]]) -> None:
         self.inner, self.gone, self.round_idx = inner, gone, 0
 
-    def begin_round(self, round_idx: int, params: Any = None) -> dict[str, Any]:
+    def begin_round(self, round_idx: int) -> None:
         self.round_idx = round_idx  # called as for a deployment engine
-        return {}
 
     def run_phase(self, phase: str, messages: Mapping[int, bytes]) -> dict[int, bytes]:
         out = self.gone(self.round_idx, phase)

@@ -105,10 +105,10 @@ def test_a_users_hook_sees_the_run_the_store_records(tmp_path: Path) -> None:
 
 
 def test_hooks_run_in_the_documented_order(tmp_path: Path) -> None:
-    """Built-ins first (privacy, diagnostics, client state), then the user's in the
-    order given; at a user's round start the built-ins' work of that point is done
-    (the round's drift figures set up), and at its round end the diagnostics rows
-    are out and SCAFFOLD's c_k+ committed."""
+    """Built-ins first (privacy, diagnostics, client state, selection, alerts), then
+    the user's in the order given; at a user's round start the built-ins' work of
+    that point is done (the round's drift figures set up), and at its round end
+    the diagnostics rows are out and SCAFFOLD's c_k+ committed."""
     calls: list[tuple[Any, ...]] = []
     seen: list[tuple[bool, bool, bool, int]] = []
 
@@ -129,7 +129,8 @@ def test_hooks_run_in_the_documented_order(tmp_path: Path) -> None:
     cfg = attacked(tmp_path, rounds=2, algorithm="scaffold", **no_attack)
     first, second = Checks("first", calls), Recorder("second", calls)
     names = [h.name for h in run_hooks([first, second])]
-    assert names == ["privacy", "diagnostics", "client_state", "selection", "first", "second"]
+    builtin = ["privacy", "diagnostics", "client_state", "selection", "alerts"]
+    assert names == [*builtin, "first", "second"]
     fedforge.run(cfg, hooks=[first, second])
     starts = [c[0] for c in calls if c[1] == "start"]
     assert starts == ["first", "second"] * 2

@@ -14,8 +14,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 from fedforge.client.runtime import ClientTask, ClientUpload
 
 if TYPE_CHECKING:
-    import torch
-
     from fedforge.store import RunStore
 
 Rows = dict[str, list[tuple[Any, ...]]]  # rows of the run store's per-round tables, by table
@@ -55,12 +53,13 @@ class Engine(Protocol):
         ...
 
     def bind_store(self, store: RunStore) -> None:
-        """The run's store (a deployment keeps its model versions there)."""
+        """The run's store (a deployment reads the last round's commits there after
+        a resume, and names its folder in its live state)."""
         ...
 
-    def begin_round(self, round_idx: int, params: torch.Tensor) -> Rows:
-        """Told the round and its model before its protocol phases; rows for the
-        run store (a deployment's cold-start and canary evaluations)."""
+    def begin_round(self, round_idx: int) -> None:
+        """Told an upload round begins, before its clients are asked (a deployment
+        posts the last upload round's commits)."""
         ...
 
     def end_round(self, round_idx: int, used: Sequence[int]) -> Rows:
@@ -94,8 +93,8 @@ class SimulationEngine:
     def bind_store(self, store: RunStore) -> None:
         return None
 
-    def begin_round(self, round_idx: int, params: torch.Tensor) -> Rows:
-        return {}
+    def begin_round(self, round_idx: int) -> None:
+        return None
 
     def end_round(self, round_idx: int, used: Sequence[int]) -> Rows:
         return {}
@@ -109,4 +108,4 @@ def close_engine(engine: Engine) -> None:
     engine.close()
 
 
-__all__ = ["Engine", "Rows", "SimulationEngine", "close_engine"]
+__all__ = ["Engine", "SimulationEngine", "close_engine"]

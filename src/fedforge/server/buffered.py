@@ -65,7 +65,7 @@ from fedforge.server.round import (
     server_step,
 )
 from fedforge.server.state import LoopState
-from fedforge.store import ClientRecord, RoundRecord
+from fedforge.store import ClientRecord, RoundRecord, RunStore
 from fedforge.systems.clock import ClientTime, client_time
 from fedforge.systems.population import population
 from fedforge.systems.profile import ClientProfile
@@ -117,17 +117,21 @@ def run_buffered_round(
     round_idx: int,
     bar: Progress,
     hooks: RoundHooks | None = None,
+    store: RunStore | None = None,
 ) -> tuple[RoundRecord, list[ClientRecord]]:
     """One server step of buffered aggregation (the module's docstring), recorded
     as round ``round_idx``, with the run's ``hooks`` told as in a synchronous round
-    (its cohort: the clients whose updates arrived in it, known at its end)."""
+    (its cohort: the clients whose updates arrived in it, known at its end);
+    ``store``: the run's, which the hooks may read."""
     t0 = time.perf_counter()
     hooks = hooks if hooks is not None else run_hooks()
     buffered = state.buffered
     if buffered is None:
         raise ValueError("run_buffered_round needs the loop state of a fedbuff run")
     cfg = exp.cfg
-    info = RoundInfo(exp, state, bar, round_idx, round_idx, "upload", [], [], state.params)
+    info = RoundInfo(
+        exp, state, bar, round_idx, round_idx, "upload", [], [], state.params, store=store
+    )
     hooks.round_start(info)
     log = RoundLog(state.rejected, state.skipped, bar, round_idx, partial(_refused, hooks, info))
     orders = configure(exp, state, round_idx, round_idx, [])

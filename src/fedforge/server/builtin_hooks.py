@@ -1,13 +1,15 @@
 """The package's own round hooks (``server/hooks.py`` says when each is called):
-privacy, diagnostics, the commit of client state and the selection history,
-first in every run's list."""
+privacy, diagnostics, the commit of client state, the selection history and the
+alerts, in every run's list before the user's (a deployment's rollout, a gate,
+is handed in by ``fedforge server``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from fedforge.alerts import Monitor
 from fedforge.server import diagnostics
-from fedforge.server.hooks import RoundEnd, RoundHook, RoundHooks, RoundInfo
+from fedforge.server.hooks import RoundEnd, RoundGate, RoundHook, RoundHooks, RoundInfo
 
 
 class PrivacyHook(RoundHook):
@@ -106,7 +108,30 @@ class SelectionHook(RoundHook):
         )
 
 
-def run_hooks(user: Sequence[RoundHook] = ()) -> RoundHooks:
+class AlertsHook(RoundHook):
+    """The config's alert rules (``alerts.rules``) on each round as the run store
+    recorded it (alerts/monitor.py): the rules stepped, each firing's actions run
+    (they never stop the run), the ``alerts`` rows written, a line on the progress
+    bar. Its state is rebuilt from the store (a resumed run fires where the
+    uninterrupted one would): nothing to checkpoint."""
+
+    name = "alerts"
+
+    def __init__(self) -> None:
+        self.monitor: Monitor | None = None  # made at the first recorded round
+
+    def recorded(self, info: RoundInfo) -> None:
+        if info.store is None:
+            return
+        if self.monitor is None:
+            self.monitor = Monitor(info.exp.cfg, info.bar.write)
+        self.monitor.after_round(info.store, info.round_idx)
+
+
+def run_hooks(user: Sequence[RoundHook] = (), gates: Sequence[RoundGate] = ()) -> RoundHooks:
     """A run's hooks in their documented order: privacy, diagnostics, client state,
-    selection (each does nothing where its feature is off), then the user's."""
-    return RoundHooks([PrivacyHook(), DiagnosticsHook(), ClientStateHook(), SelectionHook(), *user])
+    selection, ``gates`` (the package's own acting hooks: a deployment's rollout),
+    alerts (each does nothing where its feature is off), then the user's, which
+    are never gates."""
+    own = [PrivacyHook(), DiagnosticsHook(), ClientStateHook(), SelectionHook()]
+    return RoundHooks([*own, *gates, AlertsHook(), *user], gates)

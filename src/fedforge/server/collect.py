@@ -43,10 +43,13 @@ def collect(
     payload: bytes,
     round_idx: int,
     arrivals: Arrivals | None = None,
+    askable: set[int] | None = None,
 ) -> Collected:
-    """Run ``collector``'s phases to the end against the engine; ``arrivals``
-    (the virtual clock's, server/virtual_clock.py) reorders the uploads as they
-    would arrive and reports the late ones to the collector as dropouts."""
+    """Run ``collector``'s phases to the end against the engine, asking only the
+    ``askable`` clients (None: all; the round's gates, server/hooks.py): the
+    others get no message and no task, and count as dropouts. ``arrivals`` (the
+    virtual clock's, server/virtual_clock.py) reorders the uploads as they would
+    arrive and reports the late ones to the collector as dropouts."""
     drops = secagg_drops(exp.cfg.privacy) if exp.privacy and exp.privacy.secagg else {}
     arrived: set[int] = set()
     held: list[ClientUpload] = []  # taken, judged again at the end (``Collector.holds``)
@@ -60,10 +63,13 @@ def collect(
             phase = collector.next_phase()
             if phase is None:
                 break
-            if phase.messages:
-                for c, data in exp.engine.run_phase(phase.name, phase.messages).items():
+            messages = phase.messages
+            if askable is not None:
+                messages = {c: m for c, m in messages.items() if c in askable}
+            if messages:
+                for c, data in exp.engine.run_phase(phase.name, messages).items():
                     collector.reply(c, data)
-            train = set(phase.train)
+            train = set(phase.train) if askable is None else askable.intersection(phase.train)
             trainers = [t for t in tasks if t.client_id in train]
             uploads: Iterable[ClientUpload] = (
                 exp.engine.run_cohort(trainers, payload) if trainers else ()

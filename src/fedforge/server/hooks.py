@@ -1,6 +1,7 @@
 """Round hooks: what acts around a round without changing what it computes
-(privacy accounting, drift diagnostics, the commit of client state, a user's
-logging, custom stopping rules' bookkeeping).
+(privacy accounting, drift diagnostics, the commit of client state, a
+deployment's rollout, alerts, a user's logging, custom stopping rules'
+bookkeeping).
 
 A run's hooks are one ordered list (``builtin_hooks.run_hooks``, built by
 ``fedforge.run`` / ``resume`` and handed to the round loop):
@@ -13,14 +14,22 @@ A run's hooks are one ordered list (``builtin_hooks.run_hooks``, built by
    the clients whose updates the model took;
 4. ``selection``: what the server knows of each client asked (``LoopState.selection``,
    selection/history.py), the selection policy's input for the next cohorts;
-5. the user's hooks, in the order given to ``fedforge.run`` / ``resume``.
+5. ``rollout``, a deployment's only (``fedforge server`` adds it;
+   transport/rollout.py): at an upload round's start the clients that joined
+   since evaluate the global model on their own data (cold start: the
+   ``cold_start`` rows), a canary version is judged when due, the serving
+   version is sent to the clients that lack it; it is the run's one gate (below);
+6. ``alerts``: the config's alert rules stepped on each round as the run store
+   recorded it, their actions run, the ``alerts`` rows written (alerts/monitor.py);
+7. the user's hooks, in the order given to ``fedforge.run`` / ``resume``.
 
 The round calls every hook, in that order, at each point of its life:
 
 - ``round_start(info)``: every round, before its clients are asked (after its
-  cohort is drawn); also a round inside an upload period (``info.kind ==
-  'local'``: its cohort trains, nothing travels) and a round skipped before
-  anything was sent (``'short'``: too few clients connected);
+  cohort is drawn and its tasks and payload made); also a round inside an
+  upload period (``info.kind == 'local'``: its cohort trains, nothing travels)
+  and a round skipped before anything was sent (``'short'``: too few clients
+  connected);
 - ``upload(info, client_id, taken, reason)``: each refused upload as it is
   refused (``taken`` False, ``reason`` the line the run store keeps), then each
   upload the model took after the server step (``taken`` True, ``reason``
@@ -29,20 +38,31 @@ The round calls every hook, in that order, at each point of its life:
   the test set (``eval_every``, and the last round);
 - ``round_end(info, end)``: every round, with its record (the row the run store
   keeps) and whose updates the model took;
+- ``recorded(info)``: every round of a run with a run store (``info.store``),
+  once the round's rows are in it, before its checkpoint;
 - ``run_end(result)``: once, when the rounds stop (finished, at the target, out of
   privacy budget, stalled, or stopped by a signal after its checkpoint).
 
 Contract: a user's hooks observe. They return nothing, and what the round
-computes (cohort, model, record) is the same with or without them (the built-in
-``client_state`` and ``selection`` keep what later rounds read); a hook that raises
-fails the run (resumable from its last checkpoint). A hook keeps its own state;
-state that must survive a resume is what ``state_dict`` returns (plain JSON
-data: numbers, strings, lists, dicts with string keys; floats round-trip
-exactly), written with every checkpoint under the hook's ``name`` and handed
-back to ``load_state_dict`` before the first resumed round. A resumed run runs
-again the rounds recorded after its checkpoint: a hook sees them again, from
-the state it had at that checkpoint, and ends as an uninterrupted run's would.
-Names are unique within a run.
+computes (cohort, who is asked, model, record) is the same with or without them
+(the built-in ``client_state`` and ``selection`` keep what later rounds read); a
+hook that raises fails the run (resumable from its last checkpoint). A hook keeps
+its own state; state that must survive a resume is what ``state_dict`` returns
+(plain JSON data: numbers, strings, lists, dicts with string keys; floats
+round-trip exactly), written with every checkpoint under the hook's ``name``
+and handed back to ``load_state_dict`` before the first resumed round. A
+resumed run runs again the rounds recorded after its checkpoint: a hook sees
+them again, from the state it had at that checkpoint, and ends as an
+uninterrupted run's would. Names are unique within a run.
+
+The one way a hook acts on the round is a :class:`RoundGate`, and only the
+package's own hooks are gates (``run_hooks(gates=...)``: the deployment's
+rollout; a user's hook is never asked, whatever methods it has): after every
+hook's ``round_start`` of an upload round, each gate names which of the round's
+cohort may be asked anything (to train, or a protocol message); the round asks
+only those, and the others count as dropouts (they answer nothing). Rows a
+built-in hook writes for the run store go to ``info.state.outputs`` (recorded
+with the round) or, after ``recorded``, to ``info.store`` itself.
 """
 
 from __future__ import annotations
@@ -62,7 +82,7 @@ if TYPE_CHECKING:
     from fedforge.server.experiment import Experiment
     from fedforge.server.result import RunResult
     from fedforge.server.state import LoopState
-    from fedforge.store import ClientRecord, RoundRecord
+    from fedforge.store import ClientRecord, RoundRecord, RunStore
 
 RoundKind = Literal["upload", "local", "short"]
 
@@ -83,12 +103,18 @@ class RoundInfo:
     round_idx: int
     start: int  # the first round of the upload period (its cohort and plan)
     kind: RoundKind  # 'upload': updates travel; 'local', 'short': see the module
-    cohort: list[int]  # the sampled clients (empty in a short round)
-    trainers: list[int]  # those asked to train (stragglers dropped; empty unless 'upload')
+    # the sampled clients (empty in a short round): the hooks' copy, the round keeps its own
+    cohort: list[int]
+    # those given a task (stragglers dropped; empty unless 'upload'); the gates may
+    # leave some of them unasked (a deployment's clients not cold-started yet)
+    trainers: list[int]
     params: torch.Tensor  # the global model the round starts from (not to be written)
     # the round's drift figures, set by the diagnostics hook at the round's start
     # and fed by the round's collector with each update it takes
     diagnostics: RoundDiagnostics | None = None
+    # the run's store (None: a run without one), to read; the package's own hooks
+    # keep what is not a round's row there (a deployment's model versions, alerts)
+    store: RunStore | None = None
 
 
 @dataclass(frozen=True)
@@ -129,6 +155,9 @@ class RoundHook(Protocol):
     def round_end(self, info: RoundInfo, end: RoundEnd) -> None:
         return None
 
+    def recorded(self, info: RoundInfo) -> None:
+        return None
+
     def run_end(self, result: RunResult) -> None:
         return None
 
@@ -139,11 +168,24 @@ class RoundHook(Protocol):
         return None
 
 
-class RoundHooks:
-    """The run's hooks in order; each call goes to every hook in turn."""
+class RoundGate(RoundHook, Protocol):
+    """A package's own hook that also says which clients a round may ask (see the
+    module): the one way a hook acts on what the round computes."""
 
-    def __init__(self, hooks: Iterable[RoundHook] = ()) -> None:
+    def askable(self, info: RoundInfo, ids: Sequence[int]) -> Iterable[int]:
+        """Those of ``ids`` (the round's cohort) that may be asked this round."""
+        ...
+
+
+class RoundHooks:
+    """The run's hooks in order; each call goes to every hook in turn. ``gates``:
+    the package's own hooks (also in ``hooks``) whose word on who is asked the
+    round takes (:meth:`askable`); only ``builtin_hooks.run_hooks`` names them."""
+
+    def __init__(self, hooks: Iterable[RoundHook] = (), gates: Iterable[RoundGate] = ()) -> None:
         self.hooks: tuple[RoundHook, ...] = tuple(hooks)
+        self.gates: tuple[RoundGate, ...] = tuple(gates)
+        self.current: RoundInfo | None = None  # the round last started: ``recorded``'s
         names = [h.name for h in self.hooks]
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
@@ -159,8 +201,8 @@ class RoundHooks:
         return [h.name for h in self.hooks]
 
     def extended(self, more: Iterable[RoundHook]) -> RoundHooks:
-        """These hooks, then ``more``."""
-        return RoundHooks([*self.hooks, *more])
+        """These hooks, then ``more`` (hooks only: the gates stay these ones)."""
+        return RoundHooks([*self.hooks, *more], self.gates)
 
     def _each(self, info: RoundInfo, call: Callable[[RoundHook], None]) -> None:
         """``call`` each hook in turn; a hook that wrote the round's model (which
@@ -175,7 +217,17 @@ class RoundHooks:
                 )
 
     def round_start(self, info: RoundInfo) -> None:
+        self.current = info
         self._each(info, lambda h: h.round_start(info))
+
+    def askable(self, info: RoundInfo, ids: Sequence[int]) -> set[int] | None:
+        """Those of ``ids`` every gate lets the round ask (None: no gate, all of them)."""
+        if not self.gates:
+            return None
+        allowed = set(ids)
+        for gate in self.gates:
+            allowed &= {int(c) for c in gate.askable(info, sorted(allowed))}
+        return allowed
 
     def upload(self, info: RoundInfo, client_id: int, taken: bool, reason: str | None) -> None:
         self._each(info, lambda h: h.upload(info, client_id, taken, reason))
@@ -189,6 +241,12 @@ class RoundHooks:
 
     def round_end(self, info: RoundInfo, end: RoundEnd) -> None:
         self._each(info, lambda h: h.round_end(info, end))
+
+    def recorded(self) -> None:
+        """The round last started is in the run store (``info.store``)."""
+        info = self.current
+        if info is not None and info.store is not None:
+            self._each(info, lambda h: h.recorded(info))
 
     def run_end(self, result: RunResult) -> None:
         for h in self.hooks:
@@ -235,4 +293,12 @@ def _same(back: Any, state: Any) -> bool:
     return bool(back == state)
 
 
-__all__ = ["HookError", "RoundEnd", "RoundHook", "RoundHooks", "RoundInfo", "RoundKind"]
+__all__ = [
+    "HookError",
+    "RoundEnd",
+    "RoundGate",
+    "RoundHook",
+    "RoundHooks",
+    "RoundInfo",
+    "RoundKind",
+]

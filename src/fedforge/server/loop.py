@@ -64,16 +64,18 @@ def run(
     store: bool = True,
     task: Task | None = None,
     engine: Engine | None = None,
-    hooks: Sequence[RoundHook] = (),
+    hooks: Sequence[RoundHook] | RoundHooks = (),
 ) -> RunResult:
     """Run ``cfg`` to its target or its last round; record it in a run store.
     ``data``: the caller's data set (else the config's); ``task``: the caller's model,
     loss and metrics (else the config's task); ``engine``: where the clients run
     (else the config's: a deployment server passes its network engine);
-    ``hooks``: the caller's round hooks (server/hooks.py), told of each round."""
+    ``hooks``: the caller's round hooks (server/hooks.py), told of each round after
+    the built-in ones (or a whole list from ``builtin_hooks.run_hooks``: a
+    deployment server's, with its rollout)."""
     exp = _with_engine(build(cfg, data, task), engine)
     check_buffered(exp)
-    chain = run_hooks(hooks)  # hooks a config names (the registry's) are to join these
+    chain = _chain(hooks)  # hooks a config names (the registry's) are to join these
     partition = partition_summary(exp)
     if progress:
         print(f"partition: {partition.format()}", flush=True)
@@ -113,14 +115,15 @@ def resume(
     task: Task | None = None,
     device: str | None = None,
     engine: Engine | None = None,
-    hooks: Sequence[RoundHook] = (),
+    hooks: Sequence[RoundHook] | RoundHooks = (),
 ) -> RunResult:
     """Continue the run in ``run_dir`` from its last good checkpoint, with the config
     stored in the run; rounds recorded after that checkpoint are run again. A run
     stopped before its first checkpoint starts again from round 0 (its state
     there is the seed's). ``device``: where local training and evaluation go on
     (None: the stored config's); the checkpoints are on the host, so any will do.
-    ``hooks``: the run's round hooks again (their states come from the checkpoint)."""
+    ``hooks``: the run's round hooks again, as for :func:`run` (their states come
+    from the checkpoint)."""
     run_store = RunStore.open(run_dir)
     lock = RunLock(run_store.path)
     try:
@@ -135,7 +138,7 @@ def resume(
             stored = override(stored, {"device": device})
         exp = _with_engine(build(stored, data, task), engine)
         check_buffered(exp)
-        chain = run_hooks(hooks)
+        chain = _chain(hooks)
         lock.acquire()  # refuses while another process writes the run, or a read-only one
         plugins = used_plugins(config_components(exp.cfg))
         check_build(run_store.path, exp.spec, exp.data_fingerprint, exp.cfg, plugins)  # not damage
@@ -156,6 +159,11 @@ def resume(
             print(format_population(population), flush=True)
     say_start(exp, state.next_round, progress)
     return _drive(exp, run_store, lock, state, partition, progress, chain)
+
+
+def _chain(hooks: Sequence[RoundHook] | RoundHooks) -> RoundHooks:
+    """The run's hooks: a caller's after the built-in ones, or a whole list as it is."""
+    return hooks if isinstance(hooks, RoundHooks) else run_hooks(hooks)
 
 
 def _with_engine(exp: Experiment, engine: Engine | None) -> Experiment:
@@ -235,7 +243,7 @@ def _drive_rounds(
         result.summary["heterogeneity"] = partition.heterogeneity
         _add_population(exp, result)
         return result
-    exp.engine.bind_store(run_store)  # a deployment keeps its model versions there
+    exp.engine.bind_store(run_store)  # a deployment's commits after a resume
     try:
         with StopSignals() as stop:
             result = run_rounds(exp, state, run_store, progress, stop, hooks)

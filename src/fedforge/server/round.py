@@ -52,7 +52,7 @@ from fedforge.server.state import LoopState
 from fedforge.server.stops import ends_run
 from fedforge.server.stragglers import cohort_tasks
 from fedforge.server.virtual_clock import advance, round_clock
-from fedforge.store import ClientRecord, RoundRecord
+from fedforge.store import ClientRecord, RoundRecord, RunStore
 
 
 @dataclass(frozen=True)
@@ -75,16 +75,18 @@ def run_round(
     round_idx: int,
     bar: Progress,
     hooks: RoundHooks | None = None,
+    store: RunStore | None = None,
 ) -> tuple[RoundRecord, list[ClientRecord]]:
     """One round: the phases of the module docstring, top to bottom, with the run's
     ``hooks`` (None: the built-in ones) told of its start, uploads, evaluation and
-    end (server/hooks.py)."""
+    end (server/hooks.py); its clients asked as the hooks' gates allow. ``store``:
+    the run's store, which the hooks may read (the caller records the round)."""
     t0 = time.perf_counter()
     hooks = hooks if hooks is not None else run_hooks()
     cfg = exp.cfg
     start, end = upload_period(round_idx, cfg.communication.upload_every, cfg.rounds)
     if round_idx != end:  # the period's cohort trains locally: nothing travels
-        return _local_round(exp, state, round_idx, start, bar, hooks, t0), []
+        return _local_round(exp, state, round_idx, start, bar, hooks, t0, store), []
     pool, short = live_pool(exp, round_idx)
     clock = round_clock(exp, state, round_idx)  # None: no systems profiles
     if clock is not None:  # only the clients online at the round's virtual start
@@ -92,23 +94,29 @@ def run_round(
         short = short if pool else f"no client online at virtual time {clock.start_s:.6g} s"
     cohort = sample(exp, start, pool, state.selection)
     if short is not None:  # a deployment with too few clients there
-        info = RoundInfo(exp, state, bar, round_idx, start, "short", cohort, [], state.params)
+        info = RoundInfo(
+            exp, state, bar, round_idx, start, "short", list(cohort), [], state.params, store=store
+        )
         if clock is not None:  # the round waits until a client comes online
             clock.duration_s = clock.idle_until()
             advance(state, clock)
         return _short_round(exp, state, info, hooks, short, t0), []
-    state.outputs.update(exp.engine.begin_round(round_idx, state.params))  # cold start, canary
+    exp.engine.begin_round(round_idx)  # a deployment tells the last round's commits
     orders = configure(exp, state, round_idx, start, cohort)
     if clock is not None:  # the clients that fail do not train
         tasks = clock.without_failed(cohort, orders.tasks, len(orders.payload))
         orders = dataclasses.replace(orders, tasks=tasks)
     trainers = [t.client_id for t in orders.tasks]
-    info = RoundInfo(exp, state, bar, round_idx, start, "upload", cohort, trainers, state.params)
-    hooks.round_start(info)
+    own = list(cohort)  # the hooks' own list: the round's is not theirs to change
+    info = RoundInfo(
+        exp, state, bar, round_idx, start, "upload", own, trainers, state.params, store=store
+    )
+    hooks.round_start(info)  # a deployment's rollout: cold start, canary, serving
+    askable = hooks.askable(info, cohort)  # the others are dropouts (not cold-started)
     log = RoundLog(state.rejected, state.skipped, bar, round_idx, partial(_refused, hooks, info))
     collector = collector_for(exp, orders, log, info.diagnostics)
     arrivals = clock.arrivals if clock is not None else None
-    collected = collect(exp, collector, orders.tasks, orders.payload, round_idx, arrivals)
+    collected = collect(exp, collector, orders.tasks, orders.payload, round_idx, arrivals, askable)
     collected = _as_sent(exp, collected, orders)
     aggregate, clients, moved = aggregate_phase(exp, state, collected, log)
     clients = server_step(exp, state, aggregate, clients, moved, log)
@@ -357,11 +365,14 @@ def _local_round(
     bar: Progress,
     hooks: RoundHooks,
     t0: float,
+    store: RunStore | None,
 ) -> RoundRecord:
     """A round inside an upload period (``upload_every`` > 1): its cohort trains
     locally (the work is done with the period's last round), nothing travels."""
     cohort = sample(exp, start, None, state.selection)
-    info = RoundInfo(exp, state, bar, round_idx, start, "local", cohort, [], state.params)
+    info = RoundInfo(
+        exp, state, bar, round_idx, start, "local", list(cohort), [], state.params, store=store
+    )
     hooks.round_start(info)
     record = _record_of_nothing(exp, round_idx, start, len(cohort), t0)
     hooks.round_end(info, RoundEnd(record, [], False))

@@ -1,15 +1,15 @@
 """The rounds of one run, from a :class:`LoopState` to a :class:`RunResult`:
-each round run (``round.py``) and recorded (store, privacy spent, progress bar,
-the alert rules), until the last round, the target accuracy, the privacy budget
-or a stall (``stops.py``) ends the run; a checkpoint every ``checkpoint_every``
-rounds, and one before stopping when SIGINT or SIGTERM came. ``loop.py`` makes
-or resumes the run's store around it and settles the store after it."""
+each round run (``round.py``) and recorded (store, privacy spent, progress bar;
+then the hooks are told, the alert rules among them), until the last round, the
+target accuracy, the privacy budget or a stall (``stops.py``) ends the run; a
+checkpoint every ``checkpoint_every`` rounds, and one before stopping when
+SIGINT or SIGTERM came. ``loop.py`` makes or resumes the run's store around it
+and settles the store after it."""
 
 from __future__ import annotations
 
 import time
 
-from fedforge.alerts import Monitor
 from fedforge.report.progress import Progress, percent
 from fedforge.server.buffered import run_buffered_round
 from fedforge.server.builtin_hooks import run_hooks
@@ -48,7 +48,6 @@ def run_rounds(
         state.initial_eval = _evaluate_initial(exp, state, bar)
     stopped: str | None = None
     stops: dict[str, str] = {}  # summary key: why the run stopped early
-    alerts = Monitor(cfg, bar.write)  # its rules, after each recorded round
     while state.next_round < cfg.rounds:
         budget_stop = over_budget(exp, state.next_round, state.privacy)
         if budget_stop is not None:  # the next round would spend more than target_epsilon
@@ -56,8 +55,6 @@ def run_rounds(
             stops["privacy_stop"] = budget_stop
             break
         record = _one_round(exp, state, run_store, bar, hooks)
-        if run_store is not None:
-            alerts.after_round(run_store, record.round_idx)
         target = cfg.target_accuracy
         evaluated = record.test_accuracy is not None
         if target is not None and evaluated and max(state.eval_accuracy) >= target:
@@ -91,10 +88,11 @@ def _evaluate_initial(exp: Experiment, state: LoopState, bar: Progress) -> tuple
 def _one_round(
     exp: Experiment, state: LoopState, run_store: RunStore | None, bar: Progress, hooks: RoundHooks
 ) -> RoundRecord:
-    """Run round ``state.next_round`` and record it (store, privacy spend, bar)."""
+    """Run round ``state.next_round`` and record it (store, privacy spend, bar); then
+    the hooks are told it is in the store (the alert rules)."""
     clip = state.privacy.get("clip_norm", exp.cfg.privacy.clip_norm)  # this round's
     one = run_buffered_round if state.buffered is not None else run_round
-    record, clients = one(exp, state, state.next_round, bar, hooks)
+    record, clients = one(exp, state, state.next_round, bar, hooks, run_store)
     state.records.append(record)
     state.total_bytes += record.bytes_up + record.bytes_down
     state.next_round += 1
@@ -108,6 +106,7 @@ def _one_round(
     if run_store is not None and epsilon is not None and exp.privacy is not None:
         run_store.record_privacy(record.round_idx, epsilon, exp.privacy.delta, clip)
     bar.update(record.test_accuracy, record.test_loss, state.total_bytes, epsilon)
+    hooks.recorded()  # a run with a store: the round is in it
     return record
 
 

@@ -15,7 +15,8 @@ clients than the round needs and ``run_cohort`` closes at the needed count.
 
 A round samples only the clients whose process is there (``sampling_pool``),
 and records the bytes that crossed the wire (``sent_down``), not a payload for
-every cohort client.
+every cohort client. Which of them may be asked is the round's to say (the
+rollout hook's gate, transport/rollout.py): the engine asks whom it is given.
 """
 
 from __future__ import annotations
@@ -27,11 +28,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-import torch
-
 from fedforge.algorithms.plan import LocalPlan
 from fedforge.client.runtime import ClientTask, ClientUpload
 from fedforge.config import Config
+from fedforge.engines import Rows
 from fedforge.selection.sampling import cohort_size
 from fedforge.store import RunStore
 from fedforge.transport.client_times import Arrival, round_rows
@@ -40,7 +40,6 @@ from fedforge.transport.ids import logged_ids
 from fedforge.transport.logs import log_event
 from fedforge.transport.pb import federation_pb2 as pb
 from fedforge.transport.presence_log import PresenceLog
-from fedforge.transport.rollout import Rollout, Rows
 from fedforge.transport.work import REPLY, TRAINING_PAYLOAD, UPDATE, Key
 
 
@@ -77,7 +76,6 @@ class RemoteEngine:
         self.round_idx = 0
         self.commit: tuple[int, list[int]] | None = None  # (round, used) not yet told
         self.store: RunStore | None = None
-        self.rollout = Rollout(hub, cfg)
         self.live_wait_s = cfg.deployment.live_wait_s
         self._sent = (0, 0)  # the hub's training bytes down and downloads at the last record
         self._times: Rows = {}  # the round's measured client times (client_times.py)
@@ -114,8 +112,6 @@ class RemoteEngine:
         return now[0] - was[0], now[1] - was[1]
 
     def run_cohort(self, tasks: Sequence[ClientTask], payload: bytes) -> Iterator[ClientUpload]:
-        ok = set(self.rollout.trainable(t.client_id for t in tasks))
-        tasks = [t for t in tasks if t.client_id in ok]  # the others are dropouts
         if not tasks:
             return
         r = tasks[0].round_idx
@@ -155,8 +151,6 @@ class RemoteEngine:
         """Each addressed client's reply; a client answers every phase message (an
         empty reply: it has nothing to say, as in the masked-input phase, whose
         messages set up the update that follows)."""
-        ok = set(self.rollout.trainable(messages))
-        messages = {c: m for c, m in messages.items() if c in ok}
         if not messages:
             return {}
         r = self.round_idx
@@ -177,17 +171,15 @@ class RemoteEngine:
         self.hub.ask(works, self.version)
         return {a.client_id: a.data for a in self.hub.gather(keys, self.deadline_s) if a.data}
 
-    def begin_round(self, round_idx: int, params: torch.Tensor) -> Rows:
-        """The round whose phases come next (protocol phases precede the payload):
-        new clients' cold start and, when due, a canary (their rows for the store)."""
+    def begin_round(self, round_idx: int) -> None:
+        """The upload round whose phases come next (protocol phases precede the
+        payload): the last one's wall time told, its commits posted."""
         self.round_idx = round_idx
         now = time.monotonic()
         if self._began is not None and self.on_round is not None:
             self.on_round(now - self._began)
         self._began = now
         self.tell_commit(round_idx)
-        self.hub.set_phase(f"round {round_idx + 1}: evaluation (cold start, canary)")
-        return self.rollout.begin_round(round_idx, params)
 
     def declared_sizes(self) -> list[int]:
         """Each client's example count as it declared it when it joined (0: not
@@ -195,8 +187,8 @@ class RemoteEngine:
         return self.hub.declared()
 
     def bind_store(self, store: RunStore) -> None:
-        """The run's store: model versions are kept there."""
-        self.rollout.bind(store)
+        """The run's store: a resumed server reads the commits to post again there
+        (the rollout hook keeps the model versions in it)."""
         self.store = store
         self.presence.bind(store)
         if self.on_store is not None:

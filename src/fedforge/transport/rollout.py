@@ -1,5 +1,9 @@
 """Evaluation on the clients' own data, at the start of a round: cold start and
-canary rollout.
+canary rollout, and the serving version sent to the clients. ``Rollout`` is the
+deployment's ``rollout`` round hook (server/hooks.py), which ``fedforge server``
+adds to the run's hooks; the simulator has none. It acts at an upload round's
+start (after the round's tasks are made, before any client is asked) and is the
+run's gate: the round asks only the clients it names.
 
 **Cold start.** A client that joins is judged before it trains: it first
 evaluates the current global model on its own data and reports; until then it
@@ -30,7 +34,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -38,6 +42,7 @@ import torch
 from fedforge.config import Config
 from fedforge.core import wire
 from fedforge.core.errors import StoreError, shown
+from fedforge.server.hooks import RoundHook, RoundInfo
 from fedforge.store import RunStore
 from fedforge.store import versions as vs
 from fedforge.tasks import resolve_task
@@ -57,8 +62,11 @@ def model_payload(params: torch.Tensor, round_idx: int) -> bytes:
     return wire.encode({"params": params}, {"round_idx": round_idx})
 
 
-class Rollout:
-    """Cold start and canary rollout of one deployment."""
+class Rollout(RoundHook):
+    """Cold start and canary rollout of one deployment, and the gate that leaves
+    out the clients not cold-started yet."""
+
+    name = "rollout"
 
     def __init__(self, hub: Hub, cfg: Config) -> None:
         dep = cfg.deployment
@@ -90,6 +98,20 @@ class Rollout:
         before stay eligible (they are not new)."""
         self.store = store
         self.eligible |= {int(row[1]) for row in store.read_rows("cold_start")}
+
+    def round_start(self, info: RoundInfo) -> None:
+        """An upload round's evaluations (the local and short rounds ask no client);
+        the cold-start rows go to the round's outputs, recorded with the round."""
+        if info.kind != "upload":
+            return
+        if self.store is None and info.store is not None:
+            self.bind(info.store)
+        self.hub.set_phase(f"round {info.round_idx + 1}: evaluation (cold start, canary)")
+        info.state.outputs.update(self.begin_round(info.round_idx, info.params))
+
+    def askable(self, info: RoundInfo, ids: Sequence[int]) -> list[int]:
+        """The gate: those of the round's cohort that reported their cold start."""
+        return self.trainable(ids)
 
     def begin_round(self, round_idx: int, params: torch.Tensor) -> Rows:
         """Cold-start the clients that joined since, then (when due) a canary."""

@@ -29,6 +29,8 @@ from fedforge.config.parse import dump
 from fedforge.config.privacy import check_served_noise, served_noise_warning, served_privacy
 from fedforge.core.errors import ConfigError
 from fedforge.data.federated import FederatedData
+from fedforge.server.builtin_hooks import run_hooks
+from fedforge.server.hooks import RoundHooks
 from fedforge.server.loop import RunResult, resume, run
 from fedforge.store import RunStore
 from fedforge.tasks import check_known, load_server_data
@@ -44,6 +46,7 @@ from fedforge.transport.metrics import ServerMetrics
 from fedforge.transport.plugins import run_plugins
 from fedforge.transport.refusal_log import RefusalLog
 from fedforge.transport.remote import RemoteEngine
+from fedforge.transport.rollout import Rollout
 from fedforge.transport.security import ServerSecurity
 from fedforge.transport.service import SERVICE, FederationService
 
@@ -126,6 +129,12 @@ class Deployment:
         self.engine = engine(
             self.hub, cfg, self.metrics.round_seconds.observe, on_store=self.live.bind
         )
+        self.rollout = Rollout(self.hub, cfg)  # cold start, canary, the serving version
+
+    def hooks(self) -> RoundHooks:
+        """The run's round hooks: the built-in ones with the rollout among them (the
+        round's gate: only cold-started clients are asked)."""
+        return run_hooks(gates=[self.rollout])
 
     async def _listen(self, request_bytes: int, max_bytes: int) -> int:
         """Build the server on the loop, listening: its port (0: cannot listen)."""
@@ -287,7 +296,10 @@ def serve(config: Config, options: ServerOptions) -> RunResult:
     """Run ``config`` as a deployment: listen, wait for clients, run, dismiss them."""
     cfg = _served(config)
     dep = Deployment(cfg, options)
-    return _drive(dep, lambda: run(cfg, dep.data, progress=options.progress, engine=dep.engine))
+    return _drive(
+        dep,
+        lambda: run(cfg, dep.data, progress=options.progress, engine=dep.engine, hooks=dep.hooks()),
+    )
 
 
 def serve_resume(run_dir: Path | str, options: ServerOptions) -> RunResult:
@@ -297,7 +309,10 @@ def serve_resume(run_dir: Path | str, options: ServerOptions) -> RunResult:
     _check_served(cfg)
     dep = Deployment(cfg, options)
     return _drive(
-        dep, lambda: resume(run_dir, dep.data, progress=options.progress, engine=dep.engine)
+        dep,
+        lambda: resume(
+            run_dir, dep.data, progress=options.progress, engine=dep.engine, hooks=dep.hooks()
+        ),
     )
 
 
