@@ -244,7 +244,7 @@ def _eval_seconds(exp: Experiment) -> float:
     data = exp.data
     t0 = time.perf_counter()
     evaluate(
-        exp.model, exp.spec, exp.initial_params, data.test_x, data.test_y, exp.cfg.eval_batch_size
+        exp.model, exp.spec, exp.initial_params, data.test_x, data.test_y, exp.cfg.evaluation.batch_size
     )
     return time.perf_counter() - t0
 
@@ -269,7 +269,7 @@ def startup_seconds(repeats: int = 3) -> dict[str, float]:
         "from fedforge import config as c;from fedforge.server.experiment import build;"
         "from fedforge.evaluation.evaluate import evaluate;a=time.perf_counter();"
         f"cfg=c.load('{ROOT / 'configs' / 'default.yaml'}');e=build(cfg);b=time.perf_counter();"
-        "d=e.data;evaluate(e.model,e.spec,e.initial_params,d.test_x,d.test_y,cfg.eval_batch_size);"
+        "d=e.data;evaluate(e.model,e.spec,e.initial_params,d.test_x,d.test_y,cfg.evaluation.batch_size);"
         "n=time.perf_counter();print(json.dumps({'ready_at':time.time(),'interpreter_s':w,"
         "'import_s':a-t,'build_s':b-a,'eval_s':n-b}))"
     )

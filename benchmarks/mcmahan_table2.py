@@ -140,7 +140,7 @@ def run_point(row: str, lr: float, cap: int | None, args: argparse.Namespace) ->
         "wall_seconds": time.perf_counter() - t0,
         "bytes_up": s["bytes_up"],
         "bytes_down": s["bytes_down"],
-        "eval_every": cfg.eval_every,
+        "eval_every": cfg.evaluation.every,
         "threads": torch.get_num_threads(),
         "workers": cfg.workers,
         "run_dir": s.get("run_dir"),

@@ -103,7 +103,7 @@ def _scores(exp: Experiment, params: torch.Tensor) -> list[tuple[float, int]]:
     out = []
     for c in range(CLIENTS):
         x, y = exp.data.client_data(c)
-        ev = evaluate(exp.model, exp.spec, params, x, y, exp.cfg.eval_batch_size, exp.metrics)
+        ev = evaluate(exp.model, exp.spec, params, x, y, exp.cfg.evaluation.batch_size, exp.metrics)
         out.append((ev.accuracy, len(y)))
     return out
 

@@ -45,7 +45,7 @@ def test_yaml_load(tmp_path: Path) -> None:
     assert cfg.client_fraction == 0.5 and cfg.local_epochs == 5
     assert cfg.batch_size is None and cfg.lr == 0.05 and cfg.rounds == 2
     # Fields not in the file keep their defaults.
-    assert cfg.seed == Config().seed and cfg.server_lr == 1.0
+    assert cfg.seed == Config().seed and cfg.server_optimizer.lr == 1.0
 
 
 def test_empty_yaml_is_the_defaults(tmp_path: Path) -> None:

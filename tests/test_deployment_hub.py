@@ -245,7 +245,7 @@ def test_a_client_process_builds_without_the_servers_client_tags(tmp_path: Path)
     sent = dump(cfg)
     tags.unlink()  # the client's host has no such file
     local = client_config(sent, "cpu")
-    assert local.client_tags is None and local.eval_clients and cfg.client_tags == str(tags)
+    assert local.evaluation.client_tags is None and local.evaluation.clients and cfg.evaluation.client_tags == str(tags)
     exp = build_hosted(local, [0, 1], None, "")
     assert "region" not in exp.data.client_tags()
     plain = build(from_dict(base)).data  # the same rows as without tags

@@ -317,7 +317,7 @@ class ClientProcess:
         exp = self.exp
         params = wire.decode(self._download(work.payload_id)).tensors["params"]
         x, y = evaluation_data(exp, work.client_id)
-        ev = evaluate(exp.model, exp.spec, params, x, y, exp.cfg.eval_batch_size, exp.metrics)
+        ev = evaluate(exp.model, exp.spec, params, x, y, exp.cfg.evaluation.batch_size, exp.metrics)
         report = {"accuracy": ev.accuracy, "loss": ev.loss, "num_examples": int(len(y))}
         return json.dumps(report).encode()
 
