@@ -73,9 +73,7 @@ def config(algorithm: str, seed: int, args: Any) -> Config:
             "lr": 0.1,
             "rounds": args.rounds,
             "target_accuracy": None,
-            "eval_every": args.eval_every,
-            "eval_clients": True,
-            "eval_holdout": args.holdout,
+            "evaluation": {"every": args.eval_every, "clients": True, "holdout": args.holdout},
             "workers": workers(args),
             "runs_dir": str(args.places.runs),
         }

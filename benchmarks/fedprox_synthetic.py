@@ -45,7 +45,7 @@ def _config(
             "lr": 0.01,
             "rounds": rounds,
             "target_accuracy": None,
-            "eval_every": 1,
+            "evaluation": {"every": 1},
             "stragglers": {"fraction": stragglers},
             "engine": engine,
             "dtype": "float32",

@@ -59,9 +59,8 @@ def _config(variant: str | None, rounds: int, seed: int, beta: float = LR) -> Co
         "lr": LR,
         "rounds": rounds,
         "target_accuracy": None,
-        "eval_every": rounds,  # the global test accuracy once, at the end
-        "eval_clients": True,
-        "eval_holdout": 0.2,
+        # the global test accuracy once, at the end
+        "evaluation": {"every": rounds, "clients": True, "holdout": 0.2},
         "diagnostics": {"updates": False},
         "engine": "serial",
         "dtype": "float32",

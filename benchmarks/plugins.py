@@ -84,7 +84,7 @@ def compare(model: str, args: argparse.Namespace) -> float:
         "engine": ENGINES[model],
         "workers": 1,
         "threads": 1,
-        "eval_every": 10**6,
+        "evaluation": {"every": 10**6},
         "target_accuracy": None,
         "checkpoint_every": 0,
     }

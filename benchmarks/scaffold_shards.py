@@ -77,7 +77,7 @@ def config(
             "scaffold": {"option": option},
             "rounds": cap,
             "target_accuracy": target,
-            "eval_every": every,
+            "evaluation": {"every": every},
             "workers": workers(args),
             "runs_dir": str(args.places.runs),
         }

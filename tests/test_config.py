@@ -152,7 +152,7 @@ def test_unknown_field_from_yaml_and_override(tmp_path: Path) -> None:
         ({"rounds": 0}, "rounds"),
         ({"target_accuracy": 99}, "target_accuracy"),
         ({"lr_decay": 1.5}, "lr_decay"),
-        ({"server_lr": -1}, "server_lr"),
+        ({"server_optimizer": {"lr": -1}}, "server_lr"),
         ({"dtype": "float16"}, "dtype"),
         ({"name": "a/b"}, "name"),
         ({"name": "a\x00b"}, "name"),  # a NUL byte: a traceback at mkdir
@@ -364,9 +364,9 @@ def test_robust_settings_the_aggregator_does_not_read_are_named() -> None:
 def test_a_weight_cap_no_rule_reads_is_named() -> None:
     from fedforge.config.notes import config_notes
 
-    (note,) = config_notes(from_dict({"weight_cap": 50}))
+    (note,) = config_notes(from_dict({"aggregation": {"weight_cap": 50}}))
     assert note.startswith("weight_cap = 50 is ignored by aggregation_weights 'num_examples'")
-    assert config_notes(from_dict({"weight_cap": 50, "aggregation_weights": "quality"})) == []
+    assert config_notes(from_dict({"aggregation": {"weight_cap": 50, "weights": "quality"}})) == []
 
 
 def test_a_number_past_floats_range_is_a_config_error() -> None:

@@ -35,8 +35,7 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
         {
             "algorithm": "perfedavg",
             "perfedavg": {"alpha": 0.0},
-            "eval_clients": True,
-            "personal_eval": {"steps": 2},
+            "evaluation": {"clients": True, "personal": {"steps": 2}},
         },
         "config field 'personal_eval.lr' = None is invalid: must be a number > 0 when "
         "perfedavg.alpha = 0",
@@ -59,7 +58,7 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
         "'standard'",
     ),
     "personal_eval_needs_client_eval": (
-        {"personal_eval": {"steps": 1}},
+        {"evaluation": {"personal": {"steps": 1}}},
         "config field 'personal_eval.steps' = 1 is invalid: needs eval_clients: true",
     ),
     "groups_within_clients": (
@@ -67,7 +66,7 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
         "config field 'communication.groups' = 5 is invalid: must be 0 (off) or 1..num_clients (4)",
     ),
     "groups_need_example_weights": (
-        {"communication": {"groups": 2}, "aggregation_weights": "uniform"},
+        {"communication": {"groups": 2}, "aggregation": {"weights": "uniform"}},
         "communication.groups = 2 needs aggregation_weights = 'num_examples'",
     ),
     "attack_needs_floats": (
@@ -104,7 +103,7 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
         "robust.client_gate with privacy.dp = 'local': withholding an update",
     ),
     "weights_need_plain_mean": (
-        {"aggregation_weights": "class", "privacy": LOCAL_DP},
+        {"aggregation": {"weights": "class"}, "privacy": LOCAL_DP},
         "aggregation_weights = 'class' sends each client's exact label counts",
     ),
     "central_dp_needs_dense_uplink": (
@@ -116,7 +115,7 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
         "communication.groups = 2 cannot be combined with privacy.dp = 'central'",
     ),
     "client_tags_need_client_eval": (
-        {"client_tags": "tags.csv"},
+        {"evaluation": {"client_tags": "tags.csv"}},
         "config field 'client_tags' = 'tags.csv' is invalid: needs eval_clients: true",
     ),
     "declared_sizes_need_a_cap": (
@@ -172,11 +171,11 @@ def test_refused_when_the_config_is_read(name: str) -> None:
         ),
         ({"privacy": SECAGG}, "privacy.secagg: the modulus is sized from a bound"),
         (
-            {"aggregation_weights": "sqrt", "privacy": DP},
+            {"aggregation": {"weights": "sqrt"}, "privacy": DP},
             "aggregation_weights = 'sqrt' needs the plain weighted mean",
         ),
         (
-            {"aggregation_weights": "sqrt", "robust": {"aggregator": "median"}},
+            {"aggregation": {"weights": "sqrt"}, "robust": {"aggregator": "median"}},
             "aggregation_weights = 'sqrt' needs robust.aggregator = 'mean'",
         ),
     ],

@@ -34,7 +34,7 @@ SMALL = {
     "lr": 0.05,
     "dtype": "float64",
     "engine": "serial",
-    "eval_every": 1,
+    "evaluation": {"every": 1},
 }
 
 
