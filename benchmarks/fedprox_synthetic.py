@@ -37,7 +37,7 @@ def _config(
             "synthetic": {"alpha": 1.0, "beta": 1.0},
             "model": "logreg",
             "algorithm": algorithm,
-            "mu": 1.0 if algorithm == "fedprox" else 0.0,
+            "fedprox": {"mu": 1.0 if algorithm == "fedprox" else 0.0},
             "num_clients": 30,
             "client_fraction": 10 / 30,
             "local_epochs": epochs,

@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MU = 0.01
 ENGINES = {"2nn": "vectorized", "cnn": "serial"}
 ARMS: dict[str, dict[str, Any]] = {
-    "builtin": {"algorithm": "fedprox", "mu": MU},
+    "builtin": {"algorithm": "fedprox", "fedprox": {"mu": MU}},
     "plugin": {"algorithm": "my_fedprox", "plugin_options": {"my_fedprox": {"mu": MU}}},
 }
 

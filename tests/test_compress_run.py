@@ -282,7 +282,7 @@ def test_groups_refuse_what_the_edges_cannot_compute(
 
 
 def test_evaluation_rounds_follow_eval_every_across_upload_periods(data: FederatedData) -> None:
-    """Periods of 3, eval_every 2: every period's model holds a round due for
+    """Periods of 3, evaluation.every 2: every period's model holds a round due for
     evaluation (2, 4, 6, 8, 10, 12 in 1-based rounds), so every period end is
     evaluated, not only those whose last round is even (the 6th and the last)."""
     res = run(_cfg({"upload_every": 3}, rounds=12, evaluation={"every": 2}), data=data, store=False)

@@ -37,7 +37,7 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
             "perfedavg": {"alpha": 0.0},
             "evaluation": {"clients": True, "personal": {"steps": 2}},
         },
-        "config field 'personal_eval.lr' = None is invalid: must be a number > 0 when "
+        "config field 'evaluation.personal.lr' = None is invalid: must be a number > 0 when "
         "perfedavg.alpha = 0",
     ),
     "perfedavg_no_stragglers": (
@@ -59,7 +59,7 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
     ),
     "personal_eval_needs_client_eval": (
         {"evaluation": {"personal": {"steps": 1}}},
-        "config field 'personal_eval.steps' = 1 is invalid: needs eval_clients: true",
+        "config field 'evaluation.personal.steps' = 1 is invalid: needs evaluation.clients: true",
     ),
     "groups_within_clients": (
         {"num_clients": 4, "communication": {"groups": 5}},
@@ -67,7 +67,7 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
     ),
     "groups_need_example_weights": (
         {"communication": {"groups": 2}, "aggregation": {"weights": "uniform"}},
-        "communication.groups = 2 needs aggregation_weights = 'num_examples'",
+        "communication.groups = 2 needs aggregation.weights = 'num_examples'",
     ),
     "attack_needs_floats": (
         {"robust": {"attack": "uint8", "attack_fraction": 0.1}, "privacy": SECAGG},
@@ -104,7 +104,7 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
     ),
     "weights_need_plain_mean": (
         {"aggregation": {"weights": "class"}, "privacy": LOCAL_DP},
-        "aggregation_weights = 'class' sends each client's exact label counts",
+        "aggregation.weights = 'class' sends each client's exact label counts",
     ),
     "central_dp_needs_dense_uplink": (
         {"privacy": DP, "communication": {"uplink": "int8"}},
@@ -116,7 +116,8 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
     ),
     "client_tags_need_client_eval": (
         {"evaluation": {"client_tags": "tags.csv"}},
-        "config field 'client_tags' = 'tags.csv' is invalid: needs eval_clients: true",
+        "config field 'evaluation.client_tags' = 'tags.csv' is invalid: needs evaluation.clients: "
+        "true",
     ),
     "declared_sizes_need_a_cap": (
         {"dataset": "synthetic", "model": "logreg", "deployment": {"client_data": "remote"}},
@@ -172,11 +173,11 @@ def test_refused_when_the_config_is_read(name: str) -> None:
         ({"privacy": SECAGG}, "privacy.secagg: the modulus is sized from a bound"),
         (
             {"aggregation": {"weights": "sqrt"}, "privacy": DP},
-            "aggregation_weights = 'sqrt' needs the plain weighted mean",
+            "aggregation.weights = 'sqrt' needs the plain weighted mean",
         ),
         (
             {"aggregation": {"weights": "sqrt"}, "robust": {"aggregator": "median"}},
-            "aggregation_weights = 'sqrt' needs robust.aggregator = 'mean'",
+            "aggregation.weights = 'sqrt' needs robust.aggregator = 'mean'",
         ),
     ],
 )

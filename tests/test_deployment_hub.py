@@ -229,7 +229,7 @@ def test_a_client_process_trains_on_one_thread(tmp_path: object) -> None:
 
 
 def test_a_client_process_builds_without_the_servers_client_tags(tmp_path: Path) -> None:
-    """``client_tags`` names a CSV on the server's host: the server's build reads
+    """``evaluation.client_tags`` names a CSV on the server's host: the server's build reads
     it; a client process, on a host without the file, builds from the config the
     server sends (Hello) all the same."""
     from fedforge.config.parse import dump, from_dict

@@ -163,7 +163,7 @@ def test_qfedavg_with_q_0_is_fedavg_with_uniform_weights(
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        ({}, "needs aggregation_weights: uniform and robust.aggregator: mean"),
+        ({}, "needs aggregation.weights: uniform and robust.aggregator: mean"),
         (
             {**QFEDAVG, "plugin_options": {"qfedavg": {"q": -1.0}}},
             r"'plugin_options.qfedavg.q' = -1.0 is invalid: must be >= 0",

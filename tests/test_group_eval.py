@@ -86,7 +86,7 @@ def test_csv_tags_and_untagged_clients(tmp_path: Path) -> None:
 )
 def test_bad_tag_files_are_named(tmp_path: Path, text: str, needle: str) -> None:
     path = _csv(tmp_path / "t.csv", text)
-    with pytest.raises(DataError, match="client_tags: ") as err:
+    with pytest.raises(DataError, match="evaluation.client_tags: ") as err:
         load_client_tags(path, 4)
     assert needle in str(err.value)
     with pytest.raises(DataError, match="cannot read"):
@@ -105,7 +105,7 @@ def test_data_tags_from_shift_noise_and_source() -> None:
 
 
 def test_client_tags_need_client_eval(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="client_tags.*needs eval_clients: true"):
+    with pytest.raises(ConfigError, match="client_tags.*needs evaluation.clients: true"):
         from_dict({**BASE, "evaluation": {"clients": False, "client_tags": "x.csv"}})
 
 

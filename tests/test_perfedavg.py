@@ -287,16 +287,16 @@ def test_local_epochs_is_one_meta_round() -> None:
         ({"algorithm": "perfedavg", "perfedavg": {"hvp": "lbfgs"}}, "perfedavg.hvp"),
         ({"algorithm": "perfedavg", "perfedavg": {"delta": 0}}, "perfedavg.delta"),
         ({"algorithm": "perfedavg", "perfedavg": {"tau": 3}}, "perfedavg.tau"),
-        ({"evaluation": {"personal": {"steps": 1}}}, "personal_eval.steps"),  # needs eval_clients
-        ({"evaluation": {"clients": True, "personal": {"steps": -1}}}, "personal_eval.steps"),
-        ({"evaluation": {"clients": True, "personal": {"lr": 0}}}, "personal_eval.lr"),
+        ({"evaluation": {"personal": {"steps": 1}}}, "evaluation.personal.steps"),  # needs clients
+        ({"evaluation": {"clients": True, "personal": {"steps": -1}}}, "evaluation.personal.steps"),
+        ({"evaluation": {"clients": True, "personal": {"lr": 0}}}, "evaluation.personal.lr"),
         (  # null takes alpha = 0: personalisation steps of size 0
             {
                 "algorithm": "perfedavg",
                 "perfedavg": {"alpha": 0},
                 "evaluation": {"clients": True, "personal": {"steps": 3}},
             },
-            "personal_eval.lr",
+            "evaluation.personal.lr",
         ),
         ({"algorithm": "perfedavg", "local": {"momentum": 0.9}}, "local.momentum"),
         ({"algorithm": "perfedavg", "stragglers": {"fraction": 0.5}}, "stragglers.fraction"),

@@ -81,7 +81,7 @@ def test_stage_weights_give_the_hand_mean() -> None:
 
 def test_weight_cap_bounds_what_a_claimed_size_earns() -> None:
     """A client claiming 2^53 examples took all the weight of both rules; with
-    weight_cap = 20 it counts 20 examples (its class counts scaled alike)."""
+    aggregation.weight_cap = 20 it counts 20 examples (its class counts scaled alike)."""
     liar = 2**53
     quality = [ClientReport(10, val_loss=0.0), ClientReport(liar, val_loss=0.0)]
     assert ReportWeights("quality", cap=20).weights(quality) == pytest.approx([5.0, 10.0])
@@ -229,11 +229,11 @@ def test_malformed_report_is_rejected_not_fatal(make_data: MakeData) -> None:
 
 
 def test_config_refusals() -> None:
-    with pytest.raises(ConfigError, match=r"'quality_temperature' = 0\.0.*> 0"):
+    with pytest.raises(ConfigError, match=r"'aggregation.quality_temperature' = 0\.0.*> 0"):
         from_dict({**BASE, "aggregation": {"quality_temperature": 0}})
-    with pytest.raises(ConfigError, match=r"'quality_holdout' = 1\.0.*\(0, 1\)"):
+    with pytest.raises(ConfigError, match=r"'aggregation.quality_holdout' = 1\.0.*\(0, 1\)"):
         from_dict({**BASE, "aggregation": {"quality_holdout": 1.0}})
-    with pytest.raises(ConfigError, match="'aggregation_weights' = 'loss'.*'quality', 'class'"):
+    with pytest.raises(ConfigError, match="'aggregation.weights' = 'loss'.*'quality', 'class'"):
         from_dict({**BASE, "aggregation": {"weights": "loss"}})
 
 

@@ -95,7 +95,7 @@ def test_a_users_hook_sees_the_run_the_store_records(tmp_path: Path) -> None:
     assert sorted([*got_taken, *((r, c) for r, c, _ in got_refused)]) == [
         (r, c) for r in range(4) for c in range(10)
     ]
-    # evaluations: rounds 2 and 4 (eval_every 2), their scores as recorded
+    # evaluations: rounds 2 and 4 (evaluation.every 2), their scores as recorded
     got_evals = [(c[2], c[3], c[4]) for c in calls if c[1] == "evaluated"]
     assert got_evals == [r for r in rounds if r[1] is not None] and len(got_evals) == 2
     # each round's end carries the round's record and whose updates the model took

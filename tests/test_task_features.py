@@ -28,7 +28,7 @@ BASE = Config(
 @pytest.mark.parametrize(
     "fields",
     [
-        {"algorithm": "fedprox", "mu": 0.1},
+        {"algorithm": "fedprox", "fedprox.mu": 0.1},
         {"algorithm": "scaffold"},
         {"algorithm": "perfedavg", "perfedavg": {"alpha": 0.01, "steps": 10}},
         {"algorithm": "fedsgd", "lr": 0.4},

@@ -334,7 +334,8 @@ def test_fused_path_runs_fedprox_and_scaffold_terms_like_serial(
         model="2nn", num_clients=6, client_fraction=0.5, local_epochs=2, batch_size=4,
         lr=0.05, rounds=3, target_accuracy=None,
         evaluation=config_mod.EvaluationConfig(every=3), dtype="float64",
-        algorithm=algorithm, mu=0.5 if algorithm == "fedprox" else 0.0,
+        algorithm=algorithm,
+        fedprox=config_mod.FedProxConfig(mu=0.5 if algorithm == "fedprox" else 0.0),
     )  # fmt: skip
     serial = run(config_mod.override(base, {"engine": "serial"}), data=data, store=False)
     vector = run(config_mod.override(base, {"engine": "vectorized"}), data=data, store=False)

@@ -66,7 +66,7 @@ BASE: dict[str, Any] = {
 
 
 def test_config_refusals_and_run(make_data: MakeData, one_thread: None) -> None:
-    with pytest.raises(ConfigError, match="weight_cap"):
+    with pytest.raises(ConfigError, match="aggregation.weight_cap"):
         from_dict({**BASE, "aggregation": {"weights": "capped"}})
     data = make_data([5, 9, 30, 2], dtype=F64)
     with pytest.raises(ConfigError, match="weighs updates its own way"):

@@ -93,4 +93,4 @@ def test_personalised_evaluation_steps_are_counted() -> None:
         },
     )
     line = workload_warning(cfg, MNIST_IID)
-    assert line is not None and "personal_eval.steps 10000" in line and "4.6 days" in line
+    assert line is not None and "evaluation.personal.steps 10000" in line and "4.6 days" in line
