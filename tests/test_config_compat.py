@@ -23,6 +23,11 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
         {"lr": 2.0, "local": {"weight_decay": 3e38}},
         "config field 'local.weight_decay' = 3e+38 is invalid: must be >= 0 (lr * weight_decay",
     ),
+    "proximal_step_fits_dtype": (  # float32 steps by lr * mu
+        {"lr": 2.0, "fedprox": {"mu": 3e38}},
+        "config field 'fedprox.mu' = 3e+38 is invalid: must be >= 0 (FedProx's proximal "
+        "coefficient; lr * mu below 3.4e38 in a float32 run)",
+    ),
     "stragglers_need_epochs": (
         {"stragglers": {"fraction": 0.5}},
         "config field 'stragglers.fraction' = 0.5 is invalid: needs local_epochs >= 2",

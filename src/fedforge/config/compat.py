@@ -12,7 +12,7 @@ import math
 
 from fedforge.config.communication import CommunicationConfig
 from fedforge.config.data import PartitionConfig
-from fedforge.config.evaluation import PersonalEvalConfig
+from fedforge.config.evaluation import EvaluationConfig, PersonalEvalConfig
 from fedforge.config.local import (
     PROXIMAL_RANGE,
     WEIGHT_DECAY_RANGE,
@@ -149,6 +149,24 @@ def feature_shift_needs_standard_scaling(partition: PartitionConfig, input_scali
             list(shift),
             "needs input_scaling 'standard' (the domains transform standardised images); "
             f"use [] with input_scaling {input_scaling!r}",
+        )
+
+
+def personal_eval_needs_client_eval(evaluation: EvaluationConfig) -> None:
+    if evaluation.personal.steps != 0 and not evaluation.clients:
+        raise invalid_field(
+            "evaluation.personal.steps",
+            evaluation.personal.steps,
+            "needs evaluation.clients: true (clients are scored on their held-out slices)",
+        )
+
+
+def client_tags_need_client_eval(evaluation: EvaluationConfig) -> None:
+    if evaluation.client_tags is not None and not evaluation.clients:
+        raise invalid_field(
+            "evaluation.client_tags",
+            evaluation.client_tags,
+            "needs evaluation.clients: true (a group's accuracy is its clients' held-out slices')",
         )
 
 

@@ -15,7 +15,6 @@ from typing import Annotated
 from fedforge.config.bounds import MAX_EXAMPLES, MAX_ROUNDS, MAX_STEPS
 from fedforge.config.pipeline import MetricName, no_repeats
 from fedforge.config.ranges import Most, Range
-from fedforge.core.errors import invalid_field
 
 
 @dataclass(frozen=True)
@@ -56,17 +55,6 @@ class EvaluationConfig:
     batch_size: Annotated[int, Range(">= 1"), Most(MAX_EXAMPLES, "examples a batch")] = 250
 
     def check(self) -> None:
-        """What reads each client's held-out slice needs ``clients``."""
-        held_out = "needs evaluation.clients: true (clients are scored on their held-out slices)"
-        if self.personal.steps != 0 and not self.clients:
-            raise invalid_field("evaluation.personal.steps", self.personal.steps, held_out)
-        if self.client_tags is not None and not self.clients:
-            raise invalid_field(
-                "evaluation.client_tags",
-                self.client_tags,
-                "needs evaluation.clients: true (a group's accuracy is its clients' held-out "
-                "slices')",
-            )
         no_repeats("evaluation.metrics", self.metrics)
 
 

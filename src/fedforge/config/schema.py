@@ -223,6 +223,8 @@ def check(cfg: Config) -> None:
     # how the sections combine: training and data first, then the parts a run is
     # built of in the order they are built (robustness, privacy, weights, edges)
     compat.groups_within_clients(cfg.communication, cfg.num_clients)
+    compat.personal_eval_needs_client_eval(cfg.evaluation)
+    compat.client_tags_need_client_eval(cfg.evaluation)
     compat.declared_sizes_need_a_cap(
         cfg.deployment.client_data, cfg.robust.max_weight_ratio, cfg.aggregation.weights
     )
