@@ -239,6 +239,7 @@ def test_a_client_process_builds_without_the_servers_client_tags(tmp_path: Path)
     tags = tmp_path / "tags.csv"
     tags.write_text("client_id,region\n0,north\n1,south\n2,north\n")
     base = {"dataset": "synthetic", "model": "logreg", "num_clients": 4}
+    base["evaluation"] = {"clients": True}
     cfg = from_dict({**base, "evaluation": {"clients": True, "client_tags": str(tags)}})
     served = build(cfg).data.client_tags()["region"]
     assert served == ("north", "south", "north", "untagged")
