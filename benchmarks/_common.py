@@ -116,7 +116,7 @@ def run_record(
     """Run ``cfg`` (or reuse its record, or resume its stopped run) and return its
     record: the evaluation curve, rounds to ``target`` (the config's target when
     None), final and best test accuracy, wall time, engine, clients that trained,
-    and the last evaluation round's per-client rows when ``eval_clients`` is on."""
+    and the last evaluation round's per-client rows when ``evaluation.clients`` is on."""
     places.records.mkdir(parents=True, exist_ok=True)
     path = places.records / f"{cfg.name}.json"
     target = cfg.target_accuracy if target is None else target

@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         "engine": "vectorized",
         "workers": 1,
         "threads": 1,
-        "eval_every": 10**6,
+        "evaluation.every": 10**6,
         "target_accuracy": None,
         "checkpoint_every": 0,
     }

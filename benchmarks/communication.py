@@ -102,9 +102,11 @@ def base_config(model: str, partition: str, rounds: int, quick: bool) -> dict[st
         "runs_dir": str(ROOT / "benchmarks" / "out" / "runs-communication"),
     }
     if model == "cnn":
-        cfg.update(eval_every=2)  # a CNN evaluation of the 10k test set costs ~3.5 s here
+        cfg.update(
+            evaluation={"every": 2}
+        )  # a CNN evaluation of the 10k test set costs ~3.5 s here
     if quick:
-        cfg.update(num_clients=20, client_fraction=0.25, eval_every=1)
+        cfg.update(num_clients=20, client_fraction=0.25, evaluation={"every": 1})
     return cfg
 
 

@@ -107,7 +107,7 @@ class Bench:
         if a.threads is not None:  # the server's and simulator's (the clients keep 1)
             common["threads"] = a.threads
         if a.eval_every is not None:
-            common["eval_every"] = a.eval_every
+            common["evaluation"] = {"every": a.eval_every}
         cfg = self.configs[name] = merged(merged(base, common), changes)
         path = self.lab.root / f"{name}.yaml"
         path.write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -330,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", default="5,2", help="rounds per fraction (round 1 not timed)")
     p.add_argument("--sim-workers", default="0,1", help="the simulator's layouts (workers)")
     p.add_argument("--threads", type=int, help="torch threads of server and simulator")
-    p.add_argument("--eval-every", type=int, help="override the config's eval_every")
+    p.add_argument("--eval-every", type=int, help="override the config's evaluation.every")
     p.add_argument("--secagg-procs", type=int, default=10)
     p.add_argument("--secagg-fraction", type=float, default=1.0)
     p.add_argument("--drop", type=float, default=0.1, help="of round 2's cohort")

@@ -70,7 +70,7 @@ def _config(args: argparse.Namespace, name: str, privacy: dict[str, Any], **more
             "lr": 0.1,
             "rounds": args.rounds,
             "target_accuracy": None,
-            "eval_every": args.rounds,  # the test accuracy once, at the end
+            "evaluation": {"every": args.rounds},  # the test accuracy once, at the end
             "diagnostics": {"updates": False},
             "dtype": "float32",
             "privacy": {"delta": DELTA, "secagg_threshold": THRESHOLD, **privacy},

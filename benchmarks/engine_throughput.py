@@ -244,7 +244,12 @@ def _eval_seconds(exp: Experiment) -> float:
     data = exp.data
     t0 = time.perf_counter()
     evaluate(
-        exp.model, exp.spec, exp.initial_params, data.test_x, data.test_y, exp.cfg.eval_batch_size
+        exp.model,
+        exp.spec,
+        exp.initial_params,
+        data.test_x,
+        data.test_y,
+        exp.cfg.evaluation.batch_size,
     )
     return time.perf_counter() - t0
 
@@ -269,7 +274,7 @@ def startup_seconds(repeats: int = 3) -> dict[str, float]:
         "from fedforge import config as c;from fedforge.server.experiment import build;"
         "from fedforge.evaluation.evaluate import evaluate;a=time.perf_counter();"
         f"cfg=c.load('{ROOT / 'configs' / 'default.yaml'}');e=build(cfg);b=time.perf_counter();"
-        "d=e.data;evaluate(e.model,e.spec,e.initial_params,d.test_x,d.test_y,cfg.eval_batch_size);"
+        "d=e.data;evaluate(e.model,e.spec,e.initial_params,d.test_x,d.test_y,cfg.evaluation.batch_size);"
         "n=time.perf_counter();print(json.dumps({'ready_at':time.time(),'interpreter_s':w,"
         "'import_s':a-t,'build_s':b-a,'eval_s':n-b}))"
     )
@@ -316,7 +321,7 @@ def scaling_point(cohort: int, engine: str, workers: int, rounds: int = 6) -> di
         "import json,time,resource;from fedforge import config as c;"
         "from fedforge.server.loop import run;"
         f"cfg=c.Config(model='2nn',num_clients=1000,client_fraction={cohort / 1000},batch_size=10,"
-        f"rounds={rounds},target_accuracy=None,eval_every={rounds},engine='{engine}',"
+        f"rounds={rounds},target_accuracy=None,evaluation=c.EvaluationConfig(every={rounds}),engine='{engine}',"
         f"workers={workers});r=run(cfg,store=False);sec=[x.seconds for x in r.rounds[1:-1]];"
         "import os;hwm=[int(l.split()[1]) for l in open('/proc/self/status') if "
         "l.startswith('VmHWM')] if os.path.exists('/proc/self/status') else [];"

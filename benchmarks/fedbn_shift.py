@@ -8,8 +8,8 @@ Setting: MNIST, IID labels, each client's images seen through one domain of
 ``partition.feature_shift`` (rotation, invert, contrast, blur, noise, scale,
 dealt over the clients in turn: data/shift.py); model ``cnn_bn`` (two 3x3
 convolutions with batch norm); every client in every round (C = 1, as in the
-FedBN paper's experiments); E = 1, B = 10, lr 0.1. ``eval_clients`` holds out
-``eval_holdout`` of each client's data (0.9: the clients train on 10% of what
+FedBN paper's experiments); E = 1, B = 10, lr 0.1. ``evaluation.clients`` holds out
+``evaluation.holdout`` of each client's data (0.9: the clients train on 10% of what
 they hold, about 200 examples, as FedBN's experiments train each client on a
 small slice) and scores every client on its held-out slice in its own domain:
 FedAvg with the global model, FedBN with the global model under the client's own
@@ -20,7 +20,7 @@ batch-norm entries (clienteval.client_accuracies through
 Full mode: 30 clients (5 a domain), 100 rounds, per-client evaluation every 10
 rounds; each run is recorded under benchmarks/results/fedbn_shift and a rerun of
 the same command reuses or resumes it. ``--quick``: 12 clients (2 a domain),
-eval_holdout 0.95 (about 250 training examples a client), 10 rounds, one
+evaluation.holdout 0.95 (about 250 training examples a client), 10 rounds, one
 evaluation at the end.
 
 Figures are from the last evaluation round. Last line: ``RESULT
@@ -73,9 +73,7 @@ def config(algorithm: str, seed: int, args: Any) -> Config:
             "lr": 0.1,
             "rounds": args.rounds,
             "target_accuracy": None,
-            "eval_every": args.eval_every,
-            "eval_clients": True,
-            "eval_holdout": args.holdout,
+            "evaluation": {"every": args.eval_every, "clients": True, "holdout": args.holdout},
             "workers": workers(args),
             "runs_dir": str(args.places.runs),
         }

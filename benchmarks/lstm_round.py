@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     fields: dict[str, object] = {
         "engine": "serial",
         "threads": args.threads,
-        "eval_every": 10**6,  # training only: evaluation is not part of the comparison
+        "evaluation": {"every": 10**6},  # training only: evaluation is not part of the comparison
         "target_accuracy": None,
     }
     if args.data_dir:

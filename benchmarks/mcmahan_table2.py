@@ -115,7 +115,7 @@ def run_point(row: str, lr: float, cap: int | None, args: argparse.Namespace) ->
     if args.data_dir:
         overrides["data_dir"] = args.data_dir
     if args.eval_every:
-        overrides["eval_every"] = args.eval_every
+        overrides["evaluation.every"] = args.eval_every
     if args.workers:
         overrides["workers"] = args.workers
     if args.threads:  # the run sets its processes' threads from its config
@@ -140,7 +140,7 @@ def run_point(row: str, lr: float, cap: int | None, args: argparse.Namespace) ->
         "wall_seconds": time.perf_counter() - t0,
         "bytes_up": s["bytes_up"],
         "bytes_down": s["bytes_down"],
-        "eval_every": cfg.eval_every,
+        "eval_every": cfg.evaluation.every,
         "threads": torch.get_num_threads(),
         "workers": cfg.workers,
         "run_dir": s.get("run_dir"),
@@ -320,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         help="one JSON per (row, lr): tracked, so a later session resumes the grid",
     )
     p.add_argument("--data-dir")
-    p.add_argument("--eval-every", type=int, help="override eval_every (coarser = faster)")
+    p.add_argument("--eval-every", type=int, help="override evaluation.every (coarser = faster)")
     p.add_argument("--max-rounds", type=int, help="cap every run (smoke checks)")
     p.add_argument("--threads", type=int, help="torch intra-op threads")
     p.add_argument("--workers", type=int, help="worker processes per run (0: one per core)")

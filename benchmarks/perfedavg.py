@@ -5,7 +5,7 @@ Meta-Learning Approach", whose figure is the average accuracy of the users'
 models after one local gradient step from the trained model).
 
 Setting: 100 clients of McMahan's 2 label shards each (2 classes a client), 2NN,
-C = 0.1, B = 10, 20% of each client's data held out (``eval_clients``). FedAvg
+C = 0.1, B = 10, 20% of each client's data held out (``evaluation.clients``). FedAvg
 trains E = 1 epoch at lr 0.05 (48 local steps a round); Per-FedAvg takes tau = 48
 meta-steps a round (each on 2 batches, HF on 3 plus a Hessian-vector product,
 exact by double backward) with alpha = beta = 0.05. After the last round every
@@ -59,9 +59,8 @@ def _config(variant: str | None, rounds: int, seed: int, beta: float = LR) -> Co
         "lr": LR,
         "rounds": rounds,
         "target_accuracy": None,
-        "eval_every": rounds,  # the global test accuracy once, at the end
-        "eval_clients": True,
-        "eval_holdout": 0.2,
+        # the global test accuracy once, at the end
+        "evaluation": {"every": rounds, "clients": True, "holdout": 0.2},
         "diagnostics": {"updates": False},
         "engine": "serial",
         "dtype": "float32",

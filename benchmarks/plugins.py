@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MU = 0.01
 ENGINES = {"2nn": "vectorized", "cnn": "serial"}
 ARMS: dict[str, dict[str, Any]] = {
-    "builtin": {"algorithm": "fedprox", "mu": MU},
+    "builtin": {"algorithm": "fedprox", "fedprox": {"mu": MU}},
     "plugin": {"algorithm": "my_fedprox", "plugin_options": {"my_fedprox": {"mu": MU}}},
 }
 
@@ -84,7 +84,7 @@ def compare(model: str, args: argparse.Namespace) -> float:
         "engine": ENGINES[model],
         "workers": 1,
         "threads": 1,
-        "eval_every": 10**6,
+        "evaluation": {"every": 10**6},
         "target_accuracy": None,
         "checkpoint_every": 0,
     }

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from _common import result_line
-from fedforge.config import Config, PartitionConfig, RobustConfig
+from fedforge.config import Config, EvaluationConfig, PartitionConfig, RobustConfig
 from fedforge.core.rng import torch_generator
 from fedforge.data.federated import FederatedData, load_federated_data
 from fedforge.data.user import from_tensors
@@ -57,7 +57,7 @@ def _cfg(**robust: Any) -> Config:
         name="practice-robust", model="2nn", data_dir=os.environ.get("FEDFORGE_DATA"),
         num_clients=CLIENTS, partition=PartitionConfig(kind="iid"), client_fraction=1.0,
         local_epochs=1, batch_size=20, lr=0.1, rounds=ROUNDS, target_accuracy=None,
-        seed=0, checkpoint_every=0, eval_every=ROUNDS, engine="serial",
+        seed=0, checkpoint_every=0, evaluation=EvaluationConfig(every=ROUNDS), engine="serial",
         robust=RobustConfig(**robust),
     )  # fmt: skip
 
@@ -103,7 +103,7 @@ def _scores(exp: Experiment, params: torch.Tensor) -> list[tuple[float, int]]:
     out = []
     for c in range(CLIENTS):
         x, y = exp.data.client_data(c)
-        ev = evaluate(exp.model, exp.spec, params, x, y, exp.cfg.eval_batch_size, exp.metrics)
+        ev = evaluate(exp.model, exp.spec, params, x, y, exp.cfg.evaluation.batch_size, exp.metrics)
         out.append((ev.accuracy, len(y)))
     return out
 

@@ -106,7 +106,7 @@ def build_store(runs: Path, args: argparse.Namespace) -> Path:
             "num_clients": n,
             "client_fraction": args.cohort / n,
             "rounds": args.rounds,
-            "eval_clients": True,
+            "evaluation": {"clients": True},
             "privacy": {"dp": "central", "noise_multiplier": 1.0, "target_epsilon": 50.0},
         }
     )

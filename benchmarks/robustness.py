@@ -47,7 +47,7 @@ from typing import get_args
 import torch
 
 from _common import save_record
-from fedforge.config import AggregatorName, Config, PartitionConfig, RobustConfig
+from fedforge.config import AggregatorName, Config, EvaluationConfig, PartitionConfig, RobustConfig
 from fedforge.data.federated import load_federated_data
 from fedforge.evaluation.metrics import rounds_to_target
 from fedforge.robust.parts import make_aggregator
@@ -212,7 +212,7 @@ def main() -> None:
         lr=0.05,
         rounds=rounds,
         target_accuracy=None,
-        eval_every=1,
+        evaluation=EvaluationConfig(every=1),
         engine="auto",  # vectorised for the 2NN, serial for the CNN
         runs_dir=str(args.out / "runs"),
         checkpoint_every=0,

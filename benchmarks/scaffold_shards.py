@@ -49,7 +49,7 @@ from fedforge.config import Config, from_dict
 from fedforge.data.federated import load_federated_data
 
 ALGORITHMS = ("fedavg", "fedprox", "scaffold")
-# model: (target, cap of rounds, eval_every) in full mode
+# model: (target, cap of rounds, evaluation.every) in full mode
 FULL = {"2nn": (0.97, 1000, 1), "cnn": (0.99, 700, 5)}
 QUICK = {"2nn": (0.90, 40, 1)}
 
@@ -67,7 +67,7 @@ def config(
             "seed": seed,
             "model": model,
             "algorithm": algorithm,
-            "mu": args.mu if algorithm == "fedprox" else 0.0,
+            "fedprox": {"mu": args.mu if algorithm == "fedprox" else 0.0},
             "num_clients": 100,
             "partition": {"kind": "shards", "shards_per_client": 2},
             "client_fraction": 0.1,
@@ -77,7 +77,7 @@ def config(
             "scaffold": {"option": option},
             "rounds": cap,
             "target_accuracy": target,
-            "eval_every": every,
+            "evaluation": {"every": every},
             "workers": workers(args),
             "runs_dir": str(args.places.runs),
         }

@@ -128,7 +128,7 @@ def whole_round(
         "local_epochs": 1,
         "batch_size": 10,
         "rounds": 10_000,  # no evaluation inside the measured rounds
-        "eval_every": 10_000,
+        "evaluation": {"every": 10_000},
         "target_accuracy": None,
         "data_dir": data_dir,
         "communication": {"clip_norm": 1.0},

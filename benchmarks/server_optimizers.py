@@ -77,11 +77,10 @@ def config(arm: str, server_lr: float, seed: int, args: Any) -> Config:
             "local_epochs": 1,
             "batch_size": 10,
             "lr": 0.1,
-            "server_lr": server_lr,
-            "server_optimizer": optimizer,
+            "server_optimizer": {**optimizer, "lr": server_lr},
             "rounds": args.rounds,
             "target_accuracy": None,  # run every round: final accuracy at a fixed budget
-            "eval_every": 1,
+            "evaluation": {"every": 1},
             "workers": workers(args),
             "runs_dir": str(args.places.runs),
         }

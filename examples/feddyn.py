@@ -12,7 +12,7 @@ The server keeps h (zero at first) and, over the used clients P_t of m = N,
 
     h <- h - alpha/m * sum_{i in P_t} (w_i - w),   w <- mean_{i in P_t} w_i - h / alpha.
 
-The mean is uniform (``aggregation_weights: uniform``), as in the paper. The
+The mean is uniform (``aggregation.weights: uniform``), as in the paper. The
 server counts |P_t| itself (``admit`` gives each update it takes a 1): a
 client sends its delta alone. The grad_i live in a per-client table
 (checkpointed, a resumed run is bit-identical); like SCAFFOLD's controls, a

@@ -12,8 +12,8 @@ On fedforge: the server half takes ||Delta_i||^2 of each update from the delta
 it received (``admit``: nothing the client says, so no client can scale the
 step by a number it sends), and the server step scales the uniform mean by
 eta_g; a client sends its delta alone, as under FedAvg. It needs
-``aggregation_weights: uniform`` and the plain mean (refused otherwise, in one
-line); the server optimizer's ``server_lr`` multiplies eta_g (1 in the paper).
+``aggregation.weights: uniform`` and the plain mean (refused otherwise, in one
+line); the server optimizer's ``lr`` (``server_optimizer.lr``) multiplies eta_g (1 in the paper).
 The paper also reports the average of the last two iterates as the model; this
 file leaves the iterates as they are.
 

@@ -18,7 +18,7 @@ update's header gives (the one its weight is capped by), and a_i must lie
 between one step's and the plan's most steps' (E ceil(n_i / B)), else the
 update is refused, so that no client can scale the round's step past what its
 plan allows. p_i are the aggregator's weights, so the run must weigh by example counts
-(``aggregation_weights: num_examples``, the default) with the plain mean.
+(``aggregation.weights: num_examples``, the default) with the plain mean.
 
     fedforge run --plugin examples/fednova.py --config examples/fednova.yaml
 """

@@ -6,7 +6,7 @@ nor among the predictions is left out of the mean (as scikit-learn's
 
     fedforge run --plugin examples/macro_f1.py --config examples/macro_f1.yaml
 
-Named in ``metrics``, it is recorded beside the task's accuracy at every
+Named in ``evaluation.metrics``, it is recorded beside the task's accuracy at every
 evaluation (the run store's ``eval_metrics`` table). Its statistics are the
 confusion matrix, summed over the test set's batches.
 """

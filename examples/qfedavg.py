@@ -23,7 +23,7 @@ clients you trust.
 
     fedforge run --plugin examples/qfedavg.py --config examples/qfedavg.yaml
 
-Needs ``aggregation_weights: uniform`` and the plain mean (refused otherwise,
+Needs ``aggregation.weights: uniform`` and the plain mean (refused otherwise,
 in one line). Delta_k grows as F_k^q: fedforge's default norm gates
 (``robust.max_norm_multiple``, ``robust.max_update_ratio``) would refuse the
 high-loss clients, the very ones q-FedAvg favours, so with q > 0 a config that

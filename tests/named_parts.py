@@ -135,7 +135,7 @@ def config_for(tmp_path: Path, engine: str = "serial", **extra: Any) -> fedforge
         "target_accuracy": None,
         "dtype": "float64",
         "engine": engine,
-        "eval_batch_size": 4,  # the test set in three batches
+        "evaluation": {"batch_size": 4},  # the test set in three batches
         "robust": NO_GATES,
         "runs_dir": str(tmp_path / engine),
         **extra,

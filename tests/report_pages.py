@@ -71,8 +71,7 @@ def make_report_runs(root: Path) -> dict[str, Path]:
                         "name": HOSTILE_NAME,
                         "rounds": 4,
                         "runs_dir": str(runs),
-                        "eval_clients": True,
-                        "client_tags": str(tags),
+                        "evaluation": {"clients": True, "client_tags": str(tags)},
                         "alerts": {"rules": REPORT_RULES},
                         "robust": {
                             "attack": "nan_inf",
@@ -91,7 +90,7 @@ def make_report_runs(root: Path) -> dict[str, Path]:
                         "name": "rep-dp",
                         "rounds": 3,
                         "runs_dir": str(runs),
-                        "eval_every": 1,
+                        "evaluation": {"every": 1},
                         "privacy": {
                             "dp": "central",
                             "noise_multiplier": 3.0,

@@ -63,7 +63,7 @@ def one_error_line(err: str) -> str:
         ("local_epoch=5", ["'local_epoch'", "did you mean 'local_epochs'"]),
         ("local_epochs", ["local_epochs", "field=value"]),
         ("lr=.inf", ["'lr'", "inf", "finite"]),  # YAML's infinity
-        ("server_lr=1e400", ["'server_lr'", "finite"]),
+        ("server_optimizer.lr=1e400", ["'server_optimizer.lr'", "finite"]),
         ("batch_size=foo", ["'batch_size'", "'foo'", "integer, or null"]),
         ("privacy.tiers.high_clients=1,x", ["'privacy.tiers.high_clients'", "'x'"]),
     ],

@@ -279,7 +279,7 @@ def test_spec_travels_as_json() -> None:
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("eval_clients", True),
+        ("evaluation.clients", True),
         ("diagnostics.loss_gap", True),
         ("partition.label_noise", 0.2),
         ("robust.attack", "sign_flip"),

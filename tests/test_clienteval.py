@@ -160,7 +160,9 @@ def test_low_cosine_warns_once_after_the_streak() -> None:
 def test_run_records_client_eval_classes_and_diagnostics(
     data: FederatedData, tmp_path: Path
 ) -> None:
-    cfg = _cfg(tmp_path, eval_clients=True, eval_holdout=0.25, diagnostics={"loss_gap": True})
+    cfg = _cfg(
+        tmp_path, evaluation={"clients": True, "holdout": 0.25}, diagnostics={"loss_gap": True}
+    )
     result = run(cfg, data=data)
     keep, held = split_holdout(data.partition, 0.25, cfg.seed)
     with RunStore.open(result.run_dir) as store:  # type: ignore[arg-type]
@@ -199,7 +201,7 @@ def test_run_records_client_eval_classes_and_diagnostics(
 
 
 def test_training_excludes_the_held_out_slice(data: FederatedData) -> None:
-    cfg = from_dict({**BASE, "eval_clients": True})
+    cfg = from_dict({**BASE, "evaluation": {"clients": True}})
     exp = build(cfg, data)
     for c in range(6):
         train = set(exp.data.partition.client_indices[c].tolist())
@@ -211,7 +213,13 @@ def test_training_excludes_the_held_out_slice(data: FederatedData) -> None:
 def test_fedbn_client_eval_uses_each_clients_batch_norm(make_data: MakeData) -> None:
     data = make_data([20, 12, 17, 9], num_test=20, dtype=F64)
     cfg = from_dict(
-        {**BASE, "model": "cnn_bn", "algorithm": "fedbn", "num_clients": 4, "eval_clients": True}
+        {
+            **BASE,
+            "model": "cnn_bn",
+            "algorithm": "fedbn",
+            "num_clients": 4,
+            "evaluation": {"clients": True},
+        }
     )
     exp = build(cfg, data)
     state = LoopState.fresh(exp)

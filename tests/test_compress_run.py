@@ -269,7 +269,7 @@ def test_dense_ratios_count_the_messages_that_travelled(
 @pytest.mark.parametrize(
     "extra",
     [
-        {"aggregation_weights": "uniform"},  # would weight the edges, not the clients
+        {"aggregation": {"weights": "uniform"}},  # would weight the edges, not the clients
         {"privacy": {"dp": "central", "clip_norm": 1.0, "noise_multiplier": 0.1}},
     ],
     ids=["uniform-weights", "central-dp"],
@@ -282,10 +282,10 @@ def test_groups_refuse_what_the_edges_cannot_compute(
 
 
 def test_evaluation_rounds_follow_eval_every_across_upload_periods(data: FederatedData) -> None:
-    """Periods of 3, eval_every 2: every period's model holds a round due for
+    """Periods of 3, evaluation.every 2: every period's model holds a round due for
     evaluation (2, 4, 6, 8, 10, 12 in 1-based rounds), so every period end is
     evaluated, not only those whose last round is even (the 6th and the last)."""
-    res = run(_cfg({"upload_every": 3}, rounds=12, eval_every=2), data=data, store=False)
+    res = run(_cfg({"upload_every": 3}, rounds=12, evaluation={"every": 2}), data=data, store=False)
     assert [r.round_idx for r in res.rounds if r.test_accuracy is not None] == [2, 5, 8, 11]
 
 
@@ -402,7 +402,7 @@ def test_dense_uplink_counts_an_algorithms_scalars_at_their_size(
     from fedforge.core.registry import load_plugin
 
     load_plugin(str(Path(__file__).parent.parent / "examples" / f"{algorithm}.py"))
-    cfg = _cfg({}, dtype="float32", algorithm=algorithm, aggregation_weights=weights)
+    cfg = _cfg({}, dtype="float32", algorithm=algorithm, aggregation={"weights": weights})
     res = run(cfg, data=_f32(data), store=False)
     for r in res.rounds:  # no stragglers, no refusals: every cohort client uploaded
         assert r.float32_up == 4 * (P_2NN + scalars) * r.cohort_size

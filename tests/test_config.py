@@ -13,6 +13,7 @@ import yaml
 
 from fedforge.config import (
     Config,
+    FedProxConfig,
     PartitionConfig,
     ServerOptimizerConfig,
     dump,
@@ -22,6 +23,7 @@ from fedforge.config import (
     parse_override,
     to_dict,
 )
+from fedforge.config.overrides import with_overrides
 from fedforge.core.errors import ConfigError
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
@@ -45,7 +47,7 @@ def test_yaml_load(tmp_path: Path) -> None:
     assert cfg.client_fraction == 0.5 and cfg.local_epochs == 5
     assert cfg.batch_size is None and cfg.lr == 0.05 and cfg.rounds == 2
     # Fields not in the file keep their defaults.
-    assert cfg.seed == Config().seed and cfg.server_lr == 1.0
+    assert cfg.seed == Config().seed and cfg.server_optimizer.lr == 1.0
 
 
 def test_empty_yaml_is_the_defaults(tmp_path: Path) -> None:
@@ -152,7 +154,7 @@ def test_unknown_field_from_yaml_and_override(tmp_path: Path) -> None:
         ({"rounds": 0}, "rounds"),
         ({"target_accuracy": 99}, "target_accuracy"),
         ({"lr_decay": 1.5}, "lr_decay"),
-        ({"server_lr": -1}, "server_lr"),
+        ({"server_optimizer": {"lr": -1}}, "server_optimizer.lr"),
         ({"dtype": "float16"}, "dtype"),
         ({"name": "a/b"}, "name"),
         ({"name": "a\x00b"}, "name"),  # a NUL byte: a traceback at mkdir
@@ -273,9 +275,9 @@ def test_fields_a_run_does_not_read_are_named_not_refused() -> None:
     from fedforge.config.notes import config_notes
 
     assert config_notes(Config()) == []
-    assert config_notes(Config(algorithm="fedprox", mu=0.5)) == []
-    mu = ["mu = 0.5 (FedProx's) is ignored by algorithm 'fedavg'"]
-    assert config_notes(Config(mu=0.5)) == mu
+    assert config_notes(Config(algorithm="fedprox", fedprox=FedProxConfig(mu=0.5))) == []
+    mu = ["fedprox.mu = 0.5 is ignored by algorithm 'fedavg'"]
+    assert config_notes(Config(fedprox=FedProxConfig(mu=0.5))) == mu
     so = ServerOptimizerConfig(kind="adagrad", beta2=0.5, momentum=0.9)
     assert config_notes(Config(server_optimizer=so)) == [
         "server_optimizer.momentum = 0.9 is ignored by kind 'adagrad'",
@@ -317,7 +319,7 @@ def test_fedbn_says_what_its_global_accuracy_measures() -> None:
     from fedforge.config.notes import config_notes
 
     (note,) = config_notes(Config(algorithm="fedbn", model="cnn_bn"))
-    assert note.startswith("fedbn: the global test accuracy") and "eval_clients" in note
+    assert note.startswith("fedbn: the global test accuracy") and "evaluation.clients" in note
 
 
 def test_synthetic_iid_names_the_alpha_and_beta_it_ignores() -> None:
@@ -364,9 +366,11 @@ def test_robust_settings_the_aggregator_does_not_read_are_named() -> None:
 def test_a_weight_cap_no_rule_reads_is_named() -> None:
     from fedforge.config.notes import config_notes
 
-    (note,) = config_notes(from_dict({"weight_cap": 50}))
-    assert note.startswith("weight_cap = 50 is ignored by aggregation_weights 'num_examples'")
-    assert config_notes(from_dict({"weight_cap": 50, "aggregation_weights": "quality"})) == []
+    (note,) = config_notes(from_dict({"aggregation": {"weight_cap": 50}}))
+    assert note.startswith(
+        "aggregation.weight_cap = 50 is ignored by aggregation.weights 'num_examples'"
+    )
+    assert config_notes(from_dict({"aggregation": {"weight_cap": 50, "weights": "quality"}})) == []
 
 
 def test_a_number_past_floats_range_is_a_config_error() -> None:
@@ -386,13 +390,19 @@ def test_a_yaml_integer_past_pythons_digit_limit_is_a_config_error(tmp_path: Pat
     with pytest.raises(ConfigError, match="holds a value YAML cannot read"):
         load(path)
     # finite, but past float32: round 1 crashed converting it (after the run began)
-    for name in ("lr", "server_lr"):
+    for name in ("lr", "server_optimizer.lr"):
         with pytest.raises(ConfigError, match=f"'{name}' = 1e\\+300.*below 3.4e38 in a float32"):
-            from_dict({name: 1e300})
-        assert getattr(from_dict({name: 1e300, "dtype": "float64"}), name) == 1e300
+            from_dict(with_overrides({}, {name: 1e300}))
+        cfg = from_dict(with_overrides({"dtype": "float64"}, {name: 1e300}))
+        assert cfg.lr == 1e300 or cfg.server_optimizer.lr == 1e300
     # FedProx's mu and weight decay are steps too (lr * mu each step): 1e20 each
     # was valid alone and crashed round 1 together
-    for field in ({"mu": 1e300}, {"lr": 1e20, "mu": 1e20}, {"local": {"weight_decay": 1e300}}):
+    prox = {"fedprox": {"mu": 1e20}}
+    for field in (
+        {"fedprox": {"mu": 1e300}},
+        {"lr": 1e20, **prox},
+        {"local": {"weight_decay": 1e300}},
+    ):
         with pytest.raises(ConfigError, match=r"below 3\.4e38 in a float32 run"):
             from_dict(field)
-    from_dict({"lr": 1e20, "mu": 1e20, "dtype": "float64"})
+    from_dict({"lr": 1e20, **prox, "dtype": "float64"})

@@ -23,6 +23,11 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
         {"lr": 2.0, "local": {"weight_decay": 3e38}},
         "config field 'local.weight_decay' = 3e+38 is invalid: must be >= 0 (lr * weight_decay",
     ),
+    "proximal_step_fits_dtype": (  # float32 steps by lr * mu
+        {"lr": 2.0, "fedprox": {"mu": 3e38}},
+        "config field 'fedprox.mu' = 3e+38 is invalid: must be >= 0 (FedProx's proximal "
+        "coefficient; lr * mu below 3.4e38 in a float32 run)",
+    ),
     "stragglers_need_epochs": (
         {"stragglers": {"fraction": 0.5}},
         "config field 'stragglers.fraction' = 0.5 is invalid: needs local_epochs >= 2",
@@ -35,10 +40,9 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
         {
             "algorithm": "perfedavg",
             "perfedavg": {"alpha": 0.0},
-            "eval_clients": True,
-            "personal_eval": {"steps": 2},
+            "evaluation": {"clients": True, "personal": {"steps": 2}},
         },
-        "config field 'personal_eval.lr' = None is invalid: must be a number > 0 when "
+        "config field 'evaluation.personal.lr' = None is invalid: must be a number > 0 when "
         "perfedavg.alpha = 0",
     ),
     "perfedavg_no_stragglers": (
@@ -59,16 +63,16 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
         "'standard'",
     ),
     "personal_eval_needs_client_eval": (
-        {"personal_eval": {"steps": 1}},
-        "config field 'personal_eval.steps' = 1 is invalid: needs eval_clients: true",
+        {"evaluation": {"personal": {"steps": 1}}},
+        "config field 'evaluation.personal.steps' = 1 is invalid: needs evaluation.clients: true",
     ),
     "groups_within_clients": (
         {"num_clients": 4, "communication": {"groups": 5}},
         "config field 'communication.groups' = 5 is invalid: must be 0 (off) or 1..num_clients (4)",
     ),
     "groups_need_example_weights": (
-        {"communication": {"groups": 2}, "aggregation_weights": "uniform"},
-        "communication.groups = 2 needs aggregation_weights = 'num_examples'",
+        {"communication": {"groups": 2}, "aggregation": {"weights": "uniform"}},
+        "communication.groups = 2 needs aggregation.weights = 'num_examples'",
     ),
     "attack_needs_floats": (
         {"robust": {"attack": "uint8", "attack_fraction": 0.1}, "privacy": SECAGG},
@@ -104,8 +108,8 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
         "robust.client_gate with privacy.dp = 'local': withholding an update",
     ),
     "weights_need_plain_mean": (
-        {"aggregation_weights": "class", "privacy": LOCAL_DP},
-        "aggregation_weights = 'class' sends each client's exact label counts",
+        {"aggregation": {"weights": "class"}, "privacy": LOCAL_DP},
+        "aggregation.weights = 'class' sends each client's exact label counts",
     ),
     "central_dp_needs_dense_uplink": (
         {"privacy": DP, "communication": {"uplink": "int8"}},
@@ -116,8 +120,9 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
         "communication.groups = 2 cannot be combined with privacy.dp = 'central'",
     ),
     "client_tags_need_client_eval": (
-        {"client_tags": "tags.csv"},
-        "config field 'client_tags' = 'tags.csv' is invalid: needs eval_clients: true",
+        {"evaluation": {"client_tags": "tags.csv"}},
+        "config field 'evaluation.client_tags' = 'tags.csv' is invalid: needs evaluation.clients: "
+        "true",
     ),
     "declared_sizes_need_a_cap": (
         {"dataset": "synthetic", "model": "logreg", "deployment": {"client_data": "remote"}},
@@ -172,12 +177,12 @@ def test_refused_when_the_config_is_read(name: str) -> None:
         ),
         ({"privacy": SECAGG}, "privacy.secagg: the modulus is sized from a bound"),
         (
-            {"aggregation_weights": "sqrt", "privacy": DP},
-            "aggregation_weights = 'sqrt' needs the plain weighted mean",
+            {"aggregation": {"weights": "sqrt"}, "privacy": DP},
+            "aggregation.weights = 'sqrt' needs the plain weighted mean",
         ),
         (
-            {"aggregation_weights": "sqrt", "robust": {"aggregator": "median"}},
-            "aggregation_weights = 'sqrt' needs robust.aggregator = 'mean'",
+            {"aggregation": {"weights": "sqrt"}, "robust": {"aggregator": "median"}},
+            "aggregation.weights = 'sqrt' needs robust.aggregator = 'mean'",
         ),
     ],
 )

@@ -31,7 +31,9 @@ def _honest_decision(cfg: Path, store: RunStore, version: vs.ModelVersion) -> st
         params = vs.load_version_params(store, vid)
         for c in range(6):
             x, y = evaluation_data(exp, c)
-            ev = evaluate(exp.model, exp.spec, params, x, y, exp.cfg.eval_batch_size, exp.metrics)
+            ev = evaluate(
+                exp.model, exp.spec, params, x, y, exp.cfg.evaluation.batch_size, exp.metrics
+            )
             assert judge.report(c, vid, {"loss": ev.loss}, len(y)) is None
     return judge.decide().kind
 

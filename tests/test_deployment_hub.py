@@ -229,7 +229,7 @@ def test_a_client_process_trains_on_one_thread(tmp_path: object) -> None:
 
 
 def test_a_client_process_builds_without_the_servers_client_tags(tmp_path: Path) -> None:
-    """``client_tags`` names a CSV on the server's host: the server's build reads
+    """``evaluation.client_tags`` names a CSV on the server's host: the server's build reads
     it; a client process, on a host without the file, builds from the config the
     server sends (Hello) all the same."""
     from fedforge.config.parse import dump, from_dict
@@ -238,14 +238,19 @@ def test_a_client_process_builds_without_the_servers_client_tags(tmp_path: Path)
 
     tags = tmp_path / "tags.csv"
     tags.write_text("client_id,region\n0,north\n1,south\n2,north\n")
-    base = {"dataset": "synthetic", "model": "logreg", "num_clients": 4, "eval_clients": True}
-    cfg = from_dict({**base, "client_tags": str(tags)})
+    base = {"dataset": "synthetic", "model": "logreg", "num_clients": 4}
+    base["evaluation"] = {"clients": True}
+    cfg = from_dict({**base, "evaluation": {"clients": True, "client_tags": str(tags)}})
     served = build(cfg).data.client_tags()["region"]
     assert served == ("north", "south", "north", "untagged")
     sent = dump(cfg)
     tags.unlink()  # the client's host has no such file
     local = client_config(sent, "cpu")
-    assert local.client_tags is None and local.eval_clients and cfg.client_tags == str(tags)
+    assert (
+        local.evaluation.client_tags is None
+        and local.evaluation.clients
+        and cfg.evaluation.client_tags == str(tags)
+    )
     exp = build_hosted(local, [0, 1], None, "")
     assert "region" not in exp.data.client_tags()
     plain = build(from_dict(base)).data  # the same rows as without tags

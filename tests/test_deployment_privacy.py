@@ -58,7 +58,7 @@ def _stripped_and_clean(
     deployed = load_final(run_dir)["params"]
     gen = torch_generator(cfg.seed, "local_dp", 0, client)
     noise = torch.randn(deployed.shape, generator=gen, dtype=torch.float64) * (Z * CLIP)
-    stripped = deployed - cfg.server_lr * noise
+    stripped = deployed - cfg.server_optimizer.lr * noise
     clean_cfg = config_mod.override(cfg, {"runs_dir": str(tmp / "sim"), "privacy.dp": "none"})
     return stripped, run(clean_cfg).params
 

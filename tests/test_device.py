@@ -145,7 +145,7 @@ def test_a_cpu_run_is_the_default_run_bit_for_bit(
     # McMahan's CNN on the serial engine takes the written-out step, the 2NN on the
     # vectorised one the batched products: the CPU's fused paths, device or not
     data = make_data(SIZES)
-    fields = {"model": model, "engine": engine, "rounds": 2, "eval_clients": True}
+    fields = {"model": model, "engine": engine, "rounds": 2, "evaluation": {"clients": True}}
     default = run(_cfg(tmp_path / "default", **fields), data)
     names = ["cpu"] + ([] if CUDA else ["auto"])
     for name in names:
@@ -227,7 +227,7 @@ def test_a_run_resumes_on_another_device(
         ("2nn", "serial", {}),
         ("2nn", "vectorized", {}),
         ("2nn", "vectorized", {"algorithm": "scaffold"}),
-        ("2nn", "serial", {"local.momentum": 0.9, "eval_clients": True}),
+        ("2nn", "serial", {"local.momentum": 0.9, "evaluation.clients": True}),
         ("cnn", "serial", {}),
     ],
 )

@@ -34,7 +34,8 @@ def test_vectorized_equals_serial_on_mnist_float64(
 ) -> None:
     cfg = config_mod.Config(
         model=model, num_clients=100, client_fraction=0.05, local_epochs=1, batch_size=10,
-        lr=0.05, rounds=3, target_accuracy=None, eval_every=3, dtype="float64",
+        lr=0.05, rounds=3, target_accuracy=None,
+        evaluation=config_mod.EvaluationConfig(every=3), dtype="float64",
         data_dir=str(mnist_dir), partition=config_mod.PartitionConfig(kind=partition),
     )  # fmt: skip
     data = load_federated_data(cfg)
@@ -73,7 +74,8 @@ from fedforge.server.loop import run
 def kib(field):
     return int(re.search(field + r':\\s+(\\d+)', open('/proc/self/status').read()).group(1))
 cfg = c.Config(model='2nn', num_clients=1000, client_fraction={cohort / 1000}, batch_size=10,
-               rounds={rounds}, target_accuracy=None, eval_every={rounds}, engine='vectorized',
+               rounds={rounds}, target_accuracy=None,
+               evaluation=c.EvaluationConfig(every={rounds}), engine='vectorized',
                workers=1,
                data_dir={str(mnist_dir)!r},
                robust=c.RobustConfig(aggregator={aggregator!r}, max_norm_multiple=None))

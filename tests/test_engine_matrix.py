@@ -20,15 +20,15 @@ from fedforge.server.loop import run
 SIZES = [7, 12, 5, 9, 10, 6, 8, 11]
 BASE = {
     "model": "2nn", "num_clients": len(SIZES), "client_fraction": 0.75, "local_epochs": 2,
-    "batch_size": 4, "lr": 0.05, "rounds": 2, "target_accuracy": None, "eval_every": 2,
+    "batch_size": 4, "lr": 0.05, "rounds": 2, "target_accuracy": None, "evaluation": {"every": 2},
     "dtype": "float64", "checkpoint_every": 0,
 }  # fmt: skip
 
 CELLS: dict[str, dict[str, Any]] = {
     "fedsgd": {"algorithm": "fedsgd"},
     "scaffold with momentum": {"algorithm": "scaffold", "local.momentum": 0.5},
-    "fedadam": {"server_optimizer.kind": "adam", "server_lr": 0.01},
-    "fedyogi": {"server_optimizer.kind": "yogi", "server_lr": 0.01},
+    "fedadam": {"server_optimizer.kind": "adam", "server_optimizer.lr": 0.01},
+    "fedyogi": {"server_optimizer.kind": "yogi", "server_optimizer.lr": 0.01},
     "stragglers kept": {"stragglers.fraction": 0.5, "stragglers.drop": False, "local_epochs": 3},
     "upload every 2": {"communication.upload_every": 2, "rounds": 4},
     "int4 stochastic": {"communication.uplink": "int4"},
@@ -56,9 +56,9 @@ CELLS: dict[str, dict[str, Any]] = {
         "robust.aggregator": "multi_krum", "robust.byzantine": 1, "robust.attack": "gaussian",
         "robust.attack_fraction": 0.25,
     },
-    "class weights": {"aggregation_weights": "class"},
+    "class weights": {"aggregation": {"weights": "class"}},
     "groups": {"communication.groups": 3},
-    "eval clients, label noise": {"eval_clients": True, "partition.label_noise": 0.25},
+    "eval clients, label noise": {"evaluation.clients": True, "partition.label_noise": 0.25},
 }  # fmt: skip
 POOLED = ("stragglers kept", "int4 stochastic", "median under alie")
 

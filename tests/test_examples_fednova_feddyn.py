@@ -140,7 +140,7 @@ def test_fednova_is_normalised_averaging_on_a_hand_worked_round(
 
 def test_fednova_refuses_weights_it_does_not_normalise(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="algorithm 'fednova' weighs clients by their examples"):
-        build(_cfg(tmp_path, algorithm="fednova", aggregation_weights="uniform"), _data())
+        build(_cfg(tmp_path, algorithm="fednova", aggregation={"weights": "uniform"}), _data())
 
 
 # ----------------------------------------------------------------------------- FedDyn
@@ -170,7 +170,7 @@ def _dyn_cfg(tmp_path: Path, **extra: Any) -> Any:
     return _cfg(
         tmp_path,
         algorithm="feddyn",
-        aggregation_weights="uniform",
+        aggregation={"weights": "uniform"},
         plugin_options={"feddyn": {"alpha": ALPHA}},
         **extra,
     )
@@ -209,7 +209,10 @@ def test_feddyn_resumes_bit_identical(tmp_path: Path, run_stopped: RunStopped) -
 def test_the_vectorised_engine_equals_the_serial_one(tmp_path: Path, algorithm: str) -> None:
     extra: dict[str, Any] = {"algorithm": algorithm, "rounds": 2, "local": {"momentum": 0.5}}
     if algorithm == "feddyn":
-        extra |= {"aggregation_weights": "uniform", "plugin_options": {"feddyn": {"alpha": 0.3}}}
+        extra |= {
+            "aggregation": {"weights": "uniform"},
+            "plugin_options": {"feddyn": {"alpha": 0.3}},
+        }
     serial = run(_cfg(tmp_path / "s", **extra), _data())
     vectorised = run(_cfg(tmp_path / "v", engine="vectorized", **extra), _data())
     assert vectorised.summary["engine"] == "vectorized"

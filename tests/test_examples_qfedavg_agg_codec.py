@@ -115,7 +115,7 @@ def _qfedavg_round(w0: torch.Tensor, data: FederatedData, q: float, big_l: float
     return w0 - torch.stack(deltas).sum(0) / sum(hs)
 
 
-QFEDAVG = {"aggregation_weights": "uniform"}
+QFEDAVG = {"aggregation": {"weights": "uniform"}}
 NO_GATES = {"max_norm_multiple": None, "max_update_ratio": None}
 
 
@@ -163,13 +163,13 @@ def test_qfedavg_with_q_0_is_fedavg_with_uniform_weights(
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        ({}, "needs aggregation_weights: uniform and robust.aggregator: mean"),
+        ({}, "needs aggregation.weights: uniform and robust.aggregator: mean"),
         (
             {**QFEDAVG, "plugin_options": {"qfedavg": {"q": -1.0}}},
             r"'plugin_options.qfedavg.q' = -1.0 is invalid: must be >= 0",
         ),
         (
-            {"aggregation_weights": "uniform", "robust": {"aggregator": "mean"}},
+            {"aggregation": {"weights": "uniform"}, "robust": {"aggregator": "mean"}},
             "with q > 0 scales the updates of high-loss clients .*max_norm_multiple: null",
         ),
     ],
@@ -295,7 +295,7 @@ def test_fedexp_is_one_hand_worked_round(
     assert (eta > 1) == (eps < 1)  # the two cases the parameters are for
     extra = {
         "algorithm": "fedexp",
-        "aggregation_weights": "uniform",
+        "aggregation": {"weights": "uniform"},
         "plugin_options": {"fedexp": {"eps": eps}},
     }
     serial = _run(tmp_path, "serial", data, **extra)

@@ -52,7 +52,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "client_fraction": 1.0,
             "batch_size": None,
             "rounds": 3,
-            "eval_every": 2,
+            "evaluation": {"every": 2},
             "target_accuracy": None,
             "dtype": "float64",
             "checkpoint_every": 0,

@@ -138,7 +138,9 @@ BASE: dict[str, Any] = {**TINY_LOGREG, "num_clients": 3}
 def test_build_puts_each_client_in_its_domain(make_data: MakeData, tmp_path: Path) -> None:
     data = make_data([6, 6, 6], dtype=F64)
     shifted = {"feature_shift": ["invert", "rotation", "none"]}
-    cfg = from_dict({**BASE, "partition": shifted, "eval_clients": True, "runs_dir": str(tmp_path)})
+    cfg = from_dict(
+        {**BASE, "partition": shifted, "evaluation": {"clients": True}, "runs_dir": str(tmp_path)}
+    )
     exp = build(cfg, data)
     domains = assign_domains(3, ["invert", "rotation", "none"], cfg.seed)
     assert exp.data.domains == domains

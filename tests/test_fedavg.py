@@ -18,7 +18,7 @@ from torch import nn
 from fedforge.aggregation.mean import WeightedMean
 from fedforge.algorithms import LocalPlan
 from fedforge.client.runtime import ClientRuntime, ClientTask, ClientUpload, local_sgd, minibatches
-from fedforge.config import Config, PartitionConfig
+from fedforge.config import Config, PartitionConfig, ServerOptimizerConfig
 from fedforge.core import wire
 from fedforge.core.params import ParamSpec
 from fedforge.core.rng import torch_generator
@@ -135,7 +135,13 @@ def test_fedsgd_is_one_gradient_step_on_the_union(
     sizes = [3, 7, 12]  # unequal n_k, so plain and weighted means differ
     data = make_data(sizes)
     lr = 0.3
-    cfg = tiny_cfg(len(sizes), algorithm="fedsgd", lr=lr, server_lr=server_lr, engine=engine)
+    cfg = tiny_cfg(
+        len(sizes),
+        algorithm="fedsgd",
+        lr=lr,
+        server_optimizer=ServerOptimizerConfig(lr=server_lr),
+        engine=engine,
+    )
     result = run(cfg, data=data, progress=False, store=False)
 
     w0 = initial_vector(cfg)

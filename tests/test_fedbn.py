@@ -151,7 +151,7 @@ def test_local_training_updates_running_statistics_in_the_vector(data: Federated
 
 
 def test_fedbn_never_changes_batchnorm_through_aggregation(data: FederatedData) -> None:
-    cfg = _cfg(server_optimizer={"kind": "adam"}, server_lr=0.01)
+    cfg = _cfg(server_optimizer={"kind": "adam", "lr": 0.01})
     exp = build(cfg, data)
     personal = exp.algorithm.personal
     assert personal is not None
@@ -256,7 +256,11 @@ def test_client_eval_scores_each_client_with_its_own_batch_norm(make_data: MakeD
     vector is that model with the initial batch norm (what an unseen client gets).
     A plain module loaded with each, in eval mode, must give FedBN's per-client rows."""
     data = make_data([24, 24], num_test=8, dtype=F64)
-    extra = {"num_clients": 2, "client_fraction": 0.5, "eval_clients": True, "eval_holdout": 0.5}
+    extra = {
+        "num_clients": 2,
+        "client_fraction": 0.5,
+        "evaluation": {"clients": True, "holdout": 0.5},
+    }
     rows, params, exps = {}, {}, {}
     for alg in ("fedbn", "fedavg"):
         exp = build(_cfg(algorithm=alg, **extra), data)

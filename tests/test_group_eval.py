@@ -39,8 +39,7 @@ BASE: dict[str, Any] = {
     "target_accuracy": None,
     "dtype": "float64",
     "checkpoint_every": 0,
-    "eval_clients": True,
-    "eval_holdout": 0.25,
+    "evaluation": {"clients": True, "holdout": 0.25},
 }
 
 
@@ -87,7 +86,7 @@ def test_csv_tags_and_untagged_clients(tmp_path: Path) -> None:
 )
 def test_bad_tag_files_are_named(tmp_path: Path, text: str, needle: str) -> None:
     path = _csv(tmp_path / "t.csv", text)
-    with pytest.raises(DataError, match="client_tags: ") as err:
+    with pytest.raises(DataError, match="evaluation.client_tags: ") as err:
         load_client_tags(path, 4)
     assert needle in str(err.value)
     with pytest.raises(DataError, match="cannot read"):
@@ -106,8 +105,8 @@ def test_data_tags_from_shift_noise_and_source() -> None:
 
 
 def test_client_tags_need_client_eval(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="client_tags.*needs eval_clients: true"):
-        from_dict({**BASE, "eval_clients": False, "client_tags": "x.csv"})
+    with pytest.raises(ConfigError, match="client_tags.*needs evaluation.clients: true"):
+        from_dict({**BASE, "evaluation": {"clients": False, "client_tags": "x.csv"}})
 
 
 def test_run_records_each_groups_accuracy(
@@ -117,7 +116,13 @@ def test_run_records_each_groups_accuracy(
     # the data source tags one attribute, the CSV another (client 5 untagged)
     data = dataclasses.replace(data, tags={"site": ("a", "a", "b", "b", "b", "a")})
     path = _csv(tmp_path / "tags.csv", "client_id,region\n0,eu\n1,us\n2,eu\n3,us\n4,eu\n")
-    cfg = from_dict({**BASE, "runs_dir": str(tmp_path), "client_tags": path})
+    cfg = from_dict(
+        {
+            **BASE,
+            "runs_dir": str(tmp_path),
+            "evaluation": {**BASE["evaluation"], "client_tags": path},
+        }
+    )
     result = run(cfg, data=data)
     _, held = split_holdout(data.partition, 0.25, cfg.seed)
     model = build(cfg, data).model
@@ -149,6 +154,12 @@ def test_a_missing_tag_file_fails_before_the_first_round(
     make_data: MakeData, tmp_path: Path
 ) -> None:
     data: FederatedData = make_data([10, 10, 10, 10, 10, 10], num_test=10, dtype=F64)
-    cfg = from_dict({**BASE, "runs_dir": str(tmp_path), "client_tags": str(tmp_path / "no.csv")})
+    cfg = from_dict(
+        {
+            **BASE,
+            "runs_dir": str(tmp_path),
+            "evaluation": {**BASE["evaluation"], "client_tags": str(tmp_path / "no.csv")},
+        }
+    )
     with pytest.raises(DataError, match="client_tags: cannot read"):
         build(cfg, data)

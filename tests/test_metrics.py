@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch
 
-from fedforge.config import Config
+from fedforge.config import Config, EvaluationConfig
 from fedforge.core.params import ParamSpec
 from fedforge.data.federated import FederatedData
 from fedforge.evaluation.evaluate import EvalResult, evaluate
@@ -119,9 +119,9 @@ def test_loop_stops_at_target_and_reports_rounds(
 def test_loop_evaluates_every_k_rounds_and_the_last(
     make_data: MakeData, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # eval_every 2 over 5 rounds: evaluations after rounds 2, 4 and 5 (the last).
+    # evaluation.every 2 over 5 rounds: evaluations after rounds 2, 4 and 5 (the last).
     calls = _scripted(monkeypatch, [0.5, 0.7, 0.75])
-    cfg = _cfg(rounds=5, eval_every=2, target_accuracy=0.72)
+    cfg = _cfg(rounds=5, evaluation=EvaluationConfig(every=2), target_accuracy=0.72)
     result = loop.run(cfg, data=make_data([3, 4]), progress=False, store=False)
     assert len(calls) == 3
     assert [r.test_accuracy for r in result.rounds] == [None, 0.5, None, 0.7, 0.75]

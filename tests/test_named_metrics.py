@@ -1,4 +1,4 @@
-"""Metrics a config names (``metrics``): the example macro-F1 (examples/macro_f1.py,
+"""Metrics a config names (``evaluation.metrics``): the example macro-F1 (examples/macro_f1.py,
 on the public API) against a confusion matrix worked by hand, the figures a run
 records at each evaluation against the final model's predictions counted by
 hand, and reruns bit-identical."""
@@ -72,7 +72,12 @@ def test_named_metrics_are_recorded_at_each_evaluation(tmp_path: Path) -> None:
 
 def test_named_stage_and_metric_reruns_are_bit_identical(tmp_path: Path) -> None:
     data = tiny_data()
-    extra = {**CLIPPED, "rounds": 2, "metrics": ["macro_f1"], "client_fraction": 0.67}
+    extra = {
+        **CLIPPED,
+        "rounds": 2,
+        "evaluation": {"metrics": ["macro_f1"]},
+        "client_fraction": 0.67,
+    }
     runs = [fedforge.run(config_for(tmp_path / str(i), **extra), data=data) for i in range(2)]
     assert torch.equal(runs[0].params, runs[1].params)
     stored = [metric_rows(r) for r in runs]

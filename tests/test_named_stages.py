@@ -111,7 +111,7 @@ def test_a_run_with_named_stages_and_metrics_resumes_exactly(
         "pipeline": {"client": ["layer_clip"], "server": ["halve"]},
         "rounds": 3,
         "checkpoint_every": 1,
-        "metrics": ["macro_f1"],
+        "evaluation": {"metrics": ["macro_f1"]},
         "client_fraction": 0.67,
     }
     want = fedforge.run(config_for(tmp_path / "whole", **extra), data=data)
@@ -169,7 +169,10 @@ def test_a_run_with_named_stages_and_metrics_resumes_exactly(
             "layer_clip more than once",
         ),
         ({"pipeline": {"client": ["nope"]}}, "config field 'pipeline.client' = 'nope'"),
-        ({"metrics": ["nope"]}, "config field 'metrics' = 'nope' is invalid: must be a "),
+        (
+            {"evaluation": {"metrics": ["nope"]}},
+            "config field 'evaluation.metrics' = 'nope' is invalid: must be a ",
+        ),
     ],
 )
 def test_what_a_named_stage_cannot_do_is_refused_in_one_line(
@@ -217,4 +220,7 @@ def test_the_example_configs_read_with_their_plugins() -> None:
     f1 = from_dict(yaml.safe_load((EXAMPLES / "macro_f1.yaml").read_text()))
     for cfg in (clip, f1):
         check_names(cfg)  # every name registered, the options parsed
-    assert clip.pipeline.client == ("layer_clip",) and f1.metrics == ("macro_f1", "accuracy")
+    assert clip.pipeline.client == ("layer_clip",) and f1.evaluation.metrics == (
+        "macro_f1",
+        "accuracy",
+    )

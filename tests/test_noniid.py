@@ -75,10 +75,14 @@ def test_fedprox_step_adds_mu_times_drift() -> None:
 @pytest.mark.parametrize("engine", ["serial", "vectorized"])
 def test_fedprox_mu0_is_fedavg_bit_for_bit(data: FederatedData, engine: str) -> None:
     avg = run(_cfg(engine=engine), data=data, store=False)
-    prox = run(_cfg(engine=engine, algorithm="fedprox", mu=0.0), data=data, store=False)
+    prox = run(
+        _cfg(engine=engine, algorithm="fedprox", fedprox={"mu": 0.0}), data=data, store=False
+    )
     assert torch.equal(avg.params, prox.params)
     assert prox.summary["engine"] == engine
-    moved = run(_cfg(engine=engine, algorithm="fedprox", mu=0.5), data=data, store=False)
+    moved = run(
+        _cfg(engine=engine, algorithm="fedprox", fedprox={"mu": 0.5}), data=data, store=False
+    )
     assert not torch.equal(avg.params, moved.params)
 
 
@@ -135,7 +139,7 @@ def test_scaffold_control_update_by_hand(option: str, new_ck: float) -> None:
 CASES: dict[str, dict[str, Any]] = {
     "fedprox_stragglers_momentum": {
         "algorithm": "fedprox",
-        "mu": 0.3,
+        "fedprox": {"mu": 0.3},
         "stragglers": {"fraction": 0.67},
         "local": {"momentum": 0.9, "weight_decay": 0.01},
     },
@@ -218,7 +222,7 @@ def test_stragglers_are_deterministic_and_fedavg_drops_fedprox_keeps() -> None:
 def test_fedavg_run_drops_stragglers_fedprox_aggregates_them(data: FederatedData) -> None:
     strag = {"stragglers": {"fraction": 0.67}}
     avg = run(_cfg(**strag), data=data, store=False)
-    prox = run(_cfg(algorithm="fedprox", mu=0.0, **strag), data=data, store=False)
+    prox = run(_cfg(algorithm="fedprox", fedprox={"mu": 0.0}, **strag), data=data, store=False)
     assert [r.cohort_size for r in avg.rounds] == [3, 3, 3]
     assert torch.isfinite(avg.params).all()
     # 2 of 3 straggle: FedAvg uploads one update a round, FedProx three
@@ -228,8 +232,8 @@ def test_fedavg_run_drops_stragglers_fedprox_aggregates_them(data: FederatedData
 def test_config_refusals() -> None:
     with pytest.raises(ConfigError, match="stragglers.fraction"):
         from_dict({"local_epochs": 1, "stragglers": {"fraction": 0.5}})
-    with pytest.raises(ConfigError, match="'mu'"):
-        from_dict({"algorithm": "fedprox", "mu": -1})
+    with pytest.raises(ConfigError, match="'fedprox.mu'"):
+        from_dict({"algorithm": "fedprox", "fedprox": {"mu": -1}})
     with pytest.raises(ConfigError, match="logreg"):
         from_dict({"dataset": "synthetic", "model": "cnn"})
     with pytest.raises(ConfigError, match="local.momentum"):

@@ -33,7 +33,7 @@ BASE: dict[str, Any] = {
     "target_accuracy": None,
     "dtype": "float64",
     "engine": "serial",
-    "eval_every": 100,  # evaluated at the end only: quick
+    "evaluation": {"every": 100},  # evaluated at the end only: quick
     "checkpoint_every": 0,
 }
 

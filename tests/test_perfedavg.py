@@ -192,7 +192,7 @@ def test_runs_are_deterministic_in_the_seed(data: FederatedData, variant: str) -
 
 
 def test_personal_evaluation_after_zero_steps_is_the_global_one(data: FederatedData) -> None:
-    exp = build(_cfg(eval_clients=True), data)
+    exp = build(_cfg(evaluation={"clients": True}), data)
     params = exp.initial_params
     assert personal_accuracies(exp, params, 0, steps=0) == client_accuracies(exp, params)
     moved = personal_accuracies(exp, params, 0, steps=1, lr=0.5)
@@ -202,7 +202,7 @@ def test_personal_evaluation_after_zero_steps_is_the_global_one(data: FederatedD
 def test_personal_evaluation_one_step_equals_the_hand_computation(data: FederatedData) -> None:
     # logreg on 784 pixels: one SGD step of size lr on a batch drawn from the
     # client's own generator, then accuracy and loss on its held-out slice.
-    cfg = _cfg(model="logreg", eval_clients=True, personal_eval={"steps": 1, "lr": 0.3})
+    cfg = _cfg(model="logreg", evaluation={"clients": True, "personal": {"steps": 1, "lr": 0.3}})
     exp = build(cfg, data)
     w = exp.initial_params
     rows = personal_accuracies(exp, w, round_idx=4)
@@ -228,7 +228,9 @@ def test_personal_lr_defaults() -> None:
     assert personal_lr(_cfg(lr=0.07)) == 0.07  # FedAvg + fine-tuning: the run's lr
     per = _cfg(algorithm="perfedavg", perfedavg={"alpha": 0.02})
     assert personal_lr(per) == 0.02  # Per-FedAvg: alpha, the step it was trained for
-    assert personal_lr(_cfg(eval_clients=True, personal_eval={"steps": 1, "lr": 0.4})) == 0.4
+    assert (
+        personal_lr(_cfg(evaluation={"clients": True, "personal": {"steps": 1, "lr": 0.4}})) == 0.4
+    )
 
 
 def test_end_to_end_run_records_personal_evaluation(tmp_path: Path, data: FederatedData) -> None:
@@ -236,8 +238,7 @@ def test_end_to_end_run_records_personal_evaluation(tmp_path: Path, data: Federa
         tmp_path,
         algorithm="perfedavg",
         perfedavg={"variant": "hf", "hvp": "finite_difference", "alpha": 0.05, "steps": 2},
-        eval_clients=True,
-        personal_eval={"steps": 1},
+        evaluation={"clients": True, "personal": {"steps": 1}},
         engine="vectorized",
     )
     res = run(cfg, data)
@@ -286,17 +287,16 @@ def test_local_epochs_is_one_meta_round() -> None:
         ({"algorithm": "perfedavg", "perfedavg": {"hvp": "lbfgs"}}, "perfedavg.hvp"),
         ({"algorithm": "perfedavg", "perfedavg": {"delta": 0}}, "perfedavg.delta"),
         ({"algorithm": "perfedavg", "perfedavg": {"tau": 3}}, "perfedavg.tau"),
-        ({"personal_eval": {"steps": 1}}, "personal_eval.steps"),  # needs eval_clients
-        ({"eval_clients": True, "personal_eval": {"steps": -1}}, "personal_eval.steps"),
-        ({"eval_clients": True, "personal_eval": {"lr": 0}}, "personal_eval.lr"),
+        ({"evaluation": {"personal": {"steps": 1}}}, "evaluation.personal.steps"),  # needs clients
+        ({"evaluation": {"clients": True, "personal": {"steps": -1}}}, "evaluation.personal.steps"),
+        ({"evaluation": {"clients": True, "personal": {"lr": 0}}}, "evaluation.personal.lr"),
         (  # null takes alpha = 0: personalisation steps of size 0
             {
                 "algorithm": "perfedavg",
                 "perfedavg": {"alpha": 0},
-                "eval_clients": True,
-                "personal_eval": {"steps": 3},
+                "evaluation": {"clients": True, "personal": {"steps": 3}},
             },
-            "personal_eval.lr",
+            "evaluation.personal.lr",
         ),
         ({"algorithm": "perfedavg", "local": {"momentum": 0.9}}, "local.momentum"),
         ({"algorithm": "perfedavg", "stragglers": {"fraction": 0.5}}, "stragglers.fraction"),

@@ -99,7 +99,7 @@ def test_an_algorithm_without_client_tables_takes_worker_processes(tmp_path: Pat
     """examples/fednova.py sends scalars and keeps no table: two worker processes
     run it, and end where one process ends, bit for bit."""
     fedforge.load_plugin(str(ROOT / "examples" / "fednova.py"))
-    cfg = small(tmp_path, algorithm="fednova", aggregation_weights="num_examples")
+    cfg = small(tmp_path, algorithm="fednova", aggregation={"weights": "num_examples"})
     exp = fedforge.build(override(cfg, {"workers": 2}))
     try:
         assert type(exp.engine).__name__ == "PoolEngine", exp.engine
@@ -196,7 +196,7 @@ FEDDYN_RUN = {
     "dataset": "synthetic", "model": "logreg", "num_clients": 8, "client_fraction": 0.5,
     "rounds": 5, "target_accuracy": None, "dtype": "float64", "engine": "serial",
     "batch_size": 10, "lr": 0.05, "checkpoint_every": 2, "algorithm": "feddyn",
-    "aggregation_weights": "uniform", "plugin_options": {"feddyn": {"alpha": 0.3}},
+    "aggregation": {"weights": "uniform"}, "plugin_options": {"feddyn": {"alpha": 0.3}},
     "local": {"momentum": 0.5},
 }  # fmt: skip
 

@@ -94,7 +94,12 @@ def test_fedforge_run_takes_a_plugin_file(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     [run_dir] = list(runs.iterdir())
     builtin = from_dict(
-        {**_yaml(CONFIG), "algorithm": "fedprox", "mu": 0.2, "runs_dir": str(tmp_path / "b")}
+        {
+            **_yaml(CONFIG),
+            "algorithm": "fedprox",
+            "fedprox": {"mu": 0.2},
+            "runs_dir": str(tmp_path / "b"),
+        }
     )
     expected = fedforge.run(builtin, progress=False).params
     assert torch.equal(load_final(run_dir)["params"], expected)
@@ -245,7 +250,12 @@ def test_a_deployment_runs_a_plugin_given_to_server_and_clients(tmp_path: Path) 
     for client in clients:
         assert client.wait(60) == 0, client.log.read_text()
     deployed = load_final(tmp_path / run_dir_of(server))["params"]
-    data = {**_yaml(cfg.read_text()), "algorithm": "fedprox", "mu": 0.2, "plugin_options": {}}
+    data = {
+        **_yaml(cfg.read_text()),
+        "algorithm": "fedprox",
+        "fedprox": {"mu": 0.2},
+        "plugin_options": {},
+    }
     builtin = from_dict({**data, "runs_dir": str(tmp_path / "sim")})
     simulated = fedforge.run(builtin, progress=False).params
     assert (deployed - simulated).abs().max().item() <= 1e-9

@@ -35,7 +35,8 @@ def _no_children_left(seconds: float = 10.0) -> list[object]:
 def _cfg(**kw: object) -> config_mod.Config:
     base = config_mod.Config(
         model="2nn", engine="serial", num_clients=len(SIZES), client_fraction=0.5, local_epochs=2,
-        batch_size=4, lr=0.05, rounds=3, target_accuracy=None, eval_every=3,
+        batch_size=4, lr=0.05, rounds=3, target_accuracy=None,
+        evaluation=config_mod.EvaluationConfig(every=3),
         dtype="float64",
     )  # fmt: skip
     return config_mod.override(base, dict(kw))
@@ -200,7 +201,7 @@ def test_resume_with_workers_is_exact(
     """A run on worker processes stopped by SIGTERM resumes to the uninterrupted
     run's parameters, bit for bit."""
     data = make_data(SIZES, dtype=torch.float32)
-    cfg = _cfg(dtype="float32", workers=2, rounds=4, eval_every=2, checkpoint_every=1)
+    cfg = _cfg(dtype="float32", workers=2, rounds=4, evaluation={"every": 2}, checkpoint_every=1)
     full = run(config_mod.override(cfg, {"runs_dir": str(tmp_path / "a")}), data)
     stopped = run_stopped(config_mod.override(cfg, {"runs_dir": str(tmp_path / "b")}), data, 2)
     assert stopped.stopped == "SIGTERM" and len(stopped.rounds) < 4

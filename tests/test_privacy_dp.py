@@ -292,13 +292,15 @@ def test_target_epsilon_refuses_to_start_then_stops(
     with pytest.raises(ConfigError, match="first round"):
         run(from_dict({**BASE, "privacy": priv}), data, store=False)
     budget = {**priv, "target_epsilon": 3.0}
-    cfg = from_dict({**BASE, "runs_dir": str(tmp_path), "eval_every": 5, "privacy": budget})
+    cfg = from_dict(
+        {**BASE, "runs_dir": str(tmp_path), "evaluation": {"every": 5}, "privacy": budget}
+    )
     acc = Accountant(3.0, 6, 3, 1e-3)  # epsilon 1.7, 2.7, 3.6 after rounds 1, 2, 3
     allowed = max(t for t in range(4) if acc.epsilon(t) <= 3.0)
     result = run(cfg, data)
     assert len(result.rounds) == allowed < 3
     assert "privacy budget" in result.summary["privacy_stop"]
-    # the model the run ends with is evaluated, though no eval_every round came
+    # the model the run ends with is evaluated, though no evaluation.every round came
     assert [r.test_accuracy is not None for r in result.rounds] == [False] * (allowed - 1) + [True]
     from fedforge.core.params import ParamSpec
     from fedforge.models import build_model
@@ -421,7 +423,7 @@ def test_a_budget_stop_with_upload_periods_ends_on_an_evaluated_upload(
     round that ended the run was never evaluated."""
     data = make_data([30, 20, 40, 30, 25, 35])
     priv = {"dp": "central", "noise_multiplier": 3.0, "delta": 1e-3, "target_epsilon": 3.0}
-    changes = {"communication": {"upload_every": 2}, "eval_every": 100, "rounds": 10}
+    changes = {"communication": {"upload_every": 2}, "evaluation": {"every": 100}, "rounds": 10}
     result = run(from_dict({**BASE, **changes, "privacy": priv}), data, store=False)
     acc = Accountant(3.0, 6, 3, 1e-3)  # a release a period: 1.7, 2.7, 3.6 after 1, 2, 3
     periods = max(t for t in range(6) if acc.epsilon(t) <= 3.0)

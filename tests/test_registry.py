@@ -34,7 +34,7 @@ SMALL = {
     "lr": 0.05,
     "dtype": "float64",
     "engine": "serial",
-    "eval_every": 1,
+    "evaluation": {"every": 1},
 }
 
 
@@ -110,7 +110,7 @@ def test_builtins_are_registered_by_name() -> None:
 def test_a_plugin_algorithm_runs_by_name_bit_identical_to_the_builtin(
     plugins: None, tmp_path: Path
 ) -> None:
-    builtin = _run(tmp_path / "a", algorithm="fedprox", mu=0.3)
+    builtin = _run(tmp_path / "a", algorithm="fedprox", fedprox={"mu": 0.3})
     plugin = _run(tmp_path / "b", algorithm="my_prox", plugin_options={"my_prox": {"mu": 0.3}})
     assert plugin.params.dtype == torch.float64
     assert torch.equal(plugin.params, builtin.params)

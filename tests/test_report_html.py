@@ -189,7 +189,7 @@ def test_a_dp_run_reports_epsilon_against_its_budget(
     assert traces[1]["y"] == [budget, budget] and traces[0]["y"] == [x[1] for x in spent]
     assert page.data["run"]["epsilon"] == spent[-1][1]
     assert set(page.empty) == {"clients", "groups", "refused", "alerts", "versions"}
-    assert "eval_clients was off" in page.empty["clients"]
+    assert "evaluation.clients was off" in page.empty["clients"]
     assert page.empty["alerts"] == "No alerts fired (0 rules watched)."
 
 

@@ -81,7 +81,7 @@ def test_stage_weights_give_the_hand_mean() -> None:
 
 def test_weight_cap_bounds_what_a_claimed_size_earns() -> None:
     """A client claiming 2^53 examples took all the weight of both rules; with
-    weight_cap = 20 it counts 20 examples (its class counts scaled alike)."""
+    aggregation.weight_cap = 20 it counts 20 examples (its class counts scaled alike)."""
     liar = 2**53
     quality = [ClientReport(10, val_loss=0.0), ClientReport(liar, val_loss=0.0)]
     assert ReportWeights("quality", cap=20).weights(quality) == pytest.approx([5.0, 10.0])
@@ -171,7 +171,7 @@ def _client_deltas(exp: Experiment) -> tuple[list[torch.Tensor], list[dict[str, 
 
 def test_quality_round_by_hand(make_data: MakeData, one_thread: None) -> None:
     data = make_data(SIZES, dtype=F64)
-    cfg = from_dict({**BASE, "aggregation_weights": "quality", "quality_temperature": 0.5})
+    cfg = from_dict({**BASE, "aggregation": {"weights": "quality", "quality_temperature": 0.5}})
     exp = build(cfg, data)
     assert "weights:quality" in exp.pipeline.describe() and not exp.pipeline.streams
     deltas, metas, sizes = _client_deltas(exp)
@@ -195,7 +195,7 @@ def test_quality_round_by_hand(make_data: MakeData, one_thread: None) -> None:
 
 def test_class_round_by_hand_and_its_bytes(make_data: MakeData, one_thread: None) -> None:
     data = make_data(SIZES, dtype=F64)
-    cfg = from_dict({**BASE, "aggregation_weights": "class"})
+    cfg = from_dict({**BASE, "aggregation": {"weights": "class"}})
     exp = build(cfg, data)
     deltas, metas, sizes = _client_deltas(exp)
     counts = [np.bincount(data.client_data(c)[1].numpy(), minlength=10) for c in range(4)]
@@ -217,7 +217,9 @@ def test_class_round_by_hand_and_its_bytes(make_data: MakeData, one_thread: None
 
 
 def test_malformed_report_is_rejected_not_fatal(make_data: MakeData) -> None:
-    exp = build(from_dict({**BASE, "aggregation_weights": "quality"}), make_data(SIZES, dtype=F64))
+    exp = build(
+        from_dict({**BASE, "aggregation": {"weights": "quality"}}), make_data(SIZES, dtype=F64)
+    )
     delta = torch.zeros(exp.spec.size, dtype=F64)
     meta = {"client_id": 1, "round_idx": 0, "num_examples": 8, "val_loss": None}
     with pytest.raises(UploadError, match="val_loss"):
@@ -227,24 +229,28 @@ def test_malformed_report_is_rejected_not_fatal(make_data: MakeData) -> None:
 
 
 def test_config_refusals() -> None:
-    with pytest.raises(ConfigError, match=r"'quality_temperature' = 0\.0.*> 0"):
-        from_dict({**BASE, "quality_temperature": 0})
-    with pytest.raises(ConfigError, match=r"'quality_holdout' = 1\.0.*\(0, 1\)"):
-        from_dict({**BASE, "quality_holdout": 1.0})
-    with pytest.raises(ConfigError, match="'aggregation_weights' = 'loss'.*'quality', 'class'"):
-        from_dict({**BASE, "aggregation_weights": "loss"})
+    with pytest.raises(ConfigError, match=r"'aggregation.quality_temperature' = 0\.0.*> 0"):
+        from_dict({**BASE, "aggregation": {"quality_temperature": 0}})
+    with pytest.raises(ConfigError, match=r"'aggregation.quality_holdout' = 1\.0.*\(0, 1\)"):
+        from_dict({**BASE, "aggregation": {"quality_holdout": 1.0}})
+    with pytest.raises(ConfigError, match="'aggregation.weights' = 'loss'.*'quality', 'class'"):
+        from_dict({**BASE, "aggregation": {"weights": "loss"}})
 
 
 def test_refused_beside_robust_rules_and_dp(make_data: MakeData) -> None:
     data = make_data(SIZES, dtype=F64)
     with pytest.raises(ConfigError, match="weighs updates its own way"):
         build(
-            from_dict({**BASE, "aggregation_weights": "class", "robust": {"aggregator": "median"}}),
+            from_dict(
+                {**BASE, "aggregation": {"weights": "class"}, "robust": {"aggregator": "median"}}
+            ),
             data,
         )
     with pytest.raises(ConfigError, match="privacy.weights"):
         build(
-            from_dict({**BASE, "aggregation_weights": "quality", "privacy": {"dp": "central"}}),
+            from_dict(
+                {**BASE, "aggregation": {"weights": "quality"}, "privacy": {"dp": "central"}}
+            ),
             data,
         )
     # local DP noises the update on the client, but a report would travel exact:
@@ -252,13 +258,13 @@ def test_refused_beside_robust_rules_and_dp(make_data: MakeData) -> None:
     local = {"dp": "local", "clip_norm": 1.0, "noise_multiplier": 1.0}
     for rule, sent in (("quality", "validation loss"), ("class", "label counts")):
         with pytest.raises(ConfigError, match=f"exact {sent}.*local DP"):
-            build(from_dict({**BASE, "aggregation_weights": rule, "privacy": local}), data)
-    build(from_dict({**BASE, "aggregation_weights": "sqrt", "privacy": local}), data)
+            build(from_dict({**BASE, "aggregation": {"weights": rule}, "privacy": local}), data)
+    build(from_dict({**BASE, "aggregation": {"weights": "sqrt"}, "privacy": local}), data)
 
 
 def test_vectorized_engine_equals_serial(make_data: MakeData, one_thread: None) -> None:
     data = make_data([12, 7, 20, 9], dtype=F64)
-    cfg = {**BASE, "rounds": 2, "aggregation_weights": "quality"}
+    cfg = {**BASE, "rounds": 2, "aggregation": {"weights": "quality"}}
     serial = loop.run(from_dict({**cfg, "engine": "serial"}), data=data, store=False)
     vector = loop.run(from_dict({**cfg, "engine": "vectorized"}), data=data, store=False)
     assert serial.summary["engine"] == "serial" and vector.summary["engine"] == "vectorized"
@@ -291,7 +297,7 @@ def test_noisy_clients_get_lower_quality_weight(
             "target_accuracy": None,
             "checkpoint_every": 0,
             "partition": {"label_noise": 0.3},
-            "aggregation_weights": "quality",
+            "aggregation": {"weights": "quality"},
         }
     )
     factors: list[dict[int, float]] = []  # round -> client -> w_k / n_k, normalised

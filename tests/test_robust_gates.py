@@ -18,7 +18,7 @@ import torch
 from conftest import MakeData
 from fedforge import robust as agg
 from fedforge.client.runtime import ClientTask, ClientUpload
-from fedforge.config import Config, RobustConfig, override
+from fedforge.config import Config, EvaluationConfig, RobustConfig, override
 from fedforge.core.errors import ConfigError
 from fedforge.data import Partition
 from fedforge.data.federated import FederatedData
@@ -271,7 +271,7 @@ def test_median_and_krum_hold_under_sign_flipping_attackers(one_thread: None) ->
             batch_size=10,
             lr=0.1,
             rounds=5,
-            eval_every=5,
+            evaluation=EvaluationConfig(every=5),
             target_accuracy=None,
             dtype="float64",
             robust=RobustConfig(
@@ -335,7 +335,9 @@ def test_a_run_whose_every_round_is_skipped_stops_after_max_skipped_rounds(
     assert len(endless.rounds) == 12 and "stall_stop" not in endless.summary
     last = run(override(cfg, {"rounds": 3}), data=data, store=False)  # the stall ends the run
     assert "3 skipped rounds in a row" in last.summary["stall_stop"]
-    rare = run(override(cfg, {"eval_every": 10}), data=data, store=False)  # evaluated at its end
+    rare = run(
+        override(cfg, {"evaluation.every": 10}), data=data, store=False
+    )  # evaluated at its end
     assert [r.test_accuracy is not None for r in rare.rounds] == [False, False, True]
     assert rare.summary["final_accuracy"] == result.rounds[2].test_accuracy is not None
     periods = override(cfg, {"communication.upload_every": 2})  # uploads at rounds 1, 3, 5
@@ -614,7 +616,7 @@ def test_the_client_gate_under_privacy(make_data: MakeData) -> None:
     "extra",
     [
         {"robust.client_gate": True, "robust.holdout_fraction": 0.5},
-        {"aggregation_weights": "quality", "quality_holdout": 0.5},
+        {"aggregation": {"weights": "quality", "quality_holdout": 0.5}},
     ],
     ids=["client-gate", "quality"],
 )

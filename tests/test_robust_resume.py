@@ -27,7 +27,8 @@ def test_resume_continues_the_aggregators_state(
     data = make_data(SIZES)
     cfg = config_mod.Config(
         model="2nn", engine="serial", num_clients=len(SIZES), client_fraction=1.0,
-        batch_size=4, lr=0.05, rounds=5, target_accuracy=None, eval_every=5,
+        batch_size=4, lr=0.05, rounds=5, target_accuracy=None,
+        evaluation=config_mod.EvaluationConfig(every=5),
         dtype="float64", checkpoint_every=1,
         robust=config_mod.RobustConfig(aggregator=aggregator, norm_bound=None, norm_window=3),
     )  # fmt: skip

@@ -12,7 +12,14 @@ import pytest
 import torch
 
 from conftest import MakeData, RunStopped
-from fedforge.config import Config, PartitionConfig, RobustConfig, from_dict, override
+from fedforge.config import (
+    Config,
+    EvaluationConfig,
+    PartitionConfig,
+    RobustConfig,
+    from_dict,
+    override,
+)
 from fedforge.data.federated import FederatedData, load_federated_data
 from fedforge.data.user import from_tensors
 from fedforge.report.progress import Progress
@@ -159,7 +166,8 @@ def test_resume_continues_the_recent_norms_exactly(
     data = make_data([9, 7, 12, 5, 10])
     cfg = Config(
         model="2nn", engine="serial", num_clients=5, client_fraction=0.6, batch_size=4,
-        lr=0.05, rounds=4, target_accuracy=None, eval_every=4, dtype="float64",
+        lr=0.05, rounds=4, target_accuracy=None,
+        evaluation=EvaluationConfig(every=4), dtype="float64",
         checkpoint_every=1,
         robust=RobustConfig(attack="scaled", attack_fraction=0.2, attack_scale=1e3, norm_window=2),
     )  # fmt: skip

@@ -33,7 +33,7 @@ def attacked(tmp: Path, **extra: Any) -> Config:
         "dataset": "synthetic", "model": "logreg", "num_clients": 10, "client_fraction": 1.0,
         "rounds": 4, "target_accuracy": None, "dtype": "float64", "engine": "serial",
         "runs_dir": str(tmp), "batch_size": 10, "lr": 0.01, "checkpoint_every": 0,
-        "eval_every": 2, "robust.norm_gate": 3.5, "robust.attack": "scaled",
+        "evaluation.every": 2, "robust.norm_gate": 3.5, "robust.attack": "scaled",
         "robust.attack_fraction": 0.2, "robust.attack_scale": 50.0,
     }  # fmt: skip
     return override(Config(), {**base, **extra})
@@ -95,7 +95,7 @@ def test_a_users_hook_sees_the_run_the_store_records(tmp_path: Path) -> None:
     assert sorted([*got_taken, *((r, c) for r, c, _ in got_refused)]) == [
         (r, c) for r in range(4) for c in range(10)
     ]
-    # evaluations: rounds 2 and 4 (eval_every 2), their scores as recorded
+    # evaluations: rounds 2 and 4 (evaluation.every 2), their scores as recorded
     got_evals = [(c[2], c[3], c[4]) for c in calls if c[1] == "evaluated"]
     assert got_evals == [r for r in rounds if r[1] is not None] and len(got_evals) == 2
     # each round's end carries the round's record and whose updates the model took
@@ -179,7 +179,8 @@ from tests.test_round_hooks import Tally, attacked
 from fedforge.server.loop import resume, run
 tally = Tally()
 if sys.argv[1] == "run":
-    run(attacked(Path(sys.argv[2]), rounds=8, checkpoint_every=1, eval_every=1), hooks=[tally])
+    cfg = attacked(Path(sys.argv[2]), rounds=8, checkpoint_every=1, evaluation={"every": 1})
+    run(cfg, hooks=[tally])
 else:
     resume(sys.argv[2], hooks=[tally])
 Path(sys.argv[3]).write_text(json.dumps(tally.state))
@@ -189,7 +190,10 @@ Path(sys.argv[3]).write_text(json.dumps(tally.state))
 @pytest.mark.slow  # the default suite: its twin in test_plugin_contracts / test_deployment_plugins
 def test_a_stateful_hook_resumed_after_sigkill_continues_exactly(tmp_path: Path) -> None:
     want = Tally()
-    run(attacked(tmp_path / "ref", rounds=8, checkpoint_every=1, eval_every=1), hooks=[want])
+    run(
+        attacked(tmp_path / "ref", rounds=8, checkpoint_every=1, evaluation={"every": 1}),
+        hooks=[want],
+    )
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
     runs = tmp_path / "runs"
     killed = subprocess.Popen(

@@ -100,7 +100,7 @@ def test_state_round_trip_continues_exactly(kind: str) -> None:
 
 
 def test_from_config_and_validation() -> None:
-    cfg = Config(server_lr=0.01, server_optimizer=ServerOptimizerConfig(kind="yogi", tau=1e-2))
+    cfg = Config(server_optimizer=ServerOptimizerConfig(kind="yogi", lr=0.01, tau=1e-2))
     opt = from_config(cfg)
     assert isinstance(opt, ServerAdaptive) and opt.kind == "yogi" and opt.tau == 1e-2
     assert isinstance(from_config(Config()), ServerSGD)

@@ -29,20 +29,20 @@ TINY = {
 
 
 def test_grid_is_the_product_first_key_slowest() -> None:
-    grid = parse_grid(["local_epochs=1,5", "mu=0,0.01,null"])
-    assert grid == [("local_epochs", [1, 5]), ("mu", [0, 0.01, None])]
+    grid = parse_grid(["local_epochs=1,5", "fedprox.mu=0,0.01,null"])
+    assert grid == [("local_epochs", [1, 5]), ("fedprox.mu", [0, 0.01, None])]
     points = grid_points(grid)
     assert points[:4] == [
-        {"local_epochs": 1, "mu": 0},
-        {"local_epochs": 1, "mu": 0.01},
-        {"local_epochs": 1, "mu": None},
-        {"local_epochs": 5, "mu": 0},
+        {"local_epochs": 1, "fedprox.mu": 0},
+        {"local_epochs": 1, "fedprox.mu": 0.01},
+        {"local_epochs": 1, "fedprox.mu": None},
+        {"local_epochs": 5, "fedprox.mu": 0},
     ]
     assert len(points) == 6
     with pytest.raises(ConfigError, match="key=v1,v2"):
         parse_grid(["local_epochs"])
     with pytest.raises(ConfigError, match="repeat"):
-        parse_grid(["mu=1", "mu=2"])
+        parse_grid(["fedprox.mu=1", "fedprox.mu=2"])
 
 
 def _point(total: int, best: float) -> PointResult:

@@ -180,7 +180,7 @@ class Durations(RoundHook):
 
 def test_target_time_and_the_history_durations(tmp_path: Path) -> None:
     hook = Durations()
-    cfg = _cfg(tmp_path, rounds=2, target_accuracy=0.01, eval_every=1)
+    cfg = _cfg(tmp_path, rounds=2, target_accuracy=0.01, **{"evaluation.every": 1})
     result = fedforge.run(cfg, hooks=[hook])
     assert result.run_dir is not None
     (dur,) = _rows(result.run_dir, "SELECT duration_s FROM round_clock")
@@ -245,7 +245,7 @@ def test_the_report_and_compare_show_the_population_and_time_to_target(tmp_path:
     from fedforge.report.html.run_report import report_html
     from fedforge.store.runstore import RunStore
 
-    result = fedforge.run(_cfg(tmp_path, rounds=1, target_accuracy=0.01, eval_every=1))
+    result = fedforge.run(_cfg(tmp_path, rounds=1, target_accuracy=0.01, **{"evaluation.every": 1}))
     assert result.run_dir is not None
     with RunStore.open(result.run_dir, read_only=True) as store:
         page = report_html(store)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 import fedforge as ff
-from fedforge.config import Config, override
+from fedforge.config import Config, EvaluationConfig, override
 from fedforge.core.errors import ConfigError
 
 BASE = Config(
@@ -20,7 +20,7 @@ BASE = Config(
     lr=0.05,
     rounds=25,
     target_accuracy=None,
-    eval_every=25,
+    evaluation=EvaluationConfig(every=25),
     engine="serial",
 )
 
@@ -28,11 +28,11 @@ BASE = Config(
 @pytest.mark.parametrize(
     "fields",
     [
-        {"algorithm": "fedprox", "mu": 0.1},
+        {"algorithm": "fedprox", "fedprox.mu": 0.1},
         {"algorithm": "scaffold"},
         {"algorithm": "perfedavg", "perfedavg": {"alpha": 0.01, "steps": 10}},
         {"algorithm": "fedsgd", "lr": 0.4},
-        {"server_optimizer": {"kind": "adam"}, "server_lr": 0.1},
+        {"server_optimizer": {"kind": "adam", "lr": 0.1}},
         {"robust": {"aggregator": "median"}},
         {"robust": {"aggregator": "krum"}},
         {"robust": {"aggregator": "geometric_median"}},
@@ -40,7 +40,7 @@ BASE = Config(
         {"communication": {"uplink": "topk", "fraction": 0.5, "error_feedback": True}},
         {"privacy": {"secagg": True}, "communication": {"clip_norm": 10.0}},
         {"privacy": {"dp": "central", "noise_multiplier": 0.01, "clip_norm": 5.0}},
-        {"aggregation_weights": "quality"},
+        {"aggregation": {"weights": "quality"}},
         {"engine": "vectorized"},
     ],
     ids=lambda f: ",".join(f"{k}={v}" for k, v in f.items()),

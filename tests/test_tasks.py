@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import fedforge as ff
-from fedforge.config import Config, override
+from fedforge.config import Config, EvaluationConfig, override
 from fedforge.core.dataspec import PAD
 from fedforge.core.errors import ConfigError, DataError
 from fedforge.core.params import ParamSpec
@@ -147,7 +147,7 @@ def test_a_registered_regression_task_reaches_the_least_squares_solution(tmp_pat
             lr=0.4,
             rounds=60,
             target_accuracy=None,
-            eval_every=60,
+            evaluation=EvaluationConfig(every=60),
             dtype="float64",
             engine="serial",
             runs_dir=str(tmp_path),
@@ -173,7 +173,7 @@ def test_the_built_in_regression_task_runs_vectorised() -> None:
         lr=0.4,
         rounds=40,
         target_accuracy=None,
-        eval_every=40,
+        evaluation=EvaluationConfig(every=40),
         dtype="float64",
         engine="vectorized",
     )
@@ -228,7 +228,10 @@ def test_a_sequence_task_learns_a_play_end_to_end(tmp_path: Path) -> None:
     [
         ({"task": "shakespeare-lstm", "robust": {"attack": "label_flip"}}, "flips class ids"),
         ({"task": "linear-regression", "partition": {"kind": "shards"}}, "deals classes"),
-        ({"task": "linear-regression", "aggregation_weights": "class"}, "weighs clients by class"),
+        (
+            {"task": "linear-regression", "aggregation": {"weights": "class"}},
+            "weighs clients by class",
+        ),
         ({"dataset": "shakespeare", "model": "cnn"}, "does not fit dataset 'shakespeare'"),
         ({"partition": {"kind": "natural"}}, "dataset 'mnist' has none"),
         ({"task": ""}, "must be a task name"),
@@ -295,7 +298,7 @@ def _regression_task() -> Task:
     [
         ({"partition": {"label_noise": 0.5}}, "flips class ids"),
         ({"robust": {"attack": "label_flip", "attack_fraction": 0.25}}, "flips class ids"),
-        ({"aggregation_weights": "class"}, "weighs clients by class"),
+        ({"aggregation": {"weights": "class"}}, "weighs clients by class"),
         ({"communication": {"groups": 2, "group_by": "label"}}, "groups clients by class"),
     ],
 )

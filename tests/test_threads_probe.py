@@ -299,7 +299,7 @@ def test_the_initial_model_is_evaluated_only_when_asked(
         return exp
 
     monkeypatch.setattr(loop, "build", marking_build)
-    cfg = _cfg(eval_initial=eval_initial, rounds=2)
+    cfg = _cfg(evaluation={"initial": eval_initial}, rounds=2)
     result = loop.run(cfg, make_data(SIZES, dtype=torch.float32), store=False)
     if eval_initial:
         assert events == ["evaluate", "round", "evaluate", "round", "evaluate"]

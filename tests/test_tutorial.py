@@ -68,7 +68,7 @@ def _params(engine: str, **fields: Any) -> torch.Tensor:
 @pytest.mark.parametrize("engine", ["serial", "vectorized"])
 def test_each_plugin_computes_what_the_builtin_computes(engine: str) -> None:
     fedavg = _params(engine, algorithm="fedavg")
-    fedprox = _params(engine, algorithm="fedprox", mu=MU)
+    fedprox = _params(engine, algorithm="fedprox", fedprox={"mu": MU})
     assert not torch.allclose(fedavg, fedprox)  # the term and the stragglers show
     assert torch.equal(_params(engine, algorithm="my_fedavg"), fedavg)
     mine = _params(engine, algorithm="my_fedprox", plugin_options={"my_fedprox": {"mu": MU}})

@@ -63,7 +63,7 @@ def test_vectorized_equals_serial_float64(model: str, sizes: str) -> None:
         lr=0.05,
         rounds=3,
         target_accuracy=None,
-        eval_every=3,
+        evaluation=config_mod.EvaluationConfig(every=3),
         dtype="float64",
     )
     serial = run(config_mod.override(base, {"engine": "serial"}), data=data, store=False)
@@ -305,7 +305,8 @@ def test_fused_perceptron_path_equals_vmap_and_serial(
     data = synthetic_data(6, sizes, seed=2)
     base = config_mod.Config(
         model="2nn", num_clients=6, client_fraction=0.5, local_epochs=3, batch_size=4,
-        lr=0.05, rounds=2, target_accuracy=None, eval_every=2, dtype="float64",
+        lr=0.05, rounds=2, target_accuracy=None,
+        evaluation=config_mod.EvaluationConfig(every=2), dtype="float64",
         local=config_mod.LocalConfig(momentum=momentum),
     )  # fmt: skip
     serial = run(config_mod.override(base, {"engine": "serial"}), data=data, store=False)
@@ -331,8 +332,10 @@ def test_fused_path_runs_fedprox_and_scaffold_terms_like_serial(
     data = synthetic_data(6, sizes, seed=4)
     base = config_mod.Config(
         model="2nn", num_clients=6, client_fraction=0.5, local_epochs=2, batch_size=4,
-        lr=0.05, rounds=3, target_accuracy=None, eval_every=3, dtype="float64",
-        algorithm=algorithm, mu=0.5 if algorithm == "fedprox" else 0.0,
+        lr=0.05, rounds=3, target_accuracy=None,
+        evaluation=config_mod.EvaluationConfig(every=3), dtype="float64",
+        algorithm=algorithm,
+        fedprox=config_mod.FedProxConfig(mu=0.5 if algorithm == "fedprox" else 0.0),
     )  # fmt: skip
     serial = run(config_mod.override(base, {"engine": "serial"}), data=data, store=False)
     vector = run(config_mod.override(base, {"engine": "vectorized"}), data=data, store=False)

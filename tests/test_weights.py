@@ -66,23 +66,26 @@ BASE: dict[str, Any] = {
 
 
 def test_config_refusals_and_run(make_data: MakeData, one_thread: None) -> None:
-    with pytest.raises(ConfigError, match="weight_cap"):
-        from_dict({**BASE, "aggregation_weights": "capped"})
+    with pytest.raises(ConfigError, match="aggregation.weight_cap"):
+        from_dict({**BASE, "aggregation": {"weights": "capped"}})
     data = make_data([5, 9, 30, 2], dtype=F64)
     with pytest.raises(ConfigError, match="weighs updates its own way"):
         build(
             from_dict(
-                {**BASE, "aggregation_weights": "uniform", "robust": {"aggregator": "median"}}
+                {**BASE, "aggregation": {"weights": "uniform"}, "robust": {"aggregator": "median"}}
             ),
             data,
         )
     with pytest.raises(ConfigError, match="privacy.weights"):
         build(
-            from_dict({**BASE, "aggregation_weights": "sqrt", "privacy": {"dp": "central"}}), data
+            from_dict({**BASE, "aggregation": {"weights": "sqrt"}, "privacy": {"dp": "central"}}),
+            data,
         )
     # one round, E = 1, full cohort: uniform differs from num_examples by the weights only
     plain = run(from_dict(BASE), data=data, store=False)
-    uniform = run(from_dict({**BASE, "aggregation_weights": "uniform"}), data=data, store=False)
+    uniform = run(
+        from_dict({**BASE, "aggregation": {"weights": "uniform"}}), data=data, store=False
+    )
     exp = build(from_dict(BASE), data)
     runtime = exp.engine.runtime  # type: ignore[attr-defined]
     payload = encode_payload(exp.initial_params, 0)
@@ -100,5 +103,5 @@ def test_config_refusals_and_run(make_data: MakeData, one_thread: None) -> None:
     assert not torch.equal(plain.params, uniform.params)
     assert torch.isfinite(uniform.params).all() and exp.pipeline.aggregator.name == "weighted_mean"
     assert build(
-        from_dict({**BASE, "aggregation_weights": "sqrt"}), data
+        from_dict({**BASE, "aggregation": {"weights": "sqrt"}}), data
     ).pipeline.aggregator.name == ("weighted_mean[sqrt]")

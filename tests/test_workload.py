@@ -85,7 +85,12 @@ def test_personalised_evaluation_steps_are_counted() -> None:
     """60 evaluations x 10,000 steps x 100 clients' batches of 10 = 6e8 examples,
     at 1,500 a second 4.6 days."""
     cfg = override(
-        Config(), {"eval_clients": True, "personal_eval.steps": 10_000, "personal_eval.lr": 0.01}
+        Config(),
+        {
+            "evaluation.clients": True,
+            "evaluation.personal.steps": 10_000,
+            "evaluation.personal.lr": 0.01,
+        },
     )
     line = workload_warning(cfg, MNIST_IID)
-    assert line is not None and "personal_eval.steps 10000" in line and "4.6 days" in line
+    assert line is not None and "evaluation.personal.steps 10000" in line and "4.6 days" in line

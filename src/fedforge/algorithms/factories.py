@@ -61,11 +61,11 @@ def local_plan(cfg: Config) -> LocalPlan:
 
 def require_mean(cfg: Config, algorithm: str, weights: str, why: str) -> None:
     """Refuse in one line a config whose aggregate is not the plain mean under
-    ``weights`` (``aggregation_weights``), which ``algorithm`` needs: ``why``."""
-    if cfg.aggregation_weights != weights or cfg.robust.aggregator != "mean":
+    ``weights`` (``aggregation.weights``), which ``algorithm`` needs: ``why``."""
+    if cfg.aggregation.weights != weights or cfg.robust.aggregator != "mean":
         raise ConfigError(
-            f"algorithm {algorithm!r} {why}: it needs aggregation_weights: {weights} and "
-            f"robust.aggregator: mean (got {cfg.aggregation_weights!r}, "
+            f"algorithm {algorithm!r} {why}: it needs aggregation.weights: {weights} and "
+            f"robust.aggregator: mean (got {cfg.aggregation.weights!r}, "
             f"{cfg.robust.aggregator!r})"
         )
 
@@ -89,7 +89,7 @@ def fedsgd_factory(context: ComponentContext) -> Algorithm:
 
 def fedprox_factory(context: ComponentContext) -> Algorithm:
     cfg = context.cfg  # keeps stragglers' partial work unless told otherwise
-    return fedprox(local_plan(cfg), cfg.mu, cfg.lr_decay, drops_stragglers(cfg, False))
+    return fedprox(local_plan(cfg), cfg.fedprox.mu, cfg.lr_decay, drops_stragglers(cfg, False))
 
 
 def scaffold_factory(context: ComponentContext) -> Algorithm:

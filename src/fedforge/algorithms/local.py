@@ -225,7 +225,7 @@ class UpdateScale(Protocol):
 
 
 class ServerStep(Protocol):
-    """The update the server optimizer applies (``w <- w + server_lr * update``
+    """The update the server optimizer applies (``w <- w + server_optimizer.lr * update``
     for plain SGD), and the algorithm's server state after the round, from the
     aggregate (the stages' output: the weighted mean of the deltas), the state
     ``ServerTerms.moved`` returned and the tensors each used update carried beside

@@ -11,7 +11,7 @@ steps at learning rate lr from the server model x to y_k, the client's new contr
 
 and its update carries delta y_k (through the pipeline's codec) and
 delta c_k = c_k+ - c_k (dense, beside it: its bytes are counted). The server
-applies the aggregate of the delta y_k with its optimizer (server_lr is the
+applies the aggregate of the delta y_k with its optimizer (server_optimizer.lr is the
 paper's global step size; the default aggregate is the n_k-weighted mean where
 the paper averages uniformly) and moves c by (|S|/N) times the mean of the
 accepted delta c_k, i.e. c += sum(delta c_k) / N.

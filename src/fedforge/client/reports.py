@@ -4,7 +4,7 @@ and the class weights' label counts (rules in fedforge.aggregation.weights).
 
 Client half (:class:`Reporter`, runs on the client, trusts its own data):
 
-- ``quality``: the client holds out a validation split (``quality_holdout`` of
+- ``quality``: the client holds out a validation split (``aggregation.quality_holdout`` of
   its examples, at least one when it has two or more, drawn from (seed,
   "validation", client); it never trains on it) and reports ``val_loss``, the mean
   cross-entropy there of the global model it received (for FedBN with its own
@@ -23,7 +23,7 @@ sets the cohort's weights from the accepted clients' reports. Both rules need th
 whole cohort (the softmax over its losses, its class totals N_c), so the server
 gathers the cohort instead of keeping a running sum. Like ``num_examples`` the
 reports are self-declared: a client that lies about them gains weight. With
-``weight_cap`` a client counts at most that many examples (its class counts
+``aggregation.weight_cap`` a client counts at most that many examples (its class counts
 scaled down alike); a made-up low loss or a class no one else holds still gains.
 """
 
@@ -220,10 +220,14 @@ class ReportWeights:
 def assemble(
     cfg: Config, data_fn: ClientDataFn, num_classes: int, metrics: Metrics | None = None
 ) -> tuple[Reporter | None, tuple[CohortStage, ...]]:
-    """The client reporter and the cohort stage of ``cfg.aggregation_weights``
+    """The client reporter and the cohort stage of ``cfg.aggregation.weights``
     (nothing for the rules without reports)."""
-    rule = cfg.aggregation_weights
+    rule = cfg.aggregation.weights
     if rule not in REPORTED_WEIGHTS:
         return None, ()
-    reporter = Reporter(data_fn, rule, num_classes, cfg.quality_holdout, cfg.seed, metrics)
-    return reporter, (ReportWeights(rule, cfg.quality_temperature, cfg.weight_cap),)
+    reporter = Reporter(
+        data_fn, rule, num_classes, cfg.aggregation.quality_holdout, cfg.seed, metrics
+    )
+    return reporter, (
+        ReportWeights(rule, cfg.aggregation.quality_temperature, cfg.aggregation.weight_cap),
+    )

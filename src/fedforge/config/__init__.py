@@ -1,8 +1,9 @@
 """Typed, frozen run configuration: YAML in, validated, every error naming the
 field. ``Config`` (schema.py) holds the run's fields and one section per
-feature (data.py, local.py, evaluation.py, communication.py, privacy.py,
-robust.py); each section checks its own fields, compat.py how they combine."""
+feature (data.py, local.py, aggregation.py, evaluation.py, communication.py,
+privacy.py, robust.py); each section checks its own fields, compat.py how they combine."""
 
+from fedforge.config.aggregation import AggregationConfig, WeightRule
 from fedforge.config.alerts import AlertKind, AlertRule, AlertsConfig
 from fedforge.config.communication import CommunicationConfig, DownlinkCodec, UplinkCodec
 from fedforge.config.data import (
@@ -12,8 +13,14 @@ from fedforge.config.data import (
     PartitionKind,
     SyntheticConfig,
 )
-from fedforge.config.evaluation import DiagnosticsConfig, PersonalEvalConfig
-from fedforge.config.local import LocalConfig, PerFedAvgConfig, ScaffoldConfig, StragglerConfig
+from fedforge.config.evaluation import DiagnosticsConfig, EvaluationConfig, PersonalEvalConfig
+from fedforge.config.local import (
+    FedProxConfig,
+    LocalConfig,
+    PerFedAvgConfig,
+    ScaffoldConfig,
+    StragglerConfig,
+)
 from fedforge.config.parse import dump, from_dict, load, override, parse_override, to_dict
 from fedforge.config.privacy import PrivacyConfig
 from fedforge.config.robust import AggregatorName, AttackName, RobustConfig
@@ -35,6 +42,7 @@ __all__ = [
     "describe_split",
     "describe_task",
     "step_sizes",
+    "AggregationConfig",
     "AggregatorName",
     "AlertKind",
     "AlertRule",
@@ -47,6 +55,8 @@ __all__ = [
     "Dataset",
     "DownlinkCodec",
     "EngineName",
+    "EvaluationConfig",
+    "FedProxConfig",
     "InputScaling",
     "ModelName",
     "PartitionConfig",
@@ -63,6 +73,7 @@ __all__ = [
     "ServerOptimizerConfig",
     "ServerOptimizerKind",
     "UplinkCodec",
+    "WeightRule",
     "dump",
     "from_dict",
     "load",

@@ -12,9 +12,11 @@ import math
 
 from fedforge.config.communication import CommunicationConfig
 from fedforge.config.data import PartitionConfig
-from fedforge.config.evaluation import PersonalEvalConfig
+from fedforge.config.evaluation import EvaluationConfig, PersonalEvalConfig
 from fedforge.config.local import (
+    PROXIMAL_RANGE,
     WEIGHT_DECAY_RANGE,
+    FedProxConfig,
     LocalConfig,
     PerFedAvgConfig,
     StragglerConfig,
@@ -24,7 +26,7 @@ from fedforge.config.privacy import PrivacyConfig, delta_of
 from fedforge.config.robust import RobustConfig
 from fedforge.core.errors import ConfigError, invalid_field, raise_first
 
-# the aggregation_weights computed from what each client reports (client/reports.py)
+# the aggregation.weights computed from what each client reports (client/reports.py)
 REPORTED_WEIGHTS = ("quality", "class")
 
 
@@ -45,6 +47,13 @@ def steps_fit_dtype(local: LocalConfig, lr: float, dtype: str) -> None:
     first round failed converting it."""
     if local.weight_decay * max(lr, 1.0) >= step_limit(dtype):
         raise invalid_field("local.weight_decay", local.weight_decay, WEIGHT_DECAY_RANGE)
+
+
+def proximal_step_fits_dtype(fedprox: FedProxConfig, lr: float, dtype: str) -> None:
+    """A float32 run steps by lr * mu (FedProx): past float32's largest value the
+    first round failed converting it."""
+    if fedprox.mu * max(lr, 1.0) >= step_limit(dtype):
+        raise invalid_field("fedprox.mu", fedprox.mu, PROXIMAL_RANGE)
 
 
 def stragglers_need_epochs(stragglers: StragglerConfig, local_epochs: int) -> None:
@@ -78,7 +87,7 @@ def perfedavg_personal_lr(
     pev = personal_eval
     if algorithm == "perfedavg" and pev.lr is None and pev.steps != 0 and perfedavg.alpha <= 0.0:
         raise invalid_field(
-            "personal_eval.lr",
+            "evaluation.personal.lr",
             pev.lr,
             "must be a number > 0 when perfedavg.alpha = 0 (null takes alpha: "
             "personalisation steps of size 0 would change nothing)",
@@ -143,30 +152,30 @@ def feature_shift_needs_standard_scaling(partition: PartitionConfig, input_scali
         )
 
 
-def personal_eval_needs_client_eval(personal_eval: PersonalEvalConfig, eval_clients: bool) -> None:
-    if personal_eval.steps != 0 and not eval_clients:
+def personal_eval_needs_client_eval(evaluation: EvaluationConfig) -> None:
+    if evaluation.personal.steps != 0 and not evaluation.clients:
         raise invalid_field(
-            "personal_eval.steps",
-            personal_eval.steps,
-            "needs eval_clients: true (clients are scored on their held-out slices)",
+            "evaluation.personal.steps",
+            evaluation.personal.steps,
+            "needs evaluation.clients: true (clients are scored on their held-out slices)",
         )
 
 
-def client_tags_need_client_eval(client_tags: str | None, eval_clients: bool) -> None:
-    if client_tags is not None and not eval_clients:
+def client_tags_need_client_eval(evaluation: EvaluationConfig) -> None:
+    if evaluation.client_tags is not None and not evaluation.clients:
         raise invalid_field(
-            "client_tags",
-            client_tags,
-            "needs eval_clients: true (a group's accuracy is its clients' held-out slices')",
+            "evaluation.client_tags",
+            evaluation.client_tags,
+            "needs evaluation.clients: true (a group's accuracy is its clients' held-out slices')",
         )
 
 
 def declared_sizes_need_a_cap(
-    client_data: str, max_weight_ratio: float | None, aggregation_weights: str
+    client_data: str, max_weight_ratio: float | None, weights: str
 ) -> None:
     """Clients that bring their own data declare their example counts themselves:
     uncapped, one client's claim could be the whole weighted mean."""
-    if client_data == "remote" and aggregation_weights == "num_examples" and not max_weight_ratio:
+    if client_data == "remote" and weights == "num_examples" and not max_weight_ratio:
         raise invalid_field(
             "robust.max_weight_ratio",
             max_weight_ratio,
@@ -184,15 +193,13 @@ def groups_within_clients(communication: CommunicationConfig, num_clients: int) 
         )
 
 
-def groups_need_example_weights(
-    communication: CommunicationConfig, aggregation_weights: str
-) -> None:
+def groups_need_example_weights(communication: CommunicationConfig, weights: str) -> None:
     """Each edge averages its clients by examples."""
     groups = communication.groups
-    if groups and aggregation_weights != "num_examples":
+    if groups and weights != "num_examples":
         raise ConfigError(
-            f"communication.groups = {groups} needs aggregation_weights = 'num_examples' "
-            f"(each edge averages its clients by examples; '{aggregation_weights}' "
+            f"communication.groups = {groups} needs aggregation.weights = 'num_examples' "
+            f"(each edge averages its clients by examples; '{weights}' "
             "would be applied to the edges, not the clients)"
         )
 
@@ -317,28 +324,26 @@ def client_gate_outside_dp(robust: RobustConfig, privacy: PrivacyConfig) -> None
         )
 
 
-def weights_need_plain_mean(
-    aggregation_weights: str, privacy: PrivacyConfig, robust: RobustConfig
-) -> None:
+def weights_need_plain_mean(weights: str, privacy: PrivacyConfig, robust: RobustConfig) -> None:
     """A rule other than num_examples maps the plain weighted mean's weights; DP
     and secure aggregation weigh clients themselves."""
-    rule, p = aggregation_weights, privacy
+    rule, p = weights, privacy
     if rule == "num_examples":
         return
     if p.dp in ("central", "distributed") or (p.secagg and robust.aggregator == "mean"):
         raise ConfigError(
-            f"aggregation_weights = {rule!r} needs the plain weighted mean; DP and secure "
+            f"aggregation.weights = {rule!r} needs the plain weighted mean; DP and secure "
             "aggregation weigh clients by privacy.weights (uniform or capped)"
         )
     if robust.aggregator != "mean":
         raise ConfigError(
-            f"aggregation_weights = {rule!r} needs robust.aggregator = 'mean' (the plain "
+            f"aggregation.weights = {rule!r} needs robust.aggregator = 'mean' (the plain "
             f"weighted mean); {robust.aggregator!r} weighs updates its own way"
         )
     if rule in REPORTED_WEIGHTS and p.hides_updates:
         sent = "validation loss" if rule == "quality" else "label counts"
         raise ConfigError(
-            f"aggregation_weights = {rule!r} sends each client's exact {sent} outside "
+            f"aggregation.weights = {rule!r} sends each client's exact {sent} outside "
             "the privacy mechanism (local DP, tiers); use num_examples, uniform, sqrt or capped"
         )
 

@@ -145,7 +145,7 @@ def remote_data_fits(
         return
     server_reads = "the server would evaluate on its clients' rows"
     rules = [
-        ("eval_clients", eval_clients, eval_clients, server_reads, "false"),
+        ("evaluation.clients", eval_clients, eval_clients, server_reads, "false"),
         ("diagnostics.loss_gap", diagnostics.loss_gap, diagnostics.loss_gap, server_reads, "false"),
         (
             "partition.feature_shift",

@@ -1,16 +1,19 @@
-"""Config sections of evaluation beyond the global test accuracy: the
-personalised evaluation, which lets every algorithm's global model be adapted
-by a few local steps before each client's held-out slice is scored (FedAvg +
-fine-tuning is FedAvg with it on), and the drift diagnostics logged every
-round. Each section checks its own fields, with errors naming the field; how
-they combine with the rest of the run is checked in compat.py."""
+"""Config sections of evaluation: ``evaluation`` (when the global model is
+scored on the test set, each client's held-out slice, client groups, the named
+metrics) and within it the personalised evaluation, which lets every
+algorithm's global model be adapted by a few local steps before each client's
+held-out slice is scored (FedAvg + fine-tuning is FedAvg with it on); and the
+drift diagnostics logged every round. Each section checks its own fields, with
+errors naming the field; how they combine with the rest of the run is checked
+in compat.py."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
-from fedforge.config.bounds import MAX_ROUNDS, MAX_STEPS
+from fedforge.config.bounds import MAX_EXAMPLES, MAX_ROUNDS, MAX_STEPS
+from fedforge.config.pipeline import MetricName, no_repeats
 from fedforge.config.ranges import Most, Range
 
 
@@ -29,6 +32,30 @@ class PersonalEvalConfig:
     lr: Annotated[float | None, Range("> 0", null="perfedavg.alpha under perfedavg, else lr")] = (
         None
     )
+
+
+@dataclass(frozen=True)
+class EvaluationConfig:
+    """When and what the run evaluates (server/round.py, evaluation/)."""
+
+    # rounds between evaluations of the global model on the test set (and the last round)
+    every: Annotated[int, Range(">= 1"), Most(MAX_ROUNDS, "rounds")] = 1
+    initial: bool = False  # also evaluate the initial model before round 1 (a baseline)
+    clients: bool = False  # also evaluate on each client's held-out slice (clients.py)
+    # clients: the fraction of each client's data held out
+    holdout: Annotated[float, Range("(0, 1)")] = 0.2
+    # clients: a CSV 'client_id,<attribute>,...' of client groups (data/tags.py)
+    client_tags: str | None = None
+    # clients: also score each client after a few local steps (personal.py)
+    personal: PersonalEvalConfig = field(default_factory=PersonalEvalConfig)
+    # figures beyond the task's score, computed on the test set at each evaluation
+    # (fedforge.register_metric; built-in: accuracy, token_accuracy, mse)
+    metrics: tuple[MetricName, ...] = ()
+    # small batches stay in cache (the CNN evaluates faster at 250 than at 2,000)
+    batch_size: Annotated[int, Range(">= 1"), Most(MAX_EXAMPLES, "examples a batch")] = 250
+
+    def check(self) -> None:
+        no_repeats("evaluation.metrics", self.metrics)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Config sections of local training: the local optimizer's knobs, stragglers
-(clients doing fewer epochs), SCAFFOLD's client control update and
-Per-FedAvg's local meta-update. Each section checks its own fields, with
+(clients doing fewer epochs), FedProx's proximal term, SCAFFOLD's client
+control update and Per-FedAvg's local meta-update. Each section checks its own fields, with
 errors naming the field; how they combine with the rest of the run is checked
 in compat.py."""
 
@@ -17,6 +17,11 @@ from fedforge.config.ranges import Most, Range
 # the product with lr, in the same words)
 WEIGHT_DECAY = Range(">= 0", note="lr * weight_decay below 3.4e38 in a float32 run")
 WEIGHT_DECAY_RANGE = WEIGHT_DECAY.says(integer=False)
+# FedProx's mu: its section checks the range, compat.py the product with lr
+PROXIMAL = Range(
+    ">= 0", note="FedProx's proximal coefficient; lr * mu below 3.4e38 in a float32 run"
+)
+PROXIMAL_RANGE = PROXIMAL.says(integer=False)
 
 
 def step_limit(dtype: str) -> float:
@@ -43,6 +48,13 @@ class StragglerConfig:
     # of each cohort, drawn from the seed, doing fewer epochs
     fraction: Annotated[float, Range("[0, 1]")] = 0.0
     drop: bool | None = None  # drop stragglers' work; null = the algorithm's default
+
+
+@dataclass(frozen=True)
+class FedProxConfig:
+    """FedProx's local objective F_k(w) + mu/2 ||w - w_t||^2 (Li et al. 2020)."""
+
+    mu: Annotated[float, PROXIMAL] = 0.01  # the paper's grid: 0.001, 0.01, 0.1, 1
 
 
 @dataclass(frozen=True)

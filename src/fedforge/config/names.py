@@ -31,6 +31,10 @@ if TYPE_CHECKING:  # a Protocol of the fields read: schema.py imports this modul
         @property
         def policy(self) -> str: ...
 
+    class _Evaluation(Protocol):
+        @property
+        def metrics(self) -> tuple[str, ...]: ...
+
     class _Pipeline(Protocol):
         @property
         def client(self) -> tuple[str, ...]: ...
@@ -67,7 +71,7 @@ if TYPE_CHECKING:  # a Protocol of the fields read: schema.py imports this modul
         def pipeline(self) -> _Pipeline: ...
 
         @property
-        def metrics(self) -> tuple[str, ...]: ...
+        def evaluation(self) -> _Evaluation: ...
 
 
 def named(cfg: Named) -> list[tuple[str, str, str]]:
@@ -81,7 +85,7 @@ def named(cfg: Named) -> list[tuple[str, str, str]]:
         ("selection", "selection.policy", cfg.selection.policy),
         *(("stage", "pipeline.client", name) for name in cfg.pipeline.client),
         *(("stage", "pipeline.server", name) for name in cfg.pipeline.server),
-        *(("metric", "metrics", name) for name in cfg.metrics),
+        *(("metric", "evaluation.metrics", name) for name in cfg.evaluation.metrics),
     ]
 
 

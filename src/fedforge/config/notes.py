@@ -7,6 +7,8 @@ read it."""
 from __future__ import annotations
 
 from fedforge.config.data import PartitionConfig, SyntheticConfig
+from fedforge.config.local import FedProxConfig
+from fedforge.config.moved import moved_note
 from fedforge.config.privacy import PrivacyConfig
 from fedforge.config.robust import RobustConfig
 from fedforge.config.schema import Config
@@ -18,13 +20,15 @@ def config_notes(cfg: Config) -> list[str]:
     default that it does not read (FedProx's mu under another algorithm, a server
     optimizer's field its kind ignores), fields read against their algorithm's
     assumption (SCAFFOLD option II's plain SGD), and what FedBN's and a
-    feature-shifted run's global accuracy measure. Not refused (a sweep over the
-    algorithm or the kind keeps one setting for the points that read it)."""
-    out = []
-    if cfg.algorithm != "fedprox" and cfg.mu not in (0.0, Config().mu):
-        out.append(f"mu = {cfg.mu} (FedProx's) is ignored by algorithm '{cfg.algorithm}'")
+    feature-shifted run's global accuracy measure; and the new spelling of a
+    field it gave the old way (``mu``: ``fedprox.mu``). Not refused (a sweep over
+    the algorithm or the kind keeps one setting for the points that read it)."""
+    out = [note] if (note := moved_note(cfg)) else []
+    mu = cfg.fedprox.mu
+    if cfg.algorithm != "fedprox" and mu not in (0.0, FedProxConfig().mu):
+        out.append(f"fedprox.mu = {mu} is ignored by algorithm '{cfg.algorithm}'")
     so, default = cfg.server_optimizer, ServerOptimizerConfig()
-    used = {  # the fields each kind reads, besides server_lr
+    used = {  # the fields each kind reads, besides lr
         "sgd": ("momentum",),
         "adagrad": ("beta1", "tau", "bias_correction"),
         "adam": ("beta1", "beta2", "tau", "bias_correction"),
@@ -73,23 +77,24 @@ def config_notes(cfg: Config) -> list[str]:
                 "privacy.trusted_server_noise = True is ignored unless privacy.secret_noise "
                 "= false (it allows seed-derived noise in a `fedforge server` run)"
             )
-    if cfg.weight_cap is not None and cfg.aggregation_weights not in ("capped", "quality", "class"):
+    agg = cfg.aggregation
+    if agg.weight_cap is not None and agg.weights not in ("capped", "quality", "class"):
         out.append(
-            f"weight_cap = {cfg.weight_cap} is ignored by aggregation_weights "
-            f"'{cfg.aggregation_weights}' (central DP's cap is privacy.weight_cap)"
+            f"aggregation.weight_cap = {agg.weight_cap} is ignored by aggregation.weights "
+            f"'{agg.weights}' (central DP's cap is privacy.weight_cap)"
         )
     if cfg.algorithm == "fedbn":
         out.append(
             "fedbn: the global test accuracy (and target_accuracy) is of the shared layers "
             "with the initial batch norm, a model no client uses; each client's own "
-            "model is evaluated with eval_clients"
+            "model is evaluated with evaluation.clients"
         )
     shift = cfg.partition.feature_shift
     if any(domain != "none" for domain in shift):
         where = f"domain 'none', one of {len(shift)}" if "none" in shift else "no client's domain"
         out.append(
             f"partition.feature_shift = [{', '.join(shift)}]: the global test accuracy (and "
-            f"target_accuracy) is of the unshifted test set ({where}); eval_clients scores "
+            f"target_accuracy) is of the unshifted test set ({where}); evaluation.clients scores "
             "each client in its own domain"
         )
     return out

@@ -11,6 +11,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
+from fedforge.config.moved import MOVED, spellings
 from fedforge.config.schema import Config
 from fedforge.config.task import BUILT_IN_TASKS
 from fedforge.core.errors import ConfigError
@@ -20,7 +21,8 @@ def with_overrides(data: Mapping[str, Any], overrides: Mapping[str, Any]) -> dic
     """A copy of the plain config ``data`` with the dotted fields of ``overrides``
     replaced; a section the data leaves out is started empty. A new ``task`` drops
     the data's dataset and model unless they are said too; a dataset or model of
-    its own turns a built-in task into that pair."""
+    its own turns a built-in task into that pair. An override replaces its field
+    in either spelling (``mu`` and ``fedprox.mu``: config/moved.py)."""
     out = copy.deepcopy(dict(data))
     said = {dotted.split(".")[0] for dotted in overrides}
     task = out.get("task")
@@ -33,11 +35,17 @@ def with_overrides(data: Mapping[str, Any], overrides: Mapping[str, Any]) -> dic
             out.setdefault(name, value)
         out["task"] = None
     for dotted, value in overrides.items():
+        for other in spellings(dotted):  # the field in either spelling: replaced
+            _drop(out, other.split("."))
         node: dict[str, Any] = out
         tp: Any = Config
         parts = dotted.split(".")
-        for part in parts[:-1]:
-            tp = _section_type(tp, part)
+        for i, part in enumerate(parts[:-1]):
+            if i == 0 and part in MOVED:  # an old spelling: the type at its new place
+                section, name = MOVED[part].split(".")
+                tp = _section_type(_section_type(tp, section), name)
+            else:
+                tp = _section_type(tp, part)
             child = node.get(part)
             if child is None and tp is not None and part not in node:
                 child = node[part] = {}
@@ -46,6 +54,16 @@ def with_overrides(data: Mapping[str, Any], overrides: Mapping[str, Any]) -> dic
             node = child
         node[parts[-1]] = value
     return out
+
+
+def _drop(data: dict[str, Any], parts: list[str]) -> None:
+    """Remove the value at the dotted ``parts`` of plain ``data``, if it is there."""
+    for part in parts[:-1]:
+        child = data.get(part)
+        if not isinstance(child, dict):
+            return
+        data = child
+    data.pop(parts[-1], None)
 
 
 def _section_type(tp: Any, part: str) -> Any:

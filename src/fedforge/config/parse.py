@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import yaml
 
+from fedforge.config.moved import given_old, moved_data, remember
 from fedforge.config.overrides import with_overrides
 from fedforge.config.ranges import check_ranges
 from fedforge.config.schema import Config, invalid
@@ -147,9 +148,12 @@ def build_section(cls: Any, data: Any, prefix: str) -> Any:
 
 
 def from_dict(data: Mapping[str, Any]) -> Config:
-    """Build and validate a :class:`Config` from plain data (e.g. parsed YAML)."""
+    """Build and validate a :class:`Config` from plain data (e.g. parsed YAML); a
+    moved field's old spelling (``mu``) is read as its new one (``fedprox.mu``)."""
     _check_task_pair(data)
+    data, said = moved_data(data)
     result: Config = _build(Config, data)
+    remember(result, said)
     return result
 
 
@@ -353,8 +357,11 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 
 def override(cfg: Config, overrides: Mapping[str, Any]) -> Config:
-    """A copy of ``cfg`` with dotted fields replaced, validated again."""
-    return from_dict(with_overrides(to_dict(cfg), overrides))
+    """A copy of ``cfg`` with dotted fields replaced, validated again (the old
+    spellings ``cfg`` was given still said in its run's note)."""
+    result = from_dict(with_overrides(to_dict(cfg), overrides))
+    remember(result, given_old(cfg))
+    return result
 
 
 def dump(cfg: Config) -> str:

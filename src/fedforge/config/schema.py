@@ -5,7 +5,10 @@ says whether a config can run. Every error names the field and what is allowed.
 
 The words are the paper's (McMahan et al. 2017): ``client_fraction`` is C,
 ``local_epochs`` is E, ``batch_size`` is B (``null``/"all" means B = infinity,
-the client's whole data set in one batch).
+the client's whole data set in one batch). They stay top-level: the run's own
+fields; a component's own fields are in its section (``fedprox``,
+``aggregation``, ``server_optimizer``, ``evaluation``), their old top-level
+spellings still read (moved.py).
 """
 
 from __future__ import annotations
@@ -14,8 +17,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from fedforge.config import compat
+from fedforge.config import compat, moved
 from fedforge.config import task as task_rules
+from fedforge.config.aggregation import AggregationConfig
 from fedforge.config.alerts import AlertsConfig, budget_rules_need_budget
 from fedforge.config.asynchronous import AsynchronousConfig, buffered_fits
 from fedforge.config.bounds import (
@@ -30,8 +34,9 @@ from fedforge.config.bounds import (
 from fedforge.config.communication import CommunicationConfig
 from fedforge.config.data import SCALINGS, Dataset, InputScaling, PartitionConfig, SyntheticConfig
 from fedforge.config.deployment import DeploymentConfig, remote_data_fits
-from fedforge.config.evaluation import DiagnosticsConfig, PersonalEvalConfig
+from fedforge.config.evaluation import DiagnosticsConfig, EvaluationConfig
 from fedforge.config.local import (
+    FedProxConfig,
     LocalConfig,
     PerFedAvgConfig,
     ScaffoldConfig,
@@ -39,7 +44,7 @@ from fedforge.config.local import (
     step_limit,
 )
 from fedforge.config.names import check_registered
-from fedforge.config.pipeline import MetricName, PipelineConfig, no_repeats
+from fedforge.config.pipeline import PipelineConfig
 from fedforge.config.privacy import PrivacyConfig
 from fedforge.config.ranges import Most, Range, check_ranges
 from fedforge.config.robust import RobustConfig
@@ -50,7 +55,6 @@ from fedforge.core.device import DEVICE_NAMES, is_device_name
 from fedforge.core.errors import FieldCheck, raise_first
 from fedforge.core.errors import invalid_field as invalid  # noqa: F401  (parse.py's)
 
-WeightRule = Literal["num_examples", "uniform", "sqrt", "capped", "quality", "class"]
 _STEP = "must be a number > 0 (below 3.4e38 in a float32 run)"
 
 # The names of registered components (core/registry.py): checked against the
@@ -96,16 +100,9 @@ class Config:
     ] = 10
     lr: float = 0.1
     lr_decay: Annotated[float, Range("(0, 1]")] = 1.0  # local lr at round t is lr * lr_decay**t
-    server_lr: float = 1.0  # server SGD on the pseudo-gradient; 1.0 is FedAvg
-    # the weighted mean's weight per client: num_examples, uniform, sqrt, capped,
-    # quality (num_examples x exp(-validation loss / T)), class (sum_c n_kc / N_c)
-    aggregation_weights: WeightRule = "num_examples"
-    weight_cap: Annotated[int | None, Most(MAX_EXAMPLES, "examples a client", least=1)] = (
-        None  # capped: min(num_examples, weight_cap)
-    )
-    quality_temperature: Annotated[float, Range("> 0", note="T of exp(-loss / T)")] = 1.0
-    # quality: each client's validation split (not trained on)
-    quality_holdout: Annotated[float, Range("(0, 1)", note="each client's validation split")] = 0.1
+    # the weighted mean's weight per client (config/aggregation.py)
+    aggregation: AggregationConfig = field(default_factory=AggregationConfig)
+    # the server's step on the aggregate (its lr: 1.0 with sgd is FedAvg)
     server_optimizer: ServerOptimizerConfig = field(default_factory=ServerOptimizerConfig)
     # which clients each round asks: a registered policy (selection/named.py)
     selection: SelectionConfig = field(default_factory=SelectionConfig)
@@ -114,9 +111,9 @@ class Config:
     # stages added by name (fedforge.register_stage): config/pipeline.py says where
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
-    mu: float = 0.01  # fedprox: the proximal coefficient (the paper's grid 0.001..1)
     local: LocalConfig = field(default_factory=LocalConfig)
     stragglers: StragglerConfig = field(default_factory=StragglerConfig)
+    fedprox: FedProxConfig = field(default_factory=FedProxConfig)  # its proximal mu
     scaffold: ScaffoldConfig = field(default_factory=ScaffoldConfig)
     perfedavg: PerFedAvgConfig = field(default_factory=PerFedAvgConfig)
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
@@ -127,21 +124,9 @@ class Config:
     target_accuracy: Annotated[
         float | None, Range("(0, 1]", note="a fraction, e.g. 0.99", null="")
     ] = 0.99
-    eval_every: Annotated[int, Range(">= 1"), Most(MAX_ROUNDS, "rounds")] = 1
-    eval_initial: bool = False  # also evaluate the initial model before round 1 (a baseline)
-    eval_clients: bool = False  # also evaluate on each client's held-out slice (clienteval.py)
-    # eval_clients: the fraction of each client's data held out
-    eval_holdout: Annotated[float, Range("(0, 1)")] = 0.2
-    # eval_clients: a CSV 'client_id,<attribute>,...' of client groups (data/tags.py)
-    client_tags: str | None = None
-    # eval_clients: also score each client after a few local steps (personal.py)
-    personal_eval: PersonalEvalConfig = field(default_factory=PersonalEvalConfig)
+    # when and what the global model is evaluated on (config/evaluation.py)
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
-    # figures beyond the task's score, computed on the test set at each evaluation
-    # (fedforge.register_metric; built-in: accuracy, token_accuracy, mse)
-    metrics: tuple[MetricName, ...] = ()
-    # small batches stay in cache (the CNN evaluates faster at 250 than at 2,000)
-    eval_batch_size: Annotated[int, Range(">= 1"), Most(MAX_EXAMPLES, "examples a batch")] = 250
     # rounds between checkpoints; 0 = only on SIGINT/SIGTERM
     checkpoint_every: Annotated[
         int, Range(">= 0", note="0 turns periodic checkpoints off"), Most(MAX_ROUNDS, "rounds")
@@ -193,6 +178,19 @@ class Config:
         check(self)
 
 
+# Config(...) also takes a moved field's old spelling (mu=0.1), put in its section
+_dataclass_init = Config.__init__
+
+
+def _init(self: Config, *args: Any, **kwargs: Any) -> None:
+    kwargs, said = moved.moved_kwargs(Config, kwargs)
+    _dataclass_init(self, *args, **kwargs)
+    moved.remember(self, said)
+
+
+Config.__init__ = _init  # type: ignore[method-assign]
+
+
 def check(cfg: Config) -> None:
     """Whether ``cfg`` can run: the run's own fields, each section's fields, then
     how the sections combine (compat.py), in that order; the first problem
@@ -202,14 +200,16 @@ def check(cfg: Config) -> None:
     _check_run(cfg)
     sections = (
         cfg.partition,
+        cfg.aggregation,
         cfg.server_optimizer,
         cfg.selection,
         cfg.robust,
         cfg.communication,
         cfg.pipeline,
         cfg.privacy,
+        cfg.fedprox,
         cfg.perfedavg,
-        cfg.personal_eval,
+        cfg.evaluation,
         cfg.local,
         cfg.stragglers,
         cfg.diagnostics,
@@ -230,16 +230,17 @@ def check(cfg: Config) -> None:
     # how the sections combine: training and data first, then the parts a run is
     # built of in the order they are built (robustness, privacy, weights, edges)
     compat.groups_within_clients(cfg.communication, cfg.num_clients)
-    compat.personal_eval_needs_client_eval(cfg.personal_eval, cfg.eval_clients)
-    compat.client_tags_need_client_eval(cfg.client_tags, cfg.eval_clients)
+    compat.personal_eval_needs_client_eval(cfg.evaluation)
+    compat.client_tags_need_client_eval(cfg.evaluation)
     compat.declared_sizes_need_a_cap(
-        cfg.deployment.client_data, cfg.robust.max_weight_ratio, cfg.aggregation_weights
+        cfg.deployment.client_data, cfg.robust.max_weight_ratio, cfg.aggregation.weights
     )
     compat.perfedavg_plain_sgd(cfg.algorithm, cfg.local)
-    compat.perfedavg_personal_lr(cfg.algorithm, cfg.perfedavg, cfg.personal_eval)
+    compat.perfedavg_personal_lr(cfg.algorithm, cfg.perfedavg, cfg.evaluation.personal)
     compat.perfedavg_no_stragglers(cfg.algorithm, cfg.stragglers)  # before the epochs' check
     compat.perfedavg_model(cfg.algorithm, cfg.model, cfg.precision)
     compat.steps_fit_dtype(cfg.local, cfg.lr, cfg.dtype)
+    compat.proximal_step_fits_dtype(cfg.fedprox, cfg.lr, cfg.dtype)
     compat.stragglers_need_epochs(cfg.stragglers, cfg.local_epochs)
     compat.feature_shift_needs_images(cfg.partition, cfg.dataset)
     task_rules.model_fits_dataset(cfg.model, cfg.dataset, cfg.task)
@@ -247,7 +248,7 @@ def check(cfg: Config) -> None:
     task_rules.labels_fit_features(
         cfg.dataset,
         cfg.partition,
-        cfg.aggregation_weights,
+        cfg.aggregation.weights,
         cfg.robust,
         cfg.communication.group_by if cfg.communication.groups else "none",
     )
@@ -269,8 +270,8 @@ def check(cfg: Config) -> None:
     compat.one_clip(cfg.privacy, cfg.communication)
     compat.dp_noise_needs_mean(cfg.privacy, cfg.robust)
     compat.client_gate_outside_dp(cfg.robust, cfg.privacy)
-    compat.weights_need_plain_mean(cfg.aggregation_weights, cfg.privacy, cfg.robust)
-    compat.groups_need_example_weights(cfg.communication, cfg.aggregation_weights)
+    compat.weights_need_plain_mean(cfg.aggregation.weights, cfg.privacy, cfg.robust)
+    compat.groups_need_example_weights(cfg.communication, cfg.aggregation.weights)
     compat.central_dp_needs_dense_uplink(cfg.privacy, cfg.communication)
     compat.groups_exclude_central_dp(cfg.communication, cfg.privacy)
     budget_rules_need_budget(cfg.alerts, cfg.privacy.target_epsilon)
@@ -288,7 +289,7 @@ def check(cfg: Config) -> None:
     remote_data_fits(
         cfg.deployment,
         cfg.partition,
-        cfg.eval_clients,
+        cfg.evaluation.clients,
         cfg.diagnostics,
         cfg.robust,
         cfg.communication,
@@ -352,7 +353,12 @@ def _check_run(cfg: Config) -> None:
             f"must be 'fp32' with dtype {cfg.dtype!r} (bf16 keeps float32 master weights)",
         ),
         ("device", cfg.device, is_device_name(cfg.device), f"must be {DEVICE_NAMES}"),
-        ("server_lr", cfg.server_lr, 0.0 < cfg.server_lr < step_max, _STEP),
+        (
+            "server_optimizer.lr",
+            cfg.server_optimizer.lr,
+            0.0 < cfg.server_optimizer.lr < step_max,
+            _STEP,
+        ),
         (
             "name",
             cfg.name,
@@ -361,30 +367,8 @@ def _check_run(cfg: Config) -> None:
         ),
         ("runs_dir", cfg.runs_dir, bool(cfg.runs_dir.strip()), "must be a non-empty path"),
         _scaling_check(cfg),
-        *_training_checks(cfg, step_max),
     ]
     raise_first("", checks)
-    no_repeats("metrics", cfg.metrics)
-
-
-def _training_checks(cfg: Config, step_max: float) -> list[FieldCheck]:
-    """The run's fields of FedProx, evaluation and the aggregation weights."""
-    return [
-        (  # float32 runs step by lr * mu: past its largest value round 1 failed
-            "mu",
-            cfg.mu,
-            cfg.mu >= 0.0 and cfg.mu * max(cfg.lr, 1.0) < step_max,
-            "must be a number >= 0 (FedProx's proximal coefficient; lr * mu below 3.4e38 "
-            "in a float32 run)",
-        ),
-        (
-            "weight_cap",
-            cfg.weight_cap,
-            (cfg.weight_cap is None or cfg.weight_cap >= 1)
-            and (cfg.aggregation_weights != "capped" or cfg.weight_cap is not None),
-            "must be an integer >= 1 (and is needed by aggregation_weights = 'capped')",
-        ),
-    ]
 
 
 def _scaling_check(cfg: Config) -> FieldCheck:

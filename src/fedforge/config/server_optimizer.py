@@ -13,9 +13,12 @@ ServerOptimizerKind = str  # sgd, adagrad, adam, yogi or a plugin's (registered 
 @dataclass(frozen=True)
 class ServerOptimizerConfig:
     """How the server applies the aggregated delta (Reddi et al. 2021). ``sgd``
-    with ``momentum`` 0 and ``server_lr`` 1 is FedAvg; momentum > 0 is FedAvgM."""
+    with ``momentum`` 0 and ``lr`` 1 is FedAvg; momentum > 0 is FedAvgM."""
 
     kind: ServerOptimizerKind = "sgd"
+    # the server's step on the pseudo-gradient, every kind's (how it fits the
+    # run's dtype is checked with the run's lr: schema.py)
+    lr: float = 1.0
     momentum: Annotated[float, Range("[0, 1)")] = 0.0  # sgd only
     beta1: Annotated[float, Range("[0, 1)")] = 0.9
     beta2: Annotated[float, Range("[0, 1)")] = 0.99

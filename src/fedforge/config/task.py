@@ -83,7 +83,7 @@ def labels_fit_features(
             "partition.kind", partition.kind, f"deals classes over clients; {why} (use iid)"
         )
     if aggregation_weights == "class":
-        raise invalid_field("aggregation_weights", "class", f"weighs clients by class; {why}")
+        raise invalid_field("aggregation.weights", "class", f"weighs clients by class; {why}")
     if partition.label_noise > 0:
         raise invalid_field(
             "partition.label_noise", partition.label_noise, f"flips class ids; {why}"

@@ -37,7 +37,7 @@ class FederatedData:
     test_x: torch.Tensor
     test_y: torch.Tensor
     partition: Partition
-    holdout: Partition | None = None  # eval_clients: each client's held-out slice
+    holdout: Partition | None = None  # evaluation.clients: each client's held-out slice
     domains: tuple[str, ...] | None = None  # feature shift: each client's domain
     noisy_clients: tuple[int, ...] | None = None  # label noise: the noisy clients' ids
     # classes of integer labels (labels lie in [0, num_classes); a sequence's padding
@@ -78,7 +78,7 @@ class FederatedData:
         return rows.take(self.train_x, idx), rows.take(self.train_y, idx)
 
     def holdout_data(self, client_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The client's held-out slice (empty without ``eval_clients``)."""
+        """The client's held-out slice (empty without ``evaluation.clients``)."""
         if self.holdout is None:
             return self.train_x[:0], self.train_y[:0]
         idx = torch.tensor(self.holdout.client_indices[client_id], dtype=torch.int64)

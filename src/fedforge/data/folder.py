@@ -202,7 +202,7 @@ def own_data(
     """A federation's data as a process hosting ``folders``' clients holds it: their
     rows (checked against ``spec``), every other client's held elsewhere. A
     client's ``test.npz`` rows are its held-out slice (``holdout``: rows of
-    ``train_x`` outside the partition, as ``eval_clients`` carves them)."""
+    ``train_x`` outside the partition, as ``evaluation.clients`` carves them)."""
     xs: list[torch.Tensor] = []
     ys: list[torch.Tensor] = []
     empty = np.zeros(0, dtype=np.int64)

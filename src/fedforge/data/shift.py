@@ -21,7 +21,7 @@ balanced way: a permutation of the clients from (seed, "feature-shift") is cut i
 turn over the configured domains, so each domain holds floor(N / D) or ceil(N / D)
 clients. The label partition (iid, shards, dirichlet, quantity) is untouched: it
 composes. The transform is applied to every example the client holds, so its
-held-out slices (``eval_clients``, the quality weights' validation split) are in
+held-out slices (``evaluation.clients``, the quality weights' validation split) are in
 its domain too; the test set stays plain MNIST.
 
 Runs on the simulation host, once per run, before any round.

@@ -8,7 +8,7 @@ Tags come from three places, merged by attribute name:
   label-noise partition's ``label_noise`` (``noisy`` or ``clean``);
 - a Task's data source, which may return :class:`~fedforge.data.federated.FederatedData`
   with ``tags`` set (attribute -> one group name a client);
-- a ``client_tags`` CSV of the config: a header ``client_id,<attribute>,...`` and
+- an ``evaluation.client_tags`` CSV of the config: a header ``client_id,<attribute>,...`` and
   one row a client. Clients without a row are in the group ``untagged``.
 
 A later source overrides an earlier one's attribute of the same name. Where it
@@ -31,7 +31,7 @@ Tags = dict[str, tuple[str, ...]]
 
 
 def load_client_tags(path: str | Path, num_clients: int) -> Tags:
-    """The attributes of a ``client_tags`` CSV for clients ``0..num_clients-1``."""
+    """The attributes of an ``evaluation.client_tags`` CSV for clients ``0..num_clients-1``."""
     where = Path(path)
     try:
         with where.open(newline="", encoding="utf-8-sig") as f:  # a BOM (Excel) is not a name
@@ -39,16 +39,19 @@ def load_client_tags(path: str | Path, num_clients: int) -> Tags:
             header = next(reader, None)
             rows = list(enumerate(reader, start=2))
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise DataError(f"client_tags: cannot read '{where}': {exc}") from None
+        raise DataError(f"evaluation.client_tags: cannot read '{where}': {exc}") from None
     if not header or header[0].strip() != "client_id" or len(header) < 2:
         raise DataError(
-            f"client_tags: '{where}' must start with a header 'client_id,<attribute>,...' "
+            f"evaluation.client_tags: '{where}' must start with a header "
+            "'client_id,<attribute>,...' "
             f"(got {','.join(header or []) or 'an empty file'!r})"
         )
     names = [h.strip() for h in header[1:]]
     bad = next((n for n in names if not n), None)
     if bad is not None or len(set(names)) != len(names):
-        raise DataError(f"client_tags: '{where}' header {header!r} has an empty or repeated name")
+        raise DataError(
+            f"evaluation.client_tags: '{where}' header {header!r} has an empty or repeated name"
+        )
     groups = {n: [UNTAGGED] * num_clients for n in names}
     seen: set[int] = set()
     for line, row in rows:
@@ -56,10 +59,12 @@ def load_client_tags(path: str | Path, num_clients: int) -> Tags:
             continue
         client = _client_id(row[0], where, line, num_clients)
         if client in seen:
-            raise DataError(f"client_tags: '{where}' line {line}: client {client} listed twice")
+            raise DataError(
+                f"evaluation.client_tags: '{where}' line {line}: client {client} listed twice"
+            )
         if len(row) != len(header):
             raise DataError(
-                f"client_tags: '{where}' line {line} has {len(row)} fields; "
+                f"evaluation.client_tags: '{where}' line {line} has {len(row)} fields; "
                 f"the header has {len(header)}"
             )
         seen.add(client)
@@ -75,7 +80,7 @@ def _client_id(text: str, where: Path, line: int, num_clients: int) -> int:
         client = -1
     if not 0 <= client < num_clients:
         raise DataError(
-            f"client_tags: '{where}' line {line}: client_id {text!r} must be an integer "
+            f"evaluation.client_tags: '{where}' line {line}: client_id {text!r} must be an integer "
             f"in [0, {num_clients - 1}] (the run's clients)"
         )
     return client

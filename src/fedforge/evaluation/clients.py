@@ -1,8 +1,8 @@
 """Per-client evaluation: how the global model does on each client, and how
 fairly.
 
-With ``eval_clients: true`` each client's partition loses a held-out slice
-(``eval_holdout`` of its examples, at least one when it has two or more, drawn
+With ``evaluation.clients: true`` each client's partition loses a held-out slice
+(``evaluation.holdout`` of its examples, at least one when it has two or more, drawn
 from (seed, "eval-holdout", client); the rest is what it trains on). Every
 evaluation round the global model -- for FedBN with the client's own batch norm
 over it (``Algorithm.personal``) -- is evaluated on every client's slice, and on
@@ -158,6 +158,6 @@ def client_accuracies(
         own = personal.start(client_id, params) if personal is not None else params
         if adapt_fn is not None:
             own = adapt_fn(client_id, own)
-        ev = evaluate(exp.model, exp.spec, own, x, y, exp.cfg.eval_batch_size, exp.metrics)
+        ev = evaluate(exp.model, exp.spec, own, x, y, exp.cfg.evaluation.batch_size, exp.metrics)
         rows.append((client_id, ev.accuracy, ev.loss, ev.num_examples))
     return rows

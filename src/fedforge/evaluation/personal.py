@@ -2,7 +2,7 @@
 personalised model is the global model after one step of local gradient descent
 of size alpha on the client's own data, scored on the client's test data.
 
-With ``personal_eval.steps`` = k > 0 (and ``eval_clients``), every evaluation
+With ``evaluation.personal.steps`` = k > 0 (and ``evaluation.clients``), every evaluation
 round each client starts from the global model (under FedBN with its own batch
 norm, as in clienteval.py), takes k SGD steps w <- w - lr grad f(w; D) on
 minibatches D of the run's ``batch_size`` drawn without replacement from its
@@ -62,8 +62,8 @@ def fine_tune(
 
 def personal_lr(cfg: Config) -> float:
     """The step size of personalised evaluation (see the module docstring)."""
-    if cfg.personal_eval.lr is not None:
-        return cfg.personal_eval.lr
+    if cfg.evaluation.personal.lr is not None:
+        return cfg.evaluation.personal.lr
     return cfg.perfedavg.alpha if cfg.algorithm == "perfedavg" else cfg.lr
 
 
@@ -100,7 +100,7 @@ def personal_accuracies(
     lr: float | None = None,
 ) -> list[tuple[int, float, float, int]]:
     """(client, accuracy, loss, examples) on every client's held-out slice after
-    ``steps`` (default ``personal_eval.steps``) local steps of size ``lr`` (default
+    ``steps`` (default ``evaluation.personal.steps``) local steps of size ``lr`` (default
     :func:`personal_lr`) from ``params``; 0 steps: the global model's figures."""
     cfg = exp.cfg
     adapt = FineTuneClient(
@@ -108,7 +108,7 @@ def personal_accuracies(
         exp.spec,
         exp.algorithm.loss_fn,
         exp.client_train_data,
-        cfg.personal_eval.steps if steps is None else steps,
+        cfg.evaluation.personal.steps if steps is None else steps,
         personal_lr(cfg) if lr is None else lr,
         cfg.batch_size,
         cfg.seed,

@@ -80,7 +80,9 @@ class RoundDiagnostics:
             if len(y) == 0:
                 continue
             own = personal.start(c, params) if personal is not None else params
-            ev = evaluate(exp.model, exp.spec, own, x, y, exp.cfg.eval_batch_size, exp.metrics)
+            ev = evaluate(
+                exp.model, exp.spec, own, x, y, exp.cfg.evaluation.batch_size, exp.metrics
+            )
             self.global_loss[c] = ev.loss
 
     def add(self, client_id: int, delta: torch.Tensor, train_loss: float) -> None:
@@ -171,8 +173,8 @@ def evaluation_rows(
     exp: Experiment, params: torch.Tensor, round_idx: int
 ) -> dict[str, list[tuple[Any, ...]]]:
     """Rows of ``client_eval`` (each client's held-out slice), ``class_accuracy``
-    (the global model on the test set) and, with ``personal_eval.steps``,
-    ``personal_eval`` (each client's slice after its local steps, personal.py)
+    (the global model on the test set) and, with ``evaluation.personal.steps``,
+    the ``personal_eval`` table (each client's slice after its local steps, personal.py)
     and, when clients carry tags, ``group_eval`` (each group's, groups.py) for an
     evaluation round."""
     data = exp.data
@@ -180,7 +182,13 @@ def evaluation_rows(
     per_class = []  # rows of one class id each only
     if classes is not None and data.test_y.dim() == 1:
         per_class = per_class_accuracy(
-            exp.model, exp.spec, params, data.test_x, data.test_y, classes, exp.cfg.eval_batch_size
+            exp.model,
+            exp.spec,
+            params,
+            data.test_x,
+            data.test_y,
+            classes,
+            exp.cfg.evaluation.batch_size,
         )
     clients = client_accuracies(exp, params)
     rows: dict[str, list[tuple[Any, ...]]] = {
@@ -190,7 +198,7 @@ def evaluation_rows(
     tags = data.client_tags()
     if tags:  # each population group of clients (evaluation/groups.py)
         rows["group_eval"] = [(round_idx, *row) for row in group_accuracies(tags, clients)]
-    if exp.cfg.personal_eval.steps > 0:  # each client after its own local steps
+    if exp.cfg.evaluation.personal.steps > 0:  # each client after its own local steps
         rows["personal_eval"] = [
             (round_idx, *r) for r in personal_accuracies(exp, params, round_idx)
         ]

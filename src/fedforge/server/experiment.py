@@ -212,12 +212,12 @@ def _run_data(
         check_fits(data, model, name)
     fingerprint = fingerprint_of(data)
     data = shift_data(cfg, data)
-    if cfg.client_tags is not None:  # the CSV's attributes over the data's own
-        tagged = load_client_tags(cfg.client_tags, cfg.num_clients)
+    if cfg.evaluation.client_tags is not None:  # the CSV's attributes over the data's own
+        tagged = load_client_tags(cfg.evaluation.client_tags, cfg.num_clients)
         data = dataclasses.replace(data, tags={**(data.tags or {}), **tagged})
     data.client_tags()  # a data source's tags checked before the first round
-    if cfg.eval_clients and data.holdout is None:  # carve each client's held-out slice
-        keep, held = split_holdout(data.partition, cfg.eval_holdout, cfg.seed)
+    if cfg.evaluation.clients and data.holdout is None:  # carve each client's held-out slice
+        keep, held = split_holdout(data.partition, cfg.evaluation.holdout, cfg.seed)
         data = dataclasses.replace(data, partition=keep, holdout=held)
     return data, model, fingerprint
 
@@ -276,14 +276,14 @@ def _engine_for(
 
 
 def _weighted(cfg: Config, priv: PrivacyParts, robust: Aggregator) -> Aggregator:
-    """The round's aggregator, its weights mapped by ``aggregation_weights`` (which
+    """The round's aggregator, its weights mapped by ``aggregation.weights`` (which
     rules fit which aggregators: config/compat.py weights_need_plain_mean)."""
-    rule = cfg.aggregation_weights
+    rule = cfg.aggregation.weights
     if rule == "num_examples":  # DP and secure aggregation weigh themselves
         return priv.aggregator or priv.secagg_mean or robust
     if rule == "quality" or rule == "class":  # from the cohort's reports: client/reports.py
         return robust
-    return Reweighted(robust, rule, cfg.weight_cap)
+    return Reweighted(robust, rule, cfg.aggregation.weight_cap)
 
 
 def client_tables(exp: Experiment) -> dict[str, ClientStateStore]:

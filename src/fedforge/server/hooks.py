@@ -35,7 +35,7 @@ The round calls every hook, in that order, at each point of its life:
   upload the model took after the server step (``taken`` True, ``reason``
   None), in client order;
 - ``evaluated(info, accuracy, loss)``: when the round's model is evaluated on
-  the test set (``eval_every``, and the last round);
+  the test set (``evaluation.every``, and the last round);
 - ``round_end(info, end)``: every round, with its record (the row the run store
   keeps) and whose updates the model took;
 - ``recorded(info)``: every round of a run with a run store (``info.store``),

@@ -2,7 +2,7 @@
 
 Each round: sample the cohort, encode the payload, let the engine run the
 clients, decode and check every update, aggregate, step the server optimizer,
-evaluate every ``eval_every`` rounds, record the round (the alert rules of
+evaluate every ``evaluation.every`` rounds, record the round (the alert rules of
 fedforge.alerts watch it, from the store). Stops at the target
 accuracy or after ``rounds``. Runs on the server; trusts nothing it decodes.
 

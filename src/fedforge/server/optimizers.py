@@ -158,13 +158,15 @@ def register_server_optimizer(
 
 def sgd_factory(context: ComponentContext) -> ServerOptimizer:
     cfg = context.cfg
-    return ServerSGD(cfg.server_lr, cfg.server_optimizer.momentum)
+    return ServerSGD(cfg.server_optimizer.lr, cfg.server_optimizer.momentum)
 
 
 def adaptive_factory(context: ComponentContext) -> ServerOptimizer:
     cfg, so = context.cfg, context.cfg.server_optimizer
     kind = cast(AdaptiveKind, context.name)
-    return ServerAdaptive(kind, cfg.server_lr, so.beta1, so.beta2, so.tau, so.bias_correction)
+    return ServerAdaptive(
+        kind, cfg.server_optimizer.lr, so.beta1, so.beta2, so.tau, so.bias_correction
+    )
 
 
 def from_config(cfg: Config) -> ServerOptimizer:

@@ -54,6 +54,6 @@ def weight_rule(exp: Experiment) -> str:
     """The aggregation weight rule of a run, in one line."""
     cfg = exp.cfg
     line = Registry(exp.client_sizes(), cfg.robust.max_weight_ratio).describe()
-    if cfg.aggregation_weights != "num_examples":
-        line += f"; then weighed by aggregation_weights = '{cfg.aggregation_weights}'"
+    if cfg.aggregation.weights != "num_examples":
+        line += f"; then weighed by aggregation.weights = '{cfg.aggregation.weights}'"
     return line

@@ -295,7 +295,7 @@ def test_scores(exp: Experiment, params: torch.Tensor) -> EvalResult:
     """The task's score and loss of ``params`` on the test set, and the run's named
     metrics' figures."""
     data, cfg = exp.data, exp.cfg
-    x, y, batch = data.test_x, data.test_y, cfg.eval_batch_size
+    x, y, batch = data.test_x, data.test_y, cfg.evaluation.batch_size
     return evaluate(exp.model, exp.spec, params, x, y, batch, exp.metrics, exp.extra_metrics)
 
 
@@ -311,7 +311,7 @@ def evaluate_phase(
     period's model is new at its end: due if any round of it was); the round's
     hooks are told (``info``: the round's)."""
     cfg = exp.cfg
-    every = cfg.eval_every
+    every = cfg.evaluation.every
     if not ((round_idx + 1) // every > start // every or ends_run(exp, state, round_idx)):
         return None, None
     ev = test_scores(exp, state.params)
@@ -321,7 +321,7 @@ def evaluate_phase(
     state.eval_accuracy.append(ev.accuracy)
     if ev.extra:  # the named metrics: the run store's eval_metrics table
         state.outputs["eval_metrics"] = [(round_idx, n, v) for n, v in ev.extra.items()]
-    if cfg.eval_clients:  # each client's held-out slice, per-class test accuracy
+    if cfg.evaluation.clients:  # each client's held-out slice, per-class test accuracy
         state.outputs.update(diagnostics.evaluation_rows(exp, state.params, round_idx))
     return ev.accuracy, ev.loss
 

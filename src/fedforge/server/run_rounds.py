@@ -44,7 +44,7 @@ def run_rounds(
         score_name=exp.metrics.score_name,
     )
     start = time.perf_counter()
-    if cfg.eval_initial and state.next_round == 0 and state.initial_eval is None:
+    if cfg.evaluation.initial and state.next_round == 0 and state.initial_eval is None:
         state.initial_eval = _evaluate_initial(exp, state, bar)
     stopped: str | None = None
     stops: dict[str, str] = {}  # summary key: why the run stopped early
@@ -77,7 +77,7 @@ def run_rounds(
 
 
 def _evaluate_initial(exp: Experiment, state: LoopState, bar: Progress) -> tuple[float, float]:
-    """The initial model's test accuracy and loss (``eval_initial``: a baseline)."""
+    """The initial model's test accuracy and loss (``evaluation.initial``: a baseline)."""
     ev = test_scores(exp, state.params)
     name, score = exp.metrics.score_name, ev.accuracy
     shown = f"{score:.4f}" if name == "R^2" else percent(score)

@@ -56,7 +56,7 @@ class LoopState:
     # rows of the run store's per-round tables (client_eval, diagnostics, ...) of the
     # round just run, written by the loop with the round; never checkpointed
     outputs: dict[str, list[tuple[Any, ...]]] = field(default_factory=dict)
-    # eval_initial: the initial model's test accuracy and loss (checkpointed)
+    # evaluation.initial: the initial model's test accuracy and loss (checkpointed)
     initial_eval: tuple[float, float] | None = None
     # the norms of the updates taken in the last robust.norm_window rounds that
     # took any, oldest first: robust.max_norm_multiple's reference (checkpointed)
@@ -181,7 +181,7 @@ class LoopState:
 
 
 def _initial_eval(stored: Any) -> tuple[float, float] | None:
-    """``eval_initial``'s accuracy and loss as a checkpoint stored them, if it did."""
+    """``evaluation.initial``'s accuracy and loss as a checkpoint stored them, if it did."""
     if not isinstance(stored, list) or len(stored) != 2:
         return None
     return float(stored[0]), float(stored[1])

@@ -1,6 +1,6 @@
 """Sweeps and the IID control experiment.
 
-``fedforge sweep CONFIG --grid local_epochs=1,5 --grid mu=0,0.01`` runs every
+``fedforge sweep CONFIG --grid local_epochs=1,5 --grid fedprox.mu=0,0.01`` runs every
 point of the grid (the cartesian product, first key slowest) one after the
 other, each as an ordinary run in ``runs_dir``, and prints one table: total
 bytes, rounds, final and best accuracy, rounds to target. A point whose finished

@@ -15,7 +15,7 @@ Every other loop a field multiplies is counted too, each at the fastest speed
 it could go: the aggregator's passes over the cohort's updates
 (``robust.centred_clip_iterations``, ``robust.geomed_max_iter``: m updates of P
 values each pass, at :data:`VALUES_PER_SECOND`) and personalised evaluation's
-local steps (``personal_eval.steps`` batches for every client, each evaluation).
+local steps (``evaluation.personal.steps`` batches for every client, each evaluation).
 The line names the loop that takes longest.
 """
 
@@ -98,17 +98,17 @@ def _loops(
             f"updates): more than {_span(seconds)} at {VALUES_PER_SECOND:.0e} values/s; "
             f"lower {field} or rounds to shorten it"
         )))  # fmt: skip
-    steps = cfg.personal_eval.steps
-    if steps and cfg.eval_clients:
-        evals = -(-rounds // cfg.eval_every)
+    steps = cfg.evaluation.personal.steps
+    if steps and cfg.evaluation.clients:
+        evals = -(-rounds // cfg.evaluation.every)
         examples = float(evals) * steps * sum(min(n, cfg.batch_size or n) for n in sizes)
         rate = EXAMPLES_PER_SECOND.get(cfg.model, UNKNOWN_MODEL_EXAMPLES_PER_SECOND)
         seconds = examples / rate
         out.append((seconds, (
             f"this run's personalised evaluation may train on {examples:.3g} examples "
-            f"({evals} evaluations x personal_eval.steps {steps} x every client's batch): "
-            f"more than {_span(seconds)} at {rate:,} examples/s; lower personal_eval.steps "
-            "or raise eval_every to shorten it"
+            f"({evals} evaluations x evaluation.personal.steps {steps} x every client's batch): "
+            f"more than {_span(seconds)} at {rate:,} examples/s; lower evaluation.personal.steps "
+            "or raise evaluation.every to shorten it"
         )))  # fmt: skip
     return out
 

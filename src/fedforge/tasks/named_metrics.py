@@ -62,10 +62,11 @@ def mse(context: ComponentContext) -> MeanSquaredError:
 
 
 def from_config(cfg: Config) -> tuple[tuple[str, Metric], ...]:
-    """The metrics ``cfg.metrics`` names, by name, each built by its registered factory."""
+    """The metrics ``cfg.evaluation.metrics`` names, by name, each built by its
+    registered factory."""
     built = []
-    for name in cfg.metrics:
-        metric: Metric = make("metric", name, cfg, "metrics")
+    for name in cfg.evaluation.metrics:
+        metric: Metric = make("metric", name, cfg, "evaluation.metrics")
         for method in ("batch", "value"):
             if not callable(getattr(metric, method, None)):
                 raise ConfigError(

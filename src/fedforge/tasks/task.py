@@ -100,7 +100,7 @@ def check_run_fits(cfg: Config, task: Task, data: FederatedData) -> None:
     labels_fit_features(
         cfg.dataset,
         cfg.partition,
-        cfg.aggregation_weights,
+        cfg.aggregation.weights,
         cfg.robust,
         groups.group_by if groups.groups else "none",
         kind,

@@ -45,7 +45,7 @@ from fedforge.transport.logs import log_event
 
 def client_config(config_yaml: str, device: str, trust_server_noise: bool = False) -> Config:
     """The server's config as this process runs it: one client at a time, serially,
-    on one thread, on ``device``; without ``client_tags`` (a CSV on the server's
+    on one thread, on ``device``; without ``evaluation.client_tags`` (a CSV on the server's
     host, read by its per-tag evaluation alone); its privacy noise from the OS
     unless its operator trusts the server with it (``config/privacy.py``:
     ``client_privacy``; a line when that overrides the server's config). The
@@ -57,7 +57,7 @@ def client_config(config_yaml: str, device: str, trust_server_noise: bool = Fals
         log_event("client", "noise_kept_secret", warning=said)
     local = {"engine": "serial", "workers": 1, "threads": 1, "device": device}
     return override(
-        cfg, {**local, "client_tags": None, "privacy.secret_noise": privacy.secret_noise}
+        cfg, {**local, "evaluation.client_tags": None, "privacy.secret_noise": privacy.secret_noise}
     )
 
 

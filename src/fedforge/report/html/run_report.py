@@ -61,7 +61,7 @@ def _time(d: Data) -> Section:
 def _clients(d: Data) -> Section:
     s = Section("clients", "Per-client accuracy", d, figures=figures.client_figures(d))
     if d["round"] is None:
-        s.empty = "The run evaluated no client on its own data (eval_clients was off)."
+        s.empty = "The run evaluated no client on its own data (evaluation.clients was off)."
         return s
     summary = d["summary"]
     s.body = text(

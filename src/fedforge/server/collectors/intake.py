@@ -77,7 +77,7 @@ def check_update(exp: Experiment, client_id: int, round_idx: int, data: bytes) -
     if not all_finite(delta):
         raise UploadError("delta holds non-finite values (NaN or inf)")
     n, train_loss = read_update_header(msg.meta, client_id, round_idx)
-    report = read_report(msg.meta, exp.cfg.aggregation_weights, n, exp.data.classes() or 0)
+    report = read_report(msg.meta, exp.cfg.aggregation.weights, n, exp.data.classes() or 0)
     kept = admitted(exp, check_extras(exp, extras), delta, n)
     return Upload(client_id, delta, n, train_loss, len(data), kept, report)
 
@@ -227,7 +227,7 @@ class Intake:
         ctx = StageContext(task_round, self.exp.cfg.seed, client_id)
         up.delta = self.exp.pipeline.run_upload(up.delta, ctx)
         up.weight = self.limits.registry.weight(client_id, up.num_examples)
-        if up.weight <= 0 and self.exp.cfg.aggregation_weights == "num_examples":
+        if up.weight <= 0 and self.exp.cfg.aggregation.weights == "num_examples":
             why = (
                 f"client {client_id}'s update weighs nothing: it reports {up.num_examples} "
                 f"examples and may claim at most {self.limits.registry.limits[client_id]:g}"
