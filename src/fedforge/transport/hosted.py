@@ -134,6 +134,6 @@ def evaluation_report(exp: Experiment, client_id: int, payload: bytes) -> bytes:
     data (``evaluation_data``), as the JSON report an EVALUATE is answered with."""
     params = wire.decode(payload).tensors["params"]
     x, y = evaluation_data(exp, client_id)
-    ev = evaluate(exp.model, exp.spec, params, x, y, exp.cfg.eval_batch_size, exp.metrics)
+    ev = evaluate(exp.model, exp.spec, params, x, y, exp.cfg.evaluation.batch_size, exp.metrics)
     report = {"accuracy": ev.accuracy, "loss": ev.loss, "num_examples": int(len(y))}
     return json.dumps(report).encode()
