@@ -10,6 +10,10 @@ profile, the real payload and update bytes and the examples of its local
 epochs; without ``systems.profiles`` every client's work takes one virtual
 second. A client of the profile's ``failure_prob`` fails before uploading
 (drawn from (seed, round, client)); its slot frees when it would have uploaded.
+With profiles only the clients online at the clock's time are handed work
+(``systems/availability.py``; when nobody is at work and nobody online, the
+clock waits for the first to come online), and one that goes offline before
+its upload arrives drops out then, its slot freed.
 
 Arrivals are taken in time order, ties by client id, into the round's
 ``Buffer`` (``collectors/buffer.py``) until K updates were taken; then the
@@ -22,6 +26,10 @@ cohort generator, so with M = K = the cohort size and equal times every round
 asks the synchronous round's cohort and computes its model, to the bit. When
 no client can be handed work and none is at work, the round closes with the
 updates it holds.
+
+Each step's end is the run's virtual time after it (``LoopState.virtual_s``,
+a ``round_clock`` row), as a synchronous round's on the clock, and each arrived
+upload's seconds are its selection history's duration.
 
 The state between steps (``buffered_state.py``) is checkpointed with the
 loop's, so a resumed run delivers the same updates at the same times.
