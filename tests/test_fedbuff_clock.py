@@ -83,3 +83,17 @@ def test_only_online_clients_get_work_and_offline_ones_drop_out(
     assert [(t[0], t[5], t[6]) for t in dropped] == [(0, 1.5, 0)]
     assert hook.seen[0] == {0: 1.0, 1: None, 2: 4.0, 3: None}
     assert hook.seen[1] == {0: 1.0, 1: None, 2: 4.0, 3: 5.0}
+
+
+def test_with_nobody_online_the_clock_waits_for_the_first(
+    make_data: MakeData, tmp_path: Path
+) -> None:
+    """Clients 0 and 1 come online at 2 s, 2 and 3 never: nothing is handed out
+    until 2, then 0 and 1 arrive at 3 and 4: the step ends at 4."""
+    trace = tmp_path / "late.csv"
+    trace.write_text("client_id,start_s,end_s\n0,2,100\n1,2,100\n")
+    systems = {"profiles": _profiles(tmp_path), "trace": str(trace)}
+    result = run(_hand_cfg(tmp_path, rounds=1, systems=systems), data=make_data(SIZES))
+    with RunStore.open(result.run_dir) as store:
+        assert store.round_clock() == [(0, 0.0, 4.0, 4.0, 0, 2, 2)]
+        assert sorted(c.client_id for c in store.client_rounds(0)) == [0, 1]
