@@ -10,6 +10,10 @@ profile, the real payload and update bytes and the examples of its local
 epochs; without ``systems.profiles`` every client's work takes one virtual
 second. A client of the profile's ``failure_prob`` fails before uploading
 (drawn from (seed, round, client)); its slot frees when it would have uploaded.
+With profiles only the clients online at the clock's time are handed work
+(``systems/availability.py``; when nobody is at work and nobody online, the
+clock waits for the first to come online), and one that goes offline before
+its upload arrives drops out then, its slot freed.
 
 Arrivals are taken in time order, ties by client id, into the round's
 ``Buffer`` (``collectors/buffer.py``) until K updates were taken; then the
@@ -22,6 +26,10 @@ cohort generator, so with M = K = the cohort size and equal times every round
 asks the synchronous round's cohort and computes its model, to the bit. When
 no client can be handed work and none is at work, the round closes with the
 updates it holds.
+
+Each step's end is the run's virtual time after it (``LoopState.virtual_s``,
+a ``round_clock`` row), as a synchronous round's on the clock, and each arrived
+upload's seconds are its selection history's duration.
 
 The state between steps (``buffered_state.py``) is checkpointed with the
 loop's, so a resumed run delivers the same updates at the same times.
@@ -37,7 +45,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -145,6 +153,7 @@ def run_buffered_round(
     )  # fmt: skip
     filling = Filling(exp, state, buffered, orders, buffer, log, bar, concurrency)
     fill = getattr(exp.engine, "fill_buffer", None)  # a deployment's: over the network
+    started_s = buffered.now
     heard, sent = fill(filling) if fill is not None else _fill_virtual(filling)
     buffer.end_phase()
     uploaded = sorted(e.client_id for e in heard if e.data is not None)
@@ -171,9 +180,19 @@ def run_buffered_round(
     asked = dataclasses.replace(orders, cohort=uploaded)
     record = round_record(exp, asked, collected, clients, test_acc, test_loss, t0)
     _outputs(state, round_idx, buffered.now, heard, buffer.taken_staleness() if applied else [])
+    durations: dict[int, float] = {}
+    if fill is None:  # the simulator's step on the virtual clock
+        online = filling.online_at(started_s)
+        state.outputs["round_clock"] = [
+            (round_idx, started_s, buffered.now - started_s, buffered.now, online, len(heard),
+             len(uploaded)),
+        ]  # fmt: skip
+        state.virtual_s.append(buffered.now)
+        durations = {e.client_id: e.arrives - e.started for e in heard if e.data is not None}
     rows = list(clients.values())
     used = sorted(clients)
-    hooks.round_end(info, RoundEnd(record, used, applied, uploaded, uploaded, rows))
+    end = RoundEnd(record, used, applied, uploaded, uploaded, rows, durations)
+    hooks.round_end(info, end)
     return record, rows
 
 
@@ -211,6 +230,28 @@ class Filling:
         view = self.state.selection.view(self.exp.client_sizes())
         return checked_choice(self.exp, SelectionRound(round_idx, pool, size, view, rng))
 
+    def online(self, clients: Iterable[int], t: float) -> list[int]:
+        """Those of ``clients`` online at virtual time ``t`` (all, without profiles)."""
+        systems = self.exp.systems
+        if systems is None:
+            return list(clients)
+        return [c for c in clients if systems.availability.online(c, t)]
+
+    def online_at(self, t: float) -> int:
+        """How many clients are online at virtual time ``t``."""
+        return len(self.online(range(self.exp.cfg.num_clients), t))
+
+    def next_online(self, heard: set[int]) -> float:
+        """The first time after now at which a client neither at work nor in
+        ``heard`` comes online (inf: none, or the run has no availability)."""
+        systems, now = self.exp.systems, self.buffered.now
+        if systems is None:
+            return math.inf
+        idle = self.buffered.busy() | heard
+        avail = systems.availability
+        free = [c for c in range(self.exp.cfg.num_clients) if c not in idle]
+        return min((avail.next_online(c, now) for c in free), default=math.inf)
+
 
 def _fill_virtual(f: Filling) -> tuple[list[InFlight], int]:
     """The simulator's step: arrivals in time order until K were taken (the
@@ -224,6 +265,11 @@ def _fill_virtual(f: Filling) -> tuple[list[InFlight], int]:
         if free > 0 and (nxt is None or nxt > buffered.now):  # this instant's uploads are in
             sent += _dispatch(f, free, {e.client_id for e in heard})
             nxt = buffered.next_arrival()
+        if nxt is None and free > 0:  # nobody at work: wait for a client to come online
+            later = f.next_online({e.client_id for e in heard})
+            if buffered.now < later < math.inf:
+                buffered.now = later
+                continue
         if nxt is None:
             f.log.write(
                 f"no client is at work and none may be handed work before the next step; "
@@ -247,7 +293,7 @@ def _dispatch(f: Filling, free: int, heard: set[int]) -> int:
     cfg = exp.cfg
     round_idx = orders.round_idx
     busy = buffered.busy() | heard
-    pool = [c for c in range(cfg.num_clients) if c not in busy]
+    pool = f.online((c for c in range(cfg.num_clients) if c not in busy), buffered.now)
     size = min(free, len(pool))
     if size == 0:
         return 0
@@ -266,9 +312,19 @@ def _dispatch(f: Filling, free: int, heard: set[int]) -> int:
         arrives = buffered.now + took.total_s
         if profiles is not None and _fails(cfg.seed, round_idx, c, profiles[c].failure_prob):
             data, arrives = None, buffered.now + took.download_s + took.compute_s
+        gone = _offline_at(exp, c, buffered.now)  # a client offline before its upload drops out
+        if gone < arrives:
+            data, arrives = None, gone
         start, parts = buffered.now, (took.download_s, took.compute_s, took.upload_s)
         buffered.push(InFlight(arrives, c, round_idx, start, *parts, data))
     return len(cohort)
+
+
+def _offline_at(exp: Experiment, client_id: int, t: float) -> float:
+    """When a client online at ``t`` goes offline (inf: never, or no availability)."""
+    if exp.systems is None:
+        return math.inf
+    return exp.systems.availability.online_until(client_id, t)
 
 
 def _fails(seed: int, round_idx: int, client_id: int, prob: float) -> bool:
