@@ -78,7 +78,7 @@ BASE: dict[str, Any] = {
     "batch_size": 10,
     "lr": 0.05,
     "target_accuracy": 0.95,
-    "eval_every": 5,
+    "evaluation": {"every": 5},
     "engine": "vectorized",
     "workers": 1,
     "threads": 1,
