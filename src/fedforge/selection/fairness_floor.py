@@ -16,7 +16,10 @@ f <= m each cohort: shown by induction on the due counts), which the factory
 checks; an over-selecting deployment asks more than m, which only helps.
 Where fewer clients may be asked than the run's (a deployment's connected
 ones), the floor is kept for those there, earliest deadline first: a client
-away past its deadline is asked first when it comes back.
+away past its deadline is asked first when it comes back. The guarantee is
+therefore for clients that can be reached: in a simulation whose profiles take
+clients offline (``systems:``) one offline at every cohort of its window is not
+asked in it.
 "Asked" is the cohort: a client that then drops out was still asked.
 """
 
