@@ -86,14 +86,15 @@ def oort_rows() -> tuple[dict[int, dict[str, Any]], list[int]]:
 
 
 def test_oort_scores_utility_plus_staleness_times_the_speed_penalty() -> None:
-    """Round 10 (index 9), T = 10 s, alpha = 2: U = n * loss = 20, 10, 40, scaled
-    by the largest to 0.5, 0.25, 1; staleness sqrt(0.1 ln 10 / L) with L the round
+    """Round 10 (index 9), T = 10 s, alpha = 2: U = n * loss = 20, 10, 40, clipped
+    at their 95th percentile (rank 0.95 x 2 = 1.9, the lower held value: 20), so
+    20, 10, 20, scaled by the largest to 1, 0.5, 1; staleness sqrt(0.1 ln 10 / L) with L the round
     (from 1) last taken 5, 9, 1; client 1 took 20 s > T: times (10/20)^2."""
     rows, sizes = oort_rows()
     policy = Oort(OortOptions(preferred_duration_s=10.0))
     got = policy.scores(ask(rows, sizes, 2, round_idx=9))
     bonus = [math.sqrt(0.1 * math.log(10) / last) for last in (5, 9, 1)]
-    want = {0: 0.5 + bonus[0], 1: (0.25 + bonus[1]) * 0.25, 2: 1.0 + bonus[2]}
+    want = {0: 1.0 + bonus[0], 1: (0.5 + bonus[1]) * 0.25, 2: 1.0 + bonus[2]}
     assert got.keys() == want.keys()
     for c, score in want.items():
         assert got[c] == pytest.approx(score, rel=1e-12)
@@ -101,6 +102,25 @@ def test_oort_scores_utility_plus_staleness_times_the_speed_penalty() -> None:
     from_durations = Oort(OortOptions(duration_percentile=50.0))
     assert from_durations.preferred_duration(ask(rows, sizes, 2, round_idx=9)) == 10.0
     assert from_durations.scores(ask(rows, sizes, 2, round_idx=9)) == pytest.approx(want)
+
+
+def test_a_client_claiming_a_huge_loss_is_scored_as_the_clipped_top() -> None:
+    """Twenty clients of 10 examples, losses 1.0 .. 2.0; client 0 claims 1e6, client 1
+    a loss that makes n * loss infinite, client 2 a negative one. U is clipped at
+    its 95th percentile (the lower held value): the liar's utility term is the
+    top honest client's, 1, the honest clients keep theirs (n * loss over it), the
+    non-finite and negative claims count 0."""
+    losses = [1e6, 1e308, -5.0] + [1.0 + k / 16 for k in range(17)]
+    rows = {c: {"last_loss": x, "last_used": 0} for c, x in enumerate(losses)}
+    sizes = [10] * 20
+    policy = Oort(OortOptions(preferred_duration_s=10.0, staleness=0.0))
+    got = policy.scores(ask(rows, sizes, 2, round_idx=0))
+    # ranked U: 0, 0, 10 .. 20 (17 honest), 1e7; rank 0.95 x 19 = 18.05: the 19th, 20
+    cap = 20.0
+    assert got[0] == 1.0 and got[1] == 0.0 and got[2] == 0.0
+    for c in range(3, 20):
+        assert got[c] == pytest.approx(min(10 * losses[c], cap) / cap, rel=1e-12)
+    assert min(got[c] for c in range(3, 20)) == 0.5  # 10 / 20: the liar flattened none
 
 
 def test_oort_exploits_above_the_cut_off_and_explores_the_unheard() -> None:

@@ -33,8 +33,11 @@ A client heard from (its update taken with a loss: *explored*) scores
   explored whose score is at least ``cut_off`` times the score ranked at the
   exploited count (the paper's confidence cut-off). Either part too small: the
   other fills the cohort.
-- Not done: the paper's blacklisting of clients picked too often and the
-  clipping of utilities at a percentile (outlier robustness).
+- Outliers: U_i is at least 0 (a negative or non-finite claim counts 0) and at
+  most the ``utility_percentile``-th percentile of the explored clients' U (the
+  paper's clipping; the lower of the two values around it), so a client that claims a huge loss or example count is
+  scored as the clients near the top, not above them all.
+- Not done: the paper's blacklisting of clients picked too often.
 
 It reads the reported losses (``reads_losses``): refused where the run's
 privacy keeps them from the server (secure aggregation).
@@ -59,9 +62,11 @@ STALLED = 0.1  # the pacer's relative change of utility below which it relaxes T
 
 
 def utility(history: ClientHistories, client_id: int) -> float:
-    """U_i = n_i * last_loss: the statistical utility of an explored client."""
+    """U_i = n_i * last_loss: the statistical utility of an explored client (0
+    where the product is negative or not finite)."""
     row = history[client_id]
-    return float(row.num_examples) * float(row.last_loss or 0.0)
+    u = float(row.num_examples) * float(row.last_loss or 0.0)
+    return u if math.isfinite(u) and u > 0 else 0.0
 
 
 class Oort:
@@ -105,12 +110,17 @@ class Oort:
         explored = [c for c in round.among if round.history[c].last_loss is not None]
         if not explored:
             return {}
-        top = max(utility(round.history, c) for c in explored)
+        raw = {c: utility(round.history, c) for c in explored}
+        # the percentile taken at a value held (the lower of the two around it), so
+        # that one outlier among twenty is cut to the largest of the rest
+        cap = float(np.percentile(list(raw.values()), self.o.utility_percentile, method="lower"))
+        clipped = {c: min(u, cap) for c, u in raw.items()}
+        top = max(clipped.values())
         T, log_r = self.preferred_duration(round), math.log(round.round_idx + 1)
         out = {}
         for c in explored:
             row = round.history[c]
-            u = utility(round.history, c) / top if top > 0 else 0.0
+            u = clipped[c] / top if top > 0 else 0.0
             last = (row.last_used if row.last_used is not None else 0) + 1
             u += math.sqrt(self.o.staleness * log_r / last)
             t = row.last_duration_s

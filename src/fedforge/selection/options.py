@@ -42,6 +42,10 @@ class OortOptions:
     cut_off: Annotated[float, Range("[0, 1]")] = 0.95
     # the weight of the staleness bonus sqrt(staleness * log R / L)
     staleness: Annotated[float, Range(">= 0")] = 0.1
+    # a statistical utility above this percentile of the explored clients' is cut
+    # to it (the paper's outlier clipping: one client's claimed loss or example
+    # count cannot outweigh the rest); 100: no clipping
+    utility_percentile: Annotated[float, Range("(0, 100]")] = 95.0
 
     def check(self) -> None:
         if self.exploration_min > self.exploration:
