@@ -35,8 +35,9 @@ A client heard from (its update taken with a loss: *explored*) scores
   other fills the cohort.
 - Outliers: U_i is at least 0 (a negative or non-finite claim counts 0) and at
   most the ``utility_percentile``-th percentile of the explored clients' U (the
-  paper's clipping; the lower of the two values around it), so a client that claims a huge loss or example count is
-  scored as the clients near the top, not above them all.
+  paper's clipping; the lower of the two values around it), so a client that
+  claims a huge loss or example count is scored as the clients near the top,
+  not above them all.
 - Not done: the paper's blacklisting of clients picked too often.
 
 It reads the reported losses (``reads_losses``): refused where the run's

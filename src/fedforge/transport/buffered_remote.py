@@ -38,6 +38,7 @@ from pathlib import Path
 from fedforge.config import Config
 from fedforge.server.buffered import Filling
 from fedforge.server.buffered_state import InFlight
+from fedforge.transport.client_times import bounded_times
 from fedforge.transport.hub import Hub
 from fedforge.transport.ids import logged_ids
 from fedforge.transport.logs import log_event
@@ -175,8 +176,13 @@ class BufferedRemoteEngine(RemoteEngine):
             reason=why,
         )
         now = self.elapsed()
-        down, train, up = _parts(a.reported, now - job.started)
-        return InFlight(now, a.client_id, job.version, job.started, down, train, up, a.data)
+        m, refused = bounded_times(a.reported, now - job.started)
+        if refused is not None:
+            log_event("server", "times_refused", client=a.client_id, step=r + 1, reason=refused)
+        # the bytes were offered above: a step keeps only whether they came
+        return InFlight(
+            now, a.client_id, job.version, job.started, m.download_s, m.compute_s, m.upload_s, b""
+        )
 
     def _lapsed(self, r: int) -> list[InFlight]:
         """The clients at work past their deadline or gone: dropouts, slots free."""
@@ -205,15 +211,6 @@ class BufferedRemoteEngine(RemoteEngine):
         held = {j.version for j in self.at_work.values()} | {r}
         for v in [v for v in self.served if v not in held]:
             self.hub.withdraw(self.served.pop(v))
-
-
-def _parts(reported: tuple[float, float] | None, total: float) -> tuple[float, float, float]:
-    """A client's (download, training, upload) seconds: its word, when it fits in
-    the server's measured ``total``; else unknown (NaN)."""
-    if reported is None or min(reported) < 0 or sum(reported) > total:
-        return math.nan, math.nan, math.nan
-    down, train = reported
-    return down, train, total - down - train
 
 
 __all__ = ["BufferedRemoteEngine", "Job"]
