@@ -27,41 +27,21 @@ import dataclasses
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-import fedforge
 from fedforge import config as config_mod
-from fedforge.data.federated import FederatedData, load_federated_data
-from fedforge.server.loop import run
+from fedforge.data.federated import load_federated_data
 
 ROOT = Path(__file__).resolve().parent.parent
 ARMS: dict[str, dict[str, Any]] = {"plain": {}, "clock": {"systems.draw": True}}
 
 
-class RoundSeconds(fedforge.RoundHook):
-    """CPU and wall seconds of each round, from its start to its end (observes only)."""
-
-    name = "clock_benchmark_seconds"
-
-    def __init__(self) -> None:
-        self.cpu: list[float] = []
-        self.wall: list[float] = []
-        self._at = (0.0, 0.0)
-
-    def round_start(self, info: fedforge.RoundInfo) -> None:
-        self._at = (time.process_time(), time.perf_counter())
-
-    def round_end(self, info: fedforge.RoundInfo, end: fedforge.RoundEnd) -> None:
-        self.cpu.append(time.process_time() - self._at[0])
-        self.wall.append(time.perf_counter() - self._at[1])
-
-
-def one_run(cfg: config_mod.Config, data: FederatedData, seconds: RoundSeconds) -> torch.Tensor:
-    return run(cfg, data=data, store=False, hooks=[seconds]).params
+# the per-round CPU and wall timer hook and one unstored run: plugins.py's
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from plugins import RoundClock, one_run  # noqa: E402  (benchmarks/ is no package)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,10 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     full = load_federated_data(base)
     data = dataclasses.replace(full, test_x=full.test_x[:1], test_y=full.test_y[:1])
     cfgs = {arm: config_mod.override(base, extra) for arm, extra in ARMS.items()}
-    clocks = {arm: RoundSeconds() for arm in ARMS}
+    clocks = {arm: RoundClock() for arm in ARMS}
     finals: dict[str, torch.Tensor] = {}
     for arm in ARMS:  # warm-up, not counted
-        one_run(cfgs[arm], data, RoundSeconds())
+        one_run(cfgs[arm], data, RoundClock())
     for i in range(args.repeats):
         for arm in ARMS if i % 2 == 0 else reversed(ARMS):
             finals[arm] = one_run(cfgs[arm], data, clocks[arm])
