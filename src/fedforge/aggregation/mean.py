@@ -39,7 +39,7 @@ class Aggregator(Protocol):
     def start(self, size: int, dtype: torch.dtype) -> Accumulator: ...
 
 
-class _RunningWeightedSum:
+class RunningWeightedSum:
     def __init__(self, size: int, dtype: torch.dtype) -> None:
         self._sum = torch.zeros(size, dtype=dtype)
         self._weight = 0.0
@@ -51,6 +51,14 @@ class _RunningWeightedSum:
         self._sum.add_(update.to(self._sum.dtype), alpha=weight)
         self._weight += weight
         self._count += 1
+
+    def add_sum(self, weighted_sum: torch.Tensor, weight: float, count: int) -> None:
+        """Add ``count`` updates summed elsewhere: their weighted sum and total weight."""
+        if weight < 0:
+            raise ValueError(f"aggregation weight {weight} must be >= 0")
+        self._sum.add_(weighted_sum.to(self._sum.dtype))
+        self._weight += weight
+        self._count += count
 
     def result(self) -> torch.Tensor:
         if self._count == 0 or self._weight <= 0:
@@ -79,4 +87,4 @@ class WeightedMean:
         return (w @ updates) / w.sum()
 
     def start(self, size: int, dtype: torch.dtype) -> Accumulator:
-        return _RunningWeightedSum(size, dtype)
+        return RunningWeightedSum(size, dtype)

@@ -47,6 +47,7 @@ from fedforge.config.names import check_registered
 from fedforge.config.pipeline import PipelineConfig
 from fedforge.config.privacy import PrivacyConfig
 from fedforge.config.ranges import Most, Range, check_ranges
+from fedforge.config.ray import RayConfig
 from fedforge.config.robust import RobustConfig
 from fedforge.config.selection import SelectionConfig, policy_fits_privacy
 from fedforge.config.server_optimizer import ServerOptimizerConfig
@@ -61,7 +62,7 @@ _STEP = "must be a number > 0 (below 3.4e38 in a float32 run)"
 # registry's names when a config is checked (check_registered), after its plugins load
 AlgorithmName = str  # fedavg, fedsgd, fedprox, scaffold, fedbn, perfedavg or a plugin's
 ModelName = str  # a built-in model or one given to fedforge.register_model
-EngineName = Literal["auto", "serial", "vectorized"]
+EngineName = Literal["auto", "serial", "vectorized", "ray"]
 DType = Literal["float32", "float64"]
 Precision = Literal["fp32", "bf16"]
 DeviceName = str  # cpu, cuda, cuda:N or auto (core/device.py)
@@ -135,6 +136,8 @@ class Config:
     engine: EngineName = "auto"
     # processes the cohort is spread over (engines/pool.py); 0: one per core
     workers: Annotated[int, Range(">= 0", note="0: one per core"), Most(1024, "processes")] = 1
+    # engine: ray's cluster and workers (config/ray.py)
+    ray: RayConfig = field(default_factory=RayConfig)
     # torch intra-op threads of each process of the run; null: the usable cores
     # divided among the run's processes (engines/threads.py)
     threads: Annotated[
@@ -218,6 +221,7 @@ def check(cfg: Config) -> None:
         cfg.alerts,
         cfg.asynchronous,
         cfg.systems,
+        cfg.ray,
     )
     names = {id(getattr(cfg, f.name)): f.name for f in dataclasses.fields(cfg)}
     for section in sections:

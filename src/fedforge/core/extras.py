@@ -18,6 +18,7 @@ EXTRAS = {
     "tensorboard": "tensorboard",
     "mlflow": "mlflow",
     "pyarrow": "parquet",
+    "ray": "ray",
 }
 
 

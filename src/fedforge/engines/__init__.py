@@ -12,6 +12,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from fedforge.client.runtime import ClientTask, ClientUpload
+from fedforge.engines.partial import PartialSum, Summing
 
 if TYPE_CHECKING:
     from fedforge.store import RunStore
@@ -30,6 +31,13 @@ class Engine(Protocol):
 
     def run_cohort(self, tasks: Sequence[ClientTask], payload: bytes) -> Iterator[ClientUpload]:
         """Each task's upload, in the order they finish."""
+        ...
+
+    def run_summed(
+        self, tasks: Sequence[ClientTask], payload: bytes, summing: Summing
+    ) -> Iterator[PartialSum] | None:
+        """The tasks' uploads judged and summed where they are trained, one share
+        a worker (engines/partial.py); None: this engine sends each upload."""
         ...
 
     def run_phase(self, phase: str, messages: Mapping[int, bytes]) -> dict[int, bytes]:
@@ -82,6 +90,11 @@ class SimulationEngine:
     over_selection = 0.0
 
     def sampling_pool(self, round_idx: int, need: int) -> list[int] | None:
+        return None
+
+    def run_summed(
+        self, tasks: Sequence[ClientTask], payload: bytes, summing: Summing
+    ) -> Iterator[PartialSum] | None:
         return None
 
     def sent_down(self) -> tuple[int, int] | None:

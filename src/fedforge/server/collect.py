@@ -71,6 +71,13 @@ def collect(
                     collector.reply(c, data)
             train = set(phase.train) if askable is None else askable.intersection(phase.train)
             trainers = [t for t in tasks if t.client_id in train]
+            summing = collector.summing() if arrivals is None and trainers else None
+            shares = None if summing is None else exp.engine.run_summed(trainers, payload, summing)
+            if shares is not None:  # each worker's uploads judged and summed where trained
+                for share in shares:
+                    arrived.update(collector.take_share(share))
+                collector.end_phase()
+                continue
             uploads: Iterable[ClientUpload] = (
                 exp.engine.run_cohort(trainers, payload) if trainers else ()
             )

@@ -93,6 +93,13 @@ class RoundDiagnostics:
             self.directions += 1
         self.train_loss[client_id] = train_loss
 
+    def merge(self, other: RoundDiagnostics) -> None:
+        """Add the updates ``other`` was fed (a worker's, partial.py)."""
+        self.direction_sum.add_(other.direction_sum)
+        self.directions += other.directions
+        self.norms.extend(other.norms)
+        self.train_loss.update(other.train_loss)
+
     @property
     def mean_cosine(self) -> float | None:
         k = self.directions

@@ -4,14 +4,17 @@ given the data's shapes, the probe (probe.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from torch import nn
 
 from fedforge.client.runtime import ClientRuntime
 from fedforge.core.device import HOST
+from fedforge.core.errors import ConfigError
 from fedforge.engines import Engine, batched_mlp
 from fedforge.engines.pool import DEVICE_IN_ONE_PROCESS, PoolEngine, resolve_workers
+from fedforge.engines.ray_engine import RayEngine, RaySettings
 from fedforge.engines.serial import SerialEngine
 from fedforge.engines.threads import ThreadPlan, thread_plan, usable_cores
 from fedforge.engines.vectorized import (
@@ -21,6 +24,8 @@ from fedforge.engines.vectorized import (
     unsupported_reason,
 )
 from fedforge.server import probe
+from fedforge.store.client_state import ClientStateStore
+from fedforge.store.relocated import relocatable
 
 
 def auto_vectorize(runtime: ClientRuntime) -> bool:
@@ -134,6 +139,29 @@ def choose_engine(
     plan = thread_plan(threads, cores, layout)
     engine = _candidate_engine(probe.Candidate(inner, layout, plan.worker), runtime)
     return EngineChoice(engine, notes, plan, line)
+
+
+def ray_choice(
+    runtime: ClientRuntime,
+    tables: Mapping[str, ClientStateStore],
+    settings: RaySettings,
+    driver_state: str | None,
+    threads: int | None,
+) -> EngineChoice:
+    """``engine: ray``: the Ray engine, its workers holding the per-client
+    ``tables``; refused in one line where part of the clients' state can only
+    live in the driver (``driver_state``) or a table cannot move."""
+    if driver_state is not None:
+        raise ConfigError(f"engine: ray cannot run this: {driver_state}; use engine: serial")
+    for name, table in tables.items():
+        if not relocatable(table):
+            raise ConfigError(
+                f"engine: ray cannot run this: the per-client table '{name}' is a "
+                f"{type(table).__name__}, which cannot move to the Ray workers (a table "
+                "made by fedforge.store.make_state_store can); use engine: serial"
+            )
+    plan = thread_plan(threads, usable_cores(), 0)  # the driver's: aggregation, evaluation
+    return EngineChoice(RayEngine(runtime, tables, settings), [], plan)
 
 
 def _candidate_engine(candidate: probe.Candidate, runtime: ClientRuntime) -> Engine:

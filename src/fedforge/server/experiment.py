@@ -31,6 +31,7 @@ from fedforge.data.federated import DTYPES, FederatedData, shift_data
 from fedforge.data.given import check_fits, check_given
 from fedforge.data.tags import load_client_tags
 from fedforge.engines import Engine
+from fedforge.engines.ray_engine import RaySettings
 from fedforge.engines.threads import ThreadPlan
 from fedforge.evaluation.clients import split_holdout
 from fedforge.pipeline.named import named_stages
@@ -41,7 +42,7 @@ from fedforge.robust.parts import RobustParts, assemble
 from fedforge.selection.named import SelectionPolicy, check_sees_losses
 from fedforge.selection.sampling import UniformSelection
 from fedforge.server import probe
-from fedforge.server.engine_choice import EngineChoice, choose_engine
+from fedforge.server.engine_choice import EngineChoice, choose_engine, ray_choice
 from fedforge.store.build_record import data_fingerprint
 from fedforge.store.checkpoint import RESIDUAL
 from fedforge.store.client_state import ClientStateStore
@@ -152,7 +153,13 @@ def build(cfg: Config, data: FederatedData | None = None, task: Task | None = No
         reporter=parts.reporter,
         report_loss=not cfg.privacy.hides_updates,
     )
-    choice = _engine_for(cfg, data, runtime, _side_state(parts.comm, parts.priv))
+    if cfg.engine == "ray":  # the per-client tables move to the Ray workers
+        tables = _tables(parts.comm, algorithm)
+        settings = RaySettings(**dataclasses.asdict(cfg.ray), device=cfg.device)
+        driver = _driver_state(parts.priv)
+        choice = ray_choice(runtime, tables, settings, driver, cfg.threads)
+    else:
+        choice = _engine_for(cfg, data, runtime, _side_state(parts.comm, parts.priv))
     said = [*config_notes(cfg), own_split_note(cfg) if own_split else None]
     ignored = "; ".join(n for n in said if n)
     bf16 = precision_note(cfg.precision) if device == HOST else None  # a CPU's bf16
@@ -289,14 +296,28 @@ def _weighted(cfg: Config, priv: PrivacyParts, robust: Aggregator) -> Aggregator
 def client_tables(exp: Experiment) -> dict[str, ClientStateStore]:
     """The run's per-client tables by name (error-feedback ``residual``, SCAFFOLD's
     ``control``): the loop state keeps them and checkpoints save them."""
+    return _tables(exp.communication, exp.algorithm)
+
+
+def _tables(comm: CommunicationParts | None, algorithm: Algorithm) -> dict[str, ClientStateStore]:
     tables: dict[str, ClientStateStore] = {}
-    if exp.communication is not None and exp.communication.client_state is not None:
-        tables[RESIDUAL] = exp.communication.client_state
-    if exp.algorithm.client is not None:
-        tables.update(exp.algorithm.client.tables)
-    if exp.algorithm.personal is not None:  # FedBN's batch norm
-        tables.update(exp.algorithm.personal.tables)
+    if comm is not None and comm.client_state is not None:
+        tables[RESIDUAL] = comm.client_state
+    if algorithm.client is not None:
+        tables.update(algorithm.client.tables)
+    if algorithm.personal is not None:  # FedBN's batch norm
+        tables.update(algorithm.personal.tables)
     return tables
+
+
+def _driver_state(priv: PrivacyParts) -> str | None:
+    """What of the clients' side can only live in the driver process (worker
+    processes elsewhere would not share it), if anything."""
+    if priv.secagg is not None:
+        return "secure aggregation's simulated clients share their keys with the server's half"
+    if priv.board is not None:
+        return "adaptive clipping's clients report to a board in the server process"
+    return None
 
 
 def _side_state(comm: CommunicationParts, priv: PrivacyParts) -> str | None:

@@ -16,7 +16,8 @@ beyond these bounds.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import copy
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -33,7 +34,13 @@ class Registry:
         self.median = float(np.median(held)) if len(held) else 0.0
         self.ratio = ratio
         limit = counts if ratio is None else np.minimum(counts, ratio * self.median)
-        self.limits: list[float] = limit.tolist()
+        self.limits: list[float] | dict[int, float] = limit.tolist()
+
+    def only(self, client_ids: Iterable[int]) -> Registry:
+        """This registry with the limits of ``client_ids`` alone (a worker's cut)."""
+        cut = copy.copy(self)
+        cut.limits = {c: self.limits[c] for c in client_ids}
+        return cut
 
     def weight(self, client_id: int, reported: int) -> float:
         """The weight of an update that reports ``reported`` examples."""

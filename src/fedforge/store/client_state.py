@@ -251,6 +251,17 @@ class MemmapStateStore(_Rows):
             self._written[c] = True
             self._note_changed([c])
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled for another process (a Ray worker): an empty table of the same
+        shape in a fresh working folder there. Its rows are in this process's file
+        and travel by checkpoint (:func:`save_rows`), never with the object."""
+        if self._written.any():
+            raise StoreError(
+                f"client state '{self.path}' holds rows: they cannot travel with the "
+                "table to another process"
+            )
+        return (_empty_memmap, (self.num_clients, self.size, self.dtype, self._init))
+
     def has(self, client_id: int) -> bool:
         return bool(self._written[self._ids([client_id])[0]])
 
@@ -300,6 +311,13 @@ def make_state_store(
             "memory-mapped file"
         )
     return MemmapStateStore(num_clients, size, directory, dtype, init, remove_dir)
+
+
+def _empty_memmap(
+    num_clients: int, size: int, dtype: torch.dtype, init: torch.Tensor
+) -> MemmapStateStore:
+    """A pickled :class:`MemmapStateStore` as it arrives: empty, in a folder of its own."""
+    return MemmapStateStore(num_clients, size, working_dir("state"), dtype, init, remove_dir=True)
 
 
 _WORKING_PREFIX = "fedforge-state-"  # then the pid: see fedforge/orphans.py

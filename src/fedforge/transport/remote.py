@@ -32,6 +32,7 @@ from fedforge.algorithms.plan import LocalPlan
 from fedforge.client.runtime import ClientTask, ClientUpload
 from fedforge.config import Config
 from fedforge.engines import Rows
+from fedforge.engines.partial import PartialSum, Summing
 from fedforge.selection.sampling import cohort_size
 from fedforge.store import RunStore
 from fedforge.transport.client_times import Arrival, round_rows
@@ -146,6 +147,11 @@ class RemoteEngine:
                     yield ClientUpload(a.client_id, a.data, a.seconds, a.verdict.settle)
         finally:
             self._timed(r, tasks, len(payload), arrivals, need)
+
+    def run_summed(
+        self, tasks: Sequence[ClientTask], payload: bytes, summing: Summing
+    ) -> Iterator[PartialSum] | None:
+        return None  # every upload crosses the network to this server
 
     def run_phase(self, phase: str, messages: Mapping[int, bytes]) -> dict[int, bytes]:
         """Each addressed client's reply; a client answers every phase message (an

@@ -21,6 +21,7 @@ from typing import Protocol
 
 import torch
 
+from fedforge.engines.partial import PartialSum, Summing
 from fedforge.report.progress import Progress
 from fedforge.store import ClientRecord
 
@@ -97,6 +98,16 @@ class Collector(Protocol):
 
     def end_phase(self) -> None:
         """The current phase is over: who did not answer has dropped out."""
+        ...
+
+    def summing(self) -> Summing | None:
+        """What the workers that train the clients need to judge and sum the
+        upload phase's updates themselves (partial.py); None: each is offered."""
+        ...
+
+    def take_share(self, share: PartialSum) -> list[int]:
+        """One worker's judged and summed uploads (only when ``summing`` gave one);
+        the clients whose uploads it holds."""
         ...
 
     def finish(self) -> Collected: ...

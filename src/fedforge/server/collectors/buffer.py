@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from fedforge.aggregation.staleness import StalenessWeight
+from fedforge.engines.partial import Summing
 from fedforge.server.collectors.base import Collected, DenseCost, RoundLog
 from fedforge.server.collectors.intake import Limits, Upload
 from fedforge.server.collectors.streaming import StreamingMean
@@ -38,6 +39,9 @@ from fedforge.server.experiment import Experiment
 
 class Buffer(StreamingMean):
     """The updates of one server step, weighted by their staleness."""
+
+    def summing(self) -> Summing | None:
+        return None  # each update weighs by its own staleness
 
     def __init__(
         self,

@@ -26,13 +26,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from fedforge.algorithms.local import ServerTerms
 from fedforge.client.reports import ClientReport, read_report
 from fedforge.client.runtime import split_extras
 from fedforge.core import wire
 from fedforge.core.errors import UploadError, Withheld, shown
 from fedforge.core.params import all_finite
 from fedforge.pipeline.codec import CodecContext
-from fedforge.pipeline.pipeline import StageContext
+from fedforge.pipeline.pipeline import Codec, StageContext
 from fedforge.robust.typical_norm import RelativeBound
 from fedforge.server.collectors.base import DenseCost, RoundLog
 from fedforge.server.experiment import Experiment
@@ -60,25 +61,59 @@ class Upload:
         return float(self.num_examples) if self.weight is None else self.weight
 
 
+@dataclass(frozen=True)
+class UpdateForm:
+    """What a well-formed update of a run is, apart from the run itself
+    (picklable: a Ray worker checks its clients' updates with it, partial.py)."""
+
+    size: int
+    dtype: torch.dtype
+    seed: int
+    weights: str  # aggregation.weights: which reports an update carries
+    classes: int
+    algorithm: str
+    server: ServerTerms | None  # the algorithm's server half: what it admits
+
+    @classmethod
+    def of(cls, exp: Experiment) -> UpdateForm:
+        cfg = exp.cfg
+        return cls(
+            exp.spec.size,
+            exp.initial_params.dtype,
+            cfg.seed,
+            cfg.aggregation.weights,
+            exp.data.classes() or 0,
+            cfg.algorithm,
+            exp.algorithm.server,
+        )
+
+
 def check_update(exp: Experiment, client_id: int, round_idx: int, data: bytes) -> Upload:
     """Decode one update and refuse anything that is not a well-formed delta."""
+    return check_form(UpdateForm.of(exp), exp.pipeline.codec, client_id, round_idx, data)
+
+
+def check_form(
+    form: UpdateForm, codec: Codec, client_id: int, round_idx: int, data: bytes
+) -> Upload:
+    """:func:`check_update` by a run's ``form`` and uplink ``codec``."""
     msg = wire.decode(data)
     if "withheld" in msg.meta:  # the client's own gate kept its update back
         raise Withheld(f"withheld by the client: {msg.meta['withheld']!s:.300}")
-    dtype = exp.initial_params.dtype
-    ctx = CodecContext(exp.cfg.seed, round_idx, client_id)
+    dtype = form.dtype
+    ctx = CodecContext(form.seed, round_idx, client_id)
     own, extras = split_extras(msg.tensors)
-    delta = exp.pipeline.codec.decode(own, msg.meta, exp.spec.size, dtype, ctx)
-    if tuple(delta.shape) != (exp.spec.size,) or delta.dtype != dtype:
+    delta = codec.decode(own, msg.meta, form.size, dtype, ctx)
+    if tuple(delta.shape) != (form.size,) or delta.dtype != dtype:
         raise UploadError(
             f"decoded delta has shape {shown(tuple(delta.shape))} and dtype {delta.dtype}; "
-            f"expected ({exp.spec.size},) {dtype}"
+            f"expected ({form.size},) {dtype}"
         )
     if not all_finite(delta):
         raise UploadError("delta holds non-finite values (NaN or inf)")
     n, train_loss = read_update_header(msg.meta, client_id, round_idx)
-    report = read_report(msg.meta, exp.cfg.aggregation.weights, n, exp.data.classes() or 0)
-    kept = admitted(exp, check_extras(exp, extras), delta, n)
+    report = read_report(msg.meta, form.weights, n, form.classes)
+    kept = _admitted(form, _form_extras(form, extras), delta, n)
     return Upload(client_id, delta, n, train_loss, len(data), kept, report)
 
 
@@ -87,30 +122,40 @@ def admitted(
 ) -> dict[str, torch.Tensor]:
     """One client's tensors as the algorithm's server half admits them: checked
     against its delta and example count, or recomputed from them."""
-    server = exp.algorithm.server
+    return _admitted(UpdateForm.of(exp), extras, delta, num_examples)
+
+
+def _admitted(
+    form: UpdateForm, extras: dict[str, torch.Tensor], delta: torch.Tensor, num_examples: int
+) -> dict[str, torch.Tensor]:
+    server = form.server
     if server is None:
         return extras
     try:
         return server.admit(delta, extras, num_examples)
     except ValueError as exc:
-        raise UploadError(f"algorithm {exp.cfg.algorithm!r} refuses the update: {exc}") from None
+        raise UploadError(f"algorithm {form.algorithm!r} refuses the update: {exc}") from None
 
 
 def check_extras(exp: Experiment, extras: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The algorithm's tensors an update must carry beside the delta (SCAFFOLD's
     delta c_k), each refused unless [P] or a scalar [1] (FedNova's n_i tau_i), the
     run's dtype and finite."""
-    server = exp.algorithm.server
+    return _form_extras(UpdateForm.of(exp), extras)
+
+
+def _form_extras(form: UpdateForm, extras: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    server = form.server
     wanted = () if server is None else server.update_tensors
     unexpected = sorted(set(extras) - set(wanted))
     if unexpected:
         raise UploadError(
             f"update carries unexpected algorithm tensors {', '.join(unexpected)[:200]}; "
-            f"{exp.cfg.algorithm} sends {', '.join(wanted) or 'none'}"
+            f"{form.algorithm} sends {', '.join(wanted) or 'none'}"
         )
     if server is None:
         return {}
-    size, dtype = exp.spec.size, exp.initial_params.dtype
+    size, dtype = form.size, form.dtype
     for name in server.update_tensors:
         t = extras.get(name)
         if t is None or tuple(t.shape) not in ((size,), (1,)) or t.dtype != dtype:
@@ -121,6 +166,42 @@ def check_extras(exp: Experiment, extras: dict[str, torch.Tensor]) -> dict[str, 
         if not all_finite(t):
             raise UploadError(f"'{name}' holds non-finite values (NaN or inf)")
     return {name: extras[name] for name in server.update_tensors}
+
+
+@dataclass
+class Judged:
+    """One upload as judged by its form and norms: the decoded upload (None when it
+    did not decode), why it is refused (None: well-formed and within the bounds),
+    and whether the refusal is a fault (a client's own withholding is not)."""
+
+    upload: Upload | None
+    why: str | None
+    faulty: bool
+
+
+def judge(
+    form: UpdateForm, codec: Codec, limits: Limits, client_id: int, round_idx: int, data: bytes
+) -> Judged:
+    """Decode one update and hold it to its form and the round's norm bounds."""
+    up = None
+    try:
+        up = check_form(form, codec, client_id, round_idx, data)
+        up.norm = limits.check_norm("update", up.delta)
+        limits.check_relative(up.norm)
+        for name, tensor in up.extras.items():  # SCAFFOLD's delta c_k reaches c
+            if tensor.numel() > 1:  # a scalar (FedNova's n_i a_i) is no model vector
+                limits.check_norm(f"'{name}'", tensor)
+    except UploadError as exc:
+        return Judged(up, str(exc), not isinstance(exc, Withheld))
+    return Judged(up, None, False)
+
+
+def weighs_nothing(client_id: int, num_examples: int, limits: Limits) -> str:
+    """Why an update whose bounded count is 0 is refused."""
+    return (
+        f"client {client_id}'s update weighs nothing: it reports {num_examples} "
+        f"examples and may claim at most {limits.registry.limits[client_id]:g}"
+    )
 
 
 @dataclass(frozen=True)
@@ -205,38 +286,41 @@ class Intake:
         task_round = self.round_idx if trained_from is None else trained_from
         why = self._admit(client_id)
         if why is None:
-            decoded = False
-            try:
-                up = check_update(self.exp, client_id, task_round, data)
-                decoded = True
-                self.float32_up += self.dense.up + self.dense.extras(up.extras)
-                up.norm = self.limits.check_norm("update", up.delta)
-                self.limits.check_relative(up.norm)
-                for name, tensor in up.extras.items():  # SCAFFOLD's delta c_k reaches c
-                    if tensor.numel() > 1:  # a scalar (FedNova's n_i a_i) is no model vector
-                        self.limits.check_norm(f"'{name}'", tensor)
-            except UploadError as exc:
-                if not isinstance(exc, Withheld):
-                    self.faulty += 1
-                    if not decoded:  # its tensors beside the delta are unknown
-                        self.float32_up += self.dense.up
-                why = str(exc)
+            judged = judge(
+                UpdateForm.of(self.exp),
+                self.exp.pipeline.codec,
+                self.limits,
+                client_id,
+                task_round,
+                data,
+            )
+            self._count(judged, self.dense.extras(judged.upload.extras) if judged.upload else 0)
+            why = judged.why
         if why is not None:
             self.log.reject(client_id, why)
             return why
+        up = judged.upload
+        assert up is not None
         ctx = StageContext(task_round, self.exp.cfg.seed, client_id)
         up.delta = self.exp.pipeline.run_upload(up.delta, ctx)
         up.weight = self.limits.registry.weight(client_id, up.num_examples)
         if up.weight <= 0 and self.exp.cfg.aggregation.weights == "num_examples":
-            why = (
-                f"client {client_id}'s update weighs nothing: it reports {up.num_examples} "
-                f"examples and may claim at most {self.limits.registry.limits[client_id]:g}"
-            )
+            why = weighs_nothing(client_id, up.num_examples, self.limits)
             self.log.reject(client_id, why)
             return why
         self.accepted += 1
         self.norms[client_id] = up.norm
         return up
+
+    def _count(self, judged: Judged, extras_bytes: int) -> None:
+        """A judged upload in the round's counts: a fault, and its dense cost (a
+        withheld note has none; an undecoded message, its delta's)."""
+        if judged.faulty:
+            self.faulty += 1
+        if judged.upload is not None:
+            self.float32_up += self.dense.up + extras_bytes
+        elif judged.faulty:
+            self.float32_up += self.dense.up
 
     def settle(self, held: Sequence[Upload]) -> list[Upload]:
         """Of the uploads a round without norms behind it held back, the ones within

@@ -23,7 +23,8 @@ import torch
 
 from fedforge.config.compat import cohort_size
 from fedforge.core import wire
-from fedforge.core.errors import UploadError
+from fedforge.core.errors import EngineError, UploadError
+from fedforge.engines.partial import PartialSum, Summing
 from fedforge.pipeline.pipeline import StageContext
 from fedforge.privacy import secagg_codec as sc
 from fedforge.privacy import secagg_wire as sw
@@ -189,6 +190,12 @@ class SecureSum:
 
     def dropout(self, client_id: int) -> None:
         self.gone.add(client_id)
+
+    def summing(self) -> Summing | None:
+        return None  # masked inputs are summed only once all are in (the unmasking)
+
+    def take_share(self, share: PartialSum) -> list[int]:
+        raise EngineError("secure aggregation takes no worker's summed uploads")
 
     def end_phase(self) -> None:
         if not self.open:

@@ -7,13 +7,18 @@ trusts nothing it decodes (``intake.py``).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import torch
 
+from fedforge.aggregation.mean import RunningWeightedSum
 from fedforge.config.compat import cohort_size
+from fedforge.core.errors import EngineError
+from fedforge.engines.partial import PartialSum, Summing
 from fedforge.server.collectors.base import UPLOAD, Collected, DenseCost, Phase, RoundLog
-from fedforge.server.collectors.intake import Intake, Limits, Upload
+from fedforge.server.collectors.intake import Intake, Limits, UpdateForm, Upload
+from fedforge.server.collectors.partial import UpdateSumming, WorkerShare, summable
 from fedforge.server.diagnostics import RoundDiagnostics
 from fedforge.server.experiment import Experiment
 from fedforge.store import ClientRecord
@@ -83,6 +88,14 @@ class UploadPhase:
 
     def dropout(self, client_id: int) -> None:
         self._gone.add(client_id)
+
+    def summing(self) -> Summing | None:
+        """What workers need to sum the round's uploads themselves; None: each
+        upload is offered (the default)."""
+        return None
+
+    def take_share(self, share: PartialSum) -> list[int]:
+        raise EngineError(f"{type(self).__name__} takes no worker's summed uploads")
 
     def end_phase(self) -> None:
         self._done = True
@@ -158,6 +171,54 @@ class StreamingMean(UploadPhase):
             self.diag.add(up.client_id, up.delta, up.train_loss)
         self.clients[up.client_id] = self.intake.record(up, float(up.delta.norm()))
         self.acc.add(up.delta, up.weighed())
+
+    def summing(self) -> Summing | None:
+        """What the workers need to sum this round's uploads where they are
+        trained (partial.py), or None where the round must see each upload."""
+        if self.holds or not summable(self.exp):
+            return None
+        limits = self.intake.limits
+        cut = dataclasses.replace(limits, registry=limits.registry.only(self.cohort))
+        form, diagnose = UpdateForm.of(self.exp), self.diag is not None
+        return UpdateSumming(form, cut, self.intake.round_idx, diagnose)
+
+    def take_share(self, share: PartialSum) -> list[int]:
+        """A worker's share: each client's verdict booked as the intake books an
+        upload, the taken ones' sum added to the round's; the clients whose
+        uploads it holds."""
+        assert isinstance(share, WorkerShare)  # the summing this collector gave
+        intake = self.intake
+        for v in share.verdicts:
+            intake.bytes_up += v.nbytes
+            if self._done or v.client_id in self._gone or intake._admit(v.client_id):
+                raise EngineError(
+                    f"a worker summed client {v.client_id}'s update, which round "
+                    f"{intake.round_idx + 1} did not ask of it"
+                )
+            if v.why is not None:
+                intake.faulty += v.faulty
+                intake.float32_up += self.dense.up if v.decoded or v.faulty else 0
+                self.log.reject(v.client_id, v.why)
+                continue
+            intake.accepted += 1
+            intake.float32_up += self.dense.up
+            intake.norms[v.client_id] = v.norm
+            self.extras[v.client_id] = {}
+            self.clients[v.client_id] = ClientRecord(
+                intake.round_idx,
+                v.client_id,
+                v.num_examples,
+                v.train_loss,
+                v.norm,
+                v.nbytes,
+                intake.payload_bytes,
+            )
+        if self.diag is not None and share.diag is not None:
+            self.diag.merge(share.diag)
+        if share.total is not None:
+            assert isinstance(self.acc, RunningWeightedSum)  # summable(): a plain mean
+            self.acc.add_sum(share.total, share.weight, share.count)
+        return [v.client_id for v in share.verdicts]
 
     def _finish(self) -> Collected:
         aggregate = self.acc.result() if self.acc.count else None

@@ -1,0 +1,284 @@
+"""``engine: ray``: the cohort trained by Ray actors, on this machine or a cluster.
+
+The driver (the run's process) connects to a cluster (``ray.address``, else
+``RAY_ADDRESS``) or starts a local one, and starts ``ray.workers`` actors
+(engines/ray_worker.py), each reserving ``ray.num_cpus`` CPUs and
+``ray.num_gpus`` GPUs. The client runtime (model, algorithm, every client's data)
+goes into the object store once and each actor loads it when it starts: data
+is placed on the workers once, never shipped per round. Each round's payload is
+put into the object store once and read by every worker.
+
+Client c is trained by worker ``c % workers`` every round, so the per-client
+rows of a stateful run (error feedback, SCAFFOLD's controls, FedBN's batch
+norm) live in that worker: the driver's tables are moved there
+(store/relocated.py, engines/ray_tables.py) and reached through them by
+checkpoints, evaluation and resume. After each round the workers keep the state
+computed for the clients whose updates the model took (``end_round``).
+
+Uploads come back to the driver in cohort order, each client a call, at most a
+few calls a worker in flight (the driver holds that many uploads), so the
+streaming sum is the serial engine's, bit for bit. Where the round's aggregate
+is a plain weighted mean, each worker instead checks and sums its clients'
+updates (engines/partial.py: ``run_summed``) and the driver receives one sum a
+worker, in worker order: equal to the serial engine's to rounding (1e-9 in
+float64), and the same from run to run.
+
+A lost worker (its process killed, its node gone): under ``on_worker_failure:
+retry`` Ray restarts it (at most ``max_restarts`` times) and its calls run
+again, giving the same uploads (a task's randomness is its seed's); under
+``dropout`` its clients of the round count as dropouts. A worker holding
+per-client rows cannot be replaced (its rows are gone): the round ends with an
+:class:`EngineError`, and the run resumes from its last checkpoint, whose rows
+go to the new workers. A client's exception ends the round as one line naming
+the client and the round.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fedforge.client.runtime import ClientRuntime, ClientTask, ClientUpload
+from fedforge.core.errors import EngineError
+from fedforge.engines import SimulationEngine
+from fedforge.engines.partial import PartialSum, Summing
+from fedforge.engines.ray_tables import ShardedRows
+from fedforge.engines.ray_worker import ClientFailed, ClientWorker
+from fedforge.store.client_state import ClientStateStore
+from fedforge.store.relocated import relocate
+
+IN_FLIGHT = 4  # calls a worker has queued: uploads the driver may hold, per worker
+
+
+@dataclass(frozen=True)
+class RaySettings:
+    """The ``ray:`` section as the engine needs it."""
+
+    address: str | None
+    workers: int
+    num_cpus: float
+    num_gpus: float
+    on_worker_failure: str
+    max_restarts: int
+    aggregate_on_workers: bool
+    device: str = "cpu"
+
+
+def import_ray() -> Any:
+    """The ``ray`` module, or one line saying how to install it."""
+    try:
+        import ray
+    except ImportError:
+        raise EngineError(
+            "engine: ray needs Ray: pip install 'fedforge[ray]' (or engine: serial)"
+        ) from None
+    return ray
+
+
+class RayEngine(SimulationEngine):
+    """The cohort's tasks run by Ray actors (see the module docstring)."""
+
+    name = "ray"
+
+    def __init__(
+        self, runtime: ClientRuntime, tables: Mapping[str, ClientStateStore], settings: RaySettings
+    ) -> None:
+        self.settings = settings
+        self.stateful = bool(tables)
+        self.ray = ray = import_ray()
+        self._started_ray = False
+        if not ray.is_initialized():
+            address = settings.address or os.environ.get("RAY_ADDRESS") or None
+            ray.init(
+                address=address,
+                include_dashboard=False,
+                logging_level="ERROR",
+                configure_logging=True,
+                log_to_driver=True,
+            )
+            self._started_ray = True
+        self.workers = self._count()
+        self.name = f"rayx{self.workers}"
+        # the runtime and its (still empty) tables, pickled together: each actor's
+        # runtime then writes the very tables the actor answers for
+        self._bundle = ray.put((runtime, dict(tables)))
+        retries = settings.max_restarts if settings.on_worker_failure == "retry" else 0
+        restarts = 0 if self.stateful else settings.max_restarts
+        threads = max(1, int(settings.num_cpus))
+        actor = ray.remote(ClientWorker).options(
+            num_cpus=settings.num_cpus,
+            num_gpus=settings.num_gpus,
+            max_restarts=restarts,
+            max_task_retries=0 if self.stateful else retries,
+        )
+        self._actors = [
+            actor.remote([self._bundle], threads, settings.device) for _ in range(self.workers)
+        ]
+        for name, table in tables.items():
+            relocate(
+                table,
+                ShardedRows(
+                    name,
+                    table.num_clients,
+                    table.size,
+                    table.dtype,
+                    self.workers,
+                    self._table_call,
+                    self._get,
+                ),
+            )
+        self._get([a.pid.remote() for a in self._actors])  # started, or the error now
+
+    def _count(self) -> int:
+        """``ray.workers``, or as many as the cluster's CPUs allow."""
+        s = self.settings
+        if s.workers:
+            return s.workers
+        cpus = float(self.ray.cluster_resources().get("CPU", 1))
+        return max(1, int(cpus // s.num_cpus))
+
+    def owner(self, client_id: int) -> int:
+        return client_id % self.workers
+
+    def _table_call(self, worker: int, name: str, method: str, args: tuple[Any, ...]) -> Any:
+        return self._actors[worker].table.remote(name, method, *args)
+
+    def _get(self, futures: list[Any]) -> list[Any]:
+        """The futures' values; a client's or a worker's failure as one line."""
+        try:
+            return list(self.ray.get(futures))
+        except self.ray.exceptions.RayTaskError as exc:
+            cause = exc.cause
+            if isinstance(cause, ClientFailed | EngineError):
+                raise EngineError(str(cause)) from None
+            raise cause from None
+        except self.ray.exceptions.RayActorError as exc:
+            raise EngineError(self._lost(str(exc).splitlines()[0])) from None
+
+    def _lost(self, why: str) -> str:
+        held = "it held per-client state; " if self.stateful else ""
+        return (
+            f"a Ray worker was lost ({why}); {held}the round is lost, resume the run "
+            "from its last checkpoint"
+        )
+
+    def run_cohort(self, tasks: Sequence[ClientTask], payload: bytes) -> Iterator[ClientUpload]:
+        if not tasks:
+            return
+        ray = self.ray
+        ref = ray.put(payload)  # once a round: every worker reads it from the store
+        jobs = iter(tasks)
+        pending: deque[tuple[ClientTask, Any]] = deque()
+
+        def submit() -> None:
+            task = next(jobs, None)
+            if task is not None:
+                pending.append(
+                    (task, self._actors[self.owner(task.client_id)].run.remote(ref, [task]))
+                )
+
+        for _ in range(IN_FLIGHT * self.workers):
+            submit()
+        try:
+            while pending:
+                task, future = pending.popleft()
+                submit()
+                try:
+                    results = self._get([future])[0]
+                except EngineError:
+                    if self._drops(future):
+                        continue  # its client is a dropout this round
+                    raise
+                for client_id, data, seconds in results:
+                    yield ClientUpload(client_id, data, seconds)
+        finally:  # the driver stopped reading: drop the rest
+            _cancel(ray, [future for _, future in pending])
+
+    def _drops(self, future: Any) -> bool:
+        """Whether a failed call's clients count as dropouts (its worker was lost,
+        under ``on_worker_failure: dropout``, holding no state)."""
+        if self.stateful or self.settings.on_worker_failure != "dropout":
+            return False
+        try:
+            self.ray.get(future)
+        except self.ray.exceptions.RayActorError:
+            print(
+                "fedforge: a Ray worker was lost; its clients of this round count as dropouts",
+                file=sys.stderr,
+            )
+            return True
+        except Exception:
+            return False
+        return False
+
+    def run_summed(
+        self, tasks: Sequence[ClientTask], payload: bytes, summing: Summing
+    ) -> Iterator[PartialSum] | None:
+        """Each worker's clients checked and summed where they trained: one share
+        a worker, in worker order (None: this engine is told to send each upload)."""
+        if not self.settings.aggregate_on_workers:
+            return None
+        return self._summed(tasks, payload, summing)
+
+    def _summed(
+        self, tasks: Sequence[ClientTask], payload: bytes, summing: Summing
+    ) -> Iterator[PartialSum]:
+        ray = self.ray
+        ref = ray.put(payload)
+        shares: dict[int, list[ClientTask]] = {}
+        for task in tasks:
+            shares.setdefault(self.owner(task.client_id), []).append(task)
+        futures = [
+            (w, self._actors[w].run_summed.remote(ref, share, summing))
+            for w, share in sorted(shares.items())
+        ]
+        try:
+            for _, future in futures:
+                try:
+                    yield self._get([future])[0]
+                except EngineError:
+                    if self._drops(future):
+                        continue
+                    raise
+        finally:
+            _cancel(ray, [future for _, future in futures])
+
+    def run_phase(self, phase: str, messages: Mapping[int, bytes]) -> dict[int, bytes]:
+        by_worker: dict[int, dict[int, bytes]] = {}
+        for c, m in messages.items():
+            by_worker.setdefault(self.owner(c), {})[c] = m
+        futures = [self._actors[w].phase.remote(phase, part) for w, part in by_worker.items()]
+        replies: dict[int, bytes] = {}
+        for part in self._get(futures):
+            replies.update(part)
+        return replies
+
+    def end_round(self, round_idx: int, used: Sequence[int]) -> dict[str, list[tuple[Any, ...]]]:
+        if self.stateful:
+            self._get([a.commit.remote(list(used)) for a in self._actors])
+        return {}
+
+    def worker_pids(self) -> list[int]:
+        """The actors' process ids (the tests kill one)."""
+        return [int(p) for p in self._get([a.pid.remote() for a in self._actors])]
+
+    def close(self) -> None:
+        """End the actors; a cluster this engine started is shut down."""
+        actors, self._actors = self._actors, []
+        for a in actors:
+            self.ray.kill(a)
+        if self._started_ray and self.ray.is_initialized():
+            self.ray.shutdown()
+            self._started_ray = False
+
+
+def _cancel(ray: Any, futures: list[Any]) -> None:
+    """Cancel calls not yet run (a call already done or running is left be)."""
+    for future in futures:
+        with contextlib.suppress(Exception):  # finished already, or not cancellable
+            ray.cancel(future)

@@ -1,0 +1,98 @@
+"""A Ray worker of ``engine: ray``: one actor process holding the client runtime
+(the model, the algorithm, every client's data: placed once, when the actor
+starts) and the per-client rows of the clients it owns (error-feedback
+residuals, SCAFFOLD's controls, FedBN's batch norm), which never leave it but
+through the driver's checkpoint reads (engines/ray_tables.py).
+
+Each call trains tasks exactly as the serial engine does in the driver (the
+same ``ClientRuntime.run``; a task's randomness comes from its seed), so what a
+worker computes equals what the driver would. A client's exception is raised
+again as :class:`ClientFailed`, naming the client and the round.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from fedforge.client.runtime import ClientRuntime, ClientTask
+from fedforge.engines.partial import PartialSum, Summing
+from fedforge.engines.threads import set_threads
+from fedforge.store.client_state import ClientStateStore
+
+
+class ClientFailed(Exception):
+    """A client's training raised: the client, the round and the error, in one line."""
+
+    def __init__(self, client_id: int, round_idx: int, error: str) -> None:
+        super().__init__(client_id, round_idx, error)
+        self.client_id, self.round_idx, self.error = client_id, round_idx, error
+
+    def __str__(self) -> str:
+        return f"client {self.client_id} failed in round {self.round_idx + 1}: {self.error}"
+
+
+class ClientWorker:
+    """The actor's state and the calls the driver makes (``ray.remote`` wraps it)."""
+
+    def __init__(self, bundle: list[Any], threads: int, device: str) -> None:
+        import ray  # in the actor's process, which Ray started
+
+        # the object-store reference travels inside a list: the actor reads it at
+        # each start (restarts too), and the driver keeps it alive
+        loaded: tuple[ClientRuntime, dict[str, ClientStateStore]] = ray.get(bundle[0])
+        runtime, tables = loaded
+        set_threads(threads)
+        runtime.model.to(torch.device(device))  # the run's device, as each task sees it
+        self.runtime, self.tables = runtime, tables
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def run(self, payload: bytes, tasks: Sequence[ClientTask]) -> list[tuple[int, bytes, float]]:
+        """Each task's encoded update and seconds, in task order."""
+        out = []
+        for task in tasks:
+            t0 = time.perf_counter()
+            data = self._train(task, payload)
+            out.append((task.client_id, data, time.perf_counter() - t0))
+        return out
+
+    def run_summed(
+        self, payload: bytes, tasks: Sequence[ClientTask], summing: Summing
+    ) -> PartialSum:
+        """The tasks' updates checked and summed here (engines/partial.py): the
+        driver receives one weighted sum, whatever the number of clients."""
+        part = summing.start(self.runtime.codec)
+        for task in tasks:
+            t0 = time.perf_counter()
+            data = self._train(task, payload)
+            part.add(task.client_id, data, time.perf_counter() - t0)
+        return part
+
+    def _train(self, task: ClientTask, payload: bytes) -> bytes:
+        try:
+            return self.runtime.run(task, payload)
+        except Exception as exc:  # raised to the driver as one line naming the client
+            raise ClientFailed(
+                task.client_id, task.round_idx, f"{type(exc).__name__}: {exc}"
+            ) from None
+
+    def phase(self, phase: str, messages: Mapping[int, bytes]) -> dict[int, bytes]:
+        return self.runtime.run_phase(phase, messages)
+
+    def commit(self, used: Sequence[int]) -> None:
+        """Keep the state computed this round for the clients whose updates the
+        model took (SCAFFOLD's c_k+), forget the others' (the serial engine's
+        ``client_state`` hook, done where the rows are)."""
+        terms = self.runtime.algorithm.client
+        if terms is not None:
+            terms.commit(set(used))
+
+    def table(self, name: str, call: str, *args: Any) -> Any:
+        """A call of the table ``name`` (``gather``, ``scatter``, ``written``, ...)."""
+        return getattr(self.tables[name], call)(*args)
