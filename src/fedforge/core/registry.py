@@ -99,6 +99,10 @@ _loaded: dict[str, str] = {}  # plugin module or resolved file -> the module's n
 _importing: list[str] = []  # the plugins being imported now, innermost last
 
 
+# a plugin loaded from a .py file is the module FILE_PLUGIN_PREFIX + its stem + a hash
+FILE_PLUGIN_PREFIX = "fedforge_plugin_"
+
+
 def register(
     kind: str,
     name: str,
@@ -231,7 +235,7 @@ def plugin_module(key: str) -> str:
 def _import_file(spec: str, path: Path) -> str:
     if not path.is_file():
         raise ConfigError(f"plugin {spec!r}: no such file {str(path)!r}")
-    module_name = "fedforge_plugin_" + "".join(c if c.isalnum() else "_" for c in path.stem)
+    module_name = FILE_PLUGIN_PREFIX + "".join(c if c.isalnum() else "_" for c in path.stem)
     module_name += f"_{zlib.crc32(str(path).encode()):08x}"  # the same in every process
     loader_spec = importlib.util.spec_from_file_location(module_name, path)
     if loader_spec is None or loader_spec.loader is None:

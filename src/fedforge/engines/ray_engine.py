@@ -41,10 +41,12 @@ import sys
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 from fedforge.client.runtime import ClientRuntime, ClientTask, ClientUpload
 from fedforge.core.errors import EngineError
+from fedforge.core.registry import FILE_PLUGIN_PREFIX
 from fedforge.engines import SimulationEngine
 from fedforge.engines.partial import PartialSum, Summing
 from fedforge.engines.ray_tables import ShardedRows
@@ -67,6 +69,11 @@ class RaySettings:
     max_restarts: int
     aggregate_on_workers: bool
     device: str = "cpu"
+
+
+def plugin_modules() -> list[ModuleType]:
+    """The plugins imported from ``.py`` files (core/registry.py names them so)."""
+    return [m for name, m in list(sys.modules.items()) if name.startswith(FILE_PLUGIN_PREFIX)]
 
 
 def import_ray() -> Any:
@@ -104,6 +111,10 @@ class RayEngine(SimulationEngine):
             self._started_ray = True
         self.workers = self._count()
         self.name = f"rayx{self.workers}"
+        # plugins loaded from .py files are modules no worker can import: their
+        # classes and functions travel by value
+        for module in plugin_modules():
+            ray.cloudpickle.register_pickle_by_value(module)
         # the runtime and its (still empty) tables, pickled together: each actor's
         # runtime then writes the very tables the actor answers for
         self._bundle = ray.put((runtime, dict(tables)))

@@ -1,0 +1,172 @@
+"""``engine: ray`` on a local Ray cluster of this machine (one per module): the
+uploads equal the serial engine's in float64 (bit for bit when each upload
+travels, to rounding when the workers sum them), the per-client state of
+SCAFFOLD and error feedback lives on the workers and comes back from a
+checkpoint into new workers, a client's error is one line, and what cannot
+leave the driver is refused. The two-node cluster, a worker killed mid-round
+and a killed driver are in tests/test_ray_cluster.py (slow)."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import fedforge
+from fedforge.config import parse
+from fedforge.core.errors import ConfigError, EngineError
+from fedforge.server.collectors import streaming
+from fedforge.server.hooks import RoundEnd, RoundHook, RoundInfo
+
+ray = pytest.importorskip("ray")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cluster() -> Any:
+    """One local cluster for the module: each run's engine uses it (and leaves it up)."""
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
+    yield
+    ray.shutdown()
+
+
+def _cfg(engine: str, **kw: Any) -> Any:
+    d: dict[str, Any] = {
+        "dataset": "synthetic",
+        "model": "logreg",
+        "num_clients": 30,
+        "client_fraction": 0.4,
+        "rounds": 4,
+        "lr": 0.02,  # a stable run: differences of rounding stay at rounding
+        "dtype": "float64",
+        "engine": engine,
+        "threads": 1,
+        "checkpoint_every": 1,
+        "ray": {"workers": 2},
+        "runs_dir": tempfile.mkdtemp(prefix="fedforge-ray-test-"),
+    }
+    d.update(kw)
+    return parse.from_dict(d)
+
+
+def test_ray_equals_serial_per_upload_bitwise_and_summed_on_workers_to_1e9(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    shares: list[int] = []
+    take = streaming.StreamingMean.take_share
+
+    def counted(self: streaming.StreamingMean, share: Any) -> list[int]:
+        got = take(self, share)
+        shares.append(len(got))
+        return got
+
+    monkeypatch.setattr(streaming.StreamingMean, "take_share", counted)
+    serial = fedforge.run(_cfg("serial"))
+    assert not shares
+    each = fedforge.run(_cfg("ray", ray={"workers": 2, "aggregate_on_workers": False}))
+    assert not shares and each.summary["engine"] == "rayx2"
+    assert torch.equal(each.params, serial.params)
+    summed = fedforge.run(_cfg("ray"))
+    # rounds 2-4 summed on the workers (round 1 judges its uploads by their own
+    # median norm, so they travel): 2 shares a round, 12 clients between them
+    assert len(shares) == 6 and sum(shares) == 3 * 12
+    diff = float((summed.params - serial.params).abs().max())
+    assert diff <= 1e-9
+    for a, b in zip(summed.rounds, serial.rounds, strict=True):
+        assert a.test_accuracy == pytest.approx(b.test_accuracy, abs=1e-9)
+        assert a.float32_up == b.float32_up and a.cohort_size == b.cohort_size
+
+
+def test_a_summed_round_refuses_what_the_driver_would(tmp_path: Path) -> None:
+    """A tight absolute norm bound refuses updates on the workers with the
+    driver's own reason, and the round's bookkeeping matches the serial run's."""
+    kw = {"robust": {"max_norm_multiple": None, "max_update_ratio": 0.02}}
+    serial = fedforge.run(_cfg("serial", **kw))
+    summed = fedforge.run(_cfg("ray", **kw))
+    assert serial.rejected and not serial.skipped and not summed.skipped
+    assert sorted(summed.rejected) == sorted(serial.rejected)  # logged in worker order
+    # the same uploads counted (bytes can differ by a digit of a reported loss)
+    assert [r.float32_up for r in summed.rounds] == [r.float32_up for r in serial.rounds]
+    assert float((summed.params - serial.params).abs().max()) <= 1e-9
+
+
+class _CrashAfter(RoundHook):
+    """Ends the run (as a crash would) once round ``n`` is recorded."""
+
+    name = "crash"
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def round_end(self, info: RoundInfo, end: RoundEnd) -> None:
+        if info.round_idx == self.n:
+            raise RuntimeError("crash")
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"algorithm": "scaffold"},
+        {"communication": {"uplink": "topk", "error_feedback": True}},
+    ],
+    ids=["scaffold", "error_feedback"],
+)
+def test_per_client_state_lives_on_the_workers_and_resumes_into_new_ones(
+    extra: dict[str, Any],
+) -> None:
+    serial = fedforge.run(_cfg("serial", **extra))
+    cfg = _cfg("ray", **extra)
+    with pytest.raises(RuntimeError, match="crash"):
+        fedforge.run(cfg, hooks=[_CrashAfter(2)])  # rounds 1-2 checkpointed
+    run_dir = max(Path(cfg.runs_dir).iterdir())
+    resumed = fedforge.resume(run_dir)
+    assert resumed.summary["engine"] == "rayx2"
+    assert torch.equal(resumed.params, serial.params)
+
+
+def test_a_client_error_is_one_line_naming_client_and_round(tmp_path: Path) -> None:
+    plugin = tmp_path / "failing_stage.py"
+    plugin.write_text(
+        "import fedforge\n"
+        "class Fails:\n"
+        "    name = 'fails_on_seven'\n"
+        "    where = 'client'\n"
+        "    linear = False\n"
+        "    constraints = ()\n"
+        "    def apply(self, delta, ctx):\n"
+        "        if ctx.client_id == 7:\n"
+        "            raise ValueError('client seven cannot')\n"
+        "        return delta\n"
+        "fedforge.register_stage('fails_on_seven', lambda ctx: Fails())\n"
+    )
+    cfg = _cfg(
+        "ray",
+        num_clients=8,
+        client_fraction=1.0,
+        plugins=[str(plugin)],
+        pipeline={"client": ["fails_on_seven"]},
+    )
+    with pytest.raises(EngineError) as err:
+        fedforge.run(cfg)
+    line = str(err.value)
+    assert "client 7 failed in round 1" in line and "client seven cannot" in line
+    assert "\n" not in line
+
+
+@pytest.mark.parametrize(
+    ("extra", "why"),
+    [
+        ({"privacy": {"secagg": True}, "communication": {"clip_norm": 1.0}}, "secure aggregation"),
+        (
+            {"privacy": {"dp": "central", "noise_multiplier": 1.0, "adaptive_clip": True}},
+            "adaptive clipping",
+        ),
+    ],
+)
+def test_what_cannot_leave_the_driver_is_refused_in_one_line(
+    extra: dict[str, Any], why: str
+) -> None:
+    with pytest.raises(ConfigError, match=f"engine: ray cannot run this: {why}"):
+        fedforge.build(_cfg("ray", **extra))
