@@ -14,9 +14,10 @@ from typing import Annotated, Literal
 
 from fedforge.config.ranges import Most, Range
 
-# retry: the worker is restarted and its clients trained again (the same
-# uploads: a task's randomness is its seed's); dropout: its clients of the
-# round count as dropouts and the round goes on without them
+# retry: a new worker takes the lost one's place and its clients train again
+# there (the same uploads: a task's randomness is its seed's); dropout: its
+# clients of the round count as dropouts and the round goes on without them.
+# A worker holding per-client state ends the round either way (resume the run)
 WorkerFailure = Literal["retry", "dropout"]
 
 
@@ -35,7 +36,7 @@ class RayConfig:
     num_cpus: Annotated[float, Range("> 0", note="CPUs a worker reserves")] = 1.0
     num_gpus: Annotated[float, Range(">= 0", note="GPUs a worker reserves; 0.5: half of one")] = 0.0
     on_worker_failure: WorkerFailure = "retry"
-    # times a lost worker is restarted (and its clients retried, under retry)
+    # lost workers replaced over the run (a new actor in the lost one's place)
     max_restarts: Annotated[int, Range(">= 0"), Most(100, "restarts")] = 3
     # each worker sums its clients' updates and sends the driver one weighted sum
     # where the round's aggregation allows it (a mean of plain updates)

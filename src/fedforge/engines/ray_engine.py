@@ -24,13 +24,14 @@ worker, in worker order: equal to the serial engine's to rounding (1e-9 in
 float64), and the same from run to run.
 
 A lost worker (its process killed, its node gone): under ``on_worker_failure:
-retry`` Ray restarts it (at most ``max_restarts`` times) and its calls run
-again, giving the same uploads (a task's randomness is its seed's); under
-``dropout`` its clients of the round count as dropouts. A worker holding
-per-client rows cannot be replaced (its rows are gone): the round ends with an
-:class:`EngineError`, and the run resumes from its last checkpoint, whose rows
-go to the new workers. A client's exception ends the round as one line naming
-the client and the round.
+retry`` the engine starts a new worker in its place (at most
+``ray.max_restarts`` over the run) and the lost calls run again there, giving
+the same uploads (a task's randomness is its seed's); under ``dropout`` its
+clients of the round count as dropouts (and a new worker takes its place for
+the next rounds). A worker holding per-client rows cannot be replaced (its
+rows are gone): the round ends with an :class:`EngineError`, and the run
+resumes from its last checkpoint, whose rows go to the new workers. A client's
+exception ends the round as one line naming the client and the round.
 """
 
 from __future__ import annotations
@@ -101,16 +102,11 @@ class RayEngine(SimulationEngine):
         self._started_ray = False
         if not ray.is_initialized():
             address = settings.address or os.environ.get("RAY_ADDRESS") or None
-            ray.init(
-                address=address,
-                include_dashboard=False,
-                logging_level="ERROR",
-                configure_logging=True,
-                log_to_driver=True,
-            )
+            ray.init(address=address, include_dashboard=False, logging_level="ERROR")
             self._started_ray = True
         self.workers = self._count()
         self.name = f"rayx{self.workers}"
+        self.restarts = 0  # workers replaced so far (at most ray.max_restarts)
         # plugins loaded from .py files are modules no worker can import: their
         # classes and functions travel by value
         for module in plugin_modules():
@@ -118,32 +114,26 @@ class RayEngine(SimulationEngine):
         # the runtime and its (still empty) tables, pickled together: each actor's
         # runtime then writes the very tables the actor answers for
         self._bundle = ray.put((runtime, dict(tables)))
-        retries = settings.max_restarts if settings.on_worker_failure == "retry" else 0
-        restarts = 0 if self.stateful else settings.max_restarts
-        threads = max(1, int(settings.num_cpus))
-        actor = ray.remote(ClientWorker).options(
-            num_cpus=settings.num_cpus,
-            num_gpus=settings.num_gpus,
-            max_restarts=restarts,
-            max_task_retries=0 if self.stateful else retries,
+        self._actor = ray.remote(ClientWorker).options(
+            num_cpus=settings.num_cpus, num_gpus=settings.num_gpus, max_restarts=0
         )
-        self._actors = [
-            actor.remote([self._bundle], threads, settings.device) for _ in range(self.workers)
-        ]
+        self._actors = [self._start_worker() for _ in range(self.workers)]
         for name, table in tables.items():
-            relocate(
-                table,
-                ShardedRows(
-                    name,
-                    table.num_clients,
-                    table.size,
-                    table.dtype,
-                    self.workers,
-                    self._table_call,
-                    self._get,
-                ),
+            rows = ShardedRows(
+                name,
+                table.num_clients,
+                table.size,
+                table.dtype,
+                self.workers,
+                self._table_call,
+                self._get,
             )
+            relocate(table, rows)
         self._get([a.pid.remote() for a in self._actors])  # started, or the error now
+
+    def _start_worker(self) -> Any:
+        threads = max(1, int(self.settings.num_cpus))
+        return self._actor.remote([self._bundle], threads, self.settings.device)
 
     def _count(self) -> int:
         """``ray.workers``, or as many as the cluster's CPUs allow."""
@@ -169,68 +159,85 @@ class RayEngine(SimulationEngine):
                 raise EngineError(str(cause)) from None
             raise cause from None
         except self.ray.exceptions.RayActorError as exc:
-            raise EngineError(self._lost(str(exc).splitlines()[0])) from None
+            raise EngineError(self._lost(exc)) from None
 
-    def _lost(self, why: str) -> str:
-        held = "it held per-client state; " if self.stateful else ""
+    def _lost(self, exc: Exception) -> str:
+        why = str(exc).splitlines()[0][:200]
+        held = "it held its clients' per-client state; " if self.stateful else ""
         return (
-            f"a Ray worker was lost ({why}); {held}the round is lost, resume the run "
-            "from its last checkpoint"
+            f"a Ray worker was lost ({why}); {held}the round is lost, resume the run from "
+            "its last checkpoint"
         )
+
+    def _call(self, worker: int, method: str, *args: Any) -> _Call:
+        handle = self._actors[worker]
+        return _Call(worker, handle, getattr(handle, method).remote(*args), method, args)
+
+    def _result(self, call: _Call) -> Any | None:
+        """``call``'s value. Its worker lost: under ``retry`` the worker is replaced
+        (once, whichever of its calls learns it first) and the call made again
+        there; under ``dropout`` None (its clients are this round's dropouts); a
+        worker with per-client state, or past ``ray.max_restarts``: EngineError."""
+        while True:
+            try:
+                return self._get([call.future])[0]
+            except EngineError:
+                if not self._replace(call):
+                    raise
+            if self.settings.on_worker_failure == "dropout":
+                print(
+                    f"fedforge: Ray worker {call.worker} was lost; its clients of this round "
+                    "count as dropouts",
+                    file=sys.stderr,
+                )
+                return None
+            call = self._call(call.worker, call.method, *call.args)
+
+    def _replace(self, call: _Call) -> bool:
+        """Replace ``call``'s lost worker (unless another of its calls did);
+        whether the call may go on (False: the loss ends the round)."""
+        try:
+            self.ray.get(call.future)
+        except self.ray.exceptions.RayActorError:
+            pass
+        except Exception:  # not a lost worker: the client's own error
+            return False
+        if self.stateful:
+            return False
+        if self._actors[call.worker] is call.handle:
+            if self.restarts >= self.settings.max_restarts:
+                return False
+            self.restarts += 1
+            self._actors[call.worker] = self._start_worker()
+        return True
 
     def run_cohort(self, tasks: Sequence[ClientTask], payload: bytes) -> Iterator[ClientUpload]:
         if not tasks:
             return
-        ray = self.ray
-        ref = ray.put(payload)  # once a round: every worker reads it from the store
+        ref = self.ray.put(payload)  # once a round: every worker reads it from the store
         jobs = iter(tasks)
-        pending: deque[tuple[ClientTask, Any]] = deque()
+        pending: deque[_Call] = deque()
 
         def submit() -> None:
             task = next(jobs, None)
             if task is not None:
-                pending.append(
-                    (task, self._actors[self.owner(task.client_id)].run.remote(ref, [task]))
-                )
+                pending.append(self._call(self.owner(task.client_id), "run", ref, [task]))
 
         for _ in range(IN_FLIGHT * self.workers):
             submit()
         try:
             while pending:
-                task, future = pending.popleft()
+                call = pending.popleft()
                 submit()
-                try:
-                    results = self._get([future])[0]
-                except EngineError:
-                    if self._drops(future):
-                        continue  # its client is a dropout this round
-                    raise
-                for client_id, data, seconds in results:
+                for client_id, data, seconds in self._result(call) or ():
                     yield ClientUpload(client_id, data, seconds)
         finally:  # the driver stopped reading: drop the rest
-            _cancel(ray, [future for _, future in pending])
-
-    def _drops(self, future: Any) -> bool:
-        """Whether a failed call's clients count as dropouts (its worker was lost,
-        under ``on_worker_failure: dropout``, holding no state)."""
-        if self.stateful or self.settings.on_worker_failure != "dropout":
-            return False
-        try:
-            self.ray.get(future)
-        except self.ray.exceptions.RayActorError:
-            print(
-                "fedforge: a Ray worker was lost; its clients of this round count as dropouts",
-                file=sys.stderr,
-            )
-            return True
-        except Exception:
-            return False
-        return False
+            _cancel(self.ray, [c.future for c in pending])
 
     def run_summed(
         self, tasks: Sequence[ClientTask], payload: bytes, summing: Summing
     ) -> Iterator[PartialSum] | None:
-        """Each worker's clients checked and summed where they trained: one share
+        """Each worker's clients judged and summed where they trained: one share
         a worker, in worker order (None: this engine is told to send each upload)."""
         if not self.settings.aggregate_on_workers:
             return None
@@ -239,25 +246,18 @@ class RayEngine(SimulationEngine):
     def _summed(
         self, tasks: Sequence[ClientTask], payload: bytes, summing: Summing
     ) -> Iterator[PartialSum]:
-        ray = self.ray
-        ref = ray.put(payload)
+        ref = self.ray.put(payload)
         shares: dict[int, list[ClientTask]] = {}
         for task in tasks:
             shares.setdefault(self.owner(task.client_id), []).append(task)
-        futures = [
-            (w, self._actors[w].run_summed.remote(ref, share, summing))
-            for w, share in sorted(shares.items())
-        ]
+        calls = [self._call(w, "run_summed", ref, s, summing) for w, s in sorted(shares.items())]
         try:
-            for _, future in futures:
-                try:
-                    yield self._get([future])[0]
-                except EngineError:
-                    if self._drops(future):
-                        continue
-                    raise
+            for call in calls:
+                share = self._result(call)
+                if share is not None:
+                    yield share
         finally:
-            _cancel(ray, [future for _, future in futures])
+            _cancel(self.ray, [c.future for c in calls])
 
     def run_phase(self, phase: str, messages: Mapping[int, bytes]) -> dict[int, bytes]:
         by_worker: dict[int, dict[int, bytes]] = {}
@@ -282,10 +282,22 @@ class RayEngine(SimulationEngine):
         """End the actors; a cluster this engine started is shut down."""
         actors, self._actors = self._actors, []
         for a in actors:
-            self.ray.kill(a)
+            with contextlib.suppress(Exception):  # already gone
+                self.ray.kill(a)
         if self._started_ray and self.ray.is_initialized():
             self.ray.shutdown()
             self._started_ray = False
+
+
+@dataclass(frozen=True)
+class _Call:
+    """A call made to a worker: where, to which actor, its future, what it asked."""
+
+    worker: int
+    handle: Any
+    future: Any
+    method: str
+    args: tuple[Any, ...]
 
 
 def _cancel(ray: Any, futures: list[Any]) -> None:
