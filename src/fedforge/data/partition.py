@@ -9,6 +9,7 @@ draws only from the generator it is given, so a seed fixes the partition.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,6 +17,7 @@ import numpy as np
 from fedforge.config import PartitionConfig
 from fedforge.core.errors import PartitionError
 from fedforge.core.rng import numpy_rng
+from fedforge.data.index_lists import IndexLists
 
 _MAX_DIRICHLET_TRIES = 1000
 _HOPELESS_AFTER, _HOPELESS_SHORT = 10, 25  # draws, mean clients short per draw
@@ -23,11 +25,14 @@ _HOPELESS_AFTER, _HOPELESS_SHORT = 10, 25  # draws, mean clients short per draw
 
 @dataclass(frozen=True, eq=False)
 class Partition:
-    """One int64 index array (into the training set) per client, read-only."""
+    """One int64 index array (into the training set) per client, read-only; kept
+    as two flat arrays whatever the number of clients (index_lists.py)."""
 
-    client_indices: tuple[np.ndarray, ...]
+    client_indices: Sequence[np.ndarray]
 
     def __post_init__(self) -> None:
+        if isinstance(self.client_indices, IndexLists):
+            return
         arrays = []
         for client, idx in enumerate(self.client_indices):
             given = np.asarray(idx)
@@ -37,10 +42,8 @@ class Partition:
                     f"client {client}'s indices are {given.dtype}; they must be integer "
                     "row numbers (np.flatnonzero(mask) turns a boolean mask into them)"
                 )
-            arr = np.array(given, dtype=np.int64)  # a private copy, then frozen
-            arr.setflags(write=False)
-            arrays.append(arr)
-        object.__setattr__(self, "client_indices", tuple(arrays))
+            arrays.append(given.astype(np.int64, copy=False).reshape(-1))
+        object.__setattr__(self, "client_indices", IndexLists.of(arrays))  # a private copy
 
     @property
     def num_clients(self) -> int:
@@ -48,7 +51,9 @@ class Partition:
 
     def sizes(self) -> np.ndarray:
         """``num_examples`` of each client, int64 ``[num_clients]``."""
-        return np.array([len(idx) for idx in self.client_indices], dtype=np.int64)
+        lists = self.client_indices
+        assert isinstance(lists, IndexLists)
+        return lists.sizes().copy()
 
 
 def _check_counts(num_samples: int, num_clients: int, min_size: int = 1) -> None:
