@@ -8,6 +8,7 @@ and a killed driver are in tests/test_ray_cluster.py (slow)."""
 
 from __future__ import annotations
 
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,7 @@ def test_ray_equals_serial_per_upload_bitwise_and_summed_on_workers_to_1e9(
         assert a.float32_up == b.float32_up and a.cohort_size == b.cohort_size
 
 
+@pytest.mark.slow
 def test_a_summed_round_refuses_what_the_driver_would(tmp_path: Path) -> None:
     """A tight absolute norm bound refuses updates on the workers with the
     driver's own reason, and the round's bookkeeping matches the serial run's."""
@@ -109,7 +111,9 @@ class _CrashAfter(RoundHook):
     "extra",
     [
         {"algorithm": "scaffold"},
-        {"communication": {"uplink": "topk", "error_feedback": True}},
+        pytest.param(
+            {"communication": {"uplink": "topk", "error_feedback": True}}, marks=pytest.mark.slow
+        ),
     ],
     ids=["scaffold", "error_feedback"],
 )
@@ -170,3 +174,9 @@ def test_what_cannot_leave_the_driver_is_refused_in_one_line(
 ) -> None:
     with pytest.raises(ConfigError, match=f"engine: ray cannot run this: {why}"):
         fedforge.build(_cfg("ray", **extra))
+
+
+def test_without_ray_the_run_says_which_extra_installs_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed
+    with pytest.raises(EngineError, match=r"pip install 'fedforge\[ray\]'"):
+        fedforge.build(_cfg("ray"))
