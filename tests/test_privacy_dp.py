@@ -104,14 +104,14 @@ def test_who_knows_the_seed_strips_derived_noise_but_not_secret_noise(
         }
     )  # fmt: skip
     seen: dict[int, torch.Tensor] = {}
-    check = round_module.check_update
+    check = round_module.check_form
 
-    def spy(exp: Any, client_id: int, round_idx: int, data_: bytes) -> Any:
-        up = check(exp, client_id, round_idx, data_)
+    def spy(form: Any, codec: Any, client_id: int, round_idx: int, data_: bytes) -> Any:
+        up = check(form, codec, client_id, round_idx, data_)
         seen[client_id] = up.delta.clone()  # what the server receives
         return up
 
-    monkeypatch.setattr(round_module, "check_update", spy)
+    monkeypatch.setattr(round_module, "check_form", spy)
     run(cfg, data, store=False)
     noised = dict(seen)
     monkeypatch.setattr(LocalNoise, "apply", lambda self, vec, ctx: vec)
