@@ -46,16 +46,19 @@ class DeadlineAware:
         """The option, or the median duration known (inf when none is)."""
         if self.deadline_s is not None:
             return self.deadline_s
-        known = [r.last_duration_s for r in round.history.values() if r.last_duration_s is not None]
-        return float(np.median(known)) if known else float("inf")
+        seconds = round.history.column("last_duration_s")
+        known = seconds[~np.isnan(seconds)]
+        return float(np.median(known)) if len(known) else float("inf")
 
     def select(self, round: SelectionRound) -> list[int]:
         limit = self.deadline(round)
-        took = {c: round.history[c].last_duration_s for c in round.among}
-        unmeasured = [c for c, t in took.items() if t is None]
-        fitting = [c for c, t in took.items() if t is not None and t <= limit]
-        slow = [c for c, t in took.items() if t is not None and t > limit]
-        slow.sort(key=lambda c: took[c] or 0.0)
+        among = np.asarray(round.among, dtype=np.int64)
+        took = round.history.column("last_duration_s")[among]
+        measured = ~np.isnan(took)
+        unmeasured = among[~measured].tolist()
+        fitting = among[measured & (took <= limit)].tolist()
+        late = np.flatnonzero(measured & (took > limit))
+        slow = among[late[np.argsort(took[late], kind="stable")]].tolist()  # fastest first
         explored = _draw(unmeasured, int(np.floor(self.explore * round.size + 0.5)), round.rng)
         picked = explored + _draw(fitting, round.size - len(explored), round.rng)
         if len(picked) < round.size:

@@ -31,6 +31,7 @@ import numpy as np
 
 from fedforge.config.compat import cohort_size
 from fedforge.core.errors import ConfigError
+from fedforge.selection.history import NEVER
 
 if TYPE_CHECKING:
     from fedforge.config.components import ComponentContext
@@ -43,25 +44,27 @@ class FairnessFloor:
     def __init__(self, cohorts: int, every: int) -> None:
         self.cohorts, self.every = cohorts, every
 
-    def deadline(self, round: SelectionRound, client_id: int) -> int:
-        """The cohort index by which ``client_id`` must be asked."""
-        last = round.history[client_id].last_asked
-        return (-1 if last is None else last // self.every) + self.cohorts
+    def deadlines(self, round: SelectionRound) -> np.ndarray:
+        """The cohort index by which each of ``round.among`` must be asked."""
+        last = round.history.column("last_asked")[np.asarray(round.among, dtype=np.int64)]
+        return np.where(last == NEVER, -1, last // self.every) + self.cohorts
 
-    def forced(self, round: SelectionRound) -> int:
-        """f: how many earliest-deadline clients this cohort must ask."""
+    def forced(self, round: SelectionRound, deadlines: np.ndarray | None = None) -> int:
+        """f: how many earliest-deadline clients this cohort must ask (``deadlines``:
+        :meth:`deadlines`, where known)."""
         now = round.round_idx // self.every
-        due = np.array([self.deadline(round, c) - now for c in round.among])
+        due = (self.deadlines(round) if deadlines is None else deadlines) - now
         counts = [int((due <= j).sum()) - round.size * j for j in range(self.cohorts)]
         return min(max(0, *counts), round.size)
 
     def select(self, round: SelectionRound) -> list[int]:
         pool = list(round.among)
-        f = self.forced(round)
+        deadlines = self.deadlines(round)
+        f = self.forced(round, deadlines)
         ties = round.rng.permutation(len(pool))  # a random order among equal deadlines
-        order = sorted(range(len(pool)), key=lambda i: (self.deadline(round, pool[i]), ties[i]))
+        order = np.lexsort((ties, deadlines))  # by deadline, then ties
         first = [pool[i] for i in order[:f]]
-        rest = [pool[i] for i in sorted(order[f:])]
+        rest = [pool[i] for i in np.sort(order[f:])]
         drawn = round.rng.choice(len(rest), size=round.size - f, replace=False)
         return [*first, *(rest[int(i)] for i in drawn)]
 

@@ -48,10 +48,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import reduce
+from operator import add
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from fedforge.selection.history import NEVER
 from fedforge.selection.options import OortOptions
 
 if TYPE_CHECKING:
@@ -70,6 +73,19 @@ def utility(history: ClientHistories, client_id: int) -> float:
     return u if math.isfinite(u) and u > 0 else 0.0
 
 
+def utilities(history: ClientHistories) -> np.ndarray:
+    """:func:`utility` of every client, by id (0 where never heard from)."""
+    loss = history.column("last_loss")
+    with np.errstate(over="ignore", invalid="ignore"):
+        u = history.column("num_examples").astype(np.float64) * np.where(np.isnan(loss), 0.0, loss)
+    return np.where(np.isfinite(u) & (u > 0), u, 0.0)
+
+
+def _sum(values: np.ndarray) -> float:
+    """The sum of ``values`` added one by one in order (as a loop over clients)."""
+    return float(reduce(add, values.tolist(), 0.0))
+
+
 class Oort:
     reads_losses = True
 
@@ -86,49 +102,47 @@ class Oort:
         w, now = self.o.pacer_window, round.round_idx
         if now < 2 * w:
             return False
-        recent = before = 0.0
-        for c, row in round.history.items():
-            if row.last_loss is None or row.last_used is None:
-                continue
-            if now - w <= row.last_used < now:
-                recent += utility(round.history, c)
-            elif now - 2 * w <= row.last_used < now - w:
-                before += utility(round.history, c)
+        used = round.history.column("last_used")
+        heard = (used != NEVER) & ~np.isnan(round.history.column("last_loss"))
+        u = utilities(round.history)
+        recent = _sum(u[heard & (now - w <= used) & (used < now)])
+        before = _sum(u[heard & (now - 2 * w <= used) & (used < now - w)])
         return before > 0 and abs(recent - before) <= STALLED * before
 
     def preferred_duration(self, round: SelectionRound) -> float:
         """T: the option, or the (paced) percentile of the durations known; inf: none."""
         if self.o.preferred_duration_s is not None:
             return self.o.preferred_duration_s
-        known = [r.last_duration_s for r in round.history.values() if r.last_duration_s is not None]
-        if not known:
+        seconds = round.history.column("last_duration_s")
+        known = seconds[~np.isnan(seconds)]
+        if not len(known):
             return math.inf
         q = self.o.duration_percentile + (self.o.pacer_delta if self.stalled(round) else 0.0)
         return float(np.percentile(known, min(q, 100.0)))
 
     def scores(self, round: SelectionRound) -> dict[int, float]:
         """The score of each explored client among those that may be asked."""
-        explored = [c for c in round.among if round.history[c].last_loss is not None]
-        if not explored:
+        h, among = round.history, np.asarray(round.among, dtype=np.int64)
+        explored = among[~np.isnan(h.column("last_loss")[among])]
+        if not len(explored):
             return {}
-        raw = {c: utility(round.history, c) for c in explored}
+        raw = utilities(h)[explored]
         # the percentile taken at a value held (the lower of the two around it), so
         # that one outlier among twenty is cut to the largest of the rest
-        cap = float(np.percentile(list(raw.values()), self.o.utility_percentile, method="lower"))
-        clipped = {c: min(u, cap) for c, u in raw.items()}
-        top = max(clipped.values())
+        cap = float(np.percentile(raw, self.o.utility_percentile, method="lower"))
+        clipped = np.minimum(raw, cap)
+        top = float(clipped.max())
         T, log_r = self.preferred_duration(round), math.log(round.round_idx + 1)
-        out = {}
-        for c in explored:
-            row = round.history[c]
-            u = clipped[c] / top if top > 0 else 0.0
-            last = (row.last_used if row.last_used is not None else 0) + 1
-            u += math.sqrt(self.o.staleness * log_r / last)
-            t = row.last_duration_s
-            if t is not None and t > T:
-                u *= (T / t) ** self.o.penalty
-            out[c] = u
-        return out
+        u = clipped / top if top > 0 else np.zeros(len(explored))
+        used = h.column("last_used")[explored]
+        last = np.where(used == NEVER, 0, used).astype(np.float64) + 1  # from round 1
+        u += np.sqrt(self.o.staleness * log_r / last)
+        took = h.column("last_duration_s")[explored]
+        with np.errstate(invalid="ignore"):
+            slow = np.flatnonzero(took > T)  # NaN: never measured, no penalty
+        for i in slow.tolist():  # Python's pow, as a client's own score
+            u[i] = float(u[i]) * (T / float(took[i])) ** self.o.penalty
+        return dict(zip(explored.tolist(), u.tolist(), strict=True))
 
     def select(self, round: SelectionRound) -> list[int]:
         scores = self.scores(round)
@@ -156,10 +170,13 @@ class Oort:
         """``k`` clients never heard from, faster ones (by last duration) likelier."""
         if k == 0:
             return []
-        speed = [round.history[c].last_duration_s for c in fresh]
-        known = [1.0 / t for t in speed if t is not None and t > 0]
-        default = float(np.median(known)) if known else 1.0
-        w = np.array([1.0 / t if t is not None and t > 0 else default for t in speed])
+        took = round.history.column("last_duration_s")[np.asarray(fresh, dtype=np.int64)]
+        with np.errstate(invalid="ignore"):
+            timed = took > 0  # NaN: never measured
+        known = 1.0 / took[timed]
+        default = float(np.median(known)) if len(known) else 1.0
+        w = np.full(len(fresh), default)
+        w[timed] = known
         picked = round.rng.choice(len(fresh), size=k, replace=False, p=w / w.sum())
         return [fresh[int(i)] for i in picked]
 

@@ -36,7 +36,8 @@ def candidates(round: SelectionRound, d: int) -> list[int]:
     probabilities proportional to n_k (uniformly among those holding none when
     fewer than ``d`` hold any), in draw order."""
     pool = list(round.among)
-    weights = np.array([round.history[c].num_examples for c in pool], dtype=np.float64)
+    ids = np.asarray(pool, dtype=np.int64)
+    weights = round.history.column("num_examples")[ids].astype(np.float64)
     held = int(np.count_nonzero(weights))
     p = weights / weights.sum() if held >= d else None
     if p is None and held:  # every holder first, then the empty ones to make up d

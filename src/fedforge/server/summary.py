@@ -6,11 +6,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from fedforge.evaluation.metrics import bytes_at, rounds_to_target, seconds_at
 from fedforge.evaluation.participation import participation
 from fedforge.report.facts import run_facts
 from fedforge.report.progress import format_bytes, score_text
-from fedforge.selection.history import History
+from fedforge.selection.history import NEVER, History
 from fedforge.server.experiment import Experiment
 from fedforge.store import RoundRecord
 
@@ -77,13 +79,18 @@ def summarize_run(
 
 
 def _participation(exp: Experiment, history: History) -> dict[str, Any]:
-    rows = history.rows
+    n = exp.cfg.num_clients
+    asked, used = history.column("asked", n), history.column("used", n)
+    first = history.column("first_asked", n)
     return participation(
-        exp.cfg.num_clients,
-        {c: r.get("asked", 0) for c, r in rows.items()},
-        {c: r.get("used", 0) for c, r in rows.items()},
-        {c: r["first_asked"] for c, r in rows.items() if r.get("first_asked") is not None},
+        n, _by_id(asked, asked != 0), _by_id(used, used != 0), _by_id(first, first != NEVER)
     )
+
+
+def _by_id(values: np.ndarray, kept: np.ndarray) -> dict[int, int]:
+    """The ``kept`` entries of a history column by client id."""
+    ids = np.flatnonzero(kept)
+    return dict(zip(ids.tolist(), values[ids].tolist(), strict=True))
 
 
 def _virtual(ends: Sequence[float], rtt: float | None) -> dict[str, Any]:
