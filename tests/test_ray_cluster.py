@@ -27,6 +27,7 @@ import fedforge
 from deploy_procs import FEDFORGE
 from fedforge.config import parse
 from fedforge.core.errors import EngineError
+from fedforge.server.collectors import streaming
 from fedforge.server.hooks import RoundEnd, RoundHook, RoundInfo
 from fedforge.store import RunStore
 from fedforge.store.final import FINAL_META, load_final
@@ -111,14 +112,29 @@ class _Nodes(RoundHook):
             self.alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
 
 
-def test_two_nodes_one_worker_each_equal_serial(cluster: LocalCluster) -> None:
+def test_two_nodes_one_worker_each_equal_serial(
+    cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shares: list[int] = []  # the clients in each worker's sum the driver took
+    take = streaming.StreamingMean.take_share
+
+    def counted(self: streaming.StreamingMean, share: Any) -> list[int]:
+        got = take(self, share)
+        shares.append(len(got))
+        return got
+
+    monkeypatch.setattr(streaming.StreamingMean, "take_share", counted)
     serial = fedforge.run(_cfg("serial"))
     where = _Nodes(cluster)
     each = fedforge.run(_cfg("ray", **_on(cluster, aggregate_on_workers=False)), hooks=[where])
     assert each.summary["engine"] == "rayx2"
     assert len(set(where.workers)) == 2 and set(where.workers) == where.alive
     assert torch.equal(each.params, serial.params)
+    assert not shares
     summed = fedforge.run(_cfg("ray", **_on(cluster)))
+    # rounds 2-4 summed on the two nodes (round 1's uploads travel: they are
+    # judged by their own median norm), 12 clients a round
+    assert len(shares) == 6 and sum(shares) == 3 * 12
     assert float((summed.params - serial.params).abs().max()) <= 1e-9
     assert [r.cohort_size for r in summed.rounds] == [r.cohort_size for r in serial.rounds]
 
@@ -279,6 +295,8 @@ def test_driver_sigkill_leaves_no_actor_and_cli_resume_is_bit_identical(
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     assert not (run_dir / FINAL_META).exists(), "the run finished before the kill"
+    with RunStore.open(run_dir) as store:
+        assert store.status == "running" and len(store.rounds()) >= 2
     # Ray ends a dead driver's actors (they are not detached)
     assert wait_until_gone(actors, 60) == [], "the killed driver's actors still run"
     done = subprocess.run(
