@@ -34,7 +34,10 @@ it), then ``--rounds`` rounds are timed from the strategy's ``configure_train``
 to the end of its ``aggregate_train``. Per round the script also prints the
 summed fit time the clients measured around their own training loop, and
 Flower's overhead: the round time minus that sum divided by the number of
-client tasks that can run at once (CPUs / CPUs per client).
+client tasks that can run at once (CPUs / CPUs per client), and the CPU
+seconds the driver process (the ServerApp, Flower's in-memory link state and
+its message threads, Ray's driver) spent in the round, all its threads
+together: on a machine of few cores, CPU the clients' tasks do not get.
 
 Last line: ``RESULT flower_<model>_s_per_round_<cohort>=...`` for every cohort
 run.
@@ -70,7 +73,14 @@ HAVE_FLOWER = all(importlib.util.find_spec(m) is not None for m in ("flwr", "ray
 if HAVE_FLOWER:
     import numpy as np
     import torch
-    from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+    from flwr.app import (
+        ArrayRecord,
+        ConfigRecord,
+        Context,
+        Message,
+        MetricRecord,
+        RecordDict,
+    )
     from flwr.clientapp import ClientApp
     from flwr.serverapp import Grid, ServerApp
     from flwr.serverapp.strategy import FedAvg
@@ -187,9 +197,11 @@ if HAVE_FLOWER:
             super().__init__(**kwargs)
             self.rounds: list[dict[str, float]] = []
             self._start = 0.0
+            self._cpu = 0.0
 
         def configure_train(self, server_round, arrays, config, grid):  # type: ignore[no-untyped-def]
             self._start = time.perf_counter()
+            self._cpu = time.process_time()
             return super().configure_train(server_round, arrays, config, grid)
 
         def aggregate_train(self, server_round, replies):  # type: ignore[no-untyped-def]
@@ -201,6 +213,7 @@ if HAVE_FLOWER:
             self.rounds.append(
                 {
                     "round_s": time.perf_counter() - self._start,
+                    "driver_cpu_s": time.process_time() - self._cpu,
                     "fit_sum_s": fit,
                     "replies": float(sum(m.has_content() for m in replies)),
                 }
@@ -246,7 +259,10 @@ def run_cohort(
         num_supernodes=NUM_CLIENTS,
         backend_config={
             "client_resources": {"num_cpus": client_cpus, "num_gpus": 0.0},
-            "init_args": {"num_cpus": os.cpu_count() or 1, "object_store_memory": 1 << 30},
+            "init_args": {
+                "num_cpus": os.cpu_count() or 1,
+                "object_store_memory": 1 << 30,
+            },
         },
     )
     if len(strategy.rounds) != rounds + 1:
@@ -280,12 +296,13 @@ def main() -> None:
             f"whole simulation {wall:.1f} s; warm-up round 1 {every[0]['round_s']:.2f} s"
             " (actors' start, MNIST load per actor); not counted"
         )
-        print("round  seconds  clients  fit_sum_s  fit_per_client_s  overhead_s")
+        print("round  seconds  clients  fit_sum_s  fit_per_client_s  overhead_s  driver_cpu_s")
         for i, r in enumerate(timed, start=2):
             overhead = r["round_s"] - r["fit_sum_s"] / parallel
             print(
                 f"{i:5d}  {r['round_s']:7.2f}  {int(r['replies']):7d}  {r['fit_sum_s']:9.2f}"
                 f"  {r['fit_sum_s'] / r['replies']:16.4f}  {overhead:10.2f}"
+                f"  {r['driver_cpu_s']:12.2f}"
             )
         mean = statistics.fmean(r["round_s"] for r in timed)
         over = statistics.fmean(r["round_s"] - r["fit_sum_s"] / parallel for r in timed)
