@@ -342,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
             f"| {m['after_warmup_mib']:.0f} | {m['peak_mib']:.0f} | {m['anon_mib']:.0f} "
             f"| {m['back_bytes'] / 1e6:.2f} MB | {m['model_bytes'] * WORKERS / 1e6:.2f} MB "
             f"| {m['put_bytes'] / 1e6:.2f} MB | {m['history_rows']} "
-            f"| {m["history_bytes"] / 1024:.0f} | {fmt(m.get("partition_mib"), ".1f")} |"
+            f"| {m['history_bytes'] / 1024:.0f} | {fmt(m.get('partition_mib'), '.1f')} |"
         )
 
     projection(table)
