@@ -20,14 +20,13 @@ from typing import Any
 
 import pytest
 import torch
-from tests.test_ray_engine import _cfg
+from tests.test_ray_engine import _cfg, count_shares
 from tests.test_resume import ENV, _rows, _start, _wait_for_rounds
 
 import fedforge
 from deploy_procs import FEDFORGE
 from fedforge.config import parse
 from fedforge.core.errors import EngineError
-from fedforge.server.collectors import streaming
 from fedforge.server.hooks import RoundEnd, RoundHook, RoundInfo
 from fedforge.store import RunStore
 from fedforge.store.final import FINAL_META, load_final
@@ -115,15 +114,7 @@ class _Nodes(RoundHook):
 def test_two_nodes_one_worker_each_equal_serial(
     cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    shares: list[int] = []  # the clients in each worker's sum the driver took
-    take = streaming.StreamingMean.take_share
-
-    def counted(self: streaming.StreamingMean, share: Any) -> list[int]:
-        got = take(self, share)
-        shares.append(len(got))
-        return got
-
-    monkeypatch.setattr(streaming.StreamingMean, "take_share", counted)
+    shares = count_shares(monkeypatch)
     serial = fedforge.run(_cfg("serial"))
     where = _Nodes(cluster)
     each = fedforge.run(_cfg("ray", **_on(cluster, aggregate_on_workers=False)), hooks=[where])

@@ -52,9 +52,8 @@ def _cfg(engine: str, **kw: Any) -> Any:
     return parse.from_dict(d)
 
 
-def test_ray_equals_serial_per_upload_bitwise_and_summed_on_workers_to_1e9(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def count_shares(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The clients in each worker's sum the driver takes, one entry a share."""
     shares: list[int] = []
     take = streaming.StreamingMean.take_share
 
@@ -64,6 +63,13 @@ def test_ray_equals_serial_per_upload_bitwise_and_summed_on_workers_to_1e9(
         return got
 
     monkeypatch.setattr(streaming.StreamingMean, "take_share", counted)
+    return shares
+
+
+def test_ray_equals_serial_per_upload_bitwise_and_summed_on_workers_to_1e9(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    shares = count_shares(monkeypatch)
     serial = fedforge.run(_cfg("serial"))
     assert not shares
     each = fedforge.run(_cfg("ray", ray={"workers": 2, "aggregate_on_workers": False}))

@@ -269,6 +269,7 @@ class Intake:
         dense: DenseCost,
     ) -> None:
         self.exp, self.round_idx, self.log, self.limits = exp, round_idx, log, limits
+        self.form = UpdateForm.of(exp)  # what every upload of the round is held to
         self.expected = frozenset(expected)
         self.payload_bytes = payload_bytes
         self.seen: set[int] = set()
@@ -287,7 +288,7 @@ class Intake:
         why = self._admit(client_id)
         if why is None:
             judged = judge(
-                UpdateForm.of(self.exp),
+                self.form,
                 self.exp.pipeline.codec,
                 self.limits,
                 client_id,

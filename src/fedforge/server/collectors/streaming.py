@@ -17,7 +17,7 @@ from fedforge.config.compat import cohort_size
 from fedforge.core.errors import EngineError
 from fedforge.engines.partial import PartialSum, Summing
 from fedforge.server.collectors.base import UPLOAD, Collected, DenseCost, Phase, RoundLog
-from fedforge.server.collectors.intake import Intake, Limits, UpdateForm, Upload
+from fedforge.server.collectors.intake import Intake, Limits, Upload
 from fedforge.server.collectors.partial import UpdateSumming, WorkerShare, summable
 from fedforge.server.diagnostics import RoundDiagnostics
 from fedforge.server.experiment import Experiment
@@ -179,7 +179,7 @@ class StreamingMean(UploadPhase):
             return None
         limits = self.intake.limits
         cut = dataclasses.replace(limits, registry=limits.registry.only(self.cohort))
-        form, diagnose = UpdateForm.of(self.exp), self.diag is not None
+        form, diagnose = self.intake.form, self.diag is not None
         return UpdateSumming(form, cut, self.intake.round_idx, diagnose)
 
     def take_share(self, share: PartialSum) -> list[int]:
