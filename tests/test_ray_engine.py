@@ -76,9 +76,9 @@ def test_ray_equals_serial_per_upload_bitwise_and_summed_on_workers_to_1e9(
     assert not shares and each.summary["engine"] == "rayx2"
     assert torch.equal(each.params, serial.params)
     summed = fedforge.run(_cfg("ray"))
-    # rounds 2-4 summed on the workers (round 1 judges its uploads by their own
-    # median norm, so they travel): 2 shares a round, 12 clients between them
-    assert len(shares) == 6 and sum(shares) == 3 * 12
+    # every round summed on the workers (round 1, which judges its uploads by
+    # their own median norm, in two passes): 2 shares a round, 12 clients
+    assert len(shares) == 8 and sum(shares) == 4 * 12
     diff = float((summed.params - serial.params).abs().max())
     assert diff <= 1e-9
     for a, b in zip(summed.rounds, serial.rounds, strict=True):
@@ -97,6 +97,24 @@ def test_a_summed_round_refuses_what_the_driver_would(tmp_path: Path) -> None:
     assert sorted(summed.rejected) == sorted(serial.rejected)  # logged in worker order
     # the same uploads counted (bytes can differ by a digit of a reported loss)
     assert [r.float32_up for r in summed.rounds] == [r.float32_up for r in serial.rounds]
+    assert float((summed.params - serial.params).abs().max()) <= 1e-9
+
+
+def test_a_first_round_judged_by_its_own_median_is_summed_in_two_passes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Attackers' updates scaled 1,000x in the run's first round are refused by
+    the cohort's own median norm on the workers, as the driver refuses them,
+    and no upload reaches the driver: every round comes as one sum a worker."""
+    kw = {"robust": {"attack": "scaled", "attack_fraction": 0.2, "attack_scale": 1000.0}}
+    serial = fedforge.run(_cfg("serial", rounds=2, **kw))
+    shares = count_shares(monkeypatch)
+    summed = fedforge.run(_cfg("ray", rounds=2, **kw))
+    assert len(shares) == 4
+    first = [c for r, c, _ in serial.rejected if r == 0]
+    assert first and sorted(c for r, c, _ in summed.rejected if r == 0) == sorted(first)
+    assert sorted(summed.rejected) == sorted(serial.rejected)  # the same reasons
+    assert all("this round's uploads" in why for r, _, why in summed.rejected if r == 0)
     assert float((summed.params - serial.params).abs().max()) <= 1e-9
 
 

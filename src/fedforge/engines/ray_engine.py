@@ -21,7 +21,9 @@ streaming sum is the serial engine's, bit for bit. Where the round's aggregate
 is a plain weighted mean, each worker instead checks and sums its clients'
 updates (engines/partial.py: ``run_summed``) and the driver receives one sum a
 worker, in worker order: equal to the serial engine's to rounding (1e-9 in
-float64), and the same from run to run.
+float64), and the same from run to run. A round that judges its uploads by the
+median of their own norms (a run's first) is summed in two passes: the workers
+keep their uploads and report their norms, then sum under the settled bound.
 
 A lost worker (its process killed, its node gone): under ``on_worker_failure:
 retry`` the engine starts a new worker in its place (at most
@@ -250,8 +252,23 @@ class RayEngine(SimulationEngine):
         shares: dict[int, list[ClientTask]] = {}
         for task in tasks:
             shares.setdefault(self.owner(task.client_id), []).append(task)
-        calls = [self._call(w, "run_summed", ref, s, summing) for w, s in sorted(shares.items())]
+        calls: list[_Call] = []
         try:
+            if summing.waits:  # first pass: each worker keeps its uploads, reports
+                calls = [
+                    self._call(w, "run_kept", ref, s, summing) for w, s in sorted(shares.items())
+                ]
+                reports = {c.worker: self._result(c) for c in calls}
+                settled = summing.settle([r for r in reports.values() if r is not None])
+                shares = {w: s for w, s in shares.items() if reports[w] is not None}
+                calls = [
+                    self._call(w, "run_settled", ref, s, summing, settled)
+                    for w, s in sorted(shares.items())
+                ]
+            else:
+                calls = [
+                    self._call(w, "run_summed", ref, s, summing) for w, s in sorted(shares.items())
+                ]
             for call in calls:
                 share = self._result(call)
                 if share is not None:

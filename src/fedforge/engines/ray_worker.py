@@ -49,6 +49,7 @@ class ClientWorker:
         set_threads(threads)
         runtime.model.to(torch.device(device))  # the run's device, as each task sees it
         self.runtime, self.tables = runtime, tables
+        self.kept: tuple[int, PartialSum] | None = None  # (round, share) awaiting settle
 
     def pid(self) -> int:
         return os.getpid()
@@ -73,6 +74,26 @@ class ClientWorker:
             data = self._train(task, payload)
             part.add(task.client_id, data, time.perf_counter() - t0)
         return part
+
+    def run_kept(self, payload: bytes, tasks: Sequence[ClientTask], summing: Summing) -> Any:
+        """A round that waits, first pass: the tasks' updates checked and kept
+        here; what the driver needs to settle the round (their norms)."""
+        share = self.run_summed(payload, tasks, summing)
+        self.kept = (tasks[0].round_idx, share)
+        return share.report()
+
+    def run_settled(
+        self, payload: bytes, tasks: Sequence[ClientTask], summing: Summing, settled: Summing
+    ) -> PartialSum:
+        """Second pass: the kept updates summed under the settled round. A worker
+        that keeps none of this round (it replaced a lost one) trains them again
+        (a task's randomness is its seed's: the same updates)."""
+        kept, self.kept = self.kept, None
+        if kept is None or kept[0] != tasks[0].round_idx:
+            share = self.run_summed(payload, tasks, summing)
+        else:
+            share = kept[1]
+        return share.settle(settled)
 
     def _train(self, task: ClientTask, payload: bytes) -> bytes:
         try:

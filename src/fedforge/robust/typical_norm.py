@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -52,11 +52,13 @@ def remember(
 @dataclass(frozen=True)
 class RelativeBound:
     """``multiple`` x the typical norm of ``rounds`` recent rounds; ``typical``
-    None: the round has none behind it and waits for its own median."""
+    None: the round has none behind it and waits for its own median (``own``:
+    the typical norm is that median, once the round's uploads are in)."""
 
     multiple: float
     typical: float | None
     rounds: int
+    own: bool = False
 
     @classmethod
     def of(cls, multiple: float, recent: Sequence[Sequence[float]]) -> RelativeBound:
@@ -65,24 +67,31 @@ class RelativeBound:
     @property
     def waits(self) -> bool:
         """Whether the round's uploads wait for the median of their own norms."""
-        return self.typical is None
+        return self.typical is None and not self.own
+
+    def settled(self, norms: Sequence[float]) -> RelativeBound:
+        """For a round that waits: the bound set by the median of its own
+        uploads' norms (no bound when that median is not a positive number)."""
+        return replace(self, typical=typical_norm([norms]), own=True)
 
     def refusal(self, norm: float) -> str | None:
         """Why an update of norm ``norm`` is refused against the recent rounds'
-        median; None when it is within the bound (or the round waits)."""
+        median (or the round's own, once settled); None when it is within the
+        bound (or the round waits)."""
         if self.typical is None:
             return None
-        rounds = f"{self.rounds} round{'s' if self.rounds != 1 else ''}"
-        return _past(norm, self.multiple, self.typical, f"the updates taken in the last {rounds}")
+        if self.own:
+            what = "this round's uploads (no earlier round took any)"
+        else:
+            rounds = f"{self.rounds} round{'s' if self.rounds != 1 else ''}"
+            what = f"the updates taken in the last {rounds}"
+        return _past(norm, self.multiple, self.typical, what)
 
     def cohort_refusals(self, norms: Sequence[float]) -> list[str | None]:
         """For a round that waits: each upload's refusal against the median of
         the round's own norms (None: taken)."""
-        med = typical_norm([norms])
-        if med is None:
-            return [None] * len(norms)
-        what = "this round's uploads (no earlier round took any)"
-        return [_past(n, self.multiple, med, what) for n in norms]
+        settled = self.settled(norms)
+        return [settled.refusal(n) for n in norms]
 
 
 def _past(norm: float, multiple: float, typical: float, what: str) -> str | None:

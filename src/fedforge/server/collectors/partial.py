@@ -9,16 +9,23 @@ records). The driver receives O(workers x model), not O(cohort x model).
 Only a round whose aggregate is the plain weighted mean of the updates as
 decoded may be summed this way (:func:`summable`): no per-upload server
 stage, no weights but the bounded example counts, no tensors beside the delta
-for the algorithm's server half, no bound that waits for the round's own
-norms. The round's update diagnostics (their mean pairwise cosine, norms) are
-streaming sums too: each worker keeps its own and the driver merges them.
+for the algorithm's server half. A round that judges its uploads by the median
+of their own norms (a run's first, under ``robust.max_norm_multiple``) is
+summed in two passes (engines/partial.py): each worker keeps its taken uploads
+(as they came, encoded) and reports their norms; the driver sets the bound from
+the cohort's median and each worker sums its uploads within it. The round's
+update diagnostics (their mean pairwise cosine, norms) are streaming sums
+too: each worker keeps its own and the driver merges them.
 Sums in another order than the serial engine's: equal to it to rounding
 (1e-9 in float64), and the same from run to run (shares in worker order).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -59,6 +66,10 @@ class WorkerShare:
     # the taken updates' directions and norms (server/diagnostics.py), when the run
     # logs them: merged into the round's
     diag: RoundDiagnostics | None = None
+    # a round that waits: the uploads taken so far, kept to be summed when the
+    # round is settled (client, message, seconds), and their norms
+    kept: list[tuple[int, bytes, float]] = field(default_factory=list)
+    kept_norms: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.summing.diagnose and self.diag is None:
@@ -78,6 +89,10 @@ class WorkerShare:
             why = weighs_nothing(client_id, up.num_examples, s.limits)
             self.verdicts.append(Verdict(*base, why, False, True))
             return
+        if s.limits.waits:
+            self.kept.append((client_id, data, seconds))
+            self.kept_norms.append(up.norm)
+            return
         if self.total is None:
             self.total = torch.zeros(s.form.size, dtype=s.form.dtype)
         self.total.add_(up.delta, alpha=weight)
@@ -87,6 +102,20 @@ class WorkerShare:
         self.count += 1
         taken = Verdict(*base, None, False, True, up.num_examples, up.train_loss, up.norm, weight)
         self.verdicts.append(taken)
+
+    def report(self) -> list[float]:
+        """The kept uploads' norms."""
+        return self.kept_norms
+
+    def settle(self, settled: Any) -> WorkerShare:
+        """The kept uploads judged again under the settled round and summed; the
+        verdicts given before kept."""
+        assert isinstance(settled, UpdateSumming)
+        share = settled.start(self.codec)
+        share.verdicts = list(self.verdicts)
+        for client_id, data, seconds in self.kept:
+            share.add(client_id, data, seconds)
+        return share
 
 
 @dataclass(frozen=True)
@@ -103,11 +132,23 @@ class UpdateSumming:
     def start(self, codec: Codec) -> WorkerShare:
         return WorkerShare(self, codec)
 
+    @property
+    def waits(self) -> bool:
+        return self.limits.waits
+
+    def settle(self, reports: Sequence[Any]) -> UpdateSumming:
+        """The round's bound set by the median of every kept upload's norm."""
+        relative = self.limits.relative
+        if relative is None or not relative.waits:
+            return self
+        norms = [n for r in reports for n in r]
+        limits = dataclasses.replace(self.limits, relative=relative.settled(norms))
+        return dataclasses.replace(self, limits=limits)
+
 
 def summable(exp: Experiment) -> bool:
     """Whether the run's rounds may be summed on the workers (see the module
-    docstring; the collector adds its own conditions: no diagnostics, no
-    waiting bound)."""
+    docstring)."""
     return (
         type(exp.pipeline.aggregator) is WeightedMean
         and exp.cfg.aggregation.weights == "num_examples"

@@ -175,7 +175,7 @@ class StreamingMean(UploadPhase):
     def summing(self) -> Summing | None:
         """What the workers need to sum this round's uploads where they are
         trained (partial.py), or None where the round must see each upload."""
-        if self.holds or not summable(self.exp):
+        if not summable(self.exp):
             return None
         limits = self.intake.limits
         cut = dataclasses.replace(limits, registry=limits.registry.only(self.cohort))
