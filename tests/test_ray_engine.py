@@ -8,6 +8,7 @@ and a killed driver are in tests/test_ray_cluster.py (slow)."""
 
 from __future__ import annotations
 
+import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -204,3 +205,41 @@ def test_without_ray_the_run_says_which_extra_installs_it(monkeypatch: pytest.Mo
     monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed
     with pytest.raises(EngineError, match=r"pip install 'fedforge\[ray\]'"):
         fedforge.build(_cfg("ray"))
+
+
+@pytest.mark.parametrize(
+    ("extra", "error", "why"),
+    [
+        ({"workers": 8}, EngineError, r"ray.workers 8 x ray.num_cpus 1 asks for 8 CPUs; .* has 2"),
+        ({"workers": 2, "num_gpus": 0.5}, ConfigError, r"ray.num_gpus 0.5 .* device is 'cpu'"),
+    ],
+    ids=["cpus", "gpus_on_cpu_device"],
+)
+def test_what_the_cluster_cannot_give_is_refused_before_any_worker_waits(
+    extra: dict[str, Any], error: type[Exception], why: str
+) -> None:
+    with pytest.raises(error, match=why):
+        fedforge.build(_cfg("ray", ray=extra))
+
+
+def test_gpu_workers_on_a_cluster_without_gpus_is_one_line() -> None:
+    """device: cuda with GPUs reserved for the workers: the driver (no GPU here)
+    is not refused for its own device; the cluster's missing GPUs are."""
+    cfg = _cfg("ray", device="cuda", ray={"workers": 2, "num_gpus": 0.5})
+    with pytest.raises(EngineError, match=r"asks for 1 GPUs; the Ray cluster has 0"):
+        fedforge.build(cfg)
+
+
+def test_an_address_where_no_cluster_answers_is_refused_at_once() -> None:
+    from fedforge.engines.ray_connect import connect, host_port
+
+    assert host_port("ray://10.0.0.1:10001") == ("10.0.0.1", 10001)
+    assert host_port("[::1]:6379") == ("::1", 6379)
+    assert host_port("auto") is None
+    with socket.socket() as s:  # a port of this machine that nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(
+        EngineError, match=rf"no Ray cluster answers at ray.address '127.0.0.1:{port}'"
+    ):
+        connect(ray, f"127.0.0.1:{port}")

@@ -52,6 +52,7 @@ from fedforge.core.errors import EngineError
 from fedforge.core.registry import FILE_PLUGIN_PREFIX
 from fedforge.engines import SimulationEngine
 from fedforge.engines.partial import PartialSum, Summing
+from fedforge.engines.ray_connect import check_resources, connect
 from fedforge.engines.ray_tables import ShardedRows
 from fedforge.engines.ray_worker import ClientFailed, ClientWorker
 from fedforge.store.client_state import ClientStateStore
@@ -103,10 +104,19 @@ class RayEngine(SimulationEngine):
         self.ray = ray = import_ray()
         self._started_ray = False
         if not ray.is_initialized():
-            address = settings.address or os.environ.get("RAY_ADDRESS") or None
-            ray.init(address=address, include_dashboard=False, logging_level="ERROR")
+            connect(ray, settings.address or os.environ.get("RAY_ADDRESS") or None)
             self._started_ray = True
+        self._actors: list[Any] = []
+        try:
+            self._start(runtime, tables)
+        except BaseException:  # nothing left behind: the workers, a cluster it started
+            self.close()
+            raise
+
+    def _start(self, runtime: ClientRuntime, tables: Mapping[str, ClientStateStore]) -> None:
+        ray, settings = self.ray, self.settings
         self.workers = self._count()
+        check_resources(ray, self.workers, settings.num_cpus, settings.num_gpus)
         self.name = f"rayx{self.workers}"
         self.restarts = 0  # workers replaced so far (at most ray.max_restarts)
         # plugins loaded from .py files are modules no worker can import: their

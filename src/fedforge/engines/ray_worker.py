@@ -17,9 +17,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import torch
-
 from fedforge.client.runtime import ClientRuntime, ClientTask
+from fedforge.core.device import resolve_device
 from fedforge.engines.partial import PartialSum, Summing
 from fedforge.engines.threads import set_threads
 from fedforge.store.client_state import ClientStateStore
@@ -47,7 +46,9 @@ class ClientWorker:
         loaded: tuple[ClientRuntime, dict[str, ClientStateStore]] = ray.get(bundle[0])
         runtime, tables = loaded
         set_threads(threads)
-        runtime.model.to(torch.device(device))  # the run's device, as each task sees it
+        # the run's device, resolved where the worker runs (Ray shows it the GPUs
+        # it reserved): each task trains there
+        runtime.model.to(resolve_device(device))
         self.runtime, self.tables = runtime, tables
         self.kept: tuple[int, PartialSum] | None = None  # (round, share) awaiting settle
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from fedforge.client.runtime import ClientRuntime
+from fedforge.config import Config
 from fedforge.core.device import HOST
 from fedforge.core.errors import ConfigError
 from fedforge.engines import Engine, batched_mlp
@@ -141,6 +142,16 @@ def choose_engine(
     return EngineChoice(engine, notes, plan, line)
 
 
+def driver_device(cfg: Config) -> str:
+    """The device the run's own process holds the model on: the config's, except
+    under ``engine: ray`` with GPUs reserved for the workers: they train on
+    ``device`` (each resolves it where it runs) and the driver (aggregation,
+    evaluation) uses a GPU only when it sees one."""
+    if cfg.engine == "ray" and cfg.ray.num_gpus > 0:
+        return "auto"
+    return cfg.device
+
+
 def ray_choice(
     runtime: ClientRuntime,
     tables: Mapping[str, ClientStateStore],
@@ -153,6 +164,11 @@ def ray_choice(
     live in the driver (``driver_state``) or a table cannot move."""
     if driver_state is not None:
         raise ConfigError(f"engine: ray cannot run this: {driver_state}; use engine: serial")
+    if settings.num_gpus > 0 and settings.device == "cpu":
+        raise ConfigError(
+            f"ray.num_gpus {settings.num_gpus:g} reserves GPUs for the workers but device is "
+            "'cpu': set device: cuda (or auto) to train the clients on them, or ray.num_gpus: 0"
+        )
     for name, table in tables.items():
         if not relocatable(table):
             raise ConfigError(

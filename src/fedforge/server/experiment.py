@@ -42,7 +42,7 @@ from fedforge.robust.parts import RobustParts, assemble
 from fedforge.selection.named import SelectionPolicy, check_sees_losses
 from fedforge.selection.sampling import UniformSelection
 from fedforge.server import probe
-from fedforge.server.engine_choice import EngineChoice, choose_engine, ray_choice
+from fedforge.server.engine_choice import EngineChoice, choose_engine, driver_device, ray_choice
 from fedforge.store.build_record import data_fingerprint
 from fedforge.store.checkpoint import RESIDUAL
 from fedforge.store.client_state import ClientStateStore
@@ -120,7 +120,7 @@ def build(cfg: Config, data: FederatedData | None = None, task: Task | None = No
     check_names(cfg)  # its plugins loaded, every name registered: before anything loads
     keep_large_blocks()  # glibc: reuse freed activation buffers (fedforge.core.allocator)
     dtype = DTYPES[cfg.dtype]
-    device = resolve_device(cfg.device)  # before the data loads: a missing GPU fails fast
+    device = resolve_device(driver_device(cfg))  # before the data loads: fails fast
     task = resolve_task(cfg, task)
     own_split = data is not None and not data.split_by_config
     data, model, fingerprint = _run_data(cfg, data, task, dtype)
