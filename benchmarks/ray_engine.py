@@ -49,7 +49,9 @@ ray_driver_mib_100k= ray_equiv_maxdiff= ray_vs_flower_1000=`` (ray_vs_pool_* at
 cohort 100, the median of the paired per-repetition ratios of samples/s;
 driver MiB: peak RSS over the timed rounds of the 2NN at cohort 1,000 of
 N = 1,000, and of the 100,000-client population; ray_vs_flower_1000: Flower's
-2NN seconds per round over ours at cohort 1,000).
+2NN seconds per round over ours at cohort 1,000). ``--memory``: the driver's
+memory points alone (memory does not need a quiet machine), last line
+``RESULT ray_driver_mib_100= ray_driver_mib_1000= ray_driver_mib_100k=``.
 """
 
 from __future__ import annotations
@@ -262,10 +264,48 @@ def projection(table: dict[tuple[str, int], dict[str, Any]]) -> dict[int, float]
     return out
 
 
+def memory(q: bool) -> tuple[dict[str, dict[str, Any]], int, tuple[int, int]]:
+    """The driver's memory and traffic, each point its own process and cluster:
+    the points, the largest cohort and the two populations."""
+    big = 100 if q else 1000
+    mem_rounds = 3 if q else 5
+    points: dict[str, dict[str, Any]] = {}
+    for cohort in (10, big) if q else (100, 1000):
+        points[f"cohort {cohort}"] = subprocess_point(
+            {"cfg": base("2nn", cohort, mem_rounds, "ray")}
+        )
+    points["cohort 100, aggregation off"] = subprocess_point(
+        {"cfg": base("2nn", 100, mem_rounds, "ray", ray={"workers": WORKERS, "num_cpus": 1,
+                                                         "aggregate_on_workers": False})}
+    )  # fmt: skip
+    pops = (2000, 20000) if q else (10000, 100000)
+    pop_cohort = 100 if q else 1000
+    for n in pops:
+        cfg = base("2nn", pop_cohort, mem_rounds, "ray", num_clients=n,
+                   client_fraction=pop_cohort / n)  # fmt: skip
+        points[f"population {n}"] = subprocess_point({"cfg": cfg, "population": n, "rows": pops[1]})
+    print("\nDriver memory (MiB) and traffic per round (2NN, engine: ray, 2 workers)")
+    print("| point | s/round | RSS before run | RSS after warm-up | peak over timed rounds "
+          "| anon at end | back to driver / round | model x workers | payload put / round "
+          "| history rows | history JSON KiB | partition MiB |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, m in points.items():
+        print(
+            f"| {name} | {m['s_per_round']:.2f} | {m['before_run_mib']:.0f} "
+            f"| {m['after_warmup_mib']:.0f} | {m['peak_mib']:.0f} | {m['anon_mib']:.0f} "
+            f"| {m['back_bytes'] / 1e6:.2f} MB | {m['model_bytes'] * WORKERS / 1e6:.2f} MB "
+            f"| {m['put_bytes'] / 1e6:.2f} MB | {m['history_rows']} "
+            f"| {m['history_bytes'] / 1024:.0f} | {fmt(m.get('partition_mib'), '.1f')} |"
+        )
+
+    return points, big, pops
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--no-flower", action="store_true")
+    p.add_argument("--memory", action="store_true", help="the driver's memory points only")
     p.add_argument("--point", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     instrument()
@@ -276,6 +316,18 @@ def main(argv: list[str] | None = None) -> int:
 
     q = args.quick
     print(json.dumps(machine()), flush=True)
+    if args.memory:  # memory does not depend on a quiet machine; time does
+        points, big, pops = memory(q)
+        print(
+            result_line(
+                {
+                    f"ray_driver_mib_{c}": points[f"cohort {c}"]["peak_mib"]
+                    for c in ((10, big) if q else (100, 1000))
+                }
+                | {"ray_driver_mib_100k": points[f"population {pops[1]}"]["peak_mib"]}
+            )
+        )
+        return 0
     # cohort -> (rounds per run, repetitions); the CNN at 1,000: one timed round
     plan = {10: (4, 1), 100: (3, 1)} if q else {10: (8, 2), 100: (5, 2), 1000: (4, 1)}
     models = ["2nn"] if q else ["2nn", "cnn"]
@@ -313,38 +365,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{table['2nn', 100]['ray_samples_per_s']:.0f}, "
           f"{table['2nn', 100]['ray_overhead_s']:.3f})")  # fmt: skip
 
-    # the driver's memory and traffic, each point its own process and cluster
-    big = 100 if q else 1000
-    mem_rounds = 3 if q else 5
-    points: dict[str, dict[str, Any]] = {}
-    for cohort in (10, big) if q else (100, 1000):
-        points[f"cohort {cohort}"] = subprocess_point(
-            {"cfg": base("2nn", cohort, mem_rounds, "ray")}
-        )
-    points["cohort 100, aggregation off"] = subprocess_point(
-        {"cfg": base("2nn", 100, mem_rounds, "ray", ray={"workers": WORKERS, "num_cpus": 1,
-                                                         "aggregate_on_workers": False})}
-    )  # fmt: skip
-    pops = (2000, 20000) if q else (10000, 100000)
-    pop_cohort = 100 if q else 1000
-    for n in pops:
-        cfg = base("2nn", pop_cohort, mem_rounds, "ray", num_clients=n,
-                   client_fraction=pop_cohort / n)  # fmt: skip
-        points[f"population {n}"] = subprocess_point({"cfg": cfg, "population": n, "rows": pops[1]})
-    print("\nDriver memory (MiB) and traffic per round (2NN, engine: ray, 2 workers)")
-    print("| point | s/round | RSS before run | RSS after warm-up | peak over timed rounds "
-          "| anon at end | back to driver / round | model x workers | payload put / round "
-          "| history rows | history JSON KiB | partition MiB |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for name, m in points.items():
-        print(
-            f"| {name} | {m['s_per_round']:.2f} | {m['before_run_mib']:.0f} "
-            f"| {m['after_warmup_mib']:.0f} | {m['peak_mib']:.0f} | {m['anon_mib']:.0f} "
-            f"| {m['back_bytes'] / 1e6:.2f} MB | {m['model_bytes'] * WORKERS / 1e6:.2f} MB "
-            f"| {m['put_bytes'] / 1e6:.2f} MB | {m['history_rows']} "
-            f"| {m['history_bytes'] / 1024:.0f} | {fmt(m.get('partition_mib'), '.1f')} |"
-        )
-
+    points, big, pops = memory(q)
     projection(table)
     fl, why = ({}, "--no-flower") if args.no_flower else flower(q)
     top = max(c for m, c in table if m == "2nn")  # 1,000 (--quick: 100)

@@ -72,7 +72,7 @@ def _ids(values: Iterable[Any]) -> np.ndarray:
 class ClientHistories(Mapping[int, ClientHistory]):
     """Every client's :class:`ClientHistory` by id (0 .. N-1), made on access."""
 
-    def __init__(self, history: History, sizes: Sequence[int]) -> None:
+    def __init__(self, history: History, sizes: Sequence[int] | np.ndarray) -> None:
         self._history, self._sizes = history, sizes
 
     def __getitem__(self, client_id: int) -> ClientHistory:
@@ -113,7 +113,7 @@ class History:
                     raise ValueError(f"unknown history field {k!r}; known: {', '.join(_COLUMNS)}")
                 self._cols[k][int(c)] = _MISSING[k] if v is None else v
 
-    def view(self, sizes: Sequence[int]) -> ClientHistories:
+    def view(self, sizes: Sequence[int] | np.ndarray) -> ClientHistories:
         return ClientHistories(self, sizes)
 
     def _hold(self, top: int) -> None:

@@ -98,15 +98,16 @@ class Experiment:
     # the clients' system profiles and availability: the virtual clock's (systems/)
     systems: Systems | None = None
 
-    def client_sizes(self) -> list[int]:
+    def client_sizes(self) -> np.ndarray:
         """Each client's example count: the partition's; where the clients' rows
         are held elsewhere (a deployment server whose clients bring their own
         data), the counts they declared when they joined (the engine's
-        ``declared_sizes``; 0: not joined yet)."""
+        ``declared_sizes``; 0: not joined yet), as one int64 array (no Python
+        object a client: a population of 100,000 costs 0.8 MB)."""
         declared = self.engine.declared_sizes()
         if self.data.hosted is not None and declared is not None:
-            return list(declared)
-        return self.data.partition.sizes().tolist()
+            return np.asarray(declared, dtype=np.int64)
+        return np.asarray(self.data.partition.sizes(), dtype=np.int64)
 
     def client_train_data(self, client_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The examples client ``client_id`` trains on."""

@@ -28,18 +28,19 @@ class Registry:
     """Declared example counts, each capped at ``ratio`` x their median (None:
     uncapped), and the weight they allow."""
 
-    def __init__(self, declared: Sequence[int], ratio: float | None) -> None:
+    def __init__(self, declared: Sequence[int] | np.ndarray, ratio: float | None) -> None:
         counts = np.asarray(declared, dtype=np.float64)
         held = counts[counts > 0]
         self.median = float(np.median(held)) if len(held) else 0.0
         self.ratio = ratio
         limit = counts if ratio is None else np.minimum(counts, ratio * self.median)
-        self.limits: list[float] | dict[int, float] = limit.tolist()
+        # one float64 array (no Python object a client); a worker's cut, a dict
+        self.limits: np.ndarray | dict[int, float] = limit
 
     def only(self, client_ids: Iterable[int]) -> Registry:
         """This registry with the limits of ``client_ids`` alone (a worker's cut)."""
         cut = copy.copy(self)
-        cut.limits = {c: self.limits[c] for c in client_ids}
+        cut.limits = {c: float(self.limits[c]) for c in client_ids}
         return cut
 
     def weight(self, client_id: int, reported: int) -> float:

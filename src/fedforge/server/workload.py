@@ -24,6 +24,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
+import numpy as np
+
 from fedforge.config import Config
 from fedforge.selection.sampling import cohort_size
 from fedforge.server.experiment import Experiment
@@ -41,7 +43,9 @@ DAY_SECONDS = 86_400
 VALUES_PER_SECOND = 1e9  # an aggregator pass over updates: a few flops a value, errs short
 
 
-def examples_to_train(cfg: Config, sizes: Sequence[int], first_round: int = 0) -> float:
+def examples_to_train(
+    cfg: Config, sizes: Sequence[int] | np.ndarray, first_round: int = 0
+) -> float:
     """Expected examples processed by local training in rounds ``first_round`` ..
     ``cfg.rounds - 1`` (a float: 10^9 epochs make numbers past any int64 care)."""
     rounds = max(0, cfg.rounds - first_round)
@@ -69,7 +73,9 @@ def aggregator_passes(cfg: Config) -> tuple[str, int] | None:
     return None
 
 
-def estimated_seconds(cfg: Config, sizes: Sequence[int], first_round: int = 0) -> float:
+def estimated_seconds(
+    cfg: Config, sizes: Sequence[int] | np.ndarray, first_round: int = 0
+) -> float:
     rate = EXAMPLES_PER_SECOND.get(cfg.model, UNKNOWN_MODEL_EXAMPLES_PER_SECOND)
     return examples_to_train(cfg, sizes, first_round) / rate
 
@@ -80,7 +86,7 @@ def _span(seconds: float) -> str:
 
 
 def _loops(
-    cfg: Config, sizes: Sequence[int], params: int, first_round: int
+    cfg: Config, sizes: Sequence[int] | np.ndarray, params: int, first_round: int
 ) -> list[tuple[float, str]]:
     """The seconds of each loop besides local training, with its line."""
     rounds = max(0, cfg.rounds - first_round)
@@ -114,7 +120,7 @@ def _loops(
 
 
 def workload_warning(
-    cfg: Config, sizes: Sequence[int], first_round: int = 0, params: int = 0
+    cfg: Config, sizes: Sequence[int] | np.ndarray, first_round: int = 0, params: int = 0
 ) -> str | None:
     """One line when the rounds to run would take more than a day at the speeds
     above (``params``: the model's parameter count, for the aggregator's
