@@ -49,7 +49,7 @@ def connect(ray: Any, address: str | None) -> None:
             ) from None
     try:
         ray.init(address=address, include_dashboard=False, logging_level="ERROR")
-    except (ConnectionError, RuntimeError, ValueError) as exc:
+    except (ConnectionError, RuntimeError, ValueError, ray.exceptions.RayError) as exc:
         why = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise EngineError(
             f"cannot join the Ray cluster at {address or 'a new local cluster'!r}: {why}; "

@@ -148,12 +148,15 @@ class RayEngine(SimulationEngine):
         return self._actor.remote([self._bundle], threads, self.settings.device)
 
     def _count(self) -> int:
-        """``ray.workers``, or as many as the cluster's CPUs allow."""
+        """``ray.workers``, or as many as the cluster's CPUs (and GPUs) allow."""
         s = self.settings
         if s.workers:
             return s.workers
-        cpus = float(self.ray.cluster_resources().get("CPU", 1))
-        return max(1, int(cpus // s.num_cpus))
+        have = self.ray.cluster_resources()
+        fit = int(float(have.get("CPU", 1)) // s.num_cpus)
+        if s.num_gpus > 0:  # as many as the GPUs allow too
+            fit = min(fit, int(float(have.get("GPU", 0)) // s.num_gpus))
+        return max(1, fit)
 
     def owner(self, client_id: int) -> int:
         return client_id % self.workers
