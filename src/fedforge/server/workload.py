@@ -57,7 +57,7 @@ def examples_to_train(
     else:
         share = cohort_size(clients, cfg.client_fraction) / clients
     if cfg.algorithm == "perfedavg":  # meta-steps of three batches, not epochs
-        each = [min(n, cfg.batch_size or n) * 3 * cfg.perfedavg.steps for n in sizes]
+        each = [min(int(n), cfg.batch_size or int(n)) * 3 * cfg.perfedavg.steps for n in sizes]
         return float(rounds) * share * float(sum(each))
     return float(rounds) * share * float(sum(int(n) for n in sizes)) * float(cfg.local_epochs)
 
@@ -107,7 +107,7 @@ def _loops(
     steps = cfg.evaluation.personal.steps
     if steps and cfg.evaluation.clients:
         evals = -(-rounds // cfg.evaluation.every)
-        examples = float(evals) * steps * sum(min(n, cfg.batch_size or n) for n in sizes)
+        examples = float(evals) * steps * sum(min(int(n), cfg.batch_size or int(n)) for n in sizes)
         rate = EXAMPLES_PER_SECOND.get(cfg.model, UNKNOWN_MODEL_EXAMPLES_PER_SECOND)
         seconds = examples / rate
         out.append((seconds, (

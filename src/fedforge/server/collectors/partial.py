@@ -72,7 +72,7 @@ class WorkerShare:
     kept_norms: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if self.summing.diagnose and self.diag is None:
+        if self.summing.diagnose and self.diag is None and not self.summing.waits:
             self.diag = RoundDiagnostics(self.summing.form.size, updates=True)
 
     def add(self, client_id: int, data: bytes, seconds: float) -> None:
