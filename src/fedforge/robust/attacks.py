@@ -119,14 +119,17 @@ class DeltaAttack:
         self.probability = probability
 
     def apply(self, vec: torch.Tensor, ctx: StageContext) -> torch.Tensor:
-        if not faulty(self.attackers, self.probability, ctx.seed, ctx.round_idx, ctx.client_id):
+        client = ctx.client_id
+        if client is None or not faulty(
+            self.attackers, self.probability, ctx.seed, ctx.round_idx, client
+        ):
             return vec
         if self.kind == "sign_flip":
             return -vec
         if self.kind == "scaled":
             return self.scale * vec
         if self.kind == "gaussian":
-            gen = torch_generator(ctx.seed, "attack", ctx.round_idx, ctx.client_id)
+            gen = torch_generator(ctx.seed, "attack", ctx.round_idx, client)
             return self.std * torch.randn(vec.shape, generator=gen, dtype=vec.dtype)
         if self.kind == "uint8_values":
             return uint8_values(vec).to(vec.dtype)
