@@ -59,6 +59,20 @@ def test_trimmed_mean_hand_worked() -> None:
         TrimmedMean(0.5)
 
 
+def test_trim_just_under_a_half_leaves_a_value_to_average() -> None:
+    # 3 clients, beta 0.49: floor(1.47) = 1 dropped at each end, the median left
+    u = t([[1, -4], [2, 0], [30, 4]])
+    assert torch.equal(TrimmedMean(0.49).aggregate(u, ones(3)), t([[2, 0]])[0])
+    # a hair under 1/2: floor(beta K + tolerance) would drop K / 2 at each end of an
+    # even K, nothing left; capped at (K - 1) // 2, the two middle values remain
+    beta = 0.5 - 1e-10
+    two = t([[1, 5], [3, -1]])
+    assert torch.equal(TrimmedMean(beta).aggregate(two, ones(2)), t([[2, 2]])[0])
+    four = t([[1, -4], [2, 0], [3, 4], [10, 100]])
+    assert torch.equal(TrimmedMean(beta).aggregate(four, ones(4)), t([[2.5, 2.0]])[0])
+    assert [TrimmedMean(beta).trimmed(k) for k in (1, 2, 3, 4, 5)] == [0, 0, 1, 1, 2]
+
+
 def test_coordinate_rules_span_column_blocks() -> None:
     gen = torch.Generator().manual_seed(0)
     u = torch.randn(5, BLOCK_COLUMNS + 7, generator=gen, dtype=F64)

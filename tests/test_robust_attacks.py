@@ -16,6 +16,7 @@ from fedforge.robust.attacks import (
     DeltaAttack,
     alie_z,
     attacker_ids,
+    faulty,
     flipped_labels_fn,
     uint8_bytes,
     uint8_tamper,
@@ -79,6 +80,42 @@ def test_uint8_accident_crosses_the_wire_and_is_refused() -> None:
         Dense().decode(msg.tensors, msg.meta, 10, torch.float32)
     honest = uint8_tamper(frozenset({5}))(tensors, ctx(6))
     assert honest["delta"] is delta
+
+
+def test_uint8_values_keep_the_length_and_send_0_to_255() -> None:
+    delta = torch.tensor([-1.0, 0.0, 0.5, 1.0], dtype=F64)
+    sent = DeltaAttack("uint8_values", frozenset({2})).apply(delta, ctx(2))
+    # min-max to 0..255 by hand: (v + 1) / 2 * 255, rounded half to even
+    assert sent.dtype == F64 and sent.shape == delta.shape
+    assert sent.tolist() == [0.0, 128.0, 191.0, 255.0]
+    assert DeltaAttack("uint8_values", frozenset({2})).apply(delta, ctx(3)) is delta
+
+
+def test_intermittent_faults_follow_a_seeded_schedule() -> None:
+    bad, v = frozenset({1, 4}), torch.tensor([1.0, -2.0], dtype=F64)
+    stage = DeltaAttack("sign_flip", bad, probability=0.3)
+    rounds = range(400)
+    hit = [r for r in rounds if torch.equal(stage.apply(v, ctx(1, r, seed=7)), -v)]
+    assert hit == [r for r in rounds if faulty(bad, 0.3, 7, r, 1)]
+    assert 0.22 < len(hit) / 400 < 0.38  # about 0.3 of the rounds, not all, not none
+    other = [r for r in rounds if faulty(bad, 0.3, 7, r, 4)]
+    assert other != hit  # each client its own schedule
+    assert hit != [r for r in rounds if faulty(bad, 0.3, 8, r, 1)]  # and each seed
+    assert not any(faulty(bad, 0.3, 7, r, 2) for r in rounds)  # an honest client never
+    assert all(faulty(bad, 1.0, 7, r, 1) for r in rounds)
+    tamper = uint8_tamper(bad, probability=0.3)
+    tensors = {"delta": torch.linspace(-1, 1, 10)}
+    garbled = [r for r in rounds if tamper(tensors, ctx(1, r, seed=7)) is not tensors]
+    assert garbled == hit
+
+
+def test_an_intermittent_label_flip_is_refused() -> None:
+    from fedforge.config import RobustConfig
+    from fedforge.core.errors import ConfigError
+
+    RobustConfig(attack="sign_flip", attack_fraction=0.1, attack_probability=0.5).check()
+    with pytest.raises(ConfigError, match="attack_probability.*label_flip"):
+        RobustConfig(attack="label_flip", attack_fraction=0.1, attack_probability=0.5).check()
 
 
 def _cohort() -> CohortUpdates:

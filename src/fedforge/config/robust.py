@@ -18,7 +18,16 @@ from fedforge.core.errors import FieldCheck, raise_first
 # norm_bound, centred_clip or a plugin's: a registered name (core/registry.py)
 AggregatorName = str
 AttackName = Literal[
-    "none", "label_flip", "sign_flip", "scaled", "gaussian", "alie", "ipm", "nan_inf", "uint8"
+    "none",
+    "label_flip",
+    "sign_flip",
+    "scaled",
+    "gaussian",
+    "alie",
+    "ipm",
+    "nan_inf",
+    "uint8",
+    "uint8_values",
 ]
 
 
@@ -52,6 +61,9 @@ class RobustConfig:
     attack: AttackName = "none"  # simulated attack of the attacker clients
     # attackers: round(fraction * num_clients), from the seed
     attack_fraction: Annotated[float, Range("[0, 1]")] = 0.0
+    # the chance an attacker misbehaves in a round (seeded per round and client):
+    # below 1, a fault that comes and goes; 1: every round
+    attack_probability: Annotated[float, Range("(0, 1]")] = 1.0
     attack_scale: float = 10.0  # scaled: the factor
     attack_std: Annotated[float, Range("> 0")] = 1.0  # gaussian: the noise std
     alie_z: float | None = None  # alie: the shift in stds; null = Baruch et al.'s z_max
@@ -127,6 +139,12 @@ def _check(r: RobustConfig) -> None:
             r.attack_fraction,
             r.attack != "none" or r.attack_fraction == 0.0,
             "must be 0 when attack is 'none' (name the attack the attackers run)",
+        ),
+        (
+            "attack_probability",
+            r.attack_probability,
+            r.attack_probability == 1.0 or r.attack != "label_flip",
+            "must be 1 with attack 'label_flip' (a poisoned data set is poisoned every round)",
         ),
     ]
     raise_first("robust.", checks)

@@ -13,7 +13,10 @@ attacker would:
   what they would send): ``sign_flip`` sends -delta (Damaskinos
   et al. 2018), ``scaled`` sends scale * delta (model replacement, Bagdasaryan
   et al. 2020), ``gaussian`` sends N(0, std^2) noise (Blanchard et al. 2017),
-  ``nan_inf`` sends NaN and +inf values;
+  ``nan_inf`` sends NaN and +inf values, ``uint8_values`` sends its delta
+  min-max quantised to uint8 and cast back to floats without the scale: values
+  0..255 of the delta's own length and dtype (the same-length variant of the
+  encoding accident below; a well-formed upload that only its size gives away);
 - the encoding: ``uint8`` is the accident of a client that quantises its update
   to uint8 and ships the raw bytes under the float tensor's name (the header
   says float, the shape is a quarter of the model's in float32, an eighth in
@@ -25,6 +28,11 @@ attacker would:
   sends -epsilon * mean of the honest updates. Their knowledge of the honest
   updates is simulated by a cohort stage (:class:`Collusion`) that rewrites the
   attackers' rows before any cohort validation; it exists only in simulation.
+
+Faults that come and go: with ``probability`` p < 1 an attacker misbehaves only
+in some rounds, each (round, client) drawn from (seed, "fault", round, client)
+with chance p (:func:`faulty`), the same for every engine and rerun; in the
+other rounds it is an honest client.
 """
 
 from __future__ import annotations
@@ -50,7 +58,7 @@ from fedforge.pipeline.pipeline import (
     Where,
 )
 
-DeltaKind = Literal["sign_flip", "scaled", "gaussian", "nan_inf"]
+DeltaKind = Literal["sign_flip", "scaled", "gaussian", "nan_inf", "uint8_values"]
 CollusionKind = Literal["alie", "ipm"]
 
 
@@ -66,6 +74,18 @@ def attacker_ids(num_clients: int, fraction: float, seed: int) -> frozenset[int]
         )
     rng = numpy_rng(seed, "attackers")
     return frozenset(int(c) for c in rng.choice(num_clients, size=count, replace=False))
+
+
+def faulty(
+    attackers: frozenset[int], probability: float, seed: int, round_idx: int, client_id: int | None
+) -> bool:
+    """Whether ``client_id`` misbehaves in ``round_idx``: an attacker, and (for
+    ``probability`` < 1) its seeded draw for the round falls under ``probability``."""
+    if client_id is None or client_id not in attackers:
+        return False
+    if probability >= 1.0:
+        return True
+    return bool(numpy_rng(seed, "fault", round_idx, client_id).random() < probability)
 
 
 def flipped_labels_fn(data_fn: DataFn, attackers: frozenset[int], num_classes: int) -> DataFn:
@@ -87,44 +107,60 @@ class DeltaAttack:
     constraints = ()
 
     def __init__(
-        self, kind: DeltaKind, attackers: frozenset[int], scale: float = 10.0, std: float = 1.0
+        self,
+        kind: DeltaKind,
+        attackers: frozenset[int],
+        scale: float = 10.0,
+        std: float = 1.0,
+        probability: float = 1.0,
     ) -> None:
         self.name = f"attack:{kind}"
         self.kind, self.attackers, self.scale, self.std = kind, attackers, scale, std
+        self.probability = probability
 
     def apply(self, vec: torch.Tensor, ctx: StageContext) -> torch.Tensor:
-        if ctx.client_id not in self.attackers:
+        client = ctx.client_id
+        if client is None or not faulty(
+            self.attackers, self.probability, ctx.seed, ctx.round_idx, client
+        ):
             return vec
         if self.kind == "sign_flip":
             return -vec
         if self.kind == "scaled":
             return self.scale * vec
         if self.kind == "gaussian":
-            gen = torch_generator(ctx.seed, "attack", ctx.round_idx, ctx.client_id)
+            gen = torch_generator(ctx.seed, "attack", ctx.round_idx, client)
             return self.std * torch.randn(vec.shape, generator=gen, dtype=vec.dtype)
+        if self.kind == "uint8_values":
+            return uint8_values(vec).to(vec.dtype)
         bad = torch.full_like(vec, float("nan"))
         bad[::2] = float("inf")
         return bad
 
 
+def uint8_values(vec: torch.Tensor) -> torch.Tensor:
+    """``vec`` min-max quantised to uint8: its minimum 0, its maximum 255."""
+    lo, hi = vec.min(), vec.max()
+    span = (hi - lo) if hi > lo else torch.ones((), dtype=vec.dtype)
+    return ((vec - lo) / span * 255).round().to(torch.uint8)
+
+
 def uint8_bytes(vec: torch.Tensor) -> torch.Tensor:
     """``vec`` min-max quantised to uint8, its bytes reinterpreted as ``vec``'s float
     dtype (zero-padded to whole elements): what the server receives."""
-    lo, hi = vec.min(), vec.max()
-    span = (hi - lo) if hi > lo else torch.ones((), dtype=vec.dtype)
-    q = ((vec - lo) / span * 255).round().to(torch.uint8)
+    q = uint8_values(vec)
     item = vec.element_size()
     padded = torch.zeros(-(-q.numel() // item) * item, dtype=torch.uint8)
     padded[: q.numel()] = q
     return padded.view(vec.dtype)
 
 
-def uint8_tamper(attackers: frozenset[int]) -> TamperFn:
+def uint8_tamper(attackers: frozenset[int], probability: float = 1.0) -> TamperFn:
     """The encoding accident: every float tensor an attacker's codec produced goes
-    out as the uint8 bytes of :func:`uint8_bytes`."""
+    out as the uint8 bytes of :func:`uint8_bytes` (in the rounds it is faulty)."""
 
     def tamper(tensors: dict[str, torch.Tensor], ctx: StageContext) -> dict[str, torch.Tensor]:
-        if ctx.client_id not in attackers:
+        if not faulty(attackers, probability, ctx.seed, ctx.round_idx, ctx.client_id):
             return tensors
         return {k: uint8_bytes(t) if t.is_floating_point() else t for k, t in tensors.items()}
 
@@ -162,15 +198,21 @@ class Collusion:
         z: float | None = None,
         epsilon: float = 0.5,
         codec: Codec | None = None,
+        probability: float = 1.0,
     ) -> None:
         self.name = f"attack:{kind}"
         self.kind, self.attackers, self.z, self.epsilon = kind, attackers, z, epsilon
+        self.probability = probability
         self.codec = codec if codec is not None and codec.lossy else None
 
     def apply(
         self, cohort: CohortUpdates, ctx: StageContext
     ) -> tuple[CohortUpdates, list[tuple[int, str]]]:
-        bad = torch.tensor([c in self.attackers for c in cohort.client_ids], dtype=torch.bool)
+        seed, r = ctx.seed, ctx.round_idx
+        bad = torch.tensor(
+            [faulty(self.attackers, self.probability, seed, r, c) for c in cohort.client_ids],
+            dtype=torch.bool,
+        )
         if not bad.any() or bad.all():
             return cohort, []  # nothing to attack, or no honest update to learn from
         honest = cohort.updates[~bad]

@@ -6,7 +6,9 @@ single update, and ignores the self-reported ``num_examples`` (one vote each).
 Median: per coordinate, the middle value (mean of the two middle ones for even
 K); with f < K/2 arbitrary rows it stays within the honest rows' range.
 Trimmed mean (beta): per coordinate, drop the b = floor(beta K) largest and
-b smallest values and average the K - 2b left.
+b smallest values and average the K - 2b left; b is capped at (K - 1) // 2 so
+that at least one value is left (a beta a hair under 1/2 would otherwise round
+b up to K / 2 for an even K and average nothing).
 """
 
 from __future__ import annotations
@@ -57,8 +59,10 @@ class TrimmedMean:
         self.beta = beta
 
     def trimmed(self, k: int) -> int:
-        """Values dropped at each end of a column of ``k``."""
-        return math.floor(self.beta * k + 1e-9)
+        """Values dropped at each end of a column of ``k``: floor(beta k), the
+        tolerance guarding against float error (0.3 x 10 is 2.999...), capped so
+        that at least one value is left."""
+        return min(math.floor(self.beta * k + 1e-9), (k - 1) // 2)
 
     def min_updates(self) -> int:
         return 1

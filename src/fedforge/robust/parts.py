@@ -79,14 +79,16 @@ def assemble(
     tamper: TamperFn | None = None
     if r.attack == "label_flip":
         data_fn = flipped_labels_fn(data_fn, attackers, num_classes)
-    elif r.attack in ("sign_flip", "scaled", "gaussian", "nan_inf"):
-        client = (DeltaAttack(r.attack, attackers, r.attack_scale, r.attack_std),)
+    elif r.attack in ("sign_flip", "scaled", "gaussian", "nan_inf", "uint8_values"):
+        kind = r.attack
+        client = (DeltaAttack(kind, attackers, r.attack_scale, r.attack_std, r.attack_probability),)
     elif r.attack == "uint8":
-        tamper = uint8_tamper(attackers)
+        tamper = uint8_tamper(attackers, r.attack_probability)
     elif r.attack in ("alie", "ipm"):
         if isinstance(uplink, ErrorFeedback):  # the attacker keeps no residual
             uplink = uplink.codec
-        cohort = (Collusion(r.attack, attackers, r.alie_z, r.ipm_epsilon, uplink),)
+        p = r.attack_probability
+        cohort = (Collusion(r.attack, attackers, r.alie_z, r.ipm_epsilon, uplink, p),)
     if r.norm_gate is not None:
         cohort = (*cohort, make("stage", "norm_gate", cfg))
     gate = None
