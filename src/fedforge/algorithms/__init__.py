@@ -15,6 +15,7 @@ from fedforge.algorithms.factories import (
 )
 from fedforge.algorithms.fedavg import fedavg, fedsgd
 from fedforge.algorithms.fedbn import fedbn, local_mask
+from fedforge.algorithms.subsets import subset_mask, with_local_params
 from fedforge.algorithms.fedprox import fedprox
 from fedforge.algorithms.local import (
     ClientJob,
@@ -55,7 +56,7 @@ def from_config(
             f"algorithm {cfg.algorithm!r}: its factory returned {type(algorithm).__name__}, "
             "not a fedforge.Algorithm"
         )
-    return algorithm
+    return with_local_params(cfg, spec, dtype, algorithm)
 
 
 __all__ = [
@@ -74,6 +75,8 @@ __all__ = [
     "fedsgd",
     "from_config",
     "local_mask",
+    "subset_mask",
+    "with_local_params",
     "local_plan",
     "perfedavg",
     "register_algorithm",

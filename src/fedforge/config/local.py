@@ -7,11 +7,13 @@ in compat.py."""
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from fedforge.config.bounds import MAX_STEPS
 from fedforge.config.ranges import Most, Range
+from fedforge.core.errors import invalid_field
 
 # the local weight decay's allowed values (its section checks the range, compat.py
 # the product with lr, in the same words)
@@ -81,3 +83,35 @@ class PerFedAvgConfig:
     def outer_lr(self, lr: float) -> float:
         """The outer step beta: its own, or the run's ``lr``."""
         return self.beta if self.beta is not None else lr
+
+
+ParamKindName = Literal["weight", "batchnorm", "buffer"]
+
+
+@dataclass(frozen=True)
+class LocalParamsConfig:
+    """Entries of the model each client keeps for itself, never uploaded nor
+    averaged, with any algorithm (algorithms/subsets.py): FedBN's local batch norm
+    (Li et al. 2021) is ``kinds: [batchnorm, buffer]``; "share only batch norm" is
+    ``kinds: [weight]``. An entry is local when its kind is in ``kinds`` or its
+    name matches ``names``; neither set: every entry is shared."""
+
+    # weight: plain parameters; batchnorm: normalisation layers' affine parameters;
+    # buffer: running statistics
+    kinds: tuple[ParamKindName, ...] = ()
+    # a regular expression searched in each tensor's name (e.g. "^fc2\\."); null: none
+    names: str | None = None
+
+    def check(self) -> None:
+        if self.names is not None:
+            try:
+                re.compile(self.names)
+            except re.error as e:
+                raise invalid_field(
+                    "local_params.names", self.names, f"a Python regular expression ({e})"
+                ) from None
+
+    @property
+    def any(self) -> bool:
+        """Whether any entry is to stay local."""
+        return bool(self.kinds) or self.names is not None
