@@ -15,7 +15,6 @@ from fedforge.algorithms.factories import (
 )
 from fedforge.algorithms.fedavg import fedavg, fedsgd
 from fedforge.algorithms.fedbn import fedbn, local_mask
-from fedforge.algorithms.subsets import subset_mask, with_local_params
 from fedforge.algorithms.fedprox import fedprox
 from fedforge.algorithms.local import (
     ClientJob,
@@ -28,6 +27,7 @@ from fedforge.algorithms.local import (
 )
 from fedforge.algorithms.perfedavg import perfedavg
 from fedforge.algorithms.scaffold import scaffold
+from fedforge.algorithms.subsets import subset_mask, with_local_params
 from fedforge.algorithms.terms import (
     PendingClientTable,
     StatelessClientTerms,
