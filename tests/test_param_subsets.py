@@ -129,3 +129,32 @@ def test_bad_local_params_are_one_line(data: FederatedData, extra: Any, words: s
     with pytest.raises(ConfigError, match=words) as err:
         build(from_dict({**BASE, **extra}), data)
     assert "\n" not in str(err.value)
+
+
+def test_recomputed_statistics_are_the_clients_own_channel_moments() -> None:
+    """One batch: bn1's running mean and variance become the per-channel mean and
+    unbiased variance of conv1's output over the client's images, computed by hand;
+    nothing else of the vector moves and the module is left as it was."""
+    from fedforge.evaluation.unseen import recomputed_statistics
+
+    model = build_model("cnn_bn", 0, F64)
+    spec = ParamSpec.of(model, include_buffers=True)
+    params = spec.flatten(model, F64)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x = torch.randn(30, 1, 28, 28, dtype=F64, generator=torch.Generator().manual_seed(1)) * 3 + 2
+    got = spec.views(recomputed_statistics(model, spec, params, x, batch_size=30))
+    w = spec.views(params)
+    out = torch.nn.functional.conv2d(x, w["conv1.weight"], w["conv1.bias"], padding=1)
+    per_channel = out.transpose(0, 1).reshape(16, -1)
+    assert torch.allclose(got["bn1.running_mean"], per_channel.mean(1))
+    assert torch.allclose(got["bn1.running_var"], per_channel.var(1, unbiased=True))
+    for name in ("conv1.weight", "bn1.weight", "bn2.bias", "fc2.weight"):
+        assert torch.equal(got[name], w[name])
+    assert not torch.equal(got["bn2.running_mean"], w["bn2.running_mean"])
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    # two batches: the mean over both (each batch's mean, averaged alike)
+    two = spec.views(recomputed_statistics(model, spec, params, x, batch_size=15))
+    halves = [out[:15], out[15:]]
+    want = torch.stack([h.mean((0, 2, 3)) for h in halves]).mean(0)
+    assert torch.allclose(two["bn1.running_mean"], want)
