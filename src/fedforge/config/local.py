@@ -64,6 +64,12 @@ class ScaffoldConfig:
     """SCAFFOLD's client control update (Karimireddy et al. 2020, Algorithm 1)."""
 
     option: Literal["I", "II"] = "II"  # I: full local gradient at x; II: from the steps
+    # a regular expression on tensor names: only those entries get controls (the
+    # upload's delta c_k shrinks to them); null: every entry
+    controls: str | None = None
+
+    def check(self) -> None:
+        check_pattern("scaffold.controls", self.controls)
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,15 @@ class PerFedAvgConfig:
         return self.beta if self.beta is not None else lr
 
 
+def check_pattern(field: str, pattern: str | None) -> None:
+    """Refuse in one line a ``field`` that is not a Python regular expression."""
+    if pattern is not None:
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            raise invalid_field(field, pattern, f"a Python regular expression ({e})") from None
+
+
 ParamKindName = Literal["weight", "batchnorm", "buffer"]
 
 
@@ -103,13 +118,7 @@ class LocalParamsConfig:
     names: str | None = None
 
     def check(self) -> None:
-        if self.names is not None:
-            try:
-                re.compile(self.names)
-            except re.error as e:
-                raise invalid_field(
-                    "local_params.names", self.names, f"a Python regular expression ({e})"
-                ) from None
+        check_pattern("local_params.names", self.names)
 
     @property
     def any(self) -> bool:

@@ -214,6 +214,7 @@ def check(cfg: Config) -> None:
         cfg.pipeline,
         cfg.privacy,
         cfg.fedprox,
+        cfg.scaffold,
         cfg.perfedavg,
         cfg.local_params,
         cfg.evaluation,
