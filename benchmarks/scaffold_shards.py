@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from typing import Any
 
 import torch
@@ -63,7 +64,7 @@ def config(
     option = args.option if algorithm == "scaffold" else "II"
     controls = args.controls if algorithm == "scaffold" else None
     variant = (f"-lr{lr:g}" if lr != 0.1 else "") + (f"-opt{option}" if option != "II" else "")
-    variant += f"-controls{controls.strip('^.').replace('.', '')}" if controls else ""
+    variant += "-controls" + re.sub(r"[^A-Za-z0-9]", "", controls) if controls else ""
     return from_dict(
         {
             "name": f"scaffold-shards-{model}-{algorithm}{variant}-s{seed}",
