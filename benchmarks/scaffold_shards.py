@@ -7,7 +7,8 @@ Setting (McMahan et al. 2017's non-IID Table 2 rows, which this repository has
 run for FedAvg): 100 clients of 2 label shards each (200 shards of 300 examples),
 C = 0.1, E = 1, B = 10, client lr 0.1 for every algorithm, server lr 1;
 FedProx with mu = ``--mu`` (0.01), SCAFFOLD option II (c_k from the local steps);
-``--scaffold-lr`` and ``--option I`` change SCAFFOLD's arm alone (recorded under
+``--scaffold-lr``, ``--option I`` and ``--controls PATTERN`` (controls on the
+matching tensors only: ``scaffold.controls``) change SCAFFOLD's arm alone (recorded under
 their own names; FedAvg's and FedProx's records are reused).
 Each run stops at its target or after its cap of rounds. Rounds to target are
 read off the best-so-far test-accuracy curve, interpolated (fedforge.evaluation.metrics).
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from typing import Any
 
 import torch
@@ -60,7 +62,9 @@ def config(
     target, cap, every = plan
     lr = args.scaffold_lr if algorithm == "scaffold" and args.scaffold_lr else 0.1
     option = args.option if algorithm == "scaffold" else "II"
+    controls = args.controls if algorithm == "scaffold" else None
     variant = (f"-lr{lr:g}" if lr != 0.1 else "") + (f"-opt{option}" if option != "II" else "")
+    variant += "-controls" + re.sub(r"[^A-Za-z0-9]", "", controls) if controls else ""
     return from_dict(
         {
             "name": f"scaffold-shards-{model}-{algorithm}{variant}-s{seed}",
@@ -74,7 +78,7 @@ def config(
             "local_epochs": 1,
             "batch_size": 10,
             "lr": lr,
-            "scaffold": {"option": option},
+            "scaffold": {"option": option, "controls": controls},
             "rounds": cap,
             "target_accuracy": target,
             "evaluation": {"every": every},
@@ -92,6 +96,12 @@ def main() -> None:
     parser.add_argument("--mu", type=float, default=0.01, help="FedProx's mu")
     parser.add_argument("--scaffold-lr", type=float, default=None, help="SCAFFOLD's client lr")
     parser.add_argument("--option", default="II", choices=["I", "II"], help="SCAFFOLD's c_k")
+    parser.add_argument(
+        "--controls",
+        default=None,
+        help="SCAFFOLD's controls on the tensors this regular expression matches only "
+        "(e.g. '^fc3\\.'); its RESULT keys are scaffold_subset_*",
+    )
     parser.add_argument(
         "--algorithms",
         default=",".join(ALGORITHMS),
@@ -156,6 +166,9 @@ def main() -> None:
                 sum(got) / len(got) if None not in got else math.nan
             )
     result.update(target_2nn=plans.get("2nn", (math.nan,))[0], seeds=args.seeds)
+    if args.controls:  # the upload's delta c_k covers the controlled entries only
+        result = {f"scaffold_subset_{k}": v for k, v in result.items()}
+        result["scaffold_subset_controls"] = args.controls
     print(result_line(result))
 
 

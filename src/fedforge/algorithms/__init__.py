@@ -27,6 +27,7 @@ from fedforge.algorithms.local import (
 )
 from fedforge.algorithms.perfedavg import perfedavg
 from fedforge.algorithms.scaffold import scaffold
+from fedforge.algorithms.subsets import subset_mask, with_local_params
 from fedforge.algorithms.terms import (
     PendingClientTable,
     StatelessClientTerms,
@@ -55,7 +56,7 @@ def from_config(
             f"algorithm {cfg.algorithm!r}: its factory returned {type(algorithm).__name__}, "
             "not a fedforge.Algorithm"
         )
-    return algorithm
+    return with_local_params(cfg, spec, dtype, algorithm)
 
 
 __all__ = [
@@ -74,6 +75,8 @@ __all__ = [
     "fedsgd",
     "from_config",
     "local_mask",
+    "subset_mask",
+    "with_local_params",
     "local_plan",
     "perfedavg",
     "register_algorithm",

@@ -25,6 +25,7 @@ from fedforge.algorithms.fedbn import fedbn, local_mask
 from fedforge.algorithms.fedprox import fedprox
 from fedforge.algorithms.perfedavg import perfedavg
 from fedforge.algorithms.scaffold import scaffold
+from fedforge.algorithms.subsets import subset_mask
 from fedforge.core import registry
 from fedforge.core.errors import ConfigError
 from fedforge.store.client_state import make_state_store, working_dir
@@ -96,10 +97,18 @@ def scaffold_factory(context: ComponentContext) -> Algorithm:
     cfg, spec, dtype = context.cfg, context.spec, context.dtype
     if spec is None or dtype is None:
         raise ValueError("SCAFFOLD needs the model's size and dtype for its client controls")
+    pattern = cfg.scaffold.controls
+    mask = None if pattern is None else subset_mask(spec, (), pattern)
+    if mask is not None and not bool(mask.any()):
+        raise ConfigError(
+            f"scaffold.controls {pattern!r} matches no tensor of model {cfg.model!r}; "
+            "its tensors: " + ", ".join(spec.names)
+        )
+    size = spec.size if mask is None else int(mask.sum())
     where = working_dir("scaffold")
-    store = make_state_store(cfg.num_clients, spec.size, dtype, where, remove_dir=True)
-    plan = local_plan(cfg)
-    return scaffold(plan, store, cfg.scaffold.option, cfg.lr_decay, drops_stragglers(cfg, True))
+    store = make_state_store(cfg.num_clients, size, dtype, where, remove_dir=True)
+    plan, drop = local_plan(cfg), drops_stragglers(cfg, True)
+    return scaffold(plan, store, cfg.scaffold.option, cfg.lr_decay, drop, mask)
 
 
 def fedbn_factory(context: ComponentContext) -> Algorithm:

@@ -20,6 +20,11 @@ Runs on both sides. The c_k are persistent per-client state (a
 :class:`~fedforge.store.ClientStateStore`, table ``control``, saved by
 checkpoints); c is server state saved with the checkpoint. In simulation the
 client table lives beside the loop state, like error-feedback residuals.
+With ``scaffold.controls`` (a regular expression on tensor names) only the
+matching entries have controls: c, c_k and delta c_k are vectors of those M
+entries (the upload's extra is 4M bytes in float32, not 4P), and the other
+entries train without correction, as FedAvg's.
+
 Trusts the clients' delta c_k once they pass the server's shape/finite checks.
 
 The paper keeps c = (1/N) sum c_k at every round; a server that refuses updates
@@ -67,35 +72,51 @@ class ScaffoldClient(PendingClientTable):
     """The client half: reads c_k from its table, computes c_k+ and holds it until
     the server has used the client's update."""
 
-    def __init__(self, store: ClientStateStore, option: Option = "II") -> None:
+    def __init__(
+        self, store: ClientStateStore, option: Option = "II", mask: torch.Tensor | None = None
+    ) -> None:
         if option not in ("I", "II"):
             raise ValueError(f"SCAFFOLD option {option!r} must be 'I' or 'II'")
+        if mask is not None and int(mask.sum()) != store.size:
+            raise ValueError(f"control rows of {store.size} for {int(mask.sum())} entries")
         super().__init__(CONTROL, store)
         self.option = option
+        self.mask = mask  # the entries with controls; None: all
 
     def begin(
         self, client_ids: Sequence[int], start: torch.Tensor, extras: Mapping[str, torch.Tensor]
     ) -> dict[str, torch.Tensor]:
-        c = _server_control(extras, start)
-        return {CORRECTION: c.unsqueeze(0) - self.rows(client_ids, start.dtype)}
+        c = _server_control(extras, self.store.size, start.dtype)
+        correction = c.unsqueeze(0) - self.rows(client_ids, start.dtype)
+        if self.mask is None:
+            return {CORRECTION: correction}
+        full = torch.zeros(len(client_ids), start.numel(), dtype=start.dtype)
+        full[:, self.mask] = correction  # no correction outside the controlled entries
+        return {CORRECTION: full}
 
     def end(self, job: ClientJob) -> dict[str, torch.Tensor]:
         ck = self.rows([job.client_id], job.start.dtype)[0]
         if self.option == "I":
-            new = job.grad_fn(job.start, job.x, job.y)
+            new = self._own(job.grad_fn(job.start, job.x, job.y))
         else:
-            c = _server_control(job.extras, job.start)
+            c = _server_control(job.extras, self.store.size, job.start.dtype)
             steps = max(job.result.steps, 1)
-            new = ck - c + (job.start - job.result.params) / (steps * job.lr)
+            new = ck - c + self._own(job.start - job.result.params) / (steps * job.lr)
         self.hold(job.client_id, new)  # a blown-up run keeps its old control
         return {CONTROL_DELTA: new - ck}
 
+    def _own(self, vec: torch.Tensor) -> torch.Tensor:
+        """The controlled entries of a ``[P]`` vector."""
+        return vec if self.mask is None else vec[self.mask]
 
-def _server_control(extras: Mapping[str, torch.Tensor], start: torch.Tensor) -> torch.Tensor:
+
+def _server_control(
+    extras: Mapping[str, torch.Tensor], size: int, dtype: torch.dtype
+) -> torch.Tensor:
     c = extras.get(CONTROL)
-    if c is None or tuple(c.shape) != tuple(start.shape):
-        raise ValueError("a SCAFFOLD payload must carry the server control 'control' [P]")
-    return c.to(start.dtype)
+    if c is None or tuple(c.shape) != (size,):
+        raise ValueError(f"a SCAFFOLD payload must carry the server control 'control' [{size}]")
+    return c.to(dtype)
 
 
 class ScaffoldServer:
@@ -103,8 +124,14 @@ class ScaffoldServer:
 
     update_tensors: tuple[str, ...] = (CONTROL_DELTA,)
 
+    def __init__(self, controlled: int | None = None) -> None:
+        # entries with controls (a subset of the model); None: all P
+        self.controlled = controlled
+        self.update_sizes = {} if controlled is None else {CONTROL_DELTA: controlled}
+
     def initial_state(self, size: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-        return {CONTROL: torch.zeros(size, dtype=dtype)}
+        n = size if self.controlled is None else self.controlled
+        return {CONTROL: torch.zeros(n, dtype=dtype)}
 
     def payload(self, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {CONTROL: state[CONTROL]}
@@ -134,15 +161,17 @@ def scaffold(
     option: Option = "II",
     lr_decay: float = 1.0,
     drop_stragglers: bool = True,
+    mask: torch.Tensor | None = None,
 ) -> Algorithm:
     """SCAFFOLD on FedAvg's local ``plan`` (its lr decayed by ``lr_decay`` a round),
-    with client controls kept in ``store`` (``[N, P]``, run dtype)."""
+    with client controls kept in ``store`` (``[N, P]``, run dtype; ``[N, M]`` with
+    ``mask``, the M entries that have controls: the others are plain FedAvg)."""
     return Algorithm(
         "scaffold",
         DecayedPlan(plan, lr_decay),
         cross_entropy,
         grad_hook=Correction(),
-        client=ScaffoldClient(store, option),
-        server=ScaffoldServer(),
+        client=ScaffoldClient(store, option, mask),
+        server=ScaffoldServer(None if mask is None else int(mask.sum())),
         drop_stragglers=drop_stragglers,
     )

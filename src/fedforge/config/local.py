@@ -7,11 +7,13 @@ in compat.py."""
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from fedforge.config.bounds import MAX_STEPS
 from fedforge.config.ranges import Most, Range
+from fedforge.core.errors import invalid_field
 
 # the local weight decay's allowed values (its section checks the range, compat.py
 # the product with lr, in the same words)
@@ -62,6 +64,12 @@ class ScaffoldConfig:
     """SCAFFOLD's client control update (Karimireddy et al. 2020, Algorithm 1)."""
 
     option: Literal["I", "II"] = "II"  # I: full local gradient at x; II: from the steps
+    # a regular expression on tensor names: only those entries get controls (the
+    # upload's delta c_k shrinks to them); null: every entry
+    controls: str | None = None
+
+    def check(self) -> None:
+        check_pattern("scaffold.controls", self.controls)
 
 
 @dataclass(frozen=True)
@@ -81,3 +89,38 @@ class PerFedAvgConfig:
     def outer_lr(self, lr: float) -> float:
         """The outer step beta: its own, or the run's ``lr``."""
         return self.beta if self.beta is not None else lr
+
+
+def check_pattern(field: str, pattern: str | None) -> None:
+    """Refuse in one line a ``field`` that is not a Python regular expression."""
+    if pattern is not None:
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            raise invalid_field(field, pattern, f"a Python regular expression ({e})") from None
+
+
+ParamKindName = Literal["weight", "batchnorm", "buffer"]
+
+
+@dataclass(frozen=True)
+class LocalParamsConfig:
+    """Entries of the model each client keeps for itself, never uploaded nor
+    averaged, with any algorithm (algorithms/subsets.py): FedBN's local batch norm
+    (Li et al. 2021) is ``kinds: [batchnorm, buffer]``; "share only batch norm" is
+    ``kinds: [weight]``. An entry is local when its kind is in ``kinds`` or its
+    name matches ``names``; neither set: every entry is shared."""
+
+    # weight: plain parameters; batchnorm: normalisation layers' affine parameters;
+    # buffer: running statistics
+    kinds: tuple[ParamKindName, ...] = ()
+    # a regular expression searched in each tensor's name (e.g. "^fc2\\."); null: none
+    names: str | None = None
+
+    def check(self) -> None:
+        check_pattern("local_params.names", self.names)
+
+    @property
+    def any(self) -> bool:
+        """Whether any entry is to stay local."""
+        return bool(self.kinds) or self.names is not None

@@ -38,6 +38,7 @@ from fedforge.config.evaluation import DiagnosticsConfig, EvaluationConfig
 from fedforge.config.local import (
     FedProxConfig,
     LocalConfig,
+    LocalParamsConfig,
     PerFedAvgConfig,
     ScaffoldConfig,
     StragglerConfig,
@@ -117,6 +118,8 @@ class Config:
     fedprox: FedProxConfig = field(default_factory=FedProxConfig)  # its proximal mu
     scaffold: ScaffoldConfig = field(default_factory=ScaffoldConfig)
     perfedavg: PerFedAvgConfig = field(default_factory=PerFedAvgConfig)
+    # entries each client keeps, with any algorithm (FedBN's batch norm, a subset)
+    local_params: LocalParamsConfig = field(default_factory=LocalParamsConfig)
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     systems: SystemsConfig = field(default_factory=SystemsConfig)
     # synchronous rounds, or buffered asynchronous aggregation (FedBuff)
@@ -211,7 +214,9 @@ def check(cfg: Config) -> None:
         cfg.pipeline,
         cfg.privacy,
         cfg.fedprox,
+        cfg.scaffold,
         cfg.perfedavg,
+        cfg.local_params,
         cfg.evaluation,
         cfg.local,
         cfg.stragglers,

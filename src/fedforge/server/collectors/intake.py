@@ -139,7 +139,8 @@ def _admitted(
 
 def check_extras(exp: Experiment, extras: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The algorithm's tensors an update must carry beside the delta (SCAFFOLD's
-    delta c_k), each refused unless [P] or a scalar [1] (FedNova's n_i tau_i), the
+    delta c_k), each refused unless [P] (or the size the server terms declare in
+    ``update_sizes``: SCAFFOLD's controls on a subset) or a scalar [1] (FedNova's n_i tau_i), the
     run's dtype and finite."""
     return _form_extras(UpdateForm.of(exp), extras)
 
@@ -155,9 +156,10 @@ def _form_extras(form: UpdateForm, extras: dict[str, torch.Tensor]) -> dict[str,
         )
     if server is None:
         return {}
-    size, dtype = form.size, form.dtype
+    dtype = form.dtype
+    sizes = getattr(server, "update_sizes", {})  # a tensor over a subset of the model
     for name in server.update_tensors:
-        t = extras.get(name)
+        t, size = extras.get(name), sizes.get(name, form.size)
         if t is None or tuple(t.shape) not in ((size,), (1,)) or t.dtype != dtype:
             got = "nothing" if t is None else f"{shown(tuple(t.shape))} {t.dtype}"
             raise UploadError(

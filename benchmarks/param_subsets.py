@@ -1,0 +1,113 @@
+"""Parameter subsets on feature-shift MNIST: FedAvg (share everything), FedBN
+(Li et al. 2021: share all but batch norm) and "share only batch norm" (every
+convolution and dense layer stays with its client, only the normalisation
+layers' affine parameters and running statistics are averaged), each scored on
+the clients' own held-out slices in their own domain.
+
+FedBN's argument is that batch norm is where the feature shift lives, so it is
+the part to keep local; sharing only batch norm does the opposite: each client
+trains its own feature extractor and classifier from the common initial model
+on its ~200 (full) or ~250 (--quick) examples, and averages the one part whose
+statistics differ most across domains.
+
+The setting is benchmarks/fedbn_shift.py's (its ``config`` and ``figures``,
+the same seeds, domains and holdout); the third arm is ``algorithm: fedavg``
+with ``local_params.kinds: [weight]``. Full mode: 30 clients, 100 rounds;
+``--quick``: 12 clients, 10 rounds. Records under benchmarks/results/param_subsets.
+
+Last line: ``RESULT subset_bn_only_mean=... subset_bn_only_worst_client=...
+subset_fedavg_mean=... subset_fedbn_mean=... ...`` (last evaluation, averaged
+over seeds) and the bytes each arm uploads a client per round.
+
+    OMP_NUM_THREADS=1 FEDFORGE_DATA=/work/shared/data python benchmarks/param_subsets.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import numpy as np
+import torch
+
+from _common import add_workers, places, print_settings, result_line, run_record
+from fedbn_shift import DOMAINS, config, figures
+from fedforge.algorithms.subsets import subset_mask
+from fedforge.config import Config, override
+from fedforge.core.params import ParamSpec
+from fedforge.data.federated import load_federated_data
+from fedforge.data.shift import assign_domains
+from fedforge.models import build_model
+
+# arm: (algorithm, local_params)
+ARMS: dict[str, tuple[str, dict[str, Any]]] = {
+    "fedavg": ("fedavg", {}),
+    "fedbn": ("fedbn", {}),
+    "bn_only": ("fedavg", {"kinds": ["weight"]}),
+}
+
+
+def arm_config(arm: str, seed: int, args: Any) -> Config:
+    algorithm, local = ARMS[arm]
+    cfg = config(algorithm, seed, args)
+    changes: dict[str, Any] = {"name": f"param-subsets-{arm}-s{seed}"}
+    if local:
+        changes["local_params"] = local
+    return override(cfg, changes)
+
+
+def shared_entries(arm: str) -> int:
+    """Entries of cnn_bn a client's upload carries that are not kept local."""
+    spec = ParamSpec.of(build_model("cnn_bn", 0, torch.float32), include_buffers=True)
+    if arm == "fedavg":
+        return spec.size
+    kinds: tuple[Any, ...] = ("batchnorm", "buffer") if arm == "fedbn" else ("weight",)
+    return spec.size - int(subset_mask(spec, kinds, None).sum())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="12 clients, 10 rounds")
+    parser.add_argument("--seeds", type=int, default=1)
+    add_workers(parser)
+    args = parser.parse_args()
+    if args.quick:
+        args.clients, args.rounds, args.eval_every, args.holdout = 12, 10, 10, 0.95
+    else:
+        args.clients, args.rounds, args.eval_every, args.holdout = 30, 100, 10, 0.9
+    args.places = places("param_subsets", args.quick)
+    torch.set_num_threads(1)
+    arms = {a: arm_config(a, 0, args) for a in ARMS}
+    print_settings("feature-shift MNIST, cnn_bn, parameter subsets", arms["fedavg"], arms)
+    rows: list[tuple[int, str, dict[str, Any]]] = []
+    for seed in range(args.seeds):
+        data = load_federated_data(arm_config("fedavg", seed, args))
+        domains = assign_domains(args.clients, DOMAINS, seed)
+        for arm in ARMS:
+            rec = run_record(arm_config(arm, seed, args), data, args.places)
+            rows.append((seed, arm, figures(rec, domains)))
+            print(f"{arm} seed {seed}: done ({rec['status']})", flush=True)
+    head = f"{'arm':>8} {'seed':>4} {'mean':>6} {'p10':>6} {'worst':>6} " + " ".join(
+        f"{d[:8]:>8}" for d in DOMAINS
+    )
+    print(head)
+    print("-" * len(head))
+    for seed, arm, f in rows:
+        print(
+            f"{arm:>8} {seed:>4} {f['mean']:>6.4f} {f['p10']:>6.4f} {f['worst']:>6.4f} "
+            + " ".join(f"{f[d]:>8.4f}" for d in DOMAINS)
+        )
+    result: dict[str, Any] = {}
+    for arm in ("bn_only", "fedavg", "fedbn"):
+        for key, name in (("mean", "mean"), ("worst", "worst_client")):
+            result[f"subset_{arm}_{name}"] = float(
+                np.mean([f[key] for _, a, f in rows if a == arm])
+            )
+    for arm in ARMS:  # float32: 4 bytes an entry that is not kept local
+        result[f"subset_{arm}_shared_bytes"] = 4 * shared_entries(arm)
+    result.update(subset_rounds=args.rounds, subset_clients=args.clients, subset_seeds=args.seeds)
+    print(result_line(result))
+
+
+if __name__ == "__main__":
+    main()
