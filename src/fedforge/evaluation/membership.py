@@ -23,6 +23,7 @@ from torch.func import functional_call
 
 from fedforge.core.device import module_device
 from fedforge.core.params import ParamSpec
+from fedforge.core.rng import numpy_rng
 from fedforge.tasks.losses import LossFn
 
 
@@ -141,7 +142,7 @@ def balanced_rows(
     n = min(len(member_rows), len(nonmember_rows))
     if count is not None:
         n = min(n, count)
-    rng = np.random.default_rng(seed)
+    rng = numpy_rng(seed, "membership_audit")
     mem = np.sort(rng.choice(member_rows, n, replace=False))
     non = np.sort(rng.choice(nonmember_rows, n, replace=False))
     return mem, non
