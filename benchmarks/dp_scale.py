@@ -24,13 +24,15 @@ mia_adv_...`` (the MIA keys of the m = 1,000 runs). ``--quick``: N = 1,000,
 m = 100, T = 5, epsilon 8 and 2, 1,000 audited rows of each kind.
 
     OMP_NUM_THREADS=1 FEDFORGE_DATA=/work/shared/data python benchmarks/dp_scale.py --quick
-    OMP_NUM_THREADS=1 FEDFORGE_DATA=/work/shared/data python benchmarks/dp_scale.py
+    OMP_NUM_THREADS=1 FEDFORGE_DATA=/work/shared/data python benchmarks/dp_scale.py --workers 7
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import time
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -70,6 +72,37 @@ def _config(args: argparse.Namespace, m: int, privacy: dict[str, Any]) -> Config
     )
 
 
+def _arm(args: argparse.Namespace, m: int, eps: float | None) -> dict[str, float]:
+    """One run (``eps`` None: plain FedAvg) and the attack on its final model."""
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    big = args.cohorts[0]
+    data = load_federated_data(_config(args, big, {}))
+    exp = build(_config(args, big, {}), data=data)
+    rows = np.concatenate([np.asarray(ix) for ix in data.partition.client_indices])
+    mem, non = balanced_rows(rows, np.arange(len(data.test_y)), args.mia_examples, args.seed)
+    out = {"z": 0.0, "spent": math.inf, "audited": float(len(mem))}
+    priv: dict[str, Any] = {}
+    if eps is not None:
+        z = calibrate_noise(eps, DELTA, args.rounds, m / args.clients, args.clients)
+        priv = {"dp": "central", "noise_multiplier": z, "clip_norm": CLIP, "adaptive_clip": True}
+        out["z"] = z
+    res = run(_config(args, m, priv), data=data, store=False)
+    if eps is not None:
+        out["spent"] = float(res.summary["privacy"]["epsilon"])
+    a: MembershipAudit = audit_model(
+        exp.model,
+        exp.spec,
+        res.params,
+        (data.train_x[mem], data.train_y[mem]),
+        (data.test_x[non], data.test_y[non]),
+        exp.algorithm.loss_fn,
+    )
+    out.update(acc=float(res.summary["final_accuracy"]), auc=a.auc, adv=a.advantage)
+    out["s"] = time.perf_counter() - t0
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="N = 1,000, m = 100, T = 5")
@@ -81,65 +114,42 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--batch", type=int, default=3)
     parser.add_argument("--mia-examples", type=int, default=10_000)
+    parser.add_argument("--workers", type=int, default=1, help="runs in parallel processes")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if args.quick:
         args.clients, args.cohorts, args.rounds = 1000, [100], 5
         args.eps, args.mia_examples = [8.0, 2.0], 1000
-    torch.set_num_threads(1)
     big = args.cohorts[0]
-    data = load_federated_data(_config(args, big, {}))
-    exp = build(_config(args, big, {}), data=data)
-    rows = np.concatenate([np.asarray(ix) for ix in data.partition.client_indices])
-    mem, non = balanced_rows(rows, np.arange(len(data.test_y)), args.mia_examples, args.seed)
-    members = (data.train_x[mem], data.train_y[mem])
-    nonmembers = (data.test_x[non], data.test_y[non])
-
-    def audit(params: torch.Tensor) -> MembershipAudit:
-        return audit_model(exp.model, exp.spec, params, members, nonmembers, exp.algorithm.loss_fn)
-
+    arms: list[tuple[int, float | None]] = [(big, None)]
+    for m in args.cohorts:
+        arms += [(m, e) for e in (args.eps if m == big else args.eps_small_cohort)]
+    with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
+        outs = list(pool.map(_arm, [args] * len(arms), *zip(*arms, strict=True)))
     print(
-        f"MNIST 2NN, IID, N = {args.clients} clients of {len(rows) // args.clients}, "
-        f"E = {args.epochs}, B = {args.batch}, lr 0.1, adaptive clip from C = {CLIP} "
-        f"(median), T = {args.rounds} rounds, delta = {DELTA:g}, seed {args.seed}; "
-        f"MIA on {len(mem)} members / {len(non)} non-members"
+        f"MNIST 2NN, IID, N = {args.clients} clients, E = {args.epochs}, B = {args.batch}, "
+        f"lr 0.1, adaptive clip from C = {CLIP} (median), T = {args.rounds} rounds, "
+        f"delta = {DELTA:g}, seed {args.seed}; MIA on {outs[0]['audited']:.0f} members and "
+        "as many test rows"
     )
     print(
         f"{'m':>5} {'epsilon':>8} {'z':>7} {'spent':>7} {'acc':>7} "
         f"{'MIA AUC':>7} {'MIA adv':>7} {'s':>6}"
     )
-    result: dict[str, float] = {}
-    t0 = time.perf_counter()
-    res = run(_config(args, big, {}), data=data, store=False)
-    nodp = float(res.summary["final_accuracy"])
-    a = audit(res.params)
-    print(
-        f"{big:>5} {'inf':>8} {0:>7.4f} {'inf':>7} {nodp:>7.4f} {a.auc:>7.4f} "
-        f"{a.advantage:>7.4f} {time.perf_counter() - t0:>6.0f}",
-        flush=True,
-    )
-    result["central_dp_nodp"] = nodp
-    mia = {"mia_auc_nodp": a.auc, "mia_adv_nodp": a.advantage}
-    for m in args.cohorts:
-        for eps in args.eps if m == big else args.eps_small_cohort:
-            t0 = time.perf_counter()
-            z = calibrate_noise(eps, DELTA, args.rounds, m / args.clients, args.clients)
-            priv = {"dp": "central", "noise_multiplier": z, "clip_norm": CLIP}
-            cfg = _config(args, m, {**priv, "adaptive_clip": True})
-            res = run(cfg, data=data, store=False)
-            acc = float(res.summary["final_accuracy"])
-            spent = float(res.summary["privacy"]["epsilon"])
-            a = audit(res.params)
-            print(
-                f"{m:>5} {eps:>8g} {z:>7.4f} {spent:>7.3f} {acc:>7.4f} "
-                f"{a.auc:>7.4f} {a.advantage:>7.4f} {time.perf_counter() - t0:>6.0f}",
-                flush=True,
-            )
-            result[f"central_dp_m{m}_eps{eps:g}"] = acc
-            result[f"central_dp_m{m}_gap_eps{eps:g}"] = nodp - acc
-            if m == big:
-                mia[f"mia_auc_eps{eps:g}"] = a.auc
-                mia[f"mia_adv_eps{eps:g}"] = a.advantage
+    for (m, eps), o in zip(arms, outs, strict=True):
+        print(
+            f"{m:>5} {eps if eps is not None else math.inf:>8g} {o['z']:>7.4f} "
+            f"{o['spent']:>7.3f} {o['acc']:>7.4f} {o['auc']:>7.4f} {o['adv']:>7.4f} {o['s']:>6.0f}"
+        )
+    nodp = outs[0]
+    result: dict[str, float] = {"central_dp_nodp": nodp["acc"]}
+    mia = {"mia_auc_nodp": nodp["auc"], "mia_adv_nodp": nodp["adv"]}
+    for (m, eps), o in zip(arms[1:], outs[1:], strict=True):
+        result[f"central_dp_m{m}_eps{eps:g}"] = o["acc"]
+        result[f"central_dp_m{m}_gap_eps{eps:g}"] = nodp["acc"] - o["acc"]
+        if m == big:
+            mia[f"mia_auc_eps{eps:g}"] = o["auc"]
+            mia[f"mia_adv_eps{eps:g}"] = o["adv"]
     print("RESULT " + " ".join(f"{k}={v:.4f}" for k, v in {**result, **mia}.items()))
 
 
