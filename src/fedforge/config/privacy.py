@@ -41,6 +41,9 @@ class PrivacyConfig:
     # client adds sigma / sqrt(n_min) before the secure-aggregation mask
     dp: DPMode = "none"
     noise_multiplier: Annotated[float, Range(">= 0")] = 1.0  # z: noise std = z * clip_norm
+    # local DP: z calibrated so that one upload spends this epsilon at delta (the
+    # accountant's calibrate_local_noise); null: noise_multiplier as given
+    round_epsilon: Annotated[float | None, Range("> 0", null="noise_multiplier as given")] = None
     # C: each delta clipped to this L2 norm (the initial C if adaptive)
     clip_norm: Annotated[float, Range("> 0")] = 1.0
     sampling: Literal["fixed", "poisson"] = "fixed"  # cohort: m = C N, or each client w.p. C
@@ -220,6 +223,13 @@ def _check(p: PrivacyConfig) -> None:
             p.adaptive_clip,
             not p.adaptive_clip or p.dp == "central",
             "needs dp = 'central' (the clipped count is noised on the server)",
+        ),
+        (
+            "round_epsilon",
+            p.round_epsilon,
+            p.round_epsilon is None or p.dp == "local",
+            "needs dp = 'local' (a per-upload budget: the noise each client adds); "
+            "central and distributed DP set noise_multiplier or target_epsilon",
         ),
         (
             "target_epsilon",

@@ -198,3 +198,30 @@ def calibrate_noise(
             tol=1e-4,
         )
     )
+
+
+@functools.cache
+def calibrate_local_noise(epsilon: float, delta: float, kind: AccountantKind = "rdp") -> float:
+    """Local DP's noise multiplier for a per-upload budget: the smallest z whose
+    one Gaussian release of a clipped update (std z C, replace-one sensitivity
+    2 C) spends at most ``epsilon`` at ``delta``. The PLD accountant is tight for
+    one Gaussian mechanism (it reproduces the analytic Gaussian mechanism of
+    Balle and Wang 2018 to its discretisation); RDP gives a larger z."""
+    if not (epsilon > 0 and 0 < delta < 1):
+        raise ConfigError(
+            f"calibrate_local_noise needs epsilon > 0 and 0 < delta < 1; got {epsilon}, {delta}"
+        )
+
+    def event(z: float) -> dpa.DpEvent:
+        return _dpa().GaussianDpEvent(accounted_multiplier(z, True))
+
+    return float(
+        _dpa().calibrate_dp_mechanism(
+            lambda: make_accountant(kind, "poisson"),
+            event,
+            epsilon,
+            delta,
+            _dpa().LowerEndpointAndGuess(0.05, 1.0),  # z below 0.05: epsilon past 100
+            tol=1e-5,
+        )
+    )

@@ -27,7 +27,7 @@ from fedforge.core.errors import ConfigError
 from fedforge.core.rng import noise_generator
 from fedforge.pipeline.clip import Clip, ClipBoard
 from fedforge.pipeline.pipeline import Stage
-from fedforge.privacy.accountant import Accountant, local_epsilon
+from fedforge.privacy.accountant import Accountant, calibrate_local_noise, local_epsilon
 from fedforge.privacy.dp import (
     CentralNoise,
     DistributedNoise,
@@ -145,6 +145,12 @@ class PrivacyParts:
     def delta(self) -> float:
         return delta_of(self.cfg.privacy, self.cfg.num_clients)
 
+    @property
+    def noise_multiplier(self) -> float:
+        """The z the run's noise is drawn with: ``noise_multiplier``, or under local
+        DP with ``round_epsilon`` the z calibrated to that per-upload budget."""
+        return local_noise_multiplier(self.cfg.privacy, self.delta)
+
     def local_epsilons(self, rounds: int, state: dict[str, Any] | None = None) -> dict[int, float]:
         """Local DP: each client's epsilon after ``rounds`` rounds, one Gaussian
         mechanism per upload the server saw (from ``state``'s recorded uploads, and
@@ -170,7 +176,7 @@ class PrivacyParts:
             counts = {c: k for c, k in counts.items() if c in self.high_tier}
         cache: dict[int, float] = {}
         for k in set(counts.values()):
-            cache[k] = local_epsilon(p.noise_multiplier, k, self.delta, p.accountant)
+            cache[k] = local_epsilon(self.noise_multiplier, k, self.delta, p.accountant)
         return {c: cache[k] for c, k in sorted(counts.items())}
 
     def summary(self, rounds: int, state: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -186,10 +192,12 @@ class PrivacyParts:
         out.update(
             epsilon=self.epsilon(rounds, state),
             delta=self.delta,
-            noise_multiplier=p.noise_multiplier,
+            noise_multiplier=self.noise_multiplier,
             accountant=p.accountant,
         )
         if p.dp == "local":
+            if p.round_epsilon is not None:
+                out["round_epsilon"] = p.round_epsilon
             eps = self.local_epsilons(rounds, state)
             vals = sorted(eps.values())
             out["local_epsilon_median"] = vals[len(vals) // 2] if vals else 0.0
@@ -262,7 +270,8 @@ def assemble(cfg: Config, num_examples: list[int]) -> PrivacyParts:
         _check_budget(parts)
         return parts
     if p.dp == "local":
-        parts.client_stages = (clip, LocalNoise(p.noise_multiplier, p.clip_norm, p.noise_is_secret))
+        z = parts.noise_multiplier
+        parts.client_stages = (clip, LocalNoise(z, p.clip_norm, p.noise_is_secret))
         _check_budget(parts)
         return parts
     z = p.noise_multiplier
@@ -294,6 +303,14 @@ def assemble(cfg: Config, num_examples: list[int]) -> PrivacyParts:
     return parts
 
 
+def local_noise_multiplier(p: PrivacyConfig, delta: float) -> float:
+    """Local DP's z: calibrated so that one upload spends ``round_epsilon`` at
+    ``delta`` with the run's accountant, or ``noise_multiplier`` as given."""
+    if p.dp == "local" and p.round_epsilon is not None:
+        return calibrate_local_noise(p.round_epsilon, delta, p.accountant)
+    return p.noise_multiplier
+
+
 def _secagg(parts: PrivacyParts, cfg: Config, m: int, num_examples: list[int]) -> None:
     """The masking codec of ``privacy.secagg`` (what it cannot hide is refused by
     the config's checks: config/compat.py)."""
@@ -308,7 +325,7 @@ def _secagg(parts: PrivacyParts, cfg: Config, m: int, num_examples: list[int]) -
     if p.dp == "distributed":
         noise_std = p.noise_multiplier * clip / n_min**0.5
     elif p.dp == "local" or p.tiers.enabled:  # (the high tier's) local noise
-        noise_std = p.noise_multiplier * clip
+        noise_std = local_noise_multiplier(p, delta_of(p, cfg.num_clients)) * clip
     bound = noise_bound(clip, noise_std)
     cohort_max = cfg.num_clients if p.sampling == "poisson" else m
     cap = p.weight_cap if p.weights == "capped" else None
@@ -370,4 +387,4 @@ def noise_std_on_sum(parts: PrivacyParts, state: dict[str, Any]) -> float:
     return stage.noise_multiplier * clip
 
 
-__all__ = ["PrivacyParts", "assemble", "noise_std_on_sum"]
+__all__ = ["PrivacyParts", "assemble", "local_noise_multiplier", "noise_std_on_sum"]
