@@ -20,8 +20,9 @@ from fedforge.core.errors import ConfigError
 from fedforge.core.rng import torch_generator
 from fedforge.data.user import from_tensors
 from fedforge.server.experiment import build
-from fedforge.server.proxy import ProxyTuned
+from fedforge.server.proxy import ProxyTuned, assemble
 from fedforge.server.state import server_optimizer
+from fedforge.store import RunStore
 
 CLASSES = 3
 
@@ -193,8 +194,6 @@ def test_filled_rows_are_counted_when_a_client_is_first_asked(tmp_path) -> None:
         len(wire.encode({"x": data.train_x[g], "y": data.train_y[g]})) if len(g) else 0
         for g in exp.proxy.given
     ]
-    from fedforge.store import RunStore
-
     with RunStore.open(filled.run_dir) as store:
         cohorts = {}
         for r, client, _ in store.read_rows("cohorts"):
@@ -253,6 +252,4 @@ def test_proxy_needs_class_labels(tmp_path) -> None:
     data = _data()
     floats = dataclasses.replace(data, train_y=data.train_y.double(), num_classes=None)
     with pytest.raises(ConfigError, match="needs one class id a row"):
-        from fedforge.server import proxy
-
-        proxy.assemble(_cfg(tmp_path, size=4), floats)
+        assemble(_cfg(tmp_path, size=4), floats)
