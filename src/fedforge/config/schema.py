@@ -47,6 +47,7 @@ from fedforge.config.local import (
 from fedforge.config.names import check_registered
 from fedforge.config.pipeline import PipelineConfig
 from fedforge.config.privacy import PrivacyConfig
+from fedforge.config.proxy import ProxyConfig, proxy_fits
 from fedforge.config.ranges import Most, Range, check_ranges
 from fedforge.config.ray import RayConfig
 from fedforge.config.robust import RobustConfig
@@ -124,6 +125,7 @@ class Config:
     systems: SystemsConfig = field(default_factory=SystemsConfig)
     # synchronous rounds, or buffered asynchronous aggregation (FedBuff)
     asynchronous: AsynchronousConfig = field(default_factory=AsynchronousConfig)
+    proxy: ProxyConfig = field(default_factory=ProxyConfig)  # the server's public proxy set
     rounds: Annotated[int, Range(">= 1"), Most(MAX_ROUNDS, "rounds")] = 60
     target_accuracy: Annotated[
         float | None, Range("(0, 1]", note="a fraction, e.g. 0.99", null="")
@@ -227,6 +229,7 @@ def check(cfg: Config) -> None:
         cfg.asynchronous,
         cfg.systems,
         cfg.ray,
+        cfg.proxy,
     )
     names = {id(getattr(cfg, f.name)): f.name for f in dataclasses.fields(cfg)}
     for section in sections:
@@ -295,6 +298,7 @@ def check(cfg: Config) -> None:
         cfg.stragglers,
         cfg.diagnostics,
     )
+    proxy_fits(cfg.proxy, cfg.privacy, cfg.deployment, cfg.asynchronous)
     remote_data_fits(
         cfg.deployment,
         cfg.partition,

@@ -42,6 +42,7 @@ from fedforge.robust.parts import RobustParts, assemble
 from fedforge.selection.named import SelectionPolicy, check_sees_losses
 from fedforge.selection.sampling import UniformSelection
 from fedforge.server import probe
+from fedforge.server import proxy as proxy_parts
 from fedforge.server.engine_choice import EngineChoice, choose_engine, driver_device, ray_choice
 from fedforge.store.build_record import data_fingerprint
 from fedforge.store.checkpoint import RESIDUAL
@@ -97,6 +98,8 @@ class Experiment:
     extra_metrics: tuple[tuple[str, Metric], ...] = ()
     # the clients' system profiles and availability: the virtual clock's (systems/)
     systems: Systems | None = None
+    # the server's public proxy set (cfg.proxy, server/proxy.py); None: none
+    proxy: proxy_parts.ProxySet | None = None
 
     def client_sizes(self) -> np.ndarray:
         """Each client's example count: the partition's; where the clients' rows
@@ -125,6 +128,7 @@ def build(cfg: Config, data: FederatedData | None = None, task: Task | None = No
     task = resolve_task(cfg, task)
     own_split = data is not None and not data.split_by_config
     data, model, fingerprint = _run_data(cfg, data, task, dtype)
+    data, proxy = proxy_parts.assemble(cfg, data)  # no client holds its rows
     if cfg.algorithm == "perfedavg" and _tracks_statistics(model):  # e.g. a registered one
         raise ConfigError(
             f"algorithm 'perfedavg' needs a model without batch norm's running statistics; "
@@ -188,6 +192,7 @@ def build(cfg: Config, data: FederatedData | None = None, task: Task | None = No
         _selection(cfg),
         named_metrics.from_config(cfg),
         systems_of(cfg),
+        proxy,
     )
 
 

@@ -15,6 +15,7 @@ from fedforge.server.buffered import run_buffered_round
 from fedforge.server.builtin_hooks import run_hooks
 from fedforge.server.experiment import Experiment
 from fedforge.server.hooks import RoundHooks
+from fedforge.server.proxy import shipped_bytes
 from fedforge.server.result import RunResult
 from fedforge.server.round import run_round, test_scores
 from fedforge.server.state import LoopState, StopSignals, aggregator_state
@@ -93,6 +94,8 @@ def _one_round(
     clip = state.privacy.get("clip_norm", exp.cfg.privacy.clip_norm)  # this round's
     one = run_buffered_round if state.buffered is not None else run_round
     record, clients = one(exp, state, state.next_round, bar, hooks, run_store)
+    every, rounds = exp.cfg.communication.upload_every, exp.cfg.rounds
+    record = shipped_bytes(exp.proxy, state.selection, record, every, rounds)  # proxy rows
     state.records.append(record)
     state.total_bytes += record.bytes_up + record.bytes_down
     state.next_round += 1

@@ -23,6 +23,7 @@ from fedforge.server import optimizers
 from fedforge.server.buffered_state import BufferedState
 from fedforge.server.experiment import Experiment, client_tables
 from fedforge.server.optimizers import ServerOptimizer
+from fedforge.server.proxy import ProxyTuned, tuning_plan
 from fedforge.store import (
     AnomalyRecord,
     Checkpoint,
@@ -81,7 +82,7 @@ class LoopState:
         tables = client_tables(exp)
         for table in tables.values():
             table.clear()  # a new run starts from zero residuals and controls
-        optimizer = optimizers.from_config(exp.cfg)
+        optimizer = server_optimizer(exp)
         state = cls(exp.initial_params.clone(), optimizer, client_state=tables)
         server = exp.algorithm.server
         if server is not None:
@@ -148,7 +149,7 @@ class LoopState:
                 f"the run store lacks some of the {ckpt.next_round} rounds before checkpoint "
                 f"{ckpt.path}; it holds rounds {[r.round_idx + 1 for r in records]}"
             )
-        optimizer = optimizers.from_config(exp.cfg)
+        optimizer = server_optimizer(exp)
         optimizer.load_state_dict(ckpt.optimizer_state)
         if ckpt.torch_rng_state is not None:  # nothing reads it; restored for completeness
             torch.set_rng_state(ckpt.torch_rng_state)
@@ -178,6 +179,16 @@ class LoopState:
             ),
             virtual_s=[float(x) for x in loop.get("virtual_s", [])][: ckpt.next_round],
         )
+
+
+def server_optimizer(exp: Experiment) -> ServerOptimizer:
+    """The run's server optimizer, followed by SGD on the proxy set when it tunes."""
+    optimizer = optimizers.from_config(exp.cfg)
+    if exp.proxy is None or not exp.cfg.proxy.tunes:
+        return optimizer
+    loss_fn, plan = exp.algorithm.loss_fn, tuning_plan(exp.cfg)
+    seed, device = exp.cfg.seed, exp.device
+    return ProxyTuned(optimizer, exp.model, exp.spec, exp.proxy, plan, loss_fn, seed, device)
 
 
 def _initial_eval(stored: Any) -> tuple[float, float] | None:
