@@ -16,7 +16,8 @@ to target are read off the best-so-far curve, interpolated
 Last line: ``RESULT grouped_rounds_uniform=<mean over seeds> grouped_rounds_g10=...
 grouped_rounds_g5=... grouped_final_acc_<arm>=... grouped_target=... grouped_seeds=...``
 
-    OMP_NUM_THREADS=1 FEDFORGE_DATA=/work/shared/data python benchmarks/grouped_participation.py [--quick]
+    OMP_NUM_THREADS=1 FEDFORGE_DATA=/work/shared/data \
+        python benchmarks/grouped_participation.py [--quick]
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ class GroupedRotation:
 
     def select(self, round: SelectionRound) -> list[int]:
         available = set(round.among)
-        first, chosen = self.turn(round.round_idx), []
+        first, chosen = self.turn(round.round_idx), list[int]()
         for step in range(len(self.groups)):
             need = round.size - len(chosen)
             if need <= 0:
