@@ -318,9 +318,17 @@ def evaluate_phase(
     if info is not None and hooks is not None:
         hooks.evaluated(info, ev.accuracy, ev.loss)
     state.eval_rounds.append(round_idx + 1)
-    state.eval_accuracy.append(ev.accuracy)
-    if ev.extra:  # the named metrics: the run store's eval_metrics table
-        state.outputs["eval_metrics"] = [(round_idx, n, v) for n, v in ev.extra.items()]
+    extra = dict(ev.extra)
+    held = exp.data.validation_data()
+    if held is None:
+        state.eval_accuracy.append(ev.accuracy)
+    else:  # the target reads the validation split's accuracy, the test set only reported
+        cfg_eval = cfg.evaluation
+        val = evaluate(exp.model, exp.spec, state.params, *held, cfg_eval.batch_size, exp.metrics)
+        state.eval_accuracy.append(val.accuracy)
+        extra.update(validation_accuracy=val.accuracy, validation_loss=val.loss)
+    if extra:  # the named metrics and validation scores: the run store's eval_metrics table
+        state.outputs["eval_metrics"] = [(round_idx, n, v) for n, v in extra.items()]
     if cfg.evaluation.clients:  # each client's held-out slice, per-class test accuracy
         state.outputs.update(diagnostics.evaluation_rows(exp, state.params, round_idx))
     return ev.accuracy, ev.loss
