@@ -60,8 +60,8 @@ def _cfg(tmp_path: Path, **extra: Any) -> Any:
         "model": "logreg",
         "num_clients": 6,
         "client_fraction": 0.5,
-        "batch_size": 10,
-        "rounds": 30,
+        "batch_size": None,
+        "rounds": 12,
         "target_accuracy": None,
         "dtype": "float64",
         "engine": "serial",
@@ -101,7 +101,7 @@ def test_the_target_and_rounds_to_target_read_the_validation_accuracy(tmp_path: 
             (int(r), v) for r, n, v in store.read_rows("eval_metrics") if n == "validation_accuracy"
         ]
         tests = [r.test_accuracy for r in store.rounds()]
-    assert len(val) == 30
+    assert len(val) == 12
     x, y = exp.data.validation_data() or (None, None)
     assert x is not None and len(y) == len(held)
     recomputed = evaluate(exp.model, exp.spec, first.params, x, y).accuracy
