@@ -19,6 +19,7 @@ import numpy as np
 
 from fedforge.core.rng import numpy_rng
 from fedforge.data.partition import Partition
+from fedforge.evaluation.evaluate import EvalResult
 
 KEY = "validation"  # the purpose key of the split's draws (core/rng.py)
 
@@ -45,3 +46,8 @@ def carve_validation(
         kept.append(np.sort(idx[perm[k:]]))
     held = np.sort(np.concatenate(taken)) if taken else np.zeros(0, dtype=np.int64)
     return Partition(tuple(kept)), held.astype(np.int64)
+
+
+def validation_figures(scores: EvalResult) -> dict[str, float]:
+    """The validation scores as the run store's ``eval_metrics`` rows name them."""
+    return {"validation_accuracy": scores.accuracy, "validation_loss": scores.loss}

@@ -229,7 +229,8 @@ def _run_data(
         keep, held_out = carve_validation(
             data.partition, ev.validation, ev.validation_split, cfg.seed
         )
-        data = dataclasses.replace(data, partition=keep, validation=held_out)
+        if len(held_out):  # none where the server holds no training rows (clients' own data)
+            data = dataclasses.replace(data, partition=keep, validation=held_out)
     if cfg.evaluation.clients and data.holdout is None:  # carve each client's held-out slice
         keep, held = split_holdout(data.partition, cfg.evaluation.holdout, cfg.seed)
         data = dataclasses.replace(data, partition=keep, holdout=held)
