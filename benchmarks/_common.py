@@ -142,15 +142,20 @@ def _read(run_dir: Path, cfg: Config, target: float | None) -> dict[str, Any]:
         summary = store.summary() or {}
         seen = sorted({c.client_id for c in store.client_rounds()})
         client_eval = store.read_rows("client_eval")
+        validation = validation_curve(store)
     evals = [(r.round_idx + 1, r.test_accuracy) for r in rounds if r.test_accuracy is not None]
     xs, accs = [e[0] for e in evals], [float(e[1]) for e in evals]
+    # with evaluation.validation on, rounds to target read the validation curve
+    reach = ([x for x, _ in validation], [a for _, a in validation]) if validation else (xs, accs)
     last_eval = max((row[0] for row in client_eval), default=None)
     return {
         "config": _comparable(cfg),
         "run_dir": str(run_dir),
         "rounds_done": len(rounds),
         "target": target,
-        "rounds_to_target": rounds_to_target(xs, accs, target) if target is not None else None,
+        "rounds_to_target": rounds_to_target(*reach, target) if target is not None else None,
+        "target_read": "validation" if validation else "test",
+        "validation_curve": validation,
         "final_accuracy": accs[-1] if accs else None,
         "best_accuracy": max(accs) if accs else None,
         "curve": evals,
@@ -160,6 +165,13 @@ def _read(run_dir: Path, cfg: Config, target: float | None) -> dict[str, Any]:
         "client_eval_round": last_eval,
         "client_eval": [list(r[1:]) for r in client_eval if r[0] == last_eval],
     }
+
+
+def validation_curve(store: RunStore) -> list[tuple[int, float]]:
+    """(round, validation accuracy) of each evaluation of a run with
+    ``evaluation.validation`` on (empty without)."""
+    got = store.read_rows("eval_metrics")
+    return [(int(r) + 1, float(v)) for r, name, v in got if name == "validation_accuracy"]
 
 
 def claim(record: Path) -> bool:

@@ -10,7 +10,7 @@ in compat.py."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fedforge.config.bounds import MAX_EXAMPLES, MAX_ROUNDS, MAX_STEPS
 from fedforge.config.pipeline import MetricName, no_repeats
@@ -51,6 +51,12 @@ class EvaluationConfig:
     # figures beyond the task's score, computed on the test set at each evaluation
     # (fedforge.register_metric; built-in: accuracy, token_accuracy, mse)
     metrics: tuple[MetricName, ...] = ()
+    # the fraction of the training data carved out as a validation split
+    # (evaluation/validation.py): the target and rounds to target read its accuracy;
+    # 0: none, the test set read throughout
+    validation: Annotated[float, Range("[0, 1)")] = 0.0
+    # per_client: that fraction of each client's examples; central: of the pooled set
+    validation_split: Literal["per_client", "central"] = "per_client"
     # small batches stay in cache (the CNN evaluates faster at 250 than at 2,000)
     batch_size: Annotated[int, Range(">= 1"), Most(MAX_EXAMPLES, "examples a batch")] = 250
 

@@ -59,6 +59,7 @@ SELECTIONS = {
     "oort": f"{_SELECTION}.oort:factory",
     "fairness_floor": f"{_SELECTION}.fairness_floor:factory",
     "deadline_aware": f"{_SELECTION}.deadline:factory",
+    "grouped_rotation": f"{_SELECTION}.grouped:factory",
 }
 # the options dataclasses of the built-ins that take options, by (kind, name)
 OPTIONS = {
@@ -66,6 +67,7 @@ OPTIONS = {
     ("selection", "oort"): f"{_SELECTION}.options:OortOptions",
     ("selection", "fairness_floor"): f"{_SELECTION}.options:FairnessFloorOptions",
     ("selection", "deadline_aware"): f"{_SELECTION}.options:DeadlineOptions",
+    ("selection", "grouped_rotation"): f"{_SELECTION}.options:GroupedRotationOptions",
 }
 _METRICS = "fedforge.tasks.named_metrics"
 METRICS = {

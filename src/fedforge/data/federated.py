@@ -44,6 +44,8 @@ class FederatedData:
     # is -1). None: taken from the labels (max + 1) when they are integers; float
     # labels are regression targets and have no classes
     num_classes: int | None = None
+    # evaluation.validation: the validation rows (indices into the training set)
+    validation: np.ndarray | None = None
     # a data source's client tags: attribute -> each client's group (data/tags.py)
     tags: Mapping[str, tuple[str, ...]] | None = None
     # the clients whose rows this copy holds (None: every client's): a deployment
@@ -82,6 +84,13 @@ class FederatedData:
         if self.holdout is None:
             return self.train_x[:0], self.train_y[:0]
         idx = torch.tensor(self.holdout.client_indices[client_id], dtype=torch.int64)
+        return rows.take(self.train_x, idx), rows.take(self.train_y, idx)
+
+    def validation_data(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The validation rows (None without ``evaluation.validation``)."""
+        if self.validation is None:
+            return None
+        idx = torch.as_tensor(self.validation, dtype=torch.int64)
         return rows.take(self.train_x, idx), rows.take(self.train_y, idx)
 
     def num_examples(self, client_id: int) -> int:

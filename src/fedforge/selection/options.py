@@ -68,3 +68,11 @@ class DeadlineOptions:
 
     deadline_s: Annotated[float | None, Range("> 0", null="the median known duration")] = None
     explore: Annotated[float, Range("[0, 1]", note="the cohort's share of unmeasured")] = 0.1
+
+
+@dataclass(frozen=True)
+class GroupedRotationOptions:
+    """Clients in ``groups`` fixed groups (seeded) that take turns, a group a cohort."""
+
+    groups: Annotated[int | None, Range(">= 1", null="num_clients // cohort size")] = None
+    seed: Annotated[int | None, Range(">= 0", null="the run's seed")] = None

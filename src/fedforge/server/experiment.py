@@ -34,6 +34,7 @@ from fedforge.engines import Engine
 from fedforge.engines.ray_engine import RaySettings
 from fedforge.engines.threads import ThreadPlan
 from fedforge.evaluation.clients import split_holdout
+from fedforge.evaluation.validation import carve_validation
 from fedforge.pipeline.named import named_stages
 from fedforge.pipeline.pipeline import Pipeline
 from fedforge.privacy import parts as privacy
@@ -229,6 +230,13 @@ def _run_data(
         tagged = load_client_tags(cfg.evaluation.client_tags, cfg.num_clients)
         data = dataclasses.replace(data, tags={**(data.tags or {}), **tagged})
     data.client_tags()  # a data source's tags checked before the first round
+    if cfg.evaluation.validation > 0 and data.validation is None:
+        ev = cfg.evaluation
+        keep, held_out = carve_validation(
+            data.partition, ev.validation, ev.validation_split, cfg.seed
+        )
+        if len(held_out):  # none where the server holds no training rows (clients' own data)
+            data = dataclasses.replace(data, partition=keep, validation=held_out)
     if cfg.evaluation.clients and data.holdout is None:  # carve each client's held-out slice
         keep, held = split_holdout(data.partition, cfg.evaluation.holdout, cfg.seed)
         data = dataclasses.replace(data, partition=keep, holdout=held)

@@ -25,6 +25,7 @@ from fedforge.algorithms.plan import LocalPlan
 from fedforge.client.runtime import ClientTask, encode_payload
 from fedforge.core.params import all_finite
 from fedforge.evaluation.evaluate import EvalResult, evaluate
+from fedforge.evaluation.validation import validation_figures
 from fedforge.pipeline.pipeline import StageContext
 from fedforge.report.progress import Progress
 from fedforge.robust.typical_norm import remember
@@ -318,9 +319,12 @@ def evaluate_phase(
     if info is not None and hooks is not None:
         hooks.evaluated(info, ev.accuracy, ev.loss)
     state.eval_rounds.append(round_idx + 1)
-    state.eval_accuracy.append(ev.accuracy)
-    if ev.extra:  # the named metrics: the run store's eval_metrics table
-        state.outputs["eval_metrics"] = [(round_idx, n, v) for n, v in ev.extra.items()]
+    held, b, scores = exp.data.validation_data(), cfg.evaluation.batch_size, exp.metrics
+    val = None if held is None else evaluate(exp.model, exp.spec, state.params, *held, b, scores)
+    state.eval_accuracy.append(ev.accuracy if val is None else val.accuracy)  # the target's
+    extra = dict(ev.extra) if val is None else {**ev.extra, **validation_figures(val)}
+    if extra:  # the named metrics and validation scores: the run store's eval_metrics table
+        state.outputs["eval_metrics"] = [(round_idx, n, v) for n, v in extra.items()]
     if cfg.evaluation.clients:  # each client's held-out slice, per-class test accuracy
         state.outputs.update(diagnostics.evaluation_rows(exp, state.params, round_idx))
     return ev.accuracy, ev.loss
