@@ -7,8 +7,8 @@ model cannot fit (a concept shift: the same input, different labels).
   some client's update is large (``max_norm_above``), the cluster is split in
   two by the cosine similarities of its clients' updates (complete-linkage
   bipartition, clusters.py), if no pair across the halves is more similar than
-  ``max_cross_cosine`` (the paper's separation check); each half continues from the cluster's model and
-  may split again (recursive).
+  ``max_cross_cosine`` (the paper's separation check); each half continues
+  from the cluster's model and may split again (recursive).
 - ``ifca``: the Iterative Federated Clustering Algorithm, Ghosh, Chung, Yin,
   Ramchandran 2020 (NeurIPS), Algorithm 2 with model averaging: ``clusters``
   models; each round every cohort client trains the model with the lowest loss

@@ -285,13 +285,12 @@ def _settle(exp: Experiment, run_store: RunStore, result: RunResult, next_round:
         )
         run_store.finish(result.summary, status="failed")
     else:
-        personal = exp.algorithm.personal
-        # FedBN: each client's model is its own batch norm; a StoreError (a full
-        # disk) leaves no half-written file, and the run failed, resumable
-        save_final(
-            run_store.path,
-            result.params,
-            list(exp.spec.names),
-            None if personal is None else personal.final(),
-        )
+        personal, clusters = exp.algorithm.personal, exp.algorithm.clusters
+        # FedBN: each client's model is its own batch norm; a clustered algorithm:
+        # each cluster's model and each client's cluster (the table). A StoreError
+        # (a full disk) leaves no half-written file, and the run failed, resumable
+        own = None if personal is None else personal.final()
+        if clusters is not None and clusters.table is not None:
+            own = clusters.table.state()
+        save_final(run_store.path, result.params, list(exp.spec.names), own)
         run_store.finish(result.summary)
