@@ -3,14 +3,17 @@ server/clustered.py) and the concept-shift partition (data/concept.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
 
-from fedforge import run
+from fedforge import resume, run
 from fedforge.algorithms.clustered import Cfl, check_clustered
 from fedforge.algorithms.clusters import ClusterTable, bipartition, cosine_matrix
-from fedforge.config import from_dict
+from fedforge.config import from_dict, override
 from fedforge.config.clusters import CflOptions
 from fedforge.core.errors import ConfigError
 from fedforge.data import Partition, from_tensors
@@ -136,6 +139,22 @@ def test_clusters_found_are_the_label_maps(algorithm: str) -> None:
                 (of[i] == of[j]) == (groups[i] == groups[j]) for i in range(8) for j in range(8)
             )
     assert scores[algorithm] > 0.9 and scores["fedavg"] < 0.7
+
+
+def test_a_stopped_cfl_run_resumes_to_the_same_clusters(run_stopped: Any, tmp_path: Path) -> None:
+    """The cluster table is checkpointed with the run: stopped after its split and
+    resumed, the run ends with the uninterrupted run's models and clusters."""
+    x, y, part = _blobs(clients=8, per_client=60)
+    data = from_tensors(x, y, x[:10], y[:10], part, num_classes=2)
+    cfg = override(_config("cfl", concept_shift=2, rounds=6), {"runs_dir": str(tmp_path)})
+    whole = load_final(run(cfg, data=data).run_dir)
+    stopped = run_stopped(override(cfg, {"checkpoint_every": 1}), data, 4)
+    assert stopped.stopped is not None
+    again = load_final(resume(stopped.run_dir, data=data).run_dir)
+    assert torch.equal(again["params"], whole["params"])
+    for key in ("cluster_models", "cluster_of", "cluster_alive"):
+        assert torch.equal(again["personal"][key], whole["personal"][key])
+    assert int(whole["personal"]["cluster_alive"].sum()) == 2  # it split before the stop
 
 
 def test_clustered_refuses_what_serves_one_model() -> None:

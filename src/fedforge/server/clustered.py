@@ -29,6 +29,7 @@ from fedforge.algorithms.clusters import Clustering, ClusterTable
 from fedforge.core.errors import ConfigError
 from fedforge.evaluation.clients import training_losses
 from fedforge.report.progress import Progress
+from fedforge.robust.typical_norm import remember
 from fedforge.server.builtin_hooks import run_hooks
 from fedforge.server.cohort import sample
 from fedforge.server.collect import collect
@@ -153,9 +154,12 @@ def run_clustered_round(
     state.params = table.models[table.largest()].clone()
     rule.table = table
     hooks.taken(info, list(clients))
+    orders, collected = _together(parts, cohort)
+    if clients and exp.cfg.robust.max_norm_multiple is not None:  # the next rounds' bound
+        norms = [collected.norms[c] for c in sorted(clients) if c in collected.norms]
+        state.update_norms = remember(state.update_norms, norms, exp.cfg.robust.norm_window)
     state.outputs.update(exp.engine.end_round(round_idx, sorted(clients)))
     test_acc, test_loss = evaluate_phase(exp, state, round_idx, round_idx, info, hooks)
-    orders, collected = _together(parts, cohort)
     record = round_record(exp, orders, collected, clients, test_acc, test_loss, t0)
     used = sorted(clients)
     rows = list(clients.values())
