@@ -18,6 +18,7 @@ from fedforge.config.clusters import CflOptions
 from fedforge.core.errors import ConfigError
 from fedforge.data import Partition, from_tensors
 from fedforge.data.concept import assign_groups, label_maps, relabel
+from fedforge.engines.serial import SerialEngine
 from fedforge.store import RunStore
 from fedforge.store.final import load_final
 
@@ -131,13 +132,20 @@ def test_clusters_found_are_the_label_maps(algorithm: str) -> None:
         final = load_final(res.run_dir)
         with RunStore.open(res.run_dir) as store:
             rows = [r for r in store.read_rows("client_eval") if r[0] == 11]
+            groups_eval = [r for r in store.read_rows("group_eval") if r[0] == 11]
         scores[name] = min(r[2] for r in rows)
+        per_cluster = [r for r in groups_eval if r[1] == "cluster"]
         if name != "fedavg":
             of = final["personal"]["cluster_of"].tolist()
             assert len(set(of)) == 2
             assert all(
                 (of[i] == of[j]) == (groups[i] == groups[j]) for i in range(8) for j in range(8)
             )
+            # per-cluster evaluation: a row a cluster, its clients with its model
+            assert sorted(r[2] for r in per_cluster) == sorted(f"c{j}" for j in set(of))
+            assert sum(r[6] for r in per_cluster) == 8 and min(r[3] for r in per_cluster) > 0.9
+        else:
+            assert per_cluster == []
     assert scores[algorithm] > 0.9 and scores["fedavg"] < 0.7
 
 
@@ -161,6 +169,13 @@ def test_clustered_refuses_what_serves_one_model() -> None:
     cfg = from_dict({"algorithm": "cfl", "privacy": {"secagg": True, "dp": "central"}})
     with pytest.raises(ConfigError, match="'cfl' cannot run with privacy.secagg set"):
         check_clustered("cfl", cfg)
+    # a deployment's engine (the network's) is refused before any round
+    remote = SerialEngine(None)  # type: ignore[arg-type]
+    remote.name = "remote"
+    x, y, part = _blobs(clients=4, per_client=20)
+    data = from_tensors(x, y, x[:10], y[:10], part, num_classes=2)
+    with pytest.raises(ConfigError, match="'ifca' runs in the simulator"):
+        run(_config("ifca", concept_shift=2, rounds=1), data=data, store=False, engine=remote)
     with pytest.raises(ConfigError, match="partition.concept_shift"):
         from_dict({"partition": {"concept_shift": 1}})
 

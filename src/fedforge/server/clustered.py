@@ -14,7 +14,8 @@ The run's global model (``state.params``: the record's test figures, the final
 model) is the model of the cluster with the most clients; each client is
 evaluated with its own cluster's model (``evaluation.clients``; per cluster in
 ``group_eval``, attribute ``cluster``). The hooks are told of the round once,
-with the whole cohort. Runs in the simulator; the deployment's engine is refused.
+with the whole cohort. Runs in the simulator; a deployment is refused when
+built (loop.py).
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from functools import partial
 import torch
 
 from fedforge.algorithms.clusters import Clustering, ClusterTable
-from fedforge.core.errors import ConfigError
 from fedforge.evaluation.clients import training_losses
 from fedforge.report.progress import Progress
 from fedforge.robust.typical_norm import remember
@@ -70,11 +70,6 @@ def _tell_refused(hooks: RoundHooks, info: RoundInfo, client_id: int, why: str) 
 def rule_of(exp: Experiment) -> Clustering:
     rule = exp.algorithm.clusters
     assert rule is not None
-    if exp.engine.name == "remote":
-        raise ConfigError(
-            f"algorithm {exp.algorithm.name!r} runs in the simulator: a deployment "
-            "serves one model a round"
-        )
     return rule
 
 
