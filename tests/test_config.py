@@ -219,6 +219,7 @@ def test_dict_and_yaml_round_trip() -> None:
         "min_size": 1,
         "feature_shift": ["blur", "invert"],  # a list, so that YAML and JSON hold it
         "label_noise": 0.0,
+        "concept_shift": 0,
         "label_noise_rule": "symmetric",
         "label_noise_rate": 1.0,
     }

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from fedforge.algorithms.clusters import Clustering
 from fedforge.algorithms.local import (
     ClientTerms,
     GradHook,
@@ -49,6 +50,9 @@ class Algorithm:
     # its own local loop instead of client.local_sgd (Per-FedAvg's meta-steps); the
     # serial engine and worker processes run it, the vectorised engine falls back
     local_train: LocalTrain | None = None
+    # a model per cluster of clients (clustered FL, IFCA: algorithms/clustered.py):
+    # the round trains each cluster's clients on its model (server/clustered.py)
+    clusters: Clustering | None = None
 
     def plan(self, round_idx: int) -> LocalPlan:
         return self.plan_fn(round_idx)

@@ -28,6 +28,7 @@ PartitionKind = Literal["iid", "shards", "dirichlet", "hsu", "quantity", "natura
 # feature-shift domains of data/shift.py and label-noise rules of data/noise.py
 FeatureDomain = Literal["none", "rotation", "invert", "contrast", "blur", "noise", "scale"]
 LabelNoiseRule = Literal["symmetric", "pair"]
+MAX_LABEL_MAPS = 10  # concept shift: at most one map a class of MNIST
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,13 @@ class PartitionConfig:
     label_noise: Annotated[
         float, Range("[0, 1]", note="the fraction of clients with noisy labels")
     ] = 0.0
+    # concept shift (data/concept.py): clients in this many groups, each seeing the
+    # labels through its own permutation; 0 = off
+    concept_shift: Annotated[
+        int,
+        Range(">= 0", note="0: off; else the number of label maps, 2 or more"),
+        Most(MAX_LABEL_MAPS, "label maps"),
+    ] = 0
     label_noise_rule: LabelNoiseRule = "symmetric"  # symmetric: another class; pair: y + 1
     # of a noisy client's examples, the fraction relabelled
     label_noise_rate: Annotated[
@@ -64,6 +72,12 @@ class PartitionConfig:
                     list(shift),
                     len(set(shift)) == len(shift),
                     "must name each domain once (domains are dealt over the clients in turn)",
+                ),
+                (
+                    "concept_shift",
+                    self.concept_shift,
+                    self.concept_shift != 1,
+                    f"must be 0 (off) or 2..{MAX_LABEL_MAPS} label maps (one map is no shift)",
                 ),
             ],
         )

@@ -162,6 +162,13 @@ def remote_data_fits(
             "0",
         ),
         (
+            "partition.concept_shift",
+            partition.concept_shift,
+            partition.concept_shift > 0,
+            "it simulates the clients' labels",
+            "0",
+        ),
+        (
             "robust.attack",
             robust.attack,
             robust.attack != "none",

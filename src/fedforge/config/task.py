@@ -88,6 +88,10 @@ def labels_fit_features(
         raise invalid_field(
             "partition.label_noise", partition.label_noise, f"flips class ids; {why}"
         )
+    if partition.concept_shift > 0:
+        raise invalid_field(
+            "partition.concept_shift", partition.concept_shift, f"permutes class ids; {why}"
+        )
     if robust.attack == "label_flip":
         raise invalid_field("robust.attack", "label_flip", f"flips class ids; {why}")
     if group_by == "label":

@@ -21,6 +21,8 @@ ALGORITHMS = {
     "scaffold": "fedforge.algorithms.factories:scaffold_factory",
     "fedbn": "fedforge.algorithms.factories:fedbn_factory",
     "perfedavg": "fedforge.algorithms.factories:perfedavg_factory",
+    "cfl": "fedforge.algorithms.clustered:cfl_factory",
+    "ifca": "fedforge.algorithms.clustered:ifca_factory",
 }
 _ROBUST = "fedforge.robust.factories"
 AGGREGATORS = {
@@ -63,6 +65,8 @@ SELECTIONS = {
 }
 # the options dataclasses of the built-ins that take options, by (kind, name)
 OPTIONS = {
+    ("algorithm", "cfl"): "fedforge.config.clusters:CflOptions",
+    ("algorithm", "ifca"): "fedforge.config.clusters:IfcaOptions",
     ("selection", "power_of_choice"): f"{_SELECTION}.options:PowerOfChoiceOptions",
     ("selection", "oort"): f"{_SELECTION}.options:OortOptions",
     ("selection", "fairness_floor"): f"{_SELECTION}.options:FairnessFloorOptions",

@@ -17,7 +17,7 @@ from fedforge.core import rows
 from fedforge.core.dataspec import DataSpec
 from fedforge.core.errors import DataError
 from fedforge.core.rng import numpy_rng
-from fedforge.data import noise, regression, shakespeare, shift, synthetic
+from fedforge.data import concept, noise, regression, shakespeare, shift, synthetic
 from fedforge.data.mnist import NUM_CLASSES, load_mnist
 from fedforge.data.partition import Partition, make_partition
 from fedforge.data.tags import Tags, data_tags
@@ -40,6 +40,7 @@ class FederatedData:
     holdout: Partition | None = None  # evaluation.clients: each client's held-out slice
     domains: tuple[str, ...] | None = None  # feature shift: each client's domain
     noisy_clients: tuple[int, ...] | None = None  # label noise: the noisy clients' ids
+    concepts: tuple[int, ...] | None = None  # concept shift: each client's label map
     # classes of integer labels (labels lie in [0, num_classes); a sequence's padding
     # is -1). None: taken from the labels (max + 1) when they are integers; float
     # labels are regression targets and have no classes
@@ -68,7 +69,10 @@ class FederatedData:
     def client_tags(self) -> Tags:
         """Each client's group under every attribute the data carries (tags.py)."""
         clients = len(self.partition.client_indices)
-        return data_tags(clients, self.domains, self.noisy_clients, self.tags)
+        given = dict(self.tags or {})
+        if self.concepts is not None:  # concept shift: each client's label map
+            given.setdefault("concept", tuple(f"map{g}" for g in self.concepts))
+        return data_tags(clients, self.domains, self.noisy_clients, given)
 
     def spec(self) -> DataSpec:
         """What a row of this data is: the shapes and dtypes a model reads and predicts."""
@@ -210,8 +214,8 @@ def load_regression(cfg: Config) -> FederatedData:
 
 
 def shift_data(cfg: Config, data: FederatedData) -> FederatedData:
-    """``data`` with the clients' feature-shift domains and label noise of
-    ``cfg.partition`` applied to their examples (each once: data that already
+    """``data`` with the clients' feature-shift domains, label noise and concept
+    shift of ``cfg.partition`` applied to their examples (each once: data that already
     carries its domains or noisy clients keeps them)."""
     part = cfg.partition
     if part.feature_shift and data.domains is None:
@@ -230,4 +234,9 @@ def shift_data(cfg: Config, data: FederatedData) -> FederatedData:
             cfg.seed,
         )
         data = dataclasses.replace(data, train_y=train_y, noisy_clients=noisy)
+    if part.concept_shift and data.concepts is None:
+        groups = concept.assign_groups(cfg.num_clients, part.concept_shift, cfg.seed)
+        maps = concept.label_maps(part.concept_shift, data.classes() or NUM_CLASSES, cfg.seed)
+        train_y = concept.relabel(data.train_y, data.partition, groups, maps)
+        data = dataclasses.replace(data, train_y=train_y, concepts=groups)
     return data

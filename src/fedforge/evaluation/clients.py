@@ -21,8 +21,9 @@ trusts the data it is given.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol
 
 import numpy as np
@@ -147,17 +148,42 @@ def client_accuracies(
     exp: EvaluatedRun, params: torch.Tensor, adapt_fn: AdaptFn | None = None
 ) -> list[tuple[int, float, float, int]]:
     """(client, accuracy, loss, examples) of the global model on every client's
-    held-out slice (with the client's own batch norm under FedBN); ``adapt_fn``:
+    held-out slice (with the client's own batch norm under FedBN, its cluster's
+    model under a clustered algorithm); ``adapt_fn``:
     what each client makes of it first (personalised evaluation, personal.py)."""
     data, personal = exp.data, exp.algorithm.personal
+    served = served_clusters(exp)
     rows = []
     for client_id in range(exp.cfg.num_clients):
         x, y = data.holdout_data(client_id)
         if len(y) == 0:
             continue
         own = personal.start(client_id, params) if personal is not None else params
+        if served is not None:  # a clustered algorithm: the client's cluster's model
+            own = served[1][served[0][client_id]]
         if adapt_fn is not None:
             own = adapt_fn(client_id, own)
         ev = evaluate(exp.model, exp.spec, own, x, y, exp.cfg.evaluation.batch_size, exp.metrics)
         rows.append((client_id, ev.accuracy, ev.loss, ev.num_examples))
     return rows
+
+
+def training_losses(
+    exp: EvaluatedRun, client_id: int, models: Sequence[torch.Tensor]
+) -> list[float]:
+    """The loss of each of ``models`` on ``client_id``'s training data."""
+    x, y = exp.client_train_data(client_id)
+    batch = exp.cfg.evaluation.batch_size
+    return [evaluate(exp.model, exp.spec, m, x, y, batch, exp.metrics).loss for m in models]
+
+
+def served_clusters(exp: EvaluatedRun) -> tuple[list[int], torch.Tensor] | None:
+    """Under a clustered algorithm (``Algorithm.clusters``) that has run a round:
+    each client's cluster (its own, or for a client not placed yet the one whose
+    model has the lowest loss on its data) and the clusters' models; else None."""
+    rule = exp.algorithm.clusters
+    table = rule.table if rule is not None else None
+    if table is None:
+        return None
+    losses_fn = partial(training_losses, exp)
+    return [table.served(c, losses_fn) for c in range(exp.cfg.num_clients)], table.models

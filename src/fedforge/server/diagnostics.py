@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedforge.evaluation.clients import client_accuracies, per_class_accuracy
+from fedforge.evaluation.clients import client_accuracies, per_class_accuracy, served_clusters
 from fedforge.evaluation.evaluate import evaluate
 from fedforge.evaluation.groups import group_accuracies
 from fedforge.evaluation.personal import personal_accuracies
@@ -202,7 +202,10 @@ def evaluation_rows(
         "client_eval": [(round_idx, *row) for row in clients],
         "class_accuracy": [(round_idx, *row) for row in per_class],
     }
-    tags = data.client_tags()
+    tags = dict(data.client_tags())
+    served = served_clusters(exp)
+    if served is not None:  # a clustered algorithm: each cluster's clients
+        tags["cluster"] = tuple(f"c{j}" for j in served[0])
     if tags:  # each population group of clients (evaluation/groups.py)
         rows["group_eval"] = [(round_idx, *row) for row in group_accuracies(tags, clients)]
     if exp.cfg.evaluation.personal.steps > 0:  # each client after its own local steps

@@ -25,7 +25,7 @@ from typing import Any
 
 from fedforge.config import Config, override
 from fedforge.config.names import config_components
-from fedforge.core.errors import StopNow, StoreError
+from fedforge.core.errors import ConfigError, StopNow, StoreError
 from fedforge.core.plugin_versions import used_plugins
 from fedforge.data import PartitionSummary
 from fedforge.data.federated import FederatedData
@@ -167,10 +167,17 @@ def _chain(hooks: Sequence[RoundHook] | RoundHooks) -> RoundHooks:
 
 
 def _with_engine(exp: Experiment, engine: Engine | None) -> Experiment:
-    """``exp`` with ``engine`` in place of the one it was built with (closed)."""
+    """``exp`` with ``engine`` in place of the one it was built with (closed). A
+    clustered algorithm is refused on a deployment's engine (``remote``): it serves
+    one model a round."""
     if engine is None:
         return exp
     close_engine(exp.engine)
+    if exp.algorithm.clusters is not None and engine.name == "remote":
+        raise ConfigError(
+            f"algorithm {exp.algorithm.name!r} runs in the simulator: a deployment "
+            "serves one model a round"
+        )
     return dataclasses.replace(exp, engine=engine)
 
 
@@ -285,13 +292,12 @@ def _settle(exp: Experiment, run_store: RunStore, result: RunResult, next_round:
         )
         run_store.finish(result.summary, status="failed")
     else:
-        personal = exp.algorithm.personal
-        # FedBN: each client's model is its own batch norm; a StoreError (a full
-        # disk) leaves no half-written file, and the run failed, resumable
-        save_final(
-            run_store.path,
-            result.params,
-            list(exp.spec.names),
-            None if personal is None else personal.final(),
-        )
+        personal, clusters = exp.algorithm.personal, exp.algorithm.clusters
+        # FedBN: each client's model is its own batch norm; a clustered algorithm:
+        # each cluster's model and each client's cluster (the table). A StoreError
+        # (a full disk) leaves no half-written file, and the run failed, resumable
+        own = None if personal is None else personal.final()
+        if clusters is not None and clusters.table is not None:
+            own = clusters.table.state()
+        save_final(run_store.path, result.params, list(exp.spec.names), own)
         run_store.finish(result.summary)

@@ -13,6 +13,7 @@ import time
 from fedforge.report.progress import Progress, percent
 from fedforge.server.buffered import run_buffered_round
 from fedforge.server.builtin_hooks import run_hooks
+from fedforge.server.clustered import run_clustered_round
 from fedforge.server.experiment import Experiment
 from fedforge.server.hooks import RoundHooks
 from fedforge.server.proxy import shipped_bytes
@@ -93,6 +94,8 @@ def _one_round(
     the hooks are told it is in the store (the alert rules)."""
     clip = state.privacy.get("clip_norm", exp.cfg.privacy.clip_norm)  # this round's
     one = run_buffered_round if state.buffered is not None else run_round
+    if exp.algorithm.clusters is not None:  # a model per cluster of clients
+        one = run_clustered_round
     record, clients = one(exp, state, state.next_round, bar, hooks, run_store)
     every, rounds = exp.cfg.communication.upload_every, exp.cfg.rounds
     record = shipped_bytes(exp.proxy, state.selection, record, every, rounds)  # proxy rows
