@@ -14,8 +14,10 @@ Every point runs the same number of rounds (``--rounds``), evaluates on the
 test set every ``--eval-every`` rounds (no validation split is carved: the test
 set is the yardstick, as in Table 2), and is kept as a record under
 benchmarks/results/local_sweeps (a rerun reuses it). Last line:
-``RESULT fedprox_mu_<mu>_acc=... fedprox_mu_<mu>_rounds=... epochs_<E>_acc=...
-epochs_<E>_best=...`` (acc: final; best: the best evaluation; rounds: to target).
+``RESULT fedprox_mu_<mu>_acc=... fedprox_mu_<mu>_best=... fedprox_mu_<mu>_rounds=...
+epochs_<E>_acc=... epochs_<E>_best=...`` (acc: final; best: the best evaluation;
+rounds: to target, nan when not reached). The centralised baseline
+(mcmahan_table1.py --central) is printed beside them when it has been run.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ import sys
 from typing import Any
 
 import torch
-from _common import central_baseline, fmt, places, result_line, run_record
 
+from _common import central_baseline, fmt, places, result_line, run_record
 from fedforge.config import Config, from_dict
 from fedforge.data.federated import load_federated_data
 
@@ -93,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
             fields[f"fedprox_mu_{key(mu)}_acc"] = rec["final_accuracy"]
+            fields[f"fedprox_mu_{key(mu)}_best"] = rec["best_accuracy"]
             fields[f"fedprox_mu_{key(mu)}_rounds"] = rec["rounds_to_target"]
     if "epochs" in parts:
         print(f"FedAvg local epochs, {args.rounds} rounds")

@@ -34,10 +34,10 @@ import math
 import sys
 from pathlib import Path
 
-import _common
-import mcmahan_table2 as t2
 import torch
 
+import _common
+import mcmahan_table2 as t2
 from fedforge import config as config_mod
 from fedforge.data.federated import load_federated_data
 
@@ -159,7 +159,9 @@ def cell(column: str, c: float, records: Path) -> dict | None:
 
 
 def report(records: Path) -> str:
-    head = f"{'column':<16} {'C':>4} {'paper':>6} {'(x)':>6} {'ours':>8} {'(x)':>6} {'lr':>6} {'s':>6}"
+    head = (
+        f"{'column':<16} {'C':>4} {'paper':>6} {'(x)':>6} {'ours':>8} {'(x)':>6} {'lr':>6} {'s':>6}"
+    )
     lines = [head, "-" * len(head)]
     fields: dict[str, object] = {}
     for column, paper in PAPER.items():

@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 
 import torch
-from _common import central_baseline
 
+from _common import central_baseline
 from fedforge import config as config_mod
 from fedforge.data.federated import load_federated_data
 from fedforge.server.loop import run

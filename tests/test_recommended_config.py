@@ -85,4 +85,3 @@ def test_recommended_config_runs_a_round(mnist_dir: Path, tmp_path: Path) -> Non
     assert result.summary["rounds_done"] == 1
     # one client's epoch on two digits' shards: above chance, far from the target
     assert 0.1 < result.summary["best_accuracy"] < cfg.target_accuracy
-
