@@ -240,3 +240,20 @@ def machine() -> dict[str, Any]:
         "torch": torch.__version__,
         "loadavg": os.getloadavg(),
     }
+
+
+def central_baseline(records: Path = ROOT / "benchmarks" / "results" / "table1") -> str:
+    """The centralised baseline's line for a report: the same model trained on all
+    the training data on one machine (mcmahan_table1.py --central), its test
+    accuracy after each epoch; empty when it has not been run."""
+    lines = []
+    for path in sorted(records.glob("table1_central_*.json")):
+        rec = json.loads(path.read_text())
+        cfg = rec["config"]
+        accs = " ".join(f"{a:.4f}" for _, a in rec["curve"])
+        lines.append(
+            f"centralised {cfg['model']} (all training data on one machine, B = "
+            f"{cfg['batch_size']}, lr {cfg['lr']:g}): test accuracy after epochs 1.."
+            f"{rec['rounds_done']}: {accs}"
+        )
+    return "\n".join(lines)
