@@ -148,7 +148,8 @@ def test_a_first_round_holds_its_uploads_and_refuses_past_its_median(
     """A round with no norms behind it judges its uploads by their own median
     before any reaches the aggregate, in each collector: client 5's update
     scaled 10^3 is refused (10 x the median is far below it) and the round
-    equals the round without client 5; the taken norms are remembered."""
+    equals the round without client 5; every judged norm is remembered, client 5's
+    (10^3 times its own honest norm) among them."""
     data = make_data(SIZES, seed=7)
 
     def scaled(ups: list[ClientUpload]) -> list[ClientUpload]:
@@ -173,7 +174,11 @@ def test_a_first_round_holds_its_uploads_and_refuses_past_its_median(
     without = one_round(lambda ups: [u for u in ups if u.client_id != 5])
     assert [(c, "this round's uploads" in why) for _, c, why in state.rejected] == [(5, True)]
     assert torch.equal(state.params, without.params)
-    assert state.update_norms == without.update_norms and len(state.update_norms[0]) == 9
+    honest = one_round(lambda ups: ups)
+    expected = list(honest.update_norms[0])
+    expected[5] *= 1e3  # the norms in client order: client 5's scaled
+    assert without.update_norms[0] == expected[:5] + expected[6:]
+    assert state.update_norms[0] == pytest.approx(expected, rel=1e-12)
 
 
 @pytest.mark.parametrize("aggregator", ["mean", "median"])
@@ -288,3 +293,40 @@ def test_an_update_that_weighs_nothing_is_refused_not_a_crash(
     assert [r for r, _ in alone.skipped] == [0]
     start = build(from_dict({**TINY_LOGREG, "num_clients": len(SIZES)}), data).initial_params
     assert torch.equal(alone.params, start)
+
+
+def test_a_jump_of_every_clients_norm_is_refused_for_half_the_window_then_taken(
+    make_data: MakeData,
+) -> None:
+    """From round 3 every client's delta is scaled 30x (a federation whose
+    norms all jump: a learning rate raised, a model leaving a plateau). With
+    the default window of 5 rounds and multiple 10, the bound is the median of
+    every judged norm: round 3 (10 new norms beside 20 old) and round 4 (20
+    beside 20: the lower middle, an old one) refuse them all; round 5 (30 new
+    beside 20 old) has its median among the new norms and takes them. Had the
+    median been of taken updates alone, no later update would ever be taken."""
+    data = make_data(SIZES, seed=7)
+    calls = []
+
+    def jump(ups: list[ClientUpload]) -> list[ClientUpload]:
+        calls.append(len(calls))
+        if len(calls) <= 2:
+            return ups
+        out = []
+        for u in ups:
+            msg = wire.decode(u.data)
+            delta = msg.tensors["delta"] * 30
+            data = wire.encode({**msg.tensors, "delta": delta}, msg.meta)
+            out.append(ClientUpload(u.client_id, data, 0.0))
+        return out
+
+    cfg = from_dict({**TINY_LOGREG, "num_clients": len(SIZES), "rounds": 7})
+    assert (cfg.robust.norm_window, cfg.robust.max_norm_multiple) == (5, 10.0)
+    exp = build(cfg, data)
+    exp.engine = _Hostile(exp.engine, jump)
+    state = LoopState.fresh(exp)
+    for r in range(7):
+        run_round(exp, state, r, Progress(7, "t", enabled=False))
+    refused = {(r, c) for r, c, _ in state.rejected}
+    assert refused == {(r, c) for r in (2, 3, 4) for c in range(len(SIZES))}
+    assert [len(r) for r in state.update_norms] == [10] * 5  # rounds 2..6, refused or not

@@ -173,9 +173,9 @@ def run_buffered_round(
     applied = not log.skipped_now
     info.cohort = info.trainers = uploaded
     hooks.taken(info, list(clients))
-    if clients and cfg.robust.max_norm_multiple is not None:  # the next rounds' bound
-        taken = [collected.norms[c] for c in sorted(clients) if c in collected.norms]
-        state.update_norms = remember(state.update_norms, taken, cfg.robust.norm_window)
+    if cfg.robust.max_norm_multiple is not None:  # the next rounds' bound
+        judged = collected.judged_norms()
+        state.update_norms = remember(state.update_norms, judged, cfg.robust.norm_window)
     test_acc, test_loss = evaluate_phase(exp, state, round_idx, round_idx, info, hooks)
     asked = dataclasses.replace(orders, cohort=uploaded)
     record = round_record(exp, asked, collected, clients, test_acc, test_loss, t0)

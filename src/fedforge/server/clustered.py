@@ -150,9 +150,9 @@ def run_clustered_round(
     rule.table = table
     hooks.taken(info, list(clients))
     orders, collected = _together(parts, cohort)
-    if clients and exp.cfg.robust.max_norm_multiple is not None:  # the next rounds' bound
-        norms = [collected.norms[c] for c in sorted(clients) if c in collected.norms]
-        state.update_norms = remember(state.update_norms, norms, exp.cfg.robust.norm_window)
+    if exp.cfg.robust.max_norm_multiple is not None:  # the next rounds' bound
+        judged = collected.judged_norms()
+        state.update_norms = remember(state.update_norms, judged, exp.cfg.robust.norm_window)
     state.outputs.update(exp.engine.end_round(round_idx, sorted(clients)))
     test_acc, test_loss = evaluate_phase(exp, state, round_idx, round_idx, info, hooks)
     record = round_record(exp, orders, collected, clients, test_acc, test_loss, t0)

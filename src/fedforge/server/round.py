@@ -123,9 +123,9 @@ def run_round(
     clients = server_step(exp, state, aggregate, clients, moved, log)
     applied = not log.skipped_now
     hooks.taken(info, list(clients))
-    if clients and cfg.robust.max_norm_multiple is not None:  # the next rounds' bound
-        taken = [collected.norms[c] for c in sorted(clients) if c in collected.norms]
-        state.update_norms = remember(state.update_norms, taken, cfg.robust.norm_window)
+    if cfg.robust.max_norm_multiple is not None:  # the next rounds' bound
+        judged = collected.judged_norms()
+        state.update_norms = remember(state.update_norms, judged, cfg.robust.norm_window)
     # a deployment's clients keep their state; its measured client times
     state.outputs.update(exp.engine.end_round(round_idx, sorted(clients)))
     test_acc, test_loss = evaluate_phase(exp, state, round_idx, start, info, hooks)
