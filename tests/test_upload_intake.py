@@ -298,13 +298,14 @@ def test_an_update_that_weighs_nothing_is_refused_not_a_crash(
 def test_a_jump_of_every_clients_norm_is_refused_for_half_the_window_then_taken(
     make_data: MakeData,
 ) -> None:
-    """From round 3 every client's delta is scaled 30x (a federation whose
-    norms all jump: a learning rate raised, a model leaving a plateau). With
-    the default window of 5 rounds and multiple 10, the bound is the median of
-    every judged norm: round 3 (10 new norms beside 20 old) and round 4 (20
-    beside 20: the lower middle, an old one) refuse them all; round 5 (30 new
-    beside 20 old) has its median among the new norms and takes them. Had the
-    median been of taken updates alone, no later update would ever be taken."""
+    """From round index 2 every client's delta is scaled 30x (a federation
+    whose norms all jump: a learning rate raised, a model leaving a plateau).
+    With the default window of 5 rounds and multiple 10, the bound is the
+    median of every judged norm behind the round: at index 2 the 20 old norms
+    of rounds 0-1, at index 3 20 old and 10 new, at index 4 20 and 20 (the
+    lower middle: an old one), so those three rounds refuse every update; at
+    index 5, 20 old and 30 new: the median is a new norm and the updates are
+    taken. Had the median been of taken updates alone, none ever would be."""
     data = make_data(SIZES, seed=7)
     calls = []
 
