@@ -91,8 +91,10 @@ def figures(rec: dict[str, Any], domains: tuple[str, ...]) -> dict[str, Any]:
     return dict(mean=s.mean, p10=s.p10, worst=worst, worst_domain=domains[worst_id], **per_domain)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args(bench: str, doc: str) -> argparse.Namespace:
+    """The command line of a benchmark in this setting (``--quick``, ``--seeds``,
+    ``--workers``), with the setting's sizes and ``bench``'s record places."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="12 clients, 10 rounds")
     parser.add_argument("--seeds", type=int, default=1)
     add_workers(parser)
@@ -101,8 +103,13 @@ def main() -> None:
         args.clients, args.rounds, args.eval_every, args.holdout = 12, 10, 10, 0.95
     else:
         args.clients, args.rounds, args.eval_every, args.holdout = 30, 100, 10, 0.9
-    args.places = places("fedbn_shift", args.quick)
+    args.places = places(bench, args.quick)
     torch.set_num_threads(1)
+    return args
+
+
+def main() -> None:
+    args = parse_args("fedbn_shift", __doc__ or "")
     arms = {a: config(a, 0, args) for a in ALGORITHMS}
     print_settings("feature-shift MNIST, cnn_bn", arms["fedavg"], arms)
     rows: list[tuple[int, str, dict[str, Any], dict[str, Any]]] = []

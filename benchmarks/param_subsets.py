@@ -24,14 +24,13 @@ over seeds) and the bytes each arm uploads a client per round.
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 import numpy as np
 import torch
 
-from _common import add_workers, places, print_settings, result_line, run_record
-from fedbn_shift import DOMAINS, config, figures
+from _common import print_settings, result_line, run_record
+from fedbn_shift import DOMAINS, config, figures, parse_args
 from fedforge.algorithms.subsets import subset_mask
 from fedforge.config import Config, override
 from fedforge.core.params import ParamSpec
@@ -66,17 +65,7 @@ def shared_entries(arm: str) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="12 clients, 10 rounds")
-    parser.add_argument("--seeds", type=int, default=1)
-    add_workers(parser)
-    args = parser.parse_args()
-    if args.quick:
-        args.clients, args.rounds, args.eval_every, args.holdout = 12, 10, 10, 0.95
-    else:
-        args.clients, args.rounds, args.eval_every, args.holdout = 30, 100, 10, 0.9
-    args.places = places("param_subsets", args.quick)
-    torch.set_num_threads(1)
+    args = parse_args("param_subsets", __doc__ or "")
     arms = {a: arm_config(a, 0, args) for a in ARMS}
     print_settings("feature-shift MNIST, cnn_bn, parameter subsets", arms["fedavg"], arms)
     rows: list[tuple[int, str, dict[str, Any]]] = []
