@@ -176,8 +176,8 @@ def run_buffered_round(
     if clients and cfg.robust.max_norm_multiple is not None:  # the next rounds' bound
         taken = [collected.norms[c] for c in sorted(clients) if c in collected.norms]
         state.update_norms = remember(state.update_norms, taken, cfg.robust.norm_window)
-    moved = collected.bytes_up + collected.bytes_down  # no proxy filling under FedBuff
-    test_acc, test_loss = evaluate_phase(exp, state, round_idx, round_idx, info, hooks, moved)
+    traffic = collected.bytes_up + collected.bytes_down  # no proxy filling under FedBuff
+    test_acc, test_loss = evaluate_phase(exp, state, round_idx, round_idx, info, hooks, traffic)
     asked = dataclasses.replace(orders, cohort=uploaded)
     record = round_record(exp, asked, collected, clients, test_acc, test_loss, t0)
     _outputs(state, round_idx, buffered.now, heard, buffer.taken_staleness() if applied else [])

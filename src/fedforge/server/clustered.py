@@ -155,8 +155,8 @@ def run_clustered_round(
         norms = [collected.norms[c] for c in sorted(clients) if c in collected.norms]
         state.update_norms = remember(state.update_norms, norms, exp.cfg.robust.norm_window)
     state.outputs.update(exp.engine.end_round(round_idx, sorted(clients)))
-    moved = round_bytes(exp, state, collected, cohort)
-    test_acc, test_loss = evaluate_phase(exp, state, round_idx, round_idx, info, hooks, moved)
+    traffic = round_bytes(exp, state, collected, cohort)
+    test_acc, test_loss = evaluate_phase(exp, state, round_idx, round_idx, info, hooks, traffic)
     record = round_record(exp, orders, collected, clients, test_acc, test_loss, t0)
     used = sorted(clients)
     rows = list(clients.values())

@@ -128,8 +128,8 @@ def run_round(
         state.update_norms = remember(state.update_norms, taken, cfg.robust.norm_window)
     # a deployment's clients keep their state; its measured client times
     state.outputs.update(exp.engine.end_round(round_idx, sorted(clients)))
-    moved = round_bytes(exp, state, collected, cohort)
-    test_acc, test_loss = evaluate_phase(exp, state, round_idx, start, info, hooks, moved)
+    traffic = round_bytes(exp, state, collected, cohort)
+    test_acc, test_loss = evaluate_phase(exp, state, round_idx, start, info, hooks, traffic)
     record = round_record(exp, orders, collected, clients, test_acc, test_loss, t0)
     durations: dict[int, float] = {}
     if clock is not None:
