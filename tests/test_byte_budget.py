@@ -6,6 +6,7 @@ end-of-run facts say the budget stopped it and the score it reached."""
 from __future__ import annotations
 
 import dataclasses
+import html
 import itertools
 from pathlib import Path
 
@@ -19,8 +20,10 @@ from tests.test_robust_gates import tiny
 from fedforge.config import Config, from_dict, override
 from fedforge.core.errors import ConfigError
 from fedforge.report.facts import run_facts
+from fedforge.report.html import report_html
 from fedforge.server.loop import run
 from fedforge.server.stops import bytes_spent
+from fedforge.store import RunStore
 
 
 def _cfg(tmp: Path, rounds: int = 7) -> Config:
@@ -56,6 +59,8 @@ def test_a_run_stops_at_the_round_its_bytes_reach_the_budget(
     assert result.summary["final_accuracy"] == four.rounds[-1].test_accuracy
     assert why.endswith(f"test accuracy {100 * four.rounds[-1].test_accuracy:.2f}% (round 4)")
     assert ("stopped", why) in run_facts(result.summary)
+    with RunStore.open(result.run_dir, read_only=True) as store:
+        assert html.escape(why) in report_html(store)  # under the report's title
     # exactly the bytes of the first three rounds: round 3 reaches it
     exact = run(override(cfg, {"communication.byte_budget": budget - 1}), data=data)
     assert len(exact.rounds) == 3 and exact.rounds[-1].test_accuracy is not None
