@@ -9,10 +9,11 @@ import dataclasses
 import html
 import itertools
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
-from tests.conftest import MakeData
+from tests.conftest import MakeData, SigtermAt
 from tests.test_proxy import _cfg as proxy_cfg
 from tests.test_proxy import _data as proxy_data
 from tests.test_robust_gates import tiny
@@ -21,6 +22,7 @@ from fedforge.config import Config, from_dict, override
 from fedforge.core.errors import ConfigError
 from fedforge.report.facts import run_facts
 from fedforge.report.html import report_html
+from fedforge.server import loop
 from fedforge.server.loop import run
 from fedforge.server.stops import bytes_spent
 from fedforge.store import RunStore
@@ -64,6 +66,36 @@ def test_a_run_stops_at_the_round_its_bytes_reach_the_budget(
     # exactly the bytes of the first three rounds: round 3 reaches it
     exact = run(override(cfg, {"communication.byte_budget": budget - 1}), data=data)
     assert len(exact.rounds) == 3 and exact.rounds[-1].test_accuracy is not None
+
+
+@pytest.mark.parametrize("signalled", [1, 3])
+def test_a_run_stopped_by_a_signal_and_resumed_stops_where_it_would_have(
+    make_data: MakeData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signalled: int
+) -> None:
+    """SIGTERM in round 2, or in round 4 (the one reaching the budget, whose
+    checkpoint is written before the budget is read): the resumed run ends after
+    round 4 with the uninterrupted run's model and reason."""
+    data = make_data([4, 6, 5, 7, 4])
+    cfg = override(_cfg(tmp_path / "a"), {"checkpoint_every": 1})
+    free = run(cfg, data=data, store=False)
+    budget = sum(r.bytes_up + r.bytes_down for r in free.rounds[:3]) + 1
+    cfg = override(cfg, {"communication.byte_budget": budget})
+    whole = run(cfg, data=data)
+    real_build = loop.build
+
+    def stopping_build(c: Any, d: Any = None, t: Any = None) -> Any:
+        exp = real_build(c, d, t)
+        exp.engine = SigtermAt(exp.engine, at=signalled)
+        return exp
+
+    monkeypatch.setattr(loop, "build", stopping_build)
+    stopped = run(override(cfg, {"runs_dir": str(tmp_path / "b")}), data=data)
+    assert stopped.stopped == "SIGTERM" and stopped.run_dir is not None
+    assert len(stopped.rounds) == signalled + 1
+    monkeypatch.setattr(loop, "build", real_build)
+    resumed = loop.resume(stopped.run_dir, data=data)
+    assert len(resumed.rounds) == 4 and resumed.summary["byte_stop"] == whole.summary["byte_stop"]
+    assert torch.equal(resumed.params, whole.params)
 
 
 def test_a_budget_not_reached_or_reached_in_the_last_round_stops_nothing(
