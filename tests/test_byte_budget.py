@@ -28,9 +28,9 @@ from fedforge.server.stops import bytes_spent
 from fedforge.store import RunStore
 
 
-def _cfg(tmp: Path, rounds: int = 7) -> Config:
+def _cfg(tmp: Path, rounds: int = 6) -> Config:
     # evaluated only in the last round: a stop must evaluate the model it ends with
-    return override(tiny(5, rounds=rounds, tmp=tmp), {"evaluation.every": 1000})
+    return override(tiny(5, rounds=rounds, tmp=tmp), {"evaluation.every": 1000, "model": "logreg"})
 
 
 def _stops_after(per_round: list[int], budget: int) -> int:
