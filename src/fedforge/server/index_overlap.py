@@ -28,8 +28,8 @@ where the aggregation streams. From h alone, over the K uploads of sizes
 The mean pairwise Jaccard index |S_i & S_j| / |S_i | S_j| is not a function of
 h (each pair's intersection would be needed: every index set held); for two
 sets of k coordinates whose overlap is o it is o / (2 - o), so a pair overlap
-of 0.5 is a Jaccard index of 1/3. Fewer than two uploads with a non-empty set:
-no pair figures.
+of 0.5 is a Jaccard index of 1/3. Fewer than two uploads, or none keeping a
+coordinate: no pair figures (None; no upload: no figures but the count).
 """
 
 from __future__ import annotations

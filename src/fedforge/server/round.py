@@ -312,12 +312,10 @@ def evaluate_phase(
 ) -> tuple[float | None, float | None]:
     """The global model's test accuracy and loss when an evaluation is due (a
     period's model is new at its end: due if any round of it was; the run's last
-    round is always evaluated, ``moved``: the round's bytes, for the byte
-    budget); the round's hooks are told (``info``: the round's)."""
+    always, ``moved``: the round's bytes); the round's hooks are told."""
     cfg = exp.cfg
     every = cfg.evaluation.every
-    last = ends_run(exp, state, round_idx, moved)
-    if not ((round_idx + 1) // every > start // every or last):
+    if not ((round_idx + 1) // every > start // every or ends_run(exp, state, round_idx, moved)):
         return None, None
     ev = test_scores(exp, state.params)
     if info is not None and hooks is not None:
