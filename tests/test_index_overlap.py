@@ -20,6 +20,7 @@ from fedforge.communication.sparsify import count_kept
 from fedforge.config import override
 from fedforge.core import wire
 from fedforge.engines.serial import SerialEngine
+from fedforge.report.export import gather
 from fedforge.report.html import report_html
 from fedforge.server.diagnostics import RoundDiagnostics
 from fedforge.server.index_overlap import IndexOverlap
@@ -124,6 +125,10 @@ def test_a_topk_run_stores_the_overlap_of_its_uploads_index_sets(
         assert 0 < pair < 1
     with RunStore.open(result.run_dir, read_only=True) as store:
         (tmp_path / "page.html").write_text(report_html(store))
+        series = gather(store).series  # and the exports' series
+    assert [(x, v) for x, v, _ in series["diagnostics/pair_overlap"]] == [
+        (r[0] + 1, r[3]) for r in rows
+    ]
     page = read_page(tmp_path / "page.html")  # the report's updates section shows them
     shown = page.data["updates"]["overlap"]
     assert shown["round"] == [1, 2] and shown["pair_overlap"] == [r[3] for r in rows]
