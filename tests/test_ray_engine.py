@@ -22,6 +22,7 @@ from fedforge.config import parse
 from fedforge.core.errors import ConfigError, EngineError
 from fedforge.server.collectors import streaming
 from fedforge.server.hooks import RoundEnd, RoundHook, RoundInfo
+from fedforge.store import RunStore
 
 ray = pytest.importorskip("ray")
 
@@ -85,6 +86,22 @@ def test_ray_equals_serial_per_upload_bitwise_and_summed_on_workers_to_1e9(
     for a, b in zip(summed.rounds, serial.rounds, strict=True):
         assert a.test_accuracy == pytest.approx(b.test_accuracy, abs=1e-9)
         assert a.float32_up == b.float32_up and a.cohort_size == b.cohort_size
+
+
+def test_the_index_overlap_of_uploads_summed_on_workers_is_the_serial_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each worker counts its clients' index sets; the driver adds the counts."""
+    shares = count_shares(monkeypatch)
+    sparse = {"communication": {"uplink": "topk", "fraction": 0.1}, "rounds": 2}
+    serial = fedforge.run(_cfg("serial", **sparse))
+    summed = fedforge.run(_cfg("ray", **sparse))
+    assert len(shares) >= 4  # every round summed on the workers
+    rows = []
+    for result in (serial, summed):
+        with RunStore.open(result.run_dir, read_only=True) as store:
+            rows.append(store.read_rows("index_overlap"))
+    assert len(rows[0]) == 2 and rows[1] == rows[0]  # counts: the same sets, the same figures
 
 
 @pytest.mark.slow

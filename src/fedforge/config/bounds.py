@@ -23,6 +23,7 @@ from fedforge.core.errors import invalid_field
 MAX_ROUNDS = 1_000_000  # a round a minute for two years
 MAX_CLIENTS = 10_000_000
 MAX_EXAMPLES = 1_000_000_000  # one client's examples, a batch's
+MAX_BYTES = 10**18  # bytes a run moves: an exabyte
 MAX_STEPS = 10_000  # iterations of a loop run per round or per update
 DEFAULT_REFUSED_WINDOW = 10  # robust.refused_window's default
 SEED_BITS = 63  # derived generators take a 64-bit seed

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from fedforge.config.bounds import MAX_CLIENTS, MAX_EXAMPLES, MAX_ROUNDS
+from fedforge.config.bounds import MAX_BYTES, MAX_CLIENTS, MAX_EXAMPLES, MAX_ROUNDS
 from fedforge.config.ranges import Most, Range
 from fedforge.core.errors import FieldCheck, raise_first
 
@@ -44,6 +44,11 @@ class CommunicationConfig:
         0  # hierarchical aggregation over this many edge groups; 0 = off
     )
     group_by: Literal["contiguous", "label"] = "contiguous"  # client -> group
+    # stop at the end of the round whose bytes moved so far (up + down, as the
+    # summary's bytes_up + bytes_down count them) reach this many; null: no budget
+    byte_budget: Annotated[
+        int | None, Range(">= 1", null="no budget"), Most(MAX_BYTES, "bytes")
+    ] = None
 
     def check(self) -> None:
         """Error feedback against the codec (``groups`` against ``num_clients``: compat.py)."""

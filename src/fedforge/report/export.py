@@ -1,17 +1,18 @@
 """A run's numbers for other tools: ``fedforge export RUN --tensorboard DIR`` writes
 TensorBoard event files, ``--mlflow TRACKING_URI`` an MLflow run (export_mlflow.py).
 
-:func:`gather` reads what both get from the run store: per round (the step is the
-round number, counted from 1), the test accuracy and loss of evaluated rounds,
-the training loss, bytes up and down, seconds, the local learning rate, epsilon
-spent (DP runs), the update diagnostics (mean cosine, update norms) when
-recorded; the config flattened to dotted names (hyper-parameters), its alert
-rules' URLs and commands cut (report/shown_config.py; as stored when this
-fedforge cannot rebuild it); the summary, whose numbers are also metrics
-``summary/<name>`` at the last round. A value that is not a finite number (a
-NaN training loss under secure aggregation) is left out, as TensorBoard and
-MLflow could not plot it. The libraries are imported only here, with an error
-naming the extra that installs them.
+:func:`gather` reads what both get from the run store: per round (the step is
+the round number, counted from 1), the test accuracy and loss of evaluated
+rounds, the training loss, bytes up and down, seconds, the local learning rate,
+epsilon spent (DP runs), the update diagnostics (mean cosine, update norms; the
+uploads' index overlap under a sparsifying uplink) when recorded; the config
+flattened to dotted names (hyper-parameters), its alert rules' URLs and
+commands cut (report/shown_config.py; as stored when this fedforge cannot
+rebuild it); the summary, whose numbers are also metrics ``summary/<name>`` at
+the last round. A value that is not a finite number (a NaN training loss under
+secure aggregation) is left out, as TensorBoard and MLflow could not plot it.
+The libraries are imported only here, with an error naming the extra that
+installs them.
 
 TensorBoard stores scalars as float32: a value such as a byte count past 2^24
 reads back rounded; MLflow keeps float64.
@@ -40,6 +41,8 @@ ROUND_METRICS = {
     "round/lr": "lr",
 }
 DIAGNOSTICS = ("mean_cosine", "norm_median", "norm_max", "norm_ratio")  # after round, clients
+# the index_overlap table's figures (server/index_overlap.py), after round, clients
+OVERLAP = ("kept_mean", "pair_overlap", "chance", "union_fraction", "common_fraction")
 EPSILON = "privacy/epsilon"
 SUMMARY = "summary/"
 
@@ -124,6 +127,9 @@ def gather(store: RunStore) -> RunExport:
         add(EPSILON, round_idx, math.inf if epsilon is None else epsilon)
     for row in store.read_rows("diagnostics"):
         for name, value in zip(DIAGNOSTICS, row[2:], strict=True):
+            add(f"diagnostics/{name}", int(row[0]), value)
+    for row in store.read_rows("index_overlap"):  # a sparsifying uplink's uploads
+        for name, value in zip(OVERLAP, row[2:], strict=True):
             add(f"diagnostics/{name}", int(row[0]), value)
     config = shown_config(store)
     return RunExport(

@@ -13,6 +13,8 @@ from fedforge.evaluation.participation import participation_line
 from fedforge.report.progress import format_duration
 
 Fact = tuple[str, str]
+# the summary's keys saying why a run ended before its last round (server/stops.py)
+EARLY_STOPS = ("privacy_stop", "byte_stop", "stall_stop")
 
 
 def run_facts(summary: dict[str, Any]) -> list[Fact]:
@@ -35,7 +37,7 @@ def run_facts(summary: dict[str, Any]) -> list[Fact]:
     facts.extend(privacy_facts(summary))
     if summary.get("participation"):
         facts.append(("cohorts", participation_line(summary["participation"])))
-    for why in ("privacy_stop", "stall_stop"):  # a finished run that ended early
+    for why in EARLY_STOPS:  # a finished run that ended early
         if isinstance(summary.get(why), str):
             facts.append(("stopped", summary[why]))
     return facts

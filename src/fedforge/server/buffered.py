@@ -176,7 +176,8 @@ def run_buffered_round(
     if cfg.robust.max_norm_multiple is not None:  # the next rounds' bound
         judged = collected.judged_norms()
         state.update_norms = remember(state.update_norms, judged, cfg.robust.norm_window)
-    test_acc, test_loss = evaluate_phase(exp, state, round_idx, round_idx, info, hooks)
+    traffic = collected.bytes_up + collected.bytes_down  # no proxy filling under FedBuff
+    test_acc, test_loss = evaluate_phase(exp, state, round_idx, round_idx, info, hooks, traffic)
     asked = dataclasses.replace(orders, cohort=uploaded)
     record = round_record(exp, asked, collected, clients, test_acc, test_loss, t0)
     _outputs(state, round_idx, buffered.now, heard, buffer.taken_staleness() if applied else [])

@@ -45,6 +45,7 @@ from fedforge.server.round import (
     server_step,
 )
 from fedforge.server.state import LoopState
+from fedforge.server.stops import round_bytes
 from fedforge.store import ClientRecord, RoundRecord, RunStore
 
 
@@ -154,7 +155,8 @@ def run_clustered_round(
         judged = collected.judged_norms()
         state.update_norms = remember(state.update_norms, judged, exp.cfg.robust.norm_window)
     state.outputs.update(exp.engine.end_round(round_idx, sorted(clients)))
-    test_acc, test_loss = evaluate_phase(exp, state, round_idx, round_idx, info, hooks)
+    traffic = round_bytes(exp, state, collected, cohort)
+    test_acc, test_loss = evaluate_phase(exp, state, round_idx, round_idx, info, hooks, traffic)
     record = round_record(exp, orders, collected, clients, test_acc, test_loss, t0)
     used = sorted(clients)
     rows = list(clients.values())

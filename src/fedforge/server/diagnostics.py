@@ -18,6 +18,8 @@ none in a round skipped for too few):
   ``low_cosine_rounds`` rounds in a row (the cohort's updates disagree: client
   drift);
 - the update norms' median, max and max / median;
+- with a sparsifying uplink (``topk``, ``randk``), how much the uploads' index
+  sets overlap (``index_overlap.py``: one count per coordinate, O(P));
 - per client: its local training loss (the mean over its local steps, as it
   reports) and the loss of the round's global model on its training data (with
   its own batch norm under FedBN), computed before it trains; the gap is
@@ -42,6 +44,7 @@ from fedforge.evaluation.groups import group_accuracies
 from fedforge.evaluation.personal import personal_accuracies
 from fedforge.report.progress import Progress
 from fedforge.server.experiment import Experiment
+from fedforge.server.index_overlap import SPARSE_UPLINKS, IndexOverlap
 
 
 def mean_pairwise_cosine(updates: torch.Tensor) -> float | None:
@@ -59,8 +62,11 @@ def mean_pairwise_cosine(updates: torch.Tensor) -> float | None:
 class RoundDiagnostics:
     """One round's figures, fed one accepted update at a time."""
 
-    def __init__(self, size: int, updates: bool = True, loss_gap: bool = False) -> None:
+    def __init__(
+        self, size: int, updates: bool = True, loss_gap: bool = False, overlap: bool = False
+    ) -> None:
         self.size, self.updates, self.loss_gap = size, updates, loss_gap
+        self.counts_overlap = overlap
         self.global_loss: dict[int, float] = {}
         self.clear()
 
@@ -70,6 +76,8 @@ class RoundDiagnostics:
         self.directions = 0
         self.norms: list[float] = []
         self.train_loss: dict[int, float] = {}
+        # the uploads' index sets (a sparsifying uplink)
+        self.overlap = IndexOverlap(self.size) if self.counts_overlap else None
 
     def before(self, exp: Experiment, client_ids: Sequence[int], params: torch.Tensor) -> None:
         """The global model's loss on each cohort client's training data (what it
@@ -91,6 +99,8 @@ class RoundDiagnostics:
         if norm > 0 and math.isfinite(norm):
             self.direction_sum.add_(delta.to(torch.float64), alpha=1.0 / norm)
             self.directions += 1
+        if self.overlap is not None:
+            self.overlap.add(delta)
         self.train_loss[client_id] = train_loss
 
     def merge(self, other: RoundDiagnostics) -> None:
@@ -99,6 +109,8 @@ class RoundDiagnostics:
         self.directions += other.directions
         self.norms.extend(other.norms)
         self.train_loss.update(other.train_loss)
+        if self.overlap is not None and other.overlap is not None:
+            self.overlap.merge(other.overlap)
 
     @property
     def mean_cosine(self) -> float | None:
@@ -117,6 +129,8 @@ class RoundDiagnostics:
         out: dict[str, list[tuple[Any, ...]]] = {}
         if self.updates:
             out["diagnostics"] = [(round_idx, len(norms), self.mean_cosine, median, top, ratio)]
+        if self.overlap is not None:
+            out["index_overlap"] = [self.overlap.row(round_idx)]
         if not self.loss_gap:
             return out
         gaps = []
@@ -153,7 +167,8 @@ def start_round(
     cfg = exp.cfg.diagnostics
     if not (cfg.updates or cfg.loss_gap) or secure:
         return None
-    diag = RoundDiagnostics(exp.spec.size, cfg.updates, cfg.loss_gap)
+    sparse = exp.cfg.communication.uplink in SPARSE_UPLINKS
+    diag = RoundDiagnostics(exp.spec.size, cfg.updates, cfg.loss_gap, cfg.updates and sparse)
     if cfg.loss_gap:
         diag.before(exp, client_ids, params)
     return diag

@@ -23,6 +23,7 @@ Two uses, each off by default:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,7 +40,7 @@ from fedforge.core.params import ParamSpec, all_finite
 from fedforge.core.rng import torch_generator
 from fedforge.data import proxy as carving
 from fedforge.data.federated import FederatedData
-from fedforge.selection.history import History
+from fedforge.selection.history import NEVER, History
 from fedforge.selection.periods import upload_period
 from fedforge.server.optimizers import ServerOptimizer
 from fedforge.store import RoundRecord
@@ -153,3 +154,15 @@ def shipped_bytes(
     first = history.column("first_asked", len(proxy.shipped))
     new = int(proxy.shipped[first == start].sum())
     return dataclasses.replace(record, bytes_down=record.bytes_down + new)
+
+
+def first_shipped(proxy: ProxySet | None, history: History, cohort: Sequence[int]) -> int:
+    """The bytes of the proxy rows an upload round ships, known before its outcome
+    is in ``history``: those of its ``cohort`` clients never asked before (what
+    :func:`shipped_bytes` adds to its record once the round is over)."""
+    if proxy is None or not proxy.shipped.any() or not cohort:
+        return 0
+    first = history.column("first_asked", len(proxy.shipped))
+    ids = np.unique(np.asarray(cohort, dtype=np.int64))
+    ids = ids[(ids >= 0) & (ids < len(proxy.shipped))]
+    return int(proxy.shipped[ids[first[ids] == NEVER]].sum())

@@ -50,7 +50,7 @@ from fedforge.server.diagnostics import RoundDiagnostics
 from fedforge.server.experiment import Experiment
 from fedforge.server.hooks import RoundEnd, RoundHooks, RoundInfo
 from fedforge.server.state import LoopState
-from fedforge.server.stops import ends_run
+from fedforge.server.stops import ends_run, round_bytes
 from fedforge.server.stragglers import cohort_tasks
 from fedforge.server.virtual_clock import advance, round_clock
 from fedforge.store import ClientRecord, RoundRecord, RunStore
@@ -128,7 +128,8 @@ def run_round(
         state.update_norms = remember(state.update_norms, judged, cfg.robust.norm_window)
     # a deployment's clients keep their state; its measured client times
     state.outputs.update(exp.engine.end_round(round_idx, sorted(clients)))
-    test_acc, test_loss = evaluate_phase(exp, state, round_idx, start, info, hooks)
+    traffic = round_bytes(exp, state, collected, cohort)
+    test_acc, test_loss = evaluate_phase(exp, state, round_idx, start, info, hooks, traffic)
     record = round_record(exp, orders, collected, clients, test_acc, test_loss, t0)
     durations: dict[int, float] = {}
     if clock is not None:
@@ -307,13 +308,14 @@ def evaluate_phase(
     start: int,
     info: RoundInfo | None = None,
     hooks: RoundHooks | None = None,
+    moved: int = 0,
 ) -> tuple[float | None, float | None]:
     """The global model's test accuracy and loss when an evaluation is due (a
-    period's model is new at its end: due if any round of it was); the round's
-    hooks are told (``info``: the round's)."""
+    period's model is new at its end: due if any round of it was; the run's last
+    always, ``moved``: the round's bytes); the round's hooks are told."""
     cfg = exp.cfg
     every = cfg.evaluation.every
-    if not ((round_idx + 1) // every > start // every or ends_run(exp, state, round_idx)):
+    if not ((round_idx + 1) // every > start // every or ends_run(exp, state, round_idx, moved)):
         return None, None
     ev = test_scores(exp, state.params)
     if info is not None and hooks is not None:

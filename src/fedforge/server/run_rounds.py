@@ -20,7 +20,7 @@ from fedforge.server.proxy import shipped_bytes
 from fedforge.server.result import RunResult
 from fedforge.server.round import run_round, test_scores
 from fedforge.server.state import LoopState, StopSignals, aggregator_state
-from fedforge.server.stops import over_budget, stalled
+from fedforge.server.stops import bytes_spent, over_budget, stalled
 from fedforge.server.summary import summarize_run
 from fedforge.store import CheckpointError, RoundRecord, RunStore, save_checkpoint
 
@@ -56,6 +56,12 @@ def run_rounds(
             bar.write(f"fedforge: {budget_stop}")
             stops["privacy_stop"] = budget_stop
             break
+        byte_stop = bytes_spent(cfg, state.total_bytes, state.next_round - 1)
+        if byte_stop is not None:  # the rounds so far moved the budget's bytes
+            byte_stop += f"; stopped at {_reached(exp, state)}"
+            bar.write(f"fedforge: {byte_stop}")
+            stops["byte_stop"] = byte_stop
+            break
         record = _one_round(exp, state, run_store, bar, hooks)
         target = cfg.target_accuracy
         evaluated = record.test_accuracy is not None
@@ -76,6 +82,18 @@ def run_rounds(
     result = _result(exp, state, seconds, stops, stopped, stop)
     hooks.run_end(result)
     return result
+
+
+def _reached(exp: Experiment, state: LoopState) -> str:
+    """The test score of the last evaluated model, in words (the round a stop ends
+    the run with is evaluated: ``stops.ends_run``)."""
+    name = exp.metrics.score_name
+    last = next((r for r in reversed(state.records) if r.test_accuracy is not None), None)
+    if last is None or last.test_accuracy is None:
+        return f"test {name} not evaluated"
+    score = last.test_accuracy
+    shown = f"{score:.4f}" if name == "R^2" else percent(score)
+    return f"test {name} {shown} (round {last.round_idx + 1})"
 
 
 def _evaluate_initial(exp: Experiment, state: LoopState, bar: Progress) -> tuple[float, float]:

@@ -1,18 +1,22 @@
-"""Why a run stops before its last round: the privacy budget would be passed, its
-recent upload rounds were all skipped, or most of the updates of its recent
-upload rounds were refused. The loop checks them to stop; the round checks them
-to evaluate the model the run will end with. Each is a pure function of the
-config and the loop state that is checkpointed (skipped and refused updates,
-round records), so a resumed run stops where the uninterrupted one does."""
+"""Why a run stops before its last round: the privacy budget would be passed, the
+bytes it moved reached its byte budget, its recent upload rounds were all
+skipped, or most of the updates of its recent upload rounds were refused. The
+loop checks them to stop; the round checks them to evaluate the model the run
+will end with. Each is a pure function of the config and the loop state that is
+checkpointed (skipped and refused updates, round records, bytes moved), so a
+resumed run stops where the uninterrupted one does."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from fedforge.config import Config
 from fedforge.selection.periods import upload_period
 from fedforge.selection.sampling import sample_cohort
+from fedforge.server.collectors.base import Collected
 from fedforge.server.experiment import Experiment
+from fedforge.server.proxy import first_shipped
 from fedforge.server.state import LoopState
 
 
@@ -112,12 +116,38 @@ def over_budget(
     )
 
 
-def ends_run(exp: Experiment, state: LoopState, round_idx: int) -> bool:
+def bytes_spent(cfg: Config, moved: int, round_idx: int) -> str | None:
+    """Why the run stops after round ``round_idx``: ``moved``, the bytes up and down
+    of its rounds so far (the summary's ``bytes_up + bytes_down``: updates, payloads,
+    the protocol's and the proxy rows' bytes as each round recorded them),
+    reached ``communication.byte_budget``. None below it, or with no budget."""
+    budget = cfg.communication.byte_budget
+    if budget is None or moved < budget:
+        return None
+    return (
+        f"byte budget: {moved:,} bytes moved (up + down) by the end of round "
+        f"{round_idx + 1} >= communication.byte_budget = {budget:,}"
+    )
+
+
+def round_bytes(
+    exp: Experiment, state: LoopState, collected: Collected, cohort: Sequence[int]
+) -> int:
+    """The bytes, up and down, that an upload round asking ``cohort`` will record:
+    what it collected, and the proxy rows it ships (server/proxy.py)."""
+    shipped = first_shipped(exp.proxy, state.selection, cohort)
+    return collected.bytes_up + collected.bytes_down + shipped
+
+
+def ends_run(exp: Experiment, state: LoopState, round_idx: int, moved: int = 0) -> bool:
     """Whether round ``round_idx``, just aggregated, is the run's last: the final
-    round, or one after which the loop stops on the budget or on skipped rounds."""
+    round, or one after which the loop stops on the privacy budget, the byte
+    budget (``moved``: the round's own bytes, up + down, not yet in
+    ``state.total_bytes``) or on skipped rounds."""
     if round_idx == exp.cfg.rounds - 1:
         return True
     return (
         over_budget(exp, round_idx + 1, state.privacy) is not None
+        or bytes_spent(exp.cfg, state.total_bytes + moved, round_idx) is not None
         or stalled(exp.cfg, state, round_idx) is not None
     )

@@ -56,6 +56,10 @@ ROUND_TABLES: dict[str, str] = {
     "diagnostics": """CREATE TABLE IF NOT EXISTS diagnostics (round_idx INTEGER PRIMARY KEY,
         clients INTEGER NOT NULL, mean_cosine REAL, norm_median REAL, norm_max REAL,
         norm_ratio REAL)""",
+    # a sparsifying uplink's uploads: how much their index sets overlap (server/index_overlap.py)
+    "index_overlap": """CREATE TABLE IF NOT EXISTS index_overlap (round_idx INTEGER PRIMARY KEY,
+        clients INTEGER NOT NULL, kept_mean REAL, pair_overlap REAL, chance REAL,
+        union_fraction REAL, common_fraction REAL)""",
     # a deployment's new clients: the global model on each one's own data before it trains
     "cold_start": """CREATE TABLE IF NOT EXISTS cold_start (round_idx INTEGER NOT NULL,
         client_id INTEGER NOT NULL, accuracy REAL, loss REAL, num_examples INTEGER NOT NULL,

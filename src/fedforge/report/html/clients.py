@@ -158,8 +158,10 @@ def participation(store: RunStore, counts: dict[int, int], num_clients: int) -> 
 
 def updates(store: RunStore) -> Data:
     """Each round's update norms (median, max) and mean pairwise cosine, from the
-    ``diagnostics`` table; without it the norms from ``client_rounds`` (no cosine)."""
+    ``diagnostics`` table; without it the norms from ``client_rounds`` (no cosine);
+    with a sparsifying uplink, the overlap of the uploads' index sets."""
     diag = store.read_rows("diagnostics")  # (round, clients, cosine, median, max, ratio)
+    overlap = index_overlap(store)
     if diag:
         return finite(
             {
@@ -168,11 +170,12 @@ def updates(store: RunStore) -> Data:
                 "mean_cosine": [d[2] for d in diag],
                 "norm_median": [d[3] for d in diag],
                 "norm_max": [d[4] for d in diag],
+                "overlap": overlap,
             }
         )
     norms = store.update_norms()
     if not norms:
-        return {"source": None}
+        return {"source": None, "overlap": overlap}
     ordered = sorted(norms)
     return finite(
         {
@@ -181,8 +184,21 @@ def updates(store: RunStore) -> Data:
             "mean_cosine": None,
             "norm_median": [statistics.median(norms[r]) for r in ordered],
             "norm_max": [max(norms[r]) for r in ordered],
+            "overlap": overlap,
         }
     )
+
+
+def index_overlap(store: RunStore) -> Data | None:
+    """Each round's overlap of the uploads' index sets (server/index_overlap.py),
+    None when the run recorded none (a dense uplink)."""
+    rows = store.read_rows("index_overlap")
+    if not rows:
+        return None
+    columns = ("clients", "kept_mean", "pair_overlap", "chance", "union", "common")
+    out: Data = {"round": [r[0] + 1 for r in rows]}
+    out.update({name: [r[i + 1] for r in rows] for i, name in enumerate(columns)})
+    return finite(out)
 
 
 def _top(counter: Counter[Any], key: str) -> Data:

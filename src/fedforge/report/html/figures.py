@@ -188,10 +188,12 @@ def participation_figures(d: Data) -> Figures:
 
 
 def update_figures(d: Data) -> Figures:
+    out: Figures = overlap_figures(d.get("overlap"))
     if d["source"] is None:
-        return []
+        return out
     x = d["round"]
-    out: Figures = [
+    out.insert(
+        0,
         (
             "norms",
             lines(
@@ -199,8 +201,8 @@ def update_figures(d: Data) -> Figures:
                 [("median", x, d["norm_median"]), ("max", x, d["norm_max"])],
                 "L2 norm",
             ),
-        )
-    ]
+        ),
+    )
     if d["mean_cosine"] is not None and _has(d["mean_cosine"]):
         out.append(
             (
@@ -213,6 +215,20 @@ def update_figures(d: Data) -> Figures:
             )
         )
     return out
+
+
+def overlap_figures(d: Data | None) -> Figures:
+    """The overlap of the uploads' index sets, against sets drawn at random."""
+    if d is None or not _has(d["pair_overlap"]):
+        return []
+    x = d["round"]
+    series = [
+        ("pair overlap", x, d["pair_overlap"]),
+        ("random sets", x, d["chance"]),
+        ("kept by any", x, d["union"]),
+        ("kept by all", x, d["common"]),
+    ]
+    return [("overlap", lines("Index overlap of the uploads", series, "fraction"))]
 
 
 def refused_figures(d: Data) -> Figures:

@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 from fedforge.core.errors import StoreError
+from fedforge.report.facts import EARLY_STOPS
 from fedforge.report.html import clients, figures, gather
 from fedforge.report.html.gather import Data
 from fedforge.report.html.page import Section, pre, render, table, text
@@ -130,11 +131,30 @@ def _participation(d: Data) -> Section:
 
 def _updates(d: Data) -> Section:
     s = Section("updates", "Update norms and cosine", d, figures=figures.update_figures(d))
-    if d["source"] is None:
+    said = _overlap(d.get("overlap"))
+    if d["source"] is None and not said:
         s.empty = "The run recorded no update norms."
     elif d["source"] == "client_rounds":
-        s.body = text("No diagnostics table: norms from the clients' rows, no cosine.")
+        said = text("No diagnostics table: norms from the clients' rows, no cosine.") + said
+    s.body = said
     return s
+
+
+def _overlap(d: Data | None) -> str:
+    """The last round's overlap of the uploads' index sets, in a sentence."""
+    if d is None:
+        return ""
+    r = next((i for i in reversed(range(len(d["round"]))) if d["pair_overlap"][i] is not None), -1)
+    if r < 0:  # else the last round with a figure
+        return text("Index overlap: no round took two sparsified uploads.")
+    return text(
+        f"Index overlap, round {d['round'][r]}: {d['clients'][r]} uploads of "
+        f"{_num(d['kept_mean'][r], '.6g')} coordinates each (mean); a pair of them shares "
+        f"{_num(d['pair_overlap'][r], '.3f')} of their coordinates (sets drawn at random: "
+        f"{_num(d['chance'][r], '.3f')}; a Jaccard index of o / (2 - o) for overlap o); "
+        f"{_num(d['union'][r], '.3%')} of the model's coordinates kept by at least one, "
+        f"{_num(d['common'][r], '.3%')} by all."
+    )
 
 
 def _refused(d: Data) -> Section:
@@ -314,6 +334,8 @@ def report_html(store: RunStore) -> str:
         f"C={ident['client_fraction']} E={ident['local_epochs']} B={batch}, "
         f"{ident['rounds']} of {ident['rounds_planned']} rounds",
     ]
+    summary = store.summary() or {}  # why a finished run ended before its last round
+    subtitle += [summary[k] for k in EARLY_STOPS if isinstance(summary.get(k), str)]
     return render(f"fedforge report: {ident['run_id']}", subtitle, sections)
 
 

@@ -74,7 +74,8 @@ class WorkerShare:
 
     def __post_init__(self) -> None:
         if self.summing.diagnose and self.diag is None and not self.summing.waits:
-            self.diag = RoundDiagnostics(self.summing.form.size, updates=True)
+            size, overlap = self.summing.form.size, self.summing.overlap
+            self.diag = RoundDiagnostics(size, updates=True, overlap=overlap)
 
     def add(self, client_id: int, data: bytes, seconds: float) -> None:
         s = self.summing
@@ -131,6 +132,7 @@ class UpdateSumming:
     limits: Limits
     round_idx: int
     diagnose: bool = False  # the round's diagnostics read each taken update
+    overlap: bool = False  # ... and count its index set (server/index_overlap.py)
 
     def start(self, codec: Codec) -> WorkerShare:
         return WorkerShare(self, codec)

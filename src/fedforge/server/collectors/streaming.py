@@ -180,7 +180,8 @@ class StreamingMean(UploadPhase):
         limits = self.intake.limits
         cut = dataclasses.replace(limits, registry=limits.registry.only(self.cohort))
         form, diagnose = self.intake.form, self.diag is not None
-        return UpdateSumming(form, cut, self.intake.round_idx, diagnose)
+        overlap = self.diag is not None and self.diag.overlap is not None
+        return UpdateSumming(form, cut, self.intake.round_idx, diagnose, overlap)
 
     def take_share(self, share: PartialSum) -> list[int]:
         """A worker's share: each client's verdict booked as the intake books an
