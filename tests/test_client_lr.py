@@ -38,7 +38,9 @@ def _cfg(**more: Any) -> Any:
     return from_dict({**TINY_LOGREG, "num_clients": len(SIZES), **more})
 
 
-def _hand_gd(w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, lr: float, steps: int) -> torch.Tensor:
+def _hand_gd(
+    w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, lr: float, steps: int
+) -> torch.Tensor:
     """Full-batch gradient descent of softmax regression on the flat parameters
     [W (10 x d) row-major, b (10)]: grad W = (P - Y)^T X / n, grad b = mean(P - Y)."""
     x = x.flatten(start_dim=1)
@@ -155,7 +157,8 @@ class _Recording(SimulationEngine):
 def test_a_bad_scale_file_is_one_line(
     make_data: MakeData, tmp_path: Path, text: str, says: str
 ) -> None:
-    cfg = _cfg(local={"lr_rule": "lr_csv"}, plugin_options={"lr_csv": {"path": _csv(tmp_path, text)}})
+    options = {"lr_csv": {"path": _csv(tmp_path, text)}}
+    cfg = _cfg(local={"lr_rule": "lr_csv"}, plugin_options=options)
     with pytest.raises(ConfigError, match="plugin_options.lr_csv.path") as err:
         build(cfg, make_data(SIZES))
     assert says in str(err.value) and "\n" not in str(err.value)

@@ -42,8 +42,9 @@ class DataSizeOptions:
 class ReportedLossOptions:
     """``reported_loss``: client k's lr times (loss_k / median loss)^exponent, loss_k
     the training loss it reported when the model last took its update and the
-    median over the cohort's reported ones (the lower middle one of an even count), held to [min_scale, max_scale]; a
-    client that has reported none trains at the plan's lr (scale 1). The default
+    median over the cohort's reported ones (the lower middle one of an even
+    count), held to [min_scale, max_scale]; a client that has reported none
+    trains at the plan's lr (scale 1). The default
     exponent -1 gives a client whose loss runs high (noisy, lower-quality data) a
     smaller step."""
 
