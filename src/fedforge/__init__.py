@@ -30,6 +30,9 @@ _PUBLIC = {
     "SelectionRound": "fedforge.selection.named",
     "ClientHistory": "fedforge.selection.history",
     "register_server_optimizer": "fedforge.server.optimizers",
+    "register_lr_rule": "fedforge.server.client_lr",
+    "LrRule": "fedforge.server.client_lr",
+    "LrRound": "fedforge.server.client_lr",
     "register_metric": "fedforge.tasks.metrics",
     "Algorithm": "fedforge.algorithms",
     "LocalPlan": "fedforge.algorithms",
@@ -71,6 +74,8 @@ __all__ = [
     "FederatedData",
     "FedforgeError",
     "LocalPlan",
+    "LrRound",
+    "LrRule",
     "ModelContext",
     "ParamSpec",
     "Partition",
@@ -96,6 +101,7 @@ __all__ = [
     "register_aggregator",
     "register_algorithm",
     "register_codec",
+    "register_lr_rule",
     "register_metric",
     "register_model",
     "register_selection",
@@ -136,6 +142,7 @@ if TYPE_CHECKING:  # the names as the type checker sees them
     from fedforge.pipeline.named import register_codec, register_stage
     from fedforge.selection.history import ClientHistory
     from fedforge.selection.named import SelectionPolicy, SelectionRound, register_selection
+    from fedforge.server.client_lr import LrRound, LrRule, register_lr_rule
     from fedforge.server.experiment import build
     from fedforge.server.hooks import RoundEnd, RoundHook, RoundInfo
     from fedforge.server.loop import RunResult, resume, run

@@ -17,7 +17,9 @@ class LocalPlan:
     over its data in batches of ``batch_size`` (``None``: the whole client data set,
     the paper's B = infinity) at learning rate ``lr``; optionally with heavy-ball
     ``momentum``, ``weight_decay`` (both as ``torch.optim.SGD``) and the gradient
-    clipped to L2 norm ``grad_clip`` at every step (see algorithms/local.py)."""
+    clipped to L2 norm ``grad_clip`` at every step (see algorithms/local.py). The
+    server may set ``upload_clip`` for a round: the client clips its delta to that
+    L2 norm before its stages and codec (``communication.clip_multiple``)."""
 
     local_epochs: int
     batch_size: int | None
@@ -26,6 +28,7 @@ class LocalPlan:
     weight_decay: float = 0.0
     grad_clip: float | None = None
     precision: str = "fp32"  # "bf16": forward passes under bf16 autocast (precision.py)
+    upload_clip: float | None = None  # the round's bound on the delta's L2 norm
 
     @classmethod
     def from_config(

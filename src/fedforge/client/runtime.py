@@ -33,6 +33,7 @@ from fedforge.core.errors import ConfigError
 from fedforge.core.params import ParamSpec
 from fedforge.core.rng import torch_generator
 from fedforge.data.federated import ClientDataFn
+from fedforge.pipeline.clip import Clip
 from fedforge.pipeline.codec import CodecContext, Dense
 from fedforge.pipeline.pipeline import Codec, Stage, StageContext
 
@@ -212,6 +213,8 @@ class ClientRuntime:
             delta = delta * self.algorithm.update_scale(result)
         if self.algorithm.personal is not None:  # personal entries never leave the client
             delta = delta.masked_fill(self.algorithm.personal.mask, 0.0)
+        if task.plan.upload_clip is not None:  # the round's bound, sent by the server
+            delta = Clip(task.plan.upload_clip).apply(delta, ctx)
         for stage in self.stages:
             delta = _same_kind(stage.name, delta, stage.apply(delta, ctx))
         codec_ctx = CodecContext(task.seed, task.round_idx, task.client_id)

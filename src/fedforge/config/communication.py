@@ -38,6 +38,10 @@ class CommunicationConfig:
     error_feedback: bool = False  # keep what the uplink codec dropped, add it next time
     # clip each delta to this L2 norm; null = off
     clip_norm: Annotated[float | None, Range("> 0", null="no clipping")] = None
+    # clip each delta to this multiple of the median norm of the updates taken in
+    # the last robust.norm_window rounds, the bound sent with the round; the
+    # first round (none taken before) is not clipped; null = off
+    clip_multiple: Annotated[float | None, Range("> 0", null="no clipping")] = None
     # k: a cohort trains k rounds locally, then uploads once
     upload_every: Annotated[int, Range(">= 1"), Most(MAX_ROUNDS, "rounds")] = 1
     groups: Annotated[int, Most(MAX_CLIENTS, "clients", least=0)] = (

@@ -41,6 +41,9 @@ class LocalConfig:
     weight_decay: Annotated[float, WEIGHT_DECAY] = 0.0
     # clip each step's gradient to this L2 norm; null = off
     grad_clip: Annotated[float | None, Range("> 0", null="no clipping")] = None
+    # each client's lr scaled by this registered rule (server/client_lr.py: data_size,
+    # reported_loss, lr_csv or a plugin's; its options under plugin_options); null = off
+    lr_rule: str | None = None
 
 
 @dataclass(frozen=True)

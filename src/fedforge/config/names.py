@@ -31,6 +31,10 @@ if TYPE_CHECKING:  # a Protocol of the fields read: schema.py imports this modul
         @property
         def policy(self) -> str: ...
 
+    class _Local(Protocol):
+        @property
+        def lr_rule(self) -> str | None: ...
+
     class _Evaluation(Protocol):
         @property
         def metrics(self) -> tuple[str, ...]: ...
@@ -73,6 +77,9 @@ if TYPE_CHECKING:  # a Protocol of the fields read: schema.py imports this modul
         @property
         def evaluation(self) -> _Evaluation: ...
 
+        @property
+        def local(self) -> _Local: ...
+
 
 def named(cfg: Named) -> list[tuple[str, str, str]]:
     """``(kind, config field, name)`` of every registered component ``cfg`` names."""
@@ -86,6 +93,7 @@ def named(cfg: Named) -> list[tuple[str, str, str]]:
         *(("stage", "pipeline.client", name) for name in cfg.pipeline.client),
         *(("stage", "pipeline.server", name) for name in cfg.pipeline.server),
         *(("metric", "evaluation.metrics", name) for name in cfg.evaluation.metrics),
+        *(("lr_rule", "local.lr_rule", name) for name in [cfg.local.lr_rule] if name),
     ]
 
 

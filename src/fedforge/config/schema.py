@@ -31,6 +31,7 @@ from fedforge.config.bounds import (
     check_bounds,
     refused_window_fits_run,
 )
+from fedforge.config.client_lr import client_lr_fits
 from fedforge.config.communication import CommunicationConfig
 from fedforge.config.data import SCALINGS, Dataset, InputScaling, PartitionConfig, SyntheticConfig
 from fedforge.config.deployment import DeploymentConfig, remote_data_fits
@@ -280,6 +281,14 @@ def check(cfg: Config) -> None:
     )
     compat.secagg_neighbours_fit_cohort(cfg.privacy, cfg.num_clients, cfg.client_fraction)
     compat.one_clip(cfg.privacy, cfg.communication)
+    client_lr_fits(
+        cfg.local.lr_rule,
+        cfg.communication.clip_multiple,
+        cfg.asynchronous.buffered,
+        cfg.privacy.dp,
+        cfg.privacy.tiers.enabled,
+        bool(cfg.privacy.secagg),
+    )
     compat.dp_noise_needs_mean(cfg.privacy, cfg.robust)
     compat.client_gate_outside_dp(cfg.robust, cfg.privacy)
     compat.weights_need_plain_mean(cfg.aggregation.weights, cfg.privacy, cfg.robust)

@@ -63,8 +63,17 @@ SELECTIONS = {
     "deadline_aware": f"{_SELECTION}.deadline:factory",
     "grouped_rotation": f"{_SELECTION}.grouped:factory",
 }
+_LR = "fedforge.server.lr_rules"
+LR_RULES = {
+    "data_size": f"{_LR}:data_size",
+    "reported_loss": f"{_LR}:reported_loss",
+    "lr_csv": f"{_LR}:lr_csv",
+}
 # the options dataclasses of the built-ins that take options, by (kind, name)
 OPTIONS = {
+    ("lr_rule", "data_size"): "fedforge.config.client_lr:DataSizeOptions",
+    ("lr_rule", "reported_loss"): "fedforge.config.client_lr:ReportedLossOptions",
+    ("lr_rule", "lr_csv"): "fedforge.config.client_lr:LrCsvOptions",
     ("algorithm", "cfl"): "fedforge.config.clusters:CflOptions",
     ("algorithm", "ifca"): "fedforge.config.clusters:IfcaOptions",
     ("selection", "power_of_choice"): f"{_SELECTION}.options:PowerOfChoiceOptions",
@@ -112,6 +121,7 @@ TABLES: dict[str, dict[str, str]] = {
     "server_optimizer": SERVER_OPTIMIZERS,
     "codec": CODECS,
     "selection": SELECTIONS,
+    "lr_rule": LR_RULES,
     "metric": METRICS,
     "stage": STAGES,
     "model": MODELS,

@@ -43,6 +43,7 @@ KINDS = (
     "codec",
     "stage",
     "selection",
+    "lr_rule",
     "metric",
     "model",
     "task",

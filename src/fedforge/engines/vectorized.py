@@ -13,6 +13,7 @@ simulation; trusts nothing but the payload, like the serial engine.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -294,12 +295,16 @@ class VectorizedEngine(SimulationEngine):
         the chunk's memory fits the budget. Every client in it is padded to the
         widest batch (the largest client, with full batches) and the longest
         schedule, so each new client costs as much as the widest and longest so
-        far; its data counts too. At least one."""
+        far; its data counts too. A chunk's clients share one plan but for their
+        epochs (a per-client lr, server/client_lr.py, starts a new chunk). At least one."""
         rt, widest, held, longest = self.runtime, 1, 0, 0
         pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
-        limit = min(self.max_chunk, self._fused_limit(tasks[lo].plan))
+        first = tasks[lo].plan
+        limit = min(self.max_chunk, self._fused_limit(first))
         while lo + len(pairs) < len(tasks) and len(pairs) < limit:
             task = tasks[lo + len(pairs)]
+            if dataclasses.replace(task.plan, local_epochs=first.local_epochs) != first:
+                break
             pair = self._next.pop(task.client_id, None) or rt.data_fn(task.client_id)
             x, n = pair[0], len(pair[1])
             if self._act_floats is None:  # the shape of one example (a client may have none)

@@ -59,6 +59,7 @@ from fedforge.selection.named import SelectionRound
 from fedforge.selection.sampling import cohort_rng
 from fedforge.server.buffered_state import BufferedState, InFlight
 from fedforge.server.builtin_hooks import run_hooks
+from fedforge.server.client_lr import keeps_norms
 from fedforge.server.cohort import checked_choice
 from fedforge.server.collectors.base import RoundLog
 from fedforge.server.collectors.buffer import Buffer
@@ -173,7 +174,7 @@ def run_buffered_round(
     applied = not log.skipped_now
     info.cohort = info.trainers = uploaded
     hooks.taken(info, list(clients))
-    if cfg.robust.max_norm_multiple is not None:  # the next rounds' bound
+    if keeps_norms(cfg):  # the next rounds' bounds
         judged = collected.judged_norms()
         state.update_norms = remember(state.update_norms, judged, cfg.robust.norm_window)
     traffic = collected.bytes_up + collected.bytes_down  # no proxy filling under FedBuff

@@ -31,6 +31,7 @@ from fedforge.evaluation.clients import training_losses
 from fedforge.report.progress import Progress
 from fedforge.robust.typical_norm import remember
 from fedforge.server.builtin_hooks import run_hooks
+from fedforge.server.client_lr import keeps_norms
 from fedforge.server.cohort import sample
 from fedforge.server.collect import collect
 from fedforge.server.collectors import Collected, GatheredCohort, RoundLog
@@ -151,7 +152,7 @@ def run_clustered_round(
     rule.table = table
     hooks.taken(info, list(clients))
     orders, collected = _together(parts, cohort)
-    if exp.cfg.robust.max_norm_multiple is not None:  # the next rounds' bound
+    if keeps_norms(exp.cfg):  # the next rounds' bounds
         judged = collected.judged_norms()
         state.update_norms = remember(state.update_norms, judged, exp.cfg.robust.norm_window)
     state.outputs.update(exp.engine.end_round(round_idx, sorted(clients)))

@@ -44,6 +44,7 @@ from fedforge.selection.named import SelectionPolicy, check_sees_losses
 from fedforge.selection.sampling import UniformSelection
 from fedforge.server import probe
 from fedforge.server import proxy as proxy_parts
+from fedforge.server.client_lr import LrRule
 from fedforge.server.engine_choice import EngineChoice, choose_engine, driver_device, ray_choice
 from fedforge.store.build_record import data_fingerprint
 from fedforge.store.checkpoint import RESIDUAL
@@ -101,6 +102,8 @@ class Experiment:
     systems: Systems | None = None
     # the server's public proxy set (cfg.proxy, server/proxy.py); None: none
     proxy: proxy_parts.ProxySet | None = None
+    # each client's lr scale (cfg.local.lr_rule, server/client_lr.py); None: the plan's lr
+    lr_rule: LrRule | None = None
 
     def client_sizes(self) -> np.ndarray:
         """Each client's example count: the partition's; where the clients' rows
@@ -194,7 +197,22 @@ def build(cfg: Config, data: FederatedData | None = None, task: Task | None = No
         named_metrics.from_config(cfg),
         systems_of(cfg),
         proxy,
+        _lr_rule(cfg),
     )
+
+
+def _lr_rule(cfg: Config) -> LrRule | None:
+    """The run's per-client lr rule, refused where it reads losses the run hides."""
+    name = cfg.local.lr_rule
+    if name is None:
+        return None
+    rule: LrRule = make("lr_rule", name, cfg, "local.lr_rule")
+    if cfg.privacy.hides_updates and getattr(rule, "reads_losses", False):
+        raise ConfigError(
+            f"local.lr_rule = '{name}' scales by the losses clients report, which the run's "
+            "privacy keeps from the server; use a rule that reads none (data_size, lr_csv)"
+        )
+    return rule
 
 
 def _selection(cfg: Config) -> SelectionPolicy:

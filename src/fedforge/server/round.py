@@ -32,6 +32,7 @@ from fedforge.robust.typical_norm import remember
 from fedforge.selection.periods import period_plan, upload_period
 from fedforge.server import diagnostics
 from fedforge.server.builtin_hooks import run_hooks
+from fedforge.server.client_lr import keeps_norms, own_lrs, with_upload_clip
 from fedforge.server.cohort import live_pool, sample
 from fedforge.server.collect import collect
 from fedforge.server.collectors import (
@@ -123,7 +124,7 @@ def run_round(
     clients = server_step(exp, state, aggregate, clients, moved, log)
     applied = not log.skipped_now
     hooks.taken(info, list(clients))
-    if cfg.robust.max_norm_multiple is not None:  # the next rounds' bound
+    if keeps_norms(cfg):  # the next rounds' bounds
         judged = collected.judged_norms()
         state.update_norms = remember(state.update_norms, judged, cfg.robust.norm_window)
     # a deployment's clients keep their state; its measured client times
@@ -192,7 +193,7 @@ def configure(
 ) -> Orders:
     """Each cohort client's task and the round's payload."""
     cfg = exp.cfg
-    plan = period_plan(exp.algorithm, start, round_idx)
+    plan = with_upload_clip(period_plan(exp.algorithm, start, round_idx), cfg, state.update_norms)
     server = exp.algorithm.server  # an algorithm's server state (SCAFFOLD's c) travels too
     more = server.payload(state.algorithm_state) if server is not None else None
     downlink = exp.communication.downlink if exp.communication is not None else None
@@ -200,6 +201,8 @@ def configure(
     more_down = sum(t.numel() for t in (more or {}).values())
     dense = DenseCost.of(exp.spec.size, more_down)
     tasks = cohort_tasks(cfg, exp.algorithm, cohort, round_idx, plan)  # stragglers
+    if exp.lr_rule is not None:  # each client's own lr (client_lr.py)
+        tasks = own_lrs(tasks, exp.lr_rule, cfg, round_idx, exp.client_sizes(), state.selection)
     limits = Limits.of(exp, state.params, state.update_norms)
     return Orders(round_idx, start, cohort, tasks, plan, payload, dense, limits)
 

@@ -56,9 +56,12 @@ def client_config(config_yaml: str, device: str, trust_server_noise: bool = Fals
     if said is not None:
         log_event("client", "noise_kept_secret", warning=said)
     local = {"engine": "serial", "workers": 1, "threads": 1, "device": device}
-    return override(
-        cfg, {**local, "evaluation.client_tags": None, "privacy.secret_noise": privacy.secret_noise}
-    )
+    # each client's lr comes in its work's plan: the rule, its options and any file
+    # it reads are the server's
+    rule = cfg.local.lr_rule
+    options = {k: v for k, v in cfg.plugin_options.items() if k != rule}
+    server_side = {"evaluation.client_tags": None, "local.lr_rule": None, "plugin_options": options}
+    return override(cfg, {**local, **server_side, "privacy.secret_noise": privacy.secret_noise})
 
 
 def build_hosted(

@@ -1,0 +1,142 @@
+"""What the server tells each client of a round beyond the shared plan: its own
+learning rate (``local.lr_rule``) and the bound it clips its delta to before
+upload (``communication.clip_multiple``). Both travel in the task's
+``LocalPlan`` (``lr``, ``upload_clip``), so every engine and a deployment's
+clients (the plan in each TRAIN work) receive them the same way.
+
+**Per-client learning rate.** A rule is a registered component of kind
+``lr_rule`` (:func:`register_lr_rule`; built-ins in server/lr_rules.py): its
+factory takes a ``ComponentContext`` and returns an :class:`LrRule`, asked once
+per round for a scale of each cohort client's lr from an :class:`LrRound` (the
+clients' example counts as the server knows them, what it knows of each client's
+last rounds). The task's lr is the plan's (decayed) lr times the scale; a client
+the answer leaves out keeps the plan's lr. A scale must be a positive finite
+number (else one ``ConfigError`` line). A rule is a pure function of the round,
+so a rerun and a resume give the same scales.
+
+**Clip relative to recent norms.** The bound is ``clip_multiple`` times the
+median norm of the updates taken in the last ``robust.norm_window`` rounds
+(robust/typical_norm.py's ``typical_norm``, the median the server's refusal
+bound uses, over the same remembered norms); a round with none behind it (the
+run's first) sends no bound and its clients do not clip.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from fedforge.core import registry
+from fedforge.core.errors import ConfigError
+from fedforge.robust.typical_norm import typical_norm
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from fedforge.algorithms.plan import LocalPlan
+    from fedforge.client.runtime import ClientTask
+    from fedforge.config import Config
+    from fedforge.config.components import ComponentContext
+    from fedforge.selection.history import ClientHistories, History
+
+
+@dataclass(frozen=True)
+class LrRound:
+    """What a rule scales a round's learning rates from."""
+
+    round_idx: int  # the round the tasks are for (0-based)
+    cohort: Sequence[int]  # the clients that train, sorted
+    sizes: np.ndarray  # every client's example count, by id (0: not known yet)
+    history: ClientHistories  # what the server knows of every client, by id
+
+
+class LrRule(Protocol):
+    def scales(self, round: LrRound) -> Mapping[int, float]: ...
+
+
+class LrRuleFactory(Protocol):
+    def __call__(self, context: ComponentContext) -> LrRule: ...
+
+
+def register_lr_rule(
+    name: str,
+    factory: LrRuleFactory | Callable[[ComponentContext], LrRule],
+    *,
+    options: type | None = None,
+    replace: bool = False,
+) -> None:
+    """Register ``factory`` as the per-client learning-rate rule ``name``
+    (``local.lr_rule``)."""
+    registry.register("lr_rule", name, factory, options=options, replace=replace)
+
+
+def own_lrs(
+    tasks: Sequence[ClientTask],
+    rule: LrRule,
+    cfg: Config,
+    round_idx: int,
+    sizes: np.ndarray,
+    history: History,
+) -> list[ClientTask]:
+    """The round's ``tasks``, each client's lr scaled by the rule's checked answer."""
+    if not tasks:
+        return []
+    cohort = sorted(t.client_id for t in tasks)
+    ask = LrRound(round_idx, cohort, sizes, history.view(sizes))
+    return scaled_tasks(tasks, checked_scales(str(cfg.local.lr_rule), rule.scales(ask), ask))
+
+
+def checked_scales(name: str, answer: Mapping[int, float], round: LrRound) -> dict[int, float]:
+    """The rule's scales of the cohort's clients, or one line saying which is wrong."""
+    cohort = set(round.cohort)
+    scales: dict[int, float] = {}
+    for client, scale in answer.items():
+        if client not in cohort:
+            continue
+        try:
+            value = float(scale)
+        except (TypeError, ValueError):
+            value = math.nan
+        if not (math.isfinite(value) and value > 0):
+            raise ConfigError(
+                f"local.lr_rule '{name}' gave client {client} the lr scale {scale!r} in round "
+                f"{round.round_idx + 1}; a scale is a positive finite number"
+            )
+        scales[int(client)] = value
+    return scales
+
+
+def scaled_tasks(tasks: Sequence[ClientTask], scales: Mapping[int, float]) -> list[ClientTask]:
+    """``tasks`` with each scaled client's lr multiplied by its scale."""
+    return [
+        t
+        if t.client_id not in scales
+        else dataclasses.replace(
+            t, plan=dataclasses.replace(t.plan, lr=t.plan.lr * scales[t.client_id])
+        )
+        for t in tasks
+    ]
+
+
+def keeps_norms(cfg: Config) -> bool:
+    """Whether the server remembers the norms of the updates it takes: a bound
+    relative to them is set (the refusal's or the clients' clip)."""
+    return cfg.robust.max_norm_multiple is not None or cfg.communication.clip_multiple is not None
+
+
+def upload_clip(multiple: float | None, recent: Sequence[Sequence[float]]) -> float | None:
+    """The round's clip bound: ``multiple`` x the median of the ``recent`` rounds'
+    norms; None (no clipping) when off or when no norm is behind the round."""
+    if multiple is None:
+        return None
+    typical = typical_norm(recent)
+    return None if typical is None else multiple * typical
+
+
+def with_upload_clip(plan: LocalPlan, cfg: Config, recent: Sequence[Sequence[float]]) -> LocalPlan:
+    """The round's plan with its clip bound (the plan as it is when there is none)."""
+    bound = upload_clip(cfg.communication.clip_multiple, recent)
+    return plan if bound is None else dataclasses.replace(plan, upload_clip=bound)
