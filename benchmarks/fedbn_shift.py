@@ -97,12 +97,15 @@ def parse_args(bench: str, doc: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="12 clients, 10 rounds")
     parser.add_argument("--seeds", type=int, default=1)
+    parser.add_argument("--rounds", type=int, help="rounds of every arm (quick 10, full 100)")
     add_workers(parser)
     args = parser.parse_args()
+    rounds = args.rounds
     if args.quick:
         args.clients, args.rounds, args.eval_every, args.holdout = 12, 10, 10, 0.95
     else:
         args.clients, args.rounds, args.eval_every, args.holdout = 30, 100, 10, 0.9
+    args.rounds = rounds or args.rounds
     args.places = places(bench, args.quick)
     torch.set_num_threads(1)
     return args
