@@ -63,13 +63,13 @@ from fedforge.server.client_lr import keeps_norms
 from fedforge.server.cohort import checked_choice
 from fedforge.server.collectors.base import RoundLog
 from fedforge.server.collectors.buffer import Buffer
+from fedforge.server.evaluate_round import evaluate_phase
 from fedforge.server.experiment import Experiment
 from fedforge.server.hooks import RoundEnd, RoundHooks, RoundInfo
 from fedforge.server.round import (
     Orders,
     aggregate_phase,
     configure,
-    evaluate_phase,
     round_record,
     server_step,
 )

@@ -14,11 +14,12 @@ from fedforge.report.progress import Progress, percent
 from fedforge.server.buffered import run_buffered_round
 from fedforge.server.builtin_hooks import run_hooks
 from fedforge.server.clustered import run_clustered_round
+from fedforge.server.evaluate_round import test_scores
 from fedforge.server.experiment import Experiment
 from fedforge.server.hooks import RoundHooks
 from fedforge.server.proxy import shipped_bytes
 from fedforge.server.result import RunResult
-from fedforge.server.round import run_round, test_scores
+from fedforge.server.round import run_round
 from fedforge.server.state import LoopState, StopSignals, aggregator_state
 from fedforge.server.stops import bytes_spent, over_budget, stalled
 from fedforge.server.summary import summarize_run
