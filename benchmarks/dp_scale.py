@@ -39,10 +39,10 @@ import numpy as np
 import torch
 
 from fedforge.config import Config, from_dict
-from fedforge.data.federated import load_federated_data
-from fedforge.evaluation.membership import MembershipAudit, audit_model, balanced_rows
+from fedforge.data.federated import FederatedData, load_federated_data
+from fedforge.evaluation.membership import balanced_rows, loss_threshold_attack, per_example_losses
 from fedforge.privacy.accountant import calibrate_noise
-from fedforge.server.experiment import build
+from fedforge.server.experiment import Experiment, build
 from fedforge.server.loop import run
 
 DELTA = 1e-5
@@ -72,6 +72,37 @@ def _config(args: argparse.Namespace, m: int, privacy: dict[str, Any]) -> Config
     )
 
 
+def central_privacy(
+    eps: float, rounds: int, rate: float, clients: int, clip: float, adaptive: bool
+) -> tuple[dict[str, Any], float]:
+    """The ``privacy`` section of central DP-FedAvg spending ``eps`` at ``DELTA`` over
+    ``rounds`` rounds of fixed-size cohorts (``rate`` of ``clients``), and its z."""
+    z = calibrate_noise(eps, DELTA, rounds, rate, clients)
+    priv = {"dp": "central", "noise_multiplier": z, "clip_norm": clip, "adaptive_clip": adaptive}
+    return priv, z
+
+
+def audit_losses(
+    exp: Experiment,
+    data: FederatedData,
+    params: torch.Tensor,
+    count: int | None,
+    seed: int,
+    pool: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-example losses of ``params`` on ``count`` members (rows the clients hold)
+    and as many non-members drawn from ``pool`` (None: the test set), by
+    ``balanced_rows``."""
+    px, py = pool if pool is not None else (data.test_x, data.test_y)
+    rows = np.concatenate([np.asarray(ix) for ix in data.partition.client_indices])
+    mem, non = balanced_rows(rows, np.arange(len(py)), count, seed)
+    loss = exp.algorithm.loss_fn
+    return (
+        per_example_losses(exp.model, exp.spec, params, data.train_x[mem], data.train_y[mem], loss),
+        per_example_losses(exp.model, exp.spec, params, px[non], py[non], loss),
+    )
+
+
 def _arm(args: argparse.Namespace, m: int, eps: float | None) -> dict[str, float]:
     """One run (``eps`` None: plain FedAvg) and the attack on its final model."""
     torch.set_num_threads(1)
@@ -79,26 +110,19 @@ def _arm(args: argparse.Namespace, m: int, eps: float | None) -> dict[str, float
     big = args.cohorts[0]
     data = load_federated_data(_config(args, big, {}))
     exp = build(_config(args, big, {}), data=data)
-    rows = np.concatenate([np.asarray(ix) for ix in data.partition.client_indices])
-    mem, non = balanced_rows(rows, np.arange(len(data.test_y)), args.mia_examples, args.seed)
-    out = {"z": 0.0, "spent": math.inf, "audited": float(len(mem))}
+    out = {"z": 0.0, "spent": math.inf}
     priv: dict[str, Any] = {}
     if eps is not None:
-        z = calibrate_noise(eps, DELTA, args.rounds, m / args.clients, args.clients)
-        priv = {"dp": "central", "noise_multiplier": z, "clip_norm": CLIP, "adaptive_clip": True}
-        out["z"] = z
+        priv, out["z"] = central_privacy(
+            eps, args.rounds, m / args.clients, args.clients, CLIP, True
+        )
     res = run(_config(args, m, priv), data=data, store=False)
     if eps is not None:
         out["spent"] = float(res.summary["privacy"]["epsilon"])
-    a: MembershipAudit = audit_model(
-        exp.model,
-        exp.spec,
-        res.params,
-        (data.train_x[mem], data.train_y[mem]),
-        (data.test_x[non], data.test_y[non]),
-        exp.algorithm.loss_fn,
-    )
+    mem_loss, non_loss = audit_losses(exp, data, res.params, args.mia_examples, args.seed)
+    a = loss_threshold_attack(mem_loss, non_loss)
     out.update(acc=float(res.summary["final_accuracy"]), auc=a.auc, adv=a.advantage)
+    out["audited"] = float(a.members)
     out["s"] = time.perf_counter() - t0
     return out
 
