@@ -15,8 +15,7 @@ from fedforge.data.federated import FederatedData
 from fedforge.evaluation.evaluate import EvalResult, evaluate
 from fedforge.evaluation.metrics import best_so_far, rounds_to_target
 from fedforge.models import build_model
-from fedforge.server import loop
-from fedforge.server import round as server_round
+from fedforge.server import evaluate_round, loop
 
 MakeData = Callable[..., FederatedData]
 
@@ -85,7 +84,7 @@ def _scripted(monkeypatch: pytest.MonkeyPatch, accuracies: list[float]) -> list[
         calls.append(len(calls))
         return EvalResult(next(script), 1.0, 16)
 
-    monkeypatch.setattr(server_round, "evaluate", fake_evaluate)
+    monkeypatch.setattr(evaluate_round, "evaluate", fake_evaluate)
     return calls
 
 

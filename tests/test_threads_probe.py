@@ -277,7 +277,7 @@ def test_the_initial_model_is_evaluated_only_when_asked(
     eval_initial: bool, make_data: MakeData, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     events: list[str] = []
-    import fedforge.server.round as round_mod
+    import fedforge.server.evaluate_round as round_mod
 
     real = round_mod.evaluate  # the round's and the baseline's test evaluation
 
