@@ -31,6 +31,7 @@ from fedforge.core.startup import load_torch
 from fedforge.report import observe_cli, profile_cli
 from fedforge.report.dashboard import command as dashboard
 from fedforge.report.run_args import add_run_lookup, open_run
+from fedforge.server import audit_cli
 from fedforge.transport import certs_cli
 
 if TYPE_CHECKING:
@@ -94,15 +95,7 @@ def _parser() -> argparse.ArgumentParser:
     add_run_lookup(show)
     dashboard.add_parser(sub)
 
-    audit = sub.add_parser(
-        "audit-membership",
-        help="loss-threshold membership inference on a run's final model: attack AUC",
-    )
-    add_run_lookup(audit)
-    audit.add_argument(
-        "--examples", type=int, default=10_000, help="members and as many non-members (10,000)"
-    )
-    audit.add_argument("--seed", type=int, default=0, help="which rows are drawn")
+    audit_cli.add_parser(sub)
 
     report = sub.add_parser("report", help="write one run as a self-contained HTML page")
     add_run_lookup(report)
@@ -277,22 +270,6 @@ def _cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_audit_membership(args: argparse.Namespace) -> int:
-    from fedforge.server.audit import audit_run
-
-    if args.examples < 1:
-        raise SystemExit(f"fedforge: --examples {args.examples} is invalid; must be >= 1")
-    with open_run(args) as store:
-        run_dir = store.path
-    a = audit_run(run_dir, args.examples, args.seed)
-    print(
-        f"membership inference (loss threshold, Yeom et al. 2018) on {run_dir.name}: "
-        f"AUC {a.auc:.4f}, advantage {a.advantage:.4f} ({a.members} members, mean loss "
-        f"{a.member_loss:.4f}; {a.nonmembers} held-out, mean loss {a.nonmember_loss:.4f})"
-    )
-    return 0
-
-
 def _cmd_report(args: argparse.Namespace) -> int:
     from fedforge.report.html import write_report
     from fedforge.store import resolve_run
@@ -355,7 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "resume": _cmd_resume,
         "runs": _cmd_runs,
         "show": _cmd_show,
-        "audit-membership": _cmd_audit_membership,
+        **audit_cli.COMMANDS,
         "report": _cmd_report,
         "compare": _cmd_compare,
         "sweep": _cmd_sweep,

@@ -13,6 +13,7 @@ from fedforge.config.data import (
     PartitionKind,
     SyntheticConfig,
 )
+from fedforge.config.describe import describe_split, describe_task, step_sizes
 from fedforge.config.evaluation import DiagnosticsConfig, EvaluationConfig, PersonalEvalConfig
 from fedforge.config.local import (
     FedProxConfig,
@@ -31,9 +32,6 @@ from fedforge.config.schema import (
     EngineName,
     ModelName,
     check,
-    describe_split,
-    describe_task,
-    step_sizes,
 )
 from fedforge.config.server_optimizer import ServerOptimizerConfig, ServerOptimizerKind
 
