@@ -40,7 +40,7 @@ def test_an_update_refused_at_the_first_rounds_end_is_told_refused(tmp_path: Pat
     first, second = said[(bad, 1)], said[(bad, 2)]
     assert first is not None and "the median norm of this round's uploads" in first
     assert (
-        second is not None and "the median norm of the updates judged in the last 1 round" in second
+        second is not None and "the median norm of the updates taken in the last 1 round" in second
     )
     accepted = [e for e in events if e.get("event") == "upload_accepted" and e["client"] == bad]
     assert accepted == []

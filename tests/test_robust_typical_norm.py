@@ -41,7 +41,7 @@ def test_the_median_rule_on_hand_examples() -> None:
     assert bound.refusal(20.0) is None
     assert bound.refusal(20.5) == (
         "update norm 20.5 passes the bound 20 = robust.max_norm_multiple (10) x 2, "
-        "the median norm of the updates judged in the last 2 rounds"
+        "the median norm of the updates taken in the last 2 rounds"
     )
     # no round behind it: it waits, and judges the round's own norms by their median
     first = RelativeBound.of(10.0, [])
@@ -110,7 +110,7 @@ def test_one_scaled_attacker_under_the_default_bound_costs_under_a_point(
     assert [(r, c) for r, c, _ in attacked.rejected] == [(r, bad) for r in range(4)]
     first, *later = [why for _, _, why in attacked.rejected]
     assert "the median norm of this round's uploads" in first
-    assert all("the median norm of the updates judged in the last" in w for w in later)
+    assert all("the median norm of the updates taken in the last" in w for w in later)
     acc_honest, acc_attacked = honest.rounds[-1].test_accuracy, attacked.rounds[-1].test_accuracy
     assert acc_honest is not None and acc_attacked is not None and acc_honest > 0.8
     assert abs(acc_honest - acc_attacked) <= 0.01

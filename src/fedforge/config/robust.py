@@ -97,7 +97,7 @@ class RobustConfig:
         float | None, Range("> 0", note="a multiple of ||w|| + sqrt(P)", null="off")
     ] = 100.0
     # an update whose L2 norm passes this multiple of the median norm of the
-    # updates judged (taken or refused) in the last norm_window rounds (a round with none behind it:
+    # updates taken in the last norm_window rounds (a round with none behind it:
     # of its own uploads) is refused; null: off (robust/typical_norm.py)
     max_norm_multiple: Annotated[
         float | None,

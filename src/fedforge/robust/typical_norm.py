@@ -2,18 +2,18 @@
 clients send (``robust.max_norm_multiple``).
 
 An update whose L2 norm passes ``multiple`` times the typical norm is refused.
-The typical norm is the median norm of the updates judged in the last
-``robust.norm_window`` rounds that judged any, taken or refused (the run's loop
-state keeps them, checkpointed). Counting the refused ones is what lets the
-bound follow the federation: when every client's norm jumps (a high learning
-rate, a model leaving a plateau), the jump is a majority, and within half the
-window the median is the new norms; a median of the taken updates alone would
-stay where it was and refuse every later update. A minority of huge (or tiny)
-uploads moves a median no further than it would among the taken ones.
-
-A round with none behind it (the run's first) judges its uploads by the median
-of their own norms: they wait for the round's end before any reaches the
-aggregate. The median of an even count is the lower middle
+The typical norm is the median norm of the updates the model took in the last
+``robust.norm_window`` rounds that took any (the run's loop state keeps them,
+checkpointed). Refused updates are not counted: a client that is refused and
+asked again (a selection policy that favours clients it knows nothing of, or
+the ones that answer fastest) would otherwise fill the window with its own
+norms and raise the bound until it is taken. The price: when every client's
+norm jumps past ``multiple`` at once (a learning rate too high for full-batch
+steps), every later update is refused and ``robust.max_refused_fraction`` stops
+the run, naming this bound, rather than the model taking updates no one can
+tell from an attack's. A round with none behind it (the run's first) judges its
+uploads by the median of their own norms: they wait for the round's end before
+any reaches the aggregate. The median of an even count is the lower middle
 value, so one honest update beside one attacker's sets the bound. A median is
 what one client, or any minority, cannot move far: an attacker's huge update
 is refused however few honest updates stand beside it, and the honest ones are
@@ -46,14 +46,13 @@ def typical_norm(recent: Sequence[Sequence[float]]) -> float | None:
 
 
 def remember(
-    recent: Sequence[Sequence[float]], judged: Sequence[float], window: int
+    recent: Sequence[Sequence[float]], taken: Sequence[float], window: int
 ) -> list[list[float]]:
-    """``recent`` with a round that judged updates of norms ``judged`` (taken or
-    refused) appended, the last ``window`` rounds kept (a round that judged none
-    leaves it as it was)."""
+    """``recent`` with a round that took updates of norms ``taken`` appended,
+    the last ``window`` rounds kept (a round that took none leaves it as it was)."""
     rounds = [[float(x) for x in r] for r in recent]
-    if judged:
-        rounds.append([float(x) for x in judged])
+    if taken:
+        rounds.append([float(x) for x in taken])
     return rounds[-window:]
 
 
@@ -92,7 +91,7 @@ class RelativeBound:
             what = "this round's uploads (no earlier round took any)"
         else:
             rounds = f"{self.rounds} round{'s' if self.rounds != 1 else ''}"
-            what = f"the updates judged in the last {rounds}"
+            what = f"the updates taken in the last {rounds}"
         return _past(norm, self.multiple, self.typical, what)
 
     def cohort_refusals(self, norms: Sequence[float]) -> list[str | None]:

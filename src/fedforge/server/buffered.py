@@ -174,9 +174,9 @@ def run_buffered_round(
     applied = not log.skipped_now
     info.cohort = info.trainers = uploaded
     hooks.taken(info, list(clients))
-    if keeps_norms(cfg):  # the next rounds' bounds
-        judged = collected.judged_norms()
-        state.update_norms = remember(state.update_norms, judged, cfg.robust.norm_window)
+    if clients and keeps_norms(cfg):  # the next rounds' bounds
+        taken = collected.taken_norms()
+        state.update_norms = remember(state.update_norms, taken, cfg.robust.norm_window)
     traffic = collected.bytes_up + collected.bytes_down  # no proxy filling under FedBuff
     test_acc, test_loss = evaluate_phase(exp, state, round_idx, round_idx, info, hooks, traffic)
     asked = dataclasses.replace(orders, cohort=uploaded)

@@ -122,9 +122,9 @@ def run_round(
     clients = server_step(exp, state, aggregate, clients, moved, log)
     applied = not log.skipped_now
     hooks.taken(info, list(clients))
-    if keeps_norms(cfg):  # the next rounds' bounds
-        judged = collected.judged_norms()
-        state.update_norms = remember(state.update_norms, judged, cfg.robust.norm_window)
+    if clients and keeps_norms(cfg):  # the next rounds' bounds
+        taken = collected.taken_norms()
+        state.update_norms = remember(state.update_norms, taken, cfg.robust.norm_window)
     # a deployment's clients keep their state; its measured client times
     state.outputs.update(exp.engine.end_round(round_idx, sorted(clients)))
     traffic = round_bytes(exp, state, collected, cohort)

@@ -59,9 +59,8 @@ class LoopState:
     outputs: dict[str, list[tuple[Any, ...]]] = field(default_factory=dict)
     # evaluation.initial: the initial model's test accuracy and loss (checkpointed)
     initial_eval: tuple[float, float] | None = None
-    # the norms of the updates judged (taken or refused) in the last
-    # robust.norm_window rounds that judged any, oldest first:
-    # robust.max_norm_multiple's reference (checkpointed)
+    # the norms of the updates taken in the last robust.norm_window rounds that
+    # took any, oldest first: robust.max_norm_multiple's reference (checkpointed)
     update_norms: list[list[float]] = field(default_factory=list)
     # what the server knows of each client asked so far: the selection policy's
     # input (selection/history.py), kept by the selection hook (checkpointed)

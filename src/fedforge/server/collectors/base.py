@@ -59,15 +59,14 @@ class Collected:
     # the clients whose uploads reached the server, taken or refused, the round
     # applied or not (collect.py fills it in: what the DP accountant charges)
     arrived: frozenset[int] = frozenset()
-    # each judged upload's update norm as decoded, before any stage, taken or
-    # refused (the bound relative to recent norms remembers them: a median, which
-    # a minority cannot move); none under secure aggregation
+    # each used client's update norm as decoded, before any stage (the bound
+    # relative to recent norms remembers them); none under secure aggregation
     norms: dict[int, float] = field(default_factory=dict)
     # the uploads ``offer`` took that the round refused at its end (``Collector.holds``)
     refused_at_end: dict[int, str] = field(default_factory=dict)
 
-    def judged_norms(self) -> list[float]:
-        """The judged uploads' norms in client order (what the round adds to the
+    def taken_norms(self) -> list[float]:
+        """The taken updates' norms in client order (what the round adds to the
         recent norms)."""
         return [self.norms[c] for c in sorted(self.norms)]
 

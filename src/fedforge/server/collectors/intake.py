@@ -188,8 +188,7 @@ def judge(
     up = None
     try:
         up = check_form(form, codec, client_id, round_idx, data)
-        up.norm = float(up.delta.norm())  # measured before the bounds: the recent norms count it
-        limits.check_norm("update", up.delta, up.norm)
+        up.norm = limits.check_norm("update", up.delta)
         limits.check_relative(up.norm)
         for name, tensor in up.extras.items():  # SCAFFOLD's delta c_k reaches c
             if tensor.numel() > 1:  # a scalar (FedNova's n_i a_i) is no model vector
@@ -238,10 +237,9 @@ class Limits:
         """Whether the round's updates wait for the median of their own norms."""
         return self.relative is not None and self.relative.waits
 
-    def check_norm(self, what: str, vec: torch.Tensor, norm: float | None = None) -> float:
-        """Refuse a vector whose norm (``norm`` when measured already) passes the
-        bound (an infinite norm too); its norm."""
-        norm = float(vec.norm()) if norm is None else norm
+    def check_norm(self, what: str, vec: torch.Tensor) -> float:
+        """Refuse a vector whose norm passes the bound (an infinite norm too); its norm."""
+        norm = float(vec.norm())
         if self.max_norm is not None and not norm <= self.max_norm:
             raise UploadError(
                 f"{what} norm {norm:.4g} passes the bound {self.max_norm:.4g} = "
@@ -281,9 +279,7 @@ class Intake:
         self.dense, self.float32_up = dense, 0
         self.faulty = 0  # refused as malformed, non-finite or past a norm bound: faults
         self.accepted = 0
-        # the norms of the updates held to the norm bounds, taken or refused (before
-        # stages): the next rounds' typical norm (robust/typical_norm.py)
-        self.norms: dict[int, float] = {}
+        self.norms: dict[int, float] = {}  # the accepted updates' norms (before stages)
 
     def take(self, client_id: int, data: bytes, trained_from: int | None = None) -> Upload | str:
         """The checked upload, or why it is refused (logged). ``trained_from``: the
@@ -302,7 +298,6 @@ class Intake:
                 data,
             )
             self._count(judged, self.dense.extras(judged.upload.extras) if judged.upload else 0)
-            self.judged_norm(client_id, judged.upload)
             why = judged.why
         if why is not None:
             self.log.reject(client_id, why)
@@ -317,13 +312,8 @@ class Intake:
             self.log.reject(client_id, why)
             return why
         self.accepted += 1
+        self.norms[client_id] = up.norm
         return up
-
-    def judged_norm(self, client_id: int, norm_of: Upload | float | None) -> None:
-        """Remember the norm of an upload held to the norm bounds (a finite one)."""
-        norm = norm_of.norm if isinstance(norm_of, Upload) else norm_of
-        if norm is not None and math.isfinite(norm):
-            self.norms[client_id] = norm
 
     def _count(self, judged: Judged, extras_bytes: int) -> None:
         """A judged upload in the round's counts: a fault, and its dense cost (a
@@ -350,6 +340,7 @@ class Intake:
             self.log.reject(up.client_id, why)
             self.accepted -= 1
             self.faulty += 1
+            del self.norms[up.client_id]
         return kept
 
     def _admit(self, client_id: int) -> str | None:

@@ -23,7 +23,6 @@ Sums in another order than the serial engine's: equal to it to rounding
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,15 +82,13 @@ class WorkerShare:
         up = judged.upload
         base = (client_id, len(data), seconds)
         if judged.why is not None:
-            norm = math.nan if up is None else up.norm  # the recent norms count a refused one
-            decoded = up is not None
-            self.verdicts.append(Verdict(*base, judged.why, judged.faulty, decoded, norm=norm))
+            self.verdicts.append(Verdict(*base, judged.why, judged.faulty, up is not None))
             return
         assert up is not None
         weight = s.limits.registry.weight(client_id, up.num_examples)
         if weight <= 0:
             why = weighs_nothing(client_id, up.num_examples, s.limits)
-            self.verdicts.append(Verdict(*base, why, False, True, norm=up.norm))
+            self.verdicts.append(Verdict(*base, why, False, True))
             return
         if s.limits.waits:
             self.kept.append((client_id, data, seconds))

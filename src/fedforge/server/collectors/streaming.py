@@ -148,7 +148,7 @@ class UploadPhase:
             self.intake.float32_up + forwarded[0],
             self.dense.down * (self._sent + hops),
             hops,
-            norms=dict(self.intake.norms),
+            norms={c: self.intake.norms[c] for c in clients},
         )
 
     def _too_few(self, accepted: int) -> str | None:
@@ -196,7 +196,6 @@ class StreamingMean(UploadPhase):
                     f"a worker summed client {v.client_id}'s update, which round "
                     f"{intake.round_idx + 1} did not ask of it"
                 )
-            intake.judged_norm(v.client_id, v.norm)
             if v.why is not None:
                 intake.faulty += v.faulty
                 intake.float32_up += self.dense.up if v.decoded or v.faulty else 0
@@ -204,6 +203,7 @@ class StreamingMean(UploadPhase):
                 continue
             intake.accepted += 1
             intake.float32_up += self.dense.up
+            intake.norms[v.client_id] = v.norm
             self.extras[v.client_id] = {}
             self.clients[v.client_id] = ClientRecord(
                 intake.round_idx,
