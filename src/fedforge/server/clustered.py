@@ -153,8 +153,8 @@ def run_clustered_round(
     hooks.taken(info, list(clients))
     orders, collected = _together(parts, cohort)
     if clients and keeps_norms(exp.cfg):  # the next rounds' bounds
-        taken = collected.taken_norms()
-        state.update_norms = remember(state.update_norms, taken, exp.cfg.robust.norm_window)
+        norms = collected.taken_norms()
+        state.update_norms = remember(state.update_norms, norms, exp.cfg.robust.norm_window)
     state.outputs.update(exp.engine.end_round(round_idx, sorted(clients)))
     traffic = round_bytes(exp, state, collected, cohort)
     test_acc, test_loss = evaluate_phase(exp, state, round_idx, round_idx, info, hooks, traffic)
