@@ -136,6 +136,32 @@ def run_record(
     return rec
 
 
+def run_arms(
+    arms: list[str], config: Any, args: argparse.Namespace, data_of: str
+) -> list[tuple[str, int, dict[str, Any]]]:
+    """Each arm's record for each of ``args.seeds`` seeds (``config(arm, seed,
+    args)``), on the data of arm ``data_of``'s config, a line printed per run."""
+    from fedforge.data.federated import load_federated_data
+
+    rows: list[tuple[str, int, dict[str, Any]]] = []
+    for seed in range(args.seeds):
+        data = load_federated_data(config(data_of, seed, args))
+        for arm in arms:
+            rec = run_record(config(arm, seed, args), data, args.places)
+            rows.append((arm, seed, rec))
+            print(
+                f"{arm} seed {seed}: rounds to target {fmt(rec['rounds_to_target'])}, "
+                f"final acc {fmt(rec['final_accuracy'], '.4f')} ({rec['status']})",
+                flush=True,
+            )
+    return rows
+
+
+def mean_of(xs: list[Any]) -> float:
+    """The mean of ``xs``; NaN when empty or when one is None (a target not reached)."""
+    return sum(xs) / len(xs) if xs and None not in xs else math.nan
+
+
 def _read(run_dir: Path, cfg: Config, target: float | None) -> dict[str, Any]:
     with RunStore.open(run_dir) as store:
         rounds = store.rounds()

@@ -23,14 +23,12 @@ client_lr_final_acc_<arm>=... client_lr_target=... client_lr_seeds=...``
 from __future__ import annotations
 
 import argparse
-import math
 from typing import Any
 
 import torch
 
-from _common import add_workers, fmt, places, print_settings, result_line, run_record, workers
+from _common import add_workers, mean_of, places, print_settings, result_line, run_arms, workers
 from fedforge.config import Config, from_dict
-from fedforge.data.federated import load_federated_data
 
 # arm: the settings it adds to plain FedAvg
 ARMS: dict[str, dict[str, Any]] = {
@@ -62,10 +60,6 @@ def config(arm: str, seed: int, args: Any) -> Config:
     )
 
 
-def mean(xs: list[Any]) -> float:
-    return sum(xs) / len(xs) if xs and None not in xs else math.nan
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="target 0.8, cap 15, one seed")
@@ -80,21 +74,11 @@ def main() -> None:
     torch.set_num_threads(1)
     arms = {a: config(a, 0, args) for a in ARMS}
     print_settings(f"pathological shards MNIST, 2NN: target {args.target}", arms["plain"], arms)
-    rows: list[tuple[str, int, dict[str, Any]]] = []
-    for seed in range(args.seeds):
-        data = load_federated_data(config("plain", seed, args))
-        for arm in ARMS:
-            rec = run_record(config(arm, seed, args), data, args.places)
-            rows.append((arm, seed, rec))
-            print(
-                f"{arm} seed {seed}: rounds to target {fmt(rec['rounds_to_target'])}, "
-                f"final acc {fmt(rec['final_accuracy'], '.4f')} ({rec['status']})",
-                flush=True,
-            )
+    rows = run_arms(list(ARMS), config, args, "plain")
     result: dict[str, Any] = {}
     for key, field in (("rounds", "rounds_to_target"), ("final_acc", "final_accuracy")):
         for arm in ARMS:
-            result[f"client_lr_{key}_{arm}"] = mean([r[field] for a, _, r in rows if a == arm])
+            result[f"client_lr_{key}_{arm}"] = mean_of([r[field] for a, _, r in rows if a == arm])
     result.update(client_lr_target=args.target, client_lr_cap=args.cap, client_lr_seeds=args.seeds)
     print(result_line(result))
 

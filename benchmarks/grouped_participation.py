@@ -23,14 +23,12 @@ grouped_rounds_g5=... grouped_final_acc_<arm>=... grouped_target=... grouped_see
 from __future__ import annotations
 
 import argparse
-import math
 from typing import Any
 
 import torch
 
-from _common import add_workers, fmt, places, print_settings, result_line, run_record, workers
+from _common import add_workers, mean_of, places, print_settings, result_line, run_arms, workers
 from fedforge.config import Config, from_dict
-from fedforge.data.federated import load_federated_data
 
 # arm: (policy, groups)
 ARMS: dict[str, tuple[str, int | None]] = {
@@ -64,10 +62,6 @@ def config(arm: str, seed: int, args: Any) -> Config:
     )
 
 
-def mean(xs: list[Any]) -> float:
-    return sum(xs) / len(xs) if xs and None not in xs else math.nan
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="target 0.85, cap 40, one seed")
@@ -82,24 +76,14 @@ def main() -> None:
     torch.set_num_threads(1)
     arms = {a: config(a, 0, args) for a in ARMS}
     print_settings(f"pathological shards MNIST, 2NN: target {args.target}", arms["uniform"], arms)
-    rows: list[tuple[str, int, dict[str, Any]]] = []
-    for seed in range(args.seeds):
-        data = load_federated_data(config("uniform", seed, args))
-        for arm in ARMS:
-            rec = run_record(config(arm, seed, args), data, args.places)
-            rows.append((arm, seed, rec))
-            print(
-                f"{arm} seed {seed}: rounds to target {fmt(rec['rounds_to_target'])}, "
-                f"final acc {fmt(rec['final_accuracy'], '.4f')} ({rec['status']})",
-                flush=True,
-            )
+    rows = run_arms(list(ARMS), config, args, "uniform")
     result: dict[str, Any] = {}
     for arm in ARMS:
-        result[f"grouped_rounds_{arm}"] = mean(
+        result[f"grouped_rounds_{arm}"] = mean_of(
             [r["rounds_to_target"] for a, _, r in rows if a == arm]
         )
     for arm in ARMS:
-        result[f"grouped_final_acc_{arm}"] = mean(
+        result[f"grouped_final_acc_{arm}"] = mean_of(
             [r["final_accuracy"] for a, _, r in rows if a == arm]
         )
     result.update(grouped_target=args.target, grouped_cap=args.cap, grouped_seeds=args.seeds)
