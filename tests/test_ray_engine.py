@@ -8,9 +8,12 @@ and a killed driver are in tests/test_ray_cluster.py (slow)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +23,10 @@ import torch
 import fedforge
 from fedforge.config import parse
 from fedforge.core.errors import ConfigError, EngineError
+from fedforge.core.precision import native_bf16
+from fedforge.server import experiment
 from fedforge.server.collectors import streaming
+from fedforge.server.collectors.partial import UpdateSumming
 from fedforge.server.hooks import RoundEnd, RoundHook, RoundInfo
 from fedforge.store import RunStore
 
@@ -136,6 +142,80 @@ def test_a_first_round_judged_by_its_own_median_is_summed_in_two_passes(
     assert float((summed.params - serial.params).abs().max()) <= 1e-9
 
 
+class _KeptAtRoundEnd(RoundHook):
+    """The round each worker still keeps uploads of, read at each round's end."""
+
+    name = "kept"
+
+    def __init__(self) -> None:
+        self.kept: list[list[int | None]] = []
+
+    def round_end(self, info: RoundInfo, end: RoundEnd) -> None:
+        actors = info.exp.engine._actors  # type: ignore[attr-defined]
+        self.kept.append(ray.get([a.kept_round.remote() for a in actors]))
+
+
+def test_a_worker_lost_between_the_two_passes_leaves_the_median_with_its_clients(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under ``dropout``, worker 1's process is killed once the first pass has
+    reported: its clients are the round's dropouts, so the round is settled
+    again from worker 0's norms alone (the median of the uploads it takes), and
+    no worker keeps uploads past its round."""
+    settles: list[list[list[float]]] = []
+    settle = UpdateSumming.settle
+    engines: list[Any] = []
+
+    def killing(self: UpdateSumming, reports: Any) -> UpdateSumming:
+        settles.append([list(r) for r in reports])
+        if len(settles) == 1:  # between the passes of the first round
+            pid = ray.get(engines[0]._actors[1].pid.remote())
+            os.kill(pid, signal.SIGKILL)
+            while _alive(pid):
+                time.sleep(0.01)
+        return settle(self, reports)
+
+    class _Engine(RoundHook):
+        name = "engine"
+
+        def round_start(self, info: RoundInfo) -> None:
+            engines.append(info.exp.engine)
+
+    monkeypatch.setattr(UpdateSumming, "settle", killing)
+    kept = _KeptAtRoundEnd()
+    ends = _Ends()
+    cfg = _cfg("ray", rounds=2, ray={"workers": 2, "on_worker_failure": "dropout"})
+    fedforge.run(cfg, hooks=[_Engine(), kept, ends])
+    first, again = settles[0], settles[1]
+    cohort = ends.rounds[0][0]
+    # the reports come in worker order: worker 0's clients' norms, then worker 1's
+    assert len(first) == 2 and again == first[:1]
+    assert len(first[0]) == sum(c % 2 == 0 for c in cohort)
+    assert ends.rounds[0][1] == [c for c in cohort if c % 2 == 0]
+    assert ends.rounds[1][1] == ends.rounds[1][0]  # a new worker: round 2 is whole
+    assert kept.kept == [[None, None], [None, None]]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+class _Ends(RoundHook):
+    """Each round's cohort and the clients whose updates the model took."""
+
+    name = "ends"
+
+    def __init__(self) -> None:
+        self.rounds: list[tuple[list[int], list[int]]] = []
+
+    def round_end(self, info: RoundInfo, end: RoundEnd) -> None:
+        self.rounds.append((sorted(info.cohort), sorted(end.used)))
+
+
 class _CrashAfter(RoundHook):
     """Ends the run (as a crash would) once round ``n`` is recorded."""
 
@@ -233,10 +313,28 @@ def test_without_ray_the_run_says_which_extra_installs_it(monkeypatch: pytest.Mo
     ids=["cpus", "gpus_on_cpu_device"],
 )
 def test_what_the_cluster_cannot_give_is_refused_before_any_worker_waits(
-    extra: dict[str, Any], error: type[Exception], why: str
+    extra: dict[str, Any], error: type[Exception], why: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    loads: list[Any] = []
+    run_data = experiment._run_data
+    monkeypatch.setattr(experiment, "_run_data", lambda *a: loads.append(1) or run_data(*a))
     with pytest.raises(error, match=why):
         fedforge.build(_cfg("ray", ray=extra))
+    # GPUs reserved for a CPU run are refused before the data loads
+    assert loads == ([] if "num_gpus" in extra else [1])
+
+
+def test_bf16_is_judged_on_the_workers_cpus() -> None:
+    """The note on emulated bf16 is the workers' (they train), and says on how many."""
+    exp = fedforge.build(_cfg("ray", precision="bf16", dtype="float32"))
+    try:
+        said = exp.note or ""
+    finally:
+        exp.engine.close()
+    if native_bf16():
+        assert "bf16 is emulated" not in said
+    else:
+        assert "bf16 is emulated" in said and "(2 of 2 Ray workers)" in said
 
 
 def test_gpu_workers_on_a_cluster_without_gpus_is_one_line() -> None:

@@ -265,29 +265,58 @@ class RayEngine(SimulationEngine):
         shares: dict[int, list[ClientTask]] = {}
         for task in tasks:
             shares.setdefault(self.owner(task.client_id), []).append(task)
+        if summing.waits:
+            yield from self._two_passes(ref, shares, summing)
+            return
         calls: list[_Call] = []
         try:
-            if summing.waits:  # first pass: each worker keeps its uploads, reports
-                calls = [
-                    self._call(w, "run_kept", ref, s, summing) for w, s in sorted(shares.items())
-                ]
-                reports = {c.worker: self._result(c) for c in calls}
-                settled = summing.settle([r for r in reports.values() if r is not None])
-                shares = {w: s for w, s in shares.items() if reports[w] is not None}
-                calls = [
-                    self._call(w, "run_settled", ref, s, summing, settled)
-                    for w, s in sorted(shares.items())
-                ]
-            else:
-                calls = [
-                    self._call(w, "run_summed", ref, s, summing) for w, s in sorted(shares.items())
-                ]
+            calls = [
+                self._call(w, "run_summed", ref, s, summing) for w, s in sorted(shares.items())
+            ]
             for call in calls:
                 share = self._result(call)
                 if share is not None:
                     yield share
         finally:
             _cancel(self.ray, [c.future for c in calls])
+
+    def _two_passes(
+        self, ref: Any, shares: Mapping[int, list[ClientTask]], summing: Summing
+    ) -> list[PartialSum]:
+        """A round that waits: each worker keeps its uploads and reports their
+        norms, the round is settled from the reports of the workers still there,
+        and each sums its kept uploads under it. A worker lost in the second pass
+        (under ``dropout``) takes its clients out of the round, reports included:
+        the round is settled again without them and the others sum again (they
+        still keep their uploads). The workers drop what they keep at the end,
+        the round completed or abandoned."""
+        calls: list[_Call] = []
+        try:
+            calls = [self._call(w, "run_kept", ref, s, summing) for w, s in sorted(shares.items())]
+            reports = {c.worker: self._result(c) for c in calls}
+            while live := {w: r for w, r in reports.items() if r is not None}:
+                settled = summing.settle(list(live.values()))
+                calls = [
+                    self._call(w, "run_settled", ref, shares[w], summing, settled) for w in live
+                ]
+                summed = {c.worker: self._result(c) for c in calls}
+                if all(s is not None for s in summed.values()):
+                    return [s for s in summed.values() if s is not None]
+                reports.update((w, None) for w, s in summed.items() if s is None)
+            return []
+        finally:
+            _cancel(self.ray, [c.future for c in calls])
+            for actor in self._actors:  # after the round's calls: Ray keeps a caller's order
+                with contextlib.suppress(Exception):
+                    actor.forget.remote()
+
+    def precision_note(self, precision: str) -> str | None:
+        """Where the workers emulate bf16 (CPUs without it), one line saying on how many."""
+        said = self._get([a.precision_note.remote(precision) for a in self._actors])
+        notes = [n for n in said if n]
+        if not notes:
+            return None
+        return f"{notes[0]} ({len(notes)} of {len(self._actors)} Ray workers)"
 
     def run_phase(self, phase: str, messages: Mapping[int, bytes]) -> dict[int, bytes]:
         by_worker: dict[int, dict[int, bytes]] = {}

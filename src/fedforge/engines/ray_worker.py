@@ -13,12 +13,15 @@ again as :class:`ClientFailed`, naming the client and the round.
 from __future__ import annotations
 
 import os
+import socket
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fedforge.client.runtime import ClientRuntime, ClientTask
-from fedforge.core.device import resolve_device
+from fedforge.core.device import HOST, module_device, resolve_device
+from fedforge.core.errors import ConfigError, EngineError
+from fedforge.core.precision import precision_note
 from fedforge.engines.partial import PartialSum, Summing
 from fedforge.engines.threads import set_threads
 from fedforge.store.client_state import ClientStateStore
@@ -46,14 +49,40 @@ class ClientWorker:
         loaded: tuple[ClientRuntime, dict[str, ClientStateStore]] = ray.get(bundle[0])
         runtime, tables = loaded
         set_threads(threads)
-        # the run's device, resolved where the worker runs (Ray shows it the GPUs
-        # it reserved): each task trains there
-        runtime.model.to(resolve_device(device))
         self.runtime, self.tables = runtime, tables
         self.kept: tuple[int, PartialSum] | None = None  # (round, share) awaiting settle
+        # the run's device, resolved where the worker runs (Ray shows it the GPUs
+        # it reserved): each task trains there. A device this machine lacks is
+        # said at the worker's first call, as one line (an actor whose start
+        # raised would only read as a lost worker)
+        self.refused: str | None = None
+        try:
+            runtime.model.to(resolve_device(device))
+        except ConfigError as exc:
+            self.refused = f"the Ray worker on {socket.gethostname()} cannot train there: {exc}"
 
     def pid(self) -> int:
+        self._check()
         return os.getpid()
+
+    def _check(self) -> None:
+        if self.refused is not None:
+            raise EngineError(self.refused)
+
+    def precision_note(self, precision: str) -> str | None:
+        """The run's precision as this worker computes it: a note where bf16 is
+        emulated (a CPU without native bf16); None on a GPU."""
+        if module_device(self.runtime.model) != HOST:
+            return None
+        return precision_note(precision)
+
+    def kept_round(self) -> int | None:
+        """The round whose uploads this worker keeps awaiting a settle, if any."""
+        return None if self.kept is None else self.kept[0]
+
+    def forget(self) -> None:
+        """Drop the uploads kept for a settle (the round is over, or abandoned)."""
+        self.kept = None
 
     def run(self, payload: bytes, tasks: Sequence[ClientTask]) -> list[tuple[int, bytes, float]]:
         """Each task's encoded update and seconds, in task order."""
@@ -69,6 +98,7 @@ class ClientWorker:
     ) -> PartialSum:
         """The tasks' updates checked and summed here (engines/partial.py): the
         driver receives one weighted sum, whatever the number of clients."""
+        self.kept = None  # an earlier round's, were its settle never to come
         part = summing.start(self.runtime.codec)
         for task in tasks:
             t0 = time.perf_counter()
@@ -86,17 +116,17 @@ class ClientWorker:
     def run_settled(
         self, payload: bytes, tasks: Sequence[ClientTask], summing: Summing, settled: Summing
     ) -> PartialSum:
-        """Second pass: the kept updates summed under the settled round. A worker
-        that keeps none of this round (it replaced a lost one) trains them again
-        (a task's randomness is its seed's: the same updates)."""
-        kept, self.kept = self.kept, None
-        if kept is None or kept[0] != tasks[0].round_idx:
-            share = self.run_summed(payload, tasks, summing)
-        else:
-            share = kept[1]
-        return share.settle(settled)
+        """Second pass: the kept updates summed under the settled round. They stay
+        kept until ``forget`` (the driver settles again without a worker lost in
+        this pass). A worker that keeps none of this round (it replaced a lost one)
+        trains them again (a task's randomness is its seed's: the same updates)."""
+        if self.kept is None or self.kept[0] != tasks[0].round_idx:
+            self.run_kept(payload, tasks, summing)
+        assert self.kept is not None
+        return self.kept[1].settle(settled)
 
     def _train(self, task: ClientTask, payload: bytes) -> bytes:
+        self._check()
         try:
             return self.runtime.run(task, payload)
         except Exception as exc:  # raised to the driver as one line naming the client

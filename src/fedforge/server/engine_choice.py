@@ -146,8 +146,15 @@ def driver_device(cfg: Config) -> str:
     """The device the run's own process holds the model on: the config's, except
     under ``engine: ray`` with GPUs reserved for the workers: they train on
     ``device`` (each resolves it where it runs) and the driver (aggregation,
-    evaluation) uses a GPU only when it sees one."""
+    evaluation) uses a GPU only when it sees one. GPUs reserved for workers told
+    to train on the CPU are refused here, before the data loads."""
     if cfg.engine == "ray" and cfg.ray.num_gpus > 0:
+        if cfg.device == "cpu":
+            raise ConfigError(
+                f"ray.num_gpus {cfg.ray.num_gpus:g} reserves GPUs for the workers but device "
+                "is 'cpu': set device: cuda (or auto) to train the clients on them, or "
+                "ray.num_gpus: 0"
+            )
         return "auto"
     return cfg.device
 
@@ -158,17 +165,14 @@ def ray_choice(
     settings: RaySettings,
     driver_state: str | None,
     threads: int | None,
+    precision: str,
 ) -> EngineChoice:
     """``engine: ray``: the Ray engine, its workers holding the per-client
     ``tables``; refused in one line where part of the clients' state can only
-    live in the driver (``driver_state``) or a table cannot move."""
+    live in the driver (``driver_state``) or a table cannot move. Its note: where
+    the workers emulate the run's ``precision`` (bf16 on CPUs without it)."""
     if driver_state is not None:
         raise ConfigError(f"engine: ray cannot run this: {driver_state}; use engine: serial")
-    if settings.num_gpus > 0 and settings.device == "cpu":
-        raise ConfigError(
-            f"ray.num_gpus {settings.num_gpus:g} reserves GPUs for the workers but device is "
-            "'cpu': set device: cuda (or auto) to train the clients on them, or ray.num_gpus: 0"
-        )
     for name, table in tables.items():
         if not relocatable(table):
             raise ConfigError(
@@ -177,7 +181,13 @@ def ray_choice(
                 "made by fedforge.store.make_state_store can); use engine: serial"
             )
     plan = thread_plan(threads, usable_cores(), 0)  # the driver's: aggregation, evaluation
-    return EngineChoice(RayEngine(runtime, tables, settings), [], plan)
+    engine = RayEngine(runtime, tables, settings)
+    try:
+        note = engine.precision_note(precision) if precision == "bf16" else None
+    except BaseException:
+        engine.close()
+        raise
+    return EngineChoice(engine, [note] if note else [], plan)
 
 
 def _candidate_engine(candidate: probe.Candidate, runtime: ClientRuntime) -> Engine:

@@ -166,12 +166,13 @@ def build(cfg: Config, data: FederatedData | None = None, task: Task | None = No
         tables = _tables(parts.comm, algorithm)
         settings = RaySettings(**dataclasses.asdict(cfg.ray), device=cfg.device)
         driver = _driver_state(parts.priv)
-        choice = ray_choice(runtime, tables, settings, driver, cfg.threads)
+        choice = ray_choice(runtime, tables, settings, driver, cfg.threads, cfg.precision)
     else:
         choice = _engine_for(cfg, data, runtime, _side_state(parts.comm, parts.priv))
     said = [*config_notes(cfg), own_split_note(cfg) if own_split else None]
     ignored = "; ".join(n for n in said if n)
-    bf16 = precision_note(cfg.precision) if device == HOST else None  # a CPU's bf16
+    # a CPU's bf16: the driver's where it trains (the Ray workers' come as its note)
+    bf16 = precision_note(cfg.precision) if device == HOST and cfg.engine != "ray" else None
     notes = (*choice.notes, bf16, ignored)
     return Experiment(
         cfg,
