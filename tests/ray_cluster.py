@@ -158,7 +158,9 @@ def start_two_nodes() -> LocalCluster:
             env,
         )
         _ray_start(
-            [f"--address={cluster.address}", '--resources={"second_node": 1}']
+            # one GPU declared on the second node (Ray takes the count as given):
+            # a worker placed there for a GPU finds none torch can use
+            [f"--address={cluster.address}", '--resources={"second_node": 1}', "--num-gpus=1"]
             + common
             + _node_ports(),
             env,

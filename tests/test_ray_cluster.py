@@ -255,6 +255,45 @@ def test_a_worker_killed_mid_round_loses_its_clients_as_dropouts(
     assert per_round == [kill.rounds[r][1] for r in range(MNIST["rounds"])]
 
 
+@pytest.mark.parametrize("failure", ["retry", "dropout"])
+def test_a_worker_killed_in_the_first_round_two_passes(
+    cluster: LocalCluster,
+    mnist: dict[str, Any],
+    serial_mnist: Path,
+    tmp_path: Path,
+    failure: str,
+) -> None:
+    """The first round, summed on the workers in two passes (its uploads judged
+    by their own median norm), loses worker 1: retried, the run is the serial
+    one to rounding; as dropouts, its clients leave the round and the median."""
+    kill = _KillMidRound(round_idx=0, worker=1)
+    cfg = _mnist_cfg(mnist, tmp_path, engine="ray", **_on(cluster, on_worker_failure=failure))
+    result = fedforge.run(cfg, hooks=[kill])
+    assert kill.killed is not None and not alive(kill.killed)
+    assert kill.engine.restarts == 1
+    cohort, used = kill.rounds[0]
+    if failure == "retry":
+        want = load_final(serial_mnist)["params"]
+        assert float((result.params - want).abs().max()) <= 1e-9
+        assert used == cohort
+    else:
+        assert used == [c for c in cohort if c % 2 == 0] and len(used) < len(cohort)
+    for r in (1, 2, 3):
+        assert kill.rounds[r][1] == kill.rounds[r][0]
+
+
+def test_a_device_the_workers_node_lacks_is_one_line(cluster: LocalCluster) -> None:
+    """The second node declares a GPU that torch (a CPU build) cannot use: the
+    worker placed there says so in one line, not as a lost worker."""
+    cfg = _cfg("ray", device="cuda", **_on(cluster, workers=1, num_gpus=1))
+    with pytest.raises(EngineError) as err:
+        fedforge.run(cfg)
+    line = str(err.value)
+    assert "the Ray worker on" in line and "cannot train there" in line
+    assert "'device'" in line and "cuda" in line
+    assert "lost" not in line and "\n" not in line
+
+
 def test_a_worker_killed_holding_state_ends_the_run_and_resume_finishes_it(
     cluster: LocalCluster, mnist: dict[str, Any], serial_scaffold: Path, tmp_path: Path
 ) -> None:

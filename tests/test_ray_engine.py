@@ -358,3 +358,21 @@ def test_an_address_where_no_cluster_answers_is_refused_at_once() -> None:
         EngineError, match=rf"no Ray cluster answers at ray.address '127.0.0.1:{port}'"
     ):
         connect(ray, f"127.0.0.1:{port}")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_workers_train_on_the_gpu_they_reserve() -> None:
+    """With a GPU: two workers share it (``num_gpus: 0.5``) and train there, in
+    float64, to the serial CPU run's model within 1e-9."""
+    serial = fedforge.run(_cfg("serial"))
+    cfg = _cfg("ray", device="cuda", ray={"workers": 2, "num_gpus": 0.5})
+    exp = fedforge.build(cfg)
+    try:
+        actors = exp.engine._actors  # type: ignore[attr-defined]
+        devices = ray.get([a.device.remote() for a in actors])
+    finally:
+        exp.engine.close()
+    assert devices == ["cuda:0", "cuda:0"]
+    on_gpu = fedforge.run(cfg)
+    assert float((on_gpu.params - serial.params).abs().max()) <= 1e-9

@@ -69,6 +69,10 @@ class ClientWorker:
         if self.refused is not None:
             raise EngineError(self.refused)
 
+    def device(self) -> str:
+        """Where this worker's tasks train."""
+        return str(module_device(self.runtime.model))
+
     def precision_note(self, precision: str) -> str | None:
         """The run's precision as this worker computes it: a note where bf16 is
         emulated (a CPU without native bf16); None on a GPU."""
