@@ -4,7 +4,8 @@ Strategies"), its communication-free variant rpow-d: each round the server
 draws a candidate set of ``d`` clients without replacement with probability
 proportional to their example counts n_k, then asks the ``size`` candidates
 with the highest training loss they last reported (a client never heard from
-first: its loss is unknown, so it may be the highest). No client computes
+first: its loss is unknown, so it may be the highest; one whose uploads were
+refused and never taken last, or it would be asked first every round). No client computes
 anything extra: the losses are those its past updates carried.
 
 Written outside the package through the public API:
@@ -54,9 +55,13 @@ class PowerOfChoice:
         p = n / n.sum() if np.count_nonzero(n) >= d else None  # else too few with examples
         candidates = round.rng.choice(len(among), size=d, replace=False, p=p)
 
-        def unknown_then_loss(i: int) -> tuple[bool, float]:
-            loss = round.history[int(among[i])].last_loss
-            return (loss is not None, -(loss or 0.0))
+        def unknown_then_loss(i: int) -> tuple[int, float]:
+            # unknown first, then by loss; unknown and refused (a client whose
+            # updates the server's gates reject: its loss stays unknown) last
+            row = round.history[int(among[i])]
+            if row.last_loss is None:
+                return (2 if row.refused else 0, 0.0)
+            return (1, -row.last_loss)
 
         ranked = sorted(candidates, key=unknown_then_loss)  # stable: ties in draw order
         return [int(among[i]) for i in ranked[: round.size]]

@@ -74,6 +74,21 @@ def test_power_of_choice_asks_the_highest_losses_of_its_candidates_unknown_first
     assert len(PowerOfChoice(1).select(ask(rows, sizes, 3))) == 3
 
 
+def test_power_of_choice_asks_a_client_refused_and_never_taken_last() -> None:
+    """Four clients, every one a candidate (d = N): 0 never asked (+inf), 1 asked
+    and refused twice with no loss known (-inf), 2 and 3 losses 2.0 and 1.0; a
+    dropped client (no upload, nothing refused) stays unknown: +inf."""
+    rows = {1: {"asked": 2, "refused": 2}, 2: {"last_loss": 2.0}, 3: {"last_loss": 1.0}}
+    sizes = [10, 10, 10, 10]
+    for size, want in ((1, [0]), (2, [0, 2]), (3, [0, 2, 3]), (4, [0, 2, 3, 1])):
+        assert PowerOfChoice(4).select(ask(rows, sizes, size)) == want
+    rows[0] = {"asked": 3, "dropped": 3}
+    assert PowerOfChoice(4).select(ask(rows, sizes, 4)) == [0, 2, 3, 1]
+    # a refused client whose loss was once known ranks by that loss
+    rows[1] = {"asked": 3, "refused": 2, "used": 1, "last_loss": 5.0}
+    assert PowerOfChoice(4).select(ask(rows, sizes, 2)) == [0, 1]
+
+
 def oort_rows() -> tuple[dict[int, dict[str, Any]], list[int]]:
     """Three clients heard from (losses, last taken rounds, durations), two not."""
     rows = {

@@ -7,9 +7,12 @@ replacement, with probabilities proportional to their example counts
 p_k = n_k / sum n, and asks the ``size`` candidates of highest local loss. The
 paper's pow-d has the candidates compute their loss on the current global
 model (a round trip more); rpow-d, followed here, takes the training loss each
-client reported with its last taken update instead. A client never heard from
-ranks first (its loss is unknown, so treated as +inf: explored before any
-known one); ties keep the draw's order. d = size is the n_k-weighted draw;
+client reported with its last taken update instead. A client whose loss is
+unknown ranks first (treated as +inf: explored before any known one), unless
+the server refused an upload of it: a client refused and never taken ranks
+last (-inf), so a client whose updates the gates always refuse is not asked
+first in every round (its loss would stay unknown forever); ties keep the
+draw's order. d = size is the n_k-weighted draw;
 larger d biases the cohort towards high losses (faster early, a larger floor
 of the error: the paper's trade-off). The paper's adaptive d is not offered.
 
@@ -28,6 +31,7 @@ from fedforge.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from fedforge.config.components import ComponentContext
+    from fedforge.selection.history import ClientHistory
     from fedforge.selection.named import SelectionRound
 
 
@@ -58,11 +62,18 @@ class PowerOfChoice:
     def select(self, round: SelectionRound) -> list[int]:
         d = 2 * round.size if self.d is None else self.d
         drawn = candidates(round, min(len(round.among), max(d, round.size)))
-        # an unknown loss ranks as +inf; Python's sort is stable: ties in draw order
-        losses = [round.history[c].last_loss for c in drawn]
-        key = {c: -(math.inf if x is None else x) for c, x in zip(drawn, losses, strict=True)}
+        # Python's sort is stable: ties in draw order
+        key = {c: -rank_loss(round.history[c]) for c in drawn}
         ranked = sorted(drawn, key=key.__getitem__)
         return ranked[: round.size]
+
+
+def rank_loss(row: ClientHistory) -> float:
+    """The loss a candidate ranks by: its last reported one; +inf when unknown
+    (never taken), -inf when unknown and an upload of it was refused."""
+    if row.last_loss is not None:
+        return row.last_loss
+    return -math.inf if row.refused else math.inf
 
 
 def factory(context: ComponentContext) -> PowerOfChoice:
