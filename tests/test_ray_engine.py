@@ -22,6 +22,7 @@ import torch
 
 import fedforge
 from fedforge.config import parse
+from fedforge.core import precision
 from fedforge.core.errors import ConfigError, EngineError
 from fedforge.core.precision import native_bf16
 from fedforge.server import experiment
@@ -155,25 +156,31 @@ class _KeptAtRoundEnd(RoundHook):
         self.kept.append(ray.get([a.kept_round.remote() for a in actors]))
 
 
-def test_a_worker_lost_between_the_two_passes_leaves_the_median_with_its_clients(
+def _kill_between_passes(
     monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Under ``dropout``, worker 1's process is killed once the first pass has
-    reported: its clients are the round's dropouts, so the round is settled
-    again from worker 0's norms alone (the median of the uploads it takes), and
-    no worker keeps uploads past its round."""
+) -> tuple[list[list[list[float]]], list[UpdateSumming], list[Any], RoundHook]:
+    """Worker 1's process SIGKILLed once the first round's first pass has
+    reported (in the driver's first ``settle``): each settle's reports and
+    result, and the bound of each share the driver takes (recorded)."""
     settles: list[list[list[float]]] = []
-    settle = UpdateSumming.settle
+    settled: list[UpdateSumming] = []
+    taken: list[Any] = []
     engines: list[Any] = []
+    settle, take = UpdateSumming.settle, streaming.StreamingMean.take_share
 
     def killing(self: UpdateSumming, reports: Any) -> UpdateSumming:
         settles.append([list(r) for r in reports])
-        if len(settles) == 1:  # between the passes of the first round
+        if len(settles) == 1:
             pid = ray.get(engines[0]._actors[1].pid.remote())
             os.kill(pid, signal.SIGKILL)
             while _alive(pid):
                 time.sleep(0.01)
-        return settle(self, reports)
+        settled.append(settle(self, reports))
+        return settled[-1]
+
+    def taking(self: streaming.StreamingMean, share: Any) -> list[int]:
+        taken.append(share.summing.limits.relative)
+        return take(self, share)
 
     class _Engine(RoundHook):
         name = "engine"
@@ -182,18 +189,50 @@ def test_a_worker_lost_between_the_two_passes_leaves_the_median_with_its_clients
             engines.append(info.exp.engine)
 
     monkeypatch.setattr(UpdateSumming, "settle", killing)
+    monkeypatch.setattr(streaming.StreamingMean, "take_share", taking)
+    return settles, settled, taken, _Engine()
+
+
+def test_a_worker_lost_between_the_two_passes_leaves_the_median_with_its_clients(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under ``dropout``, worker 1 is lost between the passes: its clients are
+    the round's dropouts, so the round is settled again from worker 0's norms
+    alone (the median of the uploads it takes), worker 0's share is summed
+    under that bound, and no worker keeps uploads past its round."""
+    settles, settled, taken, engine = _kill_between_passes(monkeypatch)
     kept = _KeptAtRoundEnd()
     ends = _Ends()
-    cfg = _cfg("ray", rounds=2, ray={"workers": 2, "on_worker_failure": "dropout"})
-    fedforge.run(cfg, hooks=[_Engine(), kept, ends])
+    cfg = _cfg(
+        "ray", rounds=2, client_fraction=0.5, ray={"workers": 2, "on_worker_failure": "dropout"}
+    )
+    fedforge.run(cfg, hooks=[engine, kept, ends])
     first, again = settles[0], settles[1]
     cohort = ends.rounds[0][0]
     # the reports come in worker order: worker 0's clients' norms, then worker 1's
-    assert len(first) == 2 and again == first[:1]
+    assert len(first) == 2 and again == first[:1] and len(settles) == 2
     assert len(first[0]) == sum(c % 2 == 0 for c in cohort)
+    # the bound worker 0 summed under is the second settle's (and it differs)
+    assert settled[0].limits.relative != settled[1].limits.relative
+    assert taken[0] == settled[1].limits.relative
     assert ends.rounds[0][1] == [c for c in cohort if c % 2 == 0]
     assert ends.rounds[1][1] == ends.rounds[1][0]  # a new worker: round 2 is whole
     assert kept.kept == [[None, None], [None, None]]
+
+
+def test_a_worker_lost_between_the_two_passes_is_retried_under_the_same_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under ``retry``, the new worker trains worker 1's clients again (the same
+    uploads: a task's randomness is its seed's) and sums them under the one
+    settled bound: the serial run to rounding."""
+    serial = fedforge.run(_cfg("serial", rounds=2))
+    settles, settled, taken, engine = _kill_between_passes(monkeypatch)
+    ends = _Ends()
+    result = fedforge.run(_cfg("ray", rounds=2), hooks=[engine, ends])
+    assert len(settles) == 1 and taken[:2] == [settled[0].limits.relative] * 2
+    assert all(used == cohort for cohort, used in ends.rounds)
+    assert float((result.params - serial.params).abs().max()) <= 1e-9
 
 
 def _alive(pid: int) -> bool:
@@ -324,17 +363,24 @@ def test_what_the_cluster_cannot_give_is_refused_before_any_worker_waits(
     assert loads == ([] if "num_gpus" in extra else [1])
 
 
-def test_bf16_is_judged_on_the_workers_cpus() -> None:
-    """The note on emulated bf16 is the workers' (they train), and says on how many."""
-    exp = fedforge.build(_cfg("ray", precision="bf16", dtype="float32"))
-    try:
-        said = exp.note or ""
-    finally:
+def test_bf16_is_judged_on_the_workers_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The note on emulated bf16 is the workers' (they train), and says on how
+    many: the driver's CPU, made to read as one without bf16, is not asked; it
+    is where the driver trains (the proxy's tuning steps)."""
+    workers_native = native_bf16()  # the workers run on this machine's CPUs
+    monkeypatch.setattr(precision, "native_bf16", lambda: False)
+
+    def note(**kw: Any) -> str:
+        exp = fedforge.build(_cfg("ray", precision="bf16", dtype="float32", **kw))
         exp.engine.close()
-    if native_bf16():
+        return exp.note or ""
+
+    said = note()
+    if workers_native:
         assert "bf16 is emulated" not in said
     else:
         assert "bf16 is emulated" in said and "(2 of 2 Ray workers)" in said
+    assert "bf16 is emulated" in note(proxy={"size": 60, "tune_epochs": 1})
 
 
 def test_gpu_workers_on_a_cluster_without_gpus_is_one_line() -> None:

@@ -12,8 +12,9 @@ A round that judges its uploads by a figure of the whole cohort (the median of
 their own norms, in a run's first round) is summed in two passes: each worker
 trains and judges its clients and keeps what it would sum (``waits``), sends
 the driver a small ``report`` (the norms); the driver ``settle``s the round
-from all the reports, and each worker sums its kept uploads under the settled
-round (``PartialSum.settle``). The uploads stay where they were trained.
+from the reports of the workers still there, and each worker sums its kept
+uploads under the settled round (``PartialSum.settle``). The uploads stay where
+they were trained.
 """
 
 from __future__ import annotations
@@ -55,5 +56,6 @@ class Summing(Protocol):
         ...
 
     def settle(self, reports: Sequence[Any]) -> Summing:
-        """The round settled from every worker's ``PartialSum.report``."""
+        """The round settled from the ``PartialSum.report`` of each worker whose
+        clients the round keeps."""
         ...

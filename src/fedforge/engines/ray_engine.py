@@ -188,18 +188,19 @@ class RayEngine(SimulationEngine):
         handle = self._actors[worker]
         return _Call(worker, handle, getattr(handle, method).remote(*args), method, args)
 
-    def _result(self, call: _Call) -> Any | None:
-        """``call``'s value. Its worker lost: under ``retry`` the worker is replaced
-        (once, whichever of its calls learns it first) and the call made again
-        there; under ``dropout`` None (its clients are this round's dropouts); a
-        worker with per-client state, or past ``ray.max_restarts``: EngineError."""
+    def _result(self, call: _Call, may_drop: bool = True) -> Any | None:
+        """``call``'s value. Its worker lost: under ``retry`` (or where the call
+        may not drop its clients) the worker is replaced (once, whichever of its
+        calls learns it first) and the call made again there; under ``dropout``
+        None (its clients are this round's dropouts); a worker with per-client
+        state, or past ``ray.max_restarts``: EngineError."""
         while True:
             try:
                 return self._get([call.future])[0]
             except EngineError:
                 if not self._replace(call):
                     raise
-            if self.settings.on_worker_failure == "dropout":
+            if may_drop and self.settings.on_worker_failure == "dropout":
                 print(
                     f"fedforge: Ray worker {call.worker} was lost; its clients of this round "
                     "count as dropouts",
@@ -223,6 +224,8 @@ class RayEngine(SimulationEngine):
             if self.restarts >= self.settings.max_restarts:
                 return False
             self.restarts += 1
+            with contextlib.suppress(Exception):  # one only "unavailable" may come back
+                self.ray.kill(call.handle)
             self._actors[call.worker] = self._start_worker()
         return True
 
@@ -282,28 +285,37 @@ class RayEngine(SimulationEngine):
 
     def _two_passes(
         self, ref: Any, shares: Mapping[int, list[ClientTask]], summing: Summing
-    ) -> list[PartialSum]:
+    ) -> Iterator[PartialSum]:
         """A round that waits: each worker keeps its uploads and reports their
         norms, the round is settled from the reports of the workers still there,
-        and each sums its kept uploads under it. A worker lost in the second pass
-        (under ``dropout``) takes its clients out of the round, reports included:
-        the round is settled again without them and the others sum again (they
-        still keep their uploads). The workers drop what they keep at the end,
-        the round completed or abandoned."""
+        and each sums its kept uploads under it and holds the sum. A worker lost
+        in that second pass (under ``dropout``) takes its clients out of the
+        round, reports included: the round is settled again without them and
+        the others sum again (they still keep their uploads). Once every worker
+        holds its sum, the sums are taken one at a time (the driver holds one);
+        a worker lost then is replaced whatever ``on_worker_failure`` says (its
+        norms are in the bound: its clients are trained again). The workers
+        drop what they keep at the end, the round completed or abandoned."""
         calls: list[_Call] = []
         try:
             calls = [self._call(w, "run_kept", ref, s, summing) for w, s in sorted(shares.items())]
             reports = {c.worker: self._result(c) for c in calls}
-            while live := {w: r for w, r in reports.items() if r is not None}:
-                settled = summing.settle(list(live.values()))
+            while live := [w for w, r in reports.items() if r is not None]:
+                settled = summing.settle([reports[w] for w in live])
                 calls = [
                     self._call(w, "run_settled", ref, shares[w], summing, settled) for w in live
                 ]
-                summed = {c.worker: self._result(c) for c in calls}
-                if all(s is not None for s in summed.values()):
-                    return [s for s in summed.values() if s is not None]
-                reports.update((w, None) for w, s in summed.items() if s is None)
-            return []
+                done = {c.worker: self._result(c) for c in calls}
+                if all(done.values()):
+                    break
+                reports.update((w, None) for w, d in done.items() if not d)
+            else:  # every worker lost: the whole cohort dropped out
+                return
+            calls = [self._call(w, "take_settled", ref, shares[w], summing, settled) for w in live]
+            for call in calls:
+                share = self._result(call, may_drop=False)
+                assert share is not None  # replaced, or the round ends
+                yield share
         finally:
             _cancel(self.ray, [c.future for c in calls])
             for actor in self._actors:  # after the round's calls: Ray keeps a caller's order

@@ -51,6 +51,7 @@ class ClientWorker:
         set_threads(threads)
         self.runtime, self.tables = runtime, tables
         self.kept: tuple[int, PartialSum] | None = None  # (round, share) awaiting settle
+        self.settled: tuple[int, PartialSum] | None = None  # (round, share) to be taken
         # the run's device, resolved where the worker runs (Ray shows it the GPUs
         # it reserved): each task trains there. A device this machine lacks is
         # said at the worker's first call, as one line (an actor whose start
@@ -58,8 +59,9 @@ class ClientWorker:
         self.refused: str | None = None
         try:
             runtime.model.to(resolve_device(device))
-        except ConfigError as exc:
-            self.refused = f"the Ray worker on {socket.gethostname()} cannot train there: {exc}"
+        except Exception as exc:  # no such device here, or it is busy or full
+            why = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
+            self.refused = f"the Ray worker on {socket.gethostname()} cannot train there: {why}"
 
     def pid(self) -> int:
         self._check()
@@ -85,8 +87,9 @@ class ClientWorker:
         return None if self.kept is None else self.kept[0]
 
     def forget(self) -> None:
-        """Drop the uploads kept for a settle (the round is over, or abandoned)."""
-        self.kept = None
+        """Drop the uploads kept for a settle and a share not taken (the round is
+        over, or abandoned)."""
+        self.kept = self.settled = None
 
     def run(self, payload: bytes, tasks: Sequence[ClientTask]) -> list[tuple[int, bytes, float]]:
         """Each task's encoded update and seconds, in task order."""
@@ -119,15 +122,30 @@ class ClientWorker:
 
     def run_settled(
         self, payload: bytes, tasks: Sequence[ClientTask], summing: Summing, settled: Summing
-    ) -> PartialSum:
-        """Second pass: the kept updates summed under the settled round. They stay
-        kept until ``forget`` (the driver settles again without a worker lost in
-        this pass). A worker that keeps none of this round (it replaced a lost one)
-        trains them again (a task's randomness is its seed's: the same updates)."""
-        if self.kept is None or self.kept[0] != tasks[0].round_idx:
+    ) -> bool:
+        """Second pass: the kept updates summed under the settled round, held here
+        until taken (``take_settled``), so the driver learns that every worker has
+        summed before it takes any share. The uploads stay kept until ``forget``
+        (the driver settles again without a worker lost in this pass). A worker
+        that keeps none of this round (it replaced a lost one) trains them again
+        (a task's randomness is its seed's: the same updates)."""
+        round_idx = tasks[0].round_idx
+        if self.kept is None or self.kept[0] != round_idx:
             self.run_kept(payload, tasks, summing)
         assert self.kept is not None
-        return self.kept[1].settle(settled)
+        self.settled = (round_idx, self.kept[1].settle(settled))
+        return True
+
+    def take_settled(
+        self, payload: bytes, tasks: Sequence[ClientTask], summing: Summing, settled: Summing
+    ) -> PartialSum:
+        """The share ``run_settled`` summed; one that has none (it replaced a lost
+        worker) sums it first."""
+        if self.settled is None or self.settled[0] != tasks[0].round_idx:
+            self.run_settled(payload, tasks, summing, settled)
+        assert self.settled is not None
+        share, self.settled = self.settled[1], None
+        return share
 
     def _train(self, task: ClientTask, payload: bytes) -> bytes:
         self._check()

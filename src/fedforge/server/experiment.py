@@ -171,8 +171,10 @@ def build(cfg: Config, data: FederatedData | None = None, task: Task | None = No
         choice = _engine_for(cfg, data, runtime, _side_state(parts.comm, parts.priv))
     said = [*config_notes(cfg), own_split_note(cfg) if own_split else None]
     ignored = "; ".join(n for n in said if n)
-    # a CPU's bf16: the driver's where it trains (the Ray workers' come as its note)
-    bf16 = precision_note(cfg.precision) if device == HOST and cfg.engine != "ray" else None
+    # a CPU's bf16: the driver's where it trains, the clients or the proxy's tuning
+    # steps (the Ray workers' own CPUs come as the engine's note)
+    trains_here = cfg.engine != "ray" or cfg.proxy.tunes
+    bf16 = precision_note(cfg.precision) if device == HOST and trains_here else None
     notes = (*choice.notes, bf16, ignored)
     return Experiment(
         cfg,

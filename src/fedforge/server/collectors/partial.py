@@ -139,7 +139,8 @@ class UpdateSumming:
         return self.limits.waits
 
     def settle(self, reports: Sequence[Any]) -> UpdateSumming:
-        """The round's bound set by the median of every kept upload's norm."""
+        """The round's bound set by the median of the norms ``reports`` hold (the
+        kept uploads of the workers whose clients the round keeps)."""
         relative = self.limits.relative
         if relative is None or not relative.waits:
             return self
