@@ -52,6 +52,7 @@ def drift_fits(
     dataset: str,
     client_data: str,
     eval_clients: bool,
+    loss_gap: bool,
     validation: float,
     client_gate: bool,
     weights: str,
@@ -82,6 +83,13 @@ def drift_fits(
             eval_clients,
             eval_clients,
             "each client's held-out slice is scored without the round's label map",
+            "false",
+        ),
+        (
+            "diagnostics.loss_gap",
+            loss_gap,
+            loss_gap,
+            "the global model's loss on the cohort's data is read without the round's label map",
             "false",
         ),
         (

@@ -275,6 +275,7 @@ def check(cfg: Config) -> None:
         cfg.dataset,
         cfg.deployment.client_data,
         cfg.evaluation.clients,
+        cfg.diagnostics.loss_gap,
         cfg.evaluation.validation,
         cfg.robust.client_gate,
         cfg.aggregation.weights,
