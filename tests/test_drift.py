@@ -1,0 +1,194 @@
+"""Drift (config/drift.py, data/drift.py): the labels clients train on, and the
+test set is scored with, pass through the label map of the round's phase.
+The schedule against a hand example, the labels a client really trains on,
+the test score on the current phase, serial == vectorised in float64, a resume
+across a phase boundary bit-identical, and the config's one-line refusals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from fedforge.algorithms import LocalPlan
+from fedforge.client.runtime import ClientTask
+from fedforge.config import from_dict, override
+from fedforge.core.errors import ConfigError
+from fedforge.data import Partition
+from fedforge.data.concept import label_maps
+from fedforge.data.drift import DriftSchedule
+from fedforge.data.federated import FederatedData
+from fedforge.server.experiment import build
+from fedforge.server.loop import resume, run
+from fedforge.store import RunStore, list_checkpoints
+
+DRIFT = {"kind": "label_map", "every": 2, "groups": 3}
+# a float64 2NN federation of 6 clients, 3 a round, 4 rounds: phases 0, 0, 1, 1
+SMALL: dict[str, Any] = {
+    "model": "2nn", "num_clients": 6, "client_fraction": 0.5, "local_epochs": 2,
+    "batch_size": 4, "lr": 0.05, "rounds": 4, "target_accuracy": None,
+    "evaluation": {"every": 1}, "dtype": "float64", "checkpoint_every": 0, "drift": DRIFT,
+}  # fmt: skip
+
+
+def learnable_data(sizes: list[int], num_test: int = 40, seed: int = 0) -> FederatedData:
+    """Random 28x28 inputs whose label is the argmax of 10 fixed random
+    projections (a task a 2NN learns in a few rounds), client k holding the next
+    ``sizes[k]`` rows."""
+    gen = torch.Generator().manual_seed(seed)
+    n = sum(sizes)
+    x = torch.randn(n + num_test, 1, 28, 28, generator=gen, dtype=torch.float64)
+    w = torch.randn(784, 10, generator=gen, dtype=torch.float64)
+    y = (x.flatten(1) @ w).argmax(dim=1)
+    bounds = np.cumsum([0, *sizes])
+    parts = tuple(np.arange(bounds[k], bounds[k + 1]) for k in range(len(sizes)))
+    return FederatedData(x[:n], y[:n], x[n:], y[n:], Partition(parts), num_classes=10)
+
+
+SIZES = [9, 14, 6, 11, 8, 12]
+
+
+# --------------------------------------------------------------------------- schedule
+
+
+def test_schedule_by_hand() -> None:
+    """every = 3, 3 maps: rounds 0-2 phase 0 (identity), 3-5 map 1, 6-8 map 2,
+    9-11 the identity again; a label y reads as maps[g][y]."""
+    maps = torch.from_numpy(label_maps(3, 10, seed=7, stream="drift"))
+    schedule = DriftSchedule(maps, every=3)
+    want = {0: 0, 2: 0, 3: 1, 5: 1, 6: 2, 8: 2, 9: 0, 11: 0, 12: 1}
+    assert {r: schedule.map_index(r) for r in want} == want
+    assert [schedule.phase(r) for r in (0, 2, 3, 8, 9)] == [0, 0, 1, 2, 3]
+    y = torch.tensor([0, 3, 9, 3, 5])
+    for r, g in want.items():
+        by_hand = torch.tensor([int(maps[g][int(v)]) for v in y])
+        assert torch.equal(schedule.labels(y, r), by_hand)
+    assert torch.equal(schedule.labels(y, 0), y)
+    assert all(bool((maps[g] != torch.arange(10)).all()) for g in (1, 2))  # derangements
+
+
+def test_maps_come_from_the_seed_and_their_own_stream() -> None:
+    """The same seed draws the same maps; another seed, or the concept shift's
+    stream, others (a run with both has two independent sets)."""
+    drift = label_maps(4, 10, seed=3, stream="drift")
+    assert np.array_equal(drift, label_maps(4, 10, seed=3, stream="drift"))
+    assert not np.array_equal(drift, label_maps(4, 10, seed=4, stream="drift"))
+    assert not np.array_equal(drift, label_maps(4, 10, seed=3))
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def test_a_client_trains_on_its_labels_through_the_rounds_map() -> None:
+    data = learnable_data(SIZES)
+    exp = build(from_dict(SMALL), data)
+    maps = torch.from_numpy(label_maps(3, 10, seed=0, stream="drift"))
+    runtime = exp.engine.runtime  # type: ignore[attr-defined]
+    plan = LocalPlan(lr=0.05, local_epochs=1, batch_size=4)
+    for round_idx, g in [(0, 0), (1, 0), (2, 1), (3, 1), (4, 2), (6, 0)]:
+        x, y = runtime.client_data(ClientTask(2, round_idx, plan, 0))
+        own_x, own_y = data.client_data(2)
+        assert torch.equal(x, own_x)
+        assert torch.equal(y, maps[g][own_y])
+
+
+def _accuracy(exp: Any, params: torch.Tensor, labels: torch.Tensor) -> float:
+    """The share of the test set whose argmax is ``labels``, computed here."""
+    exp.spec.load_into(exp.model, params)
+    with torch.no_grad():
+        guess = exp.model(exp.data.test_x).argmax(dim=1)
+    return float((guess == labels).double().mean())
+
+
+def test_the_test_set_is_scored_on_the_current_phase() -> None:
+    """The last round (2 of 0..2, phase 1) is scored against the test labels
+    through map 1; the same model scored on the labels as they are differs."""
+    data = learnable_data(SIZES)
+    cfg = from_dict({**SMALL, "rounds": 3, "engine": "serial"})
+    got = run(cfg, data=data, store=False)
+    exp = build(cfg, data)
+    maps = torch.from_numpy(label_maps(3, 10, seed=0, stream="drift"))
+    mapped = _accuracy(exp, got.params, maps[1][data.test_y])
+    plain = _accuracy(exp, got.params, data.test_y)
+    assert got.rounds[-1].test_accuracy == pytest.approx(mapped, abs=1e-12)
+    assert mapped != plain
+
+
+def test_vectorized_equals_serial_float64_with_drift() -> None:
+    data = learnable_data(SIZES)
+    base = from_dict(SMALL)
+    serial = run(override(base, {"engine": "serial"}), data=data, store=False)
+    vector = run(override(base, {"engine": "vectorized"}), data=data, store=False)
+    still = run(override(base, {"engine": "serial", "drift.kind": "none"}), data=data, store=False)
+    assert vector.summary["engine"] == "vectorized"
+    assert (serial.params - vector.params).abs().max().item() < 1e-9
+    for a, b in zip(serial.rounds, vector.rounds, strict=True):
+        assert a.train_loss == pytest.approx(b.train_loss, abs=1e-12)
+        assert a.test_accuracy == pytest.approx(b.test_accuracy, abs=1e-12)
+    assert (serial.params - still.params).abs().max().item() > 1e-4  # the drift mattered
+
+
+def test_the_pool_engine_drifts_as_the_serial_one() -> None:
+    """The cohort spread over 2 forked processes (engines/pool.py), each a serial
+    runtime: the same parameters as one process."""
+    data = learnable_data(SIZES)
+    base = from_dict({**SMALL, "engine": "serial"})
+    one = run(base, data=data, store=False)
+    pool = run(override(base, {"workers": 2}), data=data, store=False)
+    assert pool.summary["engine"] == "serialx2"
+    assert torch.equal(one.params, pool.params)
+
+
+def test_resume_across_a_phase_boundary_is_bit_identical(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed as round 3 starts (checkpoint after round 1, phase 0): the resume
+    trains rounds 2 and 3 in phase 1 to the uninterrupted run's parameters and
+    per-round losses, bit for bit."""
+    from tests.test_resume import _crashed_run
+
+    data = learnable_data(SIZES)
+    base = {**SMALL, "checkpoint_every": 2, "engine": "serial"}
+    want = run(from_dict({**base, "runs_dir": str(tmp_path / "a")}), data)
+    run_dir = _crashed_run(monkeypatch, {**base, "runs_dir": str(tmp_path / "b")}, data, 3)
+    assert [p.name for p in list_checkpoints(run_dir)] == ["round-000002"]
+    got = resume(run_dir, data=data)
+    assert torch.equal(got.params, want.params)
+    assert [r.test_loss for r in got.rounds] == [r.test_loss for r in want.rounds]
+    assert [r.train_loss for r in got.rounds] == [r.train_loss for r in want.rounds]
+    with RunStore.open(run_dir) as store:
+        assert len(store.rounds()) == 4 and store.status == "finished"
+
+
+# --------------------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize(
+    ("fields", "said"),
+    [
+        ({"drift": {"kind": "label_map", "groups": 1}}, "'drift.groups' = 1"),
+        ({"drift": {"kind": "label_map", "groups": 11}}, "'drift.groups' = 11"),
+        ({"drift": {"kind": "label_map", "every": 0}}, "'drift.every' = 0"),
+        ({"drift": {"kind": "shuffle"}}, "'drift.kind' = 'shuffle'"),
+        ({"task": "shakespeare-lstm"}, "dataset = 'shakespeare'"),
+        ({"evaluation": {"clients": True}}, "evaluation.clients = True"),
+        ({"evaluation": {"validation": 0.1}}, "evaluation.validation = 0.1"),
+        ({"diagnostics": {"loss_gap": True}}, "diagnostics.loss_gap = True"),
+        ({"robust": {"client_gate": True}}, "robust.client_gate = True"),
+        ({"aggregation": {"weights": "class"}}, "aggregation.weights = 'class'"),
+        (
+            {"deployment": {"client_data": "remote"}, "robust": {"max_weight_ratio": 10}},
+            "deployment.client_data = 'remote'",
+        ),
+        ({"asynchronous": {"mode": "fedbuff"}}, "asynchronous.buffered = True"),
+    ],
+)
+def test_bad_drift_configs_are_refused_in_one_line(fields: dict[str, Any], said: str) -> None:
+    cfg = {"drift": {"kind": "label_map", "every": 2, "groups": 2}, **fields}
+    with pytest.raises(ConfigError) as err:
+        from_dict(cfg)
+    text = str(err.value)
+    assert said in text and "\n" not in text, text
