@@ -142,6 +142,29 @@ def test_the_pool_engine_drifts_as_the_serial_one() -> None:
     assert torch.equal(one.params, pool.params)
 
 
+@pytest.mark.slow
+def test_the_ray_engine_drifts_as_the_serial_one() -> None:
+    """Ray workers run the pickled runtime, its schedule with it: each upload as
+    the serial engine's, so the parameters are equal bit for bit (~7 s: a local
+    cluster of 2 CPUs)."""
+    ray = pytest.importorskip("ray")
+    cfg = {
+        "dataset": "synthetic", "model": "logreg", "num_clients": 30, "client_fraction": 0.4,
+        "rounds": 4, "lr": 0.02, "dtype": "float64", "threads": 1, "target_accuracy": None,
+        "checkpoint_every": 0, "drift": {"kind": "label_map", "every": 2, "groups": 2},
+    }  # fmt: skip
+    serial = run(from_dict({**cfg, "engine": "serial"}), store=False)
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
+    try:
+        spread = {"workers": 2, "aggregate_on_workers": False}
+        got = run(from_dict({**cfg, "engine": "ray", "ray": spread}), store=False)
+    finally:
+        ray.shutdown()
+    assert got.summary["engine"] == "rayx2"
+    assert torch.equal(got.params, serial.params)
+    assert [r.test_accuracy for r in got.rounds] == [r.test_accuracy for r in serial.rounds]
+
+
 def test_resume_across_a_phase_boundary_is_bit_identical(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
