@@ -15,7 +15,7 @@ import torch
 
 from fedforge.algorithms import LocalPlan
 from fedforge.client.runtime import ClientTask
-from fedforge.config import from_dict, override
+from fedforge.config import describe_split, from_dict, override
 from fedforge.core.errors import ConfigError
 from fedforge.data import Partition
 from fedforge.data.concept import label_maps
@@ -215,3 +215,9 @@ def test_bad_drift_configs_are_refused_in_one_line(fields: dict[str, Any], said:
         from_dict(cfg)
     text = str(err.value)
     assert said in text and "\n" not in text, text
+
+
+def test_the_split_in_words_says_the_drift() -> None:
+    cfg = from_dict({"drift": {"kind": "label_map", "every": 5, "groups": 3}})
+    plain = describe_split(override(cfg, {"drift.kind": "none"}))
+    assert describe_split(cfg) == f"{plain}, drifting: 3 label maps in turn, 5 rounds each"
