@@ -17,9 +17,10 @@ from fedforge.algorithms import LocalPlan
 from fedforge.client.runtime import ClientTask
 from fedforge.config import describe_split, from_dict, override
 from fedforge.core.errors import ConfigError
+from fedforge.core.rng import torch_generator
 from fedforge.data import Partition
 from fedforge.data.concept import label_maps
-from fedforge.data.drift import DriftSchedule
+from fedforge.data.drift import DriftSchedule, class_weights
 from fedforge.data.federated import FederatedData
 from fedforge.server.experiment import build
 from fedforge.server.loop import resume, run
@@ -58,9 +59,9 @@ def test_schedule_by_hand() -> None:
     """every = 3, 3 maps: rounds 0-2 phase 0 (identity), 3-5 map 1, 6-8 map 2,
     9-11 the identity again; a label y reads as maps[g][y]."""
     maps = torch.from_numpy(label_maps(3, 10, seed=7, stream="drift"))
-    schedule = DriftSchedule(maps, every=3)
+    schedule = DriftSchedule("label_map", 3, maps)
     want = {0: 0, 2: 0, 3: 1, 5: 1, 6: 2, 8: 2, 9: 0, 11: 0, 12: 1}
-    assert {r: schedule.map_index(r) for r in want} == want
+    assert {r: schedule.group(r) for r in want} == want
     assert [schedule.phase(r) for r in (0, 2, 3, 8, 9)] == [0, 0, 1, 2, 3]
     y = torch.tensor([0, 3, 9, 3, 5])
     for r, g in want.items():
@@ -79,6 +80,40 @@ def test_maps_come_from_the_seed_and_their_own_stream() -> None:
     assert not np.array_equal(drift, label_maps(4, 10, seed=3))
 
 
+def test_class_weights_favour_each_class_in_one_group() -> None:
+    """label_mix, 3 groups of 10 classes: each class weighs ``strength`` in exactly
+    one group and 1 in the others; the groups hold 4, 3 and 3 classes."""
+    table = class_weights(3, 10, strength=5.0, seed=2)
+    assert table.shape == (3, 10)
+    assert ((table == 5.0).sum(dim=0) == 1).all() and ((table == 1.0).sum(dim=0) == 2).all()
+    assert sorted((table == 5.0).sum(dim=1).tolist()) == [3, 3, 4]
+    assert not torch.equal(table, class_weights(3, 10, strength=5.0, seed=3))
+
+
+def test_label_mix_redraws_a_clients_rows_each_phase_by_the_groups_weights() -> None:
+    """A client of 3,000 rows, labels 0..9 in turn: its rows of a round are its own
+    rows, as many, the same through a phase and others in the next; the share
+    of the favoured classes is sum(s n_c) / (sum(s n_c) + sum(n_c)) over favoured
+    and other classes, to within 4 standard deviations."""
+    strength, n = 4.0, 3000
+    table = class_weights(2, 10, strength, seed=0)
+    schedule = DriftSchedule("label_mix", 5, table, seed=0)
+    x = torch.arange(n, dtype=torch.float64).unsqueeze(1)  # a row's x is its index
+    y = torch.arange(n) % 10
+    rows = {r: schedule.client_rows(x, y, r, client=7) for r in (0, 4, 5, 10)}
+    for r, (rx, ry) in rows.items():
+        assert len(ry) == n and torch.equal(y[rx[:, 0].long()], ry)
+        favoured = table[schedule.group(r)] == strength
+        share = float(favoured[ry].double().mean())
+        per_class = n / 10
+        want = 5 * strength * per_class / (5 * strength * per_class + 5 * per_class)
+        assert abs(share - want) < 4 * (want * (1 - want) / n) ** 0.5, (r, share, want)
+    assert torch.equal(rows[0][0], rows[4][0])  # one phase: the same draw
+    assert not torch.equal(rows[0][0], rows[10][0])  # same group, another phase
+    other = schedule.client_rows(x, y, 0, client=8)[0]
+    assert not torch.equal(rows[0][0], other)  # another client, another draw
+
+
 # --------------------------------------------------------------------------- the run
 
 
@@ -95,11 +130,14 @@ def test_a_client_trains_on_its_labels_through_the_rounds_map() -> None:
         assert torch.equal(y, maps[g][own_y])
 
 
-def _accuracy(exp: Any, params: torch.Tensor, labels: torch.Tensor) -> float:
-    """The share of the test set whose argmax is ``labels``, computed here."""
+def _accuracy(
+    exp: Any, params: torch.Tensor, labels: torch.Tensor, x: torch.Tensor | None = None
+) -> float:
+    """The share of the rows ``x`` (the test set's by default) whose argmax is
+    ``labels``, computed here."""
     exp.spec.load_into(exp.model, params)
     with torch.no_grad():
-        guess = exp.model(exp.data.test_x).argmax(dim=1)
+        guess = exp.model(exp.data.test_x if x is None else x).argmax(dim=1)
     return float((guess == labels).double().mean())
 
 
@@ -117,9 +155,30 @@ def test_the_test_set_is_scored_on_the_current_phase() -> None:
     assert mapped != plain
 
 
-def test_vectorized_equals_serial_float64_with_drift() -> None:
+def test_label_mix_scores_the_phases_redrawn_test_rows() -> None:
+    """The last round (phase 1) is scored on the test rows redrawn from (seed,
+    "drift-mix", 1, "test") by group 1's class weights, drawn here by hand."""
     data = learnable_data(SIZES)
-    base = from_dict(SMALL)
+    cfg = from_dict({**SMALL, "rounds": 3, "engine": "serial", "drift": {
+        "kind": "label_mix", "every": 2, "groups": 2, "strength": 8.0}})  # fmt: skip
+    got = run(cfg, data=data, store=False)
+    exp = build(cfg, data)
+    weights = class_weights(2, 10, 8.0, seed=0)[1][data.test_y]
+    gen = torch_generator(0, "drift-mix", 1, "test")
+    idx = torch.multinomial(weights, len(weights), replacement=True, generator=gen)
+    x, y = data.test_x[idx], data.test_y[idx]
+    assert got.rounds[-1].test_accuracy == pytest.approx(_accuracy(exp, got.params, y, x))
+    with torch.no_grad():  # the mean cross-entropy, on the drawn rows and on all
+        drawn = float(torch.nn.functional.cross_entropy(exp.model(x), y))
+        plain = float(torch.nn.functional.cross_entropy(exp.model(data.test_x), data.test_y))
+    assert got.rounds[-1].test_loss == pytest.approx(drawn, abs=1e-12)
+    assert abs(drawn - plain) > 1e-6
+
+
+@pytest.mark.parametrize("kind", ["label_map", "label_mix"])
+def test_vectorized_equals_serial_float64_with_drift(kind: str) -> None:
+    data = learnable_data(SIZES)
+    base = from_dict({**SMALL, "drift": {**DRIFT, "kind": kind}})
     serial = run(override(base, {"engine": "serial"}), data=data, store=False)
     vector = run(override(base, {"engine": "vectorized"}), data=data, store=False)
     still = run(override(base, {"engine": "serial", "drift.kind": "none"}), data=data, store=False)
@@ -165,8 +224,9 @@ def test_the_ray_engine_drifts_as_the_serial_one() -> None:
     assert [r.test_accuracy for r in got.rounds] == [r.test_accuracy for r in serial.rounds]
 
 
+@pytest.mark.parametrize("kind", ["label_map", "label_mix"])
 def test_resume_across_a_phase_boundary_is_bit_identical(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Killed as round 3 starts (checkpoint after round 1, phase 0): the resume
     trains rounds 2 and 3 in phase 1 to the uninterrupted run's parameters and
@@ -174,7 +234,7 @@ def test_resume_across_a_phase_boundary_is_bit_identical(
     from tests.test_resume import _crashed_run
 
     data = learnable_data(SIZES)
-    base = {**SMALL, "checkpoint_every": 2, "engine": "serial"}
+    base = {**SMALL, "checkpoint_every": 2, "engine": "serial", "drift": {**DRIFT, "kind": kind}}
     want = run(from_dict({**base, "runs_dir": str(tmp_path / "a")}), data)
     run_dir = _crashed_run(monkeypatch, {**base, "runs_dir": str(tmp_path / "b")}, data, 3)
     assert [p.name for p in list_checkpoints(run_dir)] == ["round-000002"]
@@ -196,6 +256,7 @@ def test_resume_across_a_phase_boundary_is_bit_identical(
         ({"drift": {"kind": "label_map", "groups": 11}}, "'drift.groups' = 11"),
         ({"drift": {"kind": "label_map", "every": 0}}, "'drift.every' = 0"),
         ({"drift": {"kind": "shuffle"}}, "'drift.kind' = 'shuffle'"),
+        ({"drift": {"kind": "label_mix", "strength": 0.5}}, "'drift.strength' = 0.5"),
         ({"task": "shakespeare-lstm"}, "dataset = 'shakespeare'"),
         ({"evaluation": {"clients": True}}, "evaluation.clients = True"),
         ({"evaluation": {"validation": 0.1}}, "evaluation.validation = 0.1"),

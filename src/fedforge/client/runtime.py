@@ -105,11 +105,11 @@ class ClientRuntime:
 
     def client_data(self, task: ClientTask) -> tuple[torch.Tensor, torch.Tensor]:
         """The examples the task's client trains on in the task's round: its data,
-        the labels through the round's map when the data drifts."""
+        as the round's phase reads it when the data drifts (data/drift.py)."""
         x, y = self.data_fn(task.client_id)
-        if self.drift is not None:
-            y = self.drift.labels(y, task.round_idx)
-        return x, y
+        if self.drift is None:
+            return x, y
+        return self.drift.client_rows(x, y, task.round_idx, task.client_id)
 
     def run(self, task: ClientTask, payload: bytes) -> bytes:
         """Decode the global model, train locally, encode the delta."""

@@ -7,6 +7,12 @@ label permutations (phase 0's the identity, the others derangements drawn
 from the run seed; data/drift.py). The test set is read through the same map,
 so a round's test accuracy is the accuracy on the distribution of that round.
 
+``kind: label_mix`` moves the clients' label proportions instead: the classes
+are dealt over ``groups`` groups (from the seed), phase p favours group
+p mod groups, and each client's examples are redrawn each phase, as many as it
+holds, with replacement, a favoured class ``strength`` times as likely as
+another; the test set is redrawn the same way (the labels stay as they are).
+
 This module checks the section's fields and how it fits the rest of a run;
 it imports no torch.
 """
@@ -21,7 +27,7 @@ from fedforge.config.ranges import Most, Range
 from fedforge.config.task import KINDS
 from fedforge.core.errors import ConfigError
 
-DriftKind = Literal["none", "label_map"]
+DriftKind = Literal["none", "label_map", "label_mix"]
 MAX_DRIFT_MAPS = 10  # at most one map a class of MNIST
 
 
@@ -34,12 +40,15 @@ class DriftConfig:
     every: Annotated[
         int, Range(">= 1", note="rounds a phase lasts"), Most(MAX_ROUNDS, "rounds")
     ] = 10
-    # label maps the phases cycle over (phase p uses map p mod groups; map 0 the identity)
+    # label_map: the maps the phases cycle over (phase p uses map p mod groups; map 0
+    # the identity); label_mix: the groups of classes the phases favour in turn
     groups: Annotated[
         int,
-        Range(">= 2", note="label maps the phases cycle over; one map is no drift"),
-        Most(MAX_DRIFT_MAPS, "label maps"),
+        Range(">= 2", note="label maps or class groups the phases cycle over"),
+        Most(MAX_DRIFT_MAPS, "label maps or class groups"),
     ] = 2
+    # label_mix: how many times as likely a favoured class is drawn as another
+    strength: Annotated[float, Range("[1, 1000]", note="1: no shift")] = 4.0
 
     @property
     def on(self) -> bool:

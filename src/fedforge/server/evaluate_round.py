@@ -18,12 +18,12 @@ from fedforge.server.stops import ends_run
 
 def test_scores(exp: Experiment, params: torch.Tensor, round_idx: int = 0) -> EvalResult:
     """The task's score and loss of ``params`` on the test set, and the run's named
-    metrics' figures; with a drift, the test labels through round ``round_idx``'s
-    map (the distribution the round's clients trained on)."""
+    metrics' figures; with a drift, the test rows as round ``round_idx``'s phase
+    reads them (the distribution the round's clients trained on)."""
     data, cfg = exp.data, exp.cfg
     x, y, batch = data.test_x, data.test_y, cfg.evaluation.batch_size
     if exp.drift is not None:
-        y = exp.drift.labels(y, round_idx)
+        x, y = exp.drift.test_rows(x, y, round_idx)
     return evaluate(exp.model, exp.spec, params, x, y, batch, exp.metrics, exp.extra_metrics)
 
 
