@@ -282,3 +282,12 @@ def test_the_split_in_words_says_the_drift() -> None:
     cfg = from_dict({"drift": {"kind": "label_map", "every": 5, "groups": 3}})
     plain = describe_split(override(cfg, {"drift.kind": "none"}))
     assert describe_split(cfg) == f"{plain}, drifting: 3 label maps in turn, 5 rounds each"
+
+
+def test_a_clustered_algorithm_is_refused_in_one_line() -> None:
+    cfg = from_dict({**SMALL, "algorithm": "ifca"})
+    with pytest.raises(ConfigError) as err:
+        build(cfg, learnable_data(SIZES))
+    text = str(err.value)
+    assert "algorithm 'ifca' cannot run with drift.kind = 'label_map'" in text, text
+    assert "\n" not in text

@@ -101,7 +101,7 @@ class ClientRuntime:
         self.tamper_fn = tamper_fn
         self.downlink = downlink  # the payload's codec; None: parameters as they are
         self.reporter = reporter  # val_loss / label_counts for the server's weights
-        self.drift = drift  # the labels' map by round (data/drift.py); None: fixed data
+        self.drift = drift  # the rows a round reads (data/drift.py); None: fixed data
 
     def client_data(self, task: ClientTask) -> tuple[torch.Tensor, torch.Tensor]:
         """The examples the task's client trains on in the task's round: its data,

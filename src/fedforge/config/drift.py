@@ -69,7 +69,7 @@ def drift_fits(
 ) -> None:
     """A drift needs one class id a row, data the simulation holds, and nothing
     else that reads a client's labels outside its training (they would read
-    them without the round's map): each refusal one line naming the field."""
+    them without the round's drift): each refusal one line naming the field."""
     if not drift.on:
         return
     rules: list[tuple[str, object, bool, str, str]] = [
@@ -91,35 +91,35 @@ def drift_fits(
             "evaluation.clients",
             eval_clients,
             eval_clients,
-            "each client's held-out slice is scored without the round's label map",
+            "each client's held-out slice is scored without the round's drift",
             "false",
         ),
         (
             "diagnostics.loss_gap",
             loss_gap,
             loss_gap,
-            "the global model's loss on the cohort's data is read without the round's label map",
+            "the global model's loss on the cohort's data is read without the round's drift",
             "false",
         ),
         (
             "evaluation.validation",
             validation,
             validation > 0,
-            "the validation rows are scored without the round's label map",
+            "the validation rows are scored without the round's drift",
             "0",
         ),
         (
             "robust.client_gate",
             client_gate,
             client_gate,
-            "the client's gate scores its held-out rows without the round's label map",
+            "the client's gate scores its held-out rows without the round's drift",
             "false",
         ),
         (
             "aggregation.weights",
             weights,
             weights in ("quality", "class"),
-            "the clients' reports read their labels without the round's label map",
+            "the clients' reports read their labels without the round's drift",
             "'num_examples'",
         ),
         (

@@ -94,7 +94,7 @@ class Config:
     algorithm: AlgorithmName = "fedavg"
     num_clients: Annotated[int, Range(">= 1"), Most(MAX_CLIENTS, "clients")] = 100
     partition: PartitionConfig = field(default_factory=PartitionConfig)
-    # the clients' data moving with the round: a schedule of label maps (config/drift.py)
+    # the clients' data moving with the round: label maps or mixes by phase (config/drift.py)
     drift: DriftConfig = field(default_factory=DriftConfig)
     client_fraction: Annotated[float, Range("(0, 1]")] = 0.1
     local_epochs: Annotated[

@@ -286,7 +286,7 @@ class VectorizedEngine(SimulationEngine):
         self.memory_budget = memory_budget
         self.max_chunk = max_chunk
         self._act_floats: int | None = None
-        # loaded, not yet run, by (client, round): a drifting client's labels are its round's
+        # loaded, not yet run, by (client, round): a drifting client's rows are its round's
         self._next: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def _take_chunk(

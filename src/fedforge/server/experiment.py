@@ -106,8 +106,8 @@ class Experiment:
     proxy: proxy_parts.ProxySet | None = None
     # each client's lr scale (cfg.local.lr_rule, server/client_lr.py); None: the plan's lr
     lr_rule: LrRule | None = None
-    # the labels' map by round (cfg.drift, data/drift.py): clients train and the
-    # test set is scored through the round's; None: the data does not drift
+    # the rows each round reads (cfg.drift, data/drift.py): clients train on and the
+    # test set is scored on the round's; None: the data does not drift
     drift: DriftSchedule | None = None
 
     def client_sizes(self) -> np.ndarray:
@@ -211,7 +211,7 @@ def build(cfg: Config, data: FederatedData | None = None, task: Task | None = No
 
 def _drift(cfg: Config, data: FederatedData, algorithm: Algorithm) -> DriftSchedule | None:
     """The run's drift schedule, refused for a clustered algorithm (it picks a
-    client's cluster by the loss on its labels without the round's map)."""
+    client's cluster by the loss on its data without the round's drift)."""
     if cfg.drift.on and data.classes() is None:
         raise ConfigError(
             f"drift.kind = {cfg.drift.kind!r} needs one class id a row; the data's labels "
@@ -221,7 +221,7 @@ def _drift(cfg: Config, data: FederatedData, algorithm: Algorithm) -> DriftSched
     if schedule is not None and algorithm.clusters is not None:
         raise ConfigError(
             f"algorithm {cfg.algorithm!r} cannot run with drift.kind = {cfg.drift.kind!r}: it "
-            "picks each client's cluster by the loss on its labels without the round's map"
+            "picks each client's cluster by the loss on its data without the round's drift"
         )
     return schedule
 
