@@ -20,8 +20,12 @@ Last line: ``RESULT drift_before_<arm>=... drift_drop_<arm>=...
 drift_recover_<arm>=... drift_end_<arm>=... drift_every=... drift_rounds=...
 drift_seeds=...``
 
-    OMP_NUM_THREADS=1 FEDFORGE_DATA=/work/shared/data \
-        nice -n 10 python benchmarks/drift.py [--quick] [--seeds 2]
+    FEDFORGE_PROBE=off OMP_NUM_THREADS=1 FEDFORGE_DATA=/work/shared/data \
+        nice -n 10 python benchmarks/drift.py --workers 1 [--quick] [--seeds 2]
+
+(``FEDFORGE_PROBE=off``: ``engine: auto`` takes its static rule, the vectorised
+engine for the 2NN, where a probe on a loaded machine may pick the serial one;
+either computes the same.)
 """
 
 from __future__ import annotations
