@@ -15,6 +15,9 @@ from c until the accuracy is back within ``--within`` (0.02) of ``before``
 (1: the first round already is; nan: not within the phase); ``end`` the
 accuracy after the phase's last round. Each figure is the mean over the
 changes and the seeds. ``--quick``: 12 rounds, phases of 4, one seed.
+``--kind label_mix``: the label proportions move instead (``drift.strength``
+4: the phase's five classes each 4 times as likely as another; the runs and
+the RESULT keys named ``drift_mix_...``).
 
 Last line: ``RESULT drift_before_<arm>=... drift_drop_<arm>=...
 drift_recover_<arm>=... drift_end_<arm>=... drift_every=... drift_rounds=...
@@ -51,7 +54,7 @@ ARMS: dict[str, dict[str, Any]] = {
 def config(arm: str, seed: int, args: Any) -> Config:
     return from_dict(
         {
-            "name": f"drift-{arm}-s{seed}-e{args.every}-r{args.rounds}",
+            "name": f"{prefix(args, '-')}-{arm}-s{seed}-e{args.every}-r{args.rounds}",
             "seed": seed,
             "model": "2nn",
             "num_clients": 100,
@@ -63,12 +66,17 @@ def config(arm: str, seed: int, args: Any) -> Config:
             "rounds": args.rounds,
             "target_accuracy": None,
             "evaluation": {"every": 1},
-            "drift": {"kind": "label_map", "every": args.every, "groups": 2},
+            "drift": {"kind": args.kind, "every": args.every, "groups": 2},
             "workers": workers_of(args),
             "runs_dir": str(args.places.runs),
             **ARMS[arm],
         }
     )
+
+
+def prefix(args: Any, sep: str) -> str:
+    """The runs' and RESULT keys' prefix: ``drift``, or ``drift_mix`` for label_mix."""
+    return "drift" if args.kind == "label_map" else f"drift{sep}mix"
 
 
 def phase_changes(curve: list[list[float]], every: int, within: float) -> list[dict[str, float]]:
@@ -99,6 +107,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--every", type=int, default=10, help="rounds a phase lasts")
     parser.add_argument("--within", type=float, default=0.02, help="recovered: this close")
+    parser.add_argument("--kind", choices=["label_map", "label_mix"], default="label_map")
     add_workers(parser)
     args = parser.parse_args()
     if args.quick:
@@ -106,7 +115,8 @@ def main() -> None:
     args.places = places("drift", args.quick)
     torch.set_num_threads(1)
     arms = {a: config(a, 0, args) for a in ARMS}
-    print_settings(f"MNIST 2NN IID, label maps every {args.every} rounds", arms["fedavg"], arms)
+    title = f"MNIST 2NN IID, drift {args.kind} every {args.every} rounds"
+    print_settings(title, arms["fedavg"], arms)
     rows = run_arms(list(ARMS), config, args, "fedavg")
     result: dict[str, Any] = {}
     for arm in ARMS:
@@ -120,8 +130,10 @@ def main() -> None:
             shown = ", ".join(f"{k} {fmt(v, '.4f')}" for k, v in ch.items())
             print(f"{arm} change {i + 1}: {shown}")
         for key in ("before", "drop", "recover", "end"):
-            result[f"drift_{key}_{arm.replace('.', '')}"] = mean_of([ch[key] for ch in changes])
-    result.update(drift_every=args.every, drift_rounds=args.rounds, drift_seeds=args.seeds)
+            name = f"{prefix(args, '_')}_{key}_{arm.replace('.', '')}"
+            result[name] = mean_of([ch[key] for ch in changes])
+    for key, value in (("every", args.every), ("rounds", args.rounds), ("seeds", args.seeds)):
+        result[f"{prefix(args, '_')}_{key}"] = value
     print(result_line(result))
 
 
