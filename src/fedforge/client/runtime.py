@@ -32,6 +32,7 @@ from fedforge.core.device import module_device
 from fedforge.core.errors import ConfigError
 from fedforge.core.params import ParamSpec
 from fedforge.core.rng import torch_generator
+from fedforge.data.drift import DriftSchedule
 from fedforge.data.federated import ClientDataFn
 from fedforge.pipeline.clip import Clip
 from fedforge.pipeline.codec import CodecContext, Dense
@@ -87,6 +88,7 @@ class ClientRuntime:
         downlink: Codec | None = None,
         reporter: Reporter | None = None,
         report_loss: bool = True,
+        drift: DriftSchedule | None = None,
     ) -> None:
         self.model = model
         self.report_loss = report_loss  # False: the server is not to see it (privacy.py)
@@ -99,11 +101,20 @@ class ClientRuntime:
         self.tamper_fn = tamper_fn
         self.downlink = downlink  # the payload's codec; None: parameters as they are
         self.reporter = reporter  # val_loss / label_counts for the server's weights
+        self.drift = drift  # the rows a round reads (data/drift.py); None: fixed data
+
+    def client_data(self, task: ClientTask) -> tuple[torch.Tensor, torch.Tensor]:
+        """The examples the task's client trains on in the task's round: its data,
+        as the round's phase reads it when the data drifts (data/drift.py)."""
+        x, y = self.data_fn(task.client_id)
+        if self.drift is None:
+            return x, y
+        return self.drift.client_rows(x, y, task.round_idx, task.client_id)
 
     def run(self, task: ClientTask, payload: bytes) -> bytes:
         """Decode the global model, train locally, encode the delta."""
         start, extras = self.start_and_extras(payload)
-        x, y = self.data_fn(task.client_id)
+        x, y = self.client_data(task)
         gen = minibatch_generator(task)
         alg = self.algorithm
         if alg.personal is not None:  # FedBN: the client's own batch norm over the global

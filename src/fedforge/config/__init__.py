@@ -14,6 +14,7 @@ from fedforge.config.data import (
     SyntheticConfig,
 )
 from fedforge.config.describe import describe_split, describe_task, step_sizes
+from fedforge.config.drift import DriftConfig
 from fedforge.config.evaluation import DiagnosticsConfig, EvaluationConfig, PersonalEvalConfig
 from fedforge.config.local import (
     FedProxConfig,
@@ -52,6 +53,7 @@ __all__ = [
     "DType",
     "Dataset",
     "DownlinkCodec",
+    "DriftConfig",
     "EngineName",
     "EvaluationConfig",
     "FedProxConfig",

@@ -16,7 +16,16 @@ def describe_task(cfg: Config) -> str:
 
 
 def describe_split(cfg: Config) -> str:
-    """How the run's data is spread over clients, as the CLI and ``show`` print it."""
+    """How the run's data is spread over clients, as the CLI and ``show`` print it,
+    and how it drifts across rounds when it does."""
+    split = _split(cfg)
+    if not cfg.drift.on:
+        return split
+    d = cfg.drift
+    return f"{split}, drifting: {d.groups} label maps in turn, {d.every} rounds each"
+
+
+def _split(cfg: Config) -> str:
     if cfg.dataset == "synthetic":  # its users are its clients: no partition
         syn = cfg.synthetic
         return "Synthetic-IID users" if syn.iid else f"Synthetic({syn.alpha}, {syn.beta}) users"

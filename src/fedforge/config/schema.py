@@ -35,6 +35,7 @@ from fedforge.config.client_lr import client_lr_fits
 from fedforge.config.communication import CommunicationConfig
 from fedforge.config.data import SCALINGS, Dataset, InputScaling, PartitionConfig, SyntheticConfig
 from fedforge.config.deployment import DeploymentConfig, remote_data_fits
+from fedforge.config.drift import DriftConfig, drift_fits
 from fedforge.config.evaluation import DiagnosticsConfig, EvaluationConfig
 from fedforge.config.local import (
     FedProxConfig,
@@ -93,6 +94,8 @@ class Config:
     algorithm: AlgorithmName = "fedavg"
     num_clients: Annotated[int, Range(">= 1"), Most(MAX_CLIENTS, "clients")] = 100
     partition: PartitionConfig = field(default_factory=PartitionConfig)
+    # the clients' data moving with the round: label maps or mixes by phase (config/drift.py)
+    drift: DriftConfig = field(default_factory=DriftConfig)
     client_fraction: Annotated[float, Range("(0, 1]")] = 0.1
     local_epochs: Annotated[
         int, Range(">= 1"), Most(MAX_STEPS, "passes over a client's data a round")
@@ -209,6 +212,7 @@ def check(cfg: Config) -> None:
     _check_run(cfg)
     sections = (
         cfg.partition,
+        cfg.drift,
         cfg.aggregation,
         cfg.server_optimizer,
         cfg.selection,
@@ -266,6 +270,17 @@ def check(cfg: Config) -> None:
         cfg.communication.group_by if cfg.communication.groups else "none",
     )
     compat.feature_shift_needs_standard_scaling(cfg.partition, cfg.input_scaling)
+    drift_fits(
+        cfg.drift,
+        cfg.dataset,
+        cfg.deployment.client_data,
+        cfg.evaluation.clients,
+        cfg.diagnostics.loss_gap,
+        cfg.evaluation.validation,
+        cfg.robust.client_gate,
+        cfg.aggregation.weights,
+        cfg.asynchronous.buffered,
+    )
     compat.attack_needs_floats(cfg.robust, cfg.privacy)
     compat.robust_fits_cohort(cfg.robust, cfg.num_clients, cfg.client_fraction)
     compat.delta_below_one_over_n(cfg.privacy, cfg.num_clients)

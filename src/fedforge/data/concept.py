@@ -37,16 +37,19 @@ MAX_GROUPS = 10  # at most one map a class of MNIST
 _DRAWS = 1000  # derangements tried per map (about 1 in e permutations is one)
 
 
-def label_maps(groups: int, num_classes: int, seed: int) -> np.ndarray:
+def label_maps(
+    groups: int, num_classes: int, seed: int, stream: str = "concept-shift"
+) -> np.ndarray:
     """``[groups, C]``: row g maps a true label to group g's label; row 0 is the
-    identity, the others distinct derangements."""
+    identity, the others distinct derangements, map g drawn from (seed,
+    ``stream``, g) (a drift's maps come from their own stream, data/drift.py)."""
     if groups < 1 or num_classes < 2:
         raise PartitionError(
             f"concept shift needs >= 1 group and >= 2 classes, got {groups} and {num_classes}"
         )
     maps = [np.arange(num_classes)]
     for g in range(1, groups):
-        rng = numpy_rng(seed, "concept-shift", g)
+        rng = numpy_rng(seed, stream, g)
         for _ in range(_DRAWS):
             p = rng.permutation(num_classes)
             if (p != np.arange(num_classes)).all() and not any((p == m).all() for m in maps):

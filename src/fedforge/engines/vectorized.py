@@ -286,7 +286,8 @@ class VectorizedEngine(SimulationEngine):
         self.memory_budget = memory_budget
         self.max_chunk = max_chunk
         self._act_floats: int | None = None
-        self._next: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # loaded, not yet run
+        # loaded, not yet run, by (client, round): a drifting client's rows are its round's
+        self._next: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def _take_chunk(
         self, tasks: Sequence[ClientTask], lo: int
@@ -305,7 +306,8 @@ class VectorizedEngine(SimulationEngine):
             task = tasks[lo + len(pairs)]
             if dataclasses.replace(task.plan, local_epochs=first.local_epochs) != first:
                 break
-            pair = self._next.pop(task.client_id, None) or rt.data_fn(task.client_id)
+            key = (task.client_id, task.round_idx)
+            pair = self._next.pop(key, None) or rt.client_data(task)
             x, n = pair[0], len(pair[1])
             if self._act_floats is None:  # the shape of one example (a client may have none)
                 sample = x.new_zeros(x.shape[1:], device=module_device(self.model))
@@ -317,7 +319,7 @@ class VectorizedEngine(SimulationEngine):
             schedule = max(longest, schedule_bytes(n, b, task.plan.local_epochs))
             cost = (len(pairs) + 1) * (per + schedule) + held + _data_bytes(pair)
             if pairs and cost > self.memory_budget:
-                self._next[task.client_id] = pair  # the next chunk starts with it
+                self._next[key] = pair  # the next chunk starts with it
                 break
             pairs.append(pair)
             widest, held, longest = width, held + _data_bytes(pair), schedule

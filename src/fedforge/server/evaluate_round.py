@@ -16,11 +16,14 @@ from fedforge.server.state import LoopState
 from fedforge.server.stops import ends_run
 
 
-def test_scores(exp: Experiment, params: torch.Tensor) -> EvalResult:
+def test_scores(exp: Experiment, params: torch.Tensor, round_idx: int = 0) -> EvalResult:
     """The task's score and loss of ``params`` on the test set, and the run's named
-    metrics' figures."""
+    metrics' figures; with a drift, the test rows as round ``round_idx``'s phase
+    reads them (the distribution the round's clients trained on)."""
     data, cfg = exp.data, exp.cfg
     x, y, batch = data.test_x, data.test_y, cfg.evaluation.batch_size
+    if exp.drift is not None:
+        x, y = exp.drift.test_rows(x, y, round_idx)
     return evaluate(exp.model, exp.spec, params, x, y, batch, exp.metrics, exp.extra_metrics)
 
 
@@ -40,7 +43,7 @@ def evaluate_phase(
     every = cfg.evaluation.every
     if not ((round_idx + 1) // every > start // every or ends_run(exp, state, round_idx, moved)):
         return None, None
-    ev = test_scores(exp, state.params)
+    ev = test_scores(exp, state.params, round_idx)
     if info is not None and hooks is not None:
         hooks.evaluated(info, ev.accuracy, ev.loss)
     state.eval_rounds.append(round_idx + 1)

@@ -27,8 +27,10 @@ from fedforge.core.device import HOST, resolve_device
 from fedforge.core.errors import ConfigError
 from fedforge.core.params import ParamSpec
 from fedforge.core.precision import precision_note
+from fedforge.data.drift import DriftSchedule, schedule_of
 from fedforge.data.federated import DTYPES, FederatedData, shift_data
 from fedforge.data.given import check_fits, check_given
+from fedforge.data.mnist import NUM_CLASSES
 from fedforge.data.tags import load_client_tags
 from fedforge.engines import Engine
 from fedforge.engines.ray_engine import RaySettings
@@ -104,6 +106,9 @@ class Experiment:
     proxy: proxy_parts.ProxySet | None = None
     # each client's lr scale (cfg.local.lr_rule, server/client_lr.py); None: the plan's lr
     lr_rule: LrRule | None = None
+    # the rows each round reads (cfg.drift, data/drift.py): clients train on and the
+    # test set is scored on the round's; None: the data does not drift
+    drift: DriftSchedule | None = None
 
     def client_sizes(self) -> np.ndarray:
         """Each client's example count: the partition's; where the clients' rows
@@ -149,6 +154,7 @@ def build(cfg: Config, data: FederatedData | None = None, task: Task | None = No
         algorithm = dataclasses.replace(algorithm, loss_fn=task.loss())
     metrics = task.scores()
     parts = _assemble(cfg, data, spec, dtype, algorithm, metrics)
+    drift = _drift(cfg, data, algorithm)
     runtime = ClientRuntime(
         model,
         spec,
@@ -161,6 +167,7 @@ def build(cfg: Config, data: FederatedData | None = None, task: Task | None = No
         downlink=parts.comm.downlink,
         reporter=parts.reporter,
         report_loss=not cfg.privacy.hides_updates,
+        drift=drift,
     )
     if cfg.engine == "ray":  # the per-client tables move to the Ray workers
         tables = _tables(parts.comm, algorithm)
@@ -201,7 +208,25 @@ def build(cfg: Config, data: FederatedData | None = None, task: Task | None = No
         systems_of(cfg),
         proxy,
         _lr_rule(cfg),
+        drift,
     )
+
+
+def _drift(cfg: Config, data: FederatedData, algorithm: Algorithm) -> DriftSchedule | None:
+    """The run's drift schedule, refused for a clustered algorithm (it picks a
+    client's cluster by the loss on its data without the round's drift)."""
+    if cfg.drift.on and data.classes() is None:
+        raise ConfigError(
+            f"drift.kind = {cfg.drift.kind!r} needs one class id a row; the data's labels "
+            "are real-valued targets"
+        )
+    schedule = schedule_of(cfg.drift, data.classes() or NUM_CLASSES, cfg.seed)
+    if schedule is not None and algorithm.clusters is not None:
+        raise ConfigError(
+            f"algorithm {cfg.algorithm!r} cannot run with drift.kind = {cfg.drift.kind!r}: it "
+            "picks each client's cluster by the loss on its data without the round's drift"
+        )
+    return schedule
 
 
 def _lr_rule(cfg: Config) -> LrRule | None:
