@@ -157,33 +157,42 @@ class _KeptAtRoundEnd(RoundHook):
 
 
 def _kill_between_passes(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, when: str = "settle"
 ) -> tuple[list[list[list[float]]], list[UpdateSumming], list[Any], RoundHook]:
-    """Worker 1's process SIGKILLed once the first round's first pass has
-    reported (in the driver's first ``settle``): each settle's reports and
-    result, and the bound of each share the driver takes (recorded)."""
+    """Worker 1's process SIGKILLed in the first round, once the first pass has
+    reported (``when="settle"``: in the driver's first ``settle``) or once
+    worker 0's sum is taken (``"take"``): each settle's reports and result, and
+    the bound of each share the driver takes (recorded)."""
     settles: list[list[list[float]]] = []
     settled: list[UpdateSumming] = []
     taken: list[Any] = []
     engines: list[Any] = []
     settle, take = UpdateSumming.settle, streaming.StreamingMean.take_share
 
+    def kill() -> None:
+        pid = ray.get(engines[0]._actors[1].pid.remote())
+        os.kill(pid, signal.SIGKILL)
+        while _alive(pid):
+            time.sleep(0.01)
+
     def killing(self: UpdateSumming, reports: Any) -> UpdateSumming:
         settles.append([list(r) for r in reports])
-        if len(settles) == 1:
-            pid = ray.get(engines[0]._actors[1].pid.remote())
-            os.kill(pid, signal.SIGKILL)
-            while _alive(pid):
-                time.sleep(0.01)
+        if len(settles) == 1 and when == "settle":
+            kill()
         settled.append(settle(self, reports))
         return settled[-1]
 
     def taking(self: streaming.StreamingMean, share: Any) -> list[int]:
         taken.append(share.summing.limits.relative)
+        if len(taken) == 1 and when == "take":
+            kill()
         return take(self, share)
 
     class _Engine(RoundHook):
         name = "engine"
+
+        def __init__(self) -> None:
+            self.engines = engines
 
         def round_start(self, info: RoundInfo) -> None:
             engines.append(info.exp.engine)
@@ -230,6 +239,25 @@ def test_a_worker_lost_between_the_two_passes_is_retried_under_the_same_bound(
     settles, settled, taken, engine = _kill_between_passes(monkeypatch)
     ends = _Ends()
     result = fedforge.run(_cfg("ray", rounds=2), hooks=[engine, ends])
+    assert len(settles) == 1 and taken[:2] == [settled[0].limits.relative] * 2
+    assert all(used == cohort for cohort, used in ends.rounds)
+    assert float((result.params - serial.params).abs().max()) <= 1e-9
+
+
+def test_a_worker_lost_once_the_round_is_settled_is_replaced_even_under_dropout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Worker 1 is lost after both workers summed under the settled bound, once
+    worker 0's sum is taken: its norms are in the bound, so under ``dropout``
+    too a new worker trains its clients again and sums them under that bound
+    (the sums are asked for one at a time: worker 1's after worker 0's is
+    taken). The whole cohort is used, as in the serial run (to rounding)."""
+    serial = fedforge.run(_cfg("serial", rounds=2))
+    settles, settled, taken, engine = _kill_between_passes(monkeypatch, when="take")
+    ends = _Ends()
+    cfg = _cfg("ray", rounds=2, ray={"workers": 2, "on_worker_failure": "dropout"})
+    result = fedforge.run(cfg, hooks=[engine, ends])
+    assert engine.engines[0].restarts == 1  # type: ignore[attr-defined]
     assert len(settles) == 1 and taken[:2] == [settled[0].limits.relative] * 2
     assert all(used == cohort for cohort, used in ends.rounds)
     assert float((result.params - serial.params).abs().max()) <= 1e-9

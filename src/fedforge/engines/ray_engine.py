@@ -173,8 +173,8 @@ class RayEngine(SimulationEngine):
             if isinstance(cause, ClientFailed | EngineError):
                 raise EngineError(str(cause)) from None
             raise cause from None
-        except self.ray.exceptions.RayActorError as exc:
-            raise EngineError(self._lost(exc)) from None
+        except (self.ray.exceptions.RayActorError, self.ray.exceptions.ObjectLostError) as exc:
+            raise EngineError(self._lost(exc)) from None  # the worker, or its node, is gone
 
     def _lost(self, exc: Exception) -> str:
         why = str(exc).splitlines()[0][:200]
@@ -214,7 +214,7 @@ class RayEngine(SimulationEngine):
         whether the call may go on (False: the loss ends the round)."""
         try:
             self.ray.get(call.future)
-        except self.ray.exceptions.RayActorError:
+        except (self.ray.exceptions.RayActorError, self.ray.exceptions.ObjectLostError):
             pass
         except Exception:  # not a lost worker: the client's own error
             return False
@@ -224,7 +224,7 @@ class RayEngine(SimulationEngine):
             if self.restarts >= self.settings.max_restarts:
                 return False
             self.restarts += 1
-            with contextlib.suppress(Exception):  # one only "unavailable" may come back
+            with contextlib.suppress(Exception):  # a worker only "unavailable" could come back
                 self.ray.kill(call.handle)
             self._actors[call.worker] = self._start_worker()
         return True
@@ -311,11 +311,12 @@ class RayEngine(SimulationEngine):
                 reports.update((w, None) for w, d in done.items() if not d)
             else:  # every worker lost: the whole cohort dropped out
                 return
-            calls = [self._call(w, "take_settled", ref, shares[w], summing, settled) for w in live]
-            for call in calls:
-                share = self._result(call, may_drop=False)
+            for w in live:  # asked one at a time: the driver holds one share
+                calls = [self._call(w, "take_settled", ref, shares[w], summing, settled)]
+                share = self._result(calls.pop(), may_drop=False)
                 assert share is not None  # replaced, or the round ends
                 yield share
+                del share
         finally:
             _cancel(self.ray, [c.future for c in calls])
             for actor in self._actors:  # after the round's calls: Ray keeps a caller's order
