@@ -25,6 +25,7 @@ from fedforge.data.federated import FederatedData
 from fedforge.server.experiment import build
 from fedforge.server.loop import resume, run
 from fedforge.store import RunStore, list_checkpoints
+from fedforge.tasks import Task
 
 DRIFT = {"kind": "label_map", "every": 2, "groups": 3}
 # a float64 2NN federation of 6 clients, 3 a round, 4 rounds: phases 0, 0, 1, 1
@@ -153,6 +154,11 @@ def test_the_test_set_is_scored_on_the_current_phase() -> None:
     plain = _accuracy(exp, got.params, data.test_y)
     assert got.rounds[-1].test_accuracy == pytest.approx(mapped, abs=1e-12)
     assert mapped != plain
+    # the round before (1 of 0..1, phase 0) is scored through map 0
+    before = run(override(cfg, {"rounds": 2}), data=data, store=False)
+    first = _accuracy(exp, before.params, maps[0][data.test_y])
+    assert before.rounds[-1].test_accuracy == pytest.approx(first, abs=1e-12)
+    assert first != _accuracy(exp, before.params, maps[1][data.test_y])
 
 
 def test_label_mix_scores_the_phases_redrawn_test_rows() -> None:
@@ -268,6 +274,10 @@ def test_resume_across_a_phase_boundary_is_bit_identical(
             "deployment.client_data = 'remote'",
         ),
         ({"asynchronous": {"mode": "fedbuff"}}, "asynchronous.buffered = True"),
+        ({"proxy": {"size": 100, "tune_epochs": 1}}, "proxy.tune_epochs = True"),
+        ({"deployment": {"canary_every": 2}}, "deployment.canary_every = 2"),
+        ({"deployment": {"cold_start": True}}, "deployment.cold_start = True"),
+        ({"communication": {"upload_every": 3}}, "communication.upload_every = 3"),
     ],
 )
 def test_bad_drift_configs_are_refused_in_one_line(fields: dict[str, Any], said: str) -> None:
@@ -282,6 +292,44 @@ def test_the_split_in_words_says_the_drift() -> None:
     cfg = from_dict({"drift": {"kind": "label_map", "every": 5, "groups": 3}})
     plain = describe_split(override(cfg, {"drift.kind": "none"}))
     assert describe_split(cfg) == f"{plain}, drifting: 3 label maps in turn, 5 rounds each"
+    mix = override(cfg, {"drift.kind": "label_mix"})
+    assert describe_split(mix) == (
+        f"{plain}, drifting: the label mix favours 3 class groups in turn (4x), 5 rounds each"
+    )
+
+
+def test_an_upload_period_dividing_the_phase_is_taken() -> None:
+    cfg = from_dict(
+        {"drift": {"kind": "label_map", "every": 4}, "communication": {"upload_every": 2}}
+    )
+    assert cfg.communication.upload_every == 2
+
+
+@pytest.mark.parametrize(
+    ("fields", "task", "said"),
+    [
+        ({"drift": {"kind": "label_mix", "groups": 4}}, None, "drift.groups = 4 is invalid"),
+        ({}, "sequence", "this run's task is 'sequence'"),
+    ],
+)
+def test_what_the_data_cannot_drift_is_refused_at_build(
+    fields: dict[str, Any], task: str | None, said: str
+) -> None:
+    """label_mix with more groups than the data's classes (3 here), and a
+    caller's task whose rows are not one class id each."""
+    data = learnable_data(SIZES)
+    train_y, test_y = data.train_y % 3, data.test_y % 3
+    if task == "sequence":  # two steps a row
+        train_y, test_y = train_y.repeat(2, 1).T, test_y.repeat(2, 1).T
+    data = FederatedData(
+        data.train_x, train_y, data.test_x, test_y, data.partition, num_classes=3
+    )  # fmt: skip
+    cfg = from_dict({**SMALL, **fields})
+    given = None if task is None else Task("sequence-task", kind=task)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError) as err:
+        build(cfg, data, given)
+    text = str(err.value)
+    assert said in text and "\n" not in text, text
 
 
 def test_a_clustered_algorithm_is_refused_in_one_line() -> None:

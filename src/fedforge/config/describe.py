@@ -22,6 +22,11 @@ def describe_split(cfg: Config) -> str:
     if not cfg.drift.on:
         return split
     d = cfg.drift
+    if d.kind == "label_mix":
+        return (
+            f"{split}, drifting: the label mix favours {d.groups} class groups in turn "
+            f"({d.strength:g}x), {d.every} rounds each"
+        )
     return f"{split}, drifting: {d.groups} label maps in turn, {d.every} rounds each"
 
 

@@ -66,6 +66,10 @@ def drift_fits(
     client_gate: bool,
     weights: str,
     buffered: bool,
+    proxy_tunes: bool,
+    canary_every: int,
+    cold_start: bool,
+    upload_every: int,
 ) -> None:
     """A drift needs one class id a row, data the simulation holds, and nothing
     else that reads a client's labels outside its training (they would read
@@ -128,6 +132,35 @@ def drift_fits(
             buffered,
             "an update trained in one phase may arrive in the next",
             "false",
+        ),
+        (
+            "proxy.tune_epochs",
+            proxy_tunes,
+            proxy_tunes,
+            "the server tunes the model on the proxy's labels without the round's drift",
+            "0",
+        ),
+        (
+            "deployment.canary_every",
+            canary_every,
+            canary_every > 0,
+            "the clients score the candidate on their labels without the round's drift",
+            "0",
+        ),
+        (
+            "deployment.cold_start",
+            cold_start,
+            cold_start,
+            "new clients score the model on their labels without the round's drift",
+            "false",
+        ),
+        (
+            "communication.upload_every",
+            upload_every,
+            upload_every > 1 and drift.every % upload_every != 0,
+            f"an upload period would cross a phase boundary (drift.every = {drift.every}) "
+            "and train in one phase the rounds of two",
+            "a divisor of drift.every",
         ),
     ]
     for name, value, refused, why, fix in rules:

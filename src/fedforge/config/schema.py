@@ -280,6 +280,10 @@ def check(cfg: Config) -> None:
         cfg.robust.client_gate,
         cfg.aggregation.weights,
         cfg.asynchronous.buffered,
+        cfg.proxy.tunes,
+        cfg.deployment.canary_every,
+        cfg.deployment.cold_start,
+        cfg.communication.upload_every,
     )
     compat.attack_needs_floats(cfg.robust, cfg.privacy)
     compat.robust_fits_cohort(cfg.robust, cfg.num_clients, cfg.client_fraction)

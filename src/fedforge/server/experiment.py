@@ -135,6 +135,7 @@ def build(cfg: Config, data: FederatedData | None = None, task: Task | None = No
     dtype = DTYPES[cfg.dtype]
     device = resolve_device(driver_device(cfg))  # before the data loads: fails fast
     task = resolve_task(cfg, task)
+    _drift_fits_task(cfg, task)
     own_split = data is not None and not data.split_by_config
     data, model, fingerprint = _run_data(cfg, data, task, dtype)
     data, proxy = proxy_parts.assemble(cfg, data)  # no client holds its rows
@@ -212,15 +213,33 @@ def build(cfg: Config, data: FederatedData | None = None, task: Task | None = No
     )
 
 
+def _drift_fits_task(cfg: Config, task: Task) -> None:
+    """A drift refused, before the data loads, for a task whose rows are not
+    one class id each (a caller's sequence or regression task)."""
+    if cfg.drift.on and task.kind != "classification":
+        raise ConfigError(
+            f"drift.kind = {cfg.drift.kind!r} needs one class id a row; this run's task is "
+            f"{task.kind!r}"
+        )
+
+
 def _drift(cfg: Config, data: FederatedData, algorithm: Algorithm) -> DriftSchedule | None:
     """The run's drift schedule, refused for a clustered algorithm (it picks a
-    client's cluster by the loss on its data without the round's drift)."""
+    client's cluster by the loss on its data without the round's drift), for
+    data without class ids, and for label_mix with more groups than classes (a
+    group without a class would shift nothing)."""
     if cfg.drift.on and data.classes() is None:
         raise ConfigError(
             f"drift.kind = {cfg.drift.kind!r} needs one class id a row; the data's labels "
             "are real-valued targets"
         )
-    schedule = schedule_of(cfg.drift, data.classes() or NUM_CLASSES, cfg.seed)
+    classes = data.classes() or NUM_CLASSES
+    if cfg.drift.kind == "label_mix" and cfg.drift.groups > classes:
+        raise ConfigError(
+            f"drift.groups = {cfg.drift.groups} is invalid with drift.kind = 'label_mix': at "
+            f"most the data's {classes} classes (each group favours its own classes)"
+        )
+    schedule = schedule_of(cfg.drift, classes, cfg.seed)
     if schedule is not None and algorithm.clusters is not None:
         raise ConfigError(
             f"algorithm {cfg.algorithm!r} cannot run with drift.kind = {cfg.drift.kind!r}: it "
