@@ -27,10 +27,9 @@ from fedforge.core.device import HOST, resolve_device
 from fedforge.core.errors import ConfigError
 from fedforge.core.params import ParamSpec
 from fedforge.core.precision import precision_note
-from fedforge.data.drift import DriftSchedule, schedule_of
+from fedforge.data.drift import DriftSchedule
 from fedforge.data.federated import DTYPES, FederatedData, shift_data
 from fedforge.data.given import check_fits, check_given
-from fedforge.data.mnist import NUM_CLASSES
 from fedforge.data.tags import load_client_tags
 from fedforge.engines import Engine
 from fedforge.engines.ray_engine import RaySettings
@@ -47,6 +46,7 @@ from fedforge.selection.sampling import UniformSelection
 from fedforge.server import probe
 from fedforge.server import proxy as proxy_parts
 from fedforge.server.client_lr import LrRule
+from fedforge.server.drift_check import drift_fits_task, drift_of
 from fedforge.server.engine_choice import EngineChoice, choose_engine, driver_device, ray_choice
 from fedforge.store.build_record import data_fingerprint
 from fedforge.store.checkpoint import RESIDUAL
@@ -135,7 +135,7 @@ def build(cfg: Config, data: FederatedData | None = None, task: Task | None = No
     dtype = DTYPES[cfg.dtype]
     device = resolve_device(driver_device(cfg))  # before the data loads: fails fast
     task = resolve_task(cfg, task)
-    _drift_fits_task(cfg, task)
+    drift_fits_task(cfg, task)
     own_split = data is not None and not data.split_by_config
     data, model, fingerprint = _run_data(cfg, data, task, dtype)
     data, proxy = proxy_parts.assemble(cfg, data)  # no client holds its rows
@@ -155,7 +155,7 @@ def build(cfg: Config, data: FederatedData | None = None, task: Task | None = No
         algorithm = dataclasses.replace(algorithm, loss_fn=task.loss())
     metrics = task.scores()
     parts = _assemble(cfg, data, spec, dtype, algorithm, metrics)
-    drift = _drift(cfg, data, algorithm)
+    drift = drift_of(cfg, data, algorithm)
     runtime = ClientRuntime(
         model,
         spec,
@@ -211,41 +211,6 @@ def build(cfg: Config, data: FederatedData | None = None, task: Task | None = No
         _lr_rule(cfg),
         drift,
     )
-
-
-def _drift_fits_task(cfg: Config, task: Task) -> None:
-    """A drift refused, before the data loads, for a task whose rows are not
-    one class id each (a caller's sequence or regression task)."""
-    if cfg.drift.on and task.kind != "classification":
-        raise ConfigError(
-            f"drift.kind = {cfg.drift.kind!r} needs one class id a row; this run's task is "
-            f"{task.kind!r}"
-        )
-
-
-def _drift(cfg: Config, data: FederatedData, algorithm: Algorithm) -> DriftSchedule | None:
-    """The run's drift schedule, refused for a clustered algorithm (it picks a
-    client's cluster by the loss on its data without the round's drift), for
-    data without class ids, and for label_mix with more groups than classes (a
-    group without a class would shift nothing)."""
-    if cfg.drift.on and data.classes() is None:
-        raise ConfigError(
-            f"drift.kind = {cfg.drift.kind!r} needs one class id a row; the data's labels "
-            "are real-valued targets"
-        )
-    classes = data.classes() or NUM_CLASSES
-    if cfg.drift.kind == "label_mix" and cfg.drift.groups > classes:
-        raise ConfigError(
-            f"drift.groups = {cfg.drift.groups} is invalid with drift.kind = 'label_mix': at "
-            f"most the data's {classes} classes (each group favours its own classes)"
-        )
-    schedule = schedule_of(cfg.drift, classes, cfg.seed)
-    if schedule is not None and algorithm.clusters is not None:
-        raise ConfigError(
-            f"algorithm {cfg.algorithm!r} cannot run with drift.kind = {cfg.drift.kind!r}: it "
-            "picks each client's cluster by the loss on its data without the round's drift"
-        )
-    return schedule
 
 
 def _lr_rule(cfg: Config) -> LrRule | None:
