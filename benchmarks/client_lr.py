@@ -24,12 +24,18 @@ exponent -1 (mean n / n_k, so that lr times local steps is about equal across
 clients). Labels are IID, so the target is higher: 0.97 (``--quick``: 0.9), cap
 60 (``--quick``: 15).
 
+``--split dirichlet``: quantity and label skew at once (``partition.kind =
+dirichlet``, alpha 0.5, at least 10 examples a client: each class dealt over the
+clients in Dir(0.5) proportions, so sizes and label mixes both vary); the arms of
+``unbalanced``; target 0.95 (``--quick``: 0.85), cap 100 (``--quick``: 15).
+
 Last line: ``RESULT client_lr_rounds_<arm>=<mean over seeds> ...
 client_lr_final_acc_<arm>=... client_lr_target=... client_lr_seeds=...``
-(``--split unbalanced``: ``client_lr_unbalanced_...``)
+(``--split unbalanced``, ``dirichlet``: ``client_lr_unbalanced_...``,
+``client_lr_dirichlet_...``)
 
     OMP_NUM_THREADS=1 FEDFORGE_DATA=/work/shared/data \
-        python benchmarks/client_lr.py [--split unbalanced] [--quick]
+        python benchmarks/client_lr.py [--split unbalanced|dirichlet] [--quick]
 """
 
 from __future__ import annotations
@@ -41,6 +47,16 @@ import torch
 
 from _common import add_workers, mean_of, places, print_settings, result_line, run_arms, workers
 from fedforge.config import Config, from_dict
+
+# the lr scaled by client size (exponent 1 and -1) against plain FedAvg
+SIZE_ARMS: dict[str, dict[str, Any]] = {
+    "plain": {},
+    "size_lr": {"local": {"lr_rule": "data_size"}},
+    "size_lr_inv": {
+        "local": {"lr_rule": "data_size"},
+        "plugin_options": {"data_size": {"exponent": -1.0}},
+    },
+}
 
 # split: its partition, its arms (arm: the settings it adds to plain FedAvg),
 # target and cap (full, --quick)
@@ -58,16 +74,15 @@ SPLITS: dict[str, dict[str, Any]] = {
     },
     "unbalanced": {
         "partition": {"kind": "quantity", "sigma": 1.0},
-        "arms": {
-            "plain": {},
-            "size_lr": {"local": {"lr_rule": "data_size"}},
-            "size_lr_inv": {
-                "local": {"lr_rule": "data_size"},
-                "plugin_options": {"data_size": {"exponent": -1.0}},
-            },
-        },
+        "arms": SIZE_ARMS,
         "full": (0.97, 60),
         "quick": (0.9, 15),
+    },
+    "dirichlet": {
+        "partition": {"kind": "dirichlet", "alpha": 0.5, "min_size": 10},
+        "arms": SIZE_ARMS,
+        "full": (0.95, 100),
+        "quick": (0.85, 15),
     },
 }
 
@@ -100,8 +115,10 @@ def main() -> None:
     parser.add_argument("--split", choices=sorted(SPLITS), default="shards")
     parser.add_argument("--quick", action="store_true", help="lower target, cap 15, one seed")
     parser.add_argument("--seeds", type=int, default=1)
-    parser.add_argument("--target", type=float, help="default: shards 0.9, unbalanced 0.97")
-    parser.add_argument("--cap", type=int, help="default: shards 60, unbalanced 60")
+    parser.add_argument(
+        "--target", type=float, help="default: shards 0.9, unbalanced 0.97, dirichlet 0.95"
+    )
+    parser.add_argument("--cap", type=int, help="default: shards 60, unbalanced 60, dirichlet 100")
     add_workers(parser)
     args = parser.parse_args()
     split = SPLITS[args.split]
@@ -114,7 +131,11 @@ def main() -> None:
     torch.set_num_threads(1)
     names = list(split["arms"])
     arms = {a: config(a, 0, args) for a in names}
-    title = {"shards": "pathological shards", "unbalanced": "quantity-skew"}[args.split]
+    title = {
+        "shards": "pathological shards",
+        "unbalanced": "quantity-skew",
+        "dirichlet": "Dirichlet (quantity and label skew)",
+    }[args.split]
     print_settings(f"{title} MNIST, 2NN: target {args.target}", arms["plain"], arms)
     rows = run_arms(names, config, args, "plain")
     prefix = "client_lr" if args.split == "shards" else f"client_lr_{args.split}"

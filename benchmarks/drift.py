@@ -17,7 +17,10 @@ accuracy after the phase's last round. Each figure is the mean over the
 changes and the seeds. ``--quick``: 12 rounds, phases of 4, one seed.
 ``--kind label_mix``: the label proportions move instead (``drift.strength``
 4: the phase's five classes each 4 times as likely as another; the runs and
-the RESULT keys named ``drift_mix_...``).
+the RESULT keys named ``drift_mix_...``). ``--split shards``: McMahan's
+pathological split instead of IID (200 shards of 300 sorted by label, 2 a
+client), where client drift and the concept drift add up; the runs and the
+RESULT keys carry ``shards`` (``drift_shards_...``, ``drift_mix_shards_...``).
 
 Last line: ``RESULT drift_before_<arm>=... drift_drop_<arm>=...
 drift_recover_<arm>=... drift_end_<arm>=... drift_every=... drift_rounds=...
@@ -43,6 +46,12 @@ from _common import add_workers, fmt, mean_of, places, print_settings, result_li
 from _common import workers as workers_of
 from fedforge.config import Config, from_dict
 
+# --split: its partition
+SPLITS: dict[str, dict[str, Any]] = {
+    "iid": {"kind": "iid"},
+    "shards": {"kind": "shards", "shards_per_client": 2},
+}
+
 # arm: the settings it adds to FedAvg
 ARMS: dict[str, dict[str, Any]] = {
     "fedavg": {},
@@ -58,7 +67,7 @@ def config(arm: str, seed: int, args: Any) -> Config:
             "seed": seed,
             "model": "2nn",
             "num_clients": 100,
-            "partition": {"kind": "iid"},
+            "partition": SPLITS[args.split],
             "client_fraction": 0.1,
             "local_epochs": 1,
             "batch_size": 10,
@@ -75,8 +84,10 @@ def config(arm: str, seed: int, args: Any) -> Config:
 
 
 def prefix(args: Any, sep: str) -> str:
-    """The runs' and RESULT keys' prefix: ``drift``, or ``drift_mix`` for label_mix."""
-    return "drift" if args.kind == "label_map" else f"drift{sep}mix"
+    """The runs' and RESULT keys' prefix: ``drift``, ``drift_mix`` for label_mix,
+    each followed by ``_shards`` on the pathological split."""
+    base = "drift" if args.kind == "label_map" else f"drift{sep}mix"
+    return base if args.split == "iid" else f"{base}{sep}shards"
 
 
 def phase_changes(curve: list[list[float]], every: int, within: float) -> list[dict[str, float]]:
@@ -108,6 +119,7 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=10, help="rounds a phase lasts")
     parser.add_argument("--within", type=float, default=0.02, help="recovered: this close")
     parser.add_argument("--kind", choices=["label_map", "label_mix"], default="label_map")
+    parser.add_argument("--split", choices=sorted(SPLITS), default="iid")
     add_workers(parser)
     args = parser.parse_args()
     if args.quick:
@@ -115,7 +127,7 @@ def main() -> None:
     args.places = places("drift", args.quick)
     torch.set_num_threads(1)
     arms = {a: config(a, 0, args) for a in ARMS}
-    title = f"MNIST 2NN IID, drift {args.kind} every {args.every} rounds"
+    title = f"MNIST 2NN {args.split}, drift {args.kind} every {args.every} rounds"
     print_settings(title, arms["fedavg"], arms)
     rows = run_arms(list(ARMS), config, args, "fedavg")
     result: dict[str, Any] = {}
