@@ -154,6 +154,26 @@ def test_oort_exploits_above_the_cut_off_and_explores_the_unheard() -> None:
         assert sorted(everyone.select(ask(rows, sizes, 4, 9, seed))) == [0, 2, 3, 4]
 
 
+def test_oort_stops_exploring_a_client_refused_and_never_taken() -> None:
+    """Clients 0-2 heard from as in oort_rows; 3 never asked; 4 asked twice and
+    refused twice, 5 refused once, never taken. Epsilon 1 of a cohort of two: the
+    explorable are 3 and 5 (4 has reached explore_refusals = 2), so every draw asks
+    them. Asking all six: the explored and explorable (five) first, 4 last. With
+    explore_refusals = 3, client 4 is explored again."""
+    rows, _ = oort_rows()
+    rows[4] = {"asked": 2, "refused": 2}
+    rows[5] = {"asked": 1, "refused": 1}
+    sizes = [10, 20, 40, 5, 5, 5]
+    everyone = Oort(OortOptions(preferred_duration_s=10.0, exploration=1.0))
+    for seed in range(10):
+        assert sorted(everyone.select(ask(rows, sizes, 2, 9, seed))) == [3, 5]
+        picked = everyone.select(ask(rows, sizes, 6, 9, seed))
+        assert sorted(picked[:5]) == [0, 1, 2, 3, 5] and picked[5] == 4
+    lenient = Oort(OortOptions(preferred_duration_s=10.0, exploration=1.0, explore_refusals=3))
+    seen = {c for seed in range(20) for c in lenient.select(ask(rows, sizes, 2, 9, seed))}
+    assert seen == {3, 4, 5}
+
+
 def test_oort_explores_faster_clients_more_often() -> None:
     """Two unheard clients measured at 1 s and 3 s, one explored a round: the fast
     one with probability (1/1) / (1/1 + 1/3) = 3/4 (2000 draws, 5 standard errors)."""

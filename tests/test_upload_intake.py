@@ -293,7 +293,7 @@ def test_an_update_that_weighs_nothing_is_refused_not_a_crash(
     assert torch.equal(alone.params, start)
 
 
-@pytest.mark.parametrize("policy", ["uniform", "power_of_choice"])
+@pytest.mark.parametrize("policy", ["uniform", "power_of_choice", "oort"])
 def test_refused_clients_asked_again_cannot_raise_the_bound(
     make_data: MakeData, policy: str
 ) -> None:
@@ -304,7 +304,8 @@ def test_refused_clients_asked_again_cannot_raise_the_bound(
     power_of_choice asks first the clients whose loss it does not know; a
     refused client's loss is never known, so it ranks them last once refused:
     each attacker is asked at most twice (its first draw, and a round whose
-    candidates hold too few others)."""
+    candidates hold too few others). oort explores a client never taken until
+    it has been refused twice (explore_refusals), then no more: at most twice."""
     data = make_data([20] * 20, seed=1)
     base = {**TINY_LOGREG, "num_clients": 20, "client_fraction": 0.25, "rounds": 10}
     attack = {"attack": "scaled", "attack_fraction": 0.3, "attack_scale": 1e3}

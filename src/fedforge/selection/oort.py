@@ -38,6 +38,11 @@ A client heard from (its update taken with a loss: *explored*) scores
   paper's clipping; the lower of the two values around it), so a client that
   claims a huge loss or example count is scored as the clients near the top,
   not above them all.
+- Refused clients: a client never taken whose uploads were refused
+  ``explore_refusals`` times (default 2) is no longer explored: its loss never
+  becomes known, so without this it would take an exploration slot every round
+  it is drawn. It is asked only when the explored and the explorable cannot
+  fill the cohort, the fewest refusals first (ties: the lower id).
 - Not done: the paper's blacklisting of clients picked too often.
 
 It reads the reported losses (``reads_losses``): refused where the run's
@@ -146,12 +151,19 @@ class Oort:
 
     def select(self, round: SelectionRound) -> list[int]:
         scores = self.scores(round)
-        fresh = [c for c in round.among if c not in scores]
+        refused = round.history.column("refused")
+        unheard = [c for c in round.among if c not in scores]
+        fresh = [c for c in unheard if refused[c] < self.o.explore_refusals]
         share = 1 - self.exploration_at(round.round_idx)
         exploit = min(math.floor(round.size * share + 1e-9), len(scores))
         explore = min(round.size - exploit, len(fresh))
-        exploit = round.size - explore  # the explored fill what the fresh cannot
-        return [*self._exploit(scores, exploit, round.rng), *self._explore(round, fresh, explore)]
+        exploit = min(round.size - explore, len(scores))  # the explored fill what the fresh cannot
+        shunned = sorted(set(unheard) - set(fresh), key=lambda c: (refused[c], c))
+        return [
+            *self._exploit(scores, exploit, round.rng),
+            *self._explore(round, fresh, explore),
+            *shunned[: round.size - exploit - explore],
+        ]
 
     def _exploit(self, scores: dict[int, float], k: int, rng: np.random.Generator) -> list[int]:
         """``k`` explored clients by score, among those above the cut-off."""

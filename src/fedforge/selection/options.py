@@ -46,6 +46,11 @@ class OortOptions:
     # to it (the paper's outlier clipping: one client's claimed loss or example
     # count cannot outweigh the rest); 100: no clipping
     utility_percentile: Annotated[float, Range("(0, 100]")] = 95.0
+    # a client never taken whose uploads were refused this many times leaves the
+    # exploration pool (its loss never becomes known, so it would be explored in
+    # every round it is drawn); it is asked only when the cohort cannot be filled
+    # without it
+    explore_refusals: Annotated[int, Range(">= 1", note="refused uploads")] = 2
 
     def check(self) -> None:
         if self.exploration_min > self.exploration:
