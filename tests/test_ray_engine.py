@@ -202,6 +202,7 @@ def _kill_between_passes(
     return settles, settled, taken, _Engine()
 
 
+@pytest.mark.slow  # a worker killed mid-round: ~30 s each
 def test_a_worker_lost_between_the_two_passes_leaves_the_median_with_its_clients(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -229,6 +230,7 @@ def test_a_worker_lost_between_the_two_passes_leaves_the_median_with_its_clients
     assert kept.kept == [[None, None], [None, None]]
 
 
+@pytest.mark.slow  # a worker killed mid-round: ~30 s each
 def test_a_worker_lost_between_the_two_passes_is_retried_under_the_same_bound(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -244,6 +246,7 @@ def test_a_worker_lost_between_the_two_passes_is_retried_under_the_same_bound(
     assert float((result.params - serial.params).abs().max()) <= 1e-9
 
 
+@pytest.mark.slow  # a worker killed mid-round: ~30 s each
 def test_a_worker_lost_once_the_round_is_settled_is_replaced_even_under_dropout(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -391,6 +394,7 @@ def test_what_the_cluster_cannot_give_is_refused_before_any_worker_waits(
     assert loads == ([] if "num_gpus" in extra else [1])
 
 
+@pytest.mark.slow  # its own Ray cluster: ~30 s
 def test_bf16_is_judged_on_the_workers_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
     """The note on emulated bf16 is the workers' (they train), and says on how
     many: the driver's CPU, made to read as one without bf16, is not asked; it
