@@ -1,6 +1,7 @@
 """A learning rate per client and the upload clip relative to recent norms,
-against plain FedAvg on pathological-shard MNIST; with ``--split unbalanced``,
-the lr scaled by client size against plain FedAvg on quantity-skew MNIST.
+against plain FedAvg on pathological-shard MNIST; with ``--split unbalanced``
+(``dirichlet``), the lr scaled by client size against plain FedAvg on
+quantity-skew MNIST (quantity and label skew).
 
 Setting (``--split shards``, the default): the 2NN, 100 clients of 2 label
 shards each (200 shards of 300: every client holds 600 examples, so the

@@ -202,7 +202,7 @@ def _kill_between_passes(
     return settles, settled, taken, _Engine()
 
 
-@pytest.mark.slow  # a worker killed mid-round: ~30 s each
+@pytest.mark.slow  # a worker killed mid-round: ~30 s (one such test stays in the default suite)
 def test_a_worker_lost_between_the_two_passes_leaves_the_median_with_its_clients(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -230,7 +230,6 @@ def test_a_worker_lost_between_the_two_passes_leaves_the_median_with_its_clients
     assert kept.kept == [[None, None], [None, None]]
 
 
-@pytest.mark.slow  # a worker killed mid-round: ~30 s each
 def test_a_worker_lost_between_the_two_passes_is_retried_under_the_same_bound(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -246,7 +245,7 @@ def test_a_worker_lost_between_the_two_passes_is_retried_under_the_same_bound(
     assert float((result.params - serial.params).abs().max()) <= 1e-9
 
 
-@pytest.mark.slow  # a worker killed mid-round: ~30 s each
+@pytest.mark.slow  # a worker killed mid-round: ~30 s (one such test stays in the default suite)
 def test_a_worker_lost_once_the_round_is_settled_is_replaced_even_under_dropout(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -172,6 +172,19 @@ def test_oort_stops_exploring_a_client_refused_and_never_taken() -> None:
     lenient = Oort(OortOptions(preferred_duration_s=10.0, exploration=1.0, explore_refusals=3))
     seen = {c for seed in range(20) for c in lenient.select(ask(rows, sizes, 2, 9, seed))}
     assert seen == {3, 4, 5}
+    # several shunned: fewest refusals first, then the lower id; a client once
+    # taken (its loss since hidden) is explored whatever its refusals
+    rows[3] = {"asked": 3, "refused": 3}
+    rows[5] = {"asked": 2, "refused": 2}
+    rows[6] = {"asked": 4, "refused": 3, "used": 1}
+    sizes.append(5)
+    picked = everyone.select(ask(rows, sizes, 7, 9))
+    assert sorted(picked[:4]) == [0, 1, 2, 6] and picked[4:] == [4, 5, 3]
+    # asking among a subset: ids index the history, not positions in ``among``
+    view = History(rows).view(sizes)
+    among = [3, 4, 5, 1]
+    sub = SelectionRound(9, among, 3, view, np.random.default_rng(0))
+    assert everyone.select(sub) == [1, 4, 5]
 
 
 def test_oort_explores_faster_clients_more_often() -> None:

@@ -38,8 +38,9 @@ A client heard from (its update taken with a loss: *explored*) scores
   paper's clipping; the lower of the two values around it), so a client that
   claims a huge loss or example count is scored as the clients near the top,
   not above them all.
-- Refused clients: a client never taken whose uploads were refused
-  ``explore_refusals`` times (default 2) is no longer explored: its loss never
+- Refused clients: a client never taken (no update of it in any model) whose
+  uploads were refused ``explore_refusals`` times (default 2) is no longer
+  explored: its loss never
   becomes known, so without this it would take an exploration slot every round
   it is drawn. It is asked only when the explored and the explorable cannot
   fill the cohort, the fewest refusals first (ties: the lower id).
@@ -153,7 +154,8 @@ class Oort:
         scores = self.scores(round)
         refused = round.history.column("refused")
         unheard = [c for c in round.among if c not in scores]
-        fresh = [c for c in unheard if refused[c] < self.o.explore_refusals]
+        used = round.history.column("used")
+        fresh = [c for c in unheard if refused[c] < self.o.explore_refusals or used[c] > 0]
         share = 1 - self.exploration_at(round.round_idx)
         exploit = min(math.floor(round.size * share + 1e-9), len(scores))
         explore = min(round.size - exploit, len(fresh))
