@@ -270,8 +270,10 @@ class LocalStep:
         anchor: list[torch.Tensor],
         state: Mapping[str, list[torch.Tensor]] | None = None,
         hook: GradHook | None = None,
+        rates: torch.Tensor | None = None,
     ) -> None:
         self.plan = plan
+        self.rates = rates  # each client's lr [K]; None: the plan's
         self.params = params
         self.hook = hook
         self.ctx = StepContext(params, anchor, dict(state or {}))
@@ -305,7 +307,18 @@ class LocalStep:
             direction = self.buffers
         if active is not None:
             direction = [d * _expand(active, d) for d in direction]
-        torch._foreach_add_(self.params, direction, alpha=-plan.lr)
+        sgd_step_(self.params, direction, plan.lr if self.rates is None else self.rates)
+
+
+def sgd_step_(
+    params: list[torch.Tensor], direction: list[torch.Tensor], lr: float | torch.Tensor
+) -> None:
+    """p <- p - lr d for ``[K, ...]`` tensors, at one lr or at each client's (``[K]``)."""
+    if isinstance(lr, torch.Tensor):
+        for p, d in zip(params, direction, strict=True):
+            p.sub_(d * _expand(lr, d))
+    else:
+        torch._foreach_add_(params, direction, alpha=-lr)
 
 
 def _expand(active: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

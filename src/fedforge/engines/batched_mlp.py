@@ -28,6 +28,10 @@ and SCAFFOLD's c - c_k), as the hook adds it to every gradient on the other path
 
     W_k <- (1 - lr p) W_k + lr p W_t - lr (G^T H_k + s_k).
 
+Clients with their own learning rates (``local.lr_rule``) share a chunk: client
+k's lr is folded into its logits' gradient, lr_k G, which every product below
+is linear in, and the terms take it per client.
+
 The model takes it when it declares its chain of layers
 (``models.perceptron``). It is a CPU path (its chunks are sized to the cores'
 caches): a model on another device takes the vmap path. It applies to plain
@@ -115,13 +119,13 @@ def batched_mlp_sgd(
     y_all: torch.Tensor,
     index: torch.Tensor,
     mask: torch.Tensor,
-    lr: float,
+    lr: float | torch.Tensor,
     terms: Terms | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """K clients' local SGD from ``start`` over the steps ``index [S, K, W]``
     (rows of ``x_all``/``y_all``; ``mask`` marks real rows), with ``terms``
-    added to every gradient. Returns the final parameters ``[K, P]`` and each
-    client's summed training loss (float64)."""
+    added to every gradient, at one ``lr`` or each client's (``[K]``). Returns
+    the final parameters ``[K, P]`` and each client's summed training loss (float64)."""
     terms = terms or Terms()
     k, width = index.shape[1], index.shape[2]
     order, index, mask, live = _longest_first(index, mask)
@@ -141,6 +145,11 @@ def batched_mlp_sgd(
     # Each step's rows, client by client: the live clients' rows are a prefix.
     flat_index = index.reshape(index.shape[0], k * width)  # (no -1: a chunk may have no step)
     scale, labels, minus_one = _step_constants(index, mask, y_all, start.dtype)
+    rates = lr[order].to(start.dtype) if isinstance(lr, torch.Tensor) else None
+    if rates is not None:
+        # Each client's lr folded into its logits' gradient: every product below
+        # is linear in it, so each layer's step is then -1 x (lr_k G)^T H.
+        scale = scale * rates.view(1, -1, 1, 1)
     picked = torch.zeros(index.shape, dtype=start.dtype)  # log p(label), [S, K, W]
     a_views = -1
     for step in range(index.shape[0]):
@@ -156,7 +165,8 @@ def batched_mlp_sgd(
         grad, picked[step, :a] = _logit_grad(
             logits, labels[step, :a], minus_one[:a], scale[step, :a]
         )
-        _backward_step(grad, inputs, ws, bs, (w0, b0, cws, cbs), lr, terms.mu)
+        step_lr = lr if rates is None else rates[:a]
+        _backward_step(grad, inputs, ws, bs, (w0, b0, cws, cbs), step_lr, terms.mu)
     loss_sum = -(picked.to(torch.float64) * mask).sum(dim=(0, 2))  # real rows only
     params = start.expand(k, -1).clone()  # in the callers' order: row order[j] is w[j]
     w_out, b_out = _layer_views(spec, params, layers)
@@ -238,23 +248,51 @@ def _backward_step(
     ws: Sequence[torch.Tensor],
     bs: Sequence[torch.Tensor],
     fixed: tuple[Sequence[torch.Tensor], ...],
-    lr: float,
+    lr: float | torch.Tensor,
     mu: float,
 ) -> None:
     """Back from the logits' gradient ``grad`` through every layer, each layer's
     SGD step (with the terms: ``fixed`` holds W_t's weights and biases and the
-    shift's, empty without one) fused into its weight-gradient product."""
+    shift's, empty without one) fused into its weight-gradient product. ``lr``:
+    one for every client, or each live client's ``[a]``, already folded into
+    ``grad`` (the terms take it here)."""
     w0, b0, cws, cbs = fixed
-    shrink = 1.0 - lr * mu
+    product_lr = 1.0 if isinstance(lr, torch.Tensor) else lr
     for i in range(len(ws) - 1, -1, -1):
         below = torch.bmm(grad, ws[i]) if i > 0 else None  # before W moves
-        if mu:  # - lr p (W - W_t)
-            ws[i].mul_(shrink).add_(w0[i], alpha=lr * mu)
-            bs[i].mul_(shrink).add_(b0[i], alpha=lr * mu)
-        if cws:  # - lr s_k
-            ws[i].add_(cws[i], alpha=-lr)
-            bs[i].add_(cbs[i], alpha=-lr)
-        ws[i].baddbmm_(grad.transpose(1, 2), inputs[i], alpha=-lr)
-        bs[i].add_(grad.sum(dim=1), alpha=-lr)
+        if mu or cws:
+            shift = (cws[i], cbs[i]) if cws else None
+            _terms_step(ws[i], bs[i], (w0[i], b0[i]), shift, lr, mu)
+        ws[i].baddbmm_(grad.transpose(1, 2), inputs[i], alpha=-product_lr)
+        bs[i].add_(grad.sum(dim=1), alpha=-product_lr)
         if below is not None:  # through the ReLU of layer i - 1, as autograd does
             grad = torch.ops.aten.threshold_backward(below, inputs[i], 0.0)
+
+
+def _terms_step(
+    w: torch.Tensor,
+    b: torch.Tensor,
+    start: tuple[torch.Tensor, torch.Tensor],
+    shift: tuple[torch.Tensor, torch.Tensor] | None,
+    lr: float | torch.Tensor,
+    mu: float,
+) -> None:
+    """One layer's step of the terms: - lr p (W - W_t) and - lr s_k, at one lr or
+    at each live client's (``lr [a]``)."""
+    w0, b0 = start
+    if isinstance(lr, torch.Tensor):
+        lr_w, lr_b = lr.view(-1, 1, 1), lr.view(-1, 1)
+        if mu:
+            w.mul_(1.0 - lr_w * mu).add_(w0 * (lr_w * mu))
+            b.mul_(1.0 - lr_b * mu).add_(b0 * (lr_b * mu))
+        if shift is not None:
+            w.sub_(shift[0] * lr_w)
+            b.sub_(shift[1] * lr_b)
+        return
+    if mu:
+        shrink = 1.0 - lr * mu
+        w.mul_(shrink).add_(w0, alpha=lr * mu)
+        b.mul_(shrink).add_(b0, alpha=lr * mu)
+    if shift is not None:
+        w.add_(shift[0], alpha=-lr)
+        b.add_(shift[1], alpha=-lr)

@@ -24,7 +24,7 @@ from torch.func import functional_call, grad_and_value, vmap
 from torch.nn.utils.rnn import pad_sequence
 
 from fedforge.algorithms.base import LocalPlan, LossFn
-from fedforge.algorithms.local import GradHook, LocalStep
+from fedforge.algorithms.local import GradHook, LocalStep, sgd_step_
 from fedforge.client.runtime import (
     ClientRuntime,
     ClientTask,
@@ -156,6 +156,7 @@ def vectorized_local_sgd(
     state: Mapping[str, torch.Tensor] | None = None,
     epochs: Sequence[int] | None = None,
     fused: Sequence[str] | None = None,
+    lrs: Sequence[float] | None = None,
 ) -> list[LocalResult]:
     """Local SGD of K clients at once, from the same ``start``; the batched twin of
     :func:`fedforge.client.runtime.local_sgd` (same minibatches, same steps), on
@@ -163,7 +164,8 @@ def vectorized_local_sgd(
     each client's own number of epochs (stragglers do fewer; default: the plan's);
     ``state``: the algorithm's per-client ``[K, P]`` tensors for ``hook``;
     ``fused``: the linear layers of a perceptron that takes the batched-matmul
-    path instead of vmap (engines/batched_mlp.py)."""
+    path instead of vmap (engines/batched_mlp.py); ``lrs``: each client's own
+    learning rate (default: the plan's)."""
     per_client = epochs if epochs is not None else [plan.local_epochs] * len(ys)
     schedules = [
         [idx for _ in range(e) for idx in minibatches(len(y), plan.batch_size, g)]
@@ -176,16 +178,27 @@ def vectorized_local_sgd(
     y_all = torch.cat([*ys, ys[0].new_zeros((1, *ys[0].shape[1:]))])
     index, mask = _step_indices(schedules, offsets, pad_row=len(y_all) - 1)
     index, mask = index.to(start.device), mask.to(start.device)  # drawn on the host
+    rates = None  # one lr (the plan's) unless the clients' differ
+    if lrs is not None and any(r != plan.lr for r in lrs):
+        rates = torch.tensor(list(lrs), dtype=start.dtype, device=start.device)
     if fused is not None:
         terms = fused_terms(hook, state)
         if terms is None:  # callers check batched_mlp.applies first
             raise ValueError("the fused perceptron path cannot run this gradient hook")
         params, loss_sum = batched_mlp_sgd(
-            fused, spec, start, x_all, y_all, index, mask, plan.lr, terms
+            fused,
+            spec,
+            start,
+            x_all,
+            y_all,
+            index,
+            mask,
+            plan.lr if rates is None else rates,
+            terms,
         )
     else:
         batch = _Batches(x_all, y_all, index, mask)
-        params, loss_sum = _vmap_sgd(model, spec, start, batch, plan, loss_fn, hook, state)
+        params, loss_sum = _vmap_sgd(model, spec, start, batch, plan, loss_fn, hook, state, rates)
     seen = [sum(len(b) for b in s) for s in schedules]
     return [
         LocalResult(params[i].clone(), float(loss_sum[i]) / max(seen[i], 1), len(s))
@@ -213,10 +226,12 @@ def _vmap_sgd(
     loss_fn: LossFn,
     hook: GradHook | None,
     state: Mapping[str, torch.Tensor] | None,
+    rates: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The generic path: every step one vmap of the per-client gradient, then the
-    shared local step (any hook, any plan). Returns the final parameters
-    ``[K, P]`` and each client's summed training loss (float64)."""
+    shared local step (any hook, any plan; ``rates``: each client's lr ``[K]``,
+    None: the plan's). Returns the final parameters ``[K, P]`` and each client's
+    summed training loss (float64)."""
     x_all, y_all, index, mask = batches.x_all, batches.y_all, batches.index, batches.mask
     k = index.shape[1]
     weights = mask.to(start.dtype)
@@ -248,7 +263,7 @@ def _vmap_sgd(
     if hook is not None or not plan.plain:
         anchor = trainable_views(spec, start.unsqueeze(0))
         rows_of = {n: trainable_views(spec, v) for n, v in (state or {}).items()}
-        local = LocalStep(plan, tensors, anchor, rows_of, hook)
+        local = LocalStep(plan, tensors, anchor, rows_of, hook, rates)
     active = mask.any(dim=2)  # [S, K]: the client still has a real step
     model.train()
     for step in range(index.shape[0]):
@@ -258,7 +273,7 @@ def _vmap_sgd(
             live = active[step]
             local([grads[n] for n in names], None if bool(live.all()) else live)
         else:
-            torch._foreach_add_(tensors, [grads[n] for n in names], alpha=-plan.lr)
+            sgd_step_(tensors, [grads[n] for n in names], plan.lr if rates is None else rates)
         loss_sum += losses.detach().to(torch.float64) * mask[step].sum(dim=1)
     return params, loss_sum
 
@@ -297,14 +312,15 @@ class VectorizedEngine(SimulationEngine):
         widest batch (the largest client, with full batches) and the longest
         schedule, so each new client costs as much as the widest and longest so
         far; its data counts too. A chunk's clients share one plan but for their
-        epochs (a per-client lr, server/client_lr.py, starts a new chunk). At least one."""
+        epochs and learning rates (server/client_lr.py). At least one."""
         rt, widest, held, longest = self.runtime, 1, 0, 0
         pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
         first = tasks[lo].plan
         limit = min(self.max_chunk, self._fused_limit(first))
         while lo + len(pairs) < len(tasks) and len(pairs) < limit:
             task = tasks[lo + len(pairs)]
-            if dataclasses.replace(task.plan, local_epochs=first.local_epochs) != first:
+            own = dataclasses.replace(task.plan, local_epochs=first.local_epochs, lr=first.lr)
+            if own != first:
                 break
             key = (task.client_id, task.round_idx)
             pair = self._next.pop(key, None) or rt.client_data(task)
@@ -374,6 +390,7 @@ class VectorizedEngine(SimulationEngine):
                 None if state is None else {k: v.to(device) for k, v in state.items()},
                 [t.plan.local_epochs for t in chunk],
                 fused,
+                [t.plan.lr for t in chunk],
             )
             per_client = (time.perf_counter() - t0) / len(chunk)
             for task, result, x, y in zip(chunk, results, xs, ys, strict=True):
