@@ -19,19 +19,26 @@ from fedforge.server.loop import run
 SCALES = "client_id,lr_scale\n0,0.5\n1,2\n3,0.25\n4,3\n5,1.5\n"  # client 2: 1
 
 
-def chunk_calls(monkeypatch: pytest.MonkeyPatch) -> list[list[float]]:
-    """The clients' learning rates of every chunk the vectorised engine trains."""
+def chunk_calls(monkeypatch: pytest.MonkeyPatch) -> tuple[list[list[float]], list[bool]]:
+    """The clients' learning rates of every chunk the vectorised engine trains,
+    and for each call of the fused perceptron path whether it had per-client rates."""
     from fedforge.engines import vectorized
 
     calls: list[list[float]] = []
-    real = vectorized.vectorized_local_sgd
+    fused: list[bool] = []
+    real, real_fused = vectorized.vectorized_local_sgd, vectorized.batched_mlp_sgd
 
     def recording(*args: Any, **kw: Any) -> Any:
-        calls.append(list(args[-1]))
+        calls.append(list(kw["lrs"] if "lrs" in kw else args[12]))
         return real(*args, **kw)
 
+    def recording_fused(*args: Any, **kw: Any) -> Any:
+        fused.append(isinstance(args[7], torch.Tensor))
+        return real_fused(*args, **kw)
+
     monkeypatch.setattr(vectorized, "vectorized_local_sgd", recording)
-    return calls
+    monkeypatch.setattr(vectorized, "batched_mlp_sgd", recording_fused)
+    return calls, fused
 
 
 @pytest.mark.parametrize(
@@ -64,16 +71,19 @@ def test_clients_with_their_own_lr_share_a_chunk_and_equal_serial(
             "dtype": "float64",
             "local": local,
             "plugin_options": {"lr_csv": {"path": str(csv)}},
+            "robust": {"max_norm_multiple": None},  # every update taken: all compared
             **extra,
         }
     )
     data = synthetic_data(6, "quantity", seed=5)
     serial = run(config_mod.override(base, {"engine": "serial"}), data=data, store=False)
-    calls = chunk_calls(monkeypatch)
+    calls, fused = chunk_calls(monkeypatch)
     vector = run(config_mod.override(base, {"engine": "vectorized"}), data=data, store=False)
     assert vector.summary["engine"] == "vectorized"
     assert len(calls) == 3, calls  # one chunk a round, its clients' lrs differing
     assert all(len(set(lrs)) > 1 for lrs in calls), calls
+    takes_fused = model == "2nn" and "momentum" not in local
+    assert fused == ([True] * 3 if takes_fused else []), fused
     torch.testing.assert_close(vector.params, serial.params, rtol=0, atol=1e-9)
     for a, b in zip(serial.rounds, vector.rounds, strict=True):
         assert a.train_loss == pytest.approx(b.train_loss, abs=1e-12)
