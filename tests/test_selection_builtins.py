@@ -187,6 +187,26 @@ def test_oort_stops_exploring_a_client_refused_and_never_taken() -> None:
     assert everyone.select(sub) == [1, 4, 5]
 
 
+def test_oort_blacklists_the_most_asked_up_to_its_share() -> None:
+    """Ten clients all heard from, asked 0, 1, ..., 9 times. blacklist_rounds 5:
+    clients 6-9 were asked more often; a share of 0.3 leaves out at most three,
+    the most asked (9, 8, 7), so 6 may still be asked. A cohort of eight leaves
+    room to leave out two only (9, 8). Without the option nobody is left out."""
+    rows = {c: {"last_loss": 1.0, "last_used": 0, "asked": c} for c in range(10)}
+    sizes = [10] * 10
+    on = Oort(OortOptions(preferred_duration_s=10.0, exploration=0.0, exploration_min=0.0,
+                          blacklist_rounds=5))  # fmt: skip
+    assert on.blacklisted(ask(rows, sizes, 5)) == {7, 8, 9}
+    assert on.blacklisted(ask(rows, sizes, 8)) == {8, 9}
+    for seed in range(10):
+        assert not {7, 8, 9} & set(on.select(ask(rows, sizes, 5, seed=seed)))
+        assert len(set(on.select(ask(rows, sizes, 8, seed=seed)))) == 8
+    off = Oort(OortOptions(preferred_duration_s=10.0))
+    assert off.blacklisted(ask(rows, sizes, 5)) == set()
+    seen = {c for seed in range(30) for c in off.select(ask(rows, sizes, 5, seed=seed))}
+    assert {7, 8, 9} <= seen
+
+
 def test_oort_explores_faster_clients_more_often() -> None:
     """Two unheard clients measured at 1 s and 3 s, one explored a round: the fast
     one with probability (1/1) / (1/1 + 1/3) = 3/4 (2000 draws, 5 standard errors)."""
@@ -326,6 +346,8 @@ def test_under_secure_aggregation_a_policy_reading_losses_is_refused(
         ({"power_of_choice": {"d": 0}}, "'plugin_options.power_of_choice.d' = 0"),
         ({"oort": {"exploration": 0.2}}, "exploration_min = 0.3 must be at most exploration"),
         ({"oort": {"penalty": -1}}, "'plugin_options.oort.penalty' = -1"),
+        ({"oort": {"blacklist_rounds": 0}}, "'plugin_options.oort.blacklist_rounds' = 0"),
+        ({"oort": {"explore_refusals": 0}}, "'plugin_options.oort.explore_refusals' = 0"),
         ({"deadline_aware": {"deadline_s": 0}}, "'plugin_options.deadline_aware.deadline_s' = 0"),
     ],
 )

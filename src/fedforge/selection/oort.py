@@ -44,7 +44,11 @@ A client heard from (its update taken with a loss: *explored*) scores
   becomes known, so without this it would take an exploration slot every round
   it is drawn. It is asked only when the explored and the explorable cannot
   fill the cohort, the fewest refusals first (ties: the lower id).
-- Not done: the paper's blacklisting of clients picked too often.
+- The blacklist (off by default, as in the authors' code): with
+  ``blacklist_rounds`` set, a client asked in more than that many rounds is
+  left out of the round, the most-asked first (ties: the lower id), at most
+  ``blacklist_max_share`` of the clients that may be asked, and never so many
+  that the cohort cannot be filled.
 
 It reads the reported losses (``reads_losses``): refused where the run's
 privacy keeps them from the server (secure aggregation).
@@ -52,6 +56,7 @@ privacy keeps them from the server (secure aggregation).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from functools import reduce
@@ -150,7 +155,24 @@ class Oort:
             u[i] = float(u[i]) * (T / float(took[i])) ** self.o.penalty
         return dict(zip(explored.tolist(), u.tolist(), strict=True))
 
+    def blacklisted(self, round: SelectionRound) -> set[int]:
+        """The clients asked too often to be asked this round (none without
+        ``blacklist_rounds``)."""
+        o = self.o
+        if o.blacklist_rounds is None:
+            return set()
+        asked = round.history.column("asked")
+        over = [c for c in round.among if asked[c] > o.blacklist_rounds]
+        room = min(
+            math.floor(o.blacklist_max_share * len(round.among) + 1e-9),
+            len(round.among) - round.size,
+        )
+        return set(sorted(over, key=lambda c: (-int(asked[c]), c))[: max(room, 0)])
+
     def select(self, round: SelectionRound) -> list[int]:
+        banned = self.blacklisted(round)
+        if banned:
+            round = dataclasses.replace(round, among=[c for c in round.among if c not in banned])
         scores = self.scores(round)
         refused = round.history.column("refused")
         unheard = [c for c in round.among if c not in scores]

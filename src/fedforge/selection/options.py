@@ -51,6 +51,12 @@ class OortOptions:
     # every round it is drawn); it is asked only when the cohort cannot be filled
     # without it
     explore_refusals: Annotated[int, Range(">= 1", note="refused uploads")] = 2
+    # the paper's blacklist: a client asked in more than this many rounds is not
+    # asked again (the most-asked first, at most ``blacklist_max_share`` of the
+    # clients that may be asked), so a few fast, high-loss clients cannot
+    # dominate training; null: none
+    blacklist_rounds: Annotated[int | None, Range(">= 1", null="no blacklist")] = None
+    blacklist_max_share: Annotated[float, Range("[0, 1]")] = 0.3
 
     def check(self) -> None:
         if self.exploration_min > self.exploration:
