@@ -60,7 +60,7 @@ SIZE_ARMS: dict[str, dict[str, Any]] = {
 }
 
 # split: its partition, its arms (arm: the settings it adds to plain FedAvg),
-# target and cap (full, --quick)
+# target and cap (full, --quick), its name in the printed settings
 SPLITS: dict[str, dict[str, Any]] = {
     "shards": {
         "partition": {"kind": "shards", "shards_per_client": 2},
@@ -72,18 +72,21 @@ SPLITS: dict[str, dict[str, Any]] = {
         },
         "full": (0.9, 60),
         "quick": (0.8, 15),
+        "title": "pathological shards",
     },
     "unbalanced": {
         "partition": {"kind": "quantity", "sigma": 1.0},
         "arms": SIZE_ARMS,
         "full": (0.97, 60),
         "quick": (0.9, 15),
+        "title": "quantity-skew",
     },
     "dirichlet": {
         "partition": {"kind": "dirichlet", "alpha": 0.5, "min_size": 10},
         "arms": SIZE_ARMS,
         "full": (0.95, 100),
         "quick": (0.85, 15),
+        "title": "Dirichlet (quantity and label skew)",
     },
 }
 
@@ -132,12 +135,7 @@ def main() -> None:
     torch.set_num_threads(1)
     names = list(split["arms"])
     arms = {a: config(a, 0, args) for a in names}
-    title = {
-        "shards": "pathological shards",
-        "unbalanced": "quantity-skew",
-        "dirichlet": "Dirichlet (quantity and label skew)",
-    }[args.split]
-    print_settings(f"{title} MNIST, 2NN: target {args.target}", arms["plain"], arms)
+    print_settings(f"{split['title']} MNIST, 2NN: target {args.target}", arms["plain"], arms)
     rows = run_arms(names, config, args, "plain")
     prefix = "client_lr" if args.split == "shards" else f"client_lr_{args.split}"
     result: dict[str, Any] = {}

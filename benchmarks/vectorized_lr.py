@@ -53,7 +53,8 @@ from fedforge.server.round import configure
 from fedforge.server.state import LoopState
 
 
-def config(engine: str, rule: bool) -> Config:
+def config() -> Config:
+    """The setting; each way of training overrides its engine and lr rule."""
     return from_dict(
         {
             "name": "vectorized-lr",
@@ -64,10 +65,8 @@ def config(engine: str, rule: bool) -> Config:
             "local_epochs": 1,
             "batch_size": 10,
             "lr": 0.1,
-            "engine": engine,
             "workers": 1,
             "threads": 1,
-            "local": {"lr_rule": "data_size" if rule else None},
         }
     )
 
@@ -121,7 +120,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    cfg = config("vectorized", rule=True)
+    cfg = config()
     data = load_federated_data(cfg)
     fields: dict[str, float] = {}
     for size in (10,) if args.quick else (10, 50):

@@ -270,10 +270,10 @@ class LocalStep:
         anchor: list[torch.Tensor],
         state: Mapping[str, list[torch.Tensor]] | None = None,
         hook: GradHook | None = None,
-        rates: torch.Tensor | None = None,
+        lr: float | torch.Tensor | None = None,
     ) -> None:
         self.plan = plan
-        self.rates = rates  # each client's lr [K]; None: the plan's
+        self.lr = plan.lr if lr is None else lr  # one lr, or each client's [K]
         self.params = params
         self.hook = hook
         self.ctx = StepContext(params, anchor, dict(state or {}))
@@ -307,7 +307,7 @@ class LocalStep:
             direction = self.buffers
         if active is not None:
             direction = [d * _expand(active, d) for d in direction]
-        sgd_step_(self.params, direction, plan.lr if self.rates is None else self.rates)
+        sgd_step_(self.params, direction, self.lr)
 
 
 def sgd_step_(

@@ -178,27 +178,17 @@ def vectorized_local_sgd(
     y_all = torch.cat([*ys, ys[0].new_zeros((1, *ys[0].shape[1:]))])
     index, mask = _step_indices(schedules, offsets, pad_row=len(y_all) - 1)
     index, mask = index.to(start.device), mask.to(start.device)  # drawn on the host
-    rates = None  # one lr (the plan's) unless the clients' differ
+    lr: float | torch.Tensor = plan.lr  # one lr unless the clients' differ: then [K]
     if lrs is not None and any(r != plan.lr for r in lrs):
-        rates = torch.tensor(list(lrs), dtype=start.dtype, device=start.device)
+        lr = torch.tensor(list(lrs), dtype=start.dtype, device=start.device)
     if fused is not None:
         terms = fused_terms(hook, state)
         if terms is None:  # callers check batched_mlp.applies first
             raise ValueError("the fused perceptron path cannot run this gradient hook")
-        params, loss_sum = batched_mlp_sgd(
-            fused,
-            spec,
-            start,
-            x_all,
-            y_all,
-            index,
-            mask,
-            plan.lr if rates is None else rates,
-            terms,
-        )
+        params, loss_sum = batched_mlp_sgd(fused, spec, start, x_all, y_all, index, mask, lr, terms)
     else:
         batch = _Batches(x_all, y_all, index, mask)
-        params, loss_sum = _vmap_sgd(model, spec, start, batch, plan, loss_fn, hook, state, rates)
+        params, loss_sum = _vmap_sgd(model, spec, start, batch, plan, loss_fn, hook, state, lr)
     seen = [sum(len(b) for b in s) for s in schedules]
     return [
         LocalResult(params[i].clone(), float(loss_sum[i]) / max(seen[i], 1), len(s))
@@ -226,11 +216,11 @@ def _vmap_sgd(
     loss_fn: LossFn,
     hook: GradHook | None,
     state: Mapping[str, torch.Tensor] | None,
-    rates: torch.Tensor | None = None,
+    lr: float | torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The generic path: every step one vmap of the per-client gradient, then the
-    shared local step (any hook, any plan; ``rates``: each client's lr ``[K]``,
-    None: the plan's). Returns the final parameters ``[K, P]`` and each client's
+    shared local step (any hook, any plan; ``lr``: the plan's, or each client's
+    ``[K]``). Returns the final parameters ``[K, P]`` and each client's
     summed training loss (float64)."""
     x_all, y_all, index, mask = batches.x_all, batches.y_all, batches.index, batches.mask
     k = index.shape[1]
@@ -263,7 +253,7 @@ def _vmap_sgd(
     if hook is not None or not plan.plain:
         anchor = trainable_views(spec, start.unsqueeze(0))
         rows_of = {n: trainable_views(spec, v) for n, v in (state or {}).items()}
-        local = LocalStep(plan, tensors, anchor, rows_of, hook, rates)
+        local = LocalStep(plan, tensors, anchor, rows_of, hook, lr)
     active = mask.any(dim=2)  # [S, K]: the client still has a real step
     model.train()
     for step in range(index.shape[0]):
@@ -273,7 +263,7 @@ def _vmap_sgd(
             live = active[step]
             local([grads[n] for n in names], None if bool(live.all()) else live)
         else:
-            sgd_step_(tensors, [grads[n] for n in names], plan.lr if rates is None else rates)
+            sgd_step_(tensors, [grads[n] for n in names], lr)
         loss_sum += losses.detach().to(torch.float64) * mask[step].sum(dim=1)
     return params, loss_sum
 
