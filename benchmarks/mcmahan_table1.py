@@ -65,8 +65,9 @@ def base_row(column: str) -> str:
     return f"cnn_{split}_e5_{batch}"
 
 
-def cell_name(column: str, c: float) -> str:
-    return f"table1_{column}_c{c:g}"
+def cell_name(column: str, c: float, lr: float | None = None) -> str:
+    """A cell's record name; a point of a per-cell lr grid (``--lrs``) names its lr."""
+    return f"table1_{column}_c{c:g}" + ("" if lr is None else f"_lr{lr:g}")
 
 
 def table2_best(row: str) -> dict | None:
@@ -74,28 +75,32 @@ def table2_best(row: str) -> dict | None:
     return t2.best(t2.load_results(ROOT / "benchmarks" / "results" / "table2").get(row, []))
 
 
-def cell_cap(column: str, c: float, config_rounds: int, max_rounds: int) -> int:
-    """A cell's rounds: the Table 2 config's (about twice its row's figure), or,
-    for a CNN cell, six times the paper's figure for this cell where that is more
-    (at C = 0, one client a round at lr 0.1 stayed under 99% for 100 rounds, twice
-    the paper's 50), at most ``max_rounds``; a run stops at its target, so a
-    generous cap costs only where it misses. The 2NN cells keep the caps they
-    ran with."""
+def cell_cap(column: str, c: float, config_rounds: int, max_rounds: int, grid: bool = False) -> int:
+    """A cell's rounds: the Table 2 config's (about twice its row's figure), or a
+    multiple of the paper's figure for this cell where that is more: six times
+    for a CNN cell (at C = 0, one client a round at lr 0.1 stayed under 99% for 100
+    rounds, twice the paper's 50), twice for a 2NN point of a per-cell lr grid
+    (the 2NN non-IID cells at C = 0 need thousands of rounds); at most
+    ``max_rounds``. A run stops at its target, so a generous cap costs only where
+    it misses. The 2NN cells run without a grid keep the caps they ran with."""
     paper = dict(zip(FRACTIONS, PAPER[column], strict=True)).get(c)
-    wanted = max(config_rounds, 6 * paper) if paper and column.startswith("cnn") else config_rounds
+    multiple = 6 if column.startswith("cnn") else 2 if grid else 0
+    wanted = max(config_rounds, multiple * paper) if paper else config_rounds
     return min(wanted, max_rounds)
 
 
-def cell_config(column: str, c: float, args: argparse.Namespace) -> config_mod.Config:
+def cell_config(
+    column: str, c: float, args: argparse.Namespace, grid_lr: float | None = None
+) -> config_mod.Config:
     row = base_row(column)
     cfg = config_mod.load(ROOT / "configs" / f"{row}.yaml")
     found = table2_best(row)
-    lr = args.lr or (found["lr"] if found else cfg.lr)
+    lr = grid_lr or args.lr or (found["lr"] if found else cfg.lr)
     fields: dict[str, object] = {
-        "name": cell_name(column, c),
+        "name": cell_name(column, c, grid_lr),
         "client_fraction": c or 1 / cfg.num_clients,
         "lr": lr,
-        "rounds": cell_cap(column, c, cfg.rounds, args.max_rounds),
+        "rounds": cell_cap(column, c, cfg.rounds, args.max_rounds, grid_lr is not None),
         "evaluation.every": args.eval_every,
         "workers": 1,
         "threads": args.threads,
@@ -119,14 +124,16 @@ def run_cells(columns: list[str], fractions: list[float], args: argparse.Namespa
         for c in fractions:
             if c == 0.1 and not args.quick and table2_best(base_row(column)):
                 continue  # Table 2's own row
-            cfg = cell_config(column, c, args)
-            data = data or load_federated_data(cfg)
-            rec = _common.run_record(cfg, data, places)
-            print(
-                f"{cfg.name}: lr {cfg.lr:g} rounds_to_target {rec['rounds_to_target']} "
-                f"best {rec['best_accuracy']} ({rec['status']}, {rec['wall_seconds'] or 0:.0f} s)",
-                flush=True,
-            )
+            for grid_lr in args.lrs or [None]:
+                cfg = cell_config(column, c, args, grid_lr)
+                data = data or load_federated_data(cfg)
+                rec = _common.run_record(cfg, data, places)
+                print(
+                    f"{cfg.name}: lr {cfg.lr:g} rounds_to_target {rec['rounds_to_target']} "
+                    f"best {rec['best_accuracy']} ({rec['status']}, "
+                    f"{rec['wall_seconds'] or 0:.0f} s)",
+                    flush=True,
+                )
 
 
 def central(epochs: int, args: argparse.Namespace) -> dict:
@@ -148,18 +155,38 @@ def central(epochs: int, args: argparse.Namespace) -> dict:
     return _common.run_record(cfg, load_federated_data(cfg), args.places, target=0.97)
 
 
+def rounds_text(point: dict) -> str:
+    """Rounds to target, or ``>N`` for a run that stopped at N rounds short of it."""
+    return _common.fmt(point["rounds"]) if point["rounds"] is not None else f">{point['ran']}"
+
+
 def cell(column: str, c: float, records: Path) -> dict | None:
-    """A cell's rounds, lr and seconds: its own record, or Table 2's row at C = 0.1."""
-    path = records / f"{cell_name(column, c)}.json"
-    if path.exists():
-        rec = json.loads(path.read_text())
-        lr = rec["config"]["lr"]
-        return {
-            "rounds": rec["rounds_to_target"],
-            "ran": rec["rounds_done"],
-            "lr": lr,
-            "s": rec["wall_seconds"] or 0.0,
-        }
+    """A cell's rounds, lr, seconds and lr grid (``lr:rounds`` of each point): the
+    best of its own records (its default-lr run and any ``--lrs`` points: fewest
+    rounds to target, else the most rounds run), or Table 2's row at C = 0.1."""
+    name = cell_name(column, c)
+    paths = [records / f"{name}.json", *sorted(records.glob(f"{name}_lr*.json"))]
+    recs = [json.loads(p.read_text()) for p in paths if p.exists()]
+    if recs:
+        points = [
+            {
+                "rounds": r["rounds_to_target"],
+                "ran": r["rounds_done"],
+                "lr": r["config"]["lr"],
+                "s": r["wall_seconds"] or 0.0,
+            }
+            for r in recs
+        ]
+        reached = [p for p in points if p["rounds"] is not None]
+        best = (
+            min(reached, key=lambda p: p["rounds"])
+            if reached
+            else max(points, key=lambda p: p["ran"])
+        )
+        grid = " ".join(
+            f"{p['lr']:g}:{rounds_text(p)}" for p in sorted(points, key=lambda p: p["lr"])
+        )
+        return {**best, "s": sum(p["s"] for p in points), "grid": grid if len(points) > 1 else ""}
     if c == 0.1:
         points = t2.load_results(ROOT / "benchmarks" / "results" / "table2").get(
             base_row(column), []
@@ -167,13 +194,20 @@ def cell(column: str, c: float, records: Path) -> dict | None:
         b = t2.best(points)
         if b:
             s = sum(p["wall_seconds"] for p in points)
-            return {"rounds": b["rounds_to_target"], "ran": b["rounds_done"], "lr": b["lr"], "s": s}
+            return {
+                "rounds": b["rounds_to_target"],
+                "ran": b["rounds_done"],
+                "lr": b["lr"],
+                "s": s,
+                "grid": "",  # Table 2's report shows its grid
+            }
     return None
 
 
 def report(records: Path) -> str:
     head = (
-        f"{'column':<16} {'C':>4} {'paper':>6} {'(x)':>6} {'ours':>8} {'(x)':>6} {'lr':>6} {'s':>6}"
+        f"{'column':<16} {'C':>4} {'paper':>6} {'(x)':>6} {'ours':>8} {'(x)':>6} {'lr':>6} "
+        f"{'s':>6} grid"
     )
     lines = [head, "-" * len(head)]
     fields: dict[str, object] = {}
@@ -189,10 +223,10 @@ def report(records: Path) -> str:
             ours = got["rounds"]
             speed = _common.ratio(zero, ours)
             pspeed = _common.ratio(paper[0], pap)
-            shown = _common.fmt(ours) if ours is not None else f">{got['ran']}"
+            shown = rounds_text(got)
             lines.append(
                 f"{column:<16} {c:>4g} {pap or '-'!s:>6} {_common.fmt(pspeed):>6} {shown:>8} "
-                f"{_common.fmt(speed):>6} {got['lr']:>6g} {got['s']:>6.0f}"
+                f"{_common.fmt(speed):>6} {got['lr']:>6g} {got['s']:>6.0f} {got['grid']}".rstrip()
             )
             key = f"table1_{column}_c{c:g}".replace(".", "")
             fields[f"{key}_rounds"] = float(ours) if ours is not None else math.nan
@@ -213,6 +247,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--columns", default="2nn_iid_b10", help=f"comma-separated, of {list(PAPER)}")
     p.add_argument("--fractions", default="0,0.1,0.2,0.5,1", help="values of C")
     p.add_argument("--lr", type=float, help="one lr for every cell (default: Table 2's best)")
+    p.add_argument(
+        "--lrs",
+        type=lambda text: [float(v) for v in text.split(",") if v],
+        help="a per-cell lr grid (comma-separated): each lr is its own record; the "
+        "report takes each cell's best",
+    )
     p.add_argument("--max-rounds", type=int, default=600, help="cap on every cell's rounds")
     p.add_argument("--eval-every", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)

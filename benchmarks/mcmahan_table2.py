@@ -32,6 +32,8 @@ from _common import central_baseline
 from fedforge import config as config_mod
 from fedforge.data.federated import load_federated_data
 from fedforge.server.loop import run
+from fedforge.server.sweep import run_point as run_or_resume
+from fedforge.store import RunStore
 
 ROOT = Path(__file__).resolve().parent.parent
 STEP = 10 ** (1 / 3)
@@ -134,10 +136,12 @@ def run_point(row: str, lr: float, cap: int | None, args: argparse.Namespace) ->
     overrides["rounds"] = rounds
     cfg = config_mod.override(cfg, overrides)
     t0 = time.perf_counter()
-    result = run(cfg, data=load_federated_data(cfg), progress=args.progress)
-    if result.stopped:  # SIGINT/SIGTERM: the run checkpointed; record nothing
-        raise SystemExit(f"{row} lr={lr:g}: stopped by {result.stopped}; no result recorded")
-    s = result.summary
+    # a stopped run of the same config resumes from its last checkpoint
+    point = run_or_resume(cfg, {}, load_federated_data(cfg), args.progress)
+    if point.status == "failed" or point.run_dir is None:  # SIGINT/SIGTERM: it checkpointed
+        raise SystemExit(f"{row} lr={lr:g}: stopped; rerun the same command to resume it")
+    with RunStore.open(point.run_dir, read_only=True) as store:
+        s = store.summary() or {}
     return {
         "row": row,
         "lr": lr,
@@ -145,7 +149,7 @@ def run_point(row: str, lr: float, cap: int | None, args: argparse.Namespace) ->
         "rounds_to_target": s["rounds_to_target"],
         "rounds_done": s["rounds_done"],
         "best_accuracy": s["best_accuracy"],
-        "wall_seconds": time.perf_counter() - t0,
+        "wall_seconds": s.get("wall_seconds") or time.perf_counter() - t0,  # over resumes
         "bytes_up": s["bytes_up"],
         "bytes_down": s["bytes_down"],
         "eval_every": cfg.evaluation.every,
