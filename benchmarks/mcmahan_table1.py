@@ -160,6 +160,13 @@ def rounds_text(point: dict) -> str:
     return _common.fmt(point["rounds"]) if point["rounds"] is not None else f">{point['ran']}"
 
 
+def _worse_first(point: dict) -> tuple:
+    """Orders two runs at one lr (a shorter cap's and a grid point's): the
+    reached one, with fewer rounds, last; else the one that ran more rounds."""
+    reached = point["rounds"] is not None
+    return (reached, -point["rounds"] if reached else point["ran"])
+
+
 def cell(column: str, c: float, records: Path) -> dict | None:
     """A cell's rounds, lr, seconds and lr grid (``lr:rounds`` of each point): the
     best of its own records (its default-lr run and any ``--lrs`` points: fewest
@@ -177,6 +184,8 @@ def cell(column: str, c: float, records: Path) -> dict | None:
             }
             for r in recs
         ]
+        total_s = sum(p["s"] for p in points)
+        points = list({p["lr"]: p for p in sorted(points, key=_worse_first)}.values())
         reached = [p for p in points if p["rounds"] is not None]
         best = (
             min(reached, key=lambda p: p["rounds"])
@@ -186,7 +195,7 @@ def cell(column: str, c: float, records: Path) -> dict | None:
         grid = " ".join(
             f"{p['lr']:g}:{rounds_text(p)}" for p in sorted(points, key=lambda p: p["lr"])
         )
-        return {**best, "s": sum(p["s"] for p in points), "grid": grid if len(points) > 1 else ""}
+        return {**best, "s": total_s, "grid": grid if len(points) > 1 else ""}
     if c == 0.1:
         points = t2.load_results(ROOT / "benchmarks" / "results" / "table2").get(
             base_row(column), []
