@@ -156,6 +156,7 @@ def run_point(row: str, lr: float, cap: int | None, args: argparse.Namespace) ->
         "threads": torch.get_num_threads(),
         "workers": cfg.workers,
         "run_dir": s.get("run_dir"),
+        "signalled": point.stopped,  # a signal in the run's last round: it finished
     }
 
 
@@ -373,12 +374,15 @@ def main(argv: list[str] | None = None) -> int:
                 b = best(load_results(args.out).get(row, []))
                 cap = math.ceil(b["rounds_to_target"]) + 1 if b else None
                 r = run_point(row, lr, cap, args)
+                signalled = r.pop("signalled")
                 path.write_text(json.dumps(r, indent=1))
                 print(
                     f"{row} lr={lr:g}: rounds_to_target={r['rounds_to_target']} "
                     f"best={r['best_accuracy']:.4f} ({r['wall_seconds']:.0f} s)",
                     flush=True,
                 )
+                if signalled:  # it finished in the signal's round; the next point waits
+                    raise SystemExit(f"stopped by a signal after {row} lr={lr:g}")
     results = load_results(args.out)
     rows = set(args.rows.split(",")) if not args.report else set(results)
     print(report({k: v for k, v in results.items() if k in rows}))

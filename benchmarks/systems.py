@@ -20,9 +20,9 @@ FedBuff keeps M = 20 clients at work and steps every K = 10 updates
 (staleness weight 1/sqrt(1+s)), with no deadline (it never waits for one
 client). For context (not in the RESULT line): uniform without the deadline,
 and uniform and Oort with 30% over-selection (ask 26, take the first 20 to
-arrive; Oort's own setting), with the deadline; and Oort with its blacklist (a
-client asked in more than 10, or 5, rounds is asked no more), with the deadline,
-and the latter with over-selection.
+arrive; Oort's own setting), with the deadline. Oort with its blacklist (a
+client asked in more than 10, or 5, rounds is asked no more), with the
+deadline, and the latter with over-selection, are in the RESULT line.
 Target: 95% test accuracy, evaluated every 5 rounds (a FedBuff step is a round), at most 600 rounds
 (FedBuff 1,200 steps; a run stops at the target). The CNN spot check runs
 the uniform synchronous arm for ``--cnn-rounds`` rounds and records its cost.
@@ -102,8 +102,9 @@ ARMS: dict[str, dict[str, Any]] = {
     "uniform_no_deadline": {"selection": {"policy": "uniform"}},
     "uniform_over": {"selection": {"policy": "uniform"}},
     "oort_over": {"selection": {"policy": "oort"}},
-    # Oort's blacklist (Lai et al. 2021): a client asked in more than 10 (5) rounds
-    # is asked no more; 160 rounds of 20 ask a client 3.2 times on average
+    # in the RESULT line: Oort's blacklist (Lai et al. 2021), a client asked in
+    # more than 10 (5) rounds asked no more; 160 rounds of 20 ask a client 3.2
+    # times on average
     "oort_blacklist10": {
         "selection": {"policy": "oort"},
         "plugin_options": {"oort": {"blacklist_rounds": 10}},
