@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+import _common
 from _common import central_baseline
 from fedforge import config as config_mod
 from fedforge.data.federated import load_federated_data
@@ -119,7 +120,7 @@ def run_point(row: str, lr: float, cap: int | None, args: argparse.Namespace) ->
     # honest updates (benchmarks/results/table1/gate_lockout.txt)
     overrides: dict[str, object] = {
         "lr": lr,
-        "runs_dir": str(RUNS),
+        "runs_dir": str(args.runs),
         "robust.max_norm_multiple": None,
     }
     if args.data_dir:
@@ -296,7 +297,7 @@ def e_curve(lr: float, epochs: list[int], rounds: int, args: argparse.Namespace)
         fields = {"local_epochs": e, "lr": lr, "rounds": rounds, "target_accuracy": None}
         if args.threads:
             fields["threads"] = args.threads
-        cfg = config_mod.override(cfg, {**fields, "runs_dir": str(RUNS)})
+        cfg = config_mod.override(cfg, {**fields, "runs_dir": str(args.runs)})
         if args.data_dir:
             cfg = config_mod.override(cfg, {"data_dir": args.data_dir})
         t0 = time.perf_counter()
@@ -352,9 +353,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--e-curve-rounds", type=int, default=60)
     p.add_argument("--e-curve-epochs", default="1,5,20", help="the E values of --e-curve")
     args = p.parse_args(argv)
-    if args.quick:
+    args.runs = RUNS
+    if args.quick:  # a fresh temporary directory: nothing kept, nothing reused
         args.rows, args.grid, args.max_rounds = "2nn_iid_e1_b10", 1, 5
-        args.out = ROOT / "benchmarks" / "out" / "table2-quick"
+        quick = _common.places("table2", quick=True)
+        args.runs, args.out = quick.runs, quick.records
     if args.threads:
         torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
