@@ -162,9 +162,10 @@ def rounds_text(point: dict) -> str:
     return _common.fmt(point["rounds"]) if point["rounds"] is not None else f">{point['ran']}"
 
 
-def _worse_first(point: dict) -> tuple:
-    """Orders two runs at one lr (a shorter cap's and a grid point's): the
-    reached one, with fewer rounds, last; else the one that ran more rounds."""
+def _merit(point: dict) -> tuple:
+    """Orders runs from worst to best: one that reached the target beats one that
+    did not, fewer rounds to it beat more; among those that did not, more rounds
+    run beat fewer."""
     reached = point["rounds"] is not None
     return (reached, -point["rounds"] if reached else point["ran"])
 
@@ -187,13 +188,9 @@ def cell(column: str, c: float, records: Path) -> dict | None:
             for r in recs
         ]
         total_s = sum(p["s"] for p in points)
-        points = list({p["lr"]: p for p in sorted(points, key=_worse_first)}.values())
-        reached = [p for p in points if p["rounds"] is not None]
-        best = (
-            min(reached, key=lambda p: p["rounds"])
-            if reached
-            else max(points, key=lambda p: p["ran"])
-        )
+        # one run per lr (a shorter cap's and a grid point's): the better
+        points = list({p["lr"]: p for p in sorted(points, key=_merit)}.values())
+        best = max(points, key=_merit)
         grid = " ".join(
             f"{p['lr']:g}:{rounds_text(p)}" for p in sorted(points, key=lambda p: p["lr"])
         )

@@ -136,10 +136,9 @@ def run_point(row: str, lr: float, cap: int | None, args: argparse.Namespace) ->
         rounds = min(rounds, args.max_rounds)
     overrides["rounds"] = rounds
     cfg = config_mod.override(cfg, overrides)
-    t0 = time.perf_counter()
     # a stopped run of the same config resumes from its last checkpoint
     point = run_or_resume(cfg, {}, load_federated_data(cfg), args.progress)
-    if point.status == "failed" or point.run_dir is None:  # SIGINT/SIGTERM: it checkpointed
+    if point.status == "failed":  # SIGINT/SIGTERM: it checkpointed
         raise SystemExit(f"{row} lr={lr:g}: stopped; rerun the same command to resume it")
     with RunStore.open(point.run_dir, read_only=True) as store:
         s = store.summary() or {}
@@ -150,7 +149,7 @@ def run_point(row: str, lr: float, cap: int | None, args: argparse.Namespace) ->
         "rounds_to_target": s["rounds_to_target"],
         "rounds_done": s["rounds_done"],
         "best_accuracy": s["best_accuracy"],
-        "wall_seconds": s.get("wall_seconds") or time.perf_counter() - t0,  # over resumes
+        "wall_seconds": s["wall_seconds"],  # over resumes
         "bytes_up": s["bytes_up"],
         "bytes_down": s["bytes_down"],
         "eval_every": cfg.evaluation.every,

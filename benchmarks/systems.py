@@ -22,9 +22,9 @@ client). For context (not in the RESULT line): uniform without the deadline,
 and uniform and Oort with 30% over-selection (ask 26, take the first 20 to
 arrive; Oort's own setting), with the deadline. Oort with its blacklist (a
 client asked in more than 10, or 5, rounds is asked no more), with the
-deadline, and the latter with over-selection, are in the RESULT line.
-Target: 95% test accuracy, evaluated every 5 rounds (a FedBuff step is a round), at most 600 rounds
-(FedBuff 1,200 steps; a run stops at the target). The CNN spot check runs
+deadline, and the latter with over-selection, are in the RESULT line. Target:
+95% test accuracy, evaluated every 5 rounds (a FedBuff step is a round), at
+most 600 rounds (FedBuff 1,200 steps; a run stops at the target). The CNN spot check runs
 the uniform synchronous arm for ``--cnn-rounds`` rounds and records its cost.
 The clock's overhead is benchmarks/clock_overhead.py's measurement, run here.
 
@@ -89,6 +89,16 @@ BASE: dict[str, Any] = {
     "checkpoint_every": 0,
     "seed": 0,
 }
+
+
+def _oort_blacklist(rounds: int) -> dict[str, Any]:
+    """Oort that asks no client in more than ``rounds`` rounds."""
+    return {
+        "selection": {"policy": "oort"},
+        "plugin_options": {"oort": {"blacklist_rounds": rounds}},
+    }
+
+
 ARMS: dict[str, dict[str, Any]] = {
     "uniform": {"selection": {"policy": "uniform"}},
     "power_of_choice": {"selection": {"policy": "power_of_choice"}},
@@ -105,18 +115,9 @@ ARMS: dict[str, dict[str, Any]] = {
     # in the RESULT line: Oort's blacklist (Lai et al. 2021), a client asked in
     # more than 10 (5) rounds asked no more; 160 rounds of 20 ask a client 3.2
     # times on average
-    "oort_blacklist10": {
-        "selection": {"policy": "oort"},
-        "plugin_options": {"oort": {"blacklist_rounds": 10}},
-    },
-    "oort_blacklist5": {
-        "selection": {"policy": "oort"},
-        "plugin_options": {"oort": {"blacklist_rounds": 5}},
-    },
-    "oort_over_blacklist5": {
-        "selection": {"policy": "oort"},
-        "plugin_options": {"oort": {"blacklist_rounds": 5}},
-    },
+    "oort_blacklist10": _oort_blacklist(10),
+    "oort_blacklist5": _oort_blacklist(5),
+    "oort_over_blacklist5": _oort_blacklist(5),
     "fedbuff": {
         "asynchronous": {"mode": "fedbuff", "concurrency": 20, "buffer_size": 10},
         "robust": {"max_norm_multiple": None},  # stale updates are larger, not faults
