@@ -51,8 +51,12 @@ venv: $(VENV)/.installed $(VENV)/.bytecode
 run: $(VENV)/.core $(VENV)/.bytecode
 	$(DATA_ENV) $(VENV)/bin/fedforge run --config $(CONFIG) $(ARGS)
 
+# One worker process per core, a test module whole on one worker (its module-scoped
+# fixtures, e.g. a Ray cluster, start once); `TEST_WORKERS=0` runs it in one process.
+TEST_WORKERS ?= auto
+
 test: venv chromium lint typecheck docs
-	$(DATA_ENV) $(PY) -m pytest
+	$(DATA_ENV) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 test-slow: venv chromium
 	$(DATA_ENV) $(PY) -m pytest -m slow

@@ -23,6 +23,58 @@ MakeData = Callable[..., FederatedData]
 # turns it on with a tiny length and a cache in a temp folder
 os.environ.setdefault("FEDFORGE_PROBE", "off")
 
+
+# Every core this process may use, before an xdist worker keeps to its share.
+_ALL_CORES = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+_ALL_THREADS = torch.get_num_threads()
+
+
+def _own_cores_per_xdist_worker() -> bool:
+    """Under pytest-xdist (``make test`` runs one worker per core), keep each worker
+    and every process it starts (servers, clients, Ray nodes inherit the affinity)
+    to a share of the cores of its own, and torch to that many threads: a run's
+    thread plan divides its usable cores, so two workers never spin OpenMP threads
+    on each other's cores, which slows torch many times over. Serial pytest keeps
+    every core. True when this worker was given a share."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ...
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if not worker.startswith("gw") or count < 2 or not _ALL_CORES:
+        return False
+    share = len(_ALL_CORES) // count
+    if share < 1:  # more workers than cores: leave the scheduler to share them
+        return False
+    index = int(worker[2:]) % count
+    os.sched_setaffinity(0, _ALL_CORES[index * share : (index + 1) * share])
+    torch.set_num_threads(share)
+    return True
+
+
+_SHARED_OUT = False  # set by pytest_configure in a worker given a share
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Pins an xdist worker at its start (here, not at import: a subprocess that
+    imports this module inherits the worker's environment and must not pin itself)."""
+    global _SHARED_OUT
+    _SHARED_OUT = _own_cores_per_xdist_worker()
+
+
+@pytest.fixture(autouse=True)
+def _all_cores_when_marked(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test marked ``all_cores`` (worker processes, the engine probe: what reads
+    the usable cores) gets every core back for its duration under pytest-xdist."""
+    if not _SHARED_OUT or request.node.get_closest_marker("all_cores") is None:
+        yield
+        return
+    own, threads = os.sched_getaffinity(0), torch.get_num_threads()
+    os.sched_setaffinity(0, _ALL_CORES)
+    torch.set_num_threads(_ALL_THREADS)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, own)
+        torch.set_num_threads(threads)
+
 # A one-round float64 logistic regression over 4 clients, every one each round:
 # the small config of the data- and weight-rule tests (override what differs).
 TINY_LOGREG: dict[str, Any] = {

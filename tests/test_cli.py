@@ -180,6 +180,7 @@ def test_missing_data_exits_2_offline(
     assert not runs.exists() or not any(runs.iterdir())
 
 
+@pytest.mark.all_cores
 def test_a_quiet_run_still_says_what_it_does_differently(
     tiny_config: Path,
     tmp_path: Path,

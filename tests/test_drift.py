@@ -196,6 +196,7 @@ def test_vectorized_equals_serial_float64_with_drift(kind: str) -> None:
     assert (serial.params - still.params).abs().max().item() > 1e-4  # the drift mattered
 
 
+@pytest.mark.all_cores
 def test_the_pool_engine_drifts_as_the_serial_one() -> None:
     """The cohort spread over 2 forked processes (engines/pool.py), each a serial
     runtime: the same parameters as one process."""

@@ -68,6 +68,7 @@ def _run(data: FederatedData, changes: dict[str, Any], engine: str, workers: int
     return run(config_mod.override(cfg, {"workers": workers}), data=data, store=False)
 
 
+@pytest.mark.all_cores
 @pytest.mark.parametrize("cell", list(CELLS))
 def test_engines_agree_in_float64(cell: str, make_data: MakeData, one_thread: None) -> None:
     data = make_data(SIZES, dtype=torch.float64)

@@ -263,6 +263,7 @@ def test_vectorized_falls_back_with_the_reason(data: FederatedData) -> None:
     assert exp.note is not None and "runs its own local loop" in exp.note
 
 
+@pytest.mark.all_cores
 def test_worker_processes_equal_serial(make_data: MakeData, one_thread: None) -> None:
     small = make_data([7, 12, 5, 9, 10, 6], dtype=torch.float32)
     cfg = _cfg(algorithm="perfedavg", perfedavg={"variant": "hf", "steps": 2}, dtype="float32")

@@ -95,6 +95,7 @@ def test_a_stateless_client_half_has_tables_of_its_own() -> None:
     assert dict(held.tables) == {"grad": store} and dict(Counts().tables) == {}
 
 
+@pytest.mark.all_cores
 def test_an_algorithm_without_client_tables_takes_worker_processes(tmp_path: Path) -> None:
     """examples/fednova.py sends scalars and keeps no table: two worker processes
     run it, and end where one process ends, bit for bit."""

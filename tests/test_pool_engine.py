@@ -20,6 +20,8 @@ from fedforge.engines.pool import PoolEngine, resolve_workers, usable_cores
 from fedforge.server.experiment import build
 from fedforge.server.loop import resume, run
 
+pytestmark = pytest.mark.all_cores  # workers and probes read the usable cores
+
 SIZES = [7, 12, 5, 9, 10, 6]
 
 

@@ -17,6 +17,8 @@ from fedforge.engines import close_engine
 from fedforge.server import engine_choice, probe
 from fedforge.server.experiment import Experiment, build
 
+pytestmark = pytest.mark.all_cores  # workers and probes read the usable cores
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -21,6 +21,8 @@ from fedforge.engines.threads import THREADS_ENV, thread_plan
 from fedforge.server import engine_choice, loop, probe
 from fedforge.server.experiment import build
 
+pytestmark = pytest.mark.all_cores  # workers and probes read the usable cores
+
 SIZES = [7, 12, 5, 9, 10, 6]
 
 
@@ -119,7 +121,7 @@ def test_a_run_sets_the_configured_threads(
         return exp
 
     monkeypatch.setattr(loop, "build", seeing_build)
-    other = 3 - threads
+    other, start = 3 - threads, torch.get_num_threads()
     torch.set_num_threads(other)
     try:
         loop.run(_cfg(threads=threads), make_data(SIZES, dtype=torch.float32), progress=True,
@@ -127,7 +129,7 @@ def test_a_run_sets_the_configured_threads(
         assert seen == [threads]
         assert torch.get_num_threads() == other  # the caller's threads are restored
     finally:
-        torch.set_num_threads(2)
+        torch.set_num_threads(start)
     out = capsys.readouterr().out
     assert f"torch threads: {threads} in this process (as configured)" in out
 
