@@ -75,6 +75,7 @@ def _all_cores_when_marked(request: pytest.FixtureRequest) -> Iterator[None]:
         os.sched_setaffinity(0, own)
         torch.set_num_threads(threads)
 
+
 # A one-round float64 logistic regression over 4 clients, every one each round:
 # the small config of the data- and weight-rule tests (override what differs).
 TINY_LOGREG: dict[str, Any] = {
