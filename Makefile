@@ -51,9 +51,11 @@ venv: $(VENV)/.installed $(VENV)/.bytecode
 run: $(VENV)/.core $(VENV)/.bytecode
 	$(DATA_ENV) $(VENV)/bin/fedforge run --config $(CONFIG) $(ARGS)
 
-# One worker process per core, a test module whole on one worker (its module-scoped
-# fixtures, e.g. a Ray cluster, start once); `TEST_WORKERS=0` runs it in one process.
-TEST_WORKERS ?= auto
+# One worker process per usable core (nproc reads the CPU affinity; xdist's `auto`
+# counts the host's physical cores where psutil is installed), a test module whole
+# on one worker (its module-scoped fixtures, e.g. a Ray cluster, start once);
+# `TEST_WORKERS=0` runs it in one process.
+TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo auto)
 
 test: venv chromium lint typecheck docs
 	$(DATA_ENV) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile

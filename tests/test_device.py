@@ -247,6 +247,7 @@ def test_a_float64_run_on_cuda_equals_the_cpu_run(
 
 
 @pytest.mark.cuda
+@pytest.mark.all_cores  # asks for 2 workers: a worker's one core would lower them first
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device (torch.cuda.is_available())")
 def test_a_cuda_build_puts_the_model_there_and_the_global_vector_on_the_host(
     tmp_path: Path, make_data: MakeData
