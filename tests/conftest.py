@@ -15,6 +15,7 @@ import torch
 from fedforge.data import Partition
 from fedforge.data.federated import FederatedData
 from fedforge.engines import SimulationEngine
+from fedforge.engines.threads import set_threads
 
 MakeData = Callable[..., FederatedData]
 
@@ -45,7 +46,7 @@ def _own_cores_per_xdist_worker() -> bool:
         return False
     index = int(worker[2:]) % count
     os.sched_setaffinity(0, _ALL_CORES[index * share : (index + 1) * share])
-    torch.set_num_threads(share)
+    set_threads(share)
     return True
 
 
@@ -66,14 +67,14 @@ def _all_cores_when_marked(request: pytest.FixtureRequest) -> Iterator[None]:
     if not _SHARED_OUT or request.node.get_closest_marker("all_cores") is None:
         yield
         return
-    own, threads = os.sched_getaffinity(0), torch.get_num_threads()
+    own = os.sched_getaffinity(0)
     os.sched_setaffinity(0, _ALL_CORES)
-    torch.set_num_threads(_ALL_THREADS)
+    threads = set_threads(_ALL_THREADS)
     try:
         yield
     finally:
         os.sched_setaffinity(0, own)
-        torch.set_num_threads(threads)
+        set_threads(threads)
 
 
 # A one-round float64 logistic regression over 4 clients, every one each round:
