@@ -143,6 +143,26 @@ def test_a_first_round_judged_by_its_own_median_is_summed_in_two_passes(
     assert float((summed.params - serial.params).abs().max()) <= 1e-9
 
 
+def test_per_client_lrs_give_the_same_room_on_the_workers(tmp_path: Path) -> None:
+    """Half the clients step at 4x the lr, half at 0.25x (a scale file): the fast
+    half passes 2x the median norm, within its 4x room; the workers judge each
+    update with its client's room in both passes, as the driver does: no
+    update is refused, and the model is the serial run's."""
+    path = tmp_path / "scales.csv"
+    path.write_text(
+        "client_id,lr_scale\n" + "".join(f"{c},{4 if c < 15 else 0.25}\n" for c in range(30))
+    )
+    kw = {
+        "robust": {"max_norm_multiple": 2.0},
+        "local": {"lr_rule": "lr_csv"},
+        "plugin_options": {"lr_csv": {"path": str(path)}},
+    }
+    serial = fedforge.run(_cfg("serial", rounds=3, **kw))
+    summed = fedforge.run(_cfg("ray", rounds=3, **kw))
+    assert serial.rejected == [] and summed.rejected == []
+    assert float((summed.params - serial.params).abs().max()) <= 1e-9
+
+
 class _KeptAtRoundEnd(RoundHook):
     """The round each worker still keeps uploads of, read at each round's end."""
 

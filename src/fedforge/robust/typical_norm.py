@@ -20,6 +20,16 @@ is refused however few honest updates stand beside it, and the honest ones are
 far inside the bound (their norms differ by a small factor, not by
 ``multiple``).
 
+Where the server gives clients their own learning rates (``local.lr_rule``), a
+client told to step s > 1 times the plan's lr may move up to s times as far: its
+bound is s times the others' (its "room"), so a small client the rule speeds up
+x4 is not refused for the rule's choice. The norms are remembered as they came:
+dividing them by s would assume a delta linear in the lr, which a client
+whose local steps converge does not follow (its norm grows less than s-fold,
+and the median would fall under the plan-lr clients' norms). A client slowed
+down (s < 1) keeps the plain bound: the rule never gives an update more room
+than a client at the plan's lr has.
+
 A median of zero (every update empty) sets no bound. Under secure aggregation
 the server never sees an update's norm and this bound does not apply (the
 clients' own clipping and the checks of the masked inputs stand instead).
@@ -81,10 +91,10 @@ class RelativeBound:
         uploads' norms (no bound when that median is not a positive number)."""
         return replace(self, typical=typical_norm([norms]), own=True)
 
-    def refusal(self, norm: float) -> str | None:
-        """Why an update of norm ``norm`` is refused against the recent rounds'
-        median (or the round's own, once settled); None when it is within the
-        bound (or the round waits)."""
+    def refusal(self, norm: float, room: float = 1.0) -> str | None:
+        """Why an update of norm ``norm`` is refused against ``room`` x the
+        multiple of the recent rounds' median (or the round's own, once
+        settled); None when it is within that bound (or the round waits)."""
         if self.typical is None:
             return None
         if self.own:
@@ -92,20 +102,25 @@ class RelativeBound:
         else:
             rounds = f"{self.rounds} round{'s' if self.rounds != 1 else ''}"
             what = f"the updates taken in the last {rounds}"
-        return _past(norm, self.multiple, self.typical, what)
+        return _past(norm, room, self.multiple, self.typical, what)
 
-    def cohort_refusals(self, norms: Sequence[float]) -> list[str | None]:
+    def cohort_refusals(
+        self, norms: Sequence[float], rooms: Sequence[float] | None = None
+    ) -> list[str | None]:
         """For a round that waits: each upload's refusal against the median of
-        the round's own norms (None: taken)."""
+        the round's own norms (``rooms``: each upload's room; None: all 1)
+        (None: taken)."""
         settled = self.settled(norms)
-        return [settled.refusal(n) for n in norms]
+        rooms = [1.0] * len(norms) if rooms is None else rooms
+        return [settled.refusal(n, r) for n, r in zip(norms, rooms, strict=True)]
 
 
-def _past(norm: float, multiple: float, typical: float, what: str) -> str | None:
-    bound = multiple * typical
+def _past(norm: float, room: float, multiple: float, typical: float, what: str) -> str | None:
+    bound = room * multiple * typical
     if norm <= bound:
         return None
+    sped = "" if room == 1.0 else f" x {room:g}, its lr scale"
     return (
         f"update norm {norm:.4g} passes the bound {bound:.4g} = robust.max_norm_multiple "
-        f"({multiple:g}) x {typical:.4g}, the median norm of {what}"
+        f"({multiple:g}) x {typical:.4g}, the median norm of {what}{sped}"
     )

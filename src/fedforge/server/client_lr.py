@@ -19,6 +19,12 @@ median norm of the updates taken in the last ``robust.norm_window`` rounds
 (robust/typical_norm.py's ``typical_norm``, the median the server's refusal
 bound uses, over the same remembered norms); a round with none behind it (the
 run's first) sends no bound and its clients do not clip.
+
+**The two together.** A client whose lr is s > 1 times the plan's may move up
+to s times as far, so its bounds are s times the round's: the clip bound it is
+sent, and the bound ``robust.max_norm_multiple`` refuses its update past
+(robust/typical_norm.py): the rule's choice is not undone by a bound set from
+the other clients' steps. A client slowed down keeps the round's bounds.
 """
 
 from __future__ import annotations
@@ -73,20 +79,20 @@ def register_lr_rule(
     registry.register("lr_rule", name, factory, options=options, replace=replace)
 
 
-def own_lrs(
+def own_scales(
     tasks: Sequence[ClientTask],
     rule: LrRule,
     cfg: Config,
     round_idx: int,
     sizes: np.ndarray,
     history: History,
-) -> list[ClientTask]:
-    """The round's ``tasks``, each client's lr scaled by the rule's checked answer."""
+) -> dict[int, float]:
+    """The rule's checked lr scales of the clients of the round's ``tasks``."""
     if not tasks:
-        return []
+        return {}
     cohort = sorted(t.client_id for t in tasks)
     ask = LrRound(round_idx, cohort, sizes, history.view(sizes))
-    return scaled_tasks(tasks, checked_scales(str(cfg.local.lr_rule), rule.scales(ask), ask))
+    return checked_scales(str(cfg.local.lr_rule), rule.scales(ask), ask)
 
 
 def checked_scales(name: str, answer: Mapping[int, float], round: LrRound) -> dict[int, float]:
@@ -110,15 +116,19 @@ def checked_scales(name: str, answer: Mapping[int, float], round: LrRound) -> di
 
 
 def scaled_tasks(tasks: Sequence[ClientTask], scales: Mapping[int, float]) -> list[ClientTask]:
-    """``tasks`` with each scaled client's lr multiplied by its scale."""
+    """``tasks`` with each scaled client's lr multiplied by its scale, and its
+    clip bound (if any) by the scale where it is above 1."""
     return [
         t
         if t.client_id not in scales
-        else dataclasses.replace(
-            t, plan=dataclasses.replace(t.plan, lr=t.plan.lr * scales[t.client_id])
-        )
+        else dataclasses.replace(t, plan=_scaled(t.plan, scales[t.client_id]))
         for t in tasks
     ]
+
+
+def _scaled(plan: LocalPlan, scale: float) -> LocalPlan:
+    clip = None if plan.upload_clip is None else plan.upload_clip * max(1.0, scale)
+    return dataclasses.replace(plan, lr=plan.lr * scale, upload_clip=clip)
 
 
 def keeps_norms(cfg: Config) -> bool:

@@ -11,7 +11,8 @@ model-sized tensor beside it) past ``robust.max_update_ratio``
 times ||w|| + sqrt(P) (the round's global model's norm plus that of a vector of
 ones: a bound no honest update of a sane learning rate comes near), or past
 ``robust.max_norm_multiple`` times the median norm of the updates taken in the
-recent rounds (``robust/typical_norm.py``; in a round with none behind it the
+recent rounds (``robust/typical_norm.py``; a client that ``local.lr_rule``
+speeds up s-fold has s times the room; in a round with none behind it the
 collector holds the uploads and judges them by their own median at the end:
 :meth:`Intake.settle`). An accepted update's weight is its reported
 ``num_examples`` within the registry's bounds (``server/registry.py``). Runs on
@@ -21,7 +22,7 @@ the server; trusts nothing it decodes.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -189,7 +190,7 @@ def judge(
     try:
         up = check_form(form, codec, client_id, round_idx, data)
         up.norm = limits.check_norm("update", up.delta)
-        limits.check_relative(up.norm)
+        limits.check_relative(client_id, up.norm)
         for name, tensor in up.extras.items():  # SCAFFOLD's delta c_k reaches c
             if tensor.numel() > 1:  # a scalar (FedNova's n_i a_i) is no model vector
                 limits.check_norm(f"'{name}'", tensor)
@@ -209,28 +210,41 @@ def weighs_nothing(client_id: int, num_examples: int, limits: Limits) -> str:
 @dataclass(frozen=True)
 class Limits:
     """What a round accepts of an update beyond its form: the weight its count may
-    claim, the largest norm (None: no bound), and the bound relative to the
-    recent rounds' norms (None: off)."""
+    claim, the largest norm (None: no bound), the bound relative to the recent
+    rounds' norms (None: off), and each client's lr scale (``local.lr_rule``;
+    a client not in it: 1), a scale s > 1 giving it s times that bound."""
 
     registry: Registry
     max_norm: float | None
     relative: RelativeBound | None = None
+    lr_scales: Mapping[int, float] = field(default_factory=dict)
 
     @classmethod
     def of(
-        cls, exp: Experiment, params: torch.Tensor, recent: Sequence[Sequence[float]] = ()
+        cls,
+        exp: Experiment,
+        params: torch.Tensor,
+        recent: Sequence[Sequence[float]] = (),
+        lr_scales: Mapping[int, float] | None = None,
     ) -> Limits:
         """The limits of a round whose global model is ``params``, after rounds that
-        took updates of the norms in ``recent``."""
+        took updates of the norms in ``recent``, its clients' lrs scaled by
+        ``lr_scales``."""
         robust = exp.cfg.robust
         registry = Registry(exp.client_sizes(), robust.max_weight_ratio)
         multiple = robust.max_norm_multiple
         relative = None if multiple is None else RelativeBound.of(multiple, recent)
         ratio = robust.max_update_ratio
+        scales = dict(lr_scales or {})
         if ratio is None:
-            return cls(registry, None, relative)
-        scale = float(params.norm()) + math.sqrt(params.numel())
-        return cls(registry, ratio * scale, relative)
+            return cls(registry, None, relative, scales)
+        size = float(params.norm()) + math.sqrt(params.numel())
+        return cls(registry, ratio * size, relative, scales)
+
+    def room(self, client_id: int) -> float:
+        """The factor of the relative bound a client's update is held to: its lr
+        scale where the rule speeds it up, else 1."""
+        return max(1.0, self.lr_scales.get(client_id, 1.0))
 
     @property
     def waits(self) -> bool:
@@ -247,9 +261,11 @@ class Limits:
             )
         return norm
 
-    def check_relative(self, norm: float) -> None:
-        """Refuse an update norm past the multiple of the recent rounds' median."""
-        why = None if self.relative is None else self.relative.refusal(norm)
+    def check_relative(self, client_id: int, norm: float) -> None:
+        """Refuse an update norm past the multiple of the recent rounds' median
+        (times the client's room)."""
+        room = self.room(client_id)
+        why = None if self.relative is None else self.relative.refusal(norm, room)
         if why is not None:  # as absurd as the absolute bound's: a fault (Krum's f)
             raise UploadError(why)
 
@@ -333,7 +349,9 @@ class Intake:
         if relative is None or not held:
             return list(held)
         kept = []
-        for up, why in zip(held, relative.cohort_refusals([u.norm for u in held]), strict=True):
+        norms = [u.norm for u in held]
+        rooms = [self.limits.room(u.client_id) for u in held]
+        for up, why in zip(held, relative.cohort_refusals(norms, rooms), strict=True):
             if why is None:
                 kept.append(up)
                 continue
