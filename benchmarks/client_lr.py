@@ -22,7 +22,10 @@ lognormal(0, 1) weights, labels IID, at least 1 example each); arms ``plain``;
 ``size_lr``: ``local.lr_rule = data_size`` (each client's lr times n_k / the
 cohort's mean n, held to [0.25, 4]); ``size_lr_inv``: the same rule with
 exponent -1 (mean n / n_k, so that lr times local steps is about equal across
-clients). Labels are IID, so the target is higher: 0.97 (``--quick``: 0.9), cap
+clients); ``size_lr_room`` and ``size_lr_inv_room``: the same two rules with
+``local.lr_rule_scales_bounds`` (a client sped up s-fold gets s times the
+bound of ``robust.max_norm_multiple``, 10x the median recent norm, which
+otherwise refuses its update like any other's). Labels are IID, so the target is higher: 0.97 (``--quick``: 0.9), cap
 60 (``--quick``: 15).
 
 ``--split dirichlet``: quantity and label skew at once (``partition.kind =
@@ -55,6 +58,12 @@ SIZE_ARMS: dict[str, dict[str, Any]] = {
     "size_lr": {"local": {"lr_rule": "data_size"}},
     "size_lr_inv": {
         "local": {"lr_rule": "data_size"},
+        "plugin_options": {"data_size": {"exponent": -1.0}},
+    },
+    # the same rules, each sped-up client given its scale times the norm bounds
+    "size_lr_room": {"local": {"lr_rule": "data_size", "lr_rule_scales_bounds": True}},
+    "size_lr_inv_room": {
+        "local": {"lr_rule": "data_size", "lr_rule_scales_bounds": True},
         "plugin_options": {"data_size": {"exponent": -1.0}},
     },
 }

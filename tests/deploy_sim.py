@@ -5,6 +5,7 @@ and client processes that die where a test says (FEDFORGE_TEST_EXIT_AT)."""
 from __future__ import annotations
 
 import os
+import random
 import socket
 import sqlite3
 import time
@@ -187,10 +188,31 @@ def _close(*procs: Proc) -> None:
         p.kill()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+# test ports lie below the kernel's ephemeral range (32768-60999 by default), in
+# a block of their own per xdist worker: no process asking the kernel for any
+# free port (a server started with --port 0) can take one while a test restarts
+# its server on it, and two workers never pick the same one
+PORT_BASE, PORT_BLOCK = 20_000, 500
+
+
+_next_port = [random.randrange(PORT_BLOCK)]  # where this process's next search starts
+
+
+def free_port() -> int:
+    """A port free now, in this test process's own block; calls in turn give
+    different ports (two asked for at once are two)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
+    low = PORT_BASE + PORT_BLOCK * (int(worker) if worker.isdigit() else 0)
+    for _ in range(PORT_BLOCK):
+        port = low + _next_port[0] % PORT_BLOCK
+        _next_port[0] += 1
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {low}-{low + PORT_BLOCK - 1}")
 
 
 def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:

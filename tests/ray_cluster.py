@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from deploy_sim import _free_port as free_port
+from deploy_sim import free_port
 
 RAY = str(Path(sys.executable).with_name("ray"))
 

@@ -22,7 +22,7 @@ import pytest
 from tests.conftest import MakeData, RunStopped
 from tests.test_robust_gates import tiny
 
-from deploy_sim import _free_port
+from deploy_sim import free_port
 from fedforge.alerts import alert_payload
 from fedforge.cli import main
 from fedforge.config import Config, override
@@ -81,7 +81,7 @@ def _config(tmp_path: Path, url: str, out: Path) -> Config:
         {"name": "slow", "kind": "refused_rate", "threshold": 0.1, "timeout": 0.5,
          "command": [sys.executable, "-c", "import time; time.sleep(30)"]},
         {"name": "nobody", "kind": "refused_rate", "threshold": 0.05,
-         "url": f"http://127.0.0.1:{_free_port()}/"},
+         "url": f"http://127.0.0.1:{free_port()}/"},
     ]  # fmt: skip
     cfg = tiny(4, rounds=3, tmp=tmp_path / "runs", attack="nan_inf", attack_fraction=0.25)
     return override(cfg, {"alerts.rules": rules})

@@ -1,7 +1,9 @@
-"""The norm bounds under a per-client learning rate (``local.lr_rule``): a
-client the rule speeds up s-fold has s times the room under
-``robust.max_norm_multiple`` and s times the clip bound; a client slowed down
-keeps the round's bounds; the norms are remembered as they came. Checked on one
+"""The norm bounds under a per-client learning rate (``local.lr_rule``): by
+default every client is held to the round's bounds; with
+``local.lr_rule_scales_bounds`` a client the rule speeds up s-fold has s times
+the room under ``robust.max_norm_multiple`` and s times the clip bound, a
+client slowed down keeps the round's bounds, and the norms are remembered as
+they came. Checked on one
 full-batch gradient step of a logistic regression, where the delta is exactly
 -s * lr * grad: the norms are s times those of the run without the rule,
 computed here from that run's uploads."""
@@ -20,6 +22,7 @@ from tests.conftest import TINY_LOGREG, MakeData
 from fedforge.client.runtime import ClientTask, ClientUpload
 from fedforge.config import from_dict
 from fedforge.core import wire
+from fedforge.core.errors import ConfigError
 from fedforge.engines import SimulationEngine
 from fedforge.report.progress import Progress
 from fedforge.robust.typical_norm import RelativeBound
@@ -59,12 +62,14 @@ def _csv(tmp: Path) -> str:
     return str(path)
 
 
-def _cfg(tmp: Path | None, **more: Any) -> Any:
+def _cfg(tmp: Path | None, scaled: bool = True, **more: Any) -> Any:
+    """The run; ``tmp``: where the scale file goes (None: no rule); ``scaled``:
+    ``local.lr_rule_scales_bounds``."""
     rule = (
         {}
         if tmp is None
         else {
-            "local": {"lr_rule": "lr_csv"},
+            "local": {"lr_rule": "lr_csv", "lr_rule_scales_bounds": scaled},
             "plugin_options": {"lr_csv": {"path": _csv(tmp)}},
         }
     )
@@ -150,6 +155,32 @@ def test_honest_clients_sped_up_by_the_rule_are_taken(make_data: MakeData, tmp_p
     want = {c: max(1.0, SCALES.get(c, 1.0)) * 1.5 * typical for c in range(len(SIZES))}
     assert got == pytest.approx(want, rel=1e-12)
     assert orders.limits.room(0) == 4.0 and orders.limits.room(2) == 1.0
+
+
+def test_by_default_a_client_sped_up_is_held_to_the_rounds_bounds(
+    make_data: MakeData, tmp_path: Path
+) -> None:
+    """The same run without ``lr_rule_scales_bounds``: client 0's 4x step passes
+    2x the round's median and is refused; the clip bound is the same for all."""
+    data = make_data(SIZES, seed=5)
+    robust = {"max_norm_multiple": MULTIPLE, "norm_window": 1}
+    state, rec = _rounds(_cfg(tmp_path, False, robust=robust), data)
+    raw = rec.uploads[0]
+    typical = _lower_median(list(raw.values()))
+    assert raw[0] > MULTIPLE * typical  # as in the test above
+    assert [(r, c) for r, c, _ in state.rejected] == [(0, 0)]
+    assert "x 4, its lr scale" not in state.rejected[0][2]
+    clip = _cfg(tmp_path, False, robust=robust, communication={"clip_multiple": 1.5})
+    exp = build(clip, data)
+    orders = configure(exp, state, 1, 1, list(range(len(SIZES))))
+    typical = _lower_median(list(state.update_norms[0]))
+    assert [t.plan.upload_clip for t in orders.tasks] == pytest.approx([1.5 * typical] * 4)
+    assert orders.limits.room(0) == 1.0
+
+
+def test_scaled_bounds_without_a_rule_are_refused() -> None:
+    with pytest.raises(ConfigError, match="local.lr_rule_scales_bounds' = true is invalid"):
+        _cfg(None, local={"lr_rule_scales_bounds": True})
 
 
 def test_an_update_past_its_room_is_refused(make_data: MakeData, tmp_path: Path) -> None:

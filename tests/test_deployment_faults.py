@@ -36,7 +36,6 @@ from deploy_sim import (
     _close,
     _dead_from,
     _finished,
-    _free_port,
     _max_diff,
     _participants,
     _query,
@@ -45,6 +44,7 @@ from deploy_sim import (
     _store_file,
     _wait_rounds,
     deploy_env,
+    free_port,
 )
 from fedforge.store.final import load_final
 
@@ -241,7 +241,7 @@ def test_a_server_killed_mid_run_resumes_where_it_stopped(
     1e-16 differences); the wire bytes each server process counts (its own
     share)."""
     cfg = write_config(tmp_path / "cfg.yaml", rounds=10, checkpoint_every=1)
-    port = _free_port()
+    port = free_port()
     server, got_port = start_server(tmp_path, cfg, "--insecure", "--port", str(port))
     assert got_port == port
     clients = {ids: start_client(tmp_path, port, ids, "--insecure") for ids in ("0-2", "3-5")}

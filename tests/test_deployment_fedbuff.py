@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from deploy_procs import Proc, run_dir_of, start_client, start_server, write_config
-from deploy_sim import _close, _free_port, _query, _store_file, _wait_rounds, deploy_env
+from deploy_sim import _close, _query, _store_file, _wait_rounds, deploy_env, free_port
 from fedforge.store.checkpoint import list_checkpoints, load_checkpoint
 from fedforge.store.final import load_final
 from fedforge.transport.ids import parse_ids
@@ -143,7 +143,7 @@ def test_a_server_killed_mid_run_resumes_from_its_checkpoint(tmp_path: Path) -> 
     going on from the checkpoint's time, a loadable last checkpoint, and the
     resumed server took only updates of work it handed out itself (the work
     out at the kill is no question of its)."""
-    port = _free_port()
+    port = free_port()
     server, _ = start_server(tmp_path, _config(tmp_path), "--insecure", "--port", str(port))
     clients = _clients(tmp_path, port)
     resumed: Proc | None = None

@@ -15,7 +15,6 @@ and the client's backoff.
 from __future__ import annotations
 
 import json
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -30,6 +29,7 @@ import grpc
 import pytest
 
 from deploy_procs import Proc, run_dir_of, start_client, start_server, write_config
+from deploy_sim import free_port
 from fedforge import config as config_mod
 from fedforge.config.deployment import DeploymentConfig
 from fedforge.store.final import load_final
@@ -294,9 +294,7 @@ def test_a_client_without_a_server_gives_up_after_give_up_s(tmp_path: Path) -> N
     retries with backoff and exits 1 about 3 s after its first failure (not
     after a minute of retries per call on top)."""
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # free, and nothing listens there once closed
+    port = free_port()  # free, and nothing listens there once closed
     client = start_client(tmp_path, port, "0-2", "--insecure", "--give-up-s", "3")
     assert client.wait(90) == 1, client.log.read_text()
     events = client.events()

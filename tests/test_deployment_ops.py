@@ -15,7 +15,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from deploy_procs import run_dir_of, start_client, start_server, write_config
-from deploy_sim import _free_port
+from deploy_sim import free_port
 from fedforge import config as config_mod
 from fedforge import run
 from fedforge.store.final import load_final
@@ -41,7 +41,7 @@ def _rounds(run_dir_parent: Path) -> int:
 @pytest.mark.slow
 def test_health_metrics_and_sigterm_then_resume(tmp_path: Path) -> None:
     cfg = write_config(tmp_path / "cfg.yaml", rounds=6, checkpoint_every=1)
-    metrics_port, port = _free_port(), _free_port()
+    metrics_port, port = free_port(), free_port()
     server, _ = start_server(
         tmp_path, cfg, "--insecure", "--metrics-port", str(metrics_port), "--port", str(port)
     )

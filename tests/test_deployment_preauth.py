@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import math
 import re
-import socket
 import time
 import urllib.request
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 import pytest
 
 from deploy_procs import start_server, write_config
+from deploy_sim import free_port
 from fedforge import config as config_mod
 from fedforge.core.errors import ConfigError
 from fedforge.transport import refusal_log
@@ -42,12 +42,6 @@ FORGED = 2000  # forged Hellos in all
 UNKNOWN = 500  # of them claiming a name without a key
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _refused_metric(port: int, label: str) -> float:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     found = re.search(rf'^fedforge_refused_total\{{reason="{label}"\}} (\S+)$', text, re.M)
@@ -62,7 +56,7 @@ def test_forged_signatures_are_counted_each_and_logged_in_a_few_lines(tmp_path: 
     clients then run the federation."""
     fed = keys_federation(tmp_path)
     cfg = write_config(tmp_path / "cfg.yaml", rounds=2)
-    metrics = _free_port()
+    metrics = free_port()
     keys = ("--certs", str(fed), "--auth", "keys", "--metrics-port", str(metrics))
     server, port = start_server(tmp_path, cfg, *keys)
     try:

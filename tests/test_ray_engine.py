@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -21,6 +20,7 @@ import pytest
 import torch
 
 import fedforge
+from deploy_sim import free_port
 from fedforge.config import parse
 from fedforge.core import precision
 from fedforge.core.errors import ConfigError, EngineError
@@ -144,8 +144,9 @@ def test_a_first_round_judged_by_its_own_median_is_summed_in_two_passes(
 
 
 def test_per_client_lrs_give_the_same_room_on_the_workers(tmp_path: Path) -> None:
-    """Half the clients step at 4x the lr, half at 0.25x (a scale file): the fast
-    half passes 2x the median norm, within its 4x room; the workers judge each
+    """Half the clients step at 4x the lr, half at 0.25x (a scale file), under
+    ``local.lr_rule_scales_bounds``: the fast half passes 2x the median norm,
+    within its 4x room; the workers judge each
     update with its client's room in both passes, as the driver does: no
     update is refused, and the model is the serial run's."""
     path = tmp_path / "scales.csv"
@@ -154,7 +155,7 @@ def test_per_client_lrs_give_the_same_room_on_the_workers(tmp_path: Path) -> Non
     )
     kw = {
         "robust": {"max_norm_multiple": 2.0},
-        "local": {"lr_rule": "lr_csv"},
+        "local": {"lr_rule": "lr_csv", "lr_rule_scales_bounds": True},
         "plugin_options": {"lr_csv": {"path": str(path)}},
     }
     serial = fedforge.run(_cfg("serial", rounds=3, **kw))
@@ -448,9 +449,7 @@ def test_an_address_where_no_cluster_answers_is_refused_at_once() -> None:
     assert host_port("ray://10.0.0.1:10001") == ("10.0.0.1", 10001)
     assert host_port("[::1]:6379") == ("::1", 6379)
     assert host_port("auto") is None
-    with socket.socket() as s:  # a port of this machine that nothing listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # a port of this machine that nothing listens on
     with pytest.raises(
         EngineError, match=rf"no Ray cluster answers at ray.address '127.0.0.1:{port}'"
     ):

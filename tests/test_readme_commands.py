@@ -21,11 +21,11 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from deploy_sim import free_port
 from fedforge.report.runs import run_row
 from fedforge.store.runstore import RunStore
 from fedforge.systems import read_profiles
@@ -43,12 +43,6 @@ def shell_blocks(readme: str, section: str) -> list[str]:
     body = readme[start : end if end >= 0 else None]
     blocks = re.findall(r"```sh\n(.*?)```", body, flags=re.S)
     return [b.replace("\\\n", " ") for b in blocks]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run_bash(script: str, cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:

@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from fedforge.config.bounds import MAX_STEPS
 from fedforge.config.ranges import Most, Range
-from fedforge.core.errors import invalid_field
+from fedforge.core.errors import ConfigError, invalid_field
 
 # the local weight decay's allowed values (its section checks the range, compat.py
 # the product with lr, in the same words)
@@ -44,6 +44,18 @@ class LocalConfig:
     # each client's lr scaled by this registered rule (server/client_lr.py: data_size,
     # reported_loss, lr_csv or a plugin's; its options under plugin_options); null = off
     lr_rule: str | None = None
+    # a client the rule speeds up s-fold (s > 1) gets s times the bound of
+    # robust.max_norm_multiple and of communication.clip_multiple; false: every
+    # client is held to the round's bounds (measured safer: docs/results.md, client_lr.py)
+    lr_rule_scales_bounds: bool = False
+
+    def check(self) -> None:
+        if self.lr_rule_scales_bounds and self.lr_rule is None:
+            raise ConfigError(
+                "config field 'local.lr_rule_scales_bounds' = true is invalid: it scales "
+                "the bounds of the clients a local.lr_rule speeds up, and local.lr_rule "
+                "is null: name a rule or set it to false"
+            )
 
 
 @dataclass(frozen=True)

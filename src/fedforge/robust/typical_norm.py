@@ -20,10 +20,11 @@ is refused however few honest updates stand beside it, and the honest ones are
 far inside the bound (their norms differ by a small factor, not by
 ``multiple``).
 
-Where the server gives clients their own learning rates (``local.lr_rule``), a
-client told to step s > 1 times the plan's lr may move up to s times as far: its
-bound is s times the others' (its "room"), so a small client the rule speeds up
-x4 is not refused for the rule's choice. The norms are remembered as they came:
+Where the server gives clients their own learning rates (``local.lr_rule``) and
+``local.lr_rule_scales_bounds`` is set, a client told to step s > 1 times the
+plan's lr may move up to s times as far: its bound is s times the others' (its
+"room"), so a small client the rule speeds up x4 is not refused for the rule's
+choice. The norms are remembered as they came:
 dividing them by s would assume a delta linear in the lr, which a client
 whose local steps converge does not follow (its norm grows less than s-fold,
 and the median would fall under the plan-lr clients' norms). A client slowed

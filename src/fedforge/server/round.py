@@ -202,8 +202,9 @@ def configure(
     scales: dict[int, float] = {}
     if exp.lr_rule is not None:  # each client's own lr, and clip bound (client_lr.py)
         scales = own_scales(tasks, exp.lr_rule, cfg, round_idx, exp.client_sizes(), state.selection)
-        tasks = scaled_tasks(tasks, scales)
-    limits = Limits.of(exp, state.params, state.update_norms, scales)
+        tasks = scaled_tasks(tasks, scales, cfg.local.lr_rule_scales_bounds)
+    rooms = scales if cfg.local.lr_rule_scales_bounds else None
+    limits = Limits.of(exp, state.params, state.update_norms, rooms)
     return Orders(round_idx, start, cohort, tasks, plan, payload, dense, limits)
 
 

@@ -11,8 +11,8 @@ model-sized tensor beside it) past ``robust.max_update_ratio``
 times ||w|| + sqrt(P) (the round's global model's norm plus that of a vector of
 ones: a bound no honest update of a sane learning rate comes near), or past
 ``robust.max_norm_multiple`` times the median norm of the updates taken in the
-recent rounds (``robust/typical_norm.py``; a client that ``local.lr_rule``
-speeds up s-fold has s times the room; in a round with none behind it the
+recent rounds (``robust/typical_norm.py``; under ``local.lr_rule_scales_bounds``
+a client the lr rule speeds up s-fold has s times the room; in a round with none behind it the
 collector holds the uploads and judges them by their own median at the end:
 :meth:`Intake.settle`). An accepted update's weight is its reported
 ``num_examples`` within the registry's bounds (``server/registry.py``). Runs on
@@ -211,8 +211,9 @@ def weighs_nothing(client_id: int, num_examples: int, limits: Limits) -> str:
 class Limits:
     """What a round accepts of an update beyond its form: the weight its count may
     claim, the largest norm (None: no bound), the bound relative to the recent
-    rounds' norms (None: off), and each client's lr scale (``local.lr_rule``;
-    a client not in it: 1), a scale s > 1 giving it s times that bound."""
+    rounds' norms (None: off), and each client's lr scale where
+    ``local.lr_rule_scales_bounds`` is set (a client not in it: 1), a scale
+    s > 1 giving it s times that bound."""
 
     registry: Registry
     max_norm: float | None
