@@ -25,8 +25,8 @@ exponent -1 (mean n / n_k, so that lr times local steps is about equal across
 clients); ``size_lr_room`` and ``size_lr_inv_room``: the same two rules with
 ``local.lr_rule_scales_bounds`` (a client sped up s-fold gets s times the
 bound of ``robust.max_norm_multiple``, 10x the median recent norm, which
-otherwise refuses its update like any other's). Labels are IID, so the target is higher: 0.97 (``--quick``: 0.9), cap
-60 (``--quick``: 15).
+otherwise refuses its update like any other's). Labels are IID, so the
+target is higher: 0.97 (``--quick``: 0.9), cap 60 (``--quick``: 15).
 
 ``--split dirichlet``: quantity and label skew at once (``partition.kind =
 dirichlet``, alpha 0.5, at least 10 examples a client: each class dealt over the

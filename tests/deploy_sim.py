@@ -188,23 +188,43 @@ def _close(*procs: Proc) -> None:
         p.kill()
 
 
-# test ports lie below the kernel's ephemeral range (32768-60999 by default), in
-# a block of their own per xdist worker: no process asking the kernel for any
-# free port (a server started with --port 0) can take one while a test restarts
-# its server on it, and two workers never pick the same one
-PORT_BASE, PORT_BLOCK = 20_000, 500
+# test ports lie below the kernel's ephemeral range, in a block of their own per
+# xdist worker: no process asking the kernel for any free port (a server
+# started with --port 0) can take one while a test restarts its server on it,
+# and two workers never pick the same one
+PORT_BASE = 20_000
 
 
-_next_port = [random.randrange(PORT_BLOCK)]  # where this process's next search starts
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768  # Linux's default
+
+
+def _port_block() -> tuple[int, int]:
+    """This process's block of ports: its first and how many."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
+    index = (int(worker) if worker.isdigit() else 0) % workers  # a replaced worker: gwN, N >= count
+    size = (_ephemeral_low() - PORT_BASE) // workers
+    if size < 16:
+        raise RuntimeError(
+            f"{workers} test workers leave {size} ports each below the ephemeral range "
+            f"({_ephemeral_low()}); run fewer workers (make test TEST_WORKERS=...)"
+        )
+    return PORT_BASE + index * size, size
+
+
+_next_port = [random.randrange(1 << 16)]  # where this process's next search starts
 
 
 def free_port() -> int:
     """A port free now, in this test process's own block; calls in turn give
     different ports (two asked for at once are two)."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
-    low = PORT_BASE + PORT_BLOCK * (int(worker) if worker.isdigit() else 0)
-    for _ in range(PORT_BLOCK):
-        port = low + _next_port[0] % PORT_BLOCK
+    low, size = _port_block()
+    for _ in range(size):
+        port = low + _next_port[0] % size
         _next_port[0] += 1
         with socket.socket() as s:
             try:
@@ -212,7 +232,7 @@ def free_port() -> int:
             except OSError:
                 continue
             return port
-    raise RuntimeError(f"no free port in {low}-{low + PORT_BLOCK - 1}")
+    raise RuntimeError(f"no free port in {low}-{low + size - 1}")
 
 
 def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -21,6 +21,7 @@ from tests.conftest import TINY_LOGREG, MakeData
 
 from fedforge.client.runtime import ClientTask, ClientUpload
 from fedforge.config import from_dict
+from fedforge.config.notes import config_notes
 from fedforge.core import wire
 from fedforge.core.errors import ConfigError
 from fedforge.engines import SimulationEngine
@@ -47,8 +48,8 @@ def test_a_client_sped_up_has_its_scale_times_the_room() -> None:
         "the median norm of the updates taken in the last 1 round"
     )
     assert bound.refusal(13.0, 4.0) == (
-        "update norm 13 passes the bound 12 = robust.max_norm_multiple (2) x 1.5, "
-        "the median norm of the updates taken in the last 1 round x 4, its lr scale"
+        "update norm 13 passes the bound 12 = robust.max_norm_multiple (2) x 1.5 (the "
+        "median norm of the updates taken in the last 1 round) x 4 (the client's lr scale)"
     )
     first = RelativeBound.of(MULTIPLE, [])
     why = first.cohort_refusals([1.0, 8.0, 2.0, 9.0], [1.0, 4.0, 1.0, 1.0])
@@ -169,7 +170,7 @@ def test_by_default_a_client_sped_up_is_held_to_the_rounds_bounds(
     typical = _lower_median(list(raw.values()))
     assert raw[0] > MULTIPLE * typical  # as in the test above
     assert [(r, c) for r, c, _ in state.rejected] == [(0, 0)]
-    assert "x 4, its lr scale" not in state.rejected[0][2]
+    assert "lr scale" not in state.rejected[0][2]
     clip = _cfg(tmp_path, False, robust=robust, communication={"clip_multiple": 1.5})
     exp = build(clip, data)
     orders = configure(exp, state, 1, 1, list(range(len(SIZES))))
@@ -178,9 +179,16 @@ def test_by_default_a_client_sped_up_is_held_to_the_rounds_bounds(
     assert orders.limits.room(0) == 1.0
 
 
-def test_scaled_bounds_without_a_rule_are_refused() -> None:
+def test_scaled_bounds_without_a_rule_are_refused_and_without_a_bound_noted(
+    tmp_path: Path,
+) -> None:
     with pytest.raises(ConfigError, match="local.lr_rule_scales_bounds' = true is invalid"):
         _cfg(None, local={"lr_rule_scales_bounds": True})
+    assert config_notes(_cfg(tmp_path)) == []  # the default max_norm_multiple is 10
+    (note,) = config_notes(_cfg(tmp_path, robust={"max_norm_multiple": None}))
+    assert note.startswith("local.lr_rule_scales_bounds = true scales no bound")
+    clipped = _cfg(tmp_path, robust={"max_norm_multiple": None}, communication={"clip_multiple": 2})
+    assert config_notes(clipped) == []
 
 
 def test_an_update_past_its_room_is_refused(make_data: MakeData, tmp_path: Path) -> None:
@@ -193,9 +201,10 @@ def test_an_update_past_its_room_is_refused(make_data: MakeData, tmp_path: Path)
     norms = {c: SCALES.get(c, 1.0) * n for c, n in plain.uploads[0].items()}
     norms[0] *= 4.0  # 16x the plan's lr
     assert norms[0] > 4 * MULTIPLE * _lower_median(list(norms.values()))  # the premise
-    state, rec = _rounds(_cfg(tmp_path, robust=robust), data, lr_of={0: 16 * 0.05})
+    cfg = _cfg(tmp_path, robust=robust)
+    state, rec = _rounds(cfg, data, lr_of={0: 16 * cfg.lr})
     assert rec.uploads[0][0] == pytest.approx(norms[0], rel=1e-12)
     assert [(r, c) for r, c, _ in state.rejected] == [(0, 0)]
-    assert "x 4, its lr scale" in state.rejected[0][2]
+    assert "x 4 (the client's lr scale)" in state.rejected[0][2]
     assert state.update_norms == [pytest.approx([norms[c] for c in (1, 2, 3)], rel=1e-12)]
     assert torch.isfinite(state.params).all()

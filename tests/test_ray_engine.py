@@ -144,22 +144,27 @@ def test_a_first_round_judged_by_its_own_median_is_summed_in_two_passes(
 
 
 def test_per_client_lrs_give_the_same_room_on_the_workers(tmp_path: Path) -> None:
-    """Half the clients step at 4x the lr, half at 0.25x (a scale file), under
-    ``local.lr_rule_scales_bounds``: the fast half passes 2x the median norm,
-    within its 4x room; the workers judge each
-    update with its client's room in both passes, as the driver does: no
-    update is refused, and the model is the serial run's."""
+    """Half the clients step at 4x the lr, half at 0.25x (a scale file). Held to
+    2x the median norm like the others, some fast clients are refused (the
+    serial run without ``local.lr_rule_scales_bounds``); with it, each is within
+    its 4x room, and the workers judge each update with its client's room in
+    both passes, as the driver does: none is refused, the model is the serial
+    run's."""
     path = tmp_path / "scales.csv"
     path.write_text(
         "client_id,lr_scale\n" + "".join(f"{c},{4 if c < 15 else 0.25}\n" for c in range(30))
     )
-    kw = {
-        "robust": {"max_norm_multiple": 2.0},
-        "local": {"lr_rule": "lr_csv", "lr_rule_scales_bounds": True},
-        "plugin_options": {"lr_csv": {"path": str(path)}},
-    }
-    serial = fedforge.run(_cfg("serial", rounds=3, **kw))
-    summed = fedforge.run(_cfg("ray", rounds=3, **kw))
+
+    def cfg(engine: str, scaled: bool) -> Any:
+        local = {"lr_rule": "lr_csv", "lr_rule_scales_bounds": scaled}
+        options = {"lr_csv": {"path": str(path)}}
+        robust = {"max_norm_multiple": 2.0}
+        return _cfg(engine, rounds=3, robust=robust, local=local, plugin_options=options)
+
+    held = fedforge.run(cfg("serial", False))
+    assert held.rejected and all(c < 15 for _, c, _ in held.rejected)  # the premise
+    serial = fedforge.run(cfg("serial", True))
+    summed = fedforge.run(cfg("ray", True))
     assert serial.rejected == [] and summed.rejected == []
     assert float((summed.params - serial.params).abs().max()) <= 1e-9
 

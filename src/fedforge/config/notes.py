@@ -52,6 +52,11 @@ def config_notes(cfg: Config) -> list[str]:
             f"local.momentum = {loc.momentum}, local.weight_decay = {loc.weight_decay} "
             "the control variates carry them too (option 'I' does not)"
         )
+    if loc.lr_rule_scales_bounds and not _norm_bounded(cfg):
+        out.append(
+            "local.lr_rule_scales_bounds = true scales no bound: robust.max_norm_multiple "
+            "and communication.clip_multiple are null (or secure aggregation hides the norms)"
+        )
     out += _robust_notes(cfg.robust)
     syn, syn_default = cfg.synthetic, SyntheticConfig()
     if cfg.dataset == "synthetic" and syn.iid:
@@ -98,6 +103,15 @@ def config_notes(cfg: Config) -> list[str]:
             "each client in its own domain"
         )
     return out
+
+
+def _norm_bounded(cfg: Config) -> bool:
+    """Whether a bound relative to recent norms is in force: the server's or the
+    clients' clip (secure aggregation refuses the clip and hides the norms)."""
+    secagg = cfg.privacy.secagg
+    return not secagg and (
+        cfg.robust.max_norm_multiple is not None or cfg.communication.clip_multiple is not None
+    )
 
 
 # the partition fields that split a data set the config loads

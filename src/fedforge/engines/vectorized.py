@@ -302,14 +302,20 @@ class VectorizedEngine(SimulationEngine):
         widest batch (the largest client, with full batches) and the longest
         schedule, so each new client costs as much as the widest and longest so
         far; its data counts too. A chunk's clients share one plan but for their
-        epochs and learning rates (server/client_lr.py). At least one."""
+        epochs, learning rates and clip bounds (server/client_lr.py; each
+        upload is clipped on its own as it is finished). At least one."""
         rt, widest, held, longest = self.runtime, 1, 0, 0
         pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
         first = tasks[lo].plan
         limit = min(self.max_chunk, self._fused_limit(first))
         while lo + len(pairs) < len(tasks) and len(pairs) < limit:
             task = tasks[lo + len(pairs)]
-            own = dataclasses.replace(task.plan, local_epochs=first.local_epochs, lr=first.lr)
+            own = dataclasses.replace(
+                task.plan,
+                local_epochs=first.local_epochs,
+                lr=first.lr,
+                upload_clip=first.upload_clip,
+            )
             if own != first:
                 break
             key = (task.client_id, task.round_idx)

@@ -120,8 +120,13 @@ def _past(norm: float, room: float, multiple: float, typical: float, what: str) 
     bound = room * multiple * typical
     if norm <= bound:
         return None
-    sped = "" if room == 1.0 else f" x {room:g}, its lr scale"
+    if room == 1.0:
+        return (
+            f"update norm {norm:.4g} passes the bound {bound:.4g} = robust.max_norm_multiple "
+            f"({multiple:g}) x {typical:.4g}, the median norm of {what}"
+        )
     return (
         f"update norm {norm:.4g} passes the bound {bound:.4g} = robust.max_norm_multiple "
-        f"({multiple:g}) x {typical:.4g}, the median norm of {what}{sped}"
+        f"({multiple:g}) x {typical:.4g} (the median norm of {what}) x {room:g} (the "
+        "client's lr scale)"
     )

@@ -60,7 +60,12 @@ def client_config(config_yaml: str, device: str, trust_server_noise: bool = Fals
     # it reads are the server's
     rule = cfg.local.lr_rule
     options = {k: v for k, v in cfg.plugin_options.items() if k != rule}
-    server_side = {"evaluation.client_tags": None, "local.lr_rule": None, "plugin_options": options}
+    server_side = {
+        "evaluation.client_tags": None,
+        "local.lr_rule": None,
+        "local.lr_rule_scales_bounds": False,  # the scaled clip bound comes in the plan too
+        "plugin_options": options,
+    }
     return override(cfg, {**local, **server_side, "privacy.secret_noise": privacy.secret_noise})
 
 

@@ -144,6 +144,9 @@ class Deployment:
                 ("grpc.max_send_message_length", max_bytes),
                 ("grpc.max_concurrent_streams", adm.STREAMS_PER_CONNECTION),
                 ("grpc.server_handshake_timeout_ms", int(adm.HANDSHAKE_S * 1000)),
+                # a second server on a port in use fails to listen, rather than
+                # sharing it (gRPC's default SO_REUSEPORT splits the clients)
+                ("grpc.so_reuseport", 0),
             ],
         )
         self.grpc.add_generic_rpc_handlers((self.service.handler(),))
