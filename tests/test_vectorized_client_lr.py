@@ -2,7 +2,7 @@
 of the vectorised engine, and each client's update is the one the serial engine
 computes at its lr: float64, to 1e-9, on every path (the fused perceptron step
 with and without FedProx's and SCAFFOLD's terms, the vmap path's plain step and
-its general step with momentum)."""
+its general step with momentum, clients with their own clip bounds)."""
 
 from __future__ import annotations
 
@@ -49,6 +49,11 @@ def chunk_calls(monkeypatch: pytest.MonkeyPatch) -> tuple[list[list[float]], lis
         ("2nn", {"algorithm": "scaffold"}),  # its per-client shift
         ("2nn", {"local": {"momentum": 0.9}}),  # the vmap path's general step
         ("cnn", {}),  # the vmap path's plain step
+        # sped-up clients' own clip bounds (from round 2) in the same chunk
+        (
+            "2nn",
+            {"local": {"lr_rule_scales_bounds": True}, "communication": {"clip_multiple": 0.5}},
+        ),
     ],
 )
 def test_clients_with_their_own_lr_share_a_chunk_and_equal_serial(
@@ -89,9 +94,18 @@ def test_clients_with_their_own_lr_share_a_chunk_and_equal_serial(
         assert a.train_loss == pytest.approx(b.train_loss, abs=1e-12)
     plain = run(
         config_mod.override(
-            base, {"engine": "serial", "local.lr_rule": None, "plugin_options": {}}
+            base,
+            {
+                "engine": "serial",
+                "local.lr_rule": None,
+                "local.lr_rule_scales_bounds": False,
+                "plugin_options": {},
+            },
         ),
         data=data,
         store=False,
     )
     assert (plain.params - serial.params).abs().max() > 1e-6  # the scales matter here
+    if base.local.lr_rule_scales_bounds:  # and so do the scaled clip bounds
+        held = config_mod.override(base, {"engine": "serial", "local.lr_rule_scales_bounds": False})
+        assert (run(held, data=data, store=False).params - serial.params).abs().max() > 1e-6

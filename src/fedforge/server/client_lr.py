@@ -27,8 +27,8 @@ With ``local.lr_rule_scales_bounds`` a client whose lr is s > 1 times the
 plan's gets s times both bounds (the clip bound it is sent, and its room under
 the refusal bound: robust/typical_norm.py), so the rule's choice is not undone;
 a client slowed down keeps the round's bounds. Measured on a quantity skew
-(benchmarks/client_lr.py), the default is the safer: the updates the bounds
-refuse at a 4x lr are the ones that diverge.
+(benchmarks/client_lr.py), the default is the safer: the outsized updates the
+bounds refuse at a 4x lr are better left out.
 """
 
 from __future__ import annotations
