@@ -205,15 +205,17 @@ def test_a_window_closes_on_the_loop_by_itself() -> None:
 def test_a_second_server_on_a_port_in_use_cannot_listen(tmp_path: Path) -> None:
     """A server listens on a port; a second one asked for the same port is
     refused in one line (it would otherwise share it, gRPC's SO_REUSEPORT
-    handing each connection to one of the two), and the first serves on."""
+    handing each connection to one of the two; or, asked for ``localhost``,
+    listen on ::1 alone), and the first serves on."""
     cfg = _served(config_mod.load(write_config(tmp_path / "cfg.yaml")))
     port = free_port()
     first = Deployment(cfg, ServerOptions(ServerSecurity("insecure"), host="127.0.0.1", port=port))
     first.start()
     try:
         assert first.port == port
-        with pytest.raises(ConfigError, match=rf"cannot listen on 127.0.0.1:{port} \(in use"):
-            Deployment(cfg, ServerOptions(ServerSecurity("insecure"), host="127.0.0.1", port=port))
+        for host in ("127.0.0.1", "localhost", "0.0.0.0"):  # localhost: ::1 is free
+            with pytest.raises(ConfigError, match=rf"cannot listen on {host}:{port} \(in use"):
+                Deployment(cfg, ServerOptions(ServerSecurity("insecure"), host=host, port=port))
         with socket.create_connection(("127.0.0.1", port), timeout=10):
             pass  # the first still accepts connections
     finally:

@@ -44,6 +44,7 @@ from fedforge.transport.logs import log_event
 from fedforge.transport.loop_thread import LoopThread
 from fedforge.transport.metrics import ServerMetrics
 from fedforge.transport.plugins import run_plugins
+from fedforge.transport.port_check import taken
 from fedforge.transport.refusal_log import RefusalLog
 from fedforge.transport.remote import RemoteEngine
 from fedforge.transport.rollout import Rollout
@@ -153,6 +154,8 @@ class Deployment:
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
         address = f"{self.opt.host}:{self.opt.port}"
+        if taken(self.opt.host, self.opt.port):  # on any address the host names
+            return 0
         creds = self.opt.security.credentials()
         try:
             if creds is None:
