@@ -120,13 +120,9 @@ def _past(norm: float, room: float, multiple: float, typical: float, what: str) 
     bound = room * multiple * typical
     if norm <= bound:
         return None
-    if room == 1.0:
-        return (
-            f"update norm {norm:.4g} passes the bound {bound:.4g} = robust.max_norm_multiple "
-            f"({multiple:g}) x {typical:.4g}, the median norm of {what}"
-        )
+    median = f"the median norm of {what}"
+    of = f", {median}" if room == 1.0 else f" ({median}) x {room:g} (the client's lr scale)"
     return (
         f"update norm {norm:.4g} passes the bound {bound:.4g} = robust.max_norm_multiple "
-        f"({multiple:g}) x {typical:.4g} (the median norm of {what}) x {room:g} (the "
-        "client's lr scale)"
+        f"({multiple:g}) x {typical:.4g}{of}"
     )

@@ -119,23 +119,34 @@ def checked_scales(name: str, answer: Mapping[int, float], round: LrRound) -> di
     return scales
 
 
+def bound_rooms(scales: Mapping[int, float], cfg: Config) -> dict[int, float]:
+    """The factor of the round's norm bounds each sped-up client gets under
+    ``local.lr_rule_scales_bounds`` (its scale, where above 1); none without it."""
+    if not cfg.local.lr_rule_scales_bounds:
+        return {}
+    return {c: s for c, s in scales.items() if s > 1.0}
+
+
 def scaled_tasks(
-    tasks: Sequence[ClientTask], scales: Mapping[int, float], clip_too: bool = False
+    tasks: Sequence[ClientTask],
+    scales: Mapping[int, float],
+    rooms: Mapping[int, float] | None = None,
 ) -> list[ClientTask]:
-    """``tasks`` with each scaled client's lr multiplied by its scale, and, with
-    ``clip_too``, its clip bound (if any) by the scale where it is above 1."""
+    """``tasks`` with each scaled client's lr multiplied by its scale, and its
+    clip bound (if any) by its room (``bound_rooms``)."""
+    rooms = rooms or {}
     return [
         t
         if t.client_id not in scales
-        else dataclasses.replace(t, plan=_scaled(t.plan, scales[t.client_id], clip_too))
+        else dataclasses.replace(
+            t, plan=_scaled(t.plan, scales[t.client_id], rooms.get(t.client_id, 1.0))
+        )
         for t in tasks
     ]
 
 
-def _scaled(plan: LocalPlan, scale: float, clip_too: bool) -> LocalPlan:
-    clip = plan.upload_clip
-    if clip is not None and clip_too:
-        clip *= max(1.0, scale)
+def _scaled(plan: LocalPlan, scale: float, room: float) -> LocalPlan:
+    clip = None if plan.upload_clip is None else plan.upload_clip * room
     return dataclasses.replace(plan, lr=plan.lr * scale, upload_clip=clip)
 
 

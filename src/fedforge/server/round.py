@@ -29,7 +29,13 @@ from fedforge.report.progress import Progress
 from fedforge.robust.typical_norm import remember
 from fedforge.selection.periods import period_plan, upload_period
 from fedforge.server.builtin_hooks import run_hooks
-from fedforge.server.client_lr import keeps_norms, own_scales, scaled_tasks, with_upload_clip
+from fedforge.server.client_lr import (
+    bound_rooms,
+    keeps_norms,
+    own_scales,
+    scaled_tasks,
+    with_upload_clip,
+)
 from fedforge.server.cohort import live_pool, sample
 from fedforge.server.collect import collect
 from fedforge.server.collectors import (
@@ -199,11 +205,11 @@ def configure(
     more_down = sum(t.numel() for t in (more or {}).values())
     dense = DenseCost.of(exp.spec.size, more_down)
     tasks = cohort_tasks(cfg, exp.algorithm, cohort, round_idx, plan)  # stragglers
-    scales: dict[int, float] = {}
-    if exp.lr_rule is not None:  # each client's own lr, and clip bound (client_lr.py)
+    rooms: dict[int, float] = {}
+    if exp.lr_rule is not None:  # each client's own lr, and its bounds' room (client_lr.py)
         scales = own_scales(tasks, exp.lr_rule, cfg, round_idx, exp.client_sizes(), state.selection)
-        tasks = scaled_tasks(tasks, scales, cfg.local.lr_rule_scales_bounds)
-    rooms = scales if cfg.local.lr_rule_scales_bounds else None
+        rooms = bound_rooms(scales, cfg)
+        tasks = scaled_tasks(tasks, scales, rooms)
     limits = Limits.of(exp, state.params, state.update_norms, rooms)
     return Orders(round_idx, start, cohort, tasks, plan, payload, dense, limits)
 

@@ -211,14 +211,13 @@ def weighs_nothing(client_id: int, num_examples: int, limits: Limits) -> str:
 class Limits:
     """What a round accepts of an update beyond its form: the weight its count may
     claim, the largest norm (None: no bound), the bound relative to the recent
-    rounds' norms (None: off), and each client's lr scale where
-    ``local.lr_rule_scales_bounds`` is set (a client not in it: 1), a scale
-    s > 1 giving it s times that bound."""
+    rounds' norms (None: off), and the factor of that bound each client the lr
+    rule speeds up gets (``client_lr.bound_rooms``; a client not in it: 1)."""
 
     registry: Registry
     max_norm: float | None
     relative: RelativeBound | None = None
-    lr_scales: Mapping[int, float] = field(default_factory=dict)
+    rooms: Mapping[int, float] = field(default_factory=dict)
 
     @classmethod
     def of(
@@ -226,26 +225,25 @@ class Limits:
         exp: Experiment,
         params: torch.Tensor,
         recent: Sequence[Sequence[float]] = (),
-        lr_scales: Mapping[int, float] | None = None,
+        rooms: Mapping[int, float] | None = None,
     ) -> Limits:
         """The limits of a round whose global model is ``params``, after rounds that
-        took updates of the norms in ``recent``, its clients' lrs scaled by
-        ``lr_scales``."""
+        took updates of the norms in ``recent``, its sped-up clients given
+        ``rooms``."""
         robust = exp.cfg.robust
         registry = Registry(exp.client_sizes(), robust.max_weight_ratio)
         multiple = robust.max_norm_multiple
         relative = None if multiple is None else RelativeBound.of(multiple, recent)
         ratio = robust.max_update_ratio
-        scales = dict(lr_scales or {})
+        rooms = dict(rooms or {})
         if ratio is None:
-            return cls(registry, None, relative, scales)
+            return cls(registry, None, relative, rooms)
         size = float(params.norm()) + math.sqrt(params.numel())
-        return cls(registry, ratio * size, relative, scales)
+        return cls(registry, ratio * size, relative, rooms)
 
     def room(self, client_id: int) -> float:
-        """The factor of the relative bound a client's update is held to: its lr
-        scale where the rule speeds it up, else 1."""
-        return max(1.0, self.lr_scales.get(client_id, 1.0))
+        """The factor of the relative bound a client's update is held to."""
+        return self.rooms.get(client_id, 1.0)
 
     @property
     def waits(self) -> bool:
