@@ -23,25 +23,21 @@ Last line: ``RESULT clock_overhead=X clock_s_per_round=Y plain_s_per_round=Z``
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from fedforge import config as config_mod
-from fedforge.data.federated import load_federated_data
 
 ROOT = Path(__file__).resolve().parent.parent
 ARMS: dict[str, dict[str, Any]] = {"plain": {}, "clock": {"systems.draw": True}}
 
 
-# the per-round CPU and wall timer hook and one unstored run: plugins.py's
+# the interleaved, timed runs of each arm: plugins.py's
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from plugins import RoundClock, one_run  # noqa: E402  (benchmarks/ is no package)
+from plugins import timed_arms  # noqa: E402  (benchmarks/ is no package)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,19 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.data_dir:
         fields["data_dir"] = args.data_dir
     base = config_mod.override(config_mod.load(ROOT / "configs" / "2nn_iid_e1_b10.yaml"), fields)
-    full = load_federated_data(base)
-    data = dataclasses.replace(full, test_x=full.test_x[:1], test_y=full.test_y[:1])
-    cfgs = {arm: config_mod.override(base, extra) for arm, extra in ARMS.items()}
-    clocks = {arm: RoundClock() for arm in ARMS}
-    finals: dict[str, torch.Tensor] = {}
-    for arm in ARMS:  # warm-up, not counted
-        one_run(cfgs[arm], data, RoundClock())
-    for i in range(args.repeats):
-        for arm in ARMS if i % 2 == 0 else reversed(ARMS):
-            finals[arm] = one_run(cfgs[arm], data, clocks[arm])
-            cpu = statistics.median(clocks[arm].cpu[-args.rounds :])
-            wall = statistics.median(clocks[arm].wall[-args.rounds :])
-            print(f"repeat {i} {arm:6s} cpu {cpu:.4f} wall {wall:.4f} s/round", flush=True)
+    clocks, finals = timed_arms(base, ARMS, args.repeats, "2nn")
     gap = float((finals["clock"] - finals["plain"]).abs().max())
     cpu = {arm: statistics.median(c.cpu) for arm, c in clocks.items()}
     wall = {arm: statistics.median(c.wall) for arm, c in clocks.items()}

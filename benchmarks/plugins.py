@@ -77,6 +77,33 @@ def one_run(cfg: config_mod.Config, data: FederatedData, clock: RoundClock) -> t
     return run(cfg, data=data, store=False, hooks=[clock]).params
 
 
+def timed_arms(
+    base: config_mod.Config, arms: dict[str, dict[str, Any]], repeats: int, label: str
+) -> tuple[dict[str, RoundClock], dict[str, torch.Tensor]]:
+    """Each arm (``base`` with its fields) run ``repeats`` times after one uncounted
+    warm-up, the arms' order reversed every other repeat so that drift in the
+    machine's speed falls on both alike; a one-example test set keeps evaluation
+    out of the timing. Returns each arm's clock and its final model."""
+    full = load_federated_data(base)
+    data = dataclasses.replace(full, test_x=full.test_x[:1], test_y=full.test_y[:1])
+    cfgs = {arm: config_mod.override(base, extra) for arm, extra in arms.items()}
+    clocks = {arm: RoundClock() for arm in arms}
+    finals: dict[str, torch.Tensor] = {}
+    for arm in arms:  # warm-up, not counted
+        one_run(cfgs[arm], data, RoundClock())
+    for i in range(repeats):
+        for arm in arms if i % 2 == 0 else reversed(arms):
+            finals[arm] = one_run(cfgs[arm], data, clocks[arm])
+            cpu = statistics.median(clocks[arm].cpu[-base.rounds :])
+            wall = statistics.median(clocks[arm].wall[-base.rounds :])
+            print(
+                f"{label} repeat {i} {arm:8s} cpu {cpu:.4f} wall {wall:.4f} s/round "
+                "(median of the run)",
+                flush=True,
+            )
+    return clocks, finals
+
+
 def compare(model: str, args: argparse.Namespace) -> float:
     """The plugin's median CPU seconds per round over the built-in's, for ``model``."""
     fields: dict[str, Any] = {
@@ -95,23 +122,7 @@ def compare(model: str, args: argparse.Namespace) -> float:
     base = config_mod.override(
         config_mod.load(ROOT / "configs" / f"{model}_iid_e1_b10.yaml"), fields
     )
-    full = load_federated_data(base)
-    data = dataclasses.replace(full, test_x=full.test_x[:1], test_y=full.test_y[:1])
-    cfgs = {arm: config_mod.override(base, extra) for arm, extra in ARMS.items()}
-    clocks = {arm: RoundClock() for arm in ARMS}
-    finals: dict[str, torch.Tensor] = {}
-    for arm in ARMS:  # warm-up, not counted
-        one_run(cfgs[arm], data, RoundClock())
-    for i in range(args.repeats):
-        for arm in ARMS if i % 2 == 0 else reversed(ARMS):
-            finals[arm] = one_run(cfgs[arm], data, clocks[arm])
-            run_cpu = statistics.median(clocks[arm].cpu[-args.rounds :])
-            run_wall = statistics.median(clocks[arm].wall[-args.rounds :])
-            print(
-                f"{model} repeat {i} {arm:8s} cpu {run_cpu:.3f} wall {run_wall:.3f} s/round "
-                "(median of the run)",
-                flush=True,
-            )
+    clocks, finals = timed_arms(base, ARMS, args.repeats, model)
     same = torch.equal(finals["plugin"], finals["builtin"])
     cpu = {arm: statistics.median(c.cpu) for arm, c in clocks.items()}
     wall = {arm: statistics.median(c.wall) for arm, c in clocks.items()}
