@@ -3,6 +3,7 @@ processes over gRPC end where the simulator ends, and count the bytes they send.
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
 from pathlib import Path
 
@@ -63,6 +64,21 @@ def test_server_needs_certs_or_insecure(tmp_path: Path) -> None:
         start_server(tmp_path, cfg)
 
 
+def private(folder: str, name: str) -> bool:
+    """Whether a file of a federation's folder is kept off the server's machine."""
+    return name == "ca.key" or (Path(folder).name == "clients" and name.endswith(".key"))
+
+
+def own_folder(fed: Path, name: str) -> Path:
+    """What client ``name``'s machine is given of the federation ``fed``."""
+    own = fed.parent / f"certs-{name}"
+    (own / "clients").mkdir(parents=True)
+    shutil.copy(fed / "ca.pem", own)
+    for suffix in (".pem", ".key"):
+        shutil.copy(fed / "clients" / f"{name}{suffix}", own / "clients")
+    return own
+
+
 def test_mutual_tls_federation_refuses_the_uncertified_and_the_revoked(tmp_path: Path) -> None:
     """The default: TLS with client certificates from `fedforge certs`. A process
     without a certificate of the federation's CA never gets in, nor does a revoked
@@ -75,11 +91,15 @@ def test_mutual_tls_federation_refuses_the_uncertified_and_the_revoked(tmp_path:
     other = tmp_path / "other"  # another CA's client
     assert main(["certs", "--out", str(other), "--clients", "0"]) == 0
     cfg = write_config(tmp_path / "cfg.yaml", deployment={"start_clients": 6})
-    server, port = start_server(tmp_path, cfg, "--certs", str(fed))
-    certified = ["--certs", str(fed)]
+    # as the README hands them out: the server's folder without ca.key and the
+    # clients' keys, each certified client a folder of its own with ca.pem and
+    # its own pair only
+    served = tmp_path / "served"
+    shutil.copytree(fed, served, ignore=lambda d, names: [n for n in names if private(d, n)])
+    server, port = start_server(tmp_path, cfg, "--certs", str(served))
     clients = [
-        start_client(tmp_path, port, "0-2", *certified, "--name", "client-0"),
-        start_client(tmp_path, port, "3-5", *certified, "--name", "client-1"),
+        start_client(tmp_path, port, ids, "--certs", str(own_folder(fed, name)), "--name", name)
+        for ids, name in (("0-2", "client-0"), ("3-5", "client-1"))
     ]
     intruders = [
         start_client(

@@ -13,7 +13,9 @@ bounded here:
   addresses (``deployment.pending_per_address``, ``deployment.pending_calls``);
   a call past either is answered RESOURCE_EXHAUSTED at once;
 - an authenticated name may hold at most ``calls_per_name`` calls at work (a
-  client process needs two: its poll and its heartbeat);
+  client process needs two: its poll and its heartbeat; a download is at work
+  until its last chunk went, an upload until the hub has it: the wait for its
+  verdict holds no place and no bytes, and one call of each upload waits);
 - every refusal before the hub (these, and a sender unknown, revoked, unproven
   or replaying) is counted, and logged through ``refusal_log.py``: per peer
   address the first few in full, then a count per window, so a flood of calls

@@ -20,6 +20,7 @@ and never stops the server.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -36,6 +37,7 @@ from fedforge.transport.hub import Hub
 from fedforge.transport.pb import federation_pb2 as pb
 from fedforge.transport.plugins import join_refusal
 from fedforge.transport.waits import Waits
+from fedforge.transport.work import Superseded, Verdict
 
 M = TypeVar("M", bound=Message)
 R = TypeVar("R")
@@ -259,17 +261,22 @@ class FederationService:
     async def Download(
         self, requests: AsyncIterator[pb.Signed], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.Chunk]:
-        async def go() -> tuple[str, bytes]:
-            who, request = await self._signed("Download", requests, context)
-            body = parse(pb.DownloadRequest, request.body, "DownloadRequest")
-            with self.admission.working(who):
-                data = await self._hub(self.hub.payload, who, body.session, body.payload_id)
-            return body.payload_id, data
+        # a place at work is held until the last chunk went: a stream its client
+        # does not read holds a chunk and the payload (maybe one the hub has
+        # replaced since), so a name's streams are bounded like its other calls
+        with contextlib.ExitStack() as held:
 
-        payload_id, data = await self._call(context, "Download", go)
-        view = memoryview(data)
-        for i in range(0, len(data), self.chunk_bytes):
-            yield pb.Chunk(data=bytes(view[i : i + self.chunk_bytes]))
+            async def go() -> tuple[str, bytes]:
+                who, request = await self._signed("Download", requests, context)
+                body = parse(pb.DownloadRequest, request.body, "DownloadRequest")
+                held.enter_context(self.admission.working(who))
+                data = await self._hub(self.hub.payload, who, body.session, body.payload_id)
+                return body.payload_id, data
+
+            payload_id, data = await self._call(context, "Download", go)
+            view = memoryview(data)
+            for i in range(0, len(data), self.chunk_bytes):
+                yield pb.Chunk(data=bytes(view[i : i + self.chunk_bytes]))
         self.hub.delivered(payload_id, len(data))  # every chunk went: on the record
 
     async def Upload(
@@ -281,14 +288,29 @@ class FederationService:
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "an upload starts with its header")
             who = self.guard.who("Upload", first.header, context)
             with self.admission.working(who):
-                header, data = await self._read_upload(who, first.header, parts, context)
-                verdict = await self._hub(self.hub.submit, who, header, data)
+                verdict = await self._take_upload(who, first.header, parts, context)
             # an update's verdict may come only at its round's end: awaited on the
-            # event loop, holding no thread of the pool nor a place at work
-            why = await verdict.awaited(self.hub.verdict_wait_s)
+            # event loop, holding no thread of the pool, nor a place at work, nor
+            # the upload's bytes (the hub's now; a repeat's, dropped), by one call
+            # of each upload (a repeat's takes the place of the one before)
+            try:
+                why = await verdict.awaited(self.hub.verdict_wait_s)
+            except Superseded as exc:
+                raise Refused(grpc.StatusCode.ABORTED, str(exc), who, said=True) from None
             return pb.UploadReply(accepted=why is None, reason=why or "")
 
         return await self._call(context, "Upload", go)
+
+    async def _take_upload(
+        self,
+        who: str,
+        signed: pb.Signed,
+        parts: AsyncIterator[pb.UploadPart],
+        context: grpc.aio.ServicerContext,
+    ) -> Verdict:
+        """The upload read and handed to the hub: the verdict its sender waits for."""
+        header, data = await self._read_upload(who, signed, parts, context)
+        return await self._hub(self.hub.submit, who, header, data)
 
     async def _read_upload(
         self,

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
+from typing import Any
 
 from fedforge.transport.pb import federation_pb2 as pb
 
@@ -47,6 +48,10 @@ class Member:
     num_eval_examples: int
 
 
+class Superseded(Exception):
+    """A call waiting for a verdict gave its place to a repeat of its upload."""
+
+
 class Verdict:
     """The round's word on an answer it was handed: None (taken) or why it was
     refused; the first word stands. An update's comes from the round's checks
@@ -57,6 +62,8 @@ class Verdict:
     def __init__(self, client_id: int, round_idx: int) -> None:
         self.client_id, self.round_idx = client_id, round_idx
         self.future: Future[str | None] = Future()
+        # the one call on the event loop waiting for the word (``awaited``)
+        self._waiter: asyncio.Future[None] | None = None
 
     @classmethod
     def said(cls, client_id: int, round_idx: int, reason: str | None) -> Verdict:
@@ -81,13 +88,30 @@ class Verdict:
             return self.unjudged(timeout_s)
 
     async def awaited(self, timeout_s: float) -> str | None:
-        """``wait`` on an event loop (the shield keeps the word for a repeat's wait)."""
+        """``wait`` on an event loop, by one call at a time: a repeat of the upload
+        (its sender's call was cut, or so it says) takes the place of the call that
+        waits, which is told ``Superseded``; so repeats hold one waiting call, not
+        one each. The shield keeps the word for the next wait."""
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+        mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiter = mine
+        word = asyncio.shield(asyncio.wrap_future(self.future))
+        either: set[asyncio.Future[Any]] = {word, mine}
         try:
-            return await asyncio.wait_for(
-                asyncio.shield(asyncio.wrap_future(self.future)), timeout_s
+            await asyncio.wait(either, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            word.cancel()  # only the shield: the word itself stays
+            if self._waiter is mine:
+                self._waiter = None
+        if self.future.done():
+            return self.future.result()
+        if mine.done():
+            raise Superseded(
+                f"a repeat of client {self.client_id}'s upload of round {self.round_idx + 1} "
+                "waits for its verdict in this call's place"
             )
-        except TimeoutError:
-            return self.unjudged(timeout_s)
+        return self.unjudged(timeout_s)
 
     def late(self, what: str) -> None:
         """The round was over before it judged the answer: ``what`` it did."""

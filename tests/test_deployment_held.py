@@ -1,0 +1,142 @@
+"""What an enrolled client can make the deployment server hold, over a real
+server in this process and gRPC calls on loopback:
+
+- repeats of an upload the round has not judged yet (its sender says its call
+  was cut) hold one call waiting for the verdict, and not their bytes: each
+  repeat takes the place of the call before, which is told ABORTED;
+- downloads its client does not read hold a place at work each until their last
+  chunk went, so a name's streams are bounded like its other calls.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import os
+import tracemalloc
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from fedforge.transport.admission import CALLS_PER_NAME
+from fedforge.transport.pb import federation_pb2 as pb
+from fedforge.transport.pb import federation_pb2_grpc as pb_grpc
+from fedforge.transport.work import TRAINING_PAYLOAD
+from test_deployment_waits import code_of, join, poll, served, signed, until
+
+NAME = "greedy"
+PAYLOAD = f"{TRAINING_PAYLOAD}0"
+
+
+def handed(dep: Any, stub: Any, payload: bytes = b"") -> str:
+    """``NAME`` joined with client 0, asked for its round-1 update (of ``payload``,
+    when given) and handed the work: its session."""
+    session = join(stub, NAME, [0])
+    if payload:
+        dep.hub.serve(PAYLOAD, payload)
+    work = pb.Work(
+        kind=pb.Work.TRAIN,
+        client_id=0,
+        round_idx=0,
+        model_version=0,
+        payload_id=PAYLOAD if payload else "",
+        deadline_s=300,
+    )
+    dep.hub.ask([work], 0)
+    assert len(poll(stub, NAME, session, 5).result(timeout=30).work) == 1
+    return session
+
+
+def upload(stub: Any, session: str, data: bytes) -> Any:
+    """Client 0's round-1 update ``data`` in flight (a future)."""
+    header = pb.UploadHeader(
+        session=session,
+        client_id=0,
+        round_idx=0,
+        model_version=0,
+        kind="update",
+        size=len(data),
+        sha256=hashlib.sha256(data).digest(),
+    )
+
+    def parts() -> Iterator[pb.UploadPart]:
+        yield pb.UploadPart(header=signed(NAME, header.SerializeToString()))
+        for i in range(0, len(data), 1 << 20):
+            yield pb.UploadPart(data=data[i : i + (1 << 20)])
+
+    return stub.Upload.future(parts(), timeout=120)
+
+
+def traced_mib() -> float:
+    gc.collect()
+    return tracemalloc.get_traced_memory()[0] / (1 << 20)
+
+
+def test_repeats_of_an_unjudged_upload_hold_one_call_and_no_bytes(tmp_path: Path) -> None:
+    """Round 1 judges its updates at its end (no round runs here: the verdict
+    waits). Six repeats of a 2 MiB update, one after another: each ends the call
+    before it with ABORTED and a reason naming the repeat; the last one hears the
+    verdict when it comes. The server holds the first upload's bytes (the round's)
+    and no repeat's: less than half a copy more once the repeats are in (one
+    waiting call holding its bytes would be a whole copy)."""
+    data = os.urandom(2 << 20)
+    with served(tmp_path) as (dep, stub):
+        session = handed(dep, stub)
+        first = upload(stub, session, data)
+        until(lambda: len(dep.hub.book.inbox) == 1)
+        (answer,) = dep.hub.book.inbox
+        tracemalloc.start()
+        try:
+            before = traced_mib()
+            calls = [first]
+            for _ in range(6):
+                calls.append(upload(stub, session, data))
+                until(lambda: calls[-2].done(), timeout=30)
+            until(lambda: answer.verdict._waiter is not None)  # the last one waits
+            grown = traced_mib() - before
+        finally:
+            tracemalloc.stop()
+        for call in calls[:-1]:
+            assert code_of(call) == "ABORTED"
+            assert "a repeat of client 0's upload of round 1" in call.exception().details()
+        assert not calls[-1].done()
+        assert dep.admission.active == {}  # a wait holds no place at work
+        assert grown < 1.0, f"{grown:.2f} MiB more held after the repeats"
+        answer.verdict.settle(None)
+        reply = calls[-1].result(timeout=30)
+        assert reply.accepted and reply.reason == ""
+        assert [a.data for a in dep.hub.book.inbox] == [data]  # the round has one copy
+
+
+def test_downloads_not_read_hold_a_place_at_work_each(tmp_path: Path) -> None:
+    """A 24 MiB payload in 1 MiB chunks (more than gRPC's flow-control windows
+    let through unread): ``CALLS_PER_NAME`` downloads nobody reads hold that many
+    places, the next is refused RESOURCE_EXHAUSTED naming the bound, one read to
+    its end gives the whole payload and frees its place, and the others' places
+    are freed when they are cancelled."""
+    payload = os.urandom(24 << 20)
+    with served(tmp_path) as (dep, stub):
+        session = handed(dep, stub, payload)
+        body = pb.DownloadRequest(session=session, payload_id=PAYLOAD).SerializeToString()
+        # flow-control windows fixed at gRPC's initial ones (no bandwidth probe
+        # growing them), so what is not read stays on the server's side
+        fixed = grpc.insecure_channel(f"127.0.0.1:{dep.port}", [("grpc.http2.bdp_probe", 0)])
+        unread = pb_grpc.FederationStub(fixed)
+        streams = [unread.Download(signed(NAME, body), timeout=60) for _ in range(CALLS_PER_NAME)]
+        try:
+            until(lambda: dep.admission.active.get(NAME) == CALLS_PER_NAME, timeout=30)
+            with pytest.raises(grpc.RpcError) as refused:
+                next(stub.Download(signed(NAME, body), timeout=60))
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert f"has {CALLS_PER_NAME} calls at work already" in str(refused.value.details())
+            assert b"".join(c.data for c in streams[0]) == payload
+            until(lambda: dep.admission.active.get(NAME) == CALLS_PER_NAME - 1, timeout=30)
+        finally:
+            for s in streams:
+                s.cancel()
+        until(lambda: NAME not in dep.admission.active, timeout=30)
+        assert dep.hub.downloads == 1  # the one read to its end, on the record
+        fixed.close()
