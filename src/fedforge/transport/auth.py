@@ -93,6 +93,12 @@ def signed_bytes(
     method: str, client_name: str, nonce: bytes, timestamp: float, body: bytes
 ) -> bytes:
     """The bytes a request's signature covers (the encoding is in the module docstring)."""
+    return _covered(method, client_name, nonce, timestamp, hashlib.sha256(body).digest())
+
+
+def _covered(method: str, client_name: str, nonce: bytes, timestamp: float, digest: bytes) -> bytes:
+    """``signed_bytes`` of a body whose SHA-256 is ``digest`` (hashed once per request,
+    however many methods a refusal's reason tries)."""
     return b"".join(
         _field(part)
         for part in (
@@ -101,7 +107,7 @@ def signed_bytes(
             client_name.encode("utf-8"),
             bytes(nonce),
             struct.pack(">d", timestamp),
-            hashlib.sha256(body).digest(),
+            digest,
         )
     )
 
@@ -211,8 +217,9 @@ class Verifier:
         with self._lock:
             self._latest = max(self._latest, now)
             self._check_window(stamp, now)
-        if not self._signed(key, method, body, envelope):
-            raise AuthError(self._signature_reason(key, method, body, envelope))
+        digest = hashlib.sha256(body).digest()
+        if not self._signed(key, method, digest, envelope):
+            raise AuthError(self._signature_reason(key, method, digest, envelope))
         self._remember(name, envelope.nonce, stamp, now)
 
     def _check_window(self, stamp: float, now: float) -> None:
@@ -253,8 +260,8 @@ class Verifier:
             raise AuthError(f"timestamp {shown(stamp)} is invalid: seconds since the epoch")
 
     @staticmethod
-    def _signed(key: Ed25519PublicKey, method: str, body: bytes, envelope: Envelope) -> bool:
-        data = signed_bytes(method, envelope.client_name, envelope.nonce, envelope.timestamp, body)
+    def _signed(key: Ed25519PublicKey, method: str, digest: bytes, envelope: Envelope) -> bool:
+        data = _covered(method, envelope.client_name, envelope.nonce, envelope.timestamp, digest)
         try:
             key.verify(envelope.signature, data)
         except InvalidSignature:
@@ -262,11 +269,12 @@ class Verifier:
         return True
 
     def _signature_reason(
-        self, key: Ed25519PublicKey, method: str, body: bytes, envelope: Envelope
+        self, key: Ed25519PublicKey, method: str, digest: bytes, envelope: Envelope
     ) -> str:
-        """Why a signature failed: made for another served method, or simply bad."""
+        """Why a signature failed: made for another served method, or simply bad (a
+        forged request costs the body's hash once and a check per method)."""
         for other in sorted(self._methods - {method}):
-            if self._signed(key, other, body, envelope):
+            if self._signed(key, other, digest, envelope):
                 return f"wrong method: the request was signed for '{other}', not {shown(method)}"
         return (
             f"bad signature from client '{envelope.client_name}': not made with its registered "
