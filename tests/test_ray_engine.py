@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -34,9 +33,13 @@ from fedforge.store import RunStore
 ray = pytest.importorskip("ray")
 
 
+RUNS: list[Path] = []  # the module's folder of run stores (pytest's, pruned by it)
+
+
 @pytest.fixture(scope="module", autouse=True)
-def cluster() -> Any:
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """One local cluster for the module: each run's engine uses it (and leaves it up)."""
+    RUNS[:] = [tmp_path_factory.mktemp("ray-runs")]
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
     yield
     ray.shutdown()
@@ -55,7 +58,7 @@ def _cfg(engine: str, **kw: Any) -> Any:
         "threads": 1,
         "checkpoint_every": 1,
         "ray": {"workers": 2},
-        "runs_dir": tempfile.mkdtemp(prefix="fedforge-ray-test-"),
+        "runs_dir": str(RUNS[0]),
     }
     d.update(kw)
     return parse.from_dict(d)
@@ -335,10 +338,10 @@ class _CrashAfter(RoundHook):
     ids=["scaffold", "error_feedback"],
 )
 def test_per_client_state_lives_on_the_workers_and_resumes_into_new_ones(
-    extra: dict[str, Any],
+    extra: dict[str, Any], tmp_path: Path
 ) -> None:
     serial = fedforge.run(_cfg("serial", **extra))
-    cfg = _cfg("ray", **extra)
+    cfg = _cfg("ray", runs_dir=str(tmp_path), **extra)  # its run alone in the folder
     with pytest.raises(RuntimeError, match="crash"):
         fedforge.run(cfg, hooks=[_CrashAfter(2)])  # rounds 1-2 checkpointed
     run_dir = max(Path(cfg.runs_dir).iterdir())
