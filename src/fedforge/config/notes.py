@@ -6,6 +6,7 @@ read it."""
 
 from __future__ import annotations
 
+from fedforge.config.compat import cohort_size
 from fedforge.config.data import PartitionConfig, SyntheticConfig
 from fedforge.config.local import FedProxConfig
 from fedforge.config.moved import moved_note
@@ -57,6 +58,8 @@ def config_notes(cfg: Config) -> list[str]:
             "local.lr_rule_scales_bounds = true scales no bound: robust.max_norm_multiple "
             "and communication.clip_multiple are null (or secure aggregation hides the norms)"
         )
+    if (note := _few_norms_note(cfg)) is not None:
+        out.append(note)
     out += _robust_notes(cfg.robust)
     syn, syn_default = cfg.synthetic, SyntheticConfig()
     if cfg.dataset == "synthetic" and syn.iid:
@@ -111,6 +114,32 @@ def _norm_bounded(cfg: Config) -> bool:
     secagg = cfg.privacy.secagg
     return not secagg and (
         cfg.robust.max_norm_multiple is not None or cfg.communication.clip_multiple is not None
+    )
+
+
+# partitions whose clients hold different labels: their update norms differ widely
+_LABEL_SKEW = ("shards", "dirichlet", "hsu", "natural")
+SMALL_COHORT = 5  # fewer updates a round than this: the norm gate's median is of few
+
+
+def _few_norms_note(cfg: Config) -> str | None:
+    """The relative norm bound on a small cohort of label-skewed clients: its
+    median is of few updates, each following its client's labels, and an honest
+    client holding other labels can pass it (McMahan's CNN on shards at one
+    client a round, refused and stopped at round 1,148)."""
+    r, kind = cfg.robust, cfg.partition.kind
+    k = cohort_size(cfg.num_clients, cfg.client_fraction)
+    if r.max_norm_multiple is None or cfg.privacy.secagg or kind not in _LABEL_SKEW:
+        return None
+    if k >= SMALL_COHORT:
+        return None
+    return (
+        f"robust.max_norm_multiple = {r.max_norm_multiple:g} judges each update against the "
+        f"median of the updates of the last {r.norm_window} rounds, {k} a round: on "
+        f"label-skewed clients (partition.kind '{kind}') an honest client holding other "
+        "labels can pass it, and refused updates stop the run (robust.max_refused_fraction); "
+        "where no client is hostile set robust.max_norm_multiple: null, else a larger "
+        "multiple or cohort"
     )
 
 
