@@ -8,6 +8,7 @@ call costs a line of bounded size however much the peer sent."""
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import threading
 import time
@@ -36,3 +37,20 @@ def log_event(side: str, event: str, **fields: Any) -> None:
     with _WRITE:  # one write a line: threads (a client's uploads) never interleave
         sys.stderr.write(text)
         sys.stderr.flush()
+
+
+class _PeerGone(logging.Filter):
+    """grpc.aio logs an error, with a traceback, for each message it could not
+    send because the peer had already ended the call (a client that cancels a
+    download midway): routine, and a peer cancelling calls in a loop would fill
+    the log with them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "ExecuteBatchError" not in record.getMessage()
+
+
+def quiet_peer_gone() -> None:
+    """Leave out grpc's error lines for replies to calls their peer ended (once)."""
+    logger = logging.getLogger("grpc._cython.cygrpc")
+    if not any(isinstance(f, _PeerGone) for f in logger.filters):
+        logger.addFilter(_PeerGone())

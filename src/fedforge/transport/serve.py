@@ -40,7 +40,7 @@ from fedforge.transport.buffered_remote import BufferedRemoteEngine
 from fedforge.transport.hub import Hub
 from fedforge.transport.joins import wait_for_joins
 from fedforge.transport.live import LivePublisher
-from fedforge.transport.logs import log_event
+from fedforge.transport.logs import log_event, quiet_peer_gone
 from fedforge.transport.loop_thread import LoopThread
 from fedforge.transport.metrics import ServerMetrics
 from fedforge.transport.plugins import run_plugins
@@ -116,6 +116,7 @@ class Deployment:
         # no message larger than a few MiB is read before its sender is known: a
         # larger upload comes in chunks after its signed header
         request_bytes = adm.request_bytes(dep.chunk_kib * 1024)
+        quiet_peer_gone()  # a client that cancels a download is no server error
         self.loop = LoopThread("grpc-server")
         self.port = self.loop.run(self._listen(request_bytes, max_bytes))
         if self.port == 0:

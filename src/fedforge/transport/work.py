@@ -62,8 +62,11 @@ class Verdict:
     def __init__(self, client_id: int, round_idx: int) -> None:
         self.client_id, self.round_idx = client_id, round_idx
         self.future: Future[str | None] = Future()
-        # the one call on the event loop waiting for the word (``awaited``)
+        # the one call on the event loop waiting for the word (``awaited``), and
+        # the word as the loop sees it (wrapped once: a wrapping stays on the
+        # future until the word comes, so one for each repeat would pile up)
         self._waiter: asyncio.Future[None] | None = None
+        self._on_loop: asyncio.Future[str | None] | None = None
 
     @classmethod
     def said(cls, client_id: int, round_idx: int, reason: str | None) -> Verdict:
@@ -96,7 +99,9 @@ class Verdict:
             self._waiter.set_result(None)
         mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiter = mine
-        word = asyncio.shield(asyncio.wrap_future(self.future))
+        if self._on_loop is None:
+            self._on_loop = asyncio.wrap_future(self.future)
+        word = asyncio.shield(self._on_loop)
         either: set[asyncio.Future[Any]] = {word, mine}
         try:
             await asyncio.wait(either, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
