@@ -8,8 +8,11 @@ Makefile's, from the CPU index."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -138,9 +141,12 @@ def test_volumes_configs_certificates_and_clients_agree() -> None:
     mount = next(t for t in _mounts(server_service) if str(server.config).startswith(t + "/"))
     source = _mounts(server_service)[mount][0]
     config = load(ROOT / source / server.config.relative_to(mount))
-    for service in services.values():
+    handed = {source for source, writable in _mounts(services["certs"]).values() if writable}
+    for name, service in services.items():
         if service["command"][0] in ("server", "client"):
-            assert _mounts(service)[str(certs.out)][0] == certs_volume[0]
+            folder = str(_parse(service["command"]).certs)
+            source, writable = _mounts(service)[folder]
+            assert source in handed and source != certs_volume[0] and not writable, name
     hosted: list[int] = []
     for args in clients:
         assert args.name in issued
@@ -154,3 +160,45 @@ def test_the_readme_says_how_to_build_and_start_it() -> None:
     readme = (ROOT / "README.md").read_text()
     assert "docker build -t fedforge:cpu ." in readme
     assert "docker compose up --build" in readme
+
+
+def test_the_certs_service_hands_each_service_only_what_it_needs(tmp_path: Path) -> None:
+    """The certs service's shell command, run for real with its volumes as folders
+    of ``tmp_path`` (and compose's ``$$`` as the shell's ``$``): the server's
+    volume holds everything but ca.key and the clients' keys, each client's
+    exactly ca.pem and its own certificate and key; run again, it keeps them."""
+    services = _compose()["services"]
+    certs = services["certs"]
+    command = " ".join(certs["command"]).replace("$$", "$")
+    root = "/certs/"
+    assert all(target.startswith(root) for target in _mounts(certs))
+    command = command.replace(root, f"{tmp_path}/")
+    shell = f'fedforge() {{ "{sys.executable}" -m fedforge.cli "$@"; }}; {command}'
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    for _ in range(2):
+        done = subprocess.run(["sh", "-c", shell], env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+    volume = {
+        source: tmp_path / target.removeprefix(root)
+        for target, (source, _) in _mounts(certs).items()
+    }
+
+    def files(folder: Path) -> set[str]:
+        return {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()}
+
+    everything = files(volume["fed"])
+    assert {"ca.key", "clients/client-0.key", "server.key"} <= everything
+    for name, service in services.items():
+        if service["command"][0] not in ("server", "client"):
+            continue
+        args = _parse(service["command"])
+        held = files(volume[_mounts(service)[str(args.certs)][0]])
+        if args.command == "server":
+            assert held == {
+                f
+                for f in everything
+                if f != "ca.key" and not (f.startswith("clients/") and f.endswith(".key"))
+            }, name
+        else:
+            own = {f"clients/{args.name}.pem", f"clients/{args.name}.key"}
+            assert held == {"ca.pem", *own}, name
