@@ -16,9 +16,12 @@ COPY pyproject.toml README.md ./
 COPY src ./src
 RUN pip install ".[deploy]" && rm -rf /build
 
-# An unprivileged user; /fed (certificates) and /runs (run stores) belong to it, so
-# volumes mounted there start out writable by it.
-RUN useradd --create-home fedforge && mkdir /fed /runs && chown fedforge:fedforge /fed /runs
+# An unprivileged user; /fed (a service's certificates), /runs (run stores) and
+# the folders compose.yaml's certs service writes belong to it, so empty volumes
+# mounted there start out writable by it.
+RUN useradd --create-home fedforge \
+    && mkdir -p /fed /runs /certs/fed /certs/server /certs/client-0 /certs/client-1 \
+    && chown -R fedforge:fedforge /fed /runs /certs
 USER fedforge
 WORKDIR /home/fedforge
 

@@ -426,10 +426,17 @@ def test_the_norm_gate_over_few_updates_of_label_skewed_clients_is_named() -> No
 
     (note,) = gate_notes(client_fraction=0.01)
     assert note.startswith("robust.max_norm_multiple = 10 judges each update against the ")
-    assert "last 5 rounds, 1 a round" in note and "partition.kind 'shards'" in note
+    assert "last 5 server steps, 1 a step" in note and "partition.kind 'shards'" in note
+    assert "stop the run (robust.max_refused_fraction)" in note
     assert "set robust.max_norm_multiple: null" in note
     (four,) = gate_notes(client_fraction=0.04, **{"robust.norm_window": 3})
-    assert "last 3 rounds, 4 a round" in four
+    assert "last 3 server steps, 4 a step" in four
+    (endless,) = gate_notes(client_fraction=0.01, **{"robust.max_refused_fraction": None})
+    assert "stop the run" not in endless
     assert gate_notes(client_fraction=0.05) == []
     assert gate_notes(client_fraction=0.01, **{"partition.kind": "iid"}) == []
     assert gate_notes(client_fraction=0.01, **{"robust.max_norm_multiple": None}) == []
+    # the partition splits no data: synthetic data, or data with its own split
+    assert gate_notes(client_fraction=0.01, dataset="synthetic", model="logreg") == []
+    few = override(shards, {"client_fraction": 0.01})
+    assert not any(n.startswith("robust.max") for n in config_notes(few, own_split=True))

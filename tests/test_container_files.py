@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -166,7 +167,8 @@ def test_the_certs_service_hands_each_service_only_what_it_needs(tmp_path: Path)
     """The certs service's shell command, run for real with its volumes as folders
     of ``tmp_path`` (and compose's ``$$`` as the shell's ``$``): the server's
     volume holds everything but ca.key and the clients' keys, each client's
-    exactly ca.pem and its own certificate and key; run again, it keeps them."""
+    exactly ca.pem and its own certificate and key; run again, it keeps the
+    certificates and hands them out again (a lost volume too)."""
     services = _compose()["services"]
     certs = services["certs"]
     command = " ".join(certs["command"]).replace("$$", "$")
@@ -175,17 +177,30 @@ def test_the_certs_service_hands_each_service_only_what_it_needs(tmp_path: Path)
     command = command.replace(root, f"{tmp_path}/")
     shell = f'fedforge() {{ "{sys.executable}" -m fedforge.cli "$@"; }}; {command}'
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    for _ in range(2):
-        done = subprocess.run(["sh", "-c", shell], env=env, capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr
     volume = {
         source: tmp_path / target.removeprefix(root)
         for target, (source, _) in _mounts(certs).items()
     }
+    for again in (False, True):
+        done = subprocess.run(["sh", "-c", shell], env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        if not again:  # a volume lost between starts is handed out again
+            shutil.rmtree(volume["client-1-certs"])
+    ca = (volume["fed"] / "ca.pem").read_bytes()
+    assert (volume["client-1-certs"] / "ca.pem").read_bytes() == ca  # the same CA kept
 
     def files(folder: Path) -> set[str]:
         return {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()}
 
+    # the image makes each of those folders its user's, so an empty volume
+    # mounted there is writable by it (one the image lacks would be root's)
+    [made] = [r for r in _instruction("RUN") if "useradd" in r]
+    owned = re.search(r"chown -R fedforge:fedforge ([^&]+)", made)
+    assert owned is not None
+    for target in _mounts(certs):
+        assert f" {target}" in f" {made}" and any(target.startswith(o) for o in owned[1].split()), (
+            target
+        )
     everything = files(volume["fed"])
     assert {"ca.key", "clients/client-0.key", "server.key"} <= everything
     for name, service in services.items():

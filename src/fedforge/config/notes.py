@@ -16,14 +16,15 @@ from fedforge.config.schema import Config
 from fedforge.config.server_optimizer import ServerOptimizerConfig
 
 
-def config_notes(cfg: Config) -> list[str]:
+def config_notes(cfg: Config, own_split: bool = False) -> list[str]:
     """What a run says of its config in its note: fields set away from their
     default that it does not read (FedProx's mu under another algorithm, a server
     optimizer's field its kind ignores), fields read against their algorithm's
     assumption (SCAFFOLD option II's plain SGD), and what FedBN's and a
     feature-shifted run's global accuracy measure; and the new spelling of a
     field it gave the old way (``mu``: ``fedprox.mu``). Not refused (a sweep over
-    the algorithm or the kind keeps one setting for the points that read it)."""
+    the algorithm or the kind keeps one setting for the points that read it).
+    ``own_split``: the data came with its own split (the partition fields unread)."""
     out = [note] if (note := moved_note(cfg)) else []
     mu = cfg.fedprox.mu
     if cfg.algorithm != "fedprox" and mu not in (0.0, FedProxConfig().mu):
@@ -58,7 +59,7 @@ def config_notes(cfg: Config) -> list[str]:
             "local.lr_rule_scales_bounds = true scales no bound: robust.max_norm_multiple "
             "and communication.clip_multiple are null (or secure aggregation hides the norms)"
         )
-    if (note := _few_norms_note(cfg)) is not None:
+    if (note := _few_norms_note(cfg, own_split)) is not None:
         out.append(note)
     out += _robust_notes(cfg.robust)
     syn, syn_default = cfg.synthetic, SyntheticConfig()
@@ -117,29 +118,40 @@ def _norm_bounded(cfg: Config) -> bool:
     )
 
 
-# partitions whose clients hold different labels: their update norms differ widely
-_LABEL_SKEW = ("shards", "dirichlet", "hsu", "natural")
-SMALL_COHORT = 5  # fewer updates a round than this: the norm gate's median is of few
+# partitions that give clients different labels: their update norms differ widely
+_LABEL_SKEW = ("shards", "dirichlet", "hsu")
+SMALL_COHORT = 5  # fewer updates a server step than this: the norm gate's median is of few
 
 
-def _few_norms_note(cfg: Config) -> str | None:
-    """The relative norm bound on a small cohort of label-skewed clients: its
+def _few_norms_note(cfg: Config, own_split: bool) -> str | None:
+    """The relative norm bound over few updates a step of label-skewed clients: its
     median is of few updates, each following its client's labels, and an honest
     client holding other labels can pass it (McMahan's CNN on shards at one
-    client a round, refused and stopped at round 1,148)."""
+    client a round, refused and stopped at round 1,148). Said where the config's
+    partition splits the data (not synthetic data, not data with its own split)."""
     r, kind = cfg.robust, cfg.partition.kind
-    k = cohort_size(cfg.num_clients, cfg.client_fraction)
+    split_here = cfg.dataset != "synthetic" and not own_split
     if r.max_norm_multiple is None or cfg.privacy.secagg or kind not in _LABEL_SKEW:
         return None
-    if k >= SMALL_COHORT:
+    asyn = cfg.asynchronous
+    k = (
+        asyn.buffer_size_of(cfg.num_clients, cfg.client_fraction)
+        if asyn.buffered
+        else cohort_size(cfg.num_clients, cfg.client_fraction)
+    )
+    if not split_here or k >= SMALL_COHORT:
         return None
+    stops = (
+        ", and refused updates stop the run (robust.max_refused_fraction)"
+        if r.max_refused_fraction is not None
+        else ""
+    )
     return (
         f"robust.max_norm_multiple = {r.max_norm_multiple:g} judges each update against the "
-        f"median of the updates of the last {r.norm_window} rounds, {k} a round: on "
+        f"median of the updates of the last {r.norm_window} server steps, {k} a step: on "
         f"label-skewed clients (partition.kind '{kind}') an honest client holding other "
-        "labels can pass it, and refused updates stop the run (robust.max_refused_fraction); "
-        "where no client is hostile set robust.max_norm_multiple: null, else a larger "
-        "multiple or cohort"
+        f"labels can pass it{stops}; where no client is hostile set "
+        "robust.max_norm_multiple: null, else a larger multiple or cohort"
     )
 
 

@@ -177,7 +177,7 @@ def build(cfg: Config, data: FederatedData | None = None, task: Task | None = No
         choice = ray_choice(runtime, tables, settings, driver, cfg.threads, cfg.precision)
     else:
         choice = _engine_for(cfg, data, runtime, _side_state(parts.comm, parts.priv))
-    said = [*config_notes(cfg), own_split_note(cfg) if own_split else None]
+    said = [*config_notes(cfg, own_split), own_split_note(cfg) if own_split else None]
     ignored = "; ".join(n for n in said if n)
     # a CPU's bf16: the driver's where it trains, the clients or the proxy's tuning
     # steps (the Ray workers' own CPUs come as the engine's note)

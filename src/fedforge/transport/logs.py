@@ -41,16 +41,20 @@ def log_event(side: str, event: str, **fields: Any) -> None:
 
 class _PeerGone(logging.Filter):
     """grpc.aio logs an error, with a traceback, for each message it could not
-    send because the peer had already ended the call (a client that cancels a
-    download midway): routine, and a peer cancelling calls in a loop would fill
-    the log with them."""
+    send on a call that had ended under it: a client that cancelled a download
+    midway (routine, and a peer cancelling calls in a loop would fill the log
+    with them), or a connection lost. Such lines are kept at debug level, for
+    whoever turns grpc's logging up."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return "ExecuteBatchError" not in record.getMessage()
+        if "ExecuteBatchError" in record.getMessage():
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        return True
 
 
 def quiet_peer_gone() -> None:
-    """Leave out grpc's error lines for replies to calls their peer ended (once)."""
+    """Keep grpc's error lines for messages to ended calls at debug level (once)."""
     logger = logging.getLogger("grpc._cython.cygrpc")
     if not any(isinstance(f, _PeerGone) for f in logger.filters):
         logger.addFilter(_PeerGone())

@@ -97,10 +97,11 @@ class Verdict:
         one each. The shield keeps the word for the next wait."""
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
-        mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        mine: asyncio.Future[None] = loop.create_future()
         self._waiter = mine
-        if self._on_loop is None:
-            self._on_loop = asyncio.wrap_future(self.future)
+        if self._on_loop is None or self._on_loop.get_loop() is not loop:
+            self._on_loop = asyncio.wrap_future(self.future, loop=loop)
         word = asyncio.shield(self._on_loop)
         either: set[asyncio.Future[Any]] = {word, mine}
         try:
