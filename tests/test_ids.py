@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fedforge.core.ids import format_ids, id_runs
+from fedforge.core.ids import format_ids, id_runs, missing_runs
 from fedforge.transport.ids import LOGGED_RANGES, logged_ids, parse_ids
 from fedforge.transport.joins import progress_line
 
@@ -29,6 +29,15 @@ def test_runs_of_consecutive_ids_by_hand() -> None:
 def test_ids_written_as_ranges_by_hand(ids: list[int], text: str) -> None:
     assert format_ids(ids) == text
     assert (parse_ids(text) if text else []) == sorted(set(ids))
+
+
+@pytest.mark.parametrize(
+    ("total", "ids"),
+    [(0, []), (5, []), (5, [0, 1, 2, 3, 4]), (10, [3, 4, 9, 0]), (6, [7, -1, 2, 2]), (1, [0])],
+)
+def test_the_missing_runs_are_the_complements_runs(total: int, ids: list[int]) -> None:
+    """Against the set of every id left out (what they are computed without)."""
+    assert missing_runs(total, ids) == id_runs(set(range(total)) - set(ids))
 
 
 def test_the_bound_names_the_first_ranges_and_counts_the_rest() -> None:

@@ -10,6 +10,7 @@ import sqlite3
 import stat
 import threading
 import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -143,6 +144,17 @@ def test_the_dashboard_shows_clients_as_counts_and_ranges_at_any_scale() -> None
     )
     assert big["away_text"].startswith("5,000: 1, 3, 5,") and len(big["away_text"]) < 120
     assert big["joined_text"] == "0 of 10,000: -"
+    # the most clients a config takes: the counts come from the ids' runs, not
+    # from a set of every client (seconds and a gigabyte a view, once a second)
+    most = {"num_clients": 10_000_000, "connected": [*range(10), 500], "joined": []}
+    tracemalloc.start()
+    try:
+        huge = live_view(most, 1.0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert huge is not None and peak < 1 << 20, f"{peak:,} bytes at the peak"
+    assert huge["away_text"] == "9,999,989: 10-499, 501-9999999"
     odd = live_view({"connected": "all", "joined": [1, True, "2"]}, 1.0)  # a hand-made file
     assert odd is not None and odd["connected_text"] == "0 of ?: -" and "away_text" not in odd
     assert odd["joined_text"] == "1 of ?: 1"

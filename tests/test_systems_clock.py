@@ -5,6 +5,7 @@ to target in the summary; a rerun and a resume identical."""
 
 from __future__ import annotations
 
+import json
 import math
 import sqlite3
 from pathlib import Path
@@ -244,6 +245,7 @@ def test_the_report_and_compare_show_the_population_and_time_to_target(tmp_path:
     from fedforge.report.html.compare import compare_html
     from fedforge.report.html.run_report import report_html
     from fedforge.store.runstore import RunStore
+    from fedforge.systems.summary import POPULATION_FILE
 
     result = fedforge.run(_cfg(tmp_path, rounds=1, target_accuracy=0.01, **{"evaluation.every": 1}))
     assert result.run_dir is not None
@@ -252,6 +254,12 @@ def test_the_report_and_compare_show_the_population_and_time_to_target(tmp_path:
     assert "Population: 4 clients" in page and "to the target" in page
     compared = compare_html([result.run_dir])
     assert "virtual to target" in compared
+    # the file is a run folder's, which may come from anyone: its text is escaped
+    pop = result.run_dir / POPULATION_FILE
+    pop.write_text(json.dumps({**json.loads(pop.read_text()), "clients": "<img src=x>"}))
+    with RunStore.open(result.run_dir, read_only=True) as store:
+        page = report_html(store)
+    assert "<img src=x>" not in page and "Population: &lt;img src=x&gt; clients" in page
 
 
 def test_stragglers_fewer_epochs_count_in_compute_time(tmp_path: Path) -> None:

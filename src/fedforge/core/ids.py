@@ -25,7 +25,25 @@ def format_ids(ids: Iterable[int], most: int | None = None, sep: str = ",") -> s
     (', ' for people). ``most`` (1 or more): at most that many ranges, then the
     rest counted, so a line stays short at any number of clients:
     '0,2,4, and 4,997 more ranges' (which no parser reads back)."""
-    runs = id_runs(ids)
+    return format_runs(id_runs(ids), most, sep)
+
+
+def missing_runs(total: int, ids: Iterable[int]) -> list[tuple[int, int]]:
+    """The runs of ``range(total)`` that ``ids`` leave out, found from the ids'
+    own runs (a count of them, however large ``total`` is)."""
+    gaps: list[tuple[int, int]] = []
+    start = 0
+    for a, b in id_runs(i for i in ids if 0 <= i < total):
+        if a > start:
+            gaps.append((start, a - 1))
+        start = b + 1
+    if start < total:
+        gaps.append((start, total - 1))
+    return gaps
+
+
+def format_runs(runs: list[tuple[int, int]], most: int | None = None, sep: str = ",") -> str:
+    """``format_ids`` of ids already as runs."""
     shown = runs if most is None else runs[: max(most, 1)]
     text = sep.join(str(a) if a == b else f"{a}-{b}" for a, b in shown)
     if len(shown) < len(runs):

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from fedforge.core.errors import StoreError
-from fedforge.core.ids import format_ids
+from fedforge.core.ids import format_ids, format_runs, missing_runs
 from fedforge.report.html.gather import finite
 from fedforge.report.progress import named_score
 from fedforge.report.reasons import reason_kind
@@ -169,9 +169,11 @@ def client_counts(state: dict[str, Any]) -> dict[str, str]:
         "connected_text": f"{len(set(connected)):,} of {of}: {_ranges(connected)}",
         "joined_text": f"{len(set(joined)):,} of {of}: {_ranges(joined)}",
     }
-    if total is not None:
-        away = set(range(total)) - set(connected)
-        texts["away_text"] = f"{len(away):,}: {_ranges(away)}"
+    if total is not None:  # from the connected ids' runs: no set of every client
+        away = missing_runs(total, connected)
+        count = sum(b - a + 1 for a, b in away)
+        shown = format_runs(away, most=SHOWN_RANGES, sep=", ") or "-"
+        texts["away_text"] = f"{count:,}: {shown}"
     return texts
 
 

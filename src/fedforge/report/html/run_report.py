@@ -11,6 +11,7 @@ saying so.
 
 from __future__ import annotations
 
+import html
 import json
 from pathlib import Path
 
@@ -53,7 +54,8 @@ def _time(d: Data) -> Section:
         s.body = text(f"Virtual time: {format_duration(d['virtual_time'][-1])} in all{said}.")
     population = d["population"]
     if population is not None:  # the system profiles' quantiles
-        title = f"<h3>Population: {population['clients']} clients' system profiles</h3>"
+        clients = html.escape(str(population["clients"]))
+        title = f"<h3>Population: {clients} clients' system profiles</h3>"
         rows = population_rows(population)
         s.body = (s.body or "") + title + table(["figure", "unit", "p10", "p50", "p90"], rows, 2)
     return s
