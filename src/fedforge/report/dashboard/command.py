@@ -17,6 +17,7 @@ from pathlib import Path
 
 from fedforge.core.errors import ConfigError
 from fedforge.report.dashboard.auth import TOKEN_ENV, access_token, admitted_name, is_loopback
+from fedforge.report.dashboard.connections import bounded_protocol
 
 DEFAULT_PORT = 8765
 # open live feeds end when the server stops: the browser reconnects to the next one
@@ -133,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
         log_level="warning",
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         ws="none",  # no route takes a websocket: the upgrade is never made
+        http=bounded_protocol(),  # headers due in time, connections per address bounded
         ssl_certfile=tls[0] if tls else None,
         ssl_keyfile=tls[1] if tls else None,
     )
