@@ -17,7 +17,6 @@ from pathlib import Path
 
 from fedforge.core.errors import ConfigError
 from fedforge.report.dashboard.auth import TOKEN_ENV, access_token, admitted_name, is_loopback
-from fedforge.report.dashboard.connections import bounded_protocol
 
 DEFAULT_PORT = 8765
 # open live feeds end when the server stops: the browser reconnects to the next one
@@ -102,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from fedforge.report.dashboard.app import build_app
+    from fedforge.report.dashboard.connections import bounded_protocol
 
     token = access_token(args.host, args.token)
     tls = tls_files(args.host, args.certs)
