@@ -158,3 +158,22 @@ def test_the_dashboard_shows_clients_as_counts_and_ranges_at_any_scale() -> None
     odd = live_view({"connected": "all", "joined": [1, True, "2"]}, 1.0)  # a hand-made file
     assert odd is not None and odd["connected_text"] == "0 of ?: -" and "away_text" not in odd
     assert odd["joined_text"] == "1 of ?: 1"
+
+
+def test_the_dashboard_names_twenty_kinds_of_refusal_then_counts_the_rest() -> None:
+    """A client may choose the text of its refusals (a codec's name it sent): the
+    page names the 20 most frequent kinds, then one row counts the others, as the
+    report's table does; numbers count as one kind."""
+    from fedforge.report.dashboard.data import anomaly_view
+    from fedforge.store.records import AnomalyRecord
+
+    chosen = [AnomalyRecord(0, 1, f"codec 'c{chr(97 + i)}' is not the run's") for i in range(25)]
+    norms = [AnomalyRecord(r, 2, f"update norm {r}.5 exceeds the bound 1.0") for r in range(30)]
+    view = anomaly_view([*chosen, *norms, AnomalyRecord(3, None, "no valid update")])
+    rows = [(g["reason"], g["count"]) for g in view["by_reason"]]
+    assert rows[0] == ("update norm # exceeds the bound #", 30)
+    assert len(rows) == 21 and rows[-1] == ("6 other reasons", 6)
+    assert sum(n for _, n in rows) == view["refused"] == 55
+    assert view["clients"] == 2 and view["skipped_rounds"] == 1
+    few = anomaly_view(chosen[:3])
+    assert [g["count"] for g in few["by_reason"]] == [1, 1, 1]  # all named, no count row

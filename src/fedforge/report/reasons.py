@@ -14,6 +14,7 @@ Two groupings, for two audiences:
 from __future__ import annotations
 
 import re
+from collections import Counter
 
 # a number standing alone in a refusal's reason (not part of a name such as float32)
 _NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?(?![\w.])")
@@ -31,6 +32,19 @@ LABELS = (
     ("hosted by|outside this federation|unknown session", "membership"),
 )
 OTHER = "other"
+SHOWN_KINDS = 20  # reason kinds a table names (the report's and the dashboard's); then a count
+
+
+def top_kinds(counts: dict[str, int] | Counter[str]) -> list[tuple[str, int]]:
+    """The ``SHOWN_KINDS`` most frequent reason kinds, then one row of how many
+    other kinds there are and their count (a client choosing the text of its
+    refusals cannot grow the table)."""
+    counter = Counter(counts)
+    top = counter.most_common(SHOWN_KINDS)
+    rest = len(counter) - len(top)
+    if rest:
+        top.append((f"{rest} other reasons", sum(counter.values()) - sum(n for _, n in top)))
+    return top
 
 
 def reason_kind(reason: str) -> str:
@@ -49,4 +63,4 @@ def refusal_label(reason: str) -> str:
     return OTHER
 
 
-__all__ = ["LABELS", "OTHER", "reason_kind", "refusal_label"]
+__all__ = ["LABELS", "OTHER", "SHOWN_KINDS", "reason_kind", "refusal_label", "top_kinds"]

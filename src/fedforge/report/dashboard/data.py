@@ -17,7 +17,7 @@ from fedforge.core.errors import StoreError
 from fedforge.core.ids import format_ids, format_runs, missing_runs
 from fedforge.report.html.gather import finite
 from fedforge.report.progress import named_score
-from fedforge.report.reasons import reason_kind
+from fedforge.report.reasons import reason_kind, top_kinds
 from fedforge.report.runs import RUN_COLUMNS, format_run_summary, run_row
 from fedforge.store.directory import is_run_dir
 from fedforge.store.live_state import STALE_AFTER_S, read_live_state
@@ -77,14 +77,15 @@ def round_rows(records: list[RoundRecord]) -> list[dict[str, Any]]:
 
 
 def anomaly_view(anomalies: list[AnomalyRecord]) -> dict[str, Any]:
-    """Refused updates (by :func:`reason_kind`, most frequent first) and skipped rounds."""
+    """Refused updates (by :func:`reason_kind`, the most frequent first, then a
+    count of the other kinds as the report shows them) and skipped rounds."""
     refused = [a for a in anomalies if a.client_id is not None]
     groups = Counter(reason_kind(a.reason) for a in refused)
     return {
         "refused": len(refused),
         "clients": len({a.client_id for a in refused}),
         "skipped_rounds": sum(a.client_id is None for a in anomalies),
-        "by_reason": [{"reason": k, "count": n} for k, n in groups.most_common()],
+        "by_reason": [{"reason": k, "count": n} for k, n in top_kinds(groups)],
     }
 
 
