@@ -129,17 +129,16 @@ def _few_norms_note(cfg: Config, own_split: bool) -> str | None:
     client holding other labels can pass it (McMahan's CNN on shards at one
     client a round, refused and stopped at round 1,148). Said where the config's
     partition splits the data (not synthetic data, not data with its own split)."""
-    r, kind = cfg.robust, cfg.partition.kind
-    split_here = cfg.dataset != "synthetic" and not own_split
-    if r.max_norm_multiple is None or cfg.privacy.secagg or kind not in _LABEL_SKEW:
+    r, kind, asyn = cfg.robust, cfg.partition.kind, cfg.asynchronous
+    split_here = cfg.dataset != "synthetic" and not own_split and kind in _LABEL_SKEW
+    if r.max_norm_multiple is None or cfg.privacy.secagg or not split_here:
         return None
-    asyn = cfg.asynchronous
     k = (
         asyn.buffer_size_of(cfg.num_clients, cfg.client_fraction)
         if asyn.buffered
         else cohort_size(cfg.num_clients, cfg.client_fraction)
     )
-    if not split_here or k >= SMALL_COHORT:
+    if k >= SMALL_COHORT:
         return None
     stops = (
         ", and refused updates stop the run (robust.max_refused_fraction)"

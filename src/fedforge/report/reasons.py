@@ -43,8 +43,13 @@ def top_kinds(counts: dict[str, int] | Counter[str]) -> list[tuple[str, int]]:
     top = counter.most_common(SHOWN_KINDS)
     rest = len(counter) - len(top)
     if rest:
-        top.append((f"{rest} other reasons", sum(counter.values()) - sum(n for _, n in top)))
+        top.append(others_row(rest, sum(counter.values()) - sum(n for _, n in top)))
     return top
+
+
+def others_row(kinds: int, count: int) -> tuple[str, int]:
+    """The row that counts the reason kinds a table does not name."""
+    return f"{kinds} other reasons", count
 
 
 def reason_kind(reason: str) -> str:
@@ -63,4 +68,12 @@ def refusal_label(reason: str) -> str:
     return OTHER
 
 
-__all__ = ["LABELS", "OTHER", "SHOWN_KINDS", "reason_kind", "refusal_label", "top_kinds"]
+__all__ = [
+    "LABELS",
+    "OTHER",
+    "SHOWN_KINDS",
+    "others_row",
+    "reason_kind",
+    "refusal_label",
+    "top_kinds",
+]

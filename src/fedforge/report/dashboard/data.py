@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from fedforge.core.errors import StoreError
-from fedforge.core.ids import format_ids, format_runs, missing_runs
+from fedforge.core.ids import format_runs, id_runs, missing_runs
 from fedforge.report.html.gather import finite
 from fedforge.report.progress import named_score
 from fedforge.report.reasons import reason_kind, top_kinds
@@ -145,10 +144,10 @@ def live_view(state: dict[str, Any] | None, now: float | None = None) -> dict[st
     }
 
 
-def _ranges(ids: Iterable[int]) -> str:
-    """Client ids as a person reads them at any count: ``0-24, 30, 50-99``, the
-    first ``SHOWN_RANGES`` ranges and then how many more; ``-``: none."""
-    return format_ids(ids, most=SHOWN_RANGES, sep=", ") or "-"
+def _ranges(runs: list[tuple[int, int]]) -> str:
+    """Runs of client ids as a person reads them at any count: ``0-24, 30, 50-99``,
+    the first ``SHOWN_RANGES`` ranges and then how many more; ``-``: none."""
+    return format_runs(runs, most=SHOWN_RANGES, sep=", ") or "-"
 
 
 def _ids(value: Any) -> list[int]:
@@ -167,14 +166,13 @@ def client_counts(state: dict[str, Any]) -> dict[str, str]:
     connected, joined = _ids(state.get("connected")), _ids(state.get("joined"))
     of = "?" if total is None else f"{total:,}"
     texts = {
-        "connected_text": f"{len(set(connected)):,} of {of}: {_ranges(connected)}",
-        "joined_text": f"{len(set(joined)):,} of {of}: {_ranges(joined)}",
+        "connected_text": f"{len(set(connected)):,} of {of}: {_ranges(id_runs(connected))}",
+        "joined_text": f"{len(set(joined)):,} of {of}: {_ranges(id_runs(joined))}",
     }
     if total is not None:  # from the connected ids' runs: no set of every client
         away = missing_runs(total, connected)
         count = sum(b - a + 1 for a, b in away)
-        shown = format_runs(away, most=SHOWN_RANGES, sep=", ") or "-"
-        texts["away_text"] = f"{count:,}: {shown}"
+        texts["away_text"] = f"{count:,}: {_ranges(away)}"
     return texts
 
 

@@ -11,6 +11,7 @@ from fedforge.report.html import figures
 from fedforge.report.html.gather import Data
 from fedforge.report.html.page import Section, pre, table, text
 from fedforge.report.progress import format_bytes, format_duration, percent
+from fedforge.report.reasons import others_row
 from fedforge.systems.summary import population_rows
 
 LISTED = 20  # skipped rounds listed by name
@@ -163,7 +164,7 @@ def _refused(d: Data) -> Section:
     if reasons["reason"]:
         rows = list(zip(reasons["reason"], reasons["count"], strict=True))
         if reasons["others"]:
-            rows.append((f"{reasons['distinct'] - len(rows)} other reasons", reasons["others"]))
+            rows.append(others_row(reasons["distinct"] - len(rows), reasons["others"]))
         parts.append(table(["reason", "uploads"], rows, text_columns=1))
     if skipped["round"]:
         rows = list(zip(skipped["round"], skipped["reason"], strict=True))
