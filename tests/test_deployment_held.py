@@ -5,7 +5,9 @@ server in this process and gRPC calls on loopback:
   was cut) hold one call waiting for the verdict, and not their bytes: each
   repeat takes the place of the call before, which is told ABORTED;
 - downloads its client does not read hold a place at work each until their last
-  chunk went, so a name's streams are bounded like its other calls.
+  chunk went, so a name's streams are bounded like its other calls;
+- the uploads a name is sending at once declare at most
+  ``deployment.max_message_mib`` together, not that much for each place at work.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import gc
 import hashlib
 import logging
 import os
+import threading
 import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,8 +55,9 @@ def handed(dep: Any, stub: Any, payload: bytes = b"") -> str:
     return session
 
 
-def upload(stub: Any, session: str, data: bytes) -> Any:
-    """Client 0's round-1 update ``data`` in flight (a future)."""
+def upload(stub: Any, session: str, data: bytes, hold: threading.Event | None = None) -> Any:
+    """Client 0's round-1 update ``data`` in flight (a future); with ``hold``, its
+    parts after the first wait until it is set."""
     header = pb.UploadHeader(
         session=session,
         client_id=0,
@@ -68,6 +72,8 @@ def upload(stub: Any, session: str, data: bytes) -> Any:
         yield pb.UploadPart(header=signed(NAME, header.SerializeToString()))
         for i in range(0, len(data), 1 << 20):
             yield pb.UploadPart(data=data[i : i + (1 << 20)])
+            if hold is not None:
+                hold.wait(60)
 
     return stub.Upload.future(parts(), timeout=120)
 
@@ -184,3 +190,44 @@ def test_downloads_not_read_hold_a_place_at_work_each(
         # traceback, for each reply it could not send)
         assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
         fixed.close()
+
+
+def test_a_names_uploads_being_sent_declare_the_message_bound_together(
+    tmp_path: Path,
+) -> None:
+    """``max_message_mib: 8``: an upload declaring 6 MiB whose parts come slowly
+    holds 6 MiB of the name's 8; a second one declaring 6 MiB is refused
+    RESOURCE_EXHAUSTED at its header, naming the bound (before: every place at
+    work could read a full-sized upload). A cut upload gives its share back, and
+    when the slow one is in, the same 6 MiB again is read (it is a repeat: it
+    waits for the verdict in the first one's place)."""
+    data = os.urandom(6 << 20)
+    with served(tmp_path, max_message_mib=8) as (dep, stub):
+        session = handed(dep, stub)
+        cut = threading.Event()
+        doomed = upload(stub, session, data, cut)
+        until(lambda: dep.admission.reading.get(NAME) == len(data))
+        doomed.cancel()
+        until(lambda: NAME not in dep.admission.reading)
+        cut.set()
+
+        slow = threading.Event()
+        first = upload(stub, session, data, slow)
+        until(lambda: dep.admission.reading.get(NAME) == len(data))
+        second = upload(stub, session, data)
+        assert code_of(second) == "RESOURCE_EXHAUSTED"
+        why = str(second.exception().details())
+        assert f"'{NAME}' is sending uploads of {len(data)} bytes already" in why
+        assert f"the {8 << 20} bytes a name may send at once" in why
+        assert dep.hub.book.inbox == []
+        slow.set()
+        until(lambda: len(dep.hub.book.inbox) == 1)
+        assert dep.admission.reading == {}
+        third = upload(stub, session, data)
+        until(lambda: first.done(), timeout=30)
+        assert code_of(first) == "ABORTED"  # the repeat took its place
+        assert not third.done()
+        (answer,) = dep.hub.book.inbox
+        answer.verdict.settle(None)
+        assert third.result(timeout=30).accepted
+        assert [a.data for a in dep.hub.book.inbox] == [data]

@@ -16,6 +16,10 @@ bounded here:
   client process needs two: its poll and its heartbeat; a download is at work
   until its last chunk went, an upload until the hub has it: the wait for its
   verdict holds no place and no bytes, and one call of each upload waits);
+- the uploads a name's calls are reading may declare ``upload_bytes_per_name``
+  together (``deployment.max_message_mib``, the most one upload may declare), so
+  one name cannot make the server hold a full-sized upload per place at work;
+  a client whose uploads are over it together sends the next when one is in;
 - every refusal before the hub (these, and a sender unknown, revoked, unproven
   or replaying) is counted, and logged through ``refusal_log.py``: per peer
   address the first few in full, then a count per window, so a flood of calls
@@ -28,9 +32,9 @@ sender is known (``request_bytes``: 4 MiB, or the chunk size if larger, plus
 refuses a longer message from its length prefix), so what unauthenticated peers
 can make the server hold is at most ``pending_calls * request_bytes``, one
 address ``pending_per_address * request_bytes``. With the defaults (128 and 32
-calls, 4 MiB + 64 KiB): 520 MiB in all, 130 MiB from one address; each
-authenticated upload adds at most ``deployment.max_message_mib`` on top, one
-per call at work of a name.
+calls, 4 MiB + 64 KiB): 520 MiB in all, 130 MiB from one address; the uploads
+of an authenticated name add at most ``deployment.max_message_mib`` on top
+while they are read.
 """
 
 from __future__ import annotations
@@ -84,10 +88,12 @@ class Admission:
     pending_per_address: int = PENDING_PER_ADDRESS
     pending_calls: int = PENDING_CALLS
     calls_per_name: int = CALLS_PER_NAME
+    upload_bytes_per_name: int = 256 << 20
     cut: int = 0  # calls cancelled because their request (or next part) did not come
     pending: dict[str, int] = field(default_factory=dict)
     waiting_calls: int = 0  # the sum of ``pending``
     active: dict[str, int] = field(default_factory=dict)
+    reading: dict[str, int] = field(default_factory=dict)  # declared bytes, by name
 
     # every method runs on the server's event loop: no lock is needed
 
@@ -136,6 +142,28 @@ class Admission:
             self.active[who] -= 1
             if not self.active[who]:
                 del self.active[who]
+
+    @contextmanager
+    def reading_upload(self, who: str, size: int) -> Iterator[None]:
+        """An upload of the authenticated ``who``, declared ``size`` bytes, while
+        its body is read (Refused: the name's uploads being read would declare
+        more than ``upload_bytes_per_name`` together)."""
+        held = self.reading.get(who, 0)
+        if held + size > self.upload_bytes_per_name:
+            raise self.refuse(
+                who,
+                who,
+                f"'{who}' is sending uploads of {held} bytes already; with this one's "
+                f"{size} they would pass the {self.upload_bytes_per_name} bytes a name "
+                "may send at once (deployment.max_message_mib); try again later",
+            )
+        self.reading[who] = held + size
+        try:
+            yield
+        finally:
+            self.reading[who] -= size
+            if not self.reading[who]:
+                del self.reading[who]
 
     async def first(self, parts: AsyncIterator[T], peer: str, what: str) -> T:
         """The call's first message, within ``request_wait_s`` (Refused: none came)."""

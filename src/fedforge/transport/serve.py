@@ -99,6 +99,7 @@ class Deployment:
             silence_s=dep.heartbeat_timeout_s,
             pending_per_address=dep.pending_per_address,
             pending_calls=dep.pending_calls,
+            upload_bytes_per_name=max_bytes,
         )
         self.service = FederationService(
             self.hub,

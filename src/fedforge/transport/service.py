@@ -11,7 +11,8 @@ or not.
 Nothing a client sends is trusted: a body that does not parse is refused with
 INVALID_ARGUMENT, an unknown, revoked or unproven sender with UNAUTHENTICATED
 or PERMISSION_DENIED, a request that does not arrive in time is cancelled, a
-peer or name with too many calls open is told RESOURCE_EXHAUSTED, an upload
+peer or name with too many calls open (a name, or too many bytes of uploads
+being read) is told RESOURCE_EXHAUSTED, an upload
 larger than ``deployment.max_message_mib`` or not matching its header's size and
 SHA-256 is refused before the hub sees it. A refusal never changes the model,
 and never stops the server.
@@ -330,27 +331,28 @@ class FederationService:
         why = await self._hub(self.hub.expects, who, header)  # before a byte of the body
         if why is not None:
             raise Refused(grpc.StatusCode.FAILED_PRECONDITION, why, who)
-        buf = bytearray()
-        silence = self.admission.silence_s
-        while (
-            part := await self.admission.next(parts, silence, context.peer(), "upload part")
-        ) is not None:
-            if part.WhichOneof("part") != "data":
-                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "a second upload header", who)
-            buf += part.data
-            if len(buf) > header.size:
+        with self.admission.reading_upload(who, header.size):
+            buf = bytearray()
+            silence = self.admission.silence_s
+            while (
+                part := await self.admission.next(parts, silence, context.peer(), "upload part")
+            ) is not None:
+                if part.WhichOneof("part") != "data":
+                    raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "a second upload header", who)
+                buf += part.data
+                if len(buf) > header.size:
+                    raise Refused(
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        f"upload of client {header.client_id} is longer than its declared "
+                        f"{header.size} bytes",
+                        who,
+                    )
+            digest = await self._hub(lambda: hashlib.sha256(buf).digest())
+            if len(buf) != header.size or digest != header.sha256:
                 raise Refused(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"upload of client {header.client_id} is longer than its declared "
-                    f"{header.size} bytes",
+                    grpc.StatusCode.DATA_LOSS,
+                    f"upload of client {header.client_id} does not match its header's size and "
+                    f"SHA-256 ({len(buf)} of {header.size} bytes arrived)",
                     who,
                 )
-        digest = await self._hub(lambda: hashlib.sha256(buf).digest())
-        if len(buf) != header.size or digest != header.sha256:
-            raise Refused(
-                grpc.StatusCode.DATA_LOSS,
-                f"upload of client {header.client_id} does not match its header's size and "
-                f"SHA-256 ({len(buf)} of {header.size} bytes arrived)",
-                who,
-            )
-        return header, bytes(buf)
+            return header, bytes(buf)
