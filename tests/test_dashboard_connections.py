@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
@@ -39,9 +40,10 @@ async def slow(request: Request) -> StreamingResponse:
 
 
 @contextmanager
-def serving() -> Iterator[int]:
-    """The server on a loopback port, in a thread: its port."""
-    app = Starlette(routes=[Route("/", hello), Route("/slow", slow)])
+def serving(app: Any = None) -> Iterator[int]:
+    """The server of ``app`` (by default one saying hello, slowly at /slow) on a
+    loopback port, in a thread: its port."""
+    app = app or Starlette(routes=[Route("/", hello), Route("/slow", slow)])
     config = uvicorn.Config(
         app, log_level="warning", http=bounded_protocol(HEADERS_S, PER_ADDRESS), ws="none"
     )

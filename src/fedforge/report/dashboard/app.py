@@ -33,7 +33,7 @@ from starlette.staticfiles import StaticFiles
 from fedforge.core.errors import StoreError
 from fedforge.report.dashboard.auth import LOOPBACK_NAMES, HostGate, TokenGate
 from fedforge.report.dashboard.data import find_run, run_detail, runs_listing
-from fedforge.report.dashboard.watch import POLL_S, run_events
+from fedforge.report.dashboard.watch import MAX_FEEDS, POLL_S, Feeds
 from fedforge.report.runs import RUN_COLUMNS
 
 STATIC = Path(__file__).with_name("static")
@@ -109,10 +109,13 @@ def build_app(
     token: str | None = None,
     poll_s: float = POLL_S,
     hosts: tuple[str, ...] = (),
+    max_feeds: int = MAX_FEEDS,
 ) -> Any:
     """The dashboard over the runs in ``runs_dir``; ``token``: required of every
-    request; ``hosts``: the names it answers to besides the loopback ones."""
+    request; ``hosts``: the names it answers to besides the loopback ones;
+    ``max_feeds``: the live feeds open at once."""
     root = Path(runs_dir)
+    feeds = Feeds(max_feeds)
 
     def run_path(request: Request) -> Path | None:
         return find_run(root, request.path_params["run_id"])
@@ -149,7 +152,7 @@ def build_app(
         if path is None:
             return _not_found(request.path_params["run_id"], json=True)
         return StreamingResponse(
-            run_events(path, request.is_disconnected, poll_s),
+            feeds.events(path, request.is_disconnected, poll_s),
             media_type="text/event-stream",
             headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
         )

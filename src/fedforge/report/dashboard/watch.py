@@ -18,6 +18,10 @@ the event loop: a run with many refusals takes a while to read. The events
 - ``live``: the deployment server's state, judged here (:func:`live_view`: its
   age and condition), when its file changed and every ``LIVE_EVERY_S`` besides
   (the age grows; a server gone silent turns stale with no file written).
+
+At most ``MAX_FEEDS`` feeds are open at once (:class:`Feeds`): each holds a
+connection to its run's store and a worker thread's poll every ``POLL_S``, so a
+reader past the bound is told so in a ``failure`` event instead.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ POLL_S = 0.3
 KEEPALIVE_S = 15.0  # a comment line now and then: a gone reader is noticed
 STATUS_EVERY = 3  # polls between status looks when nothing else changed
 LIVE_EVERY_S = 1.0  # the live state's age, sent again this often
+MAX_FEEDS = 64  # live feeds open at once, over all readers
 
 Mark = tuple[int, int | None, float | None]
 
@@ -161,4 +166,28 @@ async def run_events(
         watcher.close()
 
 
-__all__ = ["LIVE_EVERY_S", "POLL_S", "RunWatcher", "run_events", "sse"]
+class Feeds:
+    """The live feeds open at once: at most ``most``."""
+
+    def __init__(self, most: int = MAX_FEEDS) -> None:
+        self.most = most
+        self.open = 0  # touched on the event loop alone
+
+    async def events(
+        self, path: Path, disconnected: Callable[[], Any], poll_s: float = POLL_S
+    ) -> AsyncIterator[str]:
+        """:func:`run_events`, or one ``failure`` event when ``most`` feeds are
+        open (the browser stops there and says why)."""
+        if self.open >= self.most:
+            why = f"the dashboard has {self.most} live feeds open already; reload the page later"
+            yield sse("failure", {"error": why})
+            return
+        self.open += 1
+        try:
+            async for event in run_events(path, disconnected, poll_s):
+                yield event
+        finally:
+            self.open -= 1
+
+
+__all__ = ["LIVE_EVERY_S", "MAX_FEEDS", "POLL_S", "Feeds", "RunWatcher", "run_events", "sse"]
