@@ -17,7 +17,8 @@ with ``local_params.kinds: [weight]``. Full mode: 30 clients, 100 rounds;
 
 Last line: ``RESULT subset_bn_only_mean=... subset_bn_only_worst_client=...
 subset_fedavg_mean=... subset_fedbn_mean=... ...`` (last evaluation, averaged
-over seeds) and the bytes each arm uploads a client per round.
+over seeds) and the bytes of one client's upload in each arm, measured: a
+client of seed 0 trains one round and its message is counted.
 
     OMP_NUM_THREADS=1 FEDFORGE_DATA=/work/shared/data python benchmarks/param_subsets.py [--quick]
 """
@@ -27,16 +28,14 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import torch
 
 from _common import print_settings, result_line, run_record
 from fedbn_shift import DOMAINS, config, figures, parse_args
-from fedforge.algorithms.subsets import subset_mask
+from fedforge.client.runtime import ClientTask, encode_payload
 from fedforge.config import Config, override
-from fedforge.core.params import ParamSpec
 from fedforge.data.federated import load_federated_data
 from fedforge.data.shift import assign_domains
-from fedforge.models import build_model
+from fedforge.server.experiment import build
 
 # arm: (algorithm, local_params)
 ARMS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -55,13 +54,13 @@ def arm_config(arm: str, seed: int, args: Any) -> Config:
     return override(cfg, changes)
 
 
-def shared_entries(arm: str) -> int:
-    """Entries of cnn_bn a client's upload carries that are not kept local."""
-    spec = ParamSpec.of(build_model("cnn_bn", 0, torch.float32), include_buffers=True)
-    if arm == "fedavg":
-        return spec.size
-    kinds: tuple[Any, ...] = ("batchnorm", "buffer") if arm == "fedbn" else ("weight",)
-    return spec.size - int(subset_mask(spec, kinds, None).sum())
+def upload_bytes(cfg: Config, data: Any) -> int:
+    """The bytes of client 0's first update under ``cfg``: its message as the
+    client runtime encodes it for the wire."""
+    exp = build(cfg, data)
+    runtime = exp.engine.runtime  # type: ignore[attr-defined]
+    payload = encode_payload(exp.initial_params, 0)
+    return len(runtime.run(ClientTask(0, 0, exp.algorithm.plan(0), cfg.seed), payload))
 
 
 def main() -> None:
@@ -92,8 +91,9 @@ def main() -> None:
             result[f"subset_{arm}_{name}"] = float(
                 np.mean([f[key] for _, a, f in rows if a == arm])
             )
-    for arm in ARMS:  # float32: 4 bytes an entry that is not kept local
-        result[f"subset_{arm}_shared_bytes"] = 4 * shared_entries(arm)
+    data = load_federated_data(arm_config("fedavg", 0, args))
+    for arm in ARMS:
+        result[f"subset_{arm}_upload_bytes"] = upload_bytes(arm_config(arm, 0, args), data)
     result.update(subset_rounds=args.rounds, subset_clients=args.clients, subset_seeds=args.seeds)
     print(result_line(result))
 

@@ -10,8 +10,8 @@ Decisions (this code, not the paper):
   are the initial values and never change: they are what a client seen for the
   first time starts from. A client seen before overwrites them with its own
   (``start``) before training.
-- A client keeps its batch-norm entries after training (``keep``) and sends
-  zeros in their place: nothing about its normalisation leaves it.
+- A client keeps its batch-norm entries after training (``keep``) and leaves
+  them out of its update: nothing about its normalisation leaves it.
 - The server puts the batch-norm entries of the global vector back after every
   step (``round.py``), so no aggregate stage (central DP noise) and no server
   optimizer can move them, whatever the clients send.

@@ -168,7 +168,8 @@ class PersonalEntries(Protocol):
     """Entries of the flat vector each client keeps for itself and never shares
     (FedBN's batch norm). ``start`` puts the client's own values over the global
     vector (a client seen for the first time starts from the global ones), ``keep``
-    stores them after training; the client sends zeros in their place and the
+    stores them after training; the client's update leaves them out (the server
+    reads zeros in their place: communication/shared.py) and the
     server never moves them in the global vector. ``final`` is what a finished run
     saves of them beside the global vector."""
 

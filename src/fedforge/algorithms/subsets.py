@@ -3,8 +3,9 @@
 ``local_params`` (config/local.py) names entries of the flat vector by kind
 (``weight``, ``batchnorm``, ``buffer``: core/params.py) or by a regular
 expression on the tensor's name; each client keeps its own values of them
-between rounds and uploads zeros in their place, and the server never moves
-them in the global vector. It is FedBN's mechanism (Li et al. 2021:
+between rounds and never uploads them (the update carries the shared entries
+alone: communication/shared.py), and the server never moves them in the
+global vector. It is FedBN's mechanism (Li et al. 2021:
 :class:`~fedforge.algorithms.fedbn.LocalBatchNorm`, the same per-client table)
 put over another algorithm's bundle: FedProx or SCAFFOLD with local batch norm
 is ``algorithm: fedprox`` (or ``scaffold``) with ``local_params.kinds:

@@ -22,6 +22,7 @@ import torch
 
 from fedforge.communication.feedback import ErrorFeedback
 from fedforge.communication.groups import assign_groups
+from fedforge.communication.shared import SharedPart, shared_spec
 from fedforge.config import CommunicationConfig, Config
 from fedforge.config.components import make
 from fedforge.core.errors import ConfigError
@@ -54,15 +55,21 @@ def assemble(
     dtype: torch.dtype,
     partition: Partition,
     labels: torch.Tensor,
+    kept: torch.Tensor | None = None,
 ) -> CommunicationParts:
-    """The communication parts of ``cfg.communication``."""
+    """The communication parts of ``cfg.communication``; ``kept``: the [P] mask of
+    the entries each client keeps for itself (none of them is sent)."""
     com, num_clients = cfg.communication, cfg.num_clients
-    uplink = make_codec(com.uplink, cfg, spec, "communication.uplink")
+    local = kept if kept is not None and bool(kept.any()) else None
+    sent = spec if local is None else shared_spec(spec, local)
+    uplink = make_codec(com.uplink, cfg, sent, "communication.uplink")
     store = None
     if com.error_feedback:
         where = working_dir("residual")  # a working file only: checkpoints hold the rows
-        store = make_state_store(num_clients, spec.size, dtype, where, remove_dir=True)
+        store = make_state_store(num_clients, sent.size, dtype, where, remove_dir=True)
         uplink = ErrorFeedback(uplink, store)
+    if local is not None:
+        uplink = SharedPart(uplink, local)
     downlink = (
         None
         if com.downlink == "dense"

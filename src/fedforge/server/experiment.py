@@ -293,7 +293,8 @@ def _assemble(
     metrics: Metrics,
 ) -> _Parts:
     """Communication, robustness, reports and privacy, and the pipeline of their stages."""
-    comm = communication_parts.assemble(cfg, spec, dtype, data.partition, data.train_y)
+    kept = algorithm.personal.mask if algorithm.personal is not None else None
+    comm = communication_parts.assemble(cfg, spec, dtype, data.partition, data.train_y, kept)
     classes = data.classes() or 0
     robust = assemble(cfg, data.client_data, comm.uplink, classes)
     reporter, weigh = reports.assemble(cfg, robust.data_fn, classes, metrics)  # quality, class

@@ -1,0 +1,108 @@
+"""The uplink of a model part the clients keep (communication/shared.py): with
+FedBN's batch norm or ``local_params`` kept on the clients, an update carries
+the shared entries alone, and the server reads the kept ones as zeros."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from tests.conftest import MakeData
+
+from fedforge.algorithms.fedbn import local_mask
+from fedforge.communication.quantize import Quantize
+from fedforge.communication.shared import SharedPart, shared_spec
+from fedforge.config import from_dict
+from fedforge.core import wire
+from fedforge.core.params import ParamSpec
+from fedforge.data.federated import FederatedData
+from fedforge.models import build_model
+from fedforge.pipeline.codec import CodecContext
+from fedforge.server.experiment import build
+from fedforge.server.loop import run
+
+F64 = torch.float64
+BASE: dict[str, Any] = {
+    "model": "cnn_bn",
+    "num_clients": 5,
+    "client_fraction": 0.6,
+    "local_epochs": 1,
+    "batch_size": 8,
+    "lr": 0.05,
+    "rounds": 2,
+    "target_accuracy": None,
+    "dtype": "float64",
+    "checkpoint_every": 0,
+}
+
+
+@pytest.fixture
+def data(make_data: MakeData, one_thread: None) -> FederatedData:
+    return make_data([20, 12, 17, 9, 14], dtype=F64)
+
+
+def _spec() -> ParamSpec:
+    return ParamSpec.of(build_model("cnn_bn", 0, F64), include_buffers=True)
+
+
+@pytest.mark.parametrize(
+    ("extra", "shares"),
+    [
+        ({"algorithm": "fedbn"}, "weight"),  # FedBN: every weight shared, batch norm kept
+        ({"local_params": {"kinds": ["weight"]}}, "batchnorm"),  # share only batch norm
+    ],
+)
+def test_an_update_carries_the_shared_entries_alone(
+    data: FederatedData, extra: dict[str, Any], shares: str
+) -> None:
+    """Each upload is 8 bytes (float64) for each shared entry, plus its header
+    (under 1 KiB); the entries counted here from the model's layout."""
+    spec = _spec()
+    shared = sum(e.numel for e in spec.entries if e.kind == shares)
+    result = run(from_dict({**BASE, **extra}), data, store=False)
+    for r in result.rounds:
+        per_upload = r.bytes_up / r.cohort_size
+        assert 8 * shared <= per_upload < 8 * shared + 1024, (per_upload, shared, spec.size)
+    if shares == "batchnorm":
+        assert result.rounds[0].bytes_up / result.rounds[0].cohort_size < 0.01 * 8 * spec.size
+
+
+def test_a_per_tensor_codec_sees_the_tensors_it_sends() -> None:
+    """int8 with a scale per tensor over the shared part: the same bytes and the
+    same decoded values as that codec applied by hand to the shared entries'
+    vector with their tensor sizes; zeros where the clients keep theirs."""
+    spec = _spec()
+    kept = local_mask(spec)
+    sent = shared_spec(spec, kept)
+    sizes = [e.numel for e in spec.entries if not bool(kept[e.slice].any())]
+    assert [e.numel for e in sent.entries] == sizes and sent.size == int((~kept).sum())
+    codec = SharedPart(Quantize(8, False, None, sizes), kept)
+    delta = torch.randn(spec.size, generator=torch.Generator().manual_seed(3), dtype=F64)
+    ctx = CodecContext(0, 1, 2)
+    tensors, meta = codec.encode(delta, ctx)
+    by_hand = Quantize(8, False, None, sizes)
+    want_tensors, want_meta = by_hand.encode(delta[~kept], ctx)
+    assert wire.encode(tensors, meta) == wire.encode(want_tensors, want_meta)
+    got = codec.decode(tensors, meta, spec.size, F64, ctx)
+    assert torch.equal(got[kept], torch.zeros(int(kept.sum()), dtype=F64))
+    assert torch.equal(got[~kept], by_hand.decode(want_tensors, want_meta, sent.size, F64, ctx))
+
+
+def test_error_feedback_keeps_a_residual_of_the_shared_length(data: FederatedData) -> None:
+    """Top-k with error feedback under FedBN: the residual table's rows are as long
+    as the shared part, and the run's batch norm stays the clients' own."""
+    cfg = from_dict(
+        {
+            **BASE,
+            "algorithm": "fedbn",
+            "communication": {"uplink": "topk", "fraction": 0.1, "error_feedback": True},
+        }
+    )
+    exp = build(cfg, data)
+    kept = local_mask(exp.spec)
+    assert exp.communication is not None and exp.communication.client_state is not None
+    assert exp.communication.client_state.size == int((~kept).sum())
+    result = run(cfg, data, store=False)
+    assert torch.equal(result.params[kept], exp.initial_params[kept])
+    assert not torch.equal(result.params[~kept], exp.initial_params[~kept])
