@@ -177,3 +177,34 @@ def test_a_point_over_other_data_is_not_reused(tmp_path: Path, one_thread: None)
     other = load_federated_data(from_dict({**TINY, "seed": 3}))
     (fresh,) = run_sweep(cfg, grid, data_fn=lambda c: other)
     assert fresh.status == "finished" and fresh.run_dir != first.run_dir
+
+
+def test_a_sweep_with_a_validation_split_chooses_on_it(tmp_path: Path, one_thread: None) -> None:
+    """``evaluation.validation: 0.25``: each point's BEST, and the knee, are its
+    best validation accuracy (the run store's validation rows, scored on the
+    carved split), not its best test accuracy; FINAL stays the test set's."""
+    from fedforge.server.sweep import format_sweep, run_sweep
+    from fedforge.store import RunStore
+
+    cfg = from_dict(
+        {
+            **TINY,
+            "runs_dir": str(tmp_path / "runs"),
+            "evaluation": {"validation": 0.25},
+            "target_accuracy": None,
+        }
+    )
+    results = run_sweep(cfg, [("lr", [0.01, 0.5, 2.0])])
+    for r in results:
+        assert r.run_dir is not None
+        with RunStore.open(r.run_dir, read_only=True) as store:
+            rows = store.read_rows("eval_metrics")
+            tests = [x.test_accuracy for x in store.rounds() if x.test_accuracy is not None]
+        validation = [v for _, name, v in rows if name == "validation_accuracy"]
+        assert len(validation) == len(tests) == 2
+        assert r.chosen_on == max(validation) and r.final_accuracy == tests[-1]
+    assert any(r.chosen_on != r.best_accuracy for r in results)  # the two sets differ
+    table = format_sweep(results)
+    assert "BEST (VALIDATION)" in table.splitlines()[0]
+    for r, line in zip(results, table.splitlines()[1:], strict=True):
+        assert r.chosen_on is not None and f"acc {100 * r.chosen_on:.2f}%" in line

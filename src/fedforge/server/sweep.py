@@ -14,6 +14,11 @@ best accuracy) plane, both axes scaled to [0, 1] -- where more bytes stop buying
 accuracy. None with fewer than three points, or when the bytes differ by 1% or
 less (no trade-off) or the accuracies not at all.
 
+With ``evaluation.validation`` on, settings are chosen on the validation split
+(evaluation/validation.py), never on the test set: the BEST column and the knee
+read each point's best validation accuracy, rounds to target its validation
+curve (as the run's own target does), and FINAL is the test set's number.
+
 ``fedforge compare-iid CONFIG`` runs the config on an IID split (``partition.kind:
 iid``; ``synthetic.iid: true`` for the Synthetic data set) and on its own split,
 and prints the accuracy gap (IID minus configured): the seed's control experiment.
@@ -35,6 +40,7 @@ from fedforge.data.federated import FederatedData
 from fedforge.tasks import load_task_data
 
 DataFn = Callable[[Config], FederatedData | None]
+VALIDATION = "validation_accuracy"  # its row in the run store's eval_metrics
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,13 @@ class PointResult:
     total_bytes: int
     stopped: str | None = None  # a signal that came during the point (e.g. 'SIGINT')
     score_name: str = "accuracy"  # what final_accuracy and best_accuracy hold
+    best_validation: float | None = None  # with evaluation.validation on
+
+    @property
+    def chosen_on(self) -> float | None:
+        """What a point is chosen by: its best validation accuracy when the run
+        carved a validation split, else its best test accuracy."""
+        return self.best_accuracy if self.best_validation is None else self.best_validation
 
 
 def parse_grid(items: Sequence[str]) -> list[tuple[str, list[Any]]]:
@@ -130,6 +143,7 @@ def _result(
         rounds = store.rounds()
         summary = store.summary() or {}
         score_name, _ = store.score_and_engine()
+        validation = [v for _, name, v in store.read_rows("eval_metrics") if name == VALIDATION]
     evaluated = [r.test_accuracy for r in rounds if r.test_accuracy is not None]
     return PointResult(
         point,
@@ -142,6 +156,7 @@ def _result(
         sum(r.bytes_up + r.bytes_down for r in rounds),
         stopped,
         score_name,
+        max(validation) if validation else None,
     )
 
 
@@ -214,9 +229,7 @@ def _refuse_repeats(points: Sequence[dict[str, Any]], configs: Sequence[Config])
 def knee(results: Sequence[PointResult]) -> int | None:
     """The index (into ``results``) of the knee, see the module docstring."""
     pts = sorted(
-        (r.total_bytes, r.best_accuracy, i)
-        for i, r in enumerate(results)
-        if r.best_accuracy is not None
+        (r.total_bytes, r.chosen_on, i) for i, r in enumerate(results) if r.chosen_on is not None
     )
     if len(pts) < 3:
         return None
@@ -248,7 +261,9 @@ def format_sweep(results: Sequence[PointResult]) -> str:
         return "no points"
     keys = list(results[0].point)
     at = knee(results)
-    head = [*keys, "ROUNDS", "FINAL", "BEST", "TO TARGET", "BYTES", "RUN", ""]
+    on_validation = any(r.best_validation is not None for r in results)
+    best = "BEST (VALIDATION)" if on_validation else "BEST"
+    head = [*keys, "ROUNDS", "FINAL", best, "TO TARGET", "BYTES", "RUN", ""]
     rows = [head]
     for i, r in enumerate(results):
         rows.append(
@@ -256,7 +271,7 @@ def format_sweep(results: Sequence[PointResult]) -> str:
                 *(str(r.point[k]) for k in keys),
                 str(r.rounds),
                 named_score(r.final_accuracy, r.score_name),
-                named_score(r.best_accuracy, r.score_name),
+                named_score(r.chosen_on, r.score_name),
                 _fmt(r.rounds_to_target, ".1f"),
                 format_bytes(r.total_bytes),
                 r.run_dir.name if r.run_dir else "-",
