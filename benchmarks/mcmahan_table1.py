@@ -222,14 +222,14 @@ def report(records: Path) -> str:
     )
     lines = [head, "-" * len(head)]
     fields: dict[str, object] = {}
+    missing: list[str] = []  # the paper's cells with no saved run: named below the table
     for column, paper in PAPER.items():
         cells = {c: cell(column, c, records) for c in FRACTIONS}
-        if not any(cells.values()):
-            continue
         zero = cells[0.0]["rounds"] if cells[0.0] else None
         for c, pap in zip(FRACTIONS, paper, strict=True):
             got = cells[c]
             if got is None:
+                missing.append(f"{column} C={c:g} (paper {pap or '-'})")
                 continue
             ours = got["rounds"]
             speed = _common.ratio(zero, ours)
@@ -243,6 +243,8 @@ def report(records: Path) -> str:
             fields[f"{key}_rounds"] = float(ours) if ours is not None else math.nan
             fields[f"{key}_speedup"] = speed
             fields[f"{key}_paper"] = pap
+    if missing:
+        lines.append("not run or not finished: " + ", ".join(missing))
     lines.append(_common.central_baseline(records))
     for path in sorted(records.glob("table1_central_*.json")):
         rec = json.loads(path.read_text())

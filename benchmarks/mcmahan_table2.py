@@ -209,6 +209,11 @@ def report(results: dict[str, list[dict]]) -> str:
         else:
             fields.append(f"{row}_rounds=nan")
         fields.append(f"{row}_paper={paper}")
+    # the paper's rows with no saved point: named, not left out silently (a
+    # prefixed row, e.g. scaled01_, is a variant of ours, not one of the paper's)
+    missing = sorted(r for r in PAPER if r not in results and split_row(r)[0] == "")
+    if missing:
+        lines.append("not run: " + ", ".join(f"{r} (paper {PAPER[r]})" for r in missing))
     central = central_baseline()
     if central:
         lines.append(central)
