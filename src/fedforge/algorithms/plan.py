@@ -19,7 +19,9 @@ class LocalPlan:
     ``momentum``, ``weight_decay`` (both as ``torch.optim.SGD``) and the gradient
     clipped to L2 norm ``grad_clip`` at every step (see algorithms/local.py). The
     server may set ``upload_clip`` for a round: the client clips its delta to that
-    L2 norm before its stages and codec (``communication.clip_multiple``)."""
+    L2 norm before its stages and codec; with ``report_norm`` it also reports the
+    delta's L2 norm before that clip in its update's header, clipped or not
+    (``communication.clip_multiple``: server/client_lr.py)."""
 
     local_epochs: int
     batch_size: int | None
@@ -29,6 +31,7 @@ class LocalPlan:
     grad_clip: float | None = None
     precision: str = "fp32"  # "bf16": forward passes under bf16 autocast (precision.py)
     upload_clip: float | None = None  # the round's bound on the delta's L2 norm
+    report_norm: bool = False  # report the delta's norm before upload_clip
 
     @classmethod
     def from_config(

@@ -224,6 +224,8 @@ class ClientRuntime:
             delta = delta * self.algorithm.update_scale(result)
         if self.algorithm.personal is not None:  # personal entries never leave the client
             delta = delta.masked_fill(self.algorithm.personal.mask, 0.0)
+        # the norm the server's clip bound is relative to (communication.clip_multiple)
+        before_clip = float(torch.linalg.vector_norm(delta)) if task.plan.report_norm else None
         if task.plan.upload_clip is not None:  # the round's bound, sent by the server
             delta = Clip(task.plan.upload_clip).apply(delta, ctx)
         for stage in self.stages:
@@ -245,6 +247,8 @@ class ClientRuntime:
             else None,
             "steps": result.steps,
         }
+        if before_clip is not None and math.isfinite(before_clip):  # else refused: non-finite
+            meta[NORM_BEFORE_CLIP] = before_clip
         if self.reporter is not None:  # fedforge.client.reports: quality or class weights
             meta.update(self.reporter.report(self.model, self.spec, task.client_id, start))
         return wire.encode(tensors, meta)
@@ -285,6 +289,8 @@ def _same_kind(stage: str, before: torch.Tensor, after: torch.Tensor) -> torch.T
 
 
 EXTRA_PREFIX = "alg/"  # wire names of an algorithm's tensors beside params or delta
+# the header field of a delta's L2 norm before the client's clip (LocalPlan.report_norm)
+NORM_BEFORE_CLIP = "norm_before_clip"
 
 
 def encode_payload(

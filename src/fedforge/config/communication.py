@@ -38,9 +38,11 @@ class CommunicationConfig:
     error_feedback: bool = False  # keep what the uplink codec dropped, add it next time
     # clip each delta to this L2 norm; null = off
     clip_norm: Annotated[float | None, Range("> 0", null="no clipping")] = None
-    # clip each delta to this multiple of the median norm of the updates taken in
-    # the last robust.norm_window rounds, the bound sent with the round; the
-    # first round (none taken before) is not clipped; null = off
+    # clip each delta to this multiple of the median norm, before the clients'
+    # clip (each reports its own), of the updates taken in the last
+    # robust.norm_window rounds, the bound sent with the round (below 1: most
+    # clients are clipped every round); the first round (none taken before) is
+    # not clipped; null = off (server/client_lr.py)
     clip_multiple: Annotated[float | None, Range("> 0", null="no clipping")] = None
     # k: a cohort trains k rounds locally, then uploads once
     upload_every: Annotated[int, Range(">= 1"), Most(MAX_ROUNDS, "rounds")] = 1

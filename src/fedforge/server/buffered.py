@@ -54,12 +54,11 @@ from fedforge.client.runtime import ClientTask
 from fedforge.core.errors import ConfigError
 from fedforge.core.rng import numpy_rng
 from fedforge.report.progress import Progress
-from fedforge.robust.typical_norm import remember
 from fedforge.selection.named import SelectionRound
 from fedforge.selection.sampling import cohort_rng
 from fedforge.server.buffered_state import BufferedState, InFlight
 from fedforge.server.builtin_hooks import run_hooks
-from fedforge.server.client_lr import keeps_norms
+from fedforge.server.client_lr import keeps_norms, remember_norms
 from fedforge.server.cohort import checked_choice
 from fedforge.server.collectors.base import RoundLog
 from fedforge.server.collectors.buffer import Buffer
@@ -175,8 +174,7 @@ def run_buffered_round(
     info.cohort = info.trainers = uploaded
     hooks.taken(info, list(clients))
     if clients and keeps_norms(cfg):  # the next rounds' bounds
-        taken = collected.taken_norms()
-        state.update_norms = remember(state.update_norms, taken, cfg.robust.norm_window)
+        remember_norms(state, collected, cfg)
     traffic = collected.bytes_up + collected.bytes_down  # no proxy filling under FedBuff
     test_acc, test_loss = evaluate_phase(exp, state, round_idx, round_idx, info, hooks, traffic)
     asked = dataclasses.replace(orders, cohort=uploaded)

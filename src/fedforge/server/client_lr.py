@@ -15,10 +15,18 @@ number (else one ``ConfigError`` line). A rule is a pure function of the round,
 so a rerun and a resume give the same scales.
 
 **Clip relative to recent norms.** The bound is ``clip_multiple`` times the
-median norm of the updates taken in the last ``robust.norm_window`` rounds
-(robust/typical_norm.py's ``typical_norm``, the median the server's refusal
-bound uses, over the same remembered norms); a round with none behind it (the
-run's first) sends no bound and its clients do not clip.
+median norm, before the clients' clip, of the updates taken in the last
+``robust.norm_window`` rounds (robust/typical_norm.py's ``typical_norm``, the
+median the server's refusal bound takes of the norms as decoded). Each client
+reports that norm in its update's header (``LocalPlan.report_norm``: every task
+of such a run asks for it, the first round's too), so the bound follows the
+clients' own steps as they grow or shrink, and a multiple below 1 clips the
+larger share of the clients every round. The server cannot check a reported
+norm against a clipped delta: it takes any finite non-negative number
+(server/update_header.py), and the median is what keeps a minority of clients
+from moving the bound past the honest ones' norms; an update that reports none
+counts at its norm as decoded. A round with none behind it (the run's first)
+sends no bound and its clients do not clip.
 
 **The two together.** By default every client is held to the round's bounds,
 whatever its lr: a client the rule speeds up moves farther and is clipped, or
@@ -41,7 +49,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from fedforge.core import registry
 from fedforge.core.errors import ConfigError
-from fedforge.robust.typical_norm import typical_norm
+from fedforge.robust.typical_norm import remember, typical_norm
 
 if TYPE_CHECKING:
     import numpy as np
@@ -51,6 +59,8 @@ if TYPE_CHECKING:
     from fedforge.config import Config
     from fedforge.config.components import ComponentContext
     from fedforge.selection.history import ClientHistories, History
+    from fedforge.server.collectors.base import Collected
+    from fedforge.server.state import LoopState
 
 
 @dataclass(frozen=True)
@@ -156,9 +166,20 @@ def keeps_norms(cfg: Config) -> bool:
     return cfg.robust.max_norm_multiple is not None or cfg.communication.clip_multiple is not None
 
 
+def remember_norms(state: LoopState, collected: Collected, cfg: Config) -> None:
+    """After a round that took updates, where ``keeps_norms``: their norms as
+    decoded (``LoopState.update_norms``, the refusal bound's) and before their
+    clients' clip (``LoopState.clip_norms``, the clip bound's), the last
+    ``robust.norm_window`` rounds of each kept."""
+    window = cfg.robust.norm_window
+    state.update_norms = remember(state.update_norms, collected.taken_norms(), window)
+    state.clip_norms = remember(state.clip_norms, collected.taken_clip_norms(), window)
+
+
 def upload_clip(multiple: float | None, recent: Sequence[Sequence[float]]) -> float | None:
     """The round's clip bound: ``multiple`` x the median of the ``recent`` rounds'
-    norms; None (no clipping) when off or when no norm is behind the round."""
+    norms before the clients' clip; None (no clipping) when off or when no norm
+    is behind the round."""
     if multiple is None:
         return None
     typical = typical_norm(recent)
@@ -166,6 +187,11 @@ def upload_clip(multiple: float | None, recent: Sequence[Sequence[float]]) -> fl
 
 
 def with_upload_clip(plan: LocalPlan, cfg: Config, recent: Sequence[Sequence[float]]) -> LocalPlan:
-    """The round's plan with its clip bound (the plan as it is when there is none)."""
-    bound = upload_clip(cfg.communication.clip_multiple, recent)
-    return plan if bound is None else dataclasses.replace(plan, upload_clip=bound)
+    """The round's plan with its clip bound from the ``recent`` rounds' norms
+    before the clients' clip (``LoopState.clip_norms``), asking each client to
+    report its own; the plan as it is when ``communication.clip_multiple`` is off."""
+    multiple = cfg.communication.clip_multiple
+    if multiple is None:
+        return plan
+    bound = upload_clip(multiple, recent)
+    return dataclasses.replace(plan, upload_clip=bound, report_norm=True)

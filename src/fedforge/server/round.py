@@ -26,13 +26,13 @@ from fedforge.client.runtime import ClientTask, encode_payload
 from fedforge.core.params import all_finite
 from fedforge.pipeline.pipeline import StageContext
 from fedforge.report.progress import Progress
-from fedforge.robust.typical_norm import remember
 from fedforge.selection.periods import period_plan, upload_period
 from fedforge.server.builtin_hooks import run_hooks
 from fedforge.server.client_lr import (
     bound_rooms,
     keeps_norms,
     own_scales,
+    remember_norms,
     scaled_tasks,
     with_upload_clip,
 )
@@ -129,8 +129,7 @@ def run_round(
     applied = not log.skipped_now
     hooks.taken(info, list(clients))
     if clients and keeps_norms(cfg):  # the next rounds' bounds
-        taken = collected.taken_norms()
-        state.update_norms = remember(state.update_norms, taken, cfg.robust.norm_window)
+        remember_norms(state, collected, cfg)
     # a deployment's clients keep their state; its measured client times
     state.outputs.update(exp.engine.end_round(round_idx, sorted(clients)))
     traffic = round_bytes(exp, state, collected, cohort)
@@ -197,7 +196,7 @@ def configure(
 ) -> Orders:
     """Each cohort client's task and the round's payload."""
     cfg = exp.cfg
-    plan = with_upload_clip(period_plan(exp.algorithm, start, round_idx), cfg, state.update_norms)
+    plan = with_upload_clip(period_plan(exp.algorithm, start, round_idx), cfg, state.clip_norms)
     server = exp.algorithm.server  # an algorithm's server state (SCAFFOLD's c) travels too
     more = server.payload(state.algorithm_state) if server is not None else None
     downlink = exp.communication.downlink if exp.communication is not None else None

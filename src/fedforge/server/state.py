@@ -62,6 +62,9 @@ class LoopState:
     # the norms of the updates taken in the last robust.norm_window rounds that
     # took any, oldest first: robust.max_norm_multiple's reference (checkpointed)
     update_norms: list[list[float]] = field(default_factory=list)
+    # the same rounds' norms of those updates before their clients' clip, as the
+    # clients reported them: communication.clip_multiple's reference (checkpointed)
+    clip_norms: list[list[float]] = field(default_factory=list)
     # what the server knows of each client asked so far: the selection policy's
     # input (selection/history.py), kept by the selection hook (checkpointed)
     selection: History = field(default_factory=History)
@@ -109,6 +112,7 @@ class LoopState:
             "privacy": self.privacy,
             "diagnostics": self.diagnostics,
             "update_norms": self.update_norms,  # finite floats: JSON round-trips them
+            "clip_norms": self.clip_norms,
             "selection": self.selection.state_dict(),
         }
         if self.virtual_s:
@@ -171,6 +175,7 @@ class LoopState:
             diagnostics=dict(loop.get("diagnostics", {})),
             initial_eval=_initial_eval(loop.get("initial_eval")),
             update_norms=[[float(x) for x in r] for r in loop.get("update_norms", [])],
+            clip_norms=[[float(x) for x in r] for r in loop.get("clip_norms", [])],
             selection=History.from_state(loop.get("selection")),
             buffered=(
                 BufferedState.from_state(loop.get("buffered"), ckpt.in_flight)

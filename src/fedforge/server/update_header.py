@@ -1,5 +1,7 @@
 """What an update's header says of itself, checked before the server counts it:
-whose update it is, how many examples it weighs, the client's training loss."""
+whose update it is, how many examples it weighs, the client's training loss, and
+(asked for by ``communication.clip_multiple``) its delta's norm before the client's
+clip."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from fedforge.client.runtime import NORM_BEFORE_CLIP
 from fedforge.core.errors import UploadError
 
 # The largest num_examples taken: float64 holds every integer up to 2^53, so a
@@ -41,3 +44,20 @@ def _loss(value: Any) -> float:
         if math.isfinite(loss):
             return loss
     raise UploadError(f"train_loss {value!r:.60} must be a finite number, or null")
+
+
+def read_norm_before_clip(meta: Mapping[str, Any]) -> float | None:
+    """The L2 norm the client reports its delta had before its clip (None: it
+    reports none). The server cannot recompute it from a clipped delta and takes
+    it on trust, checked only to be a finite non-negative number: the clip bound
+    is a multiple of the median of such norms (server/client_lr.py), which no
+    minority of clients can move past the honest ones' range, however far off
+    the numbers they send."""
+    if NORM_BEFORE_CLIP not in meta:
+        return None
+    value = meta[NORM_BEFORE_CLIP]
+    if not isinstance(value, bool) and isinstance(value, int | float):
+        norm = float(value) if abs(value) < 2**1023 else math.inf
+        if math.isfinite(norm) and norm >= 0:
+            return norm
+    raise UploadError(f"{NORM_BEFORE_CLIP} {value!r:.60} must be a finite number >= 0")

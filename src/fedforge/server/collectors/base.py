@@ -62,6 +62,9 @@ class Collected:
     # each used client's update norm as decoded, before any stage (the bound
     # relative to recent norms remembers them); none under secure aggregation
     norms: dict[int, float] = field(default_factory=dict)
+    # each used client's update norm before its own clip, as it reported it (as
+    # decoded if it reported none): communication.clip_multiple's median counts them
+    clip_norms: dict[int, float] = field(default_factory=dict)
     # the uploads ``offer`` took that the round refused at its end (``Collector.holds``)
     refused_at_end: dict[int, str] = field(default_factory=dict)
 
@@ -69,6 +72,10 @@ class Collected:
         """The taken updates' norms in client order (what the round adds to the
         recent norms)."""
         return [self.norms[c] for c in sorted(self.norms)]
+
+    def taken_clip_norms(self) -> list[float]:
+        """The taken updates' norms before their clients' clip, in client order."""
+        return [self.clip_norms[c] for c in sorted(self.clip_norms)]
 
 
 class Collector(Protocol):

@@ -39,7 +39,7 @@ from fedforge.robust.typical_norm import RelativeBound
 from fedforge.server.collectors.base import DenseCost, RoundLog
 from fedforge.server.experiment import Experiment
 from fedforge.server.registry import Registry
-from fedforge.server.update_header import read_update_header
+from fedforge.server.update_header import read_norm_before_clip, read_update_header
 from fedforge.store import ClientRecord
 
 
@@ -56,10 +56,16 @@ class Upload:
     report: ClientReport | None = None  # val_loss / label_counts for the weights
     weight: float | None = None  # num_examples within the registry's bounds (intake)
     norm: float = math.nan  # the decoded delta's L2 norm, before the per-upload stages
+    before_clip: float | None = None  # the norm before the client's clip, as it reported
 
     def weighed(self) -> float:
         """The update's aggregation weight: its bounded count, once the intake set it."""
         return float(self.num_examples) if self.weight is None else self.weight
+
+    def clip_norm(self) -> float:
+        """What ``communication.clip_multiple``'s median counts it at: its reported
+        norm before its clip; as decoded when it reports none."""
+        return self.norm if self.before_clip is None else self.before_clip
 
 
 @dataclass(frozen=True)
@@ -115,7 +121,9 @@ def check_form(
     n, train_loss = read_update_header(msg.meta, client_id, round_idx)
     report = read_report(msg.meta, form.weights, n, form.classes)
     kept = _admitted(form, _form_extras(form, extras), delta, n)
-    return Upload(client_id, delta, n, train_loss, len(data), kept, report)
+    up = Upload(client_id, delta, n, train_loss, len(data), kept, report)
+    up.before_clip = read_norm_before_clip(msg.meta)
+    return up
 
 
 def admitted(
@@ -295,6 +303,7 @@ class Intake:
         self.faulty = 0  # refused as malformed, non-finite or past a norm bound: faults
         self.accepted = 0
         self.norms: dict[int, float] = {}  # the accepted updates' norms (before stages)
+        self.clip_norms: dict[int, float] = {}  # ... and before their clients' clip
 
     def take(self, client_id: int, data: bytes, trained_from: int | None = None) -> Upload | str:
         """The checked upload, or why it is refused (logged). ``trained_from``: the
@@ -327,7 +336,7 @@ class Intake:
             self.log.reject(client_id, why)
             return why
         self.accepted += 1
-        self.norms[client_id] = up.norm
+        self.norms[client_id], self.clip_norms[client_id] = up.norm, up.clip_norm()
         return up
 
     def _count(self, judged: Judged, extras_bytes: int) -> None:
@@ -357,7 +366,7 @@ class Intake:
             self.log.reject(up.client_id, why)
             self.accepted -= 1
             self.faulty += 1
-            del self.norms[up.client_id]
+            del self.norms[up.client_id], self.clip_norms[up.client_id]
         return kept
 
     def _admit(self, client_id: int) -> str | None:

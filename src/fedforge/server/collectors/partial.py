@@ -50,6 +50,7 @@ class Verdict:
     train_loss: float = float("nan")
     norm: float = float("nan")
     weight: float = 0.0
+    clip_norm: float = float("nan")  # its norm before the client's clip (Upload.clip_norm)
 
 
 @dataclass
@@ -102,7 +103,7 @@ class WorkerShare:
         self.weight += weight
         self.count += 1
         taken = Verdict(*base, None, False, True, up.num_examples, up.train_loss, up.norm, weight)
-        self.verdicts.append(taken)
+        self.verdicts.append(dataclasses.replace(taken, clip_norm=up.clip_norm()))
 
     def report(self) -> list[float]:
         """The kept uploads' norms."""

@@ -149,6 +149,7 @@ class UploadPhase:
             self.dense.down * (self._sent + hops),
             hops,
             norms={c: self.intake.norms[c] for c in clients},
+            clip_norms={c: self.intake.clip_norms[c] for c in clients},
         )
 
     def _too_few(self, accepted: int) -> str | None:
@@ -203,7 +204,7 @@ class StreamingMean(UploadPhase):
                 continue
             intake.accepted += 1
             intake.float32_up += self.dense.up
-            intake.norms[v.client_id] = v.norm
+            intake.norms[v.client_id], intake.clip_norms[v.client_id] = v.norm, v.clip_norm
             self.extras[v.client_id] = {}
             self.clients[v.client_id] = ClientRecord(
                 intake.round_idx,
