@@ -19,6 +19,7 @@ from fedforge.core.errors import ConfigError
 from fedforge.data import Partition, from_tensors
 from fedforge.data.concept import assign_groups, label_maps, relabel
 from fedforge.engines.serial import SerialEngine
+from fedforge.server.hooks import RoundEnd, RoundHook, RoundInfo
 from fedforge.store import RunStore
 from fedforge.store.final import load_final
 
@@ -163,6 +164,76 @@ def test_a_stopped_cfl_run_resumes_to_the_same_clusters(run_stopped: Any, tmp_pa
     for key in ("cluster_models", "cluster_of", "cluster_alive"):
         assert torch.equal(again["personal"][key], whole["personal"][key])
     assert int(whole["personal"]["cluster_alive"].sum()) == 2  # it split before the stop
+
+
+def test_a_split_unplaces_the_members_absent_from_it_and_a_tie_is_told() -> None:
+    table = ClusterTable(ClusterTable.initial_state(6, 3, 2, torch.float64))
+    table.open(torch.tensor([1.0, 0.0], dtype=torch.float64))
+    table.cluster_of[:] = torch.tensor([0, 0, 0, 0, -1, 0])
+    k = table.split(0, [0, 2], [1])  # clients 3 and 5 were not compared
+    assert k == 1 and torch.equal(table.models[1], table.models[0])
+    assert table.cluster_of.tolist() == [0, 1, 0, -1, -1, -1]
+    by_hand = {3: [2.0, 2.0], 5: [3.0, 1.0]}  # (client, models) -> losses
+    assert table.pick(3, lambda c, models: by_hand[c]) == (0, False)  # a tie: lower slot
+    assert table.pick(5, lambda c, models: by_hand[c]) == (1, True)
+    full = ClusterTable(ClusterTable.initial_state(2, 1, 2, torch.float64))
+    full.open(torch.zeros(2, dtype=torch.float64))
+    full.cluster_of[:] = 0
+    assert full.split(0, [0], [1]) is None and full.cluster_of.tolist() == [0, 0]
+
+
+class _Clusters(RoundHook):
+    """Each round's cohort, the clients taken, and the cluster table after it."""
+
+    name = "clusters"
+
+    def __init__(self) -> None:
+        self.rounds: list[tuple[list[int], list[int], list[int], int]] = []
+
+    def round_end(self, info: RoundInfo, end: RoundEnd) -> None:
+        state = info.state.algorithm_state
+        alive = int(state["cluster_alive"].sum())
+        self.rounds.append((sorted(info.cohort), end.used, state["cluster_of"].tolist(), alive))
+
+
+def test_cfl_clients_absent_at_a_split_join_their_label_maps_cluster(
+    run_stopped: Any, tmp_path: Path
+) -> None:
+    """Half the clients a round: a client away when its cluster split is placed,
+    after the next round it trains in, in the cluster of the clients sharing its
+    label map (the test knows each client's map); the first round after the split
+    (both halves still hold one model) included. Stopped after the split and
+    resumed, the run ends with the same clusters."""
+    x, y, part = _blobs(clients=12, per_client=40)
+    data = from_tensors(x, y, x[:10], y[:10], part, num_classes=2)
+    cfg = override(
+        _config("cfl", concept_shift=2, rounds=8),
+        {"num_clients": 12, "client_fraction": 0.5, "runs_dir": str(tmp_path)},
+    )
+    groups = assign_groups(12, 2, cfg.seed)
+    seen = _Clusters()
+    whole = load_final(run(cfg, data=data, hooks=[seen]).run_dir)
+    alive = [a for *_, a in seen.rounds]
+    split = alive.index(2)  # the round whose end split the one cluster in two
+    cohort, compared, _, _ = seen.rounds[split]
+    absent = [c for c in range(12) if c not in cohort]
+    assert {groups[c] for c in absent} == {0, 1}  # one group's absent must move
+    tied = 0
+    for c in absent:
+        after = next(r for r in range(split + 1, len(seen.rounds)) if c in seen.rounds[r][1])
+        tied += after == split + 1
+        of = seen.rounds[after][2]
+        mates = {of[m] for m in compared if groups[m] == groups[c]}
+        others = {of[m] for m in compared if groups[m] != groups[c]}
+        assert len(mates) == 1 and mates != others, (c, after, of)
+        assert of[c] in mates, (c, after, of)
+    assert tied > 0  # the losses tie in the round after the split
+    assert alive[split:] == [2] * (len(alive) - split)  # no half split again
+    stopped = run_stopped(override(cfg, {"checkpoint_every": 1}), data, split + 2)
+    assert stopped.stopped is not None
+    again = load_final(resume(stopped.run_dir, data=data).run_dir)
+    for key in ("cluster_models", "cluster_of", "cluster_alive"):
+        assert torch.equal(again["personal"][key], whole["personal"][key])
 
 
 def test_clustered_refuses_what_serves_one_model() -> None:

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import fedforge
-from fedforge.config import from_dict
+from fedforge.config import from_dict, override
 from fedforge.core import wire
 from fedforge.core.errors import ConfigError
 from fedforge.core.rng import torch_generator
@@ -253,3 +253,25 @@ def test_proxy_needs_class_labels(tmp_path) -> None:
     floats = dataclasses.replace(data, train_y=data.train_y.double(), num_classes=None)
     with pytest.raises(ConfigError, match="needs one class id a row"):
         assemble(_cfg(tmp_path, size=4), floats)
+
+
+@pytest.mark.parametrize("algorithm", ["cfl", "ifca", "fedavg"])
+@pytest.mark.parametrize(
+    ("use", "says"),
+    [
+        ({"tune_epochs": 1}, "proxy.tune_epochs > 0 with partition.concept_shift = 2"),
+        ({"fill_missing": True}, "proxy.fill_missing with partition.concept_shift = 2"),
+    ],
+)
+def test_proxy_uses_refuse_a_concept_shift(tmp_path, algorithm, use, says) -> None:
+    """Carved from clients whose labels follow two maps, the proxy set would hold
+    contradictory labels: tuning and filling are refused when the run is built;
+    the set carved and unused is accepted."""
+    shifted = {"algorithm": algorithm, "partition": {"kind": "iid", "concept_shift": 2}}
+    with pytest.raises(ConfigError) as err:
+        build(override(_cfg(tmp_path, size=6, **use), shifted), _data())
+    assert says in str(err.value)
+    assert "use partition.concept_shift = 0, or proxy.tune_epochs = 0 and" in str(err.value)
+    assert "\n" not in str(err.value)
+    exp = build(override(_cfg(tmp_path, size=6), shifted), _data())
+    assert exp.proxy is not None and exp.data.concepts is not None

@@ -8,7 +8,9 @@ model cannot fit (a concept shift: the same input, different labels).
   two by the cosine similarities of its clients' updates (complete-linkage
   bipartition, clusters.py), if no pair across the halves is more similar than
   ``max_cross_cosine`` (the paper's separation check); each half continues
-  from the cluster's model and may split again (recursive).
+  from the cluster's model and may split again (recursive). Only the clients
+  whose updates were compared are split; the cluster's members absent from
+  that round are unplaced until they next train (below).
 - ``ifca``: the Iterative Federated Clustering Algorithm, Ghosh, Chung, Yin,
   Ramchandran 2020 (NeurIPS), Algorithm 2 with model averaging: ``clusters``
   models; each round every cohort client trains the model with the lowest loss
@@ -22,9 +24,14 @@ in evaluation (``evaluation.clients``: per-cluster rows in ``group_eval``
 under attribute ``cluster``).
 
 Decisions (this code, not the papers): the losses a client compares are
-computed where the simulator holds its data, as the client would compute them;
-a client placed in no cluster yet (CFL: its cluster split while it was away)
-is served the live model with the lowest loss on its data. Runs in the
+computed where the simulator holds its data, as the client would compute them
+(``evaluation/clients.py``'s ``training_losses``, IFCA's as well); a client
+placed in no cluster (CFL: not trained yet, or absent when its cluster split)
+is served the live model with the lowest loss on its data, and once its update
+is taken it is placed in that model's cluster, as IFCA picks. Where that lowest
+loss is shared (the round after a split, its two clusters still hold the same
+model) the client trains the lower slot's model and is placed after the round
+by the losses of the models the round left (``assign``'s ``tied``). Runs in the
 simulator (any engine: each cluster is one cohort of its own); the deployment,
 secure aggregation, DP, buffered rounds, upload periods and stateful server
 optimizers are refused (one line each, ``check_clustered``). Trusts what
@@ -39,7 +46,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from fedforge.algorithms.base import Algorithm, cross_entropy
-from fedforge.algorithms.clusters import ClusterTable, LossesFn, bipartition, cosine_matrix
+from fedforge.algorithms.clusters import (
+    Assignment,
+    ClusterTable,
+    LossesFn,
+    bipartition,
+    cosine_matrix,
+)
 from fedforge.algorithms.factories import local_plan
 from fedforge.algorithms.plan import DecayedPlan, LocalPlan
 from fedforge.algorithms.terms import StatelessServerTerms
@@ -81,8 +94,17 @@ class Cfl:
 
     def assign(
         self, table: ClusterTable, round_idx: int, cohort: Sequence[int], losses_fn: LossesFn
-    ) -> dict[int, int]:
-        return {c: table.served(c, losses_fn) for c in cohort}
+    ) -> Assignment:
+        cluster, tied = {}, set()
+        for c in cohort:
+            own = int(table.cluster_of[c])
+            if own >= 0 and int(table.alive[own]):
+                cluster[c] = own
+                continue
+            cluster[c], alone = table.pick(c, losses_fn)
+            if not alone:
+                tied.add(c)
+        return Assignment(cluster, frozenset(tied))
 
     def split(
         self,
@@ -128,8 +150,8 @@ class Ifca:
 
     def assign(
         self, table: ClusterTable, round_idx: int, cohort: Sequence[int], losses_fn: LossesFn
-    ) -> dict[int, int]:
-        return {c: table.closest(c, losses_fn) for c in cohort}
+    ) -> Assignment:
+        return Assignment({c: table.closest(c, losses_fn) for c in cohort})
 
     def split(
         self,

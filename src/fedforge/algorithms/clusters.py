@@ -4,9 +4,11 @@ fills it, and the two geometric pieces every rule shares.
 The table (:class:`ClusterTable`) is the server's state, checkpointed as three
 fixed-shape tensors: ``cluster_models`` ``[M, P]`` (M: the most clusters held at
 once), ``cluster_alive`` ``[M]`` (1 for a slot in use) and ``cluster_of``
-``[N]`` (each client's cluster, -1 until it is placed). A client is served its
-cluster's model: it trains it and is evaluated with it. A client not yet
-placed is served the live model with the lowest loss on its training data.
+``[N]`` (each client's cluster, -1 while it is not placed). A client is served
+its cluster's model: it trains it and is evaluated with it. A client not
+placed (never trained yet, or absent when its cluster split:
+:meth:`ClusterTable.split`) is served the live model with the lowest loss on
+its training data.
 
 A :class:`Clustering` (the algorithm's ``clusters``) says where the first
 models come from, which cluster each cohort client trains in a round, and
@@ -18,7 +20,7 @@ whose models have come close (:meth:`ClusterTable.merge`).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -26,6 +28,15 @@ import torch
 LossesFn = Callable[[int, Sequence[torch.Tensor]], list[float]]
 
 MODELS, ALIVE, OF = "cluster_models", "cluster_alive", "cluster_of"
+
+
+class Assignment(NamedTuple):
+    """Where a round's cohort trains (a rule's ``assign``)."""
+
+    cluster: dict[int, int]  # each cohort client's cluster this round
+    # cohort clients not placed by training there: their lowest loss was shared by
+    # several live models (a split's clusters still holding the same model)
+    tied: frozenset[int] = frozenset()
 
 
 class ClusterTable:
@@ -76,10 +87,29 @@ class ClusterTable:
 
     def closest(self, client_id: int, losses_fn: LossesFn) -> int:
         """The live cluster whose model has the lowest loss on ``client_id``'s data."""
+        return self.pick(client_id, losses_fn)[0]
+
+    def pick(self, client_id: int, losses_fn: LossesFn) -> tuple[int, bool]:
+        """The live cluster whose model has the lowest loss on ``client_id``'s data
+        (ties: the lower slot), and whether no other live cluster's is as low."""
         live = self.live()
-        losses = losses_fn(client_id, [self.models[j] for j in live])
-        best = min(range(len(live)), key=lambda i: (_finite(losses[i]), i))
-        return live[best]
+        losses = [_finite(x) for x in losses_fn(client_id, [self.models[j] for j in live])]
+        best = min(range(len(live)), key=lambda i: (losses[i], i))
+        return live[best], losses.count(losses[best]) == 1
+
+    def split(self, cluster: int, first: Sequence[int], second: Sequence[int]) -> int | None:
+        """Split ``cluster`` by its clients whose updates were compared: ``first``
+        stay, ``second`` go to a new cluster starting from its model (the new slot;
+        None when every slot is used, and nothing moves). Its other members were
+        absent from the comparison and are unplaced (-1): each is served the
+        live model with the lowest loss on its data when it next trains."""
+        k = self.open(self.models[cluster].clone())
+        if k is None:
+            return None
+        self.cluster_of[self.cluster_of == cluster] = -1
+        self.cluster_of[list(first)] = cluster
+        self.cluster_of[list(second)] = k
+        return k
 
     def largest(self) -> int:
         """The live cluster with the most clients placed (ties: the lower slot)."""
@@ -169,8 +199,10 @@ class Clustering(Protocol):
 
     def assign(
         self, table: ClusterTable, round_idx: int, cohort: Sequence[int], losses_fn: LossesFn
-    ) -> dict[int, int]:
-        """The cluster each cohort client trains this round."""
+    ) -> Assignment:
+        """The cluster each cohort client trains this round, and those of them
+        whose choice was a tie (placed after the round, by the losses of the
+        models it left: server/clustered.py)."""
         ...
 
     def split(

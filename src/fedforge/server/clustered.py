@@ -2,14 +2,22 @@
 algorithms/clustered.py): a model per cluster of clients.
 
     sample -> assign -> per cluster: configure, collect, aggregate, server step
-           -> merge (close models) -> split (the rule) -> evaluate -> record
+           -> place the tied -> merge (close models) -> split (the rule)
+           -> evaluate -> record
 
 The cohort is sampled as in any round; the rule puts each cohort client in a
 cluster; each cluster's clients are one cohort of their own, trained on the
 cluster's model (its own payload) and averaged into it by the same phases as
 ``round.py``'s (``configure``, ``collect``, ``aggregate_phase``,
 ``server_step``), the rows gathered (``ClusterCohort``) so the rule can split
-the cluster by its clients' updates. Clusters whose models come close merge.
+the cluster by its clients' updates. A client whose update is taken is placed
+in the cluster it trained in, except one whose choice of model was a tie
+(``Assignment.tied``): its update is averaged in but left out of the split's
+comparison, and once every cluster has stepped it is placed in the live
+cluster whose model now has the lowest loss on its data (left unplaced if that
+is still a tie). Clusters whose models come close merge; a split moves the
+clients compared to its two halves and unplaces the cluster's absent members
+(``ClusterTable.split``).
 The run's global model (``state.params``: the record's test figures, the final
 model) is the model of the cluster with the most clients; each client is
 evaluated with its own cluster's model (``evaluation.clients``; per cluster in
@@ -29,9 +37,8 @@ import torch
 from fedforge.algorithms.clusters import Clustering, ClusterTable
 from fedforge.evaluation.clients import training_losses
 from fedforge.report.progress import Progress
-from fedforge.robust.typical_norm import remember
 from fedforge.server.builtin_hooks import run_hooks
-from fedforge.server.client_lr import keeps_norms
+from fedforge.server.client_lr import keeps_norms, remember_norms
 from fedforge.server.cohort import sample
 from fedforge.server.collect import collect
 from fedforge.server.collectors import Collected, GatheredCohort, RoundLog
@@ -92,7 +99,7 @@ def run_clustered_round(
         rule.begin(table, state.params, exp.cfg.seed)
     losses_fn = partial(training_losses, exp)
     cohort = sample(exp, round_idx, None, state.selection)
-    assigned = rule.assign(table, round_idx, cohort, losses_fn)
+    assigned, tied = rule.assign(table, round_idx, cohort, losses_fn)
     info = RoundInfo(
         exp,
         state,
@@ -126,24 +133,27 @@ def run_clustered_round(
         taken = server_step(exp, state, aggregate, taken, moved, log)
         if taken:
             table.models[j] = state.params
-            table.cluster_of[sorted(taken)] = j
+            table.cluster_of[sorted(set(taken) - tied)] = j
             if collector.kept is not None:
-                ids, updates, weights = collector.kept
+                ids, updates, weights = _placed_rows(collector.kept, tied)
                 halves = rule.split(round_idx, ids, updates, weights)
                 if halves is not None:
                     splits.append((j, halves))
         clients.update(taken)
         parts.append((orders, got))
+    for c in sorted(tied & clients.keys()):  # the models have moved since they chose
+        j, alone = table.pick(c, losses_fn)
+        if alone:
+            table.cluster_of[c] = j
     for a, b in table.merge(rule.merge_below):  # before the splits: their halves are equal
         bar.write(f"fedforge: round {round_idx + 1}: clusters {a} and {b} merged (models close)")
-    for j, (_, second) in splits:  # each half goes on from the cluster's model
+    for j, (first, second) in splits:  # each half goes on from the cluster's model
         if not int(table.alive[j]):  # merged into another this round
             continue
-        k = table.open(table.models[j].clone())
+        k = table.split(j, first, second)
         if k is None:
             bar.write(f"fedforge: cluster {j} would split; all {len(table.alive)} slots used")
             continue
-        table.cluster_of[second] = k
         bar.write(
             f"fedforge: round {round_idx + 1}: cluster {j} split, {len(second)} clients to {k}"
         )
@@ -153,8 +163,7 @@ def run_clustered_round(
     hooks.taken(info, list(clients))
     orders, collected = _together(parts, cohort)
     if clients and keeps_norms(exp.cfg):  # the next rounds' bounds
-        norms = collected.taken_norms()
-        state.update_norms = remember(state.update_norms, norms, exp.cfg.robust.norm_window)
+        remember_norms(state, collected, exp.cfg)
     state.outputs.update(exp.engine.end_round(round_idx, sorted(clients)))
     traffic = round_bytes(exp, state, collected, cohort)
     test_acc, test_loss = evaluate_phase(exp, state, round_idx, round_idx, info, hooks, traffic)
@@ -165,6 +174,18 @@ def run_clustered_round(
     arrived = sorted(collected.arrived)
     hooks.round_end(info, RoundEnd(record, used, applied, arrived, arrived, rows))
     return record, rows
+
+
+def _placed_rows(
+    kept: tuple[list[int], torch.Tensor, torch.Tensor], tied: frozenset[int]
+) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+    """The kept rows less the tied clients': a cluster splits by its own clients'
+    updates, not by those of clients that trained its model for want of a choice."""
+    ids, updates, weights = kept
+    rows = [i for i, c in enumerate(ids) if c not in tied]
+    if len(rows) == len(ids):
+        return kept
+    return [ids[i] for i in rows], updates[rows], weights[rows]
 
 
 def _together(parts: list[tuple[Orders, Collected]], cohort: list[int]) -> tuple[Orders, Collected]:
@@ -181,5 +202,6 @@ def _together(parts: list[tuple[Orders, Collected]], cohort: list[int]) -> tuple
         hops=sum(c.hops for _, c in parts),
         arrived=frozenset().union(*(c.arrived for _, c in parts)),
         norms={k: v for _, c in parts for k, v in c.norms.items()},
+        clip_norms={k: v for _, c in parts for k, v in c.clip_norms.items()},
     )
     return orders, total

@@ -18,6 +18,12 @@ Two uses, each off by default:
   those rows (as the wire would carry them: ``core/wire.py``) are counted in the
   run's downlink once per client, in the first upload round that asks it
   (:func:`shipped_bytes`).
+
+Neither use runs with a concept shift (``partition.concept_shift``, or data
+that brings its clients' label maps): each carved row carries its client's
+label map, so the one public set would hold contradictory labels; refused when
+the run is built (:func:`one_label_map`). A proxy set carved and left unused is
+accepted.
 """
 
 from __future__ import annotations
@@ -65,6 +71,7 @@ def assemble(cfg: Config, data: FederatedData) -> tuple[FederatedData, ProxySet 
     size = cfg.proxy.size
     if size == 0:
         return data, None
+    one_label_map(cfg, data)
     classes = data.classes()
     y = data.train_y
     if classes is None or y.dim() != 1 or y.is_floating_point():
@@ -84,6 +91,26 @@ def assemble(cfg: Config, data: FederatedData) -> tuple[FederatedData, ProxySet 
     idx = torch.from_numpy(picked)
     x, y = rows.take(data.train_x, idx), rows.take(data.train_y, idx)
     return data, ProxySet(picked, x, y, tuple(given), shipped)
+
+
+def one_label_map(cfg: Config, data: FederatedData) -> None:
+    """Refuse tuning or filling where the clients' rows follow several label maps."""
+    maps = len(set(data.concepts or ()))
+    uses = []
+    if cfg.proxy.tunes:
+        uses.append("proxy.tune_epochs > 0")
+    if cfg.proxy.fills:
+        uses.append("proxy.fill_missing")
+    if maps < 2 or not uses:
+        return
+    shift = cfg.partition.concept_shift
+    source = f"partition.concept_shift = {shift}" if shift else f"the data's {maps} label maps"
+    raise ConfigError(
+        f"{' and '.join(uses)} with {source}: the proxy set's rows would carry their "
+        "clients' label maps, contradictory labels for one public set; use "
+        "partition.concept_shift = 0, or proxy.tune_epochs = 0 and proxy.fill_missing "
+        "= false (a proxy.size alone is accepted)"
+    )
 
 
 def example_bytes(data: FederatedData, idx: np.ndarray) -> int:
