@@ -9,10 +9,10 @@ shards each (200 shards of 300: every client holds 600 examples, so the
 B = 10, client lr 0.1, evaluated every round; each run stops at ``--target``
 (0.9) or after ``--cap`` rounds (60). Arms: ``plain``; ``loss_lr``:
 ``local.lr_rule = reported_loss`` (each client's lr times median loss / its
-last reported loss, held to [0.25, 4]); ``clip1`` and ``clip2``:
-``communication.clip_multiple`` 1 and 2 (each client clips its delta to that
-multiple of the median norm taken in the last 5 rounds; the first round
-unclipped). Rounds to target are read off the best-so-far curve, interpolated
+last reported loss, held to [0.25, 4]); ``clip05``, ``clip1`` and ``clip2``:
+``communication.clip_multiple`` 0.5, 1 and 2 (each client clips its delta to
+that multiple of the median of the norms the clients reported, before their
+clip, in the last 5 rounds; the first round unclipped). Rounds to target are read off the best-so-far curve, interpolated
 (fedforge.evaluation.metrics); a run that missed it reads nan.
 ``--quick``: target 0.8, cap 15.
 
@@ -76,6 +76,7 @@ SPLITS: dict[str, dict[str, Any]] = {
         "arms": {
             "plain": {},
             "loss_lr": {"local": {"lr_rule": "reported_loss"}},
+            "clip05": {"communication": {"clip_multiple": 0.5}},
             "clip1": {"communication": {"clip_multiple": 1.0}},
             "clip2": {"communication": {"clip_multiple": 2.0}},
         },
