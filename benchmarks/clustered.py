@@ -174,7 +174,9 @@ def main() -> None:
             f"{name:>24} {f['mean']:>6.4f} {f['worst']:>6.4f} {f['clusters']:>8} "
             f"{fmt(f['purity'], '.2f'):>6} {fmt(seconds_per_round(rec), '.2f'):>7}"
         )
-    result.update(clients=args.clients, rounds=args.rounds, bn_rounds=args.bn_rounds)
+    result.update(
+        cluster_clients=args.clients, cluster_rounds=args.rounds, cluster_bn_rounds=args.bn_rounds
+    )
     print(result_line(result))
 
 
