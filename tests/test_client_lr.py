@@ -188,9 +188,9 @@ def test_a_missing_scale_file_and_unknown_rule_are_refused(
 
 
 def test_upload_clip_is_the_multiple_of_the_median_of_recent_norms() -> None:
-    """Norms 1, 3, 2 then 4: the lower middle of 1, 2, 3, 4 is 2; x 1.5 = 3. No
+    """Norms 1, 3, 2 then 4: the upper middle of 1, 2, 3, 4 is 3; x 1.5 = 4.5. No
     norm behind the round (the first): no bound."""
-    assert upload_clip(1.5, [[1.0, 3.0, 2.0], [4.0]]) == 3.0
+    assert upload_clip(1.5, [[1.0, 3.0, 2.0], [4.0]]) == 4.5
     assert upload_clip(1.5, [[5.0]]) == 7.5
     assert upload_clip(1.5, []) is None
     assert upload_clip(None, [[1.0]]) is None
@@ -198,8 +198,8 @@ def test_upload_clip_is_the_multiple_of_the_median_of_recent_norms() -> None:
 
 def test_clients_clip_to_the_multiple_of_last_rounds_median(make_data: MakeData) -> None:
     """Round 1 sends no bound (nothing behind it): its uploads are those of a run
-    without the option. Round 2's bound is 0.5 x the median of round 1's upload
-    norms, computed here from the uploads; each round-2 upload is the unclipped
+    without the option. Round 2's bound is 0.5 x the upper median of round 1's
+    upload norms, computed here from the uploads; each round-2 upload is the unclipped
     run's delta scaled by min(1, bound / its norm)."""
     data = make_data(SIZES, seed=4)
     runs = {}
@@ -216,7 +216,7 @@ def test_clients_clip_to_the_multiple_of_last_rounds_median(make_data: MakeData)
     for c, up in plain.uploads[0].items():
         assert torch.equal(_delta(clipped.uploads[0][c]), _delta(up))
     norms = sorted(float(_delta(u).norm()) for u in plain.uploads[0].values())
-    bound = 0.5 * norms[(len(norms) - 1) // 2]
+    bound = 0.5 * norms[len(norms) // 2]
     assert [t.plan.upload_clip for t in clipped.tasks[1]] == pytest.approx([bound] * len(SIZES))
     cut = 0
     for c, up in plain.uploads[1].items():

@@ -132,8 +132,8 @@ def test_honest_clients_sped_up_by_the_rule_are_taken(make_data: MakeData, tmp_p
     """Client 0 steps at 4x the plan's lr: its norm is past 2x the lower middle
     of the round's norms, within 4x that; every update is taken, in this round
     and the next (judged against the remembered norms, as they came). The next
-    round's clip bound is the multiple of their median, x 4 for client 0 and
-    x 1 for client 2 (slowed down)."""
+    round's clip bound is the multiple of their upper median (the clip's), x 4
+    for client 0 and x 1 for client 2 (slowed down)."""
     data = make_data(SIZES, seed=5)
     robust = {"max_norm_multiple": MULTIPLE, "norm_window": 1}
     _, plain = _rounds(_cfg(None, robust=robust), data)
@@ -153,7 +153,8 @@ def test_honest_clients_sped_up_by_the_rule_are_taken(make_data: MakeData, tmp_p
     exp = build(clip, data)
     orders = configure(exp, state, 1, 1, list(range(len(SIZES))))
     got = {t.client_id: t.plan.upload_clip for t in orders.tasks}
-    want = {c: max(1.0, SCALES.get(c, 1.0)) * 1.5 * typical for c in range(len(SIZES))}
+    upper = sorted(raw.values())[len(raw) // 2]
+    want = {c: max(1.0, SCALES.get(c, 1.0)) * 1.5 * upper for c in range(len(SIZES))}
     assert got == pytest.approx(want, rel=1e-12)
     assert orders.limits.room(0) == 4.0 and orders.limits.room(2) == 1.0
 

@@ -1,6 +1,6 @@
 """``communication.clip_multiple`` follows the clients' own update norms, those
 before their clip: over rounds whose true norms grow, each round's bound is the
-multiple x the lower-middle median of the previous rounds' true norms, computed
+multiple x the upper-middle median of the previous rounds' true norms, computed
 here from the same tasks run without the clip (a multiple below 1 included,
 which clips most clients every round). A client's reported norm is checked
 (finite, >= 0) and one client's far-off report does not move the bound past the
@@ -88,9 +88,9 @@ class _TrueNorms(SimulationEngine):
         return self.inner.run_phase(phase, messages)
 
 
-def _lower_median(values: Sequence[float]) -> float:
+def _upper_median(values: Sequence[float]) -> float:
     ordered = sorted(values)
-    return ordered[(len(ordered) - 1) // 2]
+    return ordered[len(ordered) // 2]
 
 
 def _run(
@@ -136,20 +136,20 @@ def _run(
 def test_the_bound_follows_the_median_of_the_true_norms(
     make_data: MakeData, growing: str, multiple: float, window: int, engine: str
 ) -> None:
-    """Round 1 sends no bound. Round r's bound is ``multiple`` x the lower middle
+    """Round 1 sends no bound. Round r's bound is ``multiple`` x the upper middle
     of the true norms of the ``window`` rounds before it, computed here from the
     tasks run without the clip; each upload is its true delta x min(1, bound /
     its norm). The true norms grow 3-4x over the run, and so does the bound."""
     state, rec = _run(make_data, growing, multiple, window, engine)
     assert state.rejected == []
     true_norms = [{c: float(d.norm()) for c, d in r.items()} for r in rec.true]
-    first, last = (_lower_median(list(n.values())) for n in (true_norms[0], true_norms[-1]))
+    first, last = (_upper_median(list(n.values())) for n in (true_norms[0], true_norms[-1]))
     assert last > 2.5 * first  # the premise: the clients' steps grow
     assert all(t.plan.upload_clip is None for t in rec.tasks[0])
     bounds = []
     for r in range(1, ROUNDS):
         behind = [n for norms in true_norms[max(0, r - window) : r] for n in norms.values()]
-        bound = multiple * _lower_median(behind)
+        bound = multiple * _upper_median(behind)
         bounds.append(bound)
         got = [t.plan.upload_clip for t in rec.tasks[r]]
         assert got == pytest.approx([bound] * len(SIZES), rel=1e-9), r
@@ -178,7 +178,21 @@ def test_one_client_far_off_report_moves_the_bound_no_further_than_the_others(
         bound = rec.tasks[r][0].plan.upload_clip
         assert bound is not None and min(honest) <= bound / 0.5 <= max(honest)
         reported = {**{c: float(d.norm()) for c, d in rec.true[r - 1].items()}, 0: 1e30}
-        assert bound == pytest.approx(0.5 * _lower_median(list(reported.values())), rel=1e-9)
+        assert bound == pytest.approx(0.5 * _upper_median(list(reported.values())), rel=1e-9)
+
+
+@pytest.mark.parametrize("tiny", [0.0, 1e-300])
+def test_one_client_reporting_next_to_nothing_does_not_pull_the_bound_down(
+    make_data: MakeData, growing: str, tiny: float
+) -> None:
+    """Client 0 reports 0 (or 1e-300) every round: the bound stays the multiple of
+    an honest client's true norm (the upper median), so it neither switches the
+    clip off nor clips the others' updates towards nothing."""
+    state, rec = _run(make_data, growing, 1.0, 1, lie=(0, tiny))
+    for r in range(1, ROUNDS):
+        honest = [float(d.norm()) for c, d in rec.true[r - 1].items() if c != 0]
+        bound = rec.tasks[r][0].plan.upload_clip
+        assert bound is not None and min(honest) <= bound <= max(honest)
 
 
 @pytest.mark.parametrize(

@@ -29,7 +29,7 @@ def test_a_deployment_trains_each_client_at_its_scaled_lr_and_clips(
         checkpoint_every=0,
         local={"lr_rule": "lr_csv", "lr_rule_scales_bounds": scaled},
         plugin_options={"lr_csv": {"path": str(scales)}},
-        communication={"clip_multiple": 0.7},
+        communication={"clip_multiple": 0.4},
     )
     server, port = start_server(tmp_path, cfg, "--insecure")
     clients = [start_client(tmp_path, port, ids, "--insecure") for ids in ("0-2", "3-5")]

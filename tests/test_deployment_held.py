@@ -192,17 +192,17 @@ def test_downloads_not_read_hold_a_place_at_work_each(
         fixed.close()
 
 
-def test_a_names_uploads_being_sent_declare_the_message_bound_together(
+def test_a_names_uploads_being_read_declare_the_message_bound_together(
     tmp_path: Path,
 ) -> None:
-    """``max_message_mib: 8``: an upload declaring 6 MiB whose parts come slowly
-    holds 6 MiB of the name's 8; a second one declaring 6 MiB is refused
-    RESOURCE_EXHAUSTED at its header, naming the bound (before: every place at
-    work could read a full-sized upload). A cut upload gives its share back, and
-    when the slow one is in, the same 6 MiB again is read (it is a repeat: it
-    waits for the verdict in the first one's place)."""
+    """``max_message_mib: 8``, ``round_deadline_s: 3``: an upload declaring 6 MiB
+    whose parts come slowly holds 6 MiB of the name's 8 (a cut one gives its
+    share back). A second one declaring 6 MiB waits for room, its body unread,
+    and is refused RESOURCE_EXHAUSTED naming the bound when none comes within
+    the 3 s; a third, waiting when the slow one gets in, is read then (a repeat:
+    it waits for the verdict in the first one's place)."""
     data = os.urandom(6 << 20)
-    with served(tmp_path, max_message_mib=8) as (dep, stub):
+    with served(tmp_path, max_message_mib=8, round_deadline_s=3) as (dep, stub):
         session = handed(dep, stub)
         cut = threading.Event()
         doomed = upload(stub, session, data, cut)
@@ -217,17 +217,17 @@ def test_a_names_uploads_being_sent_declare_the_message_bound_together(
         second = upload(stub, session, data)
         assert code_of(second) == "RESOURCE_EXHAUSTED"
         why = str(second.exception().details())
-        assert f"'{NAME}' is sending uploads of {len(data)} bytes already" in why
+        assert f"'{NAME}' is sending uploads of {len(data)} bytes" in why
         assert f"the {8 << 20} bytes a name may send at once" in why
-        assert dep.hub.book.inbox == []
-        slow.set()
-        until(lambda: len(dep.hub.book.inbox) == 1)
-        assert dep.admission.reading == {}
+        assert "no room came in 3 s" in why
         third = upload(stub, session, data)
+        until(lambda: NAME in dep.admission.room)  # it waits
+        assert dep.admission.reading == {NAME: len(data)} and dep.hub.book.inbox == []
+        slow.set()
         until(lambda: first.done(), timeout=30)
-        assert code_of(first) == "ABORTED"  # the repeat took its place
-        assert not third.done()
+        assert code_of(first) == "ABORTED"  # in, then the repeat took its place
         (answer,) = dep.hub.book.inbox
         answer.verdict.settle(None)
         assert third.result(timeout=30).accepted
         assert [a.data for a in dep.hub.book.inbox] == [data]
+        assert dep.admission.reading == {} and dep.admission.room == {}

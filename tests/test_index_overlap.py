@@ -23,6 +23,7 @@ from fedforge.engines.serial import SerialEngine
 from fedforge.report.export import gather
 from fedforge.report.html import report_html
 from fedforge.server.diagnostics import RoundDiagnostics
+from fedforge.server.experiment import build
 from fedforge.server.index_overlap import IndexOverlap
 from fedforge.server.loop import run
 from fedforge.store import RunStore
@@ -87,12 +88,20 @@ def _pairwise(sets: list[set[int]], size: int) -> tuple[float, float, float, flo
     return inter / k, k / size, len(union) / size, len(common) / size
 
 
-@pytest.mark.parametrize("aggregator", ["mean", "median"])
+@pytest.mark.parametrize(
+    ("aggregator", "kept"), [("mean", None), ("median", None), ("mean", "bias")]
+)
 def test_a_topk_run_stores_the_overlap_of_its_uploads_index_sets(
-    make_data: MakeData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, aggregator: str
+    make_data: MakeData,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    aggregator: str,
+    kept: str | None,
 ) -> None:
     """The streaming mean and the gathered median see the same uploads: the row
-    of each round is the figures of the index sets decoded from the uploads."""
+    of each round is the figures of the index sets decoded from the uploads.
+    With entries kept on the clients (``local_params``), an upload's indices run
+    over the shared entries, and so do the fractions."""
     sent: dict[int, list[bytes]] = {}
     honest = SerialEngine.run_cohort
 
@@ -105,10 +114,15 @@ def test_a_topk_run_stores_the_overlap_of_its_uploads_index_sets(
 
     monkeypatch.setattr(SerialEngine, "run_cohort", cohort)
     data = make_data([4, 6, 5])
-    changes = {"communication.uplink": "topk", "communication.fraction": 0.02}
+    changes: dict[str, object] = {"communication.uplink": "topk", "communication.fraction": 0.02}
+    if kept is not None:
+        changes["local_params"] = {"names": kept}
     cfg = override(tiny(3, rounds=2, tmp=tmp_path, aggregator=aggregator), changes)
     result = run(cfg, data=data)
     size = result.params.numel()
+    if kept is not None:
+        spec = build(cfg, data).spec
+        size -= sum(e.numel for e in spec.entries if kept in e.name)
     k = count_kept(size, 0.02)
     with RunStore.open(result.run_dir) as store:
         rows = store.read_rows("index_overlap")

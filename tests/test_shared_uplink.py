@@ -77,7 +77,7 @@ def test_a_per_tensor_codec_sees_the_tensors_it_sends() -> None:
     sent = shared_spec(spec, kept)
     sizes = [e.numel for e in spec.entries if not bool(kept[e.slice].any())]
     assert [e.numel for e in sent.entries] == sizes and sent.size == int((~kept).sum())
-    codec = SharedPart(Quantize(8, False, None, sizes), kept)
+    codec = SharedPart.outside(Quantize(8, False, None, sizes), kept)
     delta = torch.randn(spec.size, generator=torch.Generator().manual_seed(3), dtype=F64)
     ctx = CodecContext(0, 1, 2)
     tensors, meta = codec.encode(delta, ctx)
@@ -106,3 +106,40 @@ def test_error_feedback_keeps_a_residual_of_the_shared_length(data: FederatedDat
     result = run(cfg, data, store=False)
     assert torch.equal(result.params[kept], exp.initial_params[kept])
     assert not torch.equal(result.params[~kept], exp.initial_params[~kept])
+
+
+def test_a_simulated_attacker_re_encodes_through_the_shared_part_without_residuals(
+    data: FederatedData,
+) -> None:
+    """ALIE under FedBN with top-k and error feedback: the server re-encodes each
+    attacker's crafted row as the wire would carry it (top-k of the shared
+    entries, zeros where the clients keep theirs) and writes no client's
+    residual."""
+    from fedforge.pipeline.pipeline import CohortUpdates, StageContext
+    from fedforge.robust.attacks import Collusion
+
+    cfg = from_dict(
+        {
+            **BASE,
+            "algorithm": "fedbn",
+            "communication": {"uplink": "topk", "fraction": 0.1, "error_feedback": True},
+            "robust": {"attack": "alie", "attack_fraction": 0.4},
+        }
+    )
+    exp = build(cfg, data)
+    (attack,) = [s for s in exp.pipeline.cohort if isinstance(s, Collusion)]
+    residual = exp.communication.client_state if exp.communication else None
+    assert residual is not None
+    kept = local_mask(exp.spec)
+    shared = int((~kept).sum())
+    g = torch.Generator().manual_seed(5)
+    rows = torch.randn(5, exp.spec.size, generator=g, dtype=F64).masked_fill(kept, 0.0)
+    cohort = CohortUpdates(list(range(5)), rows, torch.ones(5, dtype=F64))
+    out, refused = attack.apply(cohort, StageContext(0, cfg.seed))
+    assert refused == [] and residual.written() == []
+    bad = [i for i in range(5) if not torch.equal(out.updates[i], rows[i])]
+    assert bad and len(bad) < 5  # the attackers' rows replaced, the others kept
+    for i in bad:
+        row = out.updates[i]
+        assert torch.count_nonzero(row[kept]) == 0
+        assert torch.count_nonzero(row[~kept]) == max(1, round(0.1 * shared))

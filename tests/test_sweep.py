@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -183,7 +184,7 @@ def test_a_sweep_with_a_validation_split_chooses_on_it(tmp_path: Path, one_threa
     """``evaluation.validation: 0.25``: each point's BEST, and the knee, are its
     best validation accuracy (the run store's validation rows, scored on the
     carved split), not its best test accuracy; FINAL stays the test set's."""
-    from fedforge.server.sweep import format_sweep, run_sweep
+    from fedforge.server.sweep import chosen_on, format_sweep, run_sweep
     from fedforge.store import RunStore
 
     cfg = from_dict(
@@ -195,16 +196,44 @@ def test_a_sweep_with_a_validation_split_chooses_on_it(tmp_path: Path, one_threa
         }
     )
     results = run_sweep(cfg, [("lr", [0.01, 0.5, 2.0])])
-    for r in results:
+    chosen = chosen_on(results)
+    for r, c in zip(results, chosen, strict=True):
         assert r.run_dir is not None
         with RunStore.open(r.run_dir, read_only=True) as store:
             rows = store.read_rows("eval_metrics")
             tests = [x.test_accuracy for x in store.rounds() if x.test_accuracy is not None]
         validation = [v for _, name, v in rows if name == "validation_accuracy"]
         assert len(validation) == len(tests) == 2
-        assert r.chosen_on == max(validation) and r.final_accuracy == tests[-1]
-    assert any(r.chosen_on != r.best_accuracy for r in results)  # the two sets differ
+        assert c == max(validation) and r.final_accuracy == tests[-1]
+    assert any(c != r.best_accuracy for r, c in zip(results, chosen, strict=True))
     table = format_sweep(results)
     assert "BEST (VALIDATION)" in table.splitlines()[0]
-    for r, line in zip(results, table.splitlines()[1:], strict=True):
-        assert r.chosen_on is not None and f"acc {100 * r.chosen_on:.2f}%" in line
+    for c, line in zip(chosen, table.splitlines()[1:], strict=True):
+        assert c is not None and f"acc {100 * c:.2f}%" in line
+    # a non-finite score is stored as NULL: the point is read without it
+    import sqlite3
+
+    from fedforge.server.sweep import point_config, run_point
+
+    path = results[0].run_dir
+    with sqlite3.connect(path / "store.sqlite") as conn:
+        conn.execute("INSERT INTO eval_metrics VALUES (99, 'validation_accuracy', NULL)")
+    again = run_point(point_config(cfg, {"lr": 0.01}), {"lr": 0.01}, None, False)
+    assert again.status == "reused" and again.best_validation == chosen[0]
+
+
+def test_validation_scores_stored_as_null_and_points_without_them() -> None:
+    """A non-finite validation score is a NULL row: left out of the best, not a
+    crash; a point of a sweep without validation rows is not compared by its
+    test accuracy with the others' validation (no number, no knee from it)."""
+    from fedforge.server.sweep import chosen_on
+
+    with_val = [_point(1, 0.9), _point(2, 0.95), _point(3, 0.96)]
+    with_val = [
+        dataclasses.replace(p, best_validation=v)
+        for p, v in zip(with_val, (0.5, 0.9, 0.92), strict=True)
+    ]
+    mixed = [*with_val, _point(4, 0.99)]
+    assert chosen_on(mixed) == [0.5, 0.9, 0.92, None]
+    assert chosen_on([_point(1, 0.7), _point(2, 0.8)]) == [0.7, 0.8]
+    assert knee(mixed) == knee(with_val) == 1

@@ -69,7 +69,7 @@ def assemble(
         store = make_state_store(num_clients, sent.size, dtype, where, remove_dir=True)
         uplink = ErrorFeedback(uplink, store)
     if local is not None:
-        uplink = SharedPart(uplink, local)
+        uplink = SharedPart.outside(uplink, local)
     downlink = (
         None
         if com.downlink == "dense"

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from fedforge.communication.feedback import ErrorFeedback
 from fedforge.core.params import ParamEntry, ParamSpec
 from fedforge.pipeline.codec import CodecContext, Encoded
 from fedforge.pipeline.pipeline import Codec, Constraint
@@ -43,9 +44,10 @@ class SharedPart:
     as the codec's encoding of its shared ones, and read back as P entries with
     zeros where the clients keep theirs."""
 
-    def __init__(self, codec: Codec, kept: torch.Tensor) -> None:
+    def __init__(self, codec: Codec, runs: tuple[tuple[int, int], ...]) -> None:
         self.codec = codec
-        self.index = (~kept).nonzero().flatten()
+        self.runs = runs  # the shared entries: [start, end) runs of the flat vector, in order
+        self.size = sum(b - a for a, b in runs)
         self.name = codec.name
         self.linear = codec.linear  # a scatter of a linear codec's output is linear
         self.lossy = codec.lossy
@@ -54,8 +56,17 @@ class SharedPart:
     def constraints(self) -> tuple[Constraint, ...]:
         return self.codec.constraints
 
+    @classmethod
+    def outside(cls, codec: Codec, kept: torch.Tensor) -> SharedPart:
+        """``codec`` over the entries outside ``kept`` (the [P] mask)."""
+        shared = torch.cat([torch.zeros(1, dtype=torch.int8), (~kept).to(torch.int8)])
+        edges = torch.diff(torch.cat([shared, torch.zeros(1, dtype=torch.int8)]))
+        starts = (edges == 1).nonzero().flatten().tolist()
+        ends = (edges == -1).nonzero().flatten().tolist()
+        return cls(codec, tuple(zip(starts, ends, strict=True)))
+
     def encode(self, delta: torch.Tensor, ctx: CodecContext | None = None) -> Encoded:
-        return self.codec.encode(delta[self.index], ctx)
+        return self.codec.encode(torch.cat([delta[a:b] for a, b in self.runs]), ctx)
 
     def decode(
         self,
@@ -65,10 +76,24 @@ class SharedPart:
         dtype: torch.dtype,
         ctx: CodecContext | None = None,
     ) -> torch.Tensor:
-        part = self.codec.decode(tensors, meta, len(self.index), dtype, ctx)
+        part = self.codec.decode(tensors, meta, self.size, dtype, ctx)
         out = torch.zeros(size, dtype=part.dtype)
-        out[self.index] = part
+        at = 0
+        for a, b in self.runs:
+            out[a:b] = part[at : at + b - a]
+            at += b - a
         return out
 
 
-__all__ = ["SharedPart", "shared_spec"]
+def memoryless(codec: Codec) -> Codec:
+    """``codec`` without error feedback's residuals (the wire's encoding as it is:
+    what the server re-encodes for a simulated attacker, which keeps no residual
+    and must not touch a client's)."""
+    if isinstance(codec, SharedPart):
+        return SharedPart(memoryless(codec.codec), codec.runs)
+    if isinstance(codec, ErrorFeedback):
+        return codec.codec
+    return codec
+
+
+__all__ = ["SharedPart", "memoryless", "shared_spec"]

@@ -55,7 +55,8 @@ class DeploymentConfig:
     # seconds without a poll after which a client counts as gone (a dropout)
     heartbeat_timeout_s: Annotated[float, Range("> 0", note="seconds")] = 30.0
     # larger uploads are refused before they are read; one client name's uploads
-    # being read at once declare this much together at most (the next waits)
+    # being read at once declare this much together at most (the next waits for
+    # room, up to round_deadline_s)
     max_message_mib: Annotated[float, Range("(0, 2047]", note="gRPC's limit is 2 GiB")] = 256.0
     # the size of the chunks payloads are streamed in
     chunk_kib: Annotated[int, Range("[1, 4096]"), Most(4096, "KiB")] = 1024

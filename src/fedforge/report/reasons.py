@@ -24,7 +24,7 @@ LABELS = (
     ("revoked", "revoked"),
     ("signature|unknown client|timestamp|nonce|certificate", "unauthenticated"),
     ("malformed|starts with its header|second upload header", "malformed"),
-    ("at most .* are taken", "oversize"),
+    ("at most .* are taken|a name may send at once", "oversize"),
     ("a second", "duplicate"),
     ("model version", "wrong_version"),
     ("was not asked", "not_asked"),

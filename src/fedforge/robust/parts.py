@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from fedforge import robust as agg
 from fedforge.client.gate import ClientGate
 from fedforge.client.runtime import ClientDataFn, TamperFn
-from fedforge.communication.feedback import ErrorFeedback
+from fedforge.communication.shared import memoryless
 from fedforge.config import Config, RobustConfig
 from fedforge.config.compat import describe_cohort
 from fedforge.config.components import make
@@ -85,10 +85,9 @@ def assemble(
     elif r.attack == "uint8":
         tamper = uint8_tamper(attackers, r.attack_probability)
     elif r.attack in ("alie", "ipm"):
-        if isinstance(uplink, ErrorFeedback):  # the attacker keeps no residual
-            uplink = uplink.codec
+        codec = None if uplink is None else memoryless(uplink)  # the attacker keeps no residual
         p = r.attack_probability
-        cohort = (Collusion(r.attack, attackers, r.alie_z, r.ipm_epsilon, uplink, p),)
+        cohort = (Collusion(r.attack, attackers, r.alie_z, r.ipm_epsilon, codec, p),)
     if r.norm_gate is not None:
         cohort = (*cohort, make("stage", "norm_gate", cfg))
     gate = None

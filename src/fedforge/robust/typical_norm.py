@@ -43,16 +43,15 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-import torch
 
-
-def typical_norm(recent: Sequence[Sequence[float]]) -> float | None:
-    """The median of the norms in ``recent`` (rounds of norms); None when there
-    are none or the median is not a positive number."""
-    flat = [x for r in recent for x in r]
+def typical_norm(recent: Sequence[Sequence[float]], upper: bool = False) -> float | None:
+    """The median of the norms in ``recent`` (rounds of norms): of an even count
+    the lower middle value, or the upper one with ``upper``; None when there are
+    none or the median is not a positive number."""
+    flat = sorted(float(x) for r in recent for x in r)
     if not flat:
         return None
-    med = float(torch.tensor(flat, dtype=torch.float64).median())  # the lower middle value
+    med = flat[len(flat) // 2] if upper else flat[(len(flat) - 1) // 2]
     return med if med > 0 and math.isfinite(med) else None
 
 

@@ -16,8 +16,9 @@ so a rerun and a resume give the same scales.
 
 **Clip relative to recent norms.** The bound is ``clip_multiple`` times the
 median norm, before the clients' clip, of the updates taken in the last
-``robust.norm_window`` rounds (robust/typical_norm.py's ``typical_norm``, the
-median the server's refusal bound takes of the norms as decoded). Each client
+``robust.norm_window`` rounds (robust/typical_norm.py's ``typical_norm``; of an
+even count the upper middle value, where the refusal bound takes the lower one
+of the norms as decoded: each guards against the side an attacker would push). Each client
 reports that norm in its update's header (``LocalPlan.report_norm``: every task
 of such a run asks for it, the first round's too), so the bound follows the
 clients' own steps as they grow or shrink, and a multiple below 1 clips the
@@ -182,7 +183,9 @@ def upload_clip(multiple: float | None, recent: Sequence[Sequence[float]]) -> fl
     is behind the round."""
     if multiple is None:
         return None
-    typical = typical_norm(recent)
+    # the upper median: half the norms (one client of two) cannot pull it down and
+    # clip every other update towards nothing; a high report only loosens the clip
+    typical = typical_norm(recent, upper=True)
     return None if typical is None else multiple * typical
 
 

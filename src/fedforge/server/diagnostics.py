@@ -63,10 +63,16 @@ class RoundDiagnostics:
     """One round's figures, fed one accepted update at a time."""
 
     def __init__(
-        self, size: int, updates: bool = True, loss_gap: bool = False, overlap: bool = False
+        self,
+        size: int,
+        updates: bool = True,
+        loss_gap: bool = False,
+        overlap: bool = False,
+        sendable: int | None = None,
     ) -> None:
         self.size, self.updates, self.loss_gap = size, updates, loss_gap
         self.counts_overlap = overlap
+        self.sendable = sendable  # the entries an upload can carry (None: all)
         self.global_loss: dict[int, float] = {}
         self.clear()
 
@@ -77,7 +83,7 @@ class RoundDiagnostics:
         self.norms: list[float] = []
         self.train_loss: dict[int, float] = {}
         # the uploads' index sets (a sparsifying uplink)
-        self.overlap = IndexOverlap(self.size) if self.counts_overlap else None
+        self.overlap = IndexOverlap(self.size, self.sendable) if self.counts_overlap else None
 
     def before(self, exp: Experiment, client_ids: Sequence[int], params: torch.Tensor) -> None:
         """The global model's loss on each cohort client's training data (what it
@@ -168,7 +174,11 @@ def start_round(
     if not (cfg.updates or cfg.loss_gap) or secure:
         return None
     sparse = exp.cfg.communication.uplink in SPARSE_UPLINKS
-    diag = RoundDiagnostics(exp.spec.size, cfg.updates, cfg.loss_gap, cfg.updates and sparse)
+    personal = exp.algorithm.personal  # entries the clients keep are never sent
+    sendable = exp.spec.size - (0 if personal is None else int(personal.mask.sum()))
+    diag = RoundDiagnostics(
+        exp.spec.size, cfg.updates, cfg.loss_gap, cfg.updates and sparse, sendable
+    )
     if cfg.loss_gap:
         diag.before(exp, client_ids, params)
     return diag

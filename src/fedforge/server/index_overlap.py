@@ -7,7 +7,8 @@ kept at exactly 0. The round counts, per coordinate j, the accepted uploads that
 keep it, h_j = #{i : j in S_i}: one int32 array of the model's size, one add per
 upload, summed across Ray workers as the aggregate is, so no upload is held
 where the aggregation streams. From h alone, over the K uploads of sizes
-|S_i| (k for every top-k upload) and the model's P coordinates:
+|S_i| (k for every top-k upload) and the P coordinates an upload can carry
+(the model's, less those each client keeps for itself: FedBN's, ``local_params``):
 
 - ``kept_mean``: the mean |S_i|, k-bar = sum_j h_j / K;
 - ``pair_overlap``: the mean over pairs i < j of |S_i & S_j|, over k-bar.
@@ -46,9 +47,12 @@ COLUMNS = ("clients", "kept_mean", "pair_overlap", "chance", "union_fraction", "
 class IndexOverlap:
     """Per coordinate, how many of a round's accepted uploads keep it."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, sendable: int | None = None) -> None:
         self.hits = torch.zeros(size, dtype=torch.int32)
         self.clients = 0
+        # the coordinates an upload can carry: the fractions' denominator (fewer
+        # than ``size`` where the clients keep some entries: communication/shared.py)
+        self.sendable = size if sendable is None else sendable
 
     def add(self, delta: torch.Tensor) -> None:
         """Count one upload's index set: its decoded update's non-zero coordinates."""
@@ -62,7 +66,7 @@ class IndexOverlap:
 
     def figures(self) -> dict[str, Any]:
         """The round's figures of the module docstring, by name (None: undefined)."""
-        k, size = self.clients, self.hits.numel()
+        k, size = self.clients, self.sendable
         h = self.hits.to(torch.float64)
         kept = float(h.sum()) / k if k else None
         pairs = None

@@ -59,11 +59,14 @@ class PointResult:
     score_name: str = "accuracy"  # what final_accuracy and best_accuracy hold
     best_validation: float | None = None  # with evaluation.validation on
 
-    @property
-    def chosen_on(self) -> float | None:
-        """What a point is chosen by: its best validation accuracy when the run
-        carved a validation split, else its best test accuracy."""
-        return self.best_accuracy if self.best_validation is None else self.best_validation
+
+def chosen_on(results: Sequence[PointResult]) -> list[float | None]:
+    """What each point is chosen by: its best validation accuracy when any point
+    of the sweep carved a validation split (None for a point without one: not
+    compared with the others' validation numbers), else its best test accuracy."""
+    if any(r.best_validation is not None for r in results):
+        return [r.best_validation for r in results]
+    return [r.best_accuracy for r in results]
 
 
 def parse_grid(items: Sequence[str]) -> list[tuple[str, list[Any]]]:
@@ -143,7 +146,9 @@ def _result(
         rounds = store.rounds()
         summary = store.summary() or {}
         score_name, _ = store.score_and_engine()
-        validation = [v for _, name, v in store.read_rows("eval_metrics") if name == VALIDATION]
+        rows = store.read_rows("eval_metrics")
+    # a non-finite score is stored as NULL (e.g. a diverged regression's R^2)
+    validation = [v for _, name, v in rows if name == VALIDATION and v is not None]
     evaluated = [r.test_accuracy for r in rounds if r.test_accuracy is not None]
     return PointResult(
         point,
@@ -229,7 +234,9 @@ def _refuse_repeats(points: Sequence[dict[str, Any]], configs: Sequence[Config])
 def knee(results: Sequence[PointResult]) -> int | None:
     """The index (into ``results``) of the knee, see the module docstring."""
     pts = sorted(
-        (r.total_bytes, r.chosen_on, i) for i, r in enumerate(results) if r.chosen_on is not None
+        (r.total_bytes, c, i)
+        for i, (r, c) in enumerate(zip(results, chosen_on(results), strict=True))
+        if c is not None
     )
     if len(pts) < 3:
         return None
@@ -262,6 +269,7 @@ def format_sweep(results: Sequence[PointResult]) -> str:
     keys = list(results[0].point)
     at = knee(results)
     on_validation = any(r.best_validation is not None for r in results)
+    chosen = chosen_on(results)
     best = "BEST (VALIDATION)" if on_validation else "BEST"
     head = [*keys, "ROUNDS", "FINAL", best, "TO TARGET", "BYTES", "RUN", ""]
     rows = [head]
@@ -271,7 +279,7 @@ def format_sweep(results: Sequence[PointResult]) -> str:
                 *(str(r.point[k]) for k in keys),
                 str(r.rounds),
                 named_score(r.final_accuracy, r.score_name),
-                named_score(r.chosen_on, r.score_name),
+                named_score(chosen[i], r.score_name),
                 _fmt(r.rounds_to_target, ".1f"),
                 format_bytes(r.total_bytes),
                 r.run_dir.name if r.run_dir else "-",

@@ -18,8 +18,9 @@ bounded here:
   verdict holds no place and no bytes, and one call of each upload waits);
 - the uploads a name's calls are reading may declare ``upload_bytes_per_name``
   together (``deployment.max_message_mib``, the most one upload may declare), so
-  one name cannot make the server hold a full-sized upload per place at work;
-  a client whose uploads are over it together sends the next when one is in;
+  one name cannot make the server hold a full-sized upload per place at work:
+  an upload past it waits, its header read and its place at work held, until
+  the name's uploads before it are in (and is refused after ``wait_s``);
 - every refusal before the hub (these, and a sender unknown, revoked, unproven
   or replaying) is counted, and logged through ``refusal_log.py``: per peer
   address the first few in full, then a count per window, so a flood of calls
@@ -40,8 +41,9 @@ while they are read.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import contextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import TypeVar
 from urllib.parse import unquote
@@ -94,6 +96,7 @@ class Admission:
     waiting_calls: int = 0  # the sum of ``pending``
     active: dict[str, int] = field(default_factory=dict)
     reading: dict[str, int] = field(default_factory=dict)  # declared bytes, by name
+    room: dict[str, asyncio.Event] = field(default_factory=dict)  # set when some is freed
 
     # every method runs on the server's event loop: no lock is needed
 
@@ -143,20 +146,28 @@ class Admission:
             if not self.active[who]:
                 del self.active[who]
 
-    @contextmanager
-    def reading_upload(self, who: str, size: int) -> Iterator[None]:
-        """An upload of the authenticated ``who``, declared ``size`` bytes, while
-        its body is read (Refused: the name's uploads being read would declare
-        more than ``upload_bytes_per_name`` together)."""
-        held = self.reading.get(who, 0)
-        if held + size > self.upload_bytes_per_name:
-            raise self.refuse(
-                who,
-                who,
-                f"'{who}' is sending uploads of {held} bytes already; with this one's "
-                f"{size} they would pass the {self.upload_bytes_per_name} bytes a name "
-                "may send at once (deployment.max_message_mib); try again later",
-            )
+    @asynccontextmanager
+    async def reading_upload(self, who: str, size: int, wait_s: float) -> AsyncIterator[None]:
+        """An upload of the authenticated ``who``, declared ``size`` bytes (at most
+        ``upload_bytes_per_name``), while its body is read: it first waits until
+        the name's uploads being read leave room for it (Refused: none within
+        ``wait_s``)."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + wait_s
+        while (held := self.reading.get(who, 0)) + size > self.upload_bytes_per_name:
+            left = end - loop.time()
+            if left <= 0:
+                raise self.refuse(
+                    who,
+                    who,
+                    f"'{who}' is sending uploads of {held} bytes; with this one's {size} "
+                    f"they would pass the {self.upload_bytes_per_name} bytes a name may "
+                    f"send at once (deployment.max_message_mib), and no room came in "
+                    f"{wait_s:g} s",
+                )
+            room = self.room.setdefault(who, asyncio.Event())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(room.wait(), left)
         self.reading[who] = held + size
         try:
             yield
@@ -164,6 +175,9 @@ class Admission:
             self.reading[who] -= size
             if not self.reading[who]:
                 del self.reading[who]
+            freed = self.room.pop(who, None)  # the name's waiting uploads look again
+            if freed is not None:
+                freed.set()
 
     async def first(self, parts: AsyncIterator[T], peer: str, what: str) -> T:
         """The call's first message, within ``request_wait_s`` (Refused: none came)."""

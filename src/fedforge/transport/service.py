@@ -11,8 +11,8 @@ or not.
 Nothing a client sends is trusted: a body that does not parse is refused with
 INVALID_ARGUMENT, an unknown, revoked or unproven sender with UNAUTHENTICATED
 or PERMISSION_DENIED, a request that does not arrive in time is cancelled, a
-peer or name with too many calls open (a name, or too many bytes of uploads
-being read) is told RESOURCE_EXHAUSTED, an upload
+peer or name with too many calls open is told RESOURCE_EXHAUSTED (an upload
+past its name's bytes at once waits for room first), an upload
 larger than ``deployment.max_message_mib`` or not matching its header's size and
 SHA-256 is refused before the hub sees it. A refusal never changes the model,
 and never stops the server.
@@ -331,7 +331,8 @@ class FederationService:
         why = await self._hub(self.hub.expects, who, header)  # before a byte of the body
         if why is not None:
             raise Refused(grpc.StatusCode.FAILED_PRECONDITION, why, who)
-        with self.admission.reading_upload(who, header.size):
+        # past the name's bytes at once, it waits for room as long as a verdict may
+        async with self.admission.reading_upload(who, header.size, self.hub.verdict_wait_s):
             buf = bytearray()
             silence = self.admission.silence_s
             while (
