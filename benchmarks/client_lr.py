@@ -11,9 +11,10 @@ B = 10, client lr 0.1, evaluated every round; each run stops at ``--target``
 ``local.lr_rule = reported_loss`` (each client's lr times median loss / its
 last reported loss, held to [0.25, 4]); ``clip05``, ``clip1`` and ``clip2``:
 ``communication.clip_multiple`` 0.5, 1 and 2 (each client clips its delta to
-that multiple of the median of the norms the clients reported, before their
-clip, in the last 5 rounds; the first round unclipped). Rounds to target are read off the best-so-far curve, interpolated
-(fedforge.evaluation.metrics); a run that missed it reads nan.
+that multiple of the upper median of the norms the clients reported, before
+their clip, in the last 5 rounds; the first round unclipped). Rounds to target
+are read off the best-so-far curve, interpolated (fedforge.evaluation.metrics);
+a run that missed it reads nan.
 ``--quick``: target 0.8, cap 15.
 
 ``--split unbalanced``: the same 2NN, C, E, B and lr on a quantity-skew split
