@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 from tests.conftest import MakeData
+from tests.test_param_subsets import BASE as PARAM_SUBSETS_BASE
 
 from fedforge.algorithms.fedbn import local_mask
 from fedforge.communication.quantize import Quantize
@@ -23,18 +24,7 @@ from fedforge.server.experiment import build
 from fedforge.server.loop import run
 
 F64 = torch.float64
-BASE: dict[str, Any] = {
-    "model": "cnn_bn",
-    "num_clients": 5,
-    "client_fraction": 0.6,
-    "local_epochs": 1,
-    "batch_size": 8,
-    "lr": 0.05,
-    "rounds": 2,
-    "target_accuracy": None,
-    "dtype": "float64",
-    "checkpoint_every": 0,
-}
+BASE: dict[str, Any] = {**PARAM_SUBSETS_BASE, "rounds": 2}
 
 
 @pytest.fixture
