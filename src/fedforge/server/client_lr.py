@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from fedforge.core import registry
 from fedforge.core.errors import ConfigError
-from fedforge.robust.typical_norm import remember, typical_norm
+from fedforge.robust.typical_norm import typical_norm
 
 if TYPE_CHECKING:
     import numpy as np
@@ -60,8 +60,6 @@ if TYPE_CHECKING:
     from fedforge.config import Config
     from fedforge.config.components import ComponentContext
     from fedforge.selection.history import ClientHistories, History
-    from fedforge.server.collectors.base import Collected
-    from fedforge.server.state import LoopState
 
 
 @dataclass(frozen=True)
@@ -165,16 +163,6 @@ def keeps_norms(cfg: Config) -> bool:
     """Whether the server remembers the norms of the updates it takes: a bound
     relative to them is set (the refusal's or the clients' clip)."""
     return cfg.robust.max_norm_multiple is not None or cfg.communication.clip_multiple is not None
-
-
-def remember_norms(state: LoopState, collected: Collected, cfg: Config) -> None:
-    """After a round that took updates, where ``keeps_norms``: their norms as
-    decoded (``LoopState.update_norms``, the refusal bound's) and before their
-    clients' clip (``LoopState.clip_norms``, the clip bound's), the last
-    ``robust.norm_window`` rounds of each kept."""
-    window = cfg.robust.norm_window
-    state.update_norms = remember(state.update_norms, collected.taken_norms(), window)
-    state.clip_norms = remember(state.clip_norms, collected.taken_clip_norms(), window)
 
 
 def upload_clip(multiple: float | None, recent: Sequence[Sequence[float]]) -> float | None:

@@ -32,7 +32,6 @@ from fedforge.server.client_lr import (
     bound_rooms,
     keeps_norms,
     own_scales,
-    remember_norms,
     scaled_tasks,
     with_upload_clip,
 )
@@ -129,7 +128,9 @@ def run_round(
     applied = not log.skipped_now
     hooks.taken(info, list(clients))
     if clients and keeps_norms(cfg):  # the next rounds' bounds
-        remember_norms(state, collected, cfg)
+        state.remember_norms(
+            collected.taken_norms(), collected.taken_clip_norms(), cfg.robust.norm_window
+        )
     # a deployment's clients keep their state; its measured client times
     state.outputs.update(exp.engine.end_round(round_idx, sorted(clients)))
     traffic = round_bytes(exp, state, collected, cohort)

@@ -10,6 +10,7 @@ import fcntl
 import os
 import signal
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 
 from fedforge.core.errors import StopNow, StoreError
+from fedforge.robust.typical_norm import remember
 from fedforge.selection.history import History
 from fedforge.server import optimizers
 from fedforge.server.buffered_state import BufferedState
@@ -95,6 +97,15 @@ class LoopState:
         if exp.cfg.asynchronous.buffered:
             state.buffered = BufferedState()
         return state
+
+    def remember_norms(self, taken: Sequence[float], clip: Sequence[float], window: int) -> None:
+        """After a round that took updates, where a bound relative to recent norms
+        is set (``client_lr.keeps_norms``): their norms as decoded (``taken``,
+        ``update_norms``: the refusal bound's) and before their clients' clip
+        (``clip``, ``clip_norms``: the clip bound's), the last ``window`` rounds of
+        each kept."""
+        self.update_norms = remember(self.update_norms, taken, window)
+        self.clip_norms = remember(self.clip_norms, clip, window)
 
     def anomalies(self, round_idx: int) -> list[AnomalyRecord]:
         """The refused updates and the skip (client None) of one round, for the store."""
