@@ -26,6 +26,7 @@ from typing import Any
 import grpc
 import pytest
 
+from fedforge.report.reasons import refusal_label
 from fedforge.transport.admission import CALLS_PER_NAME
 from fedforge.transport.pb import federation_pb2 as pb
 from fedforge.transport.pb import federation_pb2_grpc as pb_grpc
@@ -220,6 +221,7 @@ def test_a_names_uploads_being_read_declare_the_message_bound_together(
         assert f"'{NAME}' is sending uploads of {len(data)} bytes" in why
         assert f"the {8 << 20} bytes a name may send at once" in why
         assert "no room came in 3 s" in why
+        assert refusal_label(why) == "busy"  # the metric's label: congestion, not size
         third = upload(stub, session, data)
         until(lambda: NAME in dep.admission.room)  # it waits
         assert dep.admission.reading == {NAME: len(data)} and dep.hub.book.inbox == []
@@ -231,3 +233,23 @@ def test_a_names_uploads_being_read_declare_the_message_bound_together(
         assert third.result(timeout=30).accepted
         assert [a.data for a in dep.hub.book.inbox] == [data]
         assert dep.admission.reading == {} and dep.admission.room == {}
+
+
+def test_an_upload_that_waited_for_room_is_asked_about_again(tmp_path: Path) -> None:
+    """The hub is asked about an upload before it waits for room and again once
+    it has room: the round may have moved on meanwhile (here the hub stops
+    expecting it while it waits), and then its body is never read."""
+    data = os.urandom(6 << 20)
+    with served(tmp_path, max_message_mib=8) as (dep, stub):
+        session = handed(dep, stub)
+        slow = threading.Event()
+        first = upload(stub, session, data, slow)
+        until(lambda: dep.admission.reading.get(NAME) == len(data))
+        second = upload(stub, session, data)
+        until(lambda: NAME in dep.admission.room)
+        dep.hub.expects = lambda owner, header: "round 1 is over"  # type: ignore[method-assign]
+        slow.set()
+        assert code_of(second) == "FAILED_PRECONDITION"
+        assert "round 1 is over" in str(second.exception().details())
+        until(lambda: first.done() or len(dep.hub.book.inbox) == 1, timeout=30)
+        assert dep.admission.reading == {}

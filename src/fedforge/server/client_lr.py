@@ -25,7 +25,10 @@ clients' own steps as they grow or shrink, and a multiple below 1 clips the
 larger share of the clients every round. The server cannot check a reported
 norm against a clipped delta: it takes any finite non-negative number
 (server/update_header.py), and the median is what keeps a minority of clients
-from moving the bound past the honest ones' norms; an update that reports none
+from moving the bound past the honest ones' norms (of an even count, half the
+clients reporting huge norms can loosen it, never tighten it: the clip is the
+honest clients' own, and what holds an attacker is the server's refusal bound,
+``robust.max_norm_multiple``, on the norms as decoded); an update that reports none
 counts at its norm as decoded. A round with none behind it (the run's first)
 sends no bound and its clients do not clip.
 

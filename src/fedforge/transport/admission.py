@@ -20,7 +20,8 @@ bounded here:
   together (``deployment.max_message_mib``, the most one upload may declare), so
   one name cannot make the server hold a full-sized upload per place at work:
   an upload past it waits, its header read and its place at work held, until
-  the name's uploads before it are in (and is refused after ``wait_s``);
+  the name's uploads before it are in (and is refused after ``wait_s``); what
+  its sender sends meanwhile stops at its stream's flow-control window;
 - every refusal before the hub (these, and a sender unknown, revoked, unproven
   or replaying) is counted, and logged through ``refusal_log.py``: per peer
   address the first few in full, then a count per window, so a flood of calls
@@ -35,7 +36,7 @@ can make the server hold is at most ``pending_calls * request_bytes``, one
 address ``pending_per_address * request_bytes``. With the defaults (128 and 32
 calls, 4 MiB + 64 KiB): 520 MiB in all, 130 MiB from one address; the uploads
 of an authenticated name add at most ``deployment.max_message_mib`` on top
-while they are read.
+while they are read (and those waiting to be, a stream's window each).
 """
 
 from __future__ import annotations
@@ -147,14 +148,22 @@ class Admission:
                 del self.active[who]
 
     @asynccontextmanager
-    async def reading_upload(self, who: str, size: int, wait_s: float) -> AsyncIterator[None]:
-        """An upload of the authenticated ``who``, declared ``size`` bytes (at most
-        ``upload_bytes_per_name``), while its body is read: it first waits until
-        the name's uploads being read leave room for it (Refused: none within
-        ``wait_s``)."""
+    async def reading_upload(self, who: str, size: int, wait_s: float) -> AsyncIterator[bool]:
+        """An upload of the authenticated ``who``, declared ``size`` bytes, while its
+        body is read: it first waits until the name's uploads being read leave
+        room for it (Refused: none within ``wait_s``, or ``size`` is more than
+        ``upload_bytes_per_name`` alone). Yields whether it waited."""
+        if size > self.upload_bytes_per_name:
+            raise self.refuse(
+                who,
+                who,
+                f"upload of {size} bytes: at most {self.upload_bytes_per_name} are taken",
+            )
         loop = asyncio.get_running_loop()
         end = loop.time() + wait_s
+        waited = False
         while (held := self.reading.get(who, 0)) + size > self.upload_bytes_per_name:
+            waited = True
             left = end - loop.time()
             if left <= 0:
                 raise self.refuse(
@@ -170,7 +179,7 @@ class Admission:
                 await asyncio.wait_for(room.wait(), left)
         self.reading[who] = held + size
         try:
-            yield
+            yield waited
         finally:
             self.reading[who] -= size
             if not self.reading[who]:

@@ -331,8 +331,13 @@ class FederationService:
         why = await self._hub(self.hub.expects, who, header)  # before a byte of the body
         if why is not None:
             raise Refused(grpc.StatusCode.FAILED_PRECONDITION, why, who)
-        # past the name's bytes at once, it waits for room as long as a verdict may
-        async with self.admission.reading_upload(who, header.size, self.hub.verdict_wait_s):
+        # past the name's bytes at once, it waits for room as long as a verdict may,
+        # and is then asked about again: the round may have moved on meanwhile
+        async with self.admission.reading_upload(
+            who, header.size, self.hub.verdict_wait_s
+        ) as waited:
+            if waited and (why := await self._hub(self.hub.expects, who, header)) is not None:
+                raise Refused(grpc.StatusCode.FAILED_PRECONDITION, why, who)
             buf = bytearray()
             silence = self.admission.silence_s
             while (
