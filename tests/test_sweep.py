@@ -204,7 +204,7 @@ def test_a_sweep_with_a_validation_split_chooses_on_it(tmp_path: Path, one_threa
             tests = [x.test_accuracy for x in store.rounds() if x.test_accuracy is not None]
         validation = [v for _, name, v in rows if name == "validation_accuracy"]
         assert len(validation) == len(tests) == 2
-        assert c == max(validation) and r.final_accuracy == tests[-1]
+        assert c == max(validation) and r.final_accuracy == tests[-1] and r.validated
     assert any(c != r.best_accuracy for r, c in zip(results, chosen, strict=True))
     table = format_sweep(results)
     assert "BEST (VALIDATION)" in table.splitlines()[0]
@@ -235,5 +235,8 @@ def test_validation_scores_stored_as_null_and_points_without_them() -> None:
     ]
     mixed = [*with_val, _point(4, 0.99)]
     assert chosen_on(mixed) == [0.5, 0.9, 0.92, None]
+    # a split carved but no finite score at any point: no number, not the test's
+    diverged = [dataclasses.replace(_point(1, 0.9), validated=True), _point(2, 0.95)]
+    assert chosen_on(diverged) == [None, None] and knee(diverged) is None
     assert chosen_on([_point(1, 0.7), _point(2, 0.8)]) == [0.7, 0.8]
     assert knee(mixed) == knee(with_val) == 1

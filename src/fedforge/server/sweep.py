@@ -35,7 +35,7 @@ from typing import Any
 
 from fedforge.config import Config, override
 from fedforge.config.parse import scalar
-from fedforge.core.errors import ConfigError
+from fedforge.core.errors import ConfigError, StoreError
 from fedforge.data.federated import FederatedData
 from fedforge.tasks import load_task_data
 
@@ -58,13 +58,19 @@ class PointResult:
     stopped: str | None = None  # a signal that came during the point (e.g. 'SIGINT')
     score_name: str = "accuracy"  # what final_accuracy and best_accuracy hold
     best_validation: float | None = None  # with evaluation.validation on
+    validated: bool = False  # the run carved a validation split (evaluation.validation)
+
+
+def on_validation(results: Sequence[PointResult]) -> bool:
+    """Whether a sweep is chosen on validation: any of its points carved a split."""
+    return any(r.validated or r.best_validation is not None for r in results)
 
 
 def chosen_on(results: Sequence[PointResult]) -> list[float | None]:
     """What each point is chosen by: its best validation accuracy when any point
-    of the sweep carved a validation split (None for a point without one: not
-    compared with the others' validation numbers), else its best test accuracy."""
-    if any(r.best_validation is not None for r in results):
+    of the sweep carved a validation split (None for a point without a finite
+    one: never its test accuracy in its place), else its best test accuracy."""
+    if on_validation(results):
         return [r.best_validation for r in results]
     return [r.best_accuracy for r in results]
 
@@ -111,7 +117,6 @@ def _same(a: Config, b: Config) -> bool:
 
 def _existing(cfg: Config) -> tuple[Path | None, str | None]:
     """The newest run of ``cfg`` in its runs_dir, and its status."""
-    from fedforge.core.errors import StoreError
     from fedforge.store import RunStore, list_runs
 
     runs_dir = Path(cfg.runs_dir)
@@ -147,6 +152,10 @@ def _result(
         summary = store.summary() or {}
         score_name, _ = store.score_and_engine()
         rows = store.read_rows("eval_metrics")
+        try:
+            validated = store.config().evaluation.validation > 0
+        except StoreError:  # written by a version with other fields: read its rows alone
+            validated = False
     # a non-finite score is stored as NULL (e.g. a diverged regression's R^2)
     validation = [v for _, name, v in rows if name == VALIDATION and v is not None]
     evaluated = [r.test_accuracy for r in rounds if r.test_accuracy is not None]
@@ -162,6 +171,7 @@ def _result(
         stopped,
         score_name,
         max(validation) if validation else None,
+        validated,
     )
 
 
@@ -268,9 +278,8 @@ def format_sweep(results: Sequence[PointResult]) -> str:
         return "no points"
     keys = list(results[0].point)
     at = knee(results)
-    on_validation = any(r.best_validation is not None for r in results)
     chosen = chosen_on(results)
-    best = "BEST (VALIDATION)" if on_validation else "BEST"
+    best = "BEST (VALIDATION)" if on_validation(results) else "BEST"
     head = [*keys, "ROUNDS", "FINAL", best, "TO TARGET", "BYTES", "RUN", ""]
     rows = [head]
     for i, r in enumerate(results):
