@@ -60,6 +60,7 @@ for FedBN and FedAvg, the training clients' mean and worst accuracy of each arm
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from typing import Any
 
@@ -75,11 +76,10 @@ from _common import (
     result_line,
     run_record,
     save_record,
-    workers,
 )
 from fedbn_shift import DOMAINS
 from fedbn_shift import config as shift_config
-from fedforge.config import Config, from_dict
+from fedforge.config import Config, override
 from fedforge.core.params import ParamSpec
 from fedforge.data.federated import FederatedData, load_federated_data, shift_data
 from fedforge.data.partition import Partition
@@ -136,29 +136,19 @@ def held_out(domains: tuple[str, ...], unseen: str) -> dict[int, str]:
 
 
 def arm_config(arm: str, seed: int, args: argparse.Namespace, clients: int) -> Config:
-    """The run of ``arm`` over the ``clients`` training clients (data given)."""
+    """The run of ``arm`` over the ``clients`` training clients (data given, already
+    shifted: fedbn_shift's setting without its partition)."""
     algorithm, local = ARMS[arm]
-    d: dict[str, Any] = {
+    changes: dict[str, Any] = {
         "name": f"fedbn-unseen-{args.unseen_domain}-{arm}-s{seed}",
-        "seed": seed,
-        "model": "cnn_bn",
-        "algorithm": algorithm,
         "num_clients": clients,
-        "client_fraction": 1.0,
-        "local_epochs": 1,
-        "batch_size": 10,
-        "lr": 0.1,
-        "rounds": args.rounds,
-        "target_accuracy": None,
-        "evaluation": {"every": args.eval_every, "clients": True, "holdout": args.holdout},
-        "workers": workers(args),
-        "runs_dir": str(args.places.runs),
+        "partition": dataclasses.asdict(Config().partition),
     }
     if algorithm == "fedprox":
-        d["fedprox"] = {"mu": args.mu}
+        changes["fedprox"] = {"mu": args.mu}
     if local:
-        d["local_params"] = local
-    return from_dict(d)
+        changes["local_params"] = local
+    return override(shift_config(algorithm, seed, args), changes)
 
 
 class Scorer:
