@@ -30,6 +30,7 @@ from fedforge.config import Config, from_dict, to_dict
 from fedforge.core.errors import ConfigError
 from fedforge.data.federated import FederatedData
 from fedforge.evaluation.metrics import rounds_to_target
+from fedforge.evaluation.validation import VALIDATION_ACCURACY
 from fedforge.server.sweep import run_point
 from fedforge.store import RunStore
 from fedforge.store.edited import flat_fields
@@ -197,7 +198,7 @@ def validation_curve(store: RunStore) -> list[tuple[int, float]]:
     """(round, validation accuracy) of each evaluation of a run with
     ``evaluation.validation`` on (empty without)."""
     got = store.read_rows("eval_metrics")
-    return [(int(r) + 1, float(v)) for r, name, v in got if name == "validation_accuracy"]
+    return [(int(r) + 1, float(v)) for r, name, v in got if name == VALIDATION_ACCURACY]
 
 
 def claim(record: Path) -> bool:

@@ -37,7 +37,7 @@ def test_ids_written_as_ranges_by_hand(ids: list[int], text: str) -> None:
 )
 def test_the_missing_runs_are_the_complements_runs(total: int, ids: list[int]) -> None:
     """Against the set of every id left out (what they are computed without)."""
-    assert missing_runs(total, ids) == id_runs(set(range(total)) - set(ids))
+    assert missing_runs(total, id_runs(ids)) == id_runs(set(range(total)) - set(ids))
 
 
 def test_the_bound_names_the_first_ranges_and_counts_the_rest() -> None:

@@ -89,14 +89,14 @@ def _pairwise(sets: list[set[int]], size: int) -> tuple[float, float, float, flo
 
 
 @pytest.mark.parametrize(
-    ("aggregator", "kept"), [("mean", None), ("median", None), ("mean", "bias")]
+    ("aggregator", "local"), [("mean", None), ("median", None), ("mean", "bias")]
 )
 def test_a_topk_run_stores_the_overlap_of_its_uploads_index_sets(
     make_data: MakeData,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     aggregator: str,
-    kept: str | None,
+    local: str | None,
 ) -> None:
     """The streaming mean and the gathered median see the same uploads: the row
     of each round is the figures of the index sets decoded from the uploads.
@@ -115,14 +115,14 @@ def test_a_topk_run_stores_the_overlap_of_its_uploads_index_sets(
     monkeypatch.setattr(SerialEngine, "run_cohort", cohort)
     data = make_data([4, 6, 5])
     changes: dict[str, object] = {"communication.uplink": "topk", "communication.fraction": 0.02}
-    if kept is not None:
-        changes["local_params"] = {"names": kept}
+    if local is not None:
+        changes["local_params"] = {"names": local}
     cfg = override(tiny(3, rounds=2, tmp=tmp_path, aggregator=aggregator), changes)
     result = run(cfg, data=data)
     size = result.params.numel()
-    if kept is not None:
+    if local is not None:
         spec = build(cfg, data).spec
-        size -= sum(e.numel for e in spec.entries if kept in e.name)
+        size -= sum(e.numel for e in spec.entries if local in e.name)
     k = count_kept(size, 0.02)
     with RunStore.open(result.run_dir) as store:
         rows = store.read_rows("index_overlap")

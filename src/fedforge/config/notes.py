@@ -14,6 +14,7 @@ from fedforge.config.privacy import PrivacyConfig
 from fedforge.config.robust import RobustConfig
 from fedforge.config.schema import Config
 from fedforge.config.server_optimizer import ServerOptimizerConfig
+from fedforge.config.task import CLASS_PARTITIONS  # they give clients different labels
 
 
 def config_notes(cfg: Config, own_split: bool = False) -> list[str]:
@@ -118,8 +119,6 @@ def _norm_bounded(cfg: Config) -> bool:
     )
 
 
-# partitions that give clients different labels: their update norms differ widely
-_LABEL_SKEW = ("shards", "dirichlet", "hsu")
 SMALL_COHORT = 5  # fewer updates a server step than this: the norm gate's median is of few
 
 
@@ -130,7 +129,7 @@ def _few_norms_note(cfg: Config, own_split: bool) -> str | None:
     client a round, refused and stopped at round 1,148). Said where the config's
     partition splits the data (not synthetic data, not data with its own split)."""
     r, kind, asyn = cfg.robust, cfg.partition.kind, cfg.asynchronous
-    split_here = cfg.dataset != "synthetic" and not own_split and kind in _LABEL_SKEW
+    split_here = cfg.dataset != "synthetic" and not own_split and kind in CLASS_PARTITIONS
     if r.max_norm_multiple is None or cfg.privacy.secagg or not split_here:
         return None
     k = (

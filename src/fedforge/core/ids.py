@@ -28,12 +28,20 @@ def format_ids(ids: Iterable[int], most: int | None = None, sep: str = ",") -> s
     return format_runs(id_runs(ids), most, sep)
 
 
-def missing_runs(total: int, ids: Iterable[int]) -> list[tuple[int, int]]:
-    """The runs of ``range(total)`` that ``ids`` leave out, found from the ids'
-    own runs (a count of them, however large ``total`` is)."""
+def run_count(runs: Iterable[tuple[int, int]]) -> int:
+    """How many ids ``runs`` (:func:`id_runs`) hold."""
+    return sum(b - a + 1 for a, b in runs)
+
+
+def missing_runs(total: int, runs: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The runs of ``range(total)`` that ``runs`` (ascending, as :func:`id_runs`
+    gives them) leave out: a count of them, however large ``total`` is."""
     gaps: list[tuple[int, int]] = []
     start = 0
-    for a, b in id_runs(i for i in ids if 0 <= i < total):
+    for a, b in runs:
+        a, b = max(a, 0), min(b, total - 1)
+        if a > b:
+            continue
         if a > start:
             gaps.append((start, a - 1))
         start = b + 1

@@ -22,6 +22,7 @@ from fedforge.data.partition import Partition
 from fedforge.evaluation.evaluate import EvalResult
 
 KEY = "validation"  # the purpose key of the split's draws (core/rng.py)
+VALIDATION_ACCURACY = "validation_accuracy"  # its row of the run store's eval_metrics
 
 
 def carve_validation(
@@ -50,4 +51,4 @@ def carve_validation(
 
 def validation_figures(scores: EvalResult) -> dict[str, float]:
     """The validation scores as the run store's ``eval_metrics`` rows name them."""
-    return {"validation_accuracy": scores.accuracy, "validation_loss": scores.loss}
+    return {VALIDATION_ACCURACY: scores.accuracy, "validation_loss": scores.loss}

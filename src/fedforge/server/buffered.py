@@ -58,7 +58,6 @@ from fedforge.selection.named import SelectionRound
 from fedforge.selection.sampling import cohort_rng
 from fedforge.server.buffered_state import BufferedState, InFlight
 from fedforge.server.builtin_hooks import run_hooks
-from fedforge.server.client_lr import keeps_norms
 from fedforge.server.cohort import checked_choice
 from fedforge.server.collectors.base import RoundLog
 from fedforge.server.collectors.buffer import Buffer
@@ -173,10 +172,7 @@ def run_buffered_round(
     applied = not log.skipped_now
     info.cohort = info.trainers = uploaded
     hooks.taken(info, list(clients))
-    if clients and keeps_norms(cfg):  # the next rounds' bounds
-        state.remember_norms(
-            collected.taken_norms(), collected.taken_clip_norms(), cfg.robust.norm_window
-        )
+    state.remember_norms(collected, cfg)  # the next rounds' bounds
     traffic = collected.bytes_up + collected.bytes_down  # no proxy filling under FedBuff
     test_acc, test_loss = evaluate_phase(exp, state, round_idx, round_idx, info, hooks, traffic)
     asked = dataclasses.replace(orders, cohort=uploaded)

@@ -38,7 +38,6 @@ from fedforge.algorithms.clusters import Clustering, ClusterTable
 from fedforge.evaluation.clients import training_losses
 from fedforge.report.progress import Progress
 from fedforge.server.builtin_hooks import run_hooks
-from fedforge.server.client_lr import keeps_norms
 from fedforge.server.cohort import sample
 from fedforge.server.collect import collect
 from fedforge.server.collectors import Collected, GatheredCohort, RoundLog
@@ -162,10 +161,7 @@ def run_clustered_round(
     rule.table = table
     hooks.taken(info, list(clients))
     orders, collected = _together(parts, cohort)
-    if clients and keeps_norms(exp.cfg):  # the next rounds' bounds
-        state.remember_norms(
-            collected.taken_norms(), collected.taken_clip_norms(), exp.cfg.robust.norm_window
-        )
+    state.remember_norms(collected, exp.cfg)  # the next rounds' bounds
     state.outputs.update(exp.engine.end_round(round_idx, sorted(clients)))
     traffic = round_bytes(exp, state, collected, cohort)
     test_acc, test_loss = evaluate_phase(exp, state, round_idx, round_idx, info, hooks, traffic)

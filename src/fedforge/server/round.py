@@ -30,7 +30,6 @@ from fedforge.selection.periods import period_plan, upload_period
 from fedforge.server.builtin_hooks import run_hooks
 from fedforge.server.client_lr import (
     bound_rooms,
-    keeps_norms,
     own_scales,
     scaled_tasks,
     with_upload_clip,
@@ -127,10 +126,7 @@ def run_round(
     clients = server_step(exp, state, aggregate, clients, moved, log)
     applied = not log.skipped_now
     hooks.taken(info, list(clients))
-    if clients and keeps_norms(cfg):  # the next rounds' bounds
-        state.remember_norms(
-            collected.taken_norms(), collected.taken_clip_norms(), cfg.robust.norm_window
-        )
+    state.remember_norms(collected, cfg)  # the next rounds' bounds
     # a deployment's clients keep their state; its measured client times
     state.outputs.update(exp.engine.end_round(round_idx, sorted(clients)))
     traffic = round_bytes(exp, state, collected, cohort)

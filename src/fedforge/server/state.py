@@ -10,11 +10,10 @@ import fcntl
 import os
 import signal
 import threading
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -23,6 +22,7 @@ from fedforge.robust.typical_norm import remember
 from fedforge.selection.history import History
 from fedforge.server import optimizers
 from fedforge.server.buffered_state import BufferedState
+from fedforge.server.client_lr import keeps_norms
 from fedforge.server.experiment import Experiment, client_tables
 from fedforge.server.optimizers import ServerOptimizer
 from fedforge.server.proxy import ProxyTuned, tuning_plan
@@ -33,6 +33,10 @@ from fedforge.store import (
     ClientStateStore,
     RoundRecord,
 )
+
+if TYPE_CHECKING:
+    from fedforge.config import Config
+    from fedforge.server.collectors.base import Collected
 
 
 @dataclass
@@ -98,14 +102,17 @@ class LoopState:
             state.buffered = BufferedState()
         return state
 
-    def remember_norms(self, taken: Sequence[float], clip: Sequence[float], window: int) -> None:
-        """After a round that took updates, where a bound relative to recent norms
-        is set (``client_lr.keeps_norms``): their norms as decoded (``taken``,
-        ``update_norms``: the refusal bound's) and before their clients' clip
-        (``clip``, ``clip_norms``: the clip bound's), the last ``window`` rounds of
-        each kept."""
-        self.update_norms = remember(self.update_norms, taken, window)
-        self.clip_norms = remember(self.clip_norms, clip, window)
+    def remember_norms(self, collected: Collected, cfg: Config) -> None:
+        """After a round, where a bound relative to recent norms is set
+        (``client_lr.keeps_norms``): the norms of the updates it took as decoded
+        (``update_norms``: the refusal bound's) and before their clients' clip
+        (``clip_norms``: the clip bound's), the last ``robust.norm_window`` rounds
+        that took any of each kept."""
+        if not keeps_norms(cfg):
+            return
+        window = cfg.robust.norm_window
+        self.update_norms = remember(self.update_norms, collected.taken_norms(), window)
+        self.clip_norms = remember(self.clip_norms, collected.taken_clip_norms(), window)
 
     def anomalies(self, round_idx: int) -> list[AnomalyRecord]:
         """The refused updates and the skip (client None) of one round, for the store."""

@@ -37,10 +37,10 @@ from fedforge.config import Config, override
 from fedforge.config.parse import scalar
 from fedforge.core.errors import ConfigError, StoreError
 from fedforge.data.federated import FederatedData
+from fedforge.evaluation.validation import VALIDATION_ACCURACY
 from fedforge.tasks import load_task_data
 
 DataFn = Callable[[Config], FederatedData | None]
-VALIDATION = "validation_accuracy"  # its row in the run store's eval_metrics
 
 
 @dataclass(frozen=True)
@@ -157,7 +157,7 @@ def _result(
         except StoreError:  # written by a version with other fields: read its rows alone
             validated = False
     # a non-finite score is stored as NULL (e.g. a diverged regression's R^2)
-    validation = [v for _, name, v in rows if name == VALIDATION and v is not None]
+    validation = [v for _, name, v in rows if name == VALIDATION_ACCURACY and v is not None]
     evaluated = [r.test_accuracy for r in rounds if r.test_accuracy is not None]
     return PointResult(
         point,

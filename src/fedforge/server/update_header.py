@@ -35,14 +35,22 @@ def read_update_header(
     return n, _loss(meta.get("train_loss"))
 
 
+def _finite(value: Any) -> float | None:
+    """``value`` as a float if it is a finite JSON number (an int of 400 digits is
+    one, but no float), else None."""
+    if not isinstance(value, bool) and isinstance(value, int | float):
+        x = float(value) if abs(value) < 2**1023 else math.inf
+        if math.isfinite(x):
+            return x
+    return None
+
+
 def _loss(value: Any) -> float:
-    """A finite JSON number (an int of 400 digits is one, but no float), or NaN for null."""
+    """A finite JSON number, or NaN for null."""
     if value is None:
         return math.nan
-    if not isinstance(value, bool) and isinstance(value, int | float):
-        loss = float(value) if abs(value) < 2**1023 else math.inf
-        if math.isfinite(loss):
-            return loss
+    if (loss := _finite(value)) is not None:
+        return loss
     raise UploadError(f"train_loss {value!r:.60} must be a finite number, or null")
 
 
@@ -56,8 +64,6 @@ def read_norm_before_clip(meta: Mapping[str, Any]) -> float | None:
     if NORM_BEFORE_CLIP not in meta:
         return None
     value = meta[NORM_BEFORE_CLIP]
-    if not isinstance(value, bool) and isinstance(value, int | float):
-        norm = float(value) if abs(value) < 2**1023 else math.inf
-        if math.isfinite(norm) and norm >= 0:
-            return norm
+    if (norm := _finite(value)) is not None and norm >= 0:
+        return norm
     raise UploadError(f"{NORM_BEFORE_CLIP} {value!r:.60} must be a finite number >= 0")

@@ -153,8 +153,8 @@ class Admission:
         body is read: it first waits until the name's uploads being read leave
         room for it (Refused: none within ``wait_s``, or ``size`` is more than
         ``upload_bytes_per_name`` alone). Yields whether it waited."""
-        if size > self.upload_bytes_per_name:
-            raise self.refuse(
+        if size > self.upload_bytes_per_name:  # never room: not waited for (the server
+            raise self.refuse(  # refuses such an upload first, against the same bound)
                 who,
                 who,
                 f"upload of {size} bytes: at most {self.upload_bytes_per_name} are taken",

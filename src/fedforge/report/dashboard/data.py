@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from fedforge.core.errors import StoreError
-from fedforge.core.ids import format_runs, id_runs, missing_runs
+from fedforge.core.ids import format_runs, id_runs, missing_runs, run_count
 from fedforge.report.html.gather import finite
 from fedforge.report.progress import named_score
 from fedforge.report.reasons import reason_kind, top_kinds
@@ -165,14 +165,14 @@ def client_counts(state: dict[str, Any]) -> dict[str, str]:
     total = total if isinstance(total, int) and not isinstance(total, bool) else None
     connected, joined = _ids(state.get("connected")), _ids(state.get("joined"))
     of = "?" if total is None else f"{total:,}"
+    on, ever = id_runs(connected), id_runs(joined)  # each id list sorted once
     texts = {
-        "connected_text": f"{len(set(connected)):,} of {of}: {_ranges(id_runs(connected))}",
-        "joined_text": f"{len(set(joined)):,} of {of}: {_ranges(id_runs(joined))}",
+        "connected_text": f"{run_count(on):,} of {of}: {_ranges(on)}",
+        "joined_text": f"{run_count(ever):,} of {of}: {_ranges(ever)}",
     }
     if total is not None:  # from the connected ids' runs: no set of every client
-        away = missing_runs(total, connected)
-        count = sum(b - a + 1 for a, b in away)
-        texts["away_text"] = f"{count:,}: {_ranges(away)}"
+        away = missing_runs(total, on)
+        texts["away_text"] = f"{run_count(away):,}: {_ranges(away)}"
     return texts
 
 

@@ -21,12 +21,12 @@ from fedforge.evaluation.clients import summarize_accuracies
 from fedforge.evaluation.participation import lorenz
 from fedforge.evaluation.participation import participation as participation_figures
 from fedforge.report.html.gather import VIRTUAL_TIME, Data, finite
-from fedforge.report.reasons import reason_kind
+from fedforge.report.reasons import SHOWN_KINDS, reason_kind
 from fedforge.store.runstore import RunStore
 
 PER_CLIENT = 5000  # clients embedded one by one; more are binned
 BINS = 50
-TOP = 20  # reasons, clients and groups shown by name
+TOP = SHOWN_KINDS  # reasons, clients and groups shown by name (the dashboard's too)
 GROUP_COLUMNS = ("round", "accuracy", "loss", "num_examples", "clients")
 
 
